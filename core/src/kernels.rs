@@ -1,0 +1,385 @@
+//! Reference kernels. Tensors are little-endian bytes of a [`DType`]; arithmetic is `f32`
+//! (`f16` widens, computes, and rounds back to nearest-even). Every reduction sums in a fixed
+//! order (ascending index), so results are bit-identical on every target.
+
+use crate::f16::{f16_to_f32, f32_to_f16};
+use crate::DType;
+
+/// Reads element `i` of a tensor of type `dt` as `f32`.
+#[inline(always)]
+pub fn load(buf: &[u8], dt: DType, i: usize) -> f32 {
+    match dt {
+        DType::F32 => {
+            f32::from_le_bytes([buf[4 * i], buf[4 * i + 1], buf[4 * i + 2], buf[4 * i + 3]])
+        }
+        DType::F16 => f16_to_f32(u16::from_le_bytes([buf[2 * i], buf[2 * i + 1]])),
+        DType::I32 => {
+            i32::from_le_bytes([buf[4 * i], buf[4 * i + 1], buf[4 * i + 2], buf[4 * i + 3]]) as f32
+        }
+        DType::U8 => f32::from(buf[i]),
+    }
+}
+
+/// Reads element `i` of an integer (or float, truncated) tensor as `i64`.
+#[inline]
+pub fn load_int(buf: &[u8], dt: DType, i: usize) -> i64 {
+    match dt {
+        DType::I32 => i64::from(i32::from_le_bytes([
+            buf[4 * i],
+            buf[4 * i + 1],
+            buf[4 * i + 2],
+            buf[4 * i + 3],
+        ])),
+        DType::U8 => i64::from(buf[i]),
+        _ => load(buf, dt, i) as i64,
+    }
+}
+
+/// Writes `v` as element `i` of a tensor of type `dt` (rounding to nearest-even for `f16`;
+/// float to integer truncates toward zero and saturates, NaN becomes 0).
+#[inline(always)]
+pub fn store(buf: &mut [u8], dt: DType, i: usize, v: f32) {
+    match dt {
+        DType::F32 => buf[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes()),
+        DType::F16 => buf[2 * i..2 * i + 2].copy_from_slice(&f32_to_f16(v).to_le_bytes()),
+        DType::I32 => buf[4 * i..4 * i + 4].copy_from_slice(&(v as i32).to_le_bytes()),
+        DType::U8 => buf[i] = v as u8,
+    }
+}
+
+/// `out[i] = f(x[i])`.
+pub fn map(x: &[u8], xt: DType, out: &mut [u8], ot: DType, n: usize, f: impl Fn(f32) -> f32) {
+    for i in 0..n {
+        store(out, ot, i, f(load(x, xt, i)));
+    }
+}
+
+/// `out[i] = f(a[i], b[i])`.
+pub fn zip(a: &[u8], b: &[u8], t: DType, out: &mut [u8], n: usize, f: impl Fn(f32, f32) -> f32) {
+    if t == DType::F32 {
+        // The common case, written so the compiler can vectorise it.
+        for ((o, a), b) in out[..4 * n]
+            .chunks_exact_mut(4)
+            .zip(a.chunks_exact(4))
+            .zip(b.chunks_exact(4))
+        {
+            let v = f(
+                f32::from_le_bytes([a[0], a[1], a[2], a[3]]),
+                f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            );
+            o.copy_from_slice(&v.to_le_bytes());
+        }
+        return;
+    }
+    for i in 0..n {
+        store(out, t, i, f(load(a, t, i), load(b, t, i)));
+    }
+}
+
+/// `out = x + bias`, bias (length `cols`) broadcast over `rows`.
+pub fn bias_add(x: &[u8], bias: &[u8], t: DType, out: &mut [u8], rows: usize, cols: usize) {
+    for r in 0..rows {
+        for c in 0..cols {
+            let i = r * cols + c;
+            store(out, t, i, load(x, t, i) + load(bias, t, c));
+        }
+    }
+}
+
+/// Columns of C accumulated at once in registers by [`matmul`].
+const BLOCK: usize = 64;
+
+/// `C = op(A) . op(B)` with `op(A)` of shape (m, k) and `op(B)` of shape (k, n). `A` is stored
+/// (m, k), or (k, m) when `ta`; `B` is stored (k, n), or (n, k) when `tb`. Each output is
+/// summed from `p = 0` upward, starting at zero.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    a: &[u8],
+    b: &[u8],
+    t: DType,
+    c: &mut [u8],
+    m: usize,
+    k: usize,
+    n: usize,
+    ta: bool,
+    tb: bool,
+) {
+    let ai = |i: usize, p: usize| if ta { p * m + i } else { i * k + p };
+    if !tb {
+        // Row of B contiguous: accumulate a block of C's row in registers.
+        let mut acc = [0f32; BLOCK];
+        for i in 0..m {
+            let mut j0 = 0;
+            while j0 < n {
+                let w = BLOCK.min(n - j0);
+                acc[..w].fill(0.0);
+                for p in 0..k {
+                    let av = load(a, t, ai(i, p));
+                    let row = p * n + j0;
+                    if t == DType::F32 {
+                        let brow = &b[4 * row..4 * (row + w)];
+                        for (s, bb) in acc[..w].iter_mut().zip(brow.chunks_exact(4)) {
+                            *s += av * f32::from_le_bytes([bb[0], bb[1], bb[2], bb[3]]);
+                        }
+                    } else {
+                        for (jj, s) in acc[..w].iter_mut().enumerate() {
+                            *s += av * load(b, t, row + jj);
+                        }
+                    }
+                }
+                for (jj, &s) in acc[..w].iter().enumerate() {
+                    store(c, t, i * n + j0 + jj, s);
+                }
+                j0 += w;
+            }
+        }
+    } else {
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = 0f32;
+                for p in 0..k {
+                    s += load(a, t, ai(i, p)) * load(b, t, j * k + p);
+                }
+                store(c, t, i * n + j, s);
+            }
+        }
+    }
+}
+
+/// Softmax of each row of length `cols`.
+pub fn softmax(x: &[u8], t: DType, out: &mut [u8], rows: usize, cols: usize) {
+    for r in 0..rows {
+        let base = r * cols;
+        let mut max = f32::NEG_INFINITY;
+        for c in 0..cols {
+            max = max.max(load(x, t, base + c));
+        }
+        let mut sum = 0f32;
+        for c in 0..cols {
+            let e = libm::expf(load(x, t, base + c) - max);
+            sum += e;
+            store(out, t, base + c, e);
+        }
+        for c in 0..cols {
+            let v = load(out, t, base + c) / sum;
+            store(out, t, base + c, v);
+        }
+    }
+}
+
+/// `y * (dy - sum(dy * y))` per row.
+pub fn softmax_grad(dy: &[u8], y: &[u8], t: DType, out: &mut [u8], rows: usize, cols: usize) {
+    for r in 0..rows {
+        let base = r * cols;
+        let mut dot = 0f32;
+        for c in 0..cols {
+            dot += load(dy, t, base + c) * load(y, t, base + c);
+        }
+        for c in 0..cols {
+            let i = base + c;
+            store(out, t, i, load(y, t, i) * (load(dy, t, i) - dot));
+        }
+    }
+}
+
+/// Keras' clip for probabilities fed to a cross-entropy.
+const PROB_EPS: f32 = 1e-7;
+
+/// A label out of range: (row, label).
+pub type BadLabel = (usize, i64);
+
+fn label(labels: &[u8], lt: DType, r: usize, cols: usize) -> Result<usize, BadLabel> {
+    let l = load_int(labels, lt, r);
+    if l < 0 || l as u64 >= cols as u64 {
+        Err((r, l))
+    } else {
+        Ok(l as usize)
+    }
+}
+
+/// `log(sum(exp(row)))`, computed stably, and the row's max.
+fn log_sum_exp(x: &[u8], t: DType, base: usize, cols: usize) -> (f32, f32) {
+    let mut max = f32::NEG_INFINITY;
+    for c in 0..cols {
+        max = max.max(load(x, t, base + c));
+    }
+    let mut sum = 0f32;
+    for c in 0..cols {
+        sum += libm::expf(load(x, t, base + c) - max);
+    }
+    (max + libm::logf(sum), max)
+}
+
+/// Mean sparse categorical cross-entropy over `rows`.
+pub fn sparse_cross_entropy(
+    x: &[u8],
+    t: DType,
+    labels: &[u8],
+    lt: DType,
+    rows: usize,
+    cols: usize,
+    from_logits: bool,
+) -> Result<f32, BadLabel> {
+    let mut total = 0f32;
+    for r in 0..rows {
+        let l = label(labels, lt, r, cols)?;
+        let base = r * cols;
+        total += if from_logits {
+            log_sum_exp(x, t, base, cols).0 - load(x, t, base + l)
+        } else {
+            -libm::logf(load(x, t, base + l).clamp(PROB_EPS, 1.0 - PROB_EPS))
+        };
+    }
+    Ok(total / rows as f32)
+}
+
+/// Gradient of [`sparse_cross_entropy`] with respect to `x`, times `dloss`.
+#[allow(clippy::too_many_arguments)]
+pub fn sparse_cross_entropy_grad(
+    x: &[u8],
+    t: DType,
+    labels: &[u8],
+    lt: DType,
+    dloss: f32,
+    out: &mut [u8],
+    rows: usize,
+    cols: usize,
+    from_logits: bool,
+) -> Result<(), BadLabel> {
+    let scale = dloss / rows as f32;
+    for r in 0..rows {
+        let l = label(labels, lt, r, cols)?;
+        let base = r * cols;
+        if from_logits {
+            let (lse, _) = log_sum_exp(x, t, base, cols);
+            for c in 0..cols {
+                let p = libm::expf(load(x, t, base + c) - lse);
+                let onehot = if c == l { 1.0 } else { 0.0 };
+                store(out, t, base + c, (p - onehot) * scale);
+            }
+        } else {
+            for c in 0..cols {
+                let g = if c == l {
+                    let p = load(x, t, base + c);
+                    // The clip has zero gradient outside its range.
+                    if (PROB_EPS..=1.0 - PROB_EPS).contains(&p) {
+                        -scale / p
+                    } else {
+                        0.0
+                    }
+                } else {
+                    0.0
+                };
+                store(out, t, base + c, g);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reduction over the middle axis of (outer, len, inner): 0 sum, 1 mean, 2 max.
+#[allow(clippy::too_many_arguments)]
+pub fn reduce(
+    x: &[u8],
+    t: DType,
+    out: &mut [u8],
+    outer: usize,
+    len: usize,
+    inner: usize,
+    kind: u8,
+) {
+    for o in 0..outer {
+        for j in 0..inner {
+            let mut s = if kind == 2 { f32::NEG_INFINITY } else { 0.0 };
+            for l in 0..len {
+                let v = load(x, t, (o * len + l) * inner + j);
+                if kind == 2 {
+                    s = s.max(v);
+                } else {
+                    s += v;
+                }
+            }
+            if kind == 1 {
+                s /= len as f32;
+            }
+            store(out, t, o * inner + j, s);
+        }
+    }
+}
+
+/// Copies (outer, inner) along a new middle axis of length `len`.
+pub fn broadcast(x: &[u8], t: DType, out: &mut [u8], outer: usize, len: usize, inner: usize) {
+    for o in 0..outer {
+        for l in 0..len {
+            for j in 0..inner {
+                store(out, t, (o * len + l) * inner + j, load(x, t, o * inner + j));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes<const K: usize>(v: [f32; K]) -> [[u8; 4]; K] {
+        v.map(f32::to_le_bytes)
+    }
+
+    #[test]
+    fn matmul_all_transposes_agree_with_naive() {
+        // A 2x3, B 3x2.
+        let a = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let b = [7.0, 8.0, 9.0, 10.0, 11.0, 12.0];
+        let at = [1.0, 4.0, 2.0, 5.0, 3.0, 6.0];
+        let bt = [7.0, 9.0, 11.0, 8.0, 10.0, 12.0];
+        let want = [58.0, 64.0, 139.0, 154.0];
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            let aa = bytes(if ta { at } else { a });
+            let bb = bytes(if tb { bt } else { b });
+            let mut c = [0u8; 16];
+            matmul(
+                aa.as_flattened(),
+                bb.as_flattened(),
+                DType::F32,
+                &mut c,
+                2,
+                3,
+                2,
+                ta,
+                tb,
+            );
+            for (i, w) in want.iter().enumerate() {
+                assert_eq!(load(&c, DType::F32, i), *w, "ta={ta} tb={tb}");
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_rows_sum_to_one_and_ce_matches() {
+        let x = bytes([1.0, 2.0, 3.0, -1.0, 0.0, 1000.0]);
+        let mut y = [0u8; 24];
+        softmax(x.as_flattened(), DType::F32, &mut y, 2, 3);
+        let s0: f32 = (0..3).map(|i| load(&y, DType::F32, i)).sum();
+        assert!((s0 - 1.0).abs() < 1e-6);
+        assert_eq!(load(&y, DType::F32, 5), 1.0);
+        let labels = [2u8, 0];
+        let from_logits =
+            sparse_cross_entropy(x.as_flattened(), DType::F32, &labels, DType::U8, 2, 3, true)
+                .unwrap();
+        let want = ((1.0f32.exp() + 2.0f32.exp() + 3.0f32.exp()).ln() - 3.0 + 1001.0) / 2.0;
+        assert!((from_logits - want).abs() < 1e-4, "{from_logits} vs {want}");
+        assert_eq!(
+            sparse_cross_entropy(
+                x.as_flattened(),
+                DType::F32,
+                &[3u8, 0],
+                DType::U8,
+                2,
+                3,
+                true
+            ),
+            Err((0, 3))
+        );
+    }
+}
