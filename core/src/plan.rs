@@ -440,6 +440,38 @@ impl<const N: usize> Plan<N> {
         Ok(())
     }
 
+    /// Overwrites a state tensor (a variable, optimizer state or constant) with `values`,
+    /// converted to its element type: loading trained weights, for example.
+    pub fn write_state(
+        &self,
+        x: impl NodeRef,
+        state: &mut [u8],
+        values: &[f32],
+    ) -> Result<(), RunError> {
+        self.check(self.arena_bytes, state.len())?;
+        let id = self.resolve(x)?;
+        let node = self.graph.node(id);
+        let slot = self.slots[id.index()];
+        if slot.place != Place::State {
+            return Err(RunError::WrongKind {
+                tensor: node.name.clone(),
+                expected: "a state tensor (variable, optimizer state or constant)",
+            });
+        }
+        if values.len() != node.shape.elements() {
+            return Err(RunError::WrongLength {
+                tensor: node.name.clone(),
+                expected: node.shape.elements(),
+                supplied: values.len(),
+            });
+        }
+        let buf = &mut state[slot.offset..slot.offset + node.bytes()];
+        for (i, &v) in values.iter().enumerate() {
+            k::store(buf, node.dtype, i, v);
+        }
+        Ok(())
+    }
+
     /// A view of any tensor: an input, activation or gradient in the arena (valid after a run,
     /// for outputs and tapped tensors; others may have been overwritten by later tensors), or a
     /// variable in the state.

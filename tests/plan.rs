@@ -1,0 +1,234 @@
+//! Properties of the ahead-of-time plan on random graphs: tensors live at the same time never
+//! share bytes, the arena is at least the peak live bytes and not far above it, and running
+//! with the reused arena gives exactly the numbers of a layout that reuses nothing.
+
+#![allow(clippy::result_large_err)] // GraphError carries the node name inline (no heap in core).
+
+use std::sync::Mutex;
+
+use proptest::prelude::*;
+use tessera::core::{models::mnist_mlp, DType, Graph, Init, NodeId, Optimizer, Place, Plan, ALIGN};
+
+/// One step of a random graph: an op kind and operand picks (taken modulo the pool).
+#[derive(Clone, Debug)]
+struct Step {
+    kind: u8,
+    a: usize,
+    b: usize,
+    width: usize,
+    output: bool,
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    prop::collection::vec(
+        (
+            0u8..14,
+            any::<usize>(),
+            any::<usize>(),
+            1usize..=6,
+            prop::bool::weighted(0.15),
+        )
+            .prop_map(|(kind, a, b, width, output)| Step {
+                kind,
+                a,
+                b,
+                width,
+                output,
+            }),
+        1..40,
+    )
+}
+
+/// Builds a random graph; builder errors (shape mismatches) just skip the step, as a user
+/// correcting a model would.
+fn build(rows: usize, cols: usize, steps: &[Step], train: bool) -> Option<Graph<160>> {
+    let mut g: Graph<160> = Graph::new();
+    let x = g.input("x", &[rows, cols], DType::F32).ok()?;
+    let mut pool: Vec<NodeId> = vec![x];
+    for (i, s) in steps.iter().enumerate() {
+        let a = pool[s.a % pool.len()];
+        let b = pool[s.b % pool.len()];
+        let name = format!("n{i}");
+        let shape = g.node(a).shape();
+        let made = match s.kind {
+            0 => g.add(&name, a, b),
+            1 => g.sub(&name, a, b),
+            2 => g.mul(&name, a, b),
+            3 => g.relu(&name, a),
+            4 => g.sigmoid(&name, a),
+            5 => g.tanh(&name, a),
+            6 => g.softmax(&name, a),
+            7 => g.scale(&name, a, 0.5),
+            8 if shape.rank() == 2 => {
+                let w = g.variable(
+                    &format!("w{i}"),
+                    &[shape.dim(1), s.width],
+                    DType::F32,
+                    Init::GlorotUniform,
+                );
+                w.and_then(|w| g.matmul(&name, a, w))
+            }
+            9 if shape.rank() == 2 => {
+                let bias = g.variable(
+                    &format!("b{i}"),
+                    &[shape.dim(1)],
+                    DType::F32,
+                    Init::Uniform {
+                        low: -1.0,
+                        high: 1.0,
+                    },
+                );
+                bias.and_then(|bias| g.bias_add(&name, a, bias))
+            }
+            10 => g.reduce_sum(&name, a, Some(0)),
+            11 => g.tap(&name, a),
+            12 => g.reshape(&name, a, &[shape.elements()]),
+            _ => g.reduce_mean(&name, a, None),
+        };
+        if let Ok(id) = made {
+            if s.output {
+                g.mark_output(id).ok()?;
+            }
+            pool.push(id);
+        }
+    }
+    if train {
+        // A scalar loss over the last float tensor that depends on a variable.
+        let last = *pool.last()?;
+        let loss = g.reduce_mean("loss", last, None).ok()?;
+        g.differentiate(loss, Optimizer::sgd(0.01)).ok()?;
+    }
+    Some(g)
+}
+
+static WORST: Mutex<f64> = Mutex::new(1.0);
+
+fn check_plan(g: &Graph<160>) -> Result<(), TestCaseError> {
+    let plan = Plan::new(g).unwrap();
+    let slots = plan.slots();
+    for (i, a) in slots.iter().enumerate() {
+        prop_assert_eq!(a.offset % ALIGN, 0);
+        if a.place == Place::Arena {
+            prop_assert!(a.offset + a.bytes <= plan.arena_bytes());
+            prop_assert!(a.bytes >= g.nodes()[i].bytes());
+        }
+        for (j, b) in slots.iter().enumerate().skip(i + 1) {
+            if a.place == Place::Arena && a.overlaps_in_time(b) {
+                prop_assert!(
+                    !a.overlaps_in_space(b),
+                    "`{}` {:?} and `{}` {:?} are live together and overlap",
+                    g.nodes()[i].name(),
+                    a,
+                    g.nodes()[j].name(),
+                    b
+                );
+            }
+            if a.place == Place::State && b.place == Place::State {
+                prop_assert!(!a.overlaps_in_space(b));
+            }
+        }
+    }
+    prop_assert!(plan.arena_bytes() >= plan.peak_live_bytes());
+    if plan.peak_live_bytes() > 0 {
+        let ratio = plan.arena_bytes() as f64 / plan.peak_live_bytes() as f64;
+        let mut w = WORST.lock().unwrap();
+        if ratio > *w {
+            *w = ratio;
+            eprintln!(
+                "worst arena / peak-live ratio so far: {ratio:.3} ({} nodes)",
+                g.len()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Runs a plan and returns every output's bytes.
+fn outputs(g: &Graph<160>, train: bool) -> Vec<Vec<u8>> {
+    let plan = Plan::new(g).unwrap();
+    let mut arena = vec![0u8; plan.arena_bytes()];
+    let mut state = vec![0u8; plan.state_bytes()];
+    plan.init_state(&mut state, 9).unwrap();
+    let n = g.node(g.find("x").unwrap()).shape().elements();
+    plan.fill_input("x", &mut arena, n, |i| (i as f32 * 0.37).sin())
+        .unwrap();
+    if train {
+        plan.train_step(&mut arena, &mut state).unwrap();
+        plan.train_step(&mut arena, &mut state).unwrap();
+    } else {
+        plan.infer(&mut arena, &state).unwrap();
+    }
+    let mut out: Vec<Vec<u8>> = g
+        .ids()
+        .filter(|&id| {
+            g.node(id).roles().contains(tessera::core::Roles::OUTPUT)
+                && !g.node(id).op().is_update()
+        })
+        .map(|id| plan.tensor(id, &arena, &state).unwrap().bytes().to_vec())
+        .collect();
+    out.push(state[..plan.state_bytes()].to_vec());
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1000))]
+
+    #[test]
+    fn live_tensors_never_overlap(rows in 1usize..5, cols in 1usize..6, s in steps(), train in any::<bool>()) {
+        if let Some(g) = build(rows, cols, &s, train) {
+            check_plan(&g)?;
+        }
+    }
+
+    #[test]
+    fn reusing_memory_does_not_change_results(rows in 1usize..4, cols in 1usize..5, s in steps(), train in any::<bool>()) {
+        if let Some(g) = build(rows, cols, &s, train) {
+            // The same graph with every tensor an output: nothing is reused.
+            let mut all = g.clone();
+            let ids: Vec<NodeId> = all.ids().collect();
+            for id in ids {
+                all.mark_output(id).unwrap();
+            }
+            let reused = outputs(&g, train);
+            let spread = Plan::new(&all).unwrap();
+            prop_assert!(spread.arena_bytes() >= Plan::new(&g).unwrap().arena_bytes());
+            let fresh = outputs(&all, train);
+            // Outputs of `g` are a subset of those of `all`, in the same order; compare by name.
+            let is_out = |n: &&tessera::core::Node| n.roles().contains(tessera::core::Roles::OUTPUT) && !n.op().is_update();
+            let names_g: Vec<&str> = g.nodes().iter().filter(is_out).map(|n| n.name()).collect();
+            let names_all: Vec<&str> = all.nodes().iter().filter(is_out).map(|n| n.name()).collect();
+            for (k, name) in names_g.iter().enumerate() {
+                let j = names_all.iter().position(|n| n == name).unwrap();
+                prop_assert_eq!(&reused[k], &fresh[j], "output `{}` differs", name);
+            }
+            prop_assert_eq!(reused.last(), fresh.last(), "final state differs");
+        }
+    }
+}
+
+#[test]
+fn classifier_arenas_are_close_to_peak_live() {
+    for dtype in [DType::F32, DType::F16] {
+        for train in [false, true] {
+            let mut g: Graph<160> = Graph::new();
+            let m = mnist_mlp(&mut g, 32, dtype).unwrap();
+            if train {
+                let labels = g.input("labels", &[32], DType::I32).unwrap();
+                let loss = g
+                    .sparse_categorical_crossentropy("loss", m.probabilities, labels, false)
+                    .unwrap();
+                g.differentiate(loss, Optimizer::momentum(0.1, 0.9))
+                    .unwrap();
+            }
+            let plan = Plan::new(&g).unwrap();
+            let ratio = plan.arena_bytes() as f64 / plan.peak_live_bytes() as f64;
+            eprintln!(
+                "classifier {dtype} {}: arena {} bytes, peak live {} bytes, ratio {ratio:.3}",
+                if train { "training" } else { "inference" },
+                plan.arena_bytes(),
+                plan.peak_live_bytes()
+            );
+            assert!((1.0..=1.25).contains(&ratio), "ratio {ratio}");
+        }
+    }
+}
