@@ -5,6 +5,7 @@
 //! user), and that order is the execution order of a [`crate::Plan`].
 
 use crate::error::{name_lossy, GraphError, Name};
+use crate::kernels::Reduction;
 use crate::{DType, Roles, Shape};
 
 /// A node of a [`Graph`] (and the tensor it produces).
@@ -1010,7 +1011,7 @@ impl<const N: usize> Graph<N> {
         name: &str,
         x: NodeId,
         axis: Option<usize>,
-        kind: u8,
+        kind: crate::kernels::Reduction,
     ) -> Result<NodeId, GraphError> {
         let n = self.check_name(name)?;
         let node = self.node(x);
@@ -1028,9 +1029,9 @@ impl<const N: usize> Graph<N> {
         };
         let axis = axis.map(|a| a as u8);
         let op = match kind {
-            0 => Op::ReduceSum { x, axis },
-            1 => Op::ReduceMean { x, axis },
-            _ => Op::ReduceMax { x, axis },
+            Reduction::Sum => Op::ReduceSum { x, axis },
+            Reduction::Mean => Op::ReduceMean { x, axis },
+            Reduction::Max => Op::ReduceMax { x, axis },
         };
         self.float_operand(&n, op.name(), x)?;
         self.push(n, op, out, dtype, Roles::ACTIVATION)
@@ -1044,7 +1045,7 @@ impl<const N: usize> Graph<N> {
         axis: Option<usize>,
     ) -> Result<NodeId, GraphError> {
         let x = x.resolve(self)?;
-        self.reduce(name, x, axis, 0)
+        self.reduce(name, x, axis, Reduction::Sum)
     }
 
     /// Mean over `axis` (removed), or over everything with `None`.
@@ -1055,7 +1056,7 @@ impl<const N: usize> Graph<N> {
         axis: Option<usize>,
     ) -> Result<NodeId, GraphError> {
         let x = x.resolve(self)?;
-        self.reduce(name, x, axis, 1)
+        self.reduce(name, x, axis, Reduction::Mean)
     }
 
     /// Maximum over `axis` (removed), or over everything with `None`.
@@ -1066,7 +1067,7 @@ impl<const N: usize> Graph<N> {
         axis: Option<usize>,
     ) -> Result<NodeId, GraphError> {
         let x = x.resolve(self)?;
-        self.reduce(name, x, axis, 2)
+        self.reduce(name, x, axis, Reduction::Max)
     }
 
     /// A Keras-style dense layer named `name`: variables `name/kernel:0` (Glorot uniform) and

@@ -277,7 +277,18 @@ pub fn sparse_cross_entropy_grad(
     Ok(())
 }
 
-/// Reduction over the middle axis of (outer, len, inner): 0 sum, 1 mean, 2 max.
+/// What a [`reduce`] computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reduction {
+    /// Sum, from index 0 upward.
+    Sum,
+    /// Sum divided by the count.
+    Mean,
+    /// Maximum.
+    Max,
+}
+
+/// Reduction over the middle axis of (outer, len, inner).
 #[allow(clippy::too_many_arguments)]
 pub fn reduce(
     x: &[u8],
@@ -286,20 +297,24 @@ pub fn reduce(
     outer: usize,
     len: usize,
     inner: usize,
-    kind: u8,
+    kind: Reduction,
 ) {
     for o in 0..outer {
         for j in 0..inner {
-            let mut s = if kind == 2 { f32::NEG_INFINITY } else { 0.0 };
+            let mut s = if kind == Reduction::Max {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            };
             for l in 0..len {
                 let v = load(x, t, (o * len + l) * inner + j);
-                if kind == 2 {
+                if kind == Reduction::Max {
                     s = s.max(v);
                 } else {
                     s += v;
                 }
             }
-            if kind == 1 {
+            if kind == Reduction::Mean {
                 s /= len as f32;
             }
             store(out, t, o * inner + j, s);

@@ -659,9 +659,9 @@ impl<const N: usize> Plan<N> {
                     None => (1, sx.elements(), 1),
                 };
                 let kind = match node.op {
-                    Op::ReduceSum { .. } => 0,
-                    Op::ReduceMean { .. } => 1,
-                    _ => 2,
+                    Op::ReduceSum { .. } => k::Reduction::Sum,
+                    Op::ReduceMean { .. } => k::Reduction::Mean,
+                    _ => k::Reduction::Max,
                 };
                 k::reduce(get(x), dt, out, outer, len, inner, kind);
             }
@@ -723,19 +723,16 @@ impl<const N: usize> Plan<N> {
             return Ok(()); // inference never reaches updates; nothing to write through a shared view
         };
         let off = |x: NodeId| self.slots[x.index()].offset;
-        let grad_of = |g: NodeId| {
-            let s = self.slots[g.index()];
-            let n = self.graph.node(g).bytes();
-            (s, n)
+        // Every optimizer update reads a variable's type and size and its gradient's bytes.
+        let var_grad = |var: NodeId, grad: NodeId| {
+            let v = self.graph.node(var);
+            let s = self.slots[grad.index()];
+            let g = &arena[s.offset..s.offset + self.graph.node(grad).bytes()];
+            (v.dtype, v.shape.elements(), g)
         };
         match node.op {
             Op::ApplySgd { var, grad, lr } => {
-                let (t, n) = (
-                    self.graph.node(var).dtype,
-                    self.graph.node(var).shape.elements(),
-                );
-                let (gs, gn) = grad_of(grad);
-                let g = &arena[gs.offset..gs.offset + gn];
+                let (t, n, g) = var_grad(var, grad);
                 let w = &mut st[off(var)..off(var) + n * t.size()];
                 for i in 0..n {
                     let v = k::load(w, t, i) - lr * k::load(g, t, i);
@@ -749,12 +746,7 @@ impl<const N: usize> Plan<N> {
                 lr,
                 momentum,
             } => {
-                let (t, n) = (
-                    self.graph.node(var).dtype,
-                    self.graph.node(var).shape.elements(),
-                );
-                let (gs, gn) = grad_of(grad);
-                let g = &arena[gs.offset..gs.offset + gn];
+                let (t, n, g) = var_grad(var, grad);
                 let (wo, vo) = (off(var), off(velocity));
                 for i in 0..n {
                     let v = momentum * k::load(&st[vo..], t, i) - lr * k::load(g, t, i);
@@ -774,12 +766,7 @@ impl<const N: usize> Plan<N> {
                 beta2,
                 epsilon,
             } => {
-                let (t, n) = (
-                    self.graph.node(var).dtype,
-                    self.graph.node(var).shape.elements(),
-                );
-                let (gs, gn) = grad_of(grad);
-                let g = &arena[gs.offset..gs.offset + gn];
+                let (t, n, g) = var_grad(var, grad);
                 let iterations = k::load_int(&st[off(step)..], DType::I32, 0);
                 let local = (iterations + 1) as f32;
                 let lr_t = lr * libm::sqrtf(1.0 - libm::powf(beta2, local))
