@@ -1,0 +1,32 @@
+//! tessera-sim: the machine.
+//!
+//! This crate models Graphcore IPU hardware so that a compiled Tessera graph can be checked
+//! and costed before any hardware is involved: how many tiles and how much SRAM a chip has,
+//! how fast it is clocked, how long a bulk-synchronous superstep (compute, sync, exchange)
+//! takes, and what each vertex costs in tile cycles.
+//!
+//! The principle: the sim is pure machinery. It never parses files, never prints and never
+//! talks to a user; the `host` crate owns formats and terminals. Everything here is a value
+//! (a machine description) or a pure function of values (a cost), so the same inputs always
+//! give the same cycle counts.
+//!
+//! Every hardware figure is a published Graphcore figure, arithmetic on one, or a documented
+//! estimate; see [`machine::IpuConfig::preset`].
+//!
+//! ```
+//! use tessera_sim::machine::{IpuConfig, Preset};
+//!
+//! let mk2 = IpuConfig::preset(Preset::Mk2);
+//! mk2.validate().unwrap();
+//! // tiles x clock x AMP MACs x 2 reproduces the vendor's 250 TFLOP/s fp16 peak.
+//! assert!((mk2.peak_flops_fp16() / 250e12 - 1.0).abs() < 0.01);
+//! ```
+
+#![deny(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod cost;
+pub mod machine;
+
+pub use cost::UnaryKind;
+pub use machine::{IpuConfig, MachineError, Preset, SystemConfig, UnknownPreset};

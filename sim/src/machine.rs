@@ -1,0 +1,632 @@
+//! The machine: IPU generations, their published figures, custom machines and multi-IPU systems.
+//!
+//! Figures come from Graphcore's datasheets, Hot Chips talks, Poplar's printed target summaries
+//! and the public poplibs sources (see the project's ARCH.md). Each preset constant carries a
+//! comment naming its source; "vendor" marks a published figure, "arithmetic" a figure derived
+//! from published ones, and "estimate" a guess.
+
+use core::fmt;
+use core::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// An IPU generation whose published figures [`IpuConfig::preset`] knows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Preset {
+    /// Colossus Mk1 (GC2, Poplar's "ipu1"): 1216 tiles, 256 KiB each, 1.6 GHz.
+    Mk1,
+    /// Colossus Mk2 (GC200, Poplar's "ipu2"): 1472 tiles, 624 KiB each, 1.325 GHz.
+    #[default]
+    Mk2,
+    /// Bow IPU: the Mk2 tile array clocked at 1.85 GHz.
+    Bow,
+}
+
+impl Preset {
+    /// Every preset, in generation order.
+    pub const ALL: [Preset; 3] = [Preset::Mk1, Preset::Mk2, Preset::Bow];
+
+    /// The lower-case name that [`FromStr`] accepts and [`fmt::Display`] prints.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Preset::Mk1 => "mk1",
+            Preset::Mk2 => "mk2",
+            Preset::Bow => "bow",
+        }
+    }
+}
+
+impl fmt::Display for Preset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A preset name that is not `mk1`, `mk2` or `bow`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownPreset {
+    /// The name that was given.
+    pub name: String,
+}
+
+impl fmt::Display for UnknownPreset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown IPU preset `{}`; valid presets are ", self.name)?;
+        for (i, p) in Preset::ALL.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            f.write_str(p.name())?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for UnknownPreset {}
+
+impl FromStr for Preset {
+    type Err = UnknownPreset;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Preset::ALL
+            .into_iter()
+            .find(|p| p.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| UnknownPreset { name: s.to_owned() })
+    }
+}
+
+/// A machine description that does not make sense.
+#[non_exhaustive]
+#[derive(Clone, Debug, PartialEq)]
+pub enum MachineError {
+    /// A count or size that must be at least one is zero.
+    Zero {
+        /// The field's name.
+        field: &'static str,
+    },
+    /// A real-valued figure is NaN, infinite, zero or negative.
+    NotPositiveFinite {
+        /// The field's name.
+        field: &'static str,
+        /// The offending value.
+        value: f64,
+    },
+}
+
+impl fmt::Display for MachineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MachineError::Zero { field } => {
+                write!(f, "machine field `{field}` is 0; it must be at least 1")
+            }
+            MachineError::NotPositiveFinite { field, value } => write!(
+                f,
+                "machine field `{field}` is {value}; it must be finite and greater than 0"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for MachineError {}
+
+/// One IPU's hardware figures.
+///
+/// Start from [`IpuConfig::preset`] and change public fields (or use the `with_*` builders)
+/// to describe a custom machine; [`IpuConfig::validate`] checks the result.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct IpuConfig {
+    /// Tiles per IPU.
+    pub tiles: u32,
+    /// SRAM per tile in bytes (code, vertex state, exchange buffers and tensors all share it).
+    pub sram_bytes_per_tile: u64,
+    /// Tile clock in Hz.
+    pub clock_hz: f64,
+    /// Hardware worker contexts per tile (the barrel scheduler's worker slots).
+    pub worker_contexts: u32,
+    /// Accumulating Matrix Product (AMP) multiply-accumulates per tile per cycle, fp16 inputs
+    /// with fp32 accumulation.
+    pub amp_macs_per_cycle_fp16: u32,
+    /// AMP multiply-accumulates per tile per cycle, fp32.
+    pub amp_macs_per_cycle_fp32: u32,
+    /// fp32 elements per worker vector instruction.
+    pub vector_width_fp32: u32,
+    /// fp16 elements per worker vector instruction.
+    pub vector_width_fp16: u32,
+    /// Bytes a tile sends or receives per cycle over the exchange.
+    pub exchange_bytes_per_cycle_per_tile: u32,
+    /// Fixed cycles added to every exchange phase.
+    pub exchange_overhead_cycles: u64,
+    /// Cycles for an on-chip sync of all tiles.
+    pub sync_cycles: u64,
+    /// Nanoseconds per hop of a cross-IPU sync (each way).
+    pub inter_ipu_sync_ns_per_hop: f64,
+    /// IPU-Links per IPU.
+    pub ipu_links: u32,
+    /// Bandwidth of one IPU-Link in one direction, bytes per second.
+    pub link_bytes_per_second_per_direction: f64,
+    /// Bandwidth of the host link (PCIe) in one direction, bytes per second.
+    pub host_link_bytes_per_second_per_direction: f64,
+    /// Streaming memory (remote buffers) available to one IPU, bytes.
+    pub streaming_memory_bytes: u64,
+}
+
+impl Default for IpuConfig {
+    /// The default preset's figures ([`Preset::Mk2`]).
+    fn default() -> Self {
+        IpuConfig::preset(Preset::default())
+    }
+}
+
+impl IpuConfig {
+    /// The published figures of one IPU generation.
+    pub fn preset(preset: Preset) -> IpuConfig {
+        match preset {
+            Preset::Mk1 => IpuConfig {
+                // vendor: GC2 datasheet / Hot Chips.
+                tiles: 1216,
+                // vendor: 256 KiB per tile (304 MiB per IPU).
+                sram_bytes_per_tile: 256 * 1024,
+                // vendor: GC2 datasheet, 1.6 GHz.
+                clock_hz: 1.6e9,
+                // vendor: 6 worker slots + supervisor (Hot Chips).
+                worker_contexts: 6,
+                // arithmetic: 124.5 TFLOP/s / (1216 tiles x 1.6 GHz x 2).
+                amp_macs_per_cycle_fp16: 32,
+                // arithmetic: 31.1 TFLOP/s / (1216 tiles x 1.6 GHz x 2).
+                amp_macs_per_cycle_fp32: 8,
+                // vendor: 64-bit data path, 2 x fp32 per instruction (Poplar target summary).
+                vector_width_fp32: 2,
+                // vendor: 64-bit data path, 4 x fp16 per instruction (Poplar target summary).
+                vector_width_fp16: 4,
+                // vendor: 4 bytes/cycle/tile exchange (Poplar target summary).
+                exchange_bytes_per_cycle_per_tile: 4,
+                // estimate: "of the order of 100 cycles" fixed exchange overhead.
+                exchange_overhead_cycles: 100,
+                // estimate: on-chip sync, poplibs' planners assume about 90 cycles.
+                sync_cycles: 90,
+                // poplibs: 15 ns per hop of a cross-IPU sync.
+                inter_ipu_sync_ns_per_hop: 15.0,
+                // vendor: 10 IPU-Links per GC2.
+                ipu_links: 10,
+                // arithmetic: vendor 64 GB/s bidirectional per link, so 32 GB/s each way.
+                link_bytes_per_second_per_direction: 32e9,
+                // arithmetic: vendor PCIe Gen4 x16, 64 GB/s bidirectional, so 32 GB/s each way.
+                host_link_bytes_per_second_per_direction: 32e9,
+                // estimate: Mk1 remote buffers live in host memory; 64 GB per IPU assumed.
+                streaming_memory_bytes: 64_000_000_000,
+            },
+            Preset::Mk2 => IpuConfig {
+                // vendor: GC200 datasheet.
+                tiles: 1472,
+                // vendor: 624 KiB = 638,976 B per tile (900 MB per IPU).
+                sram_bytes_per_tile: 638_976,
+                // vendor: GC200, 1.325 GHz (1.33 GHz seen on devices).
+                clock_hz: 1.325e9,
+                // vendor: 6 worker slots + supervisor (Hot Chips 33).
+                worker_contexts: 6,
+                // arithmetic: 250 TFLOP/s / (1472 tiles x 1.325 GHz x 2).
+                amp_macs_per_cycle_fp16: 64,
+                // arithmetic: 62.5 TFLOP/s / (1472 tiles x 1.325 GHz x 2).
+                amp_macs_per_cycle_fp32: 16,
+                // vendor: 2 x fp32 per instruction (Poplar target summary).
+                vector_width_fp32: 2,
+                // vendor: 4 x fp16 per instruction (Poplar target summary).
+                vector_width_fp16: 4,
+                // vendor: 4 bytes/cycle/tile exchange (Poplar target summary; 8 TB/s aggregate).
+                exchange_bytes_per_cycle_per_tile: 4,
+                // estimate: "of the order of 100 cycles" fixed exchange overhead.
+                exchange_overhead_cycles: 100,
+                // estimate: on-chip sync, poplibs' planners assume about 90 cycles.
+                sync_cycles: 90,
+                // poplibs: 15 ns per hop of a cross-IPU sync.
+                inter_ipu_sync_ns_per_hop: 15.0,
+                // vendor: 10 IPU-Links per GC200.
+                ipu_links: 10,
+                // arithmetic: vendor 320 GB/s over 10 links, read as bidirectional: 16 GB/s each way.
+                link_bytes_per_second_per_direction: 16e9,
+                // arithmetic: vendor PCIe Gen4 x16, 64 GB/s bidirectional, so 32 GB/s each way.
+                host_link_bytes_per_second_per_direction: 32e9,
+                // arithmetic: vendor 448 GB per IPU-M2000 (4 IPUs), so 112 GB per IPU.
+                streaming_memory_bytes: 112_000_000_000,
+            },
+            Preset::Bow => IpuConfig {
+                // vendor: Bow IPU datasheet.
+                tiles: 1472,
+                // vendor: 624 KiB = 638,976 B per tile.
+                sram_bytes_per_tile: 638_976,
+                // vendor: Bow IPU, 1.85 GHz.
+                clock_hz: 1.85e9,
+                // vendor: 6 worker slots + supervisor.
+                worker_contexts: 6,
+                // arithmetic: 348.6 TFLOP/s / (1472 tiles x 1.85 GHz x 2).
+                amp_macs_per_cycle_fp16: 64,
+                // arithmetic: 87.1 TFLOP/s / (1472 tiles x 1.85 GHz x 2).
+                amp_macs_per_cycle_fp32: 16,
+                // vendor: 2 x fp32 per instruction (Poplar target summary).
+                vector_width_fp32: 2,
+                // vendor: 4 x fp16 per instruction (Poplar target summary).
+                vector_width_fp16: 4,
+                // vendor: 4 bytes/cycle/tile exchange (Poplar target summary).
+                exchange_bytes_per_cycle_per_tile: 4,
+                // estimate: "of the order of 100 cycles" fixed exchange overhead.
+                exchange_overhead_cycles: 100,
+                // estimate: on-chip sync, poplibs' planners assume about 90 cycles.
+                sync_cycles: 90,
+                // poplibs: 15 ns per hop of a cross-IPU sync.
+                inter_ipu_sync_ns_per_hop: 15.0,
+                // vendor: 10 IPU-Links per Bow IPU.
+                ipu_links: 10,
+                // arithmetic: vendor 512 Gbit/s = 64 GB/s per link, read as bidirectional: 32 GB/s each way.
+                link_bytes_per_second_per_direction: 32e9,
+                // arithmetic: vendor PCIe Gen4 x16, 64 GB/s bidirectional, so 32 GB/s each way.
+                host_link_bytes_per_second_per_direction: 32e9,
+                // arithmetic: vendor 256 GB per Bow-2000 (4 IPUs), so 64 GB per IPU.
+                streaming_memory_bytes: 64_000_000_000,
+            },
+        }
+    }
+
+    /// Replaces the tile count.
+    pub fn with_tiles(mut self, tiles: u32) -> Self {
+        self.tiles = tiles;
+        self
+    }
+
+    /// Replaces the SRAM per tile, in bytes.
+    pub fn with_sram_bytes_per_tile(mut self, bytes: u64) -> Self {
+        self.sram_bytes_per_tile = bytes;
+        self
+    }
+
+    /// Replaces the clock, in Hz.
+    pub fn with_clock_hz(mut self, clock_hz: f64) -> Self {
+        self.clock_hz = clock_hz;
+        self
+    }
+
+    /// Replaces the number of worker contexts per tile.
+    pub fn with_worker_contexts(mut self, workers: u32) -> Self {
+        self.worker_contexts = workers;
+        self
+    }
+
+    /// Replaces the on-chip sync cost, in cycles.
+    pub fn with_sync_cycles(mut self, cycles: u64) -> Self {
+        self.sync_cycles = cycles;
+        self
+    }
+
+    /// Replaces the fixed exchange overhead, in cycles.
+    pub fn with_exchange_overhead_cycles(mut self, cycles: u64) -> Self {
+        self.exchange_overhead_cycles = cycles;
+        self
+    }
+
+    /// Checks that every count and size is at least one and every real figure is finite and
+    /// positive; the error names the first field that is not.
+    pub fn validate(&self) -> Result<(), MachineError> {
+        let counts: [(&'static str, u64); 11] = [
+            ("tiles", self.tiles.into()),
+            ("sram_bytes_per_tile", self.sram_bytes_per_tile),
+            ("worker_contexts", self.worker_contexts.into()),
+            (
+                "amp_macs_per_cycle_fp16",
+                self.amp_macs_per_cycle_fp16.into(),
+            ),
+            (
+                "amp_macs_per_cycle_fp32",
+                self.amp_macs_per_cycle_fp32.into(),
+            ),
+            ("vector_width_fp32", self.vector_width_fp32.into()),
+            ("vector_width_fp16", self.vector_width_fp16.into()),
+            (
+                "exchange_bytes_per_cycle_per_tile",
+                self.exchange_bytes_per_cycle_per_tile.into(),
+            ),
+            ("sync_cycles", self.sync_cycles),
+            ("ipu_links", self.ipu_links.into()),
+            ("streaming_memory_bytes", self.streaming_memory_bytes),
+        ];
+        // exchange_overhead_cycles may be 0: an idealised exchange is a legitimate machine.
+        for (field, value) in counts {
+            if value == 0 {
+                return Err(MachineError::Zero { field });
+            }
+        }
+        let reals: [(&'static str, f64); 4] = [
+            ("clock_hz", self.clock_hz),
+            ("inter_ipu_sync_ns_per_hop", self.inter_ipu_sync_ns_per_hop),
+            (
+                "link_bytes_per_second_per_direction",
+                self.link_bytes_per_second_per_direction,
+            ),
+            (
+                "host_link_bytes_per_second_per_direction",
+                self.host_link_bytes_per_second_per_direction,
+            ),
+        ];
+        for (field, value) in reals {
+            if !(value.is_finite() && value > 0.0) {
+                return Err(MachineError::NotPositiveFinite { field, value });
+            }
+        }
+        Ok(())
+    }
+
+    /// Peak fp16 (fp32-accumulate) FLOP/s: tiles x clock x AMP MACs x 2.
+    pub fn peak_flops_fp16(&self) -> f64 {
+        f64::from(self.tiles) * self.clock_hz * f64::from(self.amp_macs_per_cycle_fp16) * 2.0
+    }
+
+    /// Peak fp32 FLOP/s: tiles x clock x AMP MACs x 2.
+    pub fn peak_flops_fp32(&self) -> f64 {
+        f64::from(self.tiles) * self.clock_hz * f64::from(self.amp_macs_per_cycle_fp32) * 2.0
+    }
+
+    /// SRAM of the whole IPU, in bytes.
+    pub fn total_sram_bytes(&self) -> u64 {
+        u64::from(self.tiles).saturating_mul(self.sram_bytes_per_tile)
+    }
+
+    /// Wall-clock seconds for a number of tile cycles.
+    pub fn cycles_to_seconds(&self, cycles: u64) -> f64 {
+        cycles as f64 / self.clock_hz
+    }
+
+    /// Cycles of the cross-IPU part of a sync over `num_ipus` IPUs:
+    /// 2 x ceil(ns per hop x (1 + num_ipus / 4) in cycles), "there and back" (ARCH.md).
+    ///
+    /// `num_ipus / 4` is integer division: one extra hop per four IPUs.
+    pub fn inter_ipu_sync_cycles(&self, num_ipus: usize) -> u64 {
+        let hops = 1 + num_ipus / 4;
+        // Multiply before dividing so whole-cycle results (15 ns x 1.6 GHz = 24) stay exact.
+        let one_way = (self.inter_ipu_sync_ns_per_hop * hops as f64 * self.clock_hz / 1e9).ceil();
+        // `as` saturates for out-of-range floats, so an absurd machine cannot panic here.
+        (one_way as u64).saturating_mul(2)
+    }
+}
+
+/// Several identical IPUs working as one system (a pipeline or a set of replicas).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SystemConfig {
+    /// The figures of each IPU.
+    pub ipu: IpuConfig,
+    /// How many IPUs the system has.
+    pub num_ipus: usize,
+}
+
+impl Default for SystemConfig {
+    /// One IPU of the default preset.
+    fn default() -> Self {
+        SystemConfig {
+            ipu: IpuConfig::default(),
+            num_ipus: 1,
+        }
+    }
+}
+
+impl SystemConfig {
+    /// `num_ipus` IPUs of one preset.
+    pub fn preset(preset: Preset, num_ipus: usize) -> SystemConfig {
+        SystemConfig {
+            ipu: IpuConfig::preset(preset),
+            num_ipus,
+        }
+    }
+
+    /// Checks the IPU's figures and that the system has at least one IPU.
+    pub fn validate(&self) -> Result<(), MachineError> {
+        if self.num_ipus == 0 {
+            return Err(MachineError::Zero { field: "num_ipus" });
+        }
+        self.ipu.validate()
+    }
+
+    /// Cycles of one sync of the whole system: the on-chip sync alone for one IPU, plus the
+    /// cross-IPU sync when there are several.
+    pub fn sync_cycles(&self) -> u64 {
+        if self.num_ipus <= 1 {
+            self.ipu.sync_cycles
+        } else {
+            self.ipu
+                .sync_cycles
+                .saturating_add(self.ipu.inter_ipu_sync_cycles(self.num_ipus))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn within_1pct(got: f64, want: f64) -> bool {
+        ((got / want) - 1.0).abs() < 0.01
+    }
+
+    #[test]
+    fn presets_validate() {
+        for p in Preset::ALL {
+            IpuConfig::preset(p).validate().unwrap();
+            SystemConfig::preset(p, 16).validate().unwrap();
+        }
+        assert_eq!(IpuConfig::default(), IpuConfig::preset(Preset::Mk2));
+        assert_eq!(Preset::default(), Preset::Mk2);
+    }
+
+    #[test]
+    fn peak_flops_match_vendor_figures() {
+        let want = [
+            (Preset::Mk1, 124.5e12, 31.1e12),
+            (Preset::Mk2, 250e12, 62.5e12),
+            (Preset::Bow, 348.6e12, 87.1e12),
+        ];
+        for (p, fp16, fp32) in want {
+            let c = IpuConfig::preset(p);
+            assert!(within_1pct(c.peak_flops_fp16(), fp16), "{p} fp16");
+            assert!(within_1pct(c.peak_flops_fp32(), fp32), "{p} fp32");
+        }
+    }
+
+    #[test]
+    fn vendor_memory_figures() {
+        assert_eq!(IpuConfig::preset(Preset::Mk2).sram_bytes_per_tile, 638_976);
+        assert_eq!(IpuConfig::preset(Preset::Mk1).sram_bytes_per_tile, 262_144);
+        assert_eq!(IpuConfig::preset(Preset::Mk1).tiles, 1216);
+        // 1472 x 624 KiB = 897 MiB, the vendor's "900 MB" per Mk2 IPU.
+        let mk2 = IpuConfig::preset(Preset::Mk2).total_sram_bytes();
+        assert_eq!(mk2, 1472 * 638_976);
+        assert_eq!(mk2, 897 * 1024 * 1024);
+        // 448 GB per 4-IPU IPU-M2000; 256 GB per 4-IPU Bow-2000.
+        assert_eq!(
+            4 * IpuConfig::preset(Preset::Mk2).streaming_memory_bytes,
+            448_000_000_000
+        );
+        assert_eq!(
+            4 * IpuConfig::preset(Preset::Bow).streaming_memory_bytes,
+            256_000_000_000
+        );
+    }
+
+    #[test]
+    fn link_figures() {
+        let mk1 = IpuConfig::preset(Preset::Mk1);
+        assert_eq!(mk1.link_bytes_per_second_per_direction * 2.0, 64e9);
+        let mk2 = IpuConfig::preset(Preset::Mk2);
+        let total = mk2.link_bytes_per_second_per_direction * 2.0 * f64::from(mk2.ipu_links);
+        assert_eq!(total, 320e9);
+        let bow = IpuConfig::preset(Preset::Bow);
+        assert_eq!(bow.link_bytes_per_second_per_direction * 2.0 * 8.0, 512e9);
+        for p in Preset::ALL {
+            let c = IpuConfig::preset(p);
+            assert_eq!(c.host_link_bytes_per_second_per_direction * 2.0, 64e9);
+        }
+    }
+
+    #[test]
+    fn cycles_to_seconds_uses_clock() {
+        let c = IpuConfig::preset(Preset::Mk1);
+        assert_eq!(c.cycles_to_seconds(1_600_000_000), 1.0);
+        assert_eq!(c.cycles_to_seconds(0), 0.0);
+    }
+
+    #[test]
+    fn inter_ipu_sync_follows_hops() {
+        // Mk1: 15 ns = 24 cycles exactly at 1.6 GHz.
+        let mk1 = IpuConfig::preset(Preset::Mk1);
+        assert_eq!(mk1.inter_ipu_sync_cycles(2), 2 * 24);
+        assert_eq!(mk1.inter_ipu_sync_cycles(4), 2 * 48);
+        assert_eq!(mk1.inter_ipu_sync_cycles(8), 2 * 72);
+        // Mk2: 15 ns x 1.325 GHz = 19.875, rounded up to 20.
+        let mk2 = IpuConfig::preset(Preset::Mk2);
+        assert_eq!(mk2.inter_ipu_sync_cycles(2), 40);
+        // 30 ns x 1.325 GHz = 39.75 -> 40.
+        assert_eq!(mk2.inter_ipu_sync_cycles(4), 80);
+    }
+
+    #[test]
+    fn system_sync() {
+        let one = SystemConfig::preset(Preset::Mk2, 1);
+        assert_eq!(one.sync_cycles(), 90);
+        let two = SystemConfig::preset(Preset::Mk2, 2);
+        assert_eq!(two.sync_cycles(), 90 + 40);
+        assert!(SystemConfig::preset(Preset::Mk2, 16).sync_cycles() > two.sync_cycles());
+        assert_eq!(SystemConfig::default().num_ipus, 1);
+    }
+
+    #[test]
+    fn validation_errors_name_the_field() {
+        let e = IpuConfig::preset(Preset::Mk2)
+            .with_tiles(0)
+            .validate()
+            .unwrap_err();
+        assert_eq!(e, MachineError::Zero { field: "tiles" });
+        assert!(e.to_string().contains("tiles"));
+
+        let e = IpuConfig::preset(Preset::Bow)
+            .with_clock_hz(f64::NAN)
+            .validate()
+            .unwrap_err();
+        assert!(matches!(
+            e,
+            MachineError::NotPositiveFinite {
+                field: "clock_hz",
+                ..
+            }
+        ));
+        assert!(e.to_string().contains("clock_hz"));
+
+        let mut c = IpuConfig::preset(Preset::Mk1);
+        c.host_link_bytes_per_second_per_direction = -1.0;
+        let e = c.validate().unwrap_err();
+        assert!(e
+            .to_string()
+            .contains("host_link_bytes_per_second_per_direction"));
+        assert!(e.to_string().contains("-1"));
+
+        let e = IpuConfig::preset(Preset::Mk2)
+            .with_worker_contexts(0)
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("worker_contexts"));
+
+        let e = SystemConfig::preset(Preset::Mk2, 0).validate().unwrap_err();
+        assert_eq!(e, MachineError::Zero { field: "num_ipus" });
+
+        let mut s = SystemConfig::preset(Preset::Mk2, 2);
+        s.ipu.sram_bytes_per_tile = 0;
+        assert_eq!(
+            s.validate(),
+            Err(MachineError::Zero {
+                field: "sram_bytes_per_tile"
+            })
+        );
+    }
+
+    #[test]
+    fn custom_machine_builders() {
+        let c = IpuConfig::preset(Preset::Mk2)
+            .with_tiles(4)
+            .with_sram_bytes_per_tile(1024)
+            .with_clock_hz(1e9)
+            .with_worker_contexts(4)
+            .with_sync_cycles(10)
+            .with_exchange_overhead_cycles(0);
+        c.validate().unwrap();
+        assert_eq!(c.total_sram_bytes(), 4096);
+        assert_eq!(c.peak_flops_fp16(), 4.0 * 1e9 * 64.0 * 2.0);
+    }
+
+    #[test]
+    fn preset_parse_and_display() {
+        for p in Preset::ALL {
+            assert_eq!(p.to_string().parse::<Preset>(), Ok(p));
+        }
+        assert_eq!("MK2".parse::<Preset>(), Ok(Preset::Mk2));
+        assert_eq!("Bow".parse::<Preset>(), Ok(Preset::Bow));
+        assert_eq!("mK1".parse::<Preset>(), Ok(Preset::Mk1));
+        let e = "mk3".parse::<Preset>().unwrap_err();
+        assert_eq!(e.name, "mk3");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("mk3") && msg.contains("mk1, mk2, bow"),
+            "{msg}"
+        );
+        assert!("".parse::<Preset>().is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn inter_ipu_sync_monotone_in_ipus(a in 1usize..4096, b in 1usize..4096) {
+            let c = IpuConfig::preset(Preset::Mk2);
+            let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+            prop_assert!(c.inter_ipu_sync_cycles(lo) <= c.inter_ipu_sync_cycles(hi));
+        }
+
+        #[test]
+        fn unknown_names_never_parse(s in "[a-z0-9]{0,6}") {
+            prop_assume!(!["mk1", "mk2", "bow"].contains(&s.as_str()));
+            prop_assert!(s.parse::<Preset>().is_err());
+        }
+    }
+}
