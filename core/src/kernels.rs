@@ -105,43 +105,63 @@ pub fn matmul(
     tb: bool,
 ) {
     let ai = |i: usize, p: usize| if ta { p * m + i } else { i * k + p };
-    if !tb {
-        // Row of B contiguous: accumulate a block of C's row in registers.
-        let mut acc = [0f32; BLOCK];
-        for i in 0..m {
-            let mut j0 = 0;
-            while j0 < n {
-                let w = BLOCK.min(n - j0);
-                acc[..w].fill(0.0);
-                for p in 0..k {
-                    let av = load(a, t, ai(i, p));
-                    let row = p * n + j0;
-                    if t == DType::F32 {
-                        let brow = &b[4 * row..4 * (row + w)];
-                        for (s, bb) in acc[..w].iter_mut().zip(brow.chunks_exact(4)) {
-                            *s += av * f32::from_le_bytes([bb[0], bb[1], bb[2], bb[3]]);
-                        }
-                    } else {
-                        for (jj, s) in acc[..w].iter_mut().enumerate() {
-                            *s += av * load(b, t, row + jj);
-                        }
-                    }
-                }
-                for (jj, &s) in acc[..w].iter().enumerate() {
-                    store(c, t, i * n + j0 + jj, s);
-                }
-                j0 += w;
+    let f32_at =
+        |q: usize| f32::from_le_bytes([b[4 * q], b[4 * q + 1], b[4 * q + 2], b[4 * q + 3]]);
+    match (t, tb) {
+        (DType::F32, false) => blocked(c, t, m, n, k, |i, p, j0, acc| {
+            // Row of B contiguous: the compiler vectorises this.
+            let av = load(a, t, ai(i, p));
+            let row = p * n + j0;
+            let brow = &b[4 * row..4 * (row + acc.len())];
+            for (s, bb) in acc.iter_mut().zip(brow.chunks_exact(4)) {
+                *s += av * f32::from_le_bytes([bb[0], bb[1], bb[2], bb[3]]);
             }
-        }
-    } else {
-        for i in 0..m {
-            for j in 0..n {
-                let mut s = 0f32;
-                for p in 0..k {
-                    s += load(a, t, ai(i, p)) * load(b, t, j * k + p);
-                }
-                store(c, t, i * n + j, s);
+        }),
+        (DType::F32, true) => blocked(c, t, m, n, k, |i, p, j0, acc| {
+            let av = load(a, t, ai(i, p));
+            for (jj, s) in acc.iter_mut().enumerate() {
+                *s += av * f32_at((j0 + jj) * k + p);
             }
+        }),
+        _ => blocked(c, t, m, n, k, |i, p, j0, acc| {
+            let av = load(a, t, ai(i, p));
+            for (jj, s) in acc.iter_mut().enumerate() {
+                let bi = if tb {
+                    (j0 + jj) * k + p
+                } else {
+                    p * n + j0 + jj
+                };
+                *s += av * load(b, t, bi);
+            }
+        }),
+    }
+}
+
+/// The loop nest of [`matmul`]: for each row `i` of C and block of up to [`BLOCK`] columns
+/// from `j0`, `step(i, p, j0, acc)` adds term `p` to the block's sums, for `p` from 0 upward.
+/// The block's sums proceed side by side in registers, each still in ascending `p`.
+fn blocked(
+    c: &mut [u8],
+    t: DType,
+    m: usize,
+    n: usize,
+    k: usize,
+    mut step: impl FnMut(usize, usize, usize, &mut [f32]),
+) {
+    let mut acc = [0f32; BLOCK];
+    for i in 0..m {
+        let mut j0 = 0;
+        while j0 < n {
+            let w = BLOCK.min(n - j0);
+            let acc = &mut acc[..w];
+            acc.fill(0.0);
+            for p in 0..k {
+                step(i, p, j0, acc);
+            }
+            for (jj, &s) in acc.iter().enumerate() {
+                store(c, t, i * n + j0 + jj, s);
+            }
+            j0 += w;
         }
     }
 }
