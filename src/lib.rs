@@ -7,5 +7,6 @@
 #![deny(missing_docs)]
 
 pub use tessera_core as core;
+pub use tessera_sim as sim;
 
 pub mod idx;

@@ -25,8 +25,17 @@
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod check;
 pub mod cost;
+pub mod engine;
+pub mod estimate;
+pub mod lower;
 pub mod machine;
+pub mod matmul;
+pub mod memory;
+pub mod program;
 
 pub use cost::UnaryKind;
+pub use engine::Engine;
+pub use estimate::{estimate, Estimate, EstimateOptions, SimError};
 pub use machine::{IpuConfig, MachineError, Preset, SystemConfig, UnknownPreset};

@@ -1,0 +1,208 @@
+//! The checker: a lowered program is valid when every mapping covers its tensor on real
+//! tiles, every exchange sends data from where it lives, and every vertex reads only data on
+//! its tile (its tensor's mapping or what the preceding exchange delivered) and writes only
+//! data mapped to its tile.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::program::{Program, Step, TileId};
+
+/// Why a program is not valid. Each variant names the compute set, tile and tensor at fault.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CheckError {
+    /// A tensor's mapping leaves elements unmapped, maps some twice, or names a tile the IPU
+    /// does not have.
+    BadMapping {
+        /// The tensor.
+        tensor: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A vertex reads elements that are neither on its tile nor delivered by the exchange
+    /// before its compute set (a missing exchange).
+    NotResident {
+        /// The compute set.
+        compute_set: String,
+        /// The vertex's tile.
+        tile: TileId,
+        /// The tensor read.
+        tensor: String,
+        /// First element missing.
+        start: u64,
+        /// Elements missing.
+        len: u64,
+    },
+    /// A vertex writes elements that are not mapped to its tile.
+    WriteNotLocal {
+        /// The compute set.
+        compute_set: String,
+        /// The vertex's tile.
+        tile: TileId,
+        /// The tensor written.
+        tensor: String,
+        /// First element.
+        start: u64,
+    },
+    /// An exchange sends elements from a tile that does not hold them.
+    BadSource {
+        /// The graph node of the exchange.
+        node: String,
+        /// The sending tile named.
+        tile: TileId,
+        /// The tensor.
+        tensor: String,
+        /// First element.
+        start: u64,
+    },
+}
+
+impl fmt::Display for CheckError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CheckError::BadMapping { tensor, detail } => write!(f, "tensor `{tensor}`: {detail}"),
+            CheckError::NotResident { compute_set, tile, tensor, start, len } => write!(
+                f,
+                "compute set `{compute_set}`: a vertex on tile {tile} reads elements {start}..{} of `{tensor}`, which are not on that tile (missing exchange)",
+                start + len
+            ),
+            CheckError::WriteNotLocal { compute_set, tile, tensor, start } => write!(
+                f,
+                "compute set `{compute_set}`: a vertex on tile {tile} writes element {start} of `{tensor}`, which lives on another tile"
+            ),
+            CheckError::BadSource { node, tile, tensor, start } => write!(
+                f,
+                "exchange for `{node}`: tile {tile} sends element {start} of `{tensor}`, which it does not hold"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for CheckError {}
+
+/// Checks a program. Memory limits are checked by [`crate::memory`].
+pub fn check(program: &Program) -> Result<(), CheckError> {
+    for t in &program.tensors {
+        let mut next = 0;
+        for iv in t.mapping.intervals() {
+            let bad = |detail: String| CheckError::BadMapping {
+                tensor: t.name.clone(),
+                detail,
+            };
+            if iv.start != next {
+                return Err(bad(format!(
+                    "elements {next}..{} are mapped {}",
+                    iv.start.max(next),
+                    if iv.start > next { "nowhere" } else { "twice" }
+                )));
+            }
+            if iv.tile >= program.tiles {
+                return Err(bad(format!(
+                    "mapped to tile {}, but the IPU has {} tiles",
+                    iv.tile, program.tiles
+                )));
+            }
+            next = iv.end();
+        }
+        if next != t.elements {
+            return Err(CheckError::BadMapping {
+                tensor: t.name.clone(),
+                detail: format!("elements {next}..{} are mapped nowhere", t.elements),
+            });
+        }
+    }
+    // What the last exchange delivered: (tile, tensor) -> sorted disjoint intervals.
+    let mut received: HashMap<(TileId, u32), Vec<(u64, u64)>> = HashMap::new();
+    for step in &program.steps {
+        match step {
+            Step::Exchange { node, transfers } => {
+                received.clear();
+                for tr in transfers {
+                    let r = tr.region;
+                    let t = &program.tensors[r.tensor as usize];
+                    let mut ok = true;
+                    t.mapping
+                        .for_each_piece(r.start, r.len, |tile, _, _| ok &= tile == tr.from);
+                    if !ok {
+                        return Err(CheckError::BadSource {
+                            node: program
+                                .node_names
+                                .get(*node as usize)
+                                .cloned()
+                                .unwrap_or_default(),
+                            tile: tr.from,
+                            tensor: t.name.clone(),
+                            start: r.start,
+                        });
+                    }
+                    received
+                        .entry((tr.to, r.tensor))
+                        .or_default()
+                        .push((r.start, r.start + r.len));
+                }
+                for v in received.values_mut() {
+                    v.sort_unstable();
+                    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+                    for &(s, e) in v.iter() {
+                        match merged.last_mut() {
+                            Some((_, le)) if s <= *le => *le = (*le).max(e),
+                            _ => merged.push((s, e)),
+                        }
+                    }
+                    *v = merged;
+                }
+            }
+            Step::Compute(cs) => {
+                for v in &cs.vertices {
+                    for r in &v.reads {
+                        let t = &program.tensors[r.tensor as usize];
+                        let got = received.get(&(v.tile, r.tensor));
+                        let mut missing: Option<(u64, u64)> = None;
+                        t.mapping.for_each_piece(r.start, r.len, |tile, s, l| {
+                            if tile != v.tile && missing.is_none() && !covered(got, s, s + l) {
+                                missing = Some((s, l));
+                            }
+                        });
+                        if let Some((start, len)) = missing {
+                            return Err(CheckError::NotResident {
+                                compute_set: cs.name.clone(),
+                                tile: v.tile,
+                                tensor: t.name.clone(),
+                                start,
+                                len,
+                            });
+                        }
+                    }
+                    for w in &v.writes {
+                        let t = &program.tensors[w.tensor as usize];
+                        let mut bad = None;
+                        t.mapping.for_each_piece(w.start, w.len, |tile, s, _| {
+                            if tile != v.tile && bad.is_none() {
+                                bad = Some(s);
+                            }
+                        });
+                        if let Some(start) = bad {
+                            return Err(CheckError::WriteNotLocal {
+                                compute_set: cs.name.clone(),
+                                tile: v.tile,
+                                tensor: t.name.clone(),
+                                start,
+                            });
+                        }
+                    }
+                }
+                received.clear();
+            }
+            _ => received.clear(),
+        }
+    }
+    Ok(())
+}
+
+/// Whether the sorted, merged intervals `got` cover `s..e`.
+fn covered(got: Option<&Vec<(u64, u64)>>, s: u64, e: u64) -> bool {
+    let Some(v) = got else { return false };
+    let i = v.partition_point(|&(_, ie)| ie <= s);
+    i < v.len() && v[i].0 <= s && v[i].1 >= e
+}

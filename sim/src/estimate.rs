@@ -1,0 +1,402 @@
+//! The estimate of a lowered program: memory per tile and category, cycles per step by phase,
+//! time and throughput, and a trace of every superstep for the host to draw.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use tessera_core::Plan;
+
+use crate::check::{check, CheckError};
+use crate::cost;
+use crate::lower::{lower, LowerOptions};
+use crate::machine::{IpuConfig, MachineError};
+use crate::memory::{account, check_fits, MemoryReport, OutOfMemory, TileMemory};
+use crate::program::{Program, Step};
+
+/// Cycles of one step, by phase.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cycles {
+    /// Compute phases: each the slowest tile's vertices plus supervisor overhead.
+    pub compute: u64,
+    /// Exchange phases: each the busiest tile's received bytes at the exchange rate, plus the
+    /// fixed overhead.
+    pub exchange: u64,
+    /// Syncs, one per superstep.
+    pub sync: u64,
+    /// Host streams (infeeds and outfeeds) at the host link's bandwidth.
+    pub host_streams: u64,
+    /// Remote-buffer copies to and from streaming memory.
+    pub remote_buffers: u64,
+}
+
+impl Cycles {
+    /// All phases.
+    pub fn total(&self) -> u64 {
+        self.compute + self.exchange + self.sync + self.host_streams + self.remote_buffers
+    }
+}
+
+/// The kind of a trace event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Phase {
+    /// A compute phase.
+    Compute,
+    /// An exchange phase.
+    Exchange,
+    /// A sync.
+    Sync,
+    /// Data from the host.
+    HostToDevice,
+    /// Data to the host.
+    DeviceToHost,
+    /// A remote-buffer copy.
+    RemoteBuffer,
+}
+
+/// One phase of one superstep, for a timeline.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TraceEvent {
+    /// Superstep index within the step.
+    pub superstep: usize,
+    /// The phase.
+    pub phase: Phase,
+    /// The IPU.
+    pub ipu: usize,
+    /// First and last tile taking part.
+    pub tiles: (u32, u32),
+    /// Cycle at which it starts, from the start of the step.
+    pub start: u64,
+    /// Its length in cycles.
+    pub cycles: u64,
+    /// The op (graph node) that caused it.
+    pub op: String,
+}
+
+/// Memory totals of one IPU by category (sums over tiles of each tile's peak figures).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Categories {
+    /// Weights, optimizer state, constants.
+    pub always_live: u64,
+    /// Activations, gradients, inputs, temporaries.
+    pub not_always_live: u64,
+    /// Vertex code.
+    pub vertex_code: u64,
+    /// Vertex state.
+    pub vertex_state: u64,
+    /// Exchange code.
+    pub exchange_code: u64,
+    /// Exchange buffers.
+    pub exchange_buffers: u64,
+    /// Control code.
+    pub control_code: u64,
+    /// Stack.
+    pub stack: u64,
+}
+
+/// One IPU's memory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IpuMemory {
+    /// The IPU.
+    pub ipu: usize,
+    /// Bytes used: the sum of every tile's peak.
+    pub bytes_used: u64,
+    /// SRAM of the whole IPU.
+    pub bytes_available: u64,
+    /// The fullest tile's peak.
+    pub max_tile_bytes: u64,
+    /// Tiles holding any tensor or vertex.
+    pub tiles_used: usize,
+    /// Totals by category.
+    pub categories: Categories,
+    /// The ten fullest tiles, fullest first.
+    pub fullest_tiles: Vec<TileMemory>,
+    /// Every tile.
+    pub tiles: Vec<TileMemory>,
+}
+
+/// The estimate of one step of a program.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Estimate {
+    /// The machine.
+    pub machine: IpuConfig,
+    /// Whether every tile fits in its SRAM.
+    pub fits: bool,
+    /// The out-of-memory explanation, when it does not fit.
+    pub out_of_memory: Option<OutOfMemory>,
+    /// Cycles per step by phase.
+    pub cycles: Cycles,
+    /// Total cycles per step.
+    pub cycles_per_step: u64,
+    /// Seconds per step at the clock.
+    pub seconds_per_step: f64,
+    /// Samples per step.
+    pub batch_size: u64,
+    /// Samples per second.
+    pub samples_per_second: f64,
+    /// Vertices in the program.
+    pub vertices: usize,
+    /// Compute sets in the program.
+    pub compute_sets: usize,
+    /// Memory per IPU.
+    pub ipus: Vec<IpuMemory>,
+    /// Every phase of every superstep.
+    pub trace: Vec<TraceEvent>,
+}
+
+/// Why a graph cannot be estimated or run on a machine.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SimError {
+    /// The machine description is invalid.
+    Machine(MachineError),
+    /// The lowered program failed the checker (a bug in the lowering, reported not hidden).
+    Check(CheckError),
+    /// The program does not fit.
+    OutOfMemory(Box<OutOfMemory>),
+    /// The core refused to run the plan.
+    Run(tessera_core::RunError),
+}
+
+impl fmt::Display for SimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SimError::Machine(e) => write!(f, "invalid machine: {e}"),
+            SimError::Check(e) => write!(f, "invalid program: {e}"),
+            SimError::OutOfMemory(e) => e.fmt(f),
+            SimError::Run(e) => write!(f, "run failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SimError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SimError::Machine(e) => Some(e),
+            SimError::Check(e) => Some(e),
+            SimError::OutOfMemory(e) => Some(e.as_ref()),
+            SimError::Run(e) => Some(e),
+        }
+    }
+}
+
+/// What to estimate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EstimateOptions {
+    /// Samples per step (for samples per second).
+    pub batch_size: u64,
+    /// Only the forward pass (an inference step of a training plan).
+    pub inference: bool,
+    /// Produce the estimate even when it does not fit (as the IPU Model does), instead of the
+    /// out-of-memory error.
+    pub allow_out_of_memory: bool,
+    /// Lowering knobs.
+    pub lower: LowerOptions,
+}
+
+impl Default for EstimateOptions {
+    fn default() -> Self {
+        EstimateOptions {
+            batch_size: 1,
+            inference: false,
+            allow_out_of_memory: false,
+            lower: LowerOptions::default(),
+        }
+    }
+}
+
+/// Cycles of each step of `program` in `steps`, with a trace.
+pub fn cost_steps(
+    program: &Program,
+    cfg: &IpuConfig,
+    steps: std::ops::Range<usize>,
+) -> (Cycles, Vec<TraceEvent>) {
+    let mut c = Cycles::default();
+    let mut trace = Vec::new();
+    let mut clock = 0u64;
+    let mut superstep = 0usize;
+    let host_bytes_per_cycle = cfg.host_link_bytes_per_second_per_direction / cfg.clock_hz;
+    let mut per_tile = vec![0u64; program.tiles as usize];
+    let push = |trace: &mut Vec<TraceEvent>,
+                clock: &mut u64,
+                superstep: usize,
+                phase,
+                tiles,
+                cycles,
+                op: &str| {
+        trace.push(TraceEvent {
+            superstep,
+            phase,
+            ipu: 0,
+            tiles,
+            start: *clock,
+            cycles,
+            op: op.to_string(),
+        });
+        *clock += cycles;
+    };
+    for step in &program.steps[steps] {
+        match step {
+            Step::Exchange { node, transfers } => {
+                per_tile.iter_mut().for_each(|x| *x = 0);
+                let (mut lo, mut hi) = (u32::MAX, 0);
+                for tr in transfers {
+                    per_tile[tr.to as usize] +=
+                        tr.region.len * program.tensors[tr.region.tensor as usize].elem_bytes();
+                    lo = lo.min(tr.to.min(tr.from));
+                    hi = hi.max(tr.to.max(tr.from));
+                }
+                let busiest = per_tile.iter().copied().max().unwrap_or(0);
+                let x = cost::exchange_cycles(cfg, busiest, false);
+                c.exchange += x;
+                push(
+                    &mut trace,
+                    &mut clock,
+                    superstep,
+                    Phase::Exchange,
+                    (lo, hi),
+                    x,
+                    &program.node_names[*node as usize],
+                );
+            }
+            Step::Compute(cs) => {
+                per_tile.iter_mut().for_each(|x| *x = 0);
+                let (mut lo, mut hi) = (u32::MAX, 0);
+                for v in &cs.vertices {
+                    per_tile[v.tile as usize] += v.cycles;
+                    lo = lo.min(v.tile);
+                    hi = hi.max(v.tile);
+                }
+                let slowest = per_tile.iter().copied().max().unwrap_or(0)
+                    + cost::compute_set_overhead_cycles();
+                let op = &program.node_names[cs.node as usize];
+                push(
+                    &mut trace,
+                    &mut clock,
+                    superstep,
+                    Phase::Sync,
+                    (0, program.tiles - 1),
+                    cfg.sync_cycles,
+                    op,
+                );
+                push(
+                    &mut trace,
+                    &mut clock,
+                    superstep,
+                    Phase::Compute,
+                    (lo, hi),
+                    slowest,
+                    op,
+                );
+                c.sync += cfg.sync_cycles;
+                c.compute += slowest;
+                superstep += 1;
+            }
+            Step::HostToDevice { tensor, bytes } | Step::DeviceToHost { tensor, bytes } => {
+                let x = (*bytes as f64 / host_bytes_per_cycle).ceil() as u64 + cfg.sync_cycles;
+                c.host_streams += x;
+                let phase = if matches!(step, Step::HostToDevice { .. }) {
+                    Phase::HostToDevice
+                } else {
+                    Phase::DeviceToHost
+                };
+                let t = &program.tensors[*tensor as usize];
+                let tiles = t
+                    .mapping
+                    .intervals()
+                    .iter()
+                    .fold((u32::MAX, 0), |(l, h), iv| (l.min(iv.tile), h.max(iv.tile)));
+                push(&mut trace, &mut clock, superstep, phase, tiles, x, &t.name);
+            }
+        }
+    }
+    (c, trace)
+}
+
+fn ipu_memory(report: &MemoryReport, cfg: &IpuConfig) -> IpuMemory {
+    let mut cat = Categories::default();
+    for t in &report.tiles {
+        cat.always_live += t.always_live;
+        cat.not_always_live += t.not_always_live;
+        cat.vertex_code += t.vertex_code;
+        cat.vertex_state += t.vertex_state;
+        cat.exchange_code += t.exchange_code;
+        cat.exchange_buffers += t.exchange_buffers;
+        cat.control_code += t.control_code;
+        cat.stack += t.stack;
+    }
+    IpuMemory {
+        ipu: 0,
+        bytes_used: report.total_bytes(),
+        bytes_available: cfg.total_sram_bytes(),
+        max_tile_bytes: report
+            .tiles
+            .iter()
+            .map(TileMemory::total)
+            .max()
+            .unwrap_or(0),
+        tiles_used: report.tiles_used(),
+        categories: cat,
+        fullest_tiles: report.fullest(10).into_iter().cloned().collect(),
+        tiles: report.tiles.clone(),
+    }
+}
+
+/// Estimates a lowered program.
+pub fn estimate_program(
+    program: &Program,
+    cfg: &IpuConfig,
+    opts: &EstimateOptions,
+) -> Result<Estimate, SimError> {
+    let report = account(program, cfg.sram_bytes_per_tile);
+    let oom = check_fits(program, &report).err();
+    if let (Some(e), false) = (&oom, opts.allow_out_of_memory) {
+        return Err(SimError::OutOfMemory(e.clone()));
+    }
+    let end = if opts.inference {
+        program
+            .node_steps
+            .get(program.forward_nodes.saturating_sub(1))
+            .map_or(0, |r| r.1)
+    } else {
+        program.steps.len()
+    };
+    let (cycles, trace) = cost_steps(program, cfg, 0..end);
+    let total = cycles.total();
+    let seconds = cfg.cycles_to_seconds(total);
+    Ok(Estimate {
+        machine: cfg.clone(),
+        fits: oom.is_none(),
+        out_of_memory: oom.map(|b| *b),
+        cycles,
+        cycles_per_step: total,
+        seconds_per_step: seconds,
+        batch_size: opts.batch_size,
+        samples_per_second: if seconds > 0.0 {
+            opts.batch_size as f64 / seconds
+        } else {
+            0.0
+        },
+        vertices: program.vertex_count(),
+        compute_sets: program
+            .steps
+            .iter()
+            .filter(|s| matches!(s, Step::Compute(_)))
+            .count(),
+        ipus: vec![ipu_memory(&report, cfg)],
+        trace,
+    })
+}
+
+/// Lowers, checks and estimates `plan` on one IPU, without computing any numerics (the path
+/// for models too big to execute here).
+pub fn estimate<const N: usize>(
+    plan: &Plan<N>,
+    cfg: &IpuConfig,
+    opts: &EstimateOptions,
+) -> Result<(Program, Estimate), SimError> {
+    cfg.validate().map_err(SimError::Machine)?;
+    let program = lower(plan, cfg, opts.lower);
+    check(&program).map_err(SimError::Check)?;
+    let e = estimate_program(&program, cfg, opts)?;
+    Ok((program, e))
+}

@@ -1,0 +1,299 @@
+//! Memory per tile, by the categories PopVision shows: always-live tensors, not-always-live
+//! tensors (at the tile's peak), vertex code, vertex state, exchange code, exchange buffers,
+//! control code and stack.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::program::{Program, Step, TensorClass, TileId};
+
+/// Control code per program step, on every tile (estimate: a branch and a sync per step).
+pub const CONTROL_BYTES_PER_STEP: u64 = 8;
+/// Stack per tile: six worker stacks and the supervisor's (estimate, Poplar's order).
+pub const STACK_BYTES: u64 = 1_024;
+/// Exchange code per exchange a tile takes part in (estimate).
+pub const EXCHANGE_CODE_BYTES: u64 = 16;
+/// Exchange code per transfer a tile sends or receives (estimate: one descriptor).
+pub const EXCHANGE_CODE_PER_TRANSFER_BYTES: u64 = 8;
+
+/// One tile's memory at its peak, by category.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TileMemory {
+    /// The tile.
+    pub tile: TileId,
+    /// Weights, optimizer state, constants.
+    pub always_live: u64,
+    /// Activations, gradients, inputs and temporaries live at the peak step.
+    pub not_always_live: u64,
+    /// Code of the codelets the tile runs.
+    pub vertex_code: u64,
+    /// Vertex state and descriptors.
+    pub vertex_state: u64,
+    /// Exchange code.
+    pub exchange_code: u64,
+    /// Receive buffers live at the peak step.
+    pub exchange_buffers: u64,
+    /// Control code.
+    pub control_code: u64,
+    /// Stack.
+    pub stack: u64,
+    /// Program step of the peak.
+    pub peak_step: usize,
+}
+
+impl TileMemory {
+    /// Bytes in all categories.
+    pub fn total(&self) -> u64 {
+        self.always_live
+            + self.not_always_live
+            + self.vertex_code
+            + self.vertex_state
+            + self.exchange_code
+            + self.exchange_buffers
+            + self.control_code
+            + self.stack
+    }
+}
+
+/// Memory of every tile, and what is on the fullest ones.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryReport {
+    /// SRAM per tile.
+    pub sram_bytes_per_tile: u64,
+    /// Every tile, by index.
+    pub tiles: Vec<TileMemory>,
+}
+
+impl MemoryReport {
+    /// Tiles ordered fullest first.
+    pub fn fullest(&self, n: usize) -> Vec<&TileMemory> {
+        let mut v: Vec<&TileMemory> = self.tiles.iter().collect();
+        v.sort_by(|a, b| b.total().cmp(&a.total()).then(a.tile.cmp(&b.tile)));
+        v.truncate(n);
+        v
+    }
+
+    /// Sum over tiles of each tile's peak.
+    pub fn total_bytes(&self) -> u64 {
+        self.tiles.iter().map(TileMemory::total).sum()
+    }
+
+    /// Tiles that hold anything beyond the fixed control code and stack.
+    pub fn tiles_used(&self) -> usize {
+        self.tiles
+            .iter()
+            .filter(|t| t.always_live + t.not_always_live + t.vertex_state > 0)
+            .count()
+    }
+
+    /// The first tile over its SRAM, fullest first.
+    pub fn over_limit(&self) -> Option<&TileMemory> {
+        self.fullest(1)
+            .into_iter()
+            .find(|t| t.total() > self.sram_bytes_per_tile)
+    }
+}
+
+/// A tile needs more SRAM than it has.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutOfMemory {
+    /// The fullest tile.
+    pub tile: TileId,
+    /// Bytes it needs at its peak.
+    pub needed: u64,
+    /// Its SRAM.
+    pub available: u64,
+    /// Tiles over the limit.
+    pub tiles_over: usize,
+    /// The largest tensors on it at its peak, with their bytes on that tile.
+    pub largest_tensors: Vec<(String, u64)>,
+    /// The compute sets with the most vertex state on it.
+    pub largest_vertices: Vec<(String, u64)>,
+    /// Its memory by category.
+    pub memory: TileMemory,
+}
+
+impl fmt::Display for OutOfMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "out of memory: tile {} needs {} bytes but has {} ({} bytes over; {} tile{} over the limit)",
+            self.tile,
+            self.needed,
+            self.available,
+            self.needed - self.available,
+            self.tiles_over,
+            if self.tiles_over == 1 { " is" } else { "s are" }
+        )?;
+        let m = &self.memory;
+        write!(
+            f,
+            "; at its peak: always-live {} B, not-always-live {} B, exchange buffers {} B, vertex code {} B, vertex state {} B, exchange code {} B, control code {} B, stack {} B",
+            m.always_live, m.not_always_live, m.exchange_buffers, m.vertex_code, m.vertex_state, m.exchange_code, m.control_code, m.stack
+        )?;
+        if !self.largest_tensors.is_empty() {
+            f.write_str("; largest tensors there: ")?;
+            for (i, (n, b)) in self.largest_tensors.iter().enumerate() {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                write!(f, "`{n}` {b} B")?;
+            }
+        }
+        if !self.largest_vertices.is_empty() {
+            f.write_str("; largest vertex state: ")?;
+            for (i, (n, b)) in self.largest_vertices.iter().enumerate() {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                write!(f, "`{n}` {b} B")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for OutOfMemory {}
+
+/// Computes every tile's peak memory over the program.
+pub fn account(program: &Program, sram_bytes_per_tile: u64) -> MemoryReport {
+    let tiles = program.tiles as usize;
+    let mut tm: Vec<TileMemory> = (0..tiles)
+        .map(|t| TileMemory {
+            tile: t as TileId,
+            ..Default::default()
+        })
+        .collect();
+    // Events (step, +/- bytes, is exchange buffer) per tile for not-always-live data.
+    let mut events: Vec<Vec<(usize, i64, bool)>> = vec![Vec::new(); tiles];
+    for t in &program.tensors {
+        let eb = t.elem_bytes();
+        for (tile, n) in t.mapping.elements_per_tile() {
+            let bytes = n * eb;
+            match t.class {
+                TensorClass::AlwaysLive => tm[tile as usize].always_live += bytes,
+                _ => {
+                    events[tile as usize].push((t.live.0, bytes as i64, false));
+                    events[tile as usize].push((t.live.1 + 1, -(bytes as i64), false));
+                }
+            }
+        }
+    }
+    let mut codelets: Vec<BTreeSet<crate::program::Codelet>> = vec![BTreeSet::new(); tiles];
+    for (s, step) in program.steps.iter().enumerate() {
+        match step {
+            Step::Compute(cs) => {
+                for v in &cs.vertices {
+                    let t = v.tile as usize;
+                    codelets[t].insert(v.codelet);
+                    tm[t].vertex_state += v.state_bytes();
+                }
+            }
+            Step::Exchange { transfers, .. } => {
+                let mut involved: HashMap<TileId, u64> = HashMap::new();
+                for tr in transfers {
+                    let bytes =
+                        tr.region.len * program.tensors[tr.region.tensor as usize].elem_bytes();
+                    // Receive buffers live through the exchange and the compute set after it.
+                    events[tr.to as usize].push((s, bytes as i64, true));
+                    events[tr.to as usize].push((s + 2, -(bytes as i64), true));
+                    *involved.entry(tr.to).or_default() += 1;
+                    *involved.entry(tr.from).or_default() += 1;
+                }
+                for (tile, n) in involved {
+                    tm[tile as usize].exchange_code +=
+                        EXCHANGE_CODE_BYTES + n * EXCHANGE_CODE_PER_TRANSFER_BYTES;
+                }
+            }
+            _ => {}
+        }
+    }
+    let control = program.steps.len() as u64 * CONTROL_BYTES_PER_STEP;
+    for (t, mem) in tm.iter_mut().enumerate() {
+        mem.vertex_code = codelets[t].iter().map(|c| c.code_bytes()).sum();
+        mem.control_code = control;
+        mem.stack = STACK_BYTES;
+        let ev = &mut events[t];
+        ev.sort_unstable_by_key(|e| e.0);
+        let (mut live, mut buf) = (0i64, 0i64);
+        let (mut best, mut best_live, mut best_buf, mut best_step) = (0i64, 0i64, 0i64, 0usize);
+        let mut i = 0;
+        while i < ev.len() {
+            let step = ev[i].0;
+            while i < ev.len() && ev[i].0 == step {
+                if ev[i].2 {
+                    buf += ev[i].1;
+                } else {
+                    live += ev[i].1;
+                }
+                i += 1;
+            }
+            if live + buf > best {
+                (best, best_live, best_buf, best_step) = (live + buf, live, buf, step);
+            }
+        }
+        mem.not_always_live = best_live.max(0) as u64;
+        mem.exchange_buffers = best_buf.max(0) as u64;
+        mem.peak_step = best_step;
+    }
+    MemoryReport {
+        sram_bytes_per_tile,
+        tiles: tm,
+    }
+}
+
+/// Checks the report against SRAM: the typed error names the fullest tile, how far over it
+/// is, and the largest tensors and vertices on it.
+pub fn check_fits(program: &Program, report: &MemoryReport) -> Result<(), Box<OutOfMemory>> {
+    let Some(worst) = report.over_limit() else {
+        return Ok(());
+    };
+    let tile = worst.tile;
+    let step = worst.peak_step;
+    let mut tensors: Vec<(String, u64)> = Vec::new();
+    for t in &program.tensors {
+        let live = t.class == TensorClass::AlwaysLive || (t.live.0 <= step && step <= t.live.1);
+        if !live {
+            continue;
+        }
+        let n: u64 = t
+            .mapping
+            .intervals()
+            .iter()
+            .filter(|iv| iv.tile == tile)
+            .map(|iv| iv.len)
+            .sum();
+        if n > 0 {
+            tensors.push((t.name.clone(), n * t.elem_bytes()));
+        }
+    }
+    tensors.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    tensors.truncate(5);
+    let mut by_cs: HashMap<&str, u64> = HashMap::new();
+    for step in &program.steps {
+        if let Step::Compute(cs) = step {
+            for v in cs.vertices.iter().filter(|v| v.tile == tile) {
+                *by_cs.entry(cs.name.as_str()).or_default() += v.state_bytes();
+            }
+        }
+    }
+    let mut vertices: Vec<(String, u64)> =
+        by_cs.into_iter().map(|(n, b)| (n.to_string(), b)).collect();
+    vertices.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    vertices.truncate(3);
+    Err(Box::new(OutOfMemory {
+        tile,
+        needed: worst.total(),
+        available: report.sram_bytes_per_tile,
+        tiles_over: report
+            .tiles
+            .iter()
+            .filter(|t| t.total() > report.sram_bytes_per_tile)
+            .count(),
+        largest_tensors: tensors,
+        largest_vertices: vertices,
+        memory: worst.clone(),
+    }))
+}
