@@ -33,6 +33,7 @@ pub mod lower;
 pub mod machine;
 pub mod matmul;
 pub mod memory;
+pub mod ops;
 pub mod program;
 
 pub use cost::UnaryKind;

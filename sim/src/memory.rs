@@ -15,8 +15,11 @@ pub const CONTROL_BYTES_PER_STEP: u64 = 8;
 pub const STACK_BYTES: u64 = 1_024;
 /// Exchange code per exchange a tile takes part in (estimate).
 pub const EXCHANGE_CODE_BYTES: u64 = 16;
-/// Exchange code per transfer a tile sends or receives (estimate: one descriptor).
-pub const EXCHANGE_CODE_PER_TRANSFER_BYTES: u64 = 8;
+/// Exchange code per region a tile sends, once however many tiles receive it (estimate: a
+/// send instruction with its address and length).
+pub const EXCHANGE_CODE_PER_SEND_BYTES: u64 = 8;
+/// Exchange code per region a tile receives (estimate: a receive-address update).
+pub const EXCHANGE_CODE_PER_RECEIVE_BYTES: u64 = 4;
 
 /// One tile's memory at its peak, by category.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -192,19 +195,24 @@ pub fn account(program: &Program, sram_bytes_per_tile: u64) -> MemoryReport {
                 }
             }
             Step::Exchange { transfers, .. } => {
-                let mut involved: HashMap<TileId, u64> = HashMap::new();
+                let mut code: HashMap<TileId, u64> = HashMap::new();
+                let mut sent: BTreeSet<(TileId, crate::program::Region)> = BTreeSet::new();
                 for tr in transfers {
                     let bytes =
                         tr.region.len * program.tensors[tr.region.tensor as usize].elem_bytes();
                     // Receive buffers live through the exchange and the compute set after it.
                     events[tr.to as usize].push((s, bytes as i64, true));
                     events[tr.to as usize].push((s + 2, -(bytes as i64), true));
-                    *involved.entry(tr.to).or_default() += 1;
-                    *involved.entry(tr.from).or_default() += 1;
+                    *code.entry(tr.to).or_insert(EXCHANGE_CODE_BYTES) +=
+                        EXCHANGE_CODE_PER_RECEIVE_BYTES;
+                    let c = code.entry(tr.from).or_insert(EXCHANGE_CODE_BYTES);
+                    // A broadcast is sent once, however many tiles receive it.
+                    if sent.insert((tr.from, tr.region)) {
+                        *c += EXCHANGE_CODE_PER_SEND_BYTES;
+                    }
                 }
-                for (tile, n) in involved {
-                    tm[tile as usize].exchange_code +=
-                        EXCHANGE_CODE_BYTES + n * EXCHANGE_CODE_PER_TRANSFER_BYTES;
+                for (tile, bytes) in code {
+                    tm[tile as usize].exchange_code += bytes;
                 }
             }
             _ => {}

@@ -1,0 +1,262 @@
+//! Op-level estimates, as Graphcore's poplibs benchmark tools (`general_matrix_multiply`,
+//! `fully_connected_layer`) give them: one op on a whole IPU, its cycles, its total memory
+//! (always-live plus peak temporary) and its fullest tile.
+
+use serde::{Deserialize, Serialize};
+use tessera_core::{DType, Graph, GraphError, Init, Plan, PlanError};
+
+use crate::cost;
+use crate::estimate::{estimate, EstimateOptions, SimError};
+use crate::machine::IpuConfig;
+
+/// The estimate of one op.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OpEstimate {
+    /// What was estimated (`matmul`, `fc forward`, ...).
+    pub name: String,
+    /// Cycles: compute, exchange and syncs (no host streams).
+    pub cycles: u64,
+    /// Compute cycles alone.
+    pub compute_cycles: u64,
+    /// Exchange cycles alone.
+    pub exchange_cycles: u64,
+    /// Always-live bytes (operands laid out for the op) plus the peak of everything else,
+    /// summed over tiles.
+    pub total_memory_bytes: u64,
+    /// The fullest tile's bytes.
+    pub max_tile_bytes: u64,
+    /// Tiles used.
+    pub tiles_used: usize,
+    /// Whether every tile fits in its SRAM.
+    pub fits: bool,
+    /// Floating-point operations (2 per multiply-accumulate).
+    pub flops: u64,
+}
+
+/// Why an op cannot be estimated.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum OpError {
+    /// A size is zero or the shape is invalid.
+    Shape(Box<GraphError>),
+    /// Planning failed.
+    Plan(PlanError),
+    /// Estimation failed.
+    Sim(SimError),
+    /// A grouped layer whose sizes are not multiples of the group count.
+    Groups {
+        /// Which size.
+        what: &'static str,
+        /// Its value.
+        value: usize,
+        /// The group count.
+        groups: usize,
+    },
+}
+
+impl std::fmt::Display for OpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpError::Shape(e) => write!(f, "{e}"),
+            OpError::Plan(e) => write!(f, "{e}"),
+            OpError::Sim(e) => write!(f, "{e}"),
+            OpError::Groups {
+                what,
+                value,
+                groups,
+            } => {
+                write!(f, "{what} {value} is not a multiple of the {groups} groups")
+            }
+        }
+    }
+}
+
+impl std::error::Error for OpError {}
+
+impl OpError {
+    fn shape(e: GraphError) -> Self {
+        OpError::Shape(Box::new(e))
+    }
+}
+
+fn run(name: &str, g: &Graph<8>, cfg: &IpuConfig, flops: u64) -> Result<OpEstimate, OpError> {
+    let plan = Plan::new(g).map_err(OpError::Plan)?;
+    let opts = EstimateOptions {
+        allow_out_of_memory: true,
+        ..Default::default()
+    };
+    let (_, e) = estimate(&plan, cfg, &opts).map_err(OpError::Sim)?;
+    let ipu = &e.ipus[0];
+    // The fixed per-tile costs of an otherwise idle tile (stack, control code) are not the op's.
+    let idle = |t: &crate::memory::TileMemory| {
+        t.always_live + t.not_always_live + t.vertex_state + t.exchange_buffers == 0
+    };
+    let op_bytes: u64 = ipu
+        .tiles
+        .iter()
+        .filter(|t| !idle(t))
+        .map(|t| t.total())
+        .sum();
+    Ok(OpEstimate {
+        name: name.to_string(),
+        cycles: e.cycles.compute + e.cycles.exchange + e.cycles.sync,
+        compute_cycles: e.cycles.compute,
+        exchange_cycles: e.cycles.exchange,
+        total_memory_bytes: op_bytes,
+        max_tile_bytes: ipu.max_tile_bytes,
+        tiles_used: ipu.tiles_used,
+        fits: e.fits,
+        flops,
+    })
+}
+
+/// `C = op(A) . op(B) + C` with `op(A)` m x k and `op(B)` k x n, operands laid out for the op
+/// (as poplibs' `general_matrix_multiply` creates them), on one IPU.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul(
+    cfg: &IpuConfig,
+    m: usize,
+    k: usize,
+    n: usize,
+    dtype: DType,
+    transpose_a: bool,
+    transpose_b: bool,
+) -> Result<OpEstimate, OpError> {
+    let mut g: Graph<8> = Graph::new();
+    let a_dims = if transpose_a { [k, m] } else { [m, k] };
+    let b_dims = if transpose_b { [n, k] } else { [k, n] };
+    let a = g
+        .variable("A", &a_dims, dtype, Init::Zeros)
+        .map_err(OpError::shape)?;
+    let b = g
+        .variable("B", &b_dims, dtype, Init::Zeros)
+        .map_err(OpError::shape)?;
+    let c = g
+        .variable("C", &[m, n], dtype, Init::Zeros)
+        .map_err(OpError::shape)?;
+    let ab = g
+        .matmul_t("A.B", a, b, transpose_a, transpose_b)
+        .map_err(OpError::shape)?;
+    g.add("A.B+C", ab, c).map_err(OpError::shape)?;
+    run("matmul", &g, cfg, 2 * (m * k * n) as u64 + (m * n) as u64)
+}
+
+/// The pass of a fully-connected layer to estimate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FcPass {
+    /// `Y = X . W`.
+    Forward,
+    /// The input gradient `dX = dY . W^T`.
+    Backward,
+    /// The weight gradient `dW = X^T . dY` and the update `W -= lr . dW`.
+    WeightUpdate,
+}
+
+/// One pass of a fully-connected layer (batch x input -> output) in `groups` independent
+/// groups. Groups run side by side, each on `tiles / groups` tiles.
+pub fn fully_connected(
+    cfg: &IpuConfig,
+    batch: usize,
+    input: usize,
+    output: usize,
+    groups: usize,
+    dtype: DType,
+    pass: FcPass,
+) -> Result<OpEstimate, OpError> {
+    let groups = groups.max(1);
+    for (what, value) in [("input size", input), ("output size", output)] {
+        if value % groups != 0 {
+            return Err(OpError::Groups {
+                what,
+                value,
+                groups,
+            });
+        }
+    }
+    let (i, o) = (input / groups, output / groups);
+    let mut sub = cfg.clone();
+    sub.tiles = (cfg.tiles / groups as u32).max(1);
+    let mut g: Graph<8> = Graph::new();
+    let e = |r: Result<tessera_core::NodeId, GraphError>| r.map_err(OpError::shape);
+    let name = match pass {
+        FcPass::Forward => {
+            let x = e(g.variable("X", &[batch, i], dtype, Init::Zeros))?;
+            let w = e(g.variable("W", &[i, o], dtype, Init::Zeros))?;
+            e(g.matmul("Y", x, w))?;
+            "fc forward"
+        }
+        FcPass::Backward => {
+            let dy = e(g.variable("dY", &[batch, o], dtype, Init::Zeros))?;
+            let w = e(g.variable("W", &[i, o], dtype, Init::Zeros))?;
+            e(g.matmul_t("dX", dy, w, false, true))?;
+            "fc backward"
+        }
+        FcPass::WeightUpdate => {
+            let x = e(g.variable("X", &[batch, i], dtype, Init::Zeros))?;
+            let dy = e(g.variable("dY", &[batch, o], dtype, Init::Zeros))?;
+            e(g.matmul_t("dW", x, dy, true, false))?;
+            "fc weight update"
+        }
+    };
+    let mut est = run(name, &g, &sub, 2 * (batch * i * o) as u64)?;
+    if pass == FcPass::WeightUpdate {
+        // The update runs in place where dW lives (poplibs lays W out like dW): a scaled add
+        // over the fullest tile's share, a sync, and W's bytes as always-live memory.
+        let per_tile = ((i * o) as u64).div_ceil(u64::from(sub.tiles).min((i * o) as u64).max(1));
+        est.cycles += cost::scaled_add_cycles(&sub, per_tile, dtype)
+            + cost::compute_set_overhead_cycles()
+            + sub.sync_cycles;
+        est.compute_cycles +=
+            cost::scaled_add_cycles(&sub, per_tile, dtype) + cost::compute_set_overhead_cycles();
+        est.total_memory_bytes += (i * o * dtype.size()) as u64;
+        est.max_tile_bytes += per_tile * dtype.size() as u64;
+        est.fits = est.fits && est.max_tile_bytes <= cfg.sram_bytes_per_tile;
+    }
+    // All groups: the same cycles side by side, memory times the groups.
+    est.total_memory_bytes *= groups as u64;
+    est.tiles_used *= groups;
+    est.flops *= groups as u64;
+    Ok(est)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::Preset;
+
+    #[test]
+    fn matmul_cycles_follow_the_arithmetic() {
+        let cfg = IpuConfig::preset(Preset::Mk2);
+        let base = matmul(&cfg, 256, 256, 256, DType::F16, false, false).unwrap();
+        let twice_m = matmul(&cfg, 512, 256, 256, DType::F16, false, false).unwrap();
+        let twice_all = matmul(&cfg, 512, 512, 512, DType::F16, false, false).unwrap();
+        let fp32 = matmul(&cfg, 256, 256, 256, DType::F32, false, false).unwrap();
+        assert!(fp32.cycles > base.cycles, "{fp32:?} vs {base:?}");
+        assert!(twice_m.cycles > base.cycles);
+        assert!(twice_all.cycles > twice_m.cycles);
+        for e in [&base, &twice_m, &twice_all, &fp32] {
+            assert!(e.fits && e.total_memory_bytes > 0 && e.max_tile_bytes > 0);
+        }
+        let t = matmul(&cfg, 256, 128, 64, DType::F32, true, true).unwrap();
+        assert!(t.cycles > 0);
+    }
+
+    #[test]
+    fn fc_passes_and_groups() {
+        let cfg = IpuConfig::preset(Preset::Mk2);
+        for pass in [FcPass::Forward, FcPass::Backward, FcPass::WeightUpdate] {
+            let e = fully_connected(&cfg, 32, 784, 256, 1, DType::F16, pass).unwrap();
+            assert!(e.cycles > 0 && e.fits, "{pass:?}: {e:?}");
+        }
+        let g = fully_connected(&cfg, 32, 256, 256, 4, DType::F16, FcPass::Forward).unwrap();
+        assert_eq!(g.flops, 2 * 32 * 256 * 256 / 4);
+        assert!(matches!(
+            fully_connected(&cfg, 32, 250, 256, 4, DType::F16, FcPass::Forward),
+            Err(OpError::Groups { .. })
+        ));
+        assert!(matches!(
+            matmul(&cfg, 0, 2, 2, DType::F16, false, false),
+            Err(OpError::Shape(_))
+        ));
+    }
+}
