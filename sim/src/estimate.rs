@@ -127,6 +127,8 @@ pub struct Estimate {
     pub cycles: Cycles,
     /// Total cycles per step.
     pub cycles_per_step: u64,
+    /// Bytes moved between tiles per step (a broadcast counted once).
+    pub exchanged_bytes: u64,
     /// Seconds per step at the clock.
     pub seconds_per_step: f64,
     /// Samples per step.
@@ -204,18 +206,21 @@ impl Default for EstimateOptions {
     }
 }
 
-/// Cycles of each step of `program` in `steps`, with a trace.
+/// Cycles of the steps `steps` of `program`, the bytes their exchanges move between tiles
+/// (a broadcast counted once), and a trace.
 pub fn cost_steps(
     program: &Program,
     cfg: &IpuConfig,
     steps: std::ops::Range<usize>,
-) -> (Cycles, Vec<TraceEvent>) {
+) -> (Cycles, u64, Vec<TraceEvent>) {
     let mut c = Cycles::default();
     let mut trace = Vec::new();
     let mut clock = 0u64;
     let mut superstep = 0usize;
     let host_bytes_per_cycle = cfg.host_link_bytes_per_second_per_direction / cfg.clock_hz;
     let mut per_tile = vec![0u64; program.tiles as usize];
+    let mut sent = vec![0u64; program.tiles as usize];
+    let mut c_bytes = 0u64;
     let push = |trace: &mut Vec<TraceEvent>,
                 clock: &mut u64,
                 superstep: usize,
@@ -237,15 +242,33 @@ pub fn cost_steps(
     for step in &program.steps[steps] {
         match step {
             Step::Exchange { node, transfers } => {
+                // Each tile receives, and sends, at the exchange rate: the phase lasts as long
+                // as the busiest tile's larger direction. A region sent to several tiles is a
+                // broadcast, sent once.
                 per_tile.iter_mut().for_each(|x| *x = 0);
+                sent.iter_mut().for_each(|x| *x = 0);
                 let (mut lo, mut hi) = (u32::MAX, 0);
-                for tr in transfers {
-                    per_tile[tr.to as usize] +=
+                let mut last: Option<(u32, crate::program::Region)> = None;
+                let mut by_sender: Vec<&crate::program::Transfer> = transfers.iter().collect();
+                by_sender.sort_unstable_by_key(|t| (t.from, t.region));
+                for tr in by_sender {
+                    let bytes =
                         tr.region.len * program.tensors[tr.region.tensor as usize].elem_bytes();
+                    per_tile[tr.to as usize] += bytes;
+                    if last != Some((tr.from, tr.region)) {
+                        sent[tr.from as usize] += bytes;
+                        c_bytes += bytes;
+                        last = Some((tr.from, tr.region));
+                    }
                     lo = lo.min(tr.to.min(tr.from));
                     hi = hi.max(tr.to.max(tr.from));
                 }
-                let busiest = per_tile.iter().copied().max().unwrap_or(0);
+                let busiest = per_tile
+                    .iter()
+                    .zip(&sent)
+                    .map(|(r, s)| *r.max(s))
+                    .max()
+                    .unwrap_or(0);
                 let x = cost::exchange_cycles(cfg, busiest, false);
                 c.exchange += x;
                 push(
@@ -309,7 +332,7 @@ pub fn cost_steps(
             }
         }
     }
-    (c, trace)
+    (c, c_bytes, trace)
 }
 
 fn ipu_memory(report: &MemoryReport, cfg: &IpuConfig) -> IpuMemory {
@@ -360,7 +383,7 @@ pub fn estimate_program(
     } else {
         program.steps.len()
     };
-    let (cycles, trace) = cost_steps(program, cfg, 0..end);
+    let (cycles, exchanged_bytes, trace) = cost_steps(program, cfg, 0..end);
     let total = cycles.total();
     let seconds = cfg.cycles_to_seconds(total);
     Ok(Estimate {
@@ -369,6 +392,7 @@ pub fn estimate_program(
         out_of_memory: oom.map(|b| *b),
         cycles,
         cycles_per_step: total,
+        exchanged_bytes,
         seconds_per_step: seconds,
         batch_size: opts.batch_size,
         samples_per_second: if seconds > 0.0 {

@@ -18,8 +18,8 @@ use crate::cost::{self, UnaryKind};
 use crate::machine::IpuConfig;
 use crate::matmul::{plan_matmul, MatMulPlan};
 use crate::program::{
-    Codelet, ComputeSet, Interval, Mapping, ProgTensor, Program, Region, Step, TensorClass, TileId,
-    Transfer, Vertex,
+    exchange_for, Codelet, ComputeSet, Interval, Mapping, ProgTensor, Program, Region, Step,
+    TensorClass, TileId, Vertex,
 };
 
 /// Knobs of the lowering.
@@ -204,30 +204,7 @@ impl<const N: usize> Lowering<'_, N> {
         if vertices.is_empty() {
             return;
         }
-        let mut transfers = Vec::new();
-        for v in &vertices {
-            for r in &v.reads {
-                self.tensors[r.tensor as usize].mapping.for_each_piece(
-                    r.start,
-                    r.len,
-                    |tile, start, len| {
-                        if tile != v.tile {
-                            transfers.push(Transfer {
-                                to: v.tile,
-                                region: Region {
-                                    tensor: r.tensor,
-                                    start,
-                                    len,
-                                },
-                                from: tile,
-                            });
-                        }
-                    },
-                );
-            }
-        }
-        transfers.sort_unstable();
-        transfers.dedup();
+        let transfers = exchange_for(&self.tensors, &vertices);
         if !transfers.is_empty() {
             self.steps.push(Step::Exchange {
                 node: node as u16,

@@ -309,3 +309,33 @@ impl Program {
             .sum()
     }
 }
+
+/// The exchange a compute set needs: a transfer for every piece of every region a vertex reads
+/// that lives on another tile, sorted and without duplicates.
+pub fn exchange_for(tensors: &[ProgTensor], vertices: &[Vertex]) -> Vec<Transfer> {
+    let mut transfers = Vec::new();
+    for v in vertices {
+        for r in &v.reads {
+            tensors[r.tensor as usize].mapping.for_each_piece(
+                r.start,
+                r.len,
+                |tile, start, len| {
+                    if tile != v.tile {
+                        transfers.push(Transfer {
+                            to: v.tile,
+                            region: Region {
+                                tensor: r.tensor,
+                                start,
+                                len,
+                            },
+                            from: tile,
+                        });
+                    }
+                },
+            );
+        }
+    }
+    transfers.sort_unstable();
+    transfers.dedup();
+    transfers
+}

@@ -1,0 +1,123 @@
+//! The cost model's shape, end to end through lowering and estimation: a matmul's cycles grow
+//! as its arithmetic says, fp16 is cheaper than fp32, and spreading a large element-wise op
+//! over more tiles costs fewer compute cycles and more exchange.
+
+use tessera::core::DType;
+use tessera::sim::cost::UnaryKind;
+use tessera::sim::estimate::cost_steps;
+use tessera::sim::ops::{fully_connected, matmul, FcPass};
+use tessera::sim::program::{
+    exchange_for, Codelet, ComputeSet, Mapping, ProgTensor, Program, Region, Step, TensorClass,
+    Vertex,
+};
+use tessera::sim::{IpuConfig, Preset};
+
+#[test]
+fn matmul_cycles_scale_with_their_arithmetic() {
+    let mk2 = IpuConfig::preset(Preset::Mk2);
+    // Large enough that compute dominates the fixed costs.
+    let base = matmul(&mk2, 1024, 1024, 1024, DType::F16, false, false).unwrap();
+    let m2 = matmul(&mk2, 2048, 1024, 1024, DType::F16, false, false).unwrap();
+    let mn2 = matmul(&mk2, 2048, 1024, 2048, DType::F16, false, false).unwrap();
+    let r1 = m2.compute_cycles as f64 / base.compute_cycles as f64;
+    let r2 = mn2.compute_cycles as f64 / base.compute_cycles as f64;
+    eprintln!(
+        "compute cycles: base {}, 2m {} (x{r1:.2}), 2m2n {} (x{r2:.2})",
+        base.compute_cycles, m2.compute_cycles, mn2.compute_cycles
+    );
+    assert!((1.6..=2.5).contains(&r1), "doubling m: x{r1}");
+    assert!((3.2..=5.0).contains(&r2), "doubling m and n: x{r2}");
+    for (m, k, n) in [(256, 256, 256), (1024, 512, 256), (32, 784, 256)] {
+        let h = matmul(&mk2, m, k, n, DType::F16, false, false).unwrap();
+        let f = matmul(&mk2, m, k, n, DType::F32, false, false).unwrap();
+        assert!(
+            h.compute_cycles < f.compute_cycles,
+            "{m}x{k}x{n}: fp16 {} vs fp32 {}",
+            h.compute_cycles,
+            f.compute_cycles
+        );
+    }
+    for pass in [FcPass::Forward, FcPass::Backward, FcPass::WeightUpdate] {
+        let h = fully_connected(&mk2, 1024, 1024, 1024, 1, DType::F16, pass).unwrap();
+        let f = fully_connected(&mk2, 1024, 1024, 1024, 1, DType::F32, pass).unwrap();
+        assert!(h.cycles < f.cycles, "{pass:?}");
+    }
+}
+
+/// `y = relu(x)` with x whole on tile 0 and y spread over `tiles` tiles.
+fn spread_relu(cfg: &IpuConfig, elements: u64, tiles: u32) -> (u64, u64, u64) {
+    let tensor = |name: &str, node: u16, mapping| ProgTensor {
+        name: name.into(),
+        node,
+        dtype: DType::F32,
+        elements,
+        mapping,
+        class: TensorClass::NotAlwaysLive,
+        live: (0, 1),
+    };
+    let x = tensor("x", 0, Mapping::single(elements, 0));
+    let y = tensor("y", 1, Mapping::linear(elements, 1, 1, 0, tiles, cfg.tiles));
+    let vertices: Vec<Vertex> = y
+        .mapping
+        .intervals()
+        .iter()
+        .map(|iv| Vertex {
+            tile: iv.tile,
+            codelet: Codelet::Unary,
+            cycles: UnaryKind::Relu.cycles(cfg, iv.len, DType::F32),
+            reads: vec![Region {
+                tensor: 0,
+                start: iv.start,
+                len: iv.len,
+            }],
+            writes: vec![Region {
+                tensor: 1,
+                start: iv.start,
+                len: iv.len,
+            }],
+        })
+        .collect();
+    let tensors = vec![x, y];
+    let transfers = exchange_for(&tensors, &vertices);
+    let mut steps = Vec::new();
+    if !transfers.is_empty() {
+        steps.push(Step::Exchange { node: 1, transfers });
+    }
+    steps.push(Step::Compute(ComputeSet {
+        name: "y/op".into(),
+        node: 1,
+        vertices,
+    }));
+    let n = steps.len();
+    let program = Program {
+        tiles: cfg.tiles,
+        tensors,
+        steps,
+        node_steps: vec![(0, 0), (0, n)],
+        node_names: vec!["x".into(), "y".into()],
+        forward_nodes: 2,
+    };
+    tessera::sim::check::check(&program).unwrap();
+    let (c, bytes, _) = cost_steps(&program, cfg, 0..n);
+    (c.compute, c.exchange, bytes)
+}
+
+#[test]
+fn spreading_an_elementwise_op_trades_compute_for_exchange() {
+    let mk2 = IpuConfig::preset(Preset::Mk2);
+    let mut last: Option<(u64, u64, u64)> = None;
+    for tiles in [1, 4, 16, 64, 256] {
+        let (compute, exchange, bytes) = spread_relu(&mk2, 1 << 16, tiles);
+        eprintln!(
+            "{tiles} tiles: compute {compute}, exchange {exchange} cycles, {bytes} bytes moved"
+        );
+        if let Some((c0, x0, b0)) = last {
+            assert!(compute < c0, "{tiles} tiles: compute {compute} >= {c0}");
+            assert!(
+                exchange > x0 && bytes > b0,
+                "{tiles} tiles: exchange {exchange} <= {x0}"
+            );
+        }
+        last = Some((compute, exchange, bytes));
+    }
+}
