@@ -65,16 +65,8 @@ fn spread_relu(cfg: &IpuConfig, elements: u64, tiles: u32) -> (u64, u64, u64) {
             tile: iv.tile,
             codelet: Codelet::Unary,
             cycles: UnaryKind::Relu.cycles(cfg, iv.len, DType::F32),
-            reads: vec![Region {
-                tensor: 0,
-                start: iv.start,
-                len: iv.len,
-            }],
-            writes: vec![Region {
-                tensor: 1,
-                start: iv.start,
-                len: iv.len,
-            }],
+            reads: vec![Region::span(0, iv.start, iv.len)],
+            writes: vec![Region::span(1, iv.start, iv.len)],
         })
         .collect();
     let tensors = vec![x, y];

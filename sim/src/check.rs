@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use crate::program::{Program, Step, TileId};
+use crate::program::{exchange_for, ComputeSet, Program, Step, TileId, Transfer};
 
 /// Why a program is not valid. Each variant names the compute set, tile and tensor at fault.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,18 +112,16 @@ pub fn check(program: &Program) -> Result<(), CheckError> {
             });
         }
     }
-    // What the last exchange delivered: (tile, tensor) -> sorted disjoint intervals.
-    let mut received: HashMap<(TileId, u32), Vec<(u64, u64)>> = HashMap::new();
+    // The transfers of the exchange before the current compute set (sorted).
+    let mut delivered: &[Transfer] = &[];
     for step in &program.steps {
         match step {
             Step::Exchange { node, transfers } => {
-                received.clear();
                 for tr in transfers {
-                    let r = tr.region;
-                    let t = &program.tensors[r.tensor as usize];
+                    let t = &program.tensors[tr.region.tensor as usize];
                     let mut ok = true;
                     t.mapping
-                        .for_each_piece(r.start, r.len, |tile, _, _| ok &= tile == tr.from);
+                        .for_each_piece_of(&tr.region, |_, tile, _, _| ok &= tile == tr.from);
                     if !ok {
                         return Err(CheckError::BadSource {
                             node: program
@@ -133,51 +131,19 @@ pub fn check(program: &Program) -> Result<(), CheckError> {
                                 .unwrap_or_default(),
                             tile: tr.from,
                             tensor: t.name.clone(),
-                            start: r.start,
+                            start: tr.region.start,
                         });
                     }
-                    received
-                        .entry((tr.to, r.tensor))
-                        .or_default()
-                        .push((r.start, r.start + r.len));
                 }
-                for v in received.values_mut() {
-                    v.sort_unstable();
-                    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(v.len());
-                    for &(s, e) in v.iter() {
-                        match merged.last_mut() {
-                            Some((_, le)) if s <= *le => *le = (*le).max(e),
-                            _ => merged.push((s, e)),
-                        }
-                    }
-                    *v = merged;
-                }
+                delivered = transfers;
             }
             Step::Compute(cs) => {
+                check_reads(program, cs, delivered)?;
                 for v in &cs.vertices {
-                    for r in &v.reads {
-                        let t = &program.tensors[r.tensor as usize];
-                        let got = received.get(&(v.tile, r.tensor));
-                        let mut missing: Option<(u64, u64)> = None;
-                        t.mapping.for_each_piece(r.start, r.len, |tile, s, l| {
-                            if tile != v.tile && missing.is_none() && !covered(got, s, s + l) {
-                                missing = Some((s, l));
-                            }
-                        });
-                        if let Some((start, len)) = missing {
-                            return Err(CheckError::NotResident {
-                                compute_set: cs.name.clone(),
-                                tile: v.tile,
-                                tensor: t.name.clone(),
-                                start,
-                                len,
-                            });
-                        }
-                    }
                     for w in &v.writes {
                         let t = &program.tensors[w.tensor as usize];
                         let mut bad = None;
-                        t.mapping.for_each_piece(w.start, w.len, |tile, s, _| {
+                        t.mapping.for_each_piece_of(w, |_, tile, s, _| {
                             if tile != v.tile && bad.is_none() {
                                 bad = Some(s);
                             }
@@ -192,9 +158,56 @@ pub fn check(program: &Program) -> Result<(), CheckError> {
                         }
                     }
                 }
-                received.clear();
+                delivered = &[];
             }
-            _ => received.clear(),
+            _ => delivered = &[],
+        }
+    }
+    Ok(())
+}
+
+/// Every element a vertex reads from another tile must have been delivered to its tile. The
+/// needed transfers are computed as the lowering computes them; each is found in the delivered
+/// list (fast path) or, failing that, its elements are looked for row by row among everything
+/// delivered to that tile for that tensor.
+fn check_reads(
+    program: &Program,
+    cs: &ComputeSet,
+    delivered: &[Transfer],
+) -> Result<(), CheckError> {
+    let needed = exchange_for(&program.tensors, &cs.vertices);
+    let mut expanded: HashMap<(TileId, u32), Vec<(u64, u64)>> = HashMap::new();
+    for tr in &needed {
+        if delivered.binary_search(tr).is_ok() {
+            continue;
+        }
+        let key = (tr.to, tr.region.tensor);
+        let got = expanded.entry(key).or_insert_with(|| {
+            let mut v: Vec<(u64, u64)> = delivered
+                .iter()
+                .filter(|d| d.to == key.0 && d.region.tensor == key.1)
+                .flat_map(|d| d.region.runs().map(|(s, l)| (s, s + l)).collect::<Vec<_>>())
+                .collect();
+            v.sort_unstable();
+            let mut merged: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+            for (s, e) in v {
+                match merged.last_mut() {
+                    Some((_, le)) if s <= *le => *le = (*le).max(e),
+                    _ => merged.push((s, e)),
+                }
+            }
+            merged
+        });
+        for (start, len) in tr.region.runs() {
+            if !covered(Some(got), start, start + len) {
+                return Err(CheckError::NotResident {
+                    compute_set: cs.name.clone(),
+                    tile: tr.to,
+                    tensor: program.tensors[tr.region.tensor as usize].name.clone(),
+                    start,
+                    len,
+                });
+            }
         }
     }
     Ok(())

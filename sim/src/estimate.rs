@@ -248,12 +248,11 @@ pub fn cost_steps(
                 per_tile.iter_mut().for_each(|x| *x = 0);
                 sent.iter_mut().for_each(|x| *x = 0);
                 let (mut lo, mut hi) = (u32::MAX, 0);
+                // Transfers are sorted by sender and region: a broadcast's copies are adjacent.
                 let mut last: Option<(u32, crate::program::Region)> = None;
-                let mut by_sender: Vec<&crate::program::Transfer> = transfers.iter().collect();
-                by_sender.sort_unstable_by_key(|t| (t.from, t.region));
-                for tr in by_sender {
-                    let bytes =
-                        tr.region.len * program.tensors[tr.region.tensor as usize].elem_bytes();
+                for tr in transfers {
+                    let bytes = tr.region.elements()
+                        * program.tensors[tr.region.tensor as usize].elem_bytes();
                     per_tile[tr.to as usize] += bytes;
                     if last != Some((tr.from, tr.region)) {
                         sent[tr.from as usize] += bytes;

@@ -18,8 +18,8 @@ use crate::cost::{self, UnaryKind};
 use crate::machine::IpuConfig;
 use crate::matmul::{plan_matmul, MatMulPlan};
 use crate::program::{
-    exchange_for, Codelet, ComputeSet, Interval, Mapping, ProgTensor, Program, Region, Step,
-    TensorClass, TileId, Vertex,
+    compress, exchange_for, Codelet, ComputeSet, Interval, Mapping, ProgTensor, Program, Region,
+    Step, TensorClass, TileId, Vertex,
 };
 
 /// Knobs of the lowering.
@@ -65,29 +65,28 @@ fn rect(r0: u64, r1: u64, c0: u64, c1: u64, cols: u64) -> impl Iterator<Item = (
     (r0..r1).map(move |r| (r * cols + c0, c1 - c0))
 }
 
-/// Row segments of elements `lo..hi` (row-major, within the block) of the block with rows
-/// `r0..r1`, cols `c0..c1` of a matrix with `cols` columns.
-fn block_span(r0: u64, c0: u64, c1: u64, cols: u64, lo: u64, hi: u64) -> Vec<(u64, u64)> {
-    let w = c1 - c0;
-    let mut out = Vec::new();
-    let mut i = lo;
-    while i < hi {
-        let (br, bc) = (i / w, i % w);
-        let len = (w - bc).min(hi - i);
-        out.push(((r0 + br) * cols + c0 + bc, len));
-        i += len;
-    }
-    out
-}
-
 impl<const N: usize> Lowering<'_, N> {
     fn tile_count(&self) -> u32 {
         self.cfg.tiles
     }
 
-    /// A linear mapping with chunks of at least `min_chunk_bytes`, multiples of `grain`.
-    fn linear(&mut self, elements: u64, elem_bytes: u64, grain: u64) -> Mapping {
-        let min_chunk = self.opts.min_chunk_bytes.div_ceil(elem_bytes.max(1));
+    /// A linear mapping with chunks of at least `min_chunk_bytes`, multiples of `grain`. Rows
+    /// of `cols` elements are cut at the same places in every row (chunks that divide the row,
+    /// or whole rows), so blocks of the matrix read as strided regions.
+    fn linear(&mut self, elements: u64, elem_bytes: u64, grain: u64, cols: u64) -> Mapping {
+        let mut min_chunk = self.opts.min_chunk_bytes.div_ceil(elem_bytes.max(1));
+        let per = elements
+            .div_ceil(u64::from(self.tile_count().max(1)))
+            .max(min_chunk);
+        let mut grain = grain.max(1);
+        if cols > 1 && grain < cols {
+            if per >= cols {
+                grain = cols;
+            } else if let Some(d) = (per..=cols).find(|d| cols % d == 0 && d % grain == 0) {
+                min_chunk = d;
+                grain = d;
+            }
+        }
         let m = Mapping::linear(
             elements,
             grain,
@@ -241,8 +240,7 @@ impl<const N: usize> Lowering<'_, N> {
                 reads.extend(r);
                 writes.extend(w);
             }
-            reads.sort_unstable();
-            reads.dedup();
+            let (reads, writes) = (compress(reads), compress(writes));
             let elements: u64 = group.iter().map(|iv| iv.len).sum();
             let extra = REGION_OVERHEAD_CYCLES * (group.len() as u64 - 1);
             vertices.push(Vertex {
@@ -270,21 +268,10 @@ impl<const N: usize> Lowering<'_, N> {
         self.per_tile(node, "op", out, codelet, cycles, |iv| {
             let mut reads: Vec<Region> = same
                 .iter()
-                .map(|&t| Region {
-                    tensor: t,
-                    start: iv.start,
-                    len: iv.len,
-                })
+                .map(|&t| Region::span(t, iv.start, iv.len))
                 .collect();
             reads.extend(extra(iv.start, iv.len));
-            (
-                reads,
-                vec![Region {
-                    tensor: out,
-                    start: iv.start,
-                    len: iv.len,
-                }],
-            )
+            (reads, vec![Region::span(out, iv.start, iv.len)])
         });
     }
 
@@ -358,29 +345,13 @@ impl<const N: usize> Lowering<'_, N> {
                 self.elementwise(i, out, &[t(x)], Codelet::Binary, binary, move |s, l| {
                     let c0 = s % cols;
                     if l >= cols {
-                        vec![Region {
-                            tensor: bt,
-                            start: 0,
-                            len: cols,
-                        }]
+                        vec![Region::span(bt, 0, cols)]
                     } else if c0 + l <= cols {
-                        vec![Region {
-                            tensor: bt,
-                            start: c0,
-                            len: l,
-                        }]
+                        vec![Region::span(bt, c0, l)]
                     } else {
                         vec![
-                            Region {
-                                tensor: bt,
-                                start: c0,
-                                len: cols - c0,
-                            },
-                            Region {
-                                tensor: bt,
-                                start: 0,
-                                len: l - (cols - c0),
-                            },
+                            Region::span(bt, c0, cols - c0),
+                            Region::span(bt, 0, l - (cols - c0)),
                         ]
                     }
                 })
@@ -413,16 +384,8 @@ impl<const N: usize> Lowering<'_, N> {
                     move |n| row_op_cycles(cfg, n, cols, dt),
                     move |s, l| {
                         vec![
-                            Region {
-                                tensor: lt,
-                                start: s / cols,
-                                len: (s + l).div_ceil(cols) - s / cols,
-                            },
-                            Region {
-                                tensor: dl,
-                                start: 0,
-                                len: 1,
-                            },
+                            Region::span(lt, s / cols, (s + l).div_ceil(cols) - s / cols),
+                            Region::span(dl, 0, 1),
                         ]
                     },
                 )
@@ -466,28 +429,16 @@ impl<const N: usize> Lowering<'_, N> {
                 let st = t(step);
                 let (var, m, v, grad) = (t(var), t(m), t(v), t(grad));
                 self.per_tile(i, "update", var, Codelet::Update, c, |iv| {
-                    let reg = |x: u32| Region {
-                        tensor: x,
-                        start: iv.start,
-                        len: iv.len,
-                    };
+                    let reg = |x: u32| Region::span(x, iv.start, iv.len);
                     let mut reads: Vec<Region> = [var, m, v, grad].map(reg).to_vec();
-                    reads.push(Region {
-                        tensor: st,
-                        start: 0,
-                        len: 1,
-                    });
+                    reads.push(Region::span(st, 0, 1));
                     (reads, [var, m, v].map(reg).to_vec())
                 });
             }
             Op::Increment { counter } => {
                 let ct = t(counter);
                 let tile = self.tensors[ct as usize].mapping.intervals()[0].tile;
-                let r = Region {
-                    tensor: ct,
-                    start: 0,
-                    len: 1,
-                };
+                let r = Region::span(ct, 0, 1);
                 let v = Vertex {
                     tile,
                     codelet: Codelet::Update,
@@ -528,11 +479,7 @@ impl<const N: usize> Lowering<'_, N> {
             .filter(|&x| self.tensors[x as usize].class == TensorClass::AlwaysLive)
             .collect();
         self.per_tile(i, "update", var, Codelet::Update, cycles, |iv| {
-            let reg = |x: u32| Region {
-                tensor: x,
-                start: iv.start,
-                len: iv.len,
-            };
+            let reg = |x: u32| Region::span(x, iv.start, iv.len);
             let mut reads = vec![reg(var)];
             reads.extend(others.iter().map(|&x| reg(x)));
             let mut writes = vec![reg(var)];
@@ -581,22 +528,10 @@ impl<const N: usize> Lowering<'_, N> {
                 codelet: Codelet::CrossEntropy,
                 cycles: row_op_cycles(cfg, (r1 - r0) * cols, cols, dt),
                 reads: vec![
-                    Region {
-                        tensor: x,
-                        start: r0 * cols,
-                        len: (r1 - r0) * cols,
-                    },
-                    Region {
-                        tensor: labels,
-                        start: r0,
-                        len: r1 - r0,
-                    },
+                    Region::span(x, r0 * cols, (r1 - r0) * cols),
+                    Region::span(labels, r0, r1 - r0),
                 ],
-                writes: vec![Region {
-                    tensor: partials,
-                    start: g as u64,
-                    len: 1,
-                }],
+                writes: vec![Region::span(partials, g as u64, 1)],
             })
             .collect();
         self.compute(i, "rows", stage1);
@@ -606,16 +541,8 @@ impl<const N: usize> Lowering<'_, N> {
             tile: out_tile,
             codelet: Codelet::Reduce,
             cycles: cost::reduce_cycles(cfg, 1, n, DType::F32),
-            reads: vec![Region {
-                tensor: partials,
-                start: 0,
-                len: n,
-            }],
-            writes: vec![Region {
-                tensor: i as u32,
-                start: 0,
-                len: 1,
-            }],
+            reads: vec![Region::span(partials, 0, n)],
+            writes: vec![Region::span(i as u32, 0, 1)],
         };
         self.compute(i, "mean", vec![stage2]);
     }
@@ -656,16 +583,8 @@ impl<const N: usize> Lowering<'_, N> {
                     tile: iv.tile,
                     codelet: Codelet::Reduce,
                     cycles: cost::reduce_cycles(cfg, 1, iv.len, dt),
-                    reads: vec![Region {
-                        tensor: x,
-                        start: iv.start,
-                        len: iv.len,
-                    }],
-                    writes: vec![Region {
-                        tensor: partials,
-                        start: g as u64,
-                        len: 1,
-                    }],
+                    reads: vec![Region::span(x, iv.start, iv.len)],
+                    writes: vec![Region::span(partials, g as u64, 1)],
                 })
                 .collect();
             self.compute(i, "partials", stage1);
@@ -675,16 +594,8 @@ impl<const N: usize> Lowering<'_, N> {
                 tile,
                 codelet: Codelet::Reduce,
                 cycles: cost::reduce_cycles(cfg, 1, n, DType::F32),
-                reads: vec![Region {
-                    tensor: partials,
-                    start: 0,
-                    len: n,
-                }],
-                writes: vec![Region {
-                    tensor: i as u32,
-                    start: 0,
-                    len: 1,
-                }],
+                reads: vec![Region::span(partials, 0, n)],
+                writes: vec![Region::span(i as u32, 0, 1)],
             };
             self.compute(i, "reduce", vec![v]);
             return;
@@ -701,11 +612,7 @@ impl<const N: usize> Lowering<'_, N> {
                     let (oo, j0) = (o / inner, o % inner);
                     let j1 = inner.min(j0 + (iv.end() - o));
                     for l in 0..len {
-                        reads.push(Region {
-                            tensor: x,
-                            start: (oo * len + l) * inner + j0,
-                            len: j1 - j0,
-                        });
+                        reads.push(Region::span(x, (oo * len + l) * inner + j0, j1 - j0));
                     }
                     o += j1 - j0;
                 }
@@ -713,12 +620,8 @@ impl<const N: usize> Lowering<'_, N> {
                     tile: iv.tile,
                     codelet: Codelet::Reduce,
                     cycles: cost::reduce_cycles(cfg, iv.len, len, dt),
-                    reads,
-                    writes: vec![Region {
-                        tensor: i as u32,
-                        start: iv.start,
-                        len: iv.len,
-                    }],
+                    reads: compress(reads),
+                    writes: vec![Region::span(i as u32, iv.start, iv.len)],
                 }
             })
             .collect();
@@ -744,28 +647,18 @@ impl<const N: usize> Lowering<'_, N> {
                     let (row, j0) = (o / inner, o % inner);
                     let j1 = inner.min(j0 + (iv.end() - o));
                     let oo = row / len;
-                    let r = Region {
-                        tensor: x,
-                        start: oo * inner + j0,
-                        len: j1 - j0,
-                    };
+                    let r = Region::span(x, oo * inner + j0, j1 - j0);
                     if reads.last() != Some(&r) {
                         reads.push(r);
                     }
                     o += j1 - j0;
                 }
-                reads.sort_unstable();
-                reads.dedup();
                 Vertex {
                     tile: iv.tile,
                     codelet: Codelet::Broadcast,
                     cycles: UnaryKind::Copy.cycles(cfg, iv.len, dt),
-                    reads,
-                    writes: vec![Region {
-                        tensor: i as u32,
-                        start: iv.start,
-                        len: iv.len,
-                    }],
+                    reads: compress(reads),
+                    writes: vec![Region::span(i as u32, iv.start, iv.len)],
                 }
             })
             .collect();
@@ -811,29 +704,22 @@ impl<const N: usize> Lowering<'_, N> {
             v
         };
         let blocks = blocks(&p);
+        // Each block reads one strided region of each operand.
+        let block = |t: u32, r0: u64, r1: u64, c0: u64, c1: u64, cols: u64| {
+            Region::strided(t, r0 * cols + c0, c1 - c0, r1 - r0, cols)
+        };
         let reads_of = |m0, m1, k0, k1, n0, n1| {
-            let mut r: Vec<Region> = Vec::new();
-            let a_rect: Vec<(u64, u64)> = if ta {
-                rect(k0, k1, m0, m1, a_cols).collect()
+            let a = if ta {
+                block(at, k0, k1, m0, m1, a_cols)
             } else {
-                rect(m0, m1, k0, k1, a_cols).collect()
+                block(at, m0, m1, k0, k1, a_cols)
             };
-            let b_rect: Vec<(u64, u64)> = if tb {
-                rect(n0, n1, k0, k1, b_cols).collect()
+            let b = if tb {
+                block(bt, n0, n1, k0, k1, b_cols)
             } else {
-                rect(k0, k1, n0, n1, b_cols).collect()
+                block(bt, k0, k1, n0, n1, b_cols)
             };
-            r.extend(a_rect.into_iter().map(|(start, len)| Region {
-                tensor: at,
-                start,
-                len,
-            }));
-            r.extend(b_rect.into_iter().map(|(start, len)| Region {
-                tensor: bt,
-                start,
-                len,
-            }));
-            r
+            vec![a, b]
         };
         if p.pk == 1 {
             let vertices = blocks
@@ -843,13 +729,7 @@ impl<const N: usize> Lowering<'_, N> {
                     codelet: Codelet::MatMulPartial,
                     cycles: cost::matmul_amp_cycles(cfg, m1 - m0, k1 - k0, n1 - n0, dt),
                     reads: reads_of(m0, m1, k0, k1, n0, n1),
-                    writes: rect(m0, m1, n0, n1, n)
-                        .map(|(start, len)| Region {
-                            tensor: i as u32,
-                            start,
-                            len,
-                        })
-                        .collect(),
+                    writes: vec![block(i as u32, m0, m1, n0, n1, n)],
                 })
                 .collect();
             self.compute(i, "matmul", vertices);
@@ -884,45 +764,39 @@ impl<const N: usize> Lowering<'_, N> {
                 codelet: Codelet::MatMulPartial,
                 cycles: cost::matmul_amp_cycles(cfg, m1 - m0, k1 - k0, n1 - n0, dt),
                 reads: reads_of(m0, m1, k0, k1, n0, n1),
-                writes: vec![Region {
-                    tensor: partials,
-                    start: offsets[&(im, ik, i_n)],
-                    len: (m1 - m0) * (n1 - n0),
-                }],
+                writes: vec![Region::span(
+                    partials,
+                    offsets[&(im, ik, i_n)],
+                    (m1 - m0) * (n1 - n0),
+                )],
             })
             .collect();
         self.compute(i, "partials", vertices);
         let mut vertices = Vec::new();
         for &(im, ik, i_n, m0, m1, _, _, n0, n1) in &blocks {
-            let size = (m1 - m0) * (n1 - n0);
             let pk_here = (0..p.pk)
                 .filter(|&q| offsets.contains_key(&(im, q, i_n)))
                 .count() as u64;
-            let chunk = size.div_ceil(pk_here);
-            let (lo, hi) = (ik * chunk, ((ik + 1) * chunk).min(size));
-            if lo >= hi {
+            let Some((r0, r1, c0, c1)) = reduce_share(m1 - m0, n1 - n0, ik, pk_here) else {
                 continue;
-            }
+            };
+            let bw = n1 - n0;
+            // The same rectangle of every partial block of this output block.
             let reads = (0..p.pk)
                 .filter_map(|q| offsets.get(&(im, q, i_n)))
-                .map(|&off| Region {
-                    tensor: partials,
-                    start: off + lo,
-                    len: hi - lo,
-                })
+                .map(|&off| Region::strided(partials, off + r0 * bw + c0, c1 - c0, r1 - r0, bw))
                 .collect();
-            let writes = block_span(m0, n0, n1, n, lo, hi)
-                .into_iter()
-                .map(|(start, len)| Region {
-                    tensor: i as u32,
-                    start,
-                    len,
-                })
-                .collect();
+            let writes = vec![Region::strided(
+                i as u32,
+                (m0 + r0) * n + n0 + c0,
+                c1 - c0,
+                r1 - r0,
+                n,
+            )];
             vertices.push(Vertex {
                 tile: tile_of(p.grid(im, ik, i_n)),
                 codelet: Codelet::Reduce,
-                cycles: cost::reduce_cycles(cfg, hi - lo, pk_here, DType::F32),
+                cycles: cost::reduce_cycles(cfg, (r1 - r0) * (c1 - c0), pk_here, DType::F32),
                 reads,
                 writes,
             });
@@ -953,15 +827,12 @@ impl<const N: usize> Lowering<'_, N> {
                     continue;
                 }
                 let pk_here = (0..p.pk).filter(|&q| q * p.bk < k).count() as u64;
-                let size = (m1 - m0) * (n1 - n0);
-                let chunk = size.div_ceil(pk_here);
                 for ik in 0..pk_here {
-                    let (lo, hi) = (ik * chunk, ((ik + 1) * chunk).min(size));
-                    if lo >= hi {
+                    let Some((r0, r1, c0, c1)) = reduce_share(m1 - m0, n1 - n0, ik, pk_here) else {
                         continue;
-                    }
+                    };
                     let tile = (p.grid(im, ik, i_n) % tiles) as TileId;
-                    for (start, len) in block_span(m0, n0, n1, n, lo, hi) {
+                    for (start, len) in rect(m0 + r0, m0 + r1, n0 + c0, n0 + c1, n) {
                         iv.push(Interval { tile, start, len });
                     }
                 }
@@ -991,6 +862,10 @@ impl<const N: usize> Lowering<'_, N> {
                 self.b_mapping(mm)
             } else if let Some(var) = self.state_owner(i) {
                 self.tensors[var].mapping.clone()
+            } else if let Some(x) = like_operand(node.op()) {
+                // Element-wise results are laid out like their operand (as poplibs clones
+                // it), so the op needs no exchange and the next op sees the same layout.
+                self.tensors[x].mapping.clone()
             } else {
                 let grain = match node.op() {
                     Op::Softmax { .. }
@@ -998,7 +873,7 @@ impl<const N: usize> Lowering<'_, N> {
                     | Op::SparseCrossEntropyGrad { .. } => node.shape().last() as u64,
                     _ => 1,
                 };
-                self.linear(elements, es, grain)
+                self.linear(elements, es, grain, node.shape().last() as u64)
             };
             self.new_tensor(
                 node.name().to_string(),
@@ -1037,6 +912,39 @@ impl<const N: usize> Lowering<'_, N> {
             }
             _ => None,
         })
+    }
+}
+
+/// The rectangle (rows r0..r1, cols c0..c1, within a rows x cols output block) that the q-th
+/// of `pk` tiles reduces: a band of rows when there are enough rows, else a band of columns.
+fn reduce_share(rows: u64, cols: u64, q: u64, pk: u64) -> Option<(u64, u64, u64, u64)> {
+    if rows >= pk {
+        let c = rows.div_ceil(pk);
+        let (r0, r1) = (q * c, ((q + 1) * c).min(rows));
+        (r0 < r1).then_some((r0, r1, 0, cols))
+    } else {
+        let c = cols.div_ceil(pk);
+        let (c0, c1) = (q * c, ((q + 1) * c).min(cols));
+        (c0 < c1).then_some((0, rows, c0, c1))
+    }
+}
+
+/// The operand an element-wise op's result is laid out like.
+fn like_operand(op: &Op) -> Option<usize> {
+    match *op {
+        Op::Add { a, .. } | Op::Sub { a, .. } | Op::Mul { a, .. } => Some(a.index()),
+        Op::BiasAdd { x, .. }
+        | Op::Scale { x, .. }
+        | Op::Relu { x }
+        | Op::Sigmoid { x }
+        | Op::Tanh { x }
+        | Op::Cast { x }
+        | Op::Tap { x }
+        | Op::Reshape { x } => Some(x.index()),
+        Op::ReluGrad { dy, .. } | Op::SigmoidGrad { dy, .. } | Op::TanhGrad { dy, .. } => {
+            Some(dy.index())
+        }
+        _ => None,
     }
 }
 

@@ -3,6 +3,7 @@
 //! control code and stack.
 
 use std::collections::{BTreeSet, HashMap};
+
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -196,20 +197,26 @@ pub fn account(program: &Program, sram_bytes_per_tile: u64) -> MemoryReport {
             }
             Step::Exchange { transfers, .. } => {
                 let mut code: HashMap<TileId, u64> = HashMap::new();
-                let mut sent: BTreeSet<(TileId, crate::program::Region)> = BTreeSet::new();
+                let mut received: HashMap<TileId, u64> = HashMap::new();
+                // Transfers are sorted by sender and region: a broadcast's copies are adjacent
+                // and its code is counted once.
+                let mut last: Option<(TileId, crate::program::Region)> = None;
                 for tr in transfers {
-                    let bytes =
-                        tr.region.len * program.tensors[tr.region.tensor as usize].elem_bytes();
-                    // Receive buffers live through the exchange and the compute set after it.
-                    events[tr.to as usize].push((s, bytes as i64, true));
-                    events[tr.to as usize].push((s + 2, -(bytes as i64), true));
+                    let bytes = tr.region.elements()
+                        * program.tensors[tr.region.tensor as usize].elem_bytes();
+                    *received.entry(tr.to).or_default() += bytes;
                     *code.entry(tr.to).or_insert(EXCHANGE_CODE_BYTES) +=
                         EXCHANGE_CODE_PER_RECEIVE_BYTES;
                     let c = code.entry(tr.from).or_insert(EXCHANGE_CODE_BYTES);
-                    // A broadcast is sent once, however many tiles receive it.
-                    if sent.insert((tr.from, tr.region)) {
+                    if last != Some((tr.from, tr.region)) {
                         *c += EXCHANGE_CODE_PER_SEND_BYTES;
+                        last = Some((tr.from, tr.region));
                     }
+                }
+                // Receive buffers live through the exchange and the compute set after it.
+                for (tile, bytes) in received {
+                    events[tile as usize].push((s, bytes as i64, true));
+                    events[tile as usize].push((s + 2, -(bytes as i64), true));
                 }
                 for (tile, bytes) in code {
                     tm[tile as usize].exchange_code += bytes;

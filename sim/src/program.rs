@@ -99,6 +99,36 @@ impl Mapping {
         }
     }
 
+    /// Calls `f(row_start, tile, start, len)` for every part of every run of `region`, in
+    /// order. Successive runs are found by galloping forward from the previous one, so a
+    /// strided region costs little more than its pieces.
+    pub fn for_each_piece_of(&self, region: &Region, mut f: impl FnMut(u64, TileId, u64, u64)) {
+        let ivs = &self.intervals;
+        let mut i = 0usize;
+        for (start, len) in region.runs() {
+            // Gallop: find the first interval ending after `start`, from `i` on.
+            let mut step = 1;
+            let mut hi = i;
+            while hi < ivs.len() && ivs[hi].end() <= start {
+                i = hi + 1;
+                hi = i + step;
+                step *= 2;
+            }
+            let hi = hi.min(ivs.len());
+            i += ivs[i.min(hi)..hi].partition_point(|iv| iv.end() <= start);
+            let end = start + len;
+            let mut j = i;
+            while j < ivs.len() && ivs[j].start < end {
+                let iv = ivs[j];
+                let (s, e) = (iv.start.max(start), iv.end().min(end));
+                if e > s {
+                    f(start, iv.tile, s, e - s);
+                }
+                j += 1;
+            }
+        }
+    }
+
     /// Elements held by each tile, as (tile, elements), sorted by tile.
     pub fn elements_per_tile(&self) -> Vec<(TileId, u64)> {
         let mut v: Vec<(TileId, u64)> = self.intervals.iter().map(|i| (i.tile, i.len)).collect();
@@ -156,15 +186,135 @@ impl ProgTensor {
     }
 }
 
-/// Elements `[start, start + len)` of program tensor `tensor`.
+/// Elements of program tensor `tensor`: `rows` runs of `len` elements, the first at `start`
+/// and each `stride` elements after the one before (a block of a row-major matrix). A
+/// contiguous span has `rows == 1` and `stride == 0`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Region {
     /// Index into [`Program::tensors`].
     pub tensor: u32,
     /// First element.
     pub start: u64,
-    /// Number of elements.
+    /// Elements per run.
     pub len: u64,
+    /// Number of runs.
+    pub rows: u64,
+    /// Distance between runs' starts.
+    pub stride: u64,
+}
+
+impl Region {
+    /// The contiguous elements `[start, start + len)`.
+    pub fn span(tensor: u32, start: u64, len: u64) -> Self {
+        Region {
+            tensor,
+            start,
+            len,
+            rows: 1,
+            stride: 0,
+        }
+    }
+
+    /// `rows` runs of `len` elements, `stride` apart (a span when the runs touch).
+    pub fn strided(tensor: u32, start: u64, len: u64, rows: u64, stride: u64) -> Self {
+        if rows <= 1 || stride == len {
+            Region::span(tensor, start, len * rows.max(1))
+        } else {
+            Region {
+                tensor,
+                start,
+                len,
+                rows,
+                stride,
+            }
+        }
+    }
+
+    /// Elements covered.
+    pub fn elements(&self) -> u64 {
+        self.rows * self.len
+    }
+
+    /// The runs, as (start, len).
+    pub fn runs(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        (0..self.rows).map(move |r| (self.start + r * self.stride, self.len))
+    }
+}
+
+/// Joins spans into strided regions: spans of equal length at a constant distance become one
+/// region. Feed spans of one tensor in increasing order.
+#[derive(Clone, Copy, Debug)]
+pub struct RunBuilder {
+    tensor: u32,
+    run: Option<(u64, u64, u64, u64)>,
+}
+
+impl RunBuilder {
+    /// A builder for spans of `tensor`.
+    pub fn new(tensor: u32) -> Self {
+        RunBuilder { tensor, run: None }
+    }
+
+    /// Adds the span `[start, start + len)`; returns a finished region when the span does not
+    /// continue the current one.
+    pub fn push(&mut self, start: u64, len: u64) -> Option<Region> {
+        match &mut self.run {
+            Some((s, l, rows, stride)) if *l == len => {
+                if *rows == 1 && start > *s {
+                    *stride = start - *s;
+                    *rows = 2;
+                    return None;
+                }
+                if *rows > 1 && start == *s + *rows * *stride {
+                    *rows += 1;
+                    return None;
+                }
+            }
+            _ => {}
+        }
+        let done = self.finish();
+        self.run = Some((start, len, 1, 0));
+        done
+    }
+
+    /// The region being built, if any.
+    pub fn finish(&mut self) -> Option<Region> {
+        self.run
+            .take()
+            .map(|(s, l, rows, stride)| Region::strided(self.tensor, s, l, rows, stride))
+    }
+}
+
+/// Joins the spans among `regions` into strided regions, tensor by tensor; keeps strided
+/// regions as they are. The result is sorted.
+pub fn compress(mut regions: Vec<Region>) -> Vec<Region> {
+    regions.sort_unstable();
+    regions.dedup();
+    let mut out = Vec::with_capacity(regions.len());
+    let mut builder: Option<RunBuilder> = None;
+    for r in regions {
+        if r.rows > 1 {
+            out.push(r);
+            continue;
+        }
+        let b = match &mut builder {
+            Some(b) if b.tensor == r.tensor => b,
+            _ => {
+                if let Some(done) = builder.as_mut().and_then(RunBuilder::finish) {
+                    out.push(done);
+                }
+                builder.insert(RunBuilder::new(r.tensor))
+            }
+        };
+        if let Some(done) = b.push(r.start, r.len) {
+            out.push(done);
+        }
+    }
+    if let Some(done) = builder.as_mut().and_then(RunBuilder::finish) {
+        out.push(done);
+    }
+    out.sort_unstable();
+    out
 }
 
 /// The codelet a vertex runs (decides its code size).
@@ -241,14 +391,15 @@ pub struct ComputeSet {
 }
 
 /// One transfer of an exchange: elements of a tensor copied from one tile to another.
+/// Transfers sort by sender first, so a region sent to several tiles (a broadcast) is adjacent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Transfer {
-    /// Receiving tile.
-    pub to: TileId,
-    /// The data (elements of a program tensor).
-    pub region: Region,
     /// Sending tile.
     pub from: TileId,
+    /// The data (elements of a program tensor).
+    pub region: Region,
+    /// Receiving tile.
+    pub to: TileId,
 }
 
 /// A step of the program.
@@ -310,29 +461,43 @@ impl Program {
     }
 }
 
-/// The exchange a compute set needs: a transfer for every piece of every region a vertex reads
-/// that lives on another tile, sorted and without duplicates.
+/// The exchange a compute set needs: for every region a vertex reads, the parts that live on
+/// other tiles, joined into strided regions per sending tile; sorted and without duplicates.
 pub fn exchange_for(tensors: &[ProgTensor], vertices: &[Vertex]) -> Vec<Transfer> {
     let mut transfers = Vec::new();
+    // Pieces of one region held elsewhere, keyed by sending tile, offset within the region's
+    // row and length: the same piece of every row of a block joins into one strided transfer.
+    let mut pieces: Vec<((TileId, u64, u64), u64)> = Vec::new();
     for v in vertices {
         for r in &v.reads {
-            tensors[r.tensor as usize].mapping.for_each_piece(
-                r.start,
-                r.len,
-                |tile, start, len| {
-                    if tile != v.tile {
+            let mapping = &tensors[r.tensor as usize].mapping;
+            pieces.clear();
+            mapping.for_each_piece_of(r, |row_start, tile, s, l| {
+                if tile != v.tile {
+                    pieces.push(((tile, s - row_start, l), s));
+                }
+            });
+            pieces.sort_unstable();
+            for group in pieces.chunk_by(|a, b| a.0 == b.0) {
+                let ((tile, _, len), _) = group[0];
+                let mut b = RunBuilder::new(r.tensor);
+                for &(_, s) in group {
+                    if let Some(done) = b.push(s, len) {
                         transfers.push(Transfer {
-                            to: v.tile,
-                            region: Region {
-                                tensor: r.tensor,
-                                start,
-                                len,
-                            },
                             from: tile,
+                            region: done,
+                            to: v.tile,
                         });
                     }
-                },
-            );
+                }
+                if let Some(done) = b.finish() {
+                    transfers.push(Transfer {
+                        from: tile,
+                        region: done,
+                        to: v.tile,
+                    });
+                }
+            }
         }
     }
     transfers.sort_unstable();
