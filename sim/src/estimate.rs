@@ -191,6 +191,10 @@ pub struct EstimateOptions {
     /// Produce the estimate even when it does not fit (as the IPU Model does), instead of the
     /// out-of-memory error.
     pub allow_out_of_memory: bool,
+    /// Run the checker on the lowered program (on by default). The lowering's programs pass it
+    /// by construction (the property tests say so); sweeps over many configurations may turn
+    /// it off for speed.
+    pub verify: bool,
     /// Lowering knobs.
     pub lower: LowerOptions,
 }
@@ -201,6 +205,7 @@ impl Default for EstimateOptions {
             batch_size: 1,
             inference: false,
             allow_out_of_memory: false,
+            verify: true,
             lower: LowerOptions::default(),
         }
     }
@@ -419,7 +424,9 @@ pub fn estimate<const N: usize>(
 ) -> Result<(Program, Estimate), SimError> {
     cfg.validate().map_err(SimError::Machine)?;
     let program = lower(plan, cfg, opts.lower);
-    check(&program).map_err(SimError::Check)?;
+    if opts.verify {
+        check(&program).map_err(SimError::Check)?;
+    }
     let e = estimate_program(&program, cfg, opts)?;
     Ok((program, e))
 }
