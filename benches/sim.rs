@@ -93,7 +93,10 @@ fn lower(c: &mut Criterion) {
     group.bench_function("estimate-only, 8x1024 MLP batch 512", |b| {
         b.iter(|| estimate(&plan, &mk2, &opts).unwrap())
     });
-    let unchecked = EstimateOptions { verify: false, ..opts };
+    let unchecked = EstimateOptions {
+        verify: false,
+        ..opts
+    };
     group.bench_function("estimate-only without the checker", |b| {
         b.iter(|| estimate(&plan, &mk2, &unchecked).unwrap())
     });
