@@ -104,36 +104,114 @@ pub fn matmul(
     ta: bool,
     tb: bool,
 ) {
+    if t == DType::F32 {
+        match (ta, tb) {
+            (false, false) => matmul_f32::<false, false>(a, b, c, m, k, n),
+            (false, true) => matmul_f32::<false, true>(a, b, c, m, k, n),
+            (true, false) => matmul_f32::<true, false>(a, b, c, m, k, n),
+            (true, true) => matmul_f32::<true, true>(a, b, c, m, k, n),
+        }
+        return;
+    }
     let ai = |i: usize, p: usize| if ta { p * m + i } else { i * k + p };
-    let f32_at =
-        |q: usize| f32::from_le_bytes([b[4 * q], b[4 * q + 1], b[4 * q + 2], b[4 * q + 3]]);
-    match (t, tb) {
-        (DType::F32, false) => blocked(c, t, m, n, k, |i, p, j0, acc| {
-            // Row of B contiguous: the compiler vectorises this.
-            let av = load(a, t, ai(i, p));
-            let row = p * n + j0;
-            let brow = &b[4 * row..4 * (row + acc.len())];
-            for (s, bb) in acc.iter_mut().zip(brow.chunks_exact(4)) {
-                *s += av * f32::from_le_bytes([bb[0], bb[1], bb[2], bb[3]]);
+    blocked(c, t, m, n, k, |i, p, j0, acc| {
+        let av = load(a, t, ai(i, p));
+        for (jj, s) in acc.iter_mut().enumerate() {
+            let bi = if tb {
+                (j0 + jj) * k + p
+            } else {
+                p * n + j0 + jj
+            };
+            *s += av * load(b, t, bi);
+        }
+    })
+}
+
+/// Rows of C that [`matmul_f32`] accumulates together in registers.
+const MR: usize = 4;
+/// Columns of C that [`matmul_f32`] accumulates together in registers.
+const NR: usize = 8;
+
+#[inline(always)]
+fn f32_of(bytes: &[u8]) -> f32 {
+    f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+}
+
+/// `f32` matmul in tiles of `MR x NR` sums held in registers, each summed from `p = 0` upward
+/// (the plain loop's order, so the results are its results, bit for bit). Edge tiles use
+/// [`blocked`]'s order too.
+fn matmul_f32<const TA: bool, const TB: bool>(
+    a: &[u8],
+    b: &[u8],
+    c: &mut [u8],
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    let a_at = |i: usize, p: usize| {
+        let q = if TA { p * m + i } else { i * k + p };
+        f32_of(&a[4 * q..4 * q + 4])
+    };
+    let b_at = |p: usize, j: usize| {
+        let q = if TB { j * k + p } else { p * n + j };
+        f32_of(&b[4 * q..4 * q + 4])
+    };
+    let (m_full, n_full) = (m - m % MR, n - n % NR);
+    for i0 in (0..m_full).step_by(MR) {
+        // Rows of A for this tile (when A is not transposed, each row is contiguous).
+        let a_rows: [&[u8]; MR] = core::array::from_fn(|r| {
+            if TA {
+                &a[..0]
+            } else {
+                &a[4 * (i0 + r) * k..4 * (i0 + r + 1) * k]
             }
-        }),
-        (DType::F32, true) => blocked(c, t, m, n, k, |i, p, j0, acc| {
-            let av = load(a, t, ai(i, p));
-            for (jj, s) in acc.iter_mut().enumerate() {
-                *s += av * f32_at((j0 + jj) * k + p);
-            }
-        }),
-        _ => blocked(c, t, m, n, k, |i, p, j0, acc| {
-            let av = load(a, t, ai(i, p));
-            for (jj, s) in acc.iter_mut().enumerate() {
-                let bi = if tb {
-                    (j0 + jj) * k + p
+        });
+        for j0 in (0..n_full).step_by(NR) {
+            let mut acc = [[0f32; NR]; MR];
+            for p in 0..k {
+                let bv: [f32; NR] = if TB {
+                    core::array::from_fn(|jj| b_at(p, j0 + jj))
                 } else {
-                    p * n + j0 + jj
+                    let row = &b[4 * (p * n + j0)..4 * (p * n + j0 + NR)];
+                    core::array::from_fn(|jj| f32_of(&row[4 * jj..4 * jj + 4]))
                 };
-                *s += av * load(b, t, bi);
+                let av: [f32; MR] = if TA {
+                    let col = &a[4 * (p * m + i0)..4 * (p * m + i0 + MR)];
+                    core::array::from_fn(|r| f32_of(&col[4 * r..4 * r + 4]))
+                } else {
+                    core::array::from_fn(|r| f32_of(&a_rows[r][4 * p..4 * p + 4]))
+                };
+                for (acc_row, &x) in acc.iter_mut().zip(&av) {
+                    for (s, &y) in acc_row.iter_mut().zip(&bv) {
+                        *s += x * y;
+                    }
+                }
             }
-        }),
+            for (r, acc_row) in acc.iter().enumerate() {
+                let out = &mut c[4 * ((i0 + r) * n + j0)..4 * ((i0 + r) * n + j0 + NR)];
+                for (o, s) in out.chunks_exact_mut(4).zip(acc_row) {
+                    o.copy_from_slice(&s.to_le_bytes());
+                }
+            }
+        }
+    }
+    // Edges: the last columns of the full rows, then the last rows.
+    let edge = |c: &mut [u8], i: usize, j: usize| {
+        let mut s = 0f32;
+        for p in 0..k {
+            s += a_at(i, p) * b_at(p, j);
+        }
+        c[4 * (i * n + j)..4 * (i * n + j) + 4].copy_from_slice(&s.to_le_bytes());
+    };
+    for i in 0..m_full {
+        for j in n_full..n {
+            edge(c, i, j);
+        }
+    }
+    for i in m_full..m {
+        for j in 0..n {
+            edge(c, i, j);
+        }
     }
 }
 
@@ -386,6 +464,39 @@ mod tests {
             );
             for (i, w) in want.iter().enumerate() {
                 assert_eq!(load(&c, DType::F32, i), *w, "ta={ta} tb={tb}");
+            }
+        }
+    }
+
+    #[test]
+    fn tiled_f32_matmul_is_the_plain_loop_bit_for_bit() {
+        // Shapes with full register tiles and ragged edges, every transpose.
+        const M: usize = 9;
+        const K: usize = 7;
+        const N: usize = 19;
+        let val = |i: usize| ((i * 37 % 23) as f32 - 11.0) / 7.0;
+        let mut a = [0u8; 4 * M * K];
+        let mut b = [0u8; 4 * K * N];
+        for i in 0..M * K {
+            store(&mut a, DType::F32, i, val(i));
+        }
+        for i in 0..K * N {
+            store(&mut b, DType::F32, i, val(i + 5) * 1.3);
+        }
+        for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+            let mut c = [0u8; 4 * M * N];
+            matmul(&a, &b, DType::F32, &mut c, M, K, N, ta, tb);
+            for i in 0..M {
+                for j in 0..N {
+                    let mut s = 0f32;
+                    for p in 0..K {
+                        let av = load(&a, DType::F32, if ta { p * M + i } else { i * K + p });
+                        let bv = load(&b, DType::F32, if tb { j * K + p } else { p * N + j });
+                        s += av * bv;
+                    }
+                    let got = load(&c, DType::F32, i * N + j);
+                    assert_eq!(got.to_bits(), s.to_bits(), "ta={ta} tb={tb} ({i}, {j})");
+                }
             }
         }
     }
