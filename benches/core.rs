@@ -6,6 +6,8 @@ use tessera::core::models::mnist_mlp;
 use tessera::core::{DType, Graph, Optimizer, Plan};
 
 fn training_step(c: &mut Criterion) {
+    let avx2 = tessera::sim::use_fast_kernels();
+    eprintln!("matmul kernel: {}", if avx2 { "AVX2" } else { "portable" });
     let mut g: Graph<96> = Graph::new();
     let m = mnist_mlp(&mut g, 32, DType::F32).unwrap();
     let labels = g.input("labels", &[32], DType::I32).unwrap();

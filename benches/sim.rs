@@ -19,6 +19,8 @@ fn classifier() -> Plan<96> {
 }
 
 fn sim_step(c: &mut Criterion) {
+    // Both sides use the same kernels: the engine turns AVX2 on when the CPU has it.
+    tessera::sim::use_fast_kernels();
     let plan = classifier();
     let img = |i: usize| ((i * 7919) % 255) as f32 / 255.0;
     let lab = |i: usize| (i % 10) as f32;

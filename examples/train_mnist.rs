@@ -82,6 +82,7 @@ fn fill_batch(
 
 fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
+    let avx2 = tessera::sim::use_fast_kernels();
     let dtype = if args.dtype == "f16" {
         DType::F16
     } else {
@@ -90,10 +91,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let data = load_mnist(&args.data)?;
     let (train_n, test_n) = (data.train_images.count, data.test_images.count);
     println!(
-        "data: {} training and {} test digits from {}",
+        "data: {} training and {} test digits from {}; matmul kernel: {}",
         train_n,
         test_n,
-        args.data.display()
+        args.data.display(),
+        if avx2 { "AVX2" } else { "portable" }
     );
 
     // Training graph.

@@ -734,10 +734,7 @@ impl<const N: usize> Plan<N> {
             Op::ApplySgd { var, grad, lr } => {
                 let (t, n, g) = var_grad(var, grad);
                 let w = &mut st[off(var)..off(var) + n * t.size()];
-                for i in 0..n {
-                    let v = k::load(w, t, i) - lr * k::load(g, t, i);
-                    k::store(w, t, i, v);
-                }
+                k::zip_in_place(w, g, t, n, |w, g| w - lr * g);
             }
             Op::ApplyMomentum {
                 var,

@@ -27,6 +27,7 @@ impl<const N: usize> Engine<N> {
     /// Lowers and checks `plan` on `cfg`. Fails with the typed out-of-memory error when it does
     /// not fit (unless `opts.allow_out_of_memory`).
     pub fn new(plan: Plan<N>, cfg: &IpuConfig, opts: &EstimateOptions) -> Result<Self, SimError> {
+        crate::use_fast_kernels();
         let (program, est) = estimate(&plan, cfg, opts)?;
         let inference_estimate = crate::estimate::estimate_program(
             &program,
