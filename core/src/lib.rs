@@ -54,6 +54,7 @@ pub mod models;
 mod plan;
 pub mod rng;
 mod roles;
+pub mod schedule;
 mod shape;
 
 pub use autodiff::Optimizer;
