@@ -113,6 +113,55 @@ impl Optimizer {
     }
 }
 
+/// How micro-batches' gradients combine in their accumulators (Graphcore's
+/// `GradientAccumulationReductionMethod`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum AccumulationMethod {
+    /// `acc += g`.
+    #[default]
+    Sum,
+    /// `acc += g / M`.
+    Mean,
+    /// `acc = acc * n / (n + 1) + g / (n + 1)`, `n` the micro-batches so far.
+    RunningMean,
+}
+
+impl AccumulationMethod {
+    /// The name Graphcore's API uses.
+    pub const fn name(self) -> &'static str {
+        match self {
+            AccumulationMethod::Sum => "SUM",
+            AccumulationMethod::Mean => "MEAN",
+            AccumulationMethod::RunningMean => "RUNNING_MEAN",
+        }
+    }
+}
+
+/// Gradient accumulation: one weight update per `count` micro-batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Accumulation {
+    /// Micro-batches per weight update (M).
+    pub count: u32,
+    /// How gradients combine.
+    pub method: AccumulationMethod,
+    /// Element type of the accumulators (`None`: the variable's; `Some(F32)` keeps fp32
+    /// accumulators for fp16 gradients).
+    pub dtype: Option<DType>,
+}
+
+impl Accumulation {
+    /// `count` micro-batches per update, summed, in the variables' type.
+    pub const fn new(count: u32) -> Self {
+        Accumulation {
+            count,
+            method: AccumulationMethod::Sum,
+            dtype: None,
+        }
+    }
+}
+
 /// `<base><suffix>` as a node name.
 fn derived(base: &str, suffix: core::fmt::Arguments<'_>) -> Result<Name, GraphError> {
     let mut n = Name::new();
@@ -143,6 +192,32 @@ impl<const N: usize> Graph<N> {
         loss: impl NodeRef,
         optimizer: Optimizer,
     ) -> Result<(), GraphError> {
+        self.differentiate_accumulating(loss, optimizer, Accumulation::new(1))
+    }
+
+    /// [`Graph::differentiate`] with gradient accumulation: each micro-batch's gradients are
+    /// added into accumulators (`<variable>/accumulator`, [`Roles::ACCUMULATOR`]), and the
+    /// optimizer applies them once every `accumulation.count` micro-batches (the nodes with
+    /// [`Roles::UPDATE`]), then resets them. [`crate::Plan::train_step`] runs a micro-batch and,
+    /// when it completes a set of `count`, the update. A count of 1 is plain training.
+    pub fn differentiate_accumulating(
+        &mut self,
+        loss: impl NodeRef,
+        optimizer: Optimizer,
+        accumulation: Accumulation,
+    ) -> Result<(), GraphError> {
+        if accumulation.count == 0 {
+            return Err(GraphError::BadHyperParameter {
+                name: "gradient accumulation count",
+                value: 0.0,
+            });
+        }
+        if accumulation.dtype.is_some_and(|d| !d.is_float()) {
+            return Err(GraphError::BadHyperParameter {
+                name: "accumulator type",
+                value: 0.0,
+            });
+        }
         if self.is_training() {
             return Err(GraphError::AlreadyTraining);
         }
@@ -210,6 +285,20 @@ impl<const N: usize> Graph<N> {
             _ => None,
         };
 
+        let accumulating = accumulation.count > 1;
+        let counter = if accumulating {
+            Some(self.push(
+                derived("optimizer", format_args!("/micro_batches"))?,
+                Op::Variable { init: Init::Zeros },
+                Shape::scalar(),
+                DType::I32,
+                Roles::ACCUMULATOR,
+            )?)
+        } else {
+            None
+        };
+        let mut accumulators: heapless::Vec<(NodeId, NodeId), N> = heapless::Vec::new();
+
         let mut bw = Backward {
             grad: [None; N],
             count: [0; N],
@@ -240,10 +329,52 @@ impl<const N: usize> Graph<N> {
                 {
                     if let Some(g) = bw.grad[o.index()] {
                         let g = self.finalize_var_grad(o, g)?;
-                        self.emit_update(o, g, optimizer, step)?;
+                        match counter {
+                            None => self.emit_update(o, g, optimizer, step)?,
+                            Some(counter) => {
+                                let acc = self.accumulate(o, g, counter, accumulation)?;
+                                let _ = accumulators.push((o, acc));
+                            }
+                        }
                     }
                 }
             }
+        }
+        if let Some(counter) = counter {
+            // The micro-batch is done; once per weight update, apply and reset.
+            self.push(
+                derived("optimizer", format_args!("/micro_batches/increment"))?,
+                Op::Increment { counter },
+                Shape::scalar(),
+                DType::I32,
+                Roles::BACKWARD,
+            )?;
+            for &(var, acc) in &accumulators {
+                self.emit_update(var, acc, optimizer, step)?;
+                let name = derived(
+                    &self.nodes[acc.index()].name.clone(),
+                    format_args!("/reset"),
+                )?;
+                let dt = self.node(acc).dtype;
+                self.push(
+                    name,
+                    Op::Fill { x: acc, value: 0.0 },
+                    Shape::scalar(),
+                    dt,
+                    Roles::UPDATE | Roles::BACKWARD,
+                )?;
+            }
+            self.push(
+                derived("optimizer", format_args!("/micro_batches/reset"))?,
+                Op::Fill {
+                    x: counter,
+                    value: 0.0,
+                },
+                Shape::scalar(),
+                DType::I32,
+                Roles::UPDATE | Roles::BACKWARD,
+            )?;
+            self.accumulation = Some((counter, accumulation.count));
         }
         if let Some(step) = step {
             self.push(
@@ -314,6 +445,39 @@ impl<const N: usize> Graph<N> {
                 Roles::GRADIENT | Roles::BACKWARD,
             )
         }
+    }
+
+    /// An accumulator for `var` and the op adding `grad` into it.
+    fn accumulate(
+        &mut self,
+        var: NodeId,
+        grad: NodeId,
+        counter: NodeId,
+        a: Accumulation,
+    ) -> Result<NodeId, GraphError> {
+        let vname = self.nodes[var.index()].name.clone();
+        let (shape, vdt) = (self.node(var).shape, self.node(var).dtype);
+        let acc = self.push(
+            derived(&vname, format_args!("/accumulator"))?,
+            Op::Variable { init: Init::Zeros },
+            shape,
+            a.dtype.unwrap_or(vdt),
+            Roles::ACCUMULATOR,
+        )?;
+        self.push(
+            derived(&vname, format_args!("/accumulate"))?,
+            Op::Accumulate {
+                acc,
+                grad,
+                counter,
+                method: a.method,
+                count: a.count,
+            },
+            Shape::scalar(),
+            vdt,
+            Roles::BACKWARD,
+        )?;
+        Ok(acc)
     }
 
     fn emit_update(

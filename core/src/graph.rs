@@ -266,6 +266,28 @@ pub enum Op {
         /// The counter (i32 scalar).
         counter: NodeId,
     },
+    /// Adds a micro-batch's gradient into its accumulator, in place: SUM `acc += g`, MEAN
+    /// `acc += g / count`, RUNNING_MEAN `acc = acc * n / (n + 1) + g / (n + 1)` with `n` the
+    /// micro-batches accumulated so far (the counter's value).
+    Accumulate {
+        /// The accumulator (state).
+        acc: NodeId,
+        /// The micro-batch's gradient.
+        grad: NodeId,
+        /// Micro-batches accumulated so far (i32 scalar state).
+        counter: NodeId,
+        /// How gradients combine.
+        method: crate::AccumulationMethod,
+        /// Micro-batches per weight update.
+        count: u32,
+    },
+    /// Sets every element of a state tensor to `value`, in place (resetting accumulators).
+    Fill {
+        /// The tensor.
+        x: NodeId,
+        /// The value.
+        value: f32,
+    },
 }
 
 /// The operands of a node, in order.
@@ -325,6 +347,8 @@ impl Op {
             Op::ApplyMomentum { .. } => "ApplyMomentum",
             Op::ApplyAdam { .. } => "ApplyAdam",
             Op::Increment { .. } => "Increment",
+            Op::Accumulate { .. } => "Accumulate",
+            Op::Fill { .. } => "Fill",
         }
     }
 
@@ -372,6 +396,10 @@ impl Op {
                 ..
             } => Operands::of(&[var, m, v, grad, step]),
             Op::Increment { counter } => Operands::of(&[counter]),
+            Op::Accumulate {
+                acc, grad, counter, ..
+            } => Operands::of(&[acc, grad, counter]),
+            Op::Fill { x, .. } => Operands::of(&[x]),
         }
     }
 
@@ -383,6 +411,8 @@ impl Op {
                 | Op::ApplyMomentum { .. }
                 | Op::ApplyAdam { .. }
                 | Op::Increment { .. }
+                | Op::Accumulate { .. }
+                | Op::Fill { .. }
         )
     }
 
@@ -494,6 +524,8 @@ pub struct Graph<const N: usize> {
     pub(crate) nodes: heapless::Vec<Node, N>,
     /// Number of forward nodes once differentiated (those an inference run executes).
     pub(crate) forward_len: Option<u16>,
+    /// With gradient accumulation: the micro-batch counter and micro-batches per update.
+    pub(crate) accumulation: Option<(NodeId, u32)>,
 }
 
 impl<const N: usize> Default for Graph<N> {
@@ -508,6 +540,7 @@ impl<const N: usize> Graph<N> {
         Graph {
             nodes: heapless::Vec::new(),
             forward_len: None,
+            accumulation: None,
         }
     }
 
@@ -524,6 +557,11 @@ impl<const N: usize> Graph<N> {
     /// Whether [`Graph::differentiate`] has added a backward pass.
     pub fn is_training(&self) -> bool {
         self.forward_len.is_some()
+    }
+
+    /// Micro-batches per weight update (1 without gradient accumulation).
+    pub fn accumulation_count(&self) -> u32 {
+        self.accumulation.map_or(1, |(_, m)| m)
     }
 
     /// The nodes an inference run executes: all of them, or the forward pass of a training

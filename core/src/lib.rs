@@ -57,7 +57,7 @@ mod roles;
 pub mod schedule;
 mod shape;
 
-pub use autodiff::Optimizer;
+pub use autodiff::{Accumulation, AccumulationMethod, Optimizer};
 pub use dtype::DType;
 pub use error::{GraphError, Name, PlanError, RunError, NAME_CAPACITY, USER_NAME_MAX};
 pub use graph::{Activation, Graph, Init, Node, NodeId, NodeRef, Op, Operands};

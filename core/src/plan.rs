@@ -543,14 +543,43 @@ impl<const N: usize> Plan<N> {
     }
 
     /// Runs one training step: forward, backward and the weight update (in place in `state`).
+    /// With gradient accumulation a step is one micro-batch: its gradients are accumulated, and
+    /// every `count`-th step also applies the update and resets the accumulators.
     pub fn train_step(&self, arena: &mut [u8], state: &mut [u8]) -> Result<(), RunError> {
         if !self.graph.is_training() {
             return Err(RunError::NotATrainingPlan);
         }
         self.check(arena.len(), state.len())?;
+        let Some((counter, count)) = self.graph.accumulation else {
+            let mut st = StateBuf::Mut(state);
+            for i in 0..self.graph.len() {
+                self.exec(i, arena, &mut st)?;
+            }
+            return Ok(());
+        };
         let mut st = StateBuf::Mut(state);
-        for i in 0..self.graph.len() {
-            self.exec(i, arena, &mut st)?;
+        for (i, n) in self.graph.nodes().iter().enumerate() {
+            if !n.roles.contains(Roles::UPDATE) {
+                self.exec(i, arena, &mut st)?;
+            }
+        }
+        let seen = k::load_int(
+            &st.get()[self.slots[counter.index()].offset..],
+            DType::I32,
+            0,
+        );
+        if seen >= i64::from(count) {
+            self.apply_update(arena, &mut st)?;
+        }
+        Ok(())
+    }
+
+    /// Runs the weight-update nodes (once per `count` micro-batches with accumulation).
+    fn apply_update(&self, arena: &mut [u8], st: &mut StateBuf<'_>) -> Result<(), RunError> {
+        for (i, n) in self.graph.nodes().iter().enumerate() {
+            if n.roles.contains(Roles::UPDATE) {
+                self.exec(i, arena, st)?;
+            }
         }
         Ok(())
     }
@@ -713,7 +742,9 @@ impl<const N: usize> Plan<N> {
             Op::ApplySgd { .. }
             | Op::ApplyMomentum { .. }
             | Op::ApplyAdam { .. }
-            | Op::Increment { .. } => {}
+            | Op::Increment { .. }
+            | Op::Accumulate { .. }
+            | Op::Fill { .. } => {}
         }
         Ok(())
     }
@@ -723,18 +754,30 @@ impl<const N: usize> Plan<N> {
             return Ok(()); // inference never reaches updates; nothing to write through a shared view
         };
         let off = |x: NodeId| self.slots[x.index()].offset;
-        // Every optimizer update reads a variable's type and size and its gradient's bytes.
-        let var_grad = |var: NodeId, grad: NodeId| {
-            let v = self.graph.node(var);
-            let s = self.slots[grad.index()];
-            let g = &arena[s.offset..s.offset + self.graph.node(grad).bytes()];
-            (v.dtype, v.shape.elements(), g)
+        let node_of = |x: NodeId| self.graph.node(x);
+        // A gradient lives in the arena, or in the state when it is an accumulator.
+        let grad_in_state = |g: NodeId| self.slots[g.index()].place == Place::State;
+        let load_grad = |st: &[u8], g: NodeId, i: usize| {
+            let (s, t) = (self.slots[g.index()], node_of(g).dtype);
+            if s.place == Place::State {
+                k::load(&st[s.offset..], t, i)
+            } else {
+                k::load(&arena[s.offset..], t, i)
+            }
         };
         match node.op {
             Op::ApplySgd { var, grad, lr } => {
-                let (t, n, g) = var_grad(var, grad);
-                let w = &mut st[off(var)..off(var) + n * t.size()];
-                k::zip_in_place(w, g, t, n, |w, g| w - lr * g);
+                let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
+                let wo = off(var);
+                if !grad_in_state(grad) && node_of(grad).dtype == t {
+                    let g = &arena[off(grad)..off(grad) + node_of(grad).bytes()];
+                    k::zip_in_place(&mut st[wo..wo + n * t.size()], g, t, n, |w, g| w - lr * g);
+                } else {
+                    for i in 0..n {
+                        let v = k::load(&st[wo..], t, i) - lr * load_grad(st, grad, i);
+                        k::store(&mut st[wo..], t, i, v);
+                    }
+                }
             }
             Op::ApplyMomentum {
                 var,
@@ -743,10 +786,10 @@ impl<const N: usize> Plan<N> {
                 lr,
                 momentum,
             } => {
-                let (t, n, g) = var_grad(var, grad);
+                let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
                 let (wo, vo) = (off(var), off(velocity));
                 for i in 0..n {
-                    let v = momentum * k::load(&st[vo..], t, i) - lr * k::load(g, t, i);
+                    let v = momentum * k::load(&st[vo..], t, i) - lr * load_grad(st, grad, i);
                     k::store(&mut st[vo..], t, i, v);
                     let w = k::load(&st[wo..], t, i) + v;
                     k::store(&mut st[wo..], t, i, w);
@@ -763,14 +806,14 @@ impl<const N: usize> Plan<N> {
                 beta2,
                 epsilon,
             } => {
-                let (t, n, g) = var_grad(var, grad);
+                let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
                 let iterations = k::load_int(&st[off(step)..], DType::I32, 0);
                 let local = (iterations + 1) as f32;
                 let lr_t = lr * libm::sqrtf(1.0 - libm::powf(beta2, local))
                     / (1.0 - libm::powf(beta1, local));
                 let (wo, mo, vo) = (off(var), off(m), off(v));
                 for i in 0..n {
-                    let gi = k::load(g, t, i);
+                    let gi = load_grad(st, grad, i);
                     let mi = k::load(&st[mo..], t, i);
                     let mi = mi + (gi - mi) * (1.0 - beta1);
                     k::store(&mut st[mo..], t, i, mi);
@@ -785,6 +828,36 @@ impl<const N: usize> Plan<N> {
                 let o = off(counter);
                 let c = k::load_int(&st[o..], DType::I32, 0).wrapping_add(1) as i32;
                 st[o..o + 4].copy_from_slice(&c.to_le_bytes());
+            }
+            Op::Accumulate {
+                acc,
+                grad,
+                counter,
+                method,
+                count,
+            } => {
+                let (t, n) = (node_of(acc).dtype, node_of(acc).shape.elements());
+                let ao = off(acc);
+                let seen = k::load_int(&st[off(counter)..], DType::I32, 0) as f32;
+                for i in 0..n {
+                    let g = load_grad(st, grad, i);
+                    let a = k::load(&st[ao..], t, i);
+                    let v = match method {
+                        crate::AccumulationMethod::Sum => a + g,
+                        crate::AccumulationMethod::Mean => a + g / count as f32,
+                        crate::AccumulationMethod::RunningMean => {
+                            a * (seen / (seen + 1.0)) + g / (seen + 1.0)
+                        }
+                    };
+                    k::store(&mut st[ao..], t, i, v);
+                }
+            }
+            Op::Fill { x, value } => {
+                let (t, n) = (node_of(x).dtype, node_of(x).shape.elements());
+                let o = off(x);
+                for i in 0..n {
+                    k::store(&mut st[o..], t, i, value);
+                }
             }
             _ => {}
         }

@@ -25,8 +25,11 @@ bitflags::bitflags! {
         const LOSS = 1 << 8;
         /// Part of the backward pass (skipped when a training plan runs inference).
         const BACKWARD = 1 << 9;
-        /// A weight-update op (writes variables and optimizer state in place).
+        /// A weight-update op (writes variables and optimizer state in place). With gradient
+        /// accumulation these run once per weight update, not once per micro-batch.
         const UPDATE = 1 << 10;
+        /// A gradient accumulator (state that sums micro-batches' gradients).
+        const ACCUMULATOR = 1 << 11;
     }
 }
 
@@ -34,7 +37,8 @@ impl Roles {
     /// Tensors that live for the whole program in the state buffer rather than the arena.
     pub const ALWAYS_LIVE: Roles = Roles::TRAINABLE
         .union(Roles::OPTIMIZER_STATE)
-        .union(Roles::CONSTANT);
+        .union(Roles::CONSTANT)
+        .union(Roles::ACCUMULATOR);
 }
 
 #[cfg(feature = "defmt")]

@@ -435,6 +435,26 @@ impl<const N: usize> Lowering<'_, N> {
                     (reads, [var, m, v].map(reg).to_vec())
                 });
             }
+            Op::Accumulate {
+                acc, grad, counter, ..
+            } => {
+                let c = move |n| cost::scaled_add_cycles(cfg, n, dt);
+                let (acc, grad, ct) = (t(acc), t(grad), t(counter));
+                self.per_tile(i, "accumulate", acc, Codelet::Update, c, |iv| {
+                    let reg = |x: u32| Region::span(x, iv.start, iv.len);
+                    (
+                        vec![reg(acc), reg(grad), Region::span(ct, 0, 1)],
+                        vec![reg(acc)],
+                    )
+                });
+            }
+            Op::Fill { x, .. } => {
+                let x = t(x);
+                let c = move |n| UnaryKind::Copy.cycles(cfg, n, dt);
+                self.per_tile(i, "fill", x, Codelet::Copy, c, |iv| {
+                    (Vec::new(), vec![Region::span(x, iv.start, iv.len)])
+                });
+            }
             Op::Increment { counter } => {
                 let ct = t(counter);
                 let tile = self.tensors[ct as usize].mapping.intervals()[0].tile;
@@ -899,19 +919,32 @@ impl<const N: usize> Lowering<'_, N> {
         }
     }
 
-    /// The variable whose update uses optimizer-state tensor `i`, if any.
+    /// The variable whose update uses optimizer-state or accumulator tensor `i`, if any.
     fn state_owner(&self, i: usize) -> Option<usize> {
         let node = &self.graph.nodes()[i];
-        if !node.roles().contains(Roles::OPTIMIZER_STATE) {
+        if !node
+            .roles()
+            .intersects(Roles::OPTIMIZER_STATE | Roles::ACCUMULATOR)
+        {
             return None;
         }
-        self.graph.nodes().iter().find_map(|n| match *n.op() {
-            Op::ApplyMomentum { var, velocity, .. } if velocity.index() == i => Some(var.index()),
-            Op::ApplyAdam { var, m, v, .. } if m.index() == i || v.index() == i => {
-                Some(var.index())
-            }
-            _ => None,
-        })
+        self.graph
+            .nodes()
+            .iter()
+            .find_map(|n| match *n.op() {
+                Op::ApplySgd { var, grad, .. } if grad.index() == i => Some(var.index()),
+                Op::ApplyMomentum {
+                    var,
+                    velocity,
+                    grad,
+                    ..
+                } if velocity.index() == i || grad.index() == i => Some(var.index()),
+                Op::ApplyAdam {
+                    var, m, v, grad, ..
+                } if m.index() == i || v.index() == i || grad.index() == i => Some(var.index()),
+                _ => None,
+            })
+            .filter(|&var| self.graph.nodes()[var].shape() == node.shape())
     }
 }
 
