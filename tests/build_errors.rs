@@ -280,3 +280,47 @@ proptest! {
         let _ = plan.train_step(&mut arena, &mut state);
     }
 }
+
+#[test]
+fn a_failed_differentiation_leaves_the_graph_as_it_was() {
+    // Room for the forward pass but not the backward.
+    let mut g: Graph<12> = Graph::new();
+    let x = g.input("x", &[2, 3], DType::F32).unwrap();
+    let labels = g.input("labels", &[2], DType::I32).unwrap();
+    let y = g.dense("D", x, 2, Activation::Linear, DType::F32).unwrap();
+    let loss = g
+        .sparse_categorical_crossentropy("loss", y, labels, true)
+        .unwrap();
+    let before = g.clone();
+    assert!(matches!(
+        g.differentiate(loss, Optimizer::sgd(0.1)),
+        Err(GraphError::CapacityExceeded { .. })
+    ));
+    assert_eq!(g, before);
+    assert!(!g.is_training());
+}
+
+#[test]
+fn stages_follow_scopes_and_reach_the_backward_pass() {
+    let mut g: Graph<64> = Graph::new();
+    let x = g.input("x", &[2, 3], DType::F32).unwrap();
+    let labels = g.input("labels", &[2], DType::I32).unwrap();
+    let h = g.dense("D1", x, 4, Activation::Relu, DType::F32).unwrap();
+    g.set_stage(1).unwrap();
+    let y = g.dense("D2", h, 2, Activation::Linear, DType::F32).unwrap();
+    let loss = g
+        .sparse_categorical_crossentropy("loss", y, labels, true)
+        .unwrap();
+    g.differentiate(loss, Optimizer::sgd(0.1)).unwrap();
+    assert_eq!(g.stage_count(), 2);
+    let stage = |name: &str| g.node(g.find(name).unwrap()).stage();
+    assert_eq!(stage("D1/kernel:0"), 0);
+    assert_eq!(stage("D2/kernel:0"), 1);
+    assert_eq!(stage("D1/kernel:0_grad"), 0);
+    assert_eq!(stage("D2/kernel:0_grad"), 1);
+    assert_eq!(stage("D1/kernel:0/update"), 0);
+    assert!(matches!(
+        g.set_stage(300),
+        Err(GraphError::BadStage { stage: 300 })
+    ));
+}

@@ -206,6 +206,24 @@ impl<const N: usize> Graph<N> {
         optimizer: Optimizer,
         accumulation: Accumulation,
     ) -> Result<(), GraphError> {
+        let (len, scope) = (self.nodes.len(), self.current_stage);
+        let result = self.append_backward(loss, optimizer, accumulation);
+        if result.is_err() {
+            // Leave the graph as it was: no half-built backward pass.
+            self.nodes.truncate(len);
+            self.forward_len = None;
+            self.accumulation = None;
+            self.current_stage = scope;
+        }
+        result
+    }
+
+    fn append_backward(
+        &mut self,
+        loss: impl NodeRef,
+        optimizer: Optimizer,
+        accumulation: Accumulation,
+    ) -> Result<(), GraphError> {
         if accumulation.count == 0 {
             return Err(GraphError::BadHyperParameter {
                 name: "gradient accumulation count",
@@ -285,6 +303,8 @@ impl<const N: usize> Graph<N> {
             _ => None,
         };
 
+        let scope = self.current_stage;
+        self.current_stage = 0;
         let accumulating = accumulation.count > 1;
         let counter = if accumulating {
             Some(self.push(
@@ -304,6 +324,7 @@ impl<const N: usize> Graph<N> {
             count: [0; N],
         };
         let ldt = self.nodes[last].dtype;
+        self.current_stage = self.nodes[last].stage;
         let seed = self.push(
             derived(&self.nodes[last].name.clone(), format_args!("_grad/seed"))?,
             Op::Constant { value: 1.0 },
@@ -317,6 +338,8 @@ impl<const N: usize> Graph<N> {
             if !relevant(i) {
                 continue;
             }
+            // Backward nodes belong to the stage of the node they differentiate.
+            self.current_stage = self.nodes[i].stage;
             if let Some(dy) = bw.grad[i] {
                 self.backward_of(NodeId(i as u16), dy, &mut bw, &relevant)?;
             }
@@ -328,6 +351,7 @@ impl<const N: usize> Graph<N> {
                     && self.nodes[o.index()].roles.contains(Roles::TRAINABLE)
                 {
                     if let Some(g) = bw.grad[o.index()] {
+                        self.current_stage = self.nodes[o.index()].stage;
                         let g = self.finalize_var_grad(o, g)?;
                         match counter {
                             None => self.emit_update(o, g, optimizer, step)?,
@@ -342,6 +366,7 @@ impl<const N: usize> Graph<N> {
         }
         if let Some(counter) = counter {
             // The micro-batch is done; once per weight update, apply and reset.
+            self.current_stage = 0;
             self.push(
                 derived("optimizer", format_args!("/micro_batches/increment"))?,
                 Op::Increment { counter },
@@ -350,6 +375,7 @@ impl<const N: usize> Graph<N> {
                 Roles::BACKWARD,
             )?;
             for &(var, acc) in &accumulators {
+                self.current_stage = self.nodes[var.index()].stage;
                 self.emit_update(var, acc, optimizer, step)?;
                 let name = derived(
                     &self.nodes[acc.index()].name.clone(),
@@ -364,6 +390,7 @@ impl<const N: usize> Graph<N> {
                     Roles::UPDATE | Roles::BACKWARD,
                 )?;
             }
+            self.current_stage = 0;
             self.push(
                 derived("optimizer", format_args!("/micro_batches/reset"))?,
                 Op::Fill {
@@ -377,6 +404,7 @@ impl<const N: usize> Graph<N> {
             self.accumulation = Some((counter, accumulation.count));
         }
         if let Some(step) = step {
+            self.current_stage = 0;
             self.push(
                 derived("optimizer", format_args!("/increment"))?,
                 Op::Increment { counter: step },
@@ -386,6 +414,7 @@ impl<const N: usize> Graph<N> {
             )?;
         }
         self.forward_len = Some(forward_len as u16);
+        self.current_stage = scope;
         Ok(())
     }
 

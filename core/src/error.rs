@@ -127,6 +127,11 @@ pub enum GraphError {
     },
     /// The graph was already differentiated.
     AlreadyTraining,
+    /// A pipeline stage number above 255.
+    BadStage {
+        /// The stage asked for.
+        stage: usize,
+    },
     /// An optimizer hyper-parameter out of range.
     BadHyperParameter {
         /// Which parameter.
@@ -192,6 +197,9 @@ impl fmt::Display for GraphError {
             }
             GraphError::NothingToTrain { loss } => {
                 write!(f, "loss `{loss}` does not depend on any trainable variable")
+            }
+            GraphError::BadStage { stage } => {
+                write!(f, "pipeline stage {stage} is out of range (at most 255)")
             }
             GraphError::AlreadyTraining => f.write_str("the graph already has a backward pass"),
             GraphError::BadHyperParameter { name, value } => {

@@ -431,6 +431,7 @@ pub struct Node {
     pub(crate) shape: Shape,
     pub(crate) dtype: DType,
     pub(crate) roles: Roles,
+    pub(crate) stage: u8,
 }
 
 impl Node {
@@ -453,6 +454,11 @@ impl Node {
     /// The tensor's roles.
     pub fn roles(&self) -> Roles {
         self.roles
+    }
+    /// The pipeline stage the node belongs to (0 without pipelining). Backward nodes belong
+    /// to the stage of the forward node they differentiate; updates to their variable's.
+    pub fn stage(&self) -> usize {
+        usize::from(self.stage)
     }
     /// Bytes of the tensor it produces (0 for update ops).
     pub fn bytes(&self) -> usize {
@@ -526,6 +532,8 @@ pub struct Graph<const N: usize> {
     pub(crate) forward_len: Option<u16>,
     /// With gradient accumulation: the micro-batch counter and micro-batches per update.
     pub(crate) accumulation: Option<(NodeId, u32)>,
+    /// The pipeline stage of nodes added from now on.
+    pub(crate) current_stage: u8,
 }
 
 impl<const N: usize> Default for Graph<N> {
@@ -541,6 +549,7 @@ impl<const N: usize> Graph<N> {
             nodes: heapless::Vec::new(),
             forward_len: None,
             accumulation: None,
+            current_stage: 0,
         }
     }
 
@@ -557,6 +566,30 @@ impl<const N: usize> Graph<N> {
     /// Whether [`Graph::differentiate`] has added a backward pass.
     pub fn is_training(&self) -> bool {
         self.forward_len.is_some()
+    }
+
+    /// Starts a pipeline stage scope: nodes added from now on belong to `stage` (as Keras'
+    /// `PipelineStage(stage)` scope does).
+    pub fn set_stage(&mut self, stage: usize) -> Result<(), GraphError> {
+        self.current_stage = u8::try_from(stage).map_err(|_| GraphError::BadStage { stage })?;
+        Ok(())
+    }
+
+    /// Puts node `x` in pipeline stage `stage`.
+    pub fn assign_stage(&mut self, x: impl NodeRef, stage: usize) -> Result<(), GraphError> {
+        let id = x.resolve(self)?;
+        self.nodes[id.index()].stage =
+            u8::try_from(stage).map_err(|_| GraphError::BadStage { stage })?;
+        Ok(())
+    }
+
+    /// Number of pipeline stages (1 + the highest stage of any node).
+    pub fn stage_count(&self) -> usize {
+        self.nodes
+            .iter()
+            .map(|n| usize::from(n.stage) + 1)
+            .max()
+            .unwrap_or(1)
     }
 
     /// Micro-batches per weight update (1 without gradient accumulation).
@@ -650,6 +683,7 @@ impl<const N: usize> Graph<N> {
                 shape,
                 dtype,
                 roles,
+                stage: self.current_stage,
             })
             .map_err(|_| GraphError::CapacityExceeded {
                 node: name,
