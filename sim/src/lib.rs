@@ -36,6 +36,7 @@ pub mod machine;
 pub mod matmul;
 pub mod memory;
 pub mod ops;
+pub mod pipeline;
 pub mod program;
 
 pub use cost::UnaryKind;
