@@ -318,6 +318,24 @@ pub fn cost_steps(
                 c.compute += slowest;
                 superstep += 1;
             }
+            Step::LinkReceive { tensor, bytes } | Step::RemoteBuffer { tensor, bytes, .. } => {
+                let remote = matches!(step, Step::RemoteBuffer { .. });
+                let per_cycle = if remote {
+                    cfg.streaming_memory_bytes_per_cycle()
+                } else {
+                    cfg.neighbour_link_bytes_per_cycle()
+                };
+                let x = (*bytes as f64 / per_cycle).ceil() as u64 + cfg.exchange_overhead_cycles;
+                let t = &program.tensors[*tensor as usize];
+                let tiles = t.mapping.intervals().iter().fold((u32::MAX, 0), |(l, h), iv| (l.min(iv.tile), h.max(iv.tile)));
+                if remote {
+                    c.remote_buffers += x;
+                    push(&mut trace, &mut clock, superstep, Phase::RemoteBuffer, tiles, x, &t.name);
+                } else {
+                    c.exchange += x;
+                    push(&mut trace, &mut clock, superstep, Phase::Exchange, tiles, x, &t.name);
+                }
+            }
             Step::HostToDevice { tensor, bytes } | Step::DeviceToHost { tensor, bytes } => {
                 let x = (*bytes as f64 / host_bytes_per_cycle).ceil() as u64 + cfg.sync_cycles;
                 c.host_streams += x;

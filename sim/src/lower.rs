@@ -52,6 +52,10 @@ struct Lowering<'a, const N: usize> {
     /// Temporaries and the (writer step, reader step) they live between.
     cursor: u32,
     mm_plans: HashMap<usize, MatMulPlan>,
+    /// Nodes lowered onto this IPU.
+    include: Vec<bool>,
+    /// Nodes of other IPUs whose tensors this IPU reads: copies arrive over the IPU-Links.
+    remote: Vec<bool>,
 }
 
 /// 2-D view of a tensor: (rows, cols) with cols the last axis.
@@ -133,11 +137,11 @@ impl<const N: usize> Lowering<'_, N> {
         p
     }
 
+    /// The first node on this IPU that reads `x`.
     fn first_consumer(&self, x: usize) -> Option<usize> {
-        self.graph
-            .nodes()
-            .iter()
-            .position(|n| n.op().operands().as_slice().iter().any(|o| o.index() == x))
+        self.graph.nodes().iter().enumerate().position(|(c, n)| {
+            self.include[c] && n.op().operands().as_slice().iter().any(|o| o.index() == x)
+        })
     }
 
     /// The mapping of the right-hand operand of matmul `mm` by its plan: block (ik, in) on the
@@ -276,6 +280,13 @@ impl<const N: usize> Lowering<'_, N> {
     }
 
     fn lower_node(&mut self, i: usize) {
+        if !self.include[i] {
+            if self.remote[i] {
+                let bytes = self.graph.nodes()[i].bytes() as u64;
+                self.steps.push(Step::LinkReceive { tensor: i as u32, bytes });
+            }
+            return;
+        }
         let cfg = self.cfg;
         let node = &self.graph.nodes()[i];
         let dt = node.dtype();
@@ -863,12 +874,13 @@ impl<const N: usize> Lowering<'_, N> {
 
     fn map_graph_tensors(&mut self, plan: &Plan<N>) {
         for (i, node) in self.graph.nodes().iter().enumerate() {
-            let elements = if node.op().is_update() {
+            let here = self.include[i] || self.remote[i];
+            let elements = if node.op().is_update() || !here {
                 0
             } else {
                 node.shape().elements() as u64
             };
-            let class = if plan.slots()[i].place == Place::State {
+            let class = if plan.slots()[i].place == Place::State && self.include[i] {
                 TensorClass::AlwaysLive
             } else {
                 TensorClass::NotAlwaysLive
@@ -876,6 +888,9 @@ impl<const N: usize> Lowering<'_, N> {
             let es = node.dtype().size() as u64;
             let mapping = if elements == 0 {
                 Mapping::default()
+            } else if !self.include[i] {
+                // A copy of another IPU's tensor, spread like any new tensor.
+                self.linear(elements, es, 1, node.shape().last() as u64)
             } else if matches!(node.op(), Op::MatMul { .. }) {
                 self.matmul_output_mapping(i)
             } else if let Some(mm) = self.weight_consumer(i) {
@@ -992,7 +1007,29 @@ fn row_op_cycles(cfg: &IpuConfig, n: u64, cols: u64, dt: DType) -> u64 {
 
 /// Lowers `plan` onto one IPU described by `cfg`.
 pub fn lower<const N: usize>(plan: &Plan<N>, cfg: &IpuConfig, opts: LowerOptions) -> Program {
+    lower_subset(plan, cfg, opts, &|_| true)
+}
+
+/// Lowers the nodes `include` selects onto one IPU (one IPU of a sharded or pipelined system).
+/// Tensors of other IPUs that these nodes read arrive over the IPU-Links into copies here;
+/// state tensors (weights, counters) that these nodes read are kept here too.
+pub fn lower_subset<const N: usize>(
+    plan: &Plan<N>,
+    cfg: &IpuConfig,
+    opts: LowerOptions,
+    include: &dyn Fn(usize) -> bool,
+) -> Program {
     let graph = plan.graph();
+    let mut inc: Vec<bool> = (0..graph.len()).map(include).collect();
+    let reads_here = |inc: &[bool], x: usize| {
+        graph.nodes().iter().enumerate().any(|(c, n)| inc[c] && n.op().operands().as_slice().iter().any(|o| o.index() == x))
+    };
+    for i in 0..graph.len() {
+        if !inc[i] && graph.nodes()[i].op().is_state() && reads_here(&inc, i) {
+            inc[i] = true;
+        }
+    }
+    let remote: Vec<bool> = (0..graph.len()).map(|i| !inc[i] && !graph.nodes()[i].op().is_update() && reads_here(&inc, i)).collect();
     let mut l = Lowering {
         cfg,
         graph,
@@ -1002,6 +1039,8 @@ pub fn lower<const N: usize>(plan: &Plan<N>, cfg: &IpuConfig, opts: LowerOptions
         node_steps: Vec::with_capacity(graph.len()),
         cursor: 0,
         mm_plans: HashMap::new(),
+        include: inc,
+        remote,
     };
     l.map_graph_tensors(plan);
     for i in 0..graph.len() {

@@ -148,6 +148,10 @@ pub struct IpuConfig {
     pub host_link_bytes_per_second_per_direction: f64,
     /// Streaming memory (remote buffers) available to one IPU, bytes.
     pub streaming_memory_bytes: u64,
+    /// IPU-Links between two neighbouring IPUs (pipeline stages and ring all-reduces use them).
+    pub links_to_neighbour: u32,
+    /// Bandwidth of remote-buffer copies to and from streaming memory, per IPU, bytes/s.
+    pub streaming_memory_bytes_per_second: f64,
 }
 
 impl Default for IpuConfig {
@@ -194,6 +198,11 @@ impl IpuConfig {
                 host_link_bytes_per_second_per_direction: 32e9,
                 // estimate: Mk1 remote buffers live in host memory; 64 GB per IPU assumed.
                 streaming_memory_bytes: 64_000_000_000,
+                // vendor: 3 IPU-Links between the two IPUs of a C2 card.
+                links_to_neighbour: 3,
+                // estimate: remote buffers in host memory, over PCIe (32 GB/s each way) shared
+                // by the card's two IPUs: 16 GB/s.
+                streaming_memory_bytes_per_second: 16e9,
             },
             Preset::Mk2 => IpuConfig {
                 // vendor: GC200 datasheet.
@@ -228,6 +237,11 @@ impl IpuConfig {
                 host_link_bytes_per_second_per_direction: 32e9,
                 // arithmetic: vendor 448 GB per IPU-M2000 (4 IPUs), so 112 GB per IPU.
                 streaming_memory_bytes: 112_000_000_000,
+                // estimate: IPU-M2000 IPUs form a ring; 2 links to each neighbour assumed.
+                links_to_neighbour: 2,
+                // estimate: IPU-M2000 streaming memory (DDR4 behind the gateway), about 20 GB/s
+                // per IPU.
+                streaming_memory_bytes_per_second: 20e9,
             },
             Preset::Bow => IpuConfig {
                 // vendor: Bow IPU datasheet.
@@ -262,6 +276,10 @@ impl IpuConfig {
                 host_link_bytes_per_second_per_direction: 32e9,
                 // arithmetic: vendor 256 GB per Bow-2000 (4 IPUs), so 64 GB per IPU.
                 streaming_memory_bytes: 64_000_000_000,
+                // estimate: as the IPU-M2000, 2 links to each neighbour.
+                links_to_neighbour: 2,
+                // estimate: as the IPU-M2000, about 20 GB/s per IPU.
+                streaming_memory_bytes_per_second: 20e9,
             },
         }
     }
@@ -305,7 +323,7 @@ impl IpuConfig {
     /// Checks that every count and size is at least one and every real figure is finite and
     /// positive; the error names the first field that is not.
     pub fn validate(&self) -> Result<(), MachineError> {
-        let counts: [(&'static str, u64); 11] = [
+        let counts: [(&'static str, u64); 12] = [
             ("tiles", self.tiles.into()),
             ("sram_bytes_per_tile", self.sram_bytes_per_tile),
             ("worker_contexts", self.worker_contexts.into()),
@@ -326,6 +344,7 @@ impl IpuConfig {
             ("sync_cycles", self.sync_cycles),
             ("ipu_links", self.ipu_links.into()),
             ("streaming_memory_bytes", self.streaming_memory_bytes),
+            ("links_to_neighbour", self.links_to_neighbour.into()),
         ];
         // exchange_overhead_cycles may be 0: an idealised exchange is a legitimate machine.
         for (field, value) in counts {
@@ -333,7 +352,7 @@ impl IpuConfig {
                 return Err(MachineError::Zero { field });
             }
         }
-        let reals: [(&'static str, f64); 4] = [
+        let reals: [(&'static str, f64); 5] = [
             ("clock_hz", self.clock_hz),
             ("inter_ipu_sync_ns_per_hop", self.inter_ipu_sync_ns_per_hop),
             (
@@ -344,6 +363,10 @@ impl IpuConfig {
                 "host_link_bytes_per_second_per_direction",
                 self.host_link_bytes_per_second_per_direction,
             ),
+            (
+                "streaming_memory_bytes_per_second",
+                self.streaming_memory_bytes_per_second,
+            ),
         ];
         for (field, value) in reals {
             if !(value.is_finite() && value > 0.0) {
@@ -351,6 +374,16 @@ impl IpuConfig {
             }
         }
         Ok(())
+    }
+
+    /// Bytes per cycle between two neighbouring IPUs, one way.
+    pub fn neighbour_link_bytes_per_cycle(&self) -> f64 {
+        self.link_bytes_per_second_per_direction * f64::from(self.links_to_neighbour) / self.clock_hz
+    }
+
+    /// Bytes per cycle of remote-buffer copies.
+    pub fn streaming_memory_bytes_per_cycle(&self) -> f64 {
+        self.streaming_memory_bytes_per_second / self.clock_hz
     }
 
     /// Peak fp16 (fp32-accumulate) FLOP/s: tiles x clock x AMP MACs x 2.

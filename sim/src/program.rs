@@ -428,6 +428,22 @@ pub enum Step {
         /// Bytes moved.
         bytes: u64,
     },
+    /// A tensor made on another IPU arrives over the IPU-Links into its copy here.
+    LinkReceive {
+        /// The copy (a tensor of this program).
+        tensor: u32,
+        /// Bytes moved.
+        bytes: u64,
+    },
+    /// A copy between a tensor's tiles and streaming memory (a remote buffer).
+    RemoteBuffer {
+        /// The tensor.
+        tensor: u32,
+        /// Bytes moved.
+        bytes: u64,
+        /// Towards the tiles (true) or towards streaming memory.
+        load: bool,
+    },
 }
 
 /// A lowered program for one IPU.
