@@ -25,12 +25,12 @@ proptest! {
     #[test]
     fn lowered_programs_check_and_every_exchange_is_needed(
         rows in 1usize..6, cols in 1usize..40, s in steps(), train in any::<bool>(),
-        tiles in 1u32..24, chunk in prop_oneof![Just(4u64), Just(16), Just(128)],
+        tiles in 1u32..24, chunk in prop_oneof![Just(4u64), Just(16), Just(128)], offload in any::<bool>(),
     ) {
         let Some(g) = build(rows, cols, &s, train) else { return Ok(()) };
         let plan = Plan::new(&g).unwrap();
         let cfg = small_ipu(tiles, 1 << 20);
-        let program = lower(&plan, &cfg, LowerOptions { min_chunk_bytes: chunk });
+        let program = lower(&plan, &cfg, LowerOptions { min_chunk_bytes: chunk, offload_optimizer_state: offload });
         prop_assert_eq!(check(&program), Ok(()));
         for (i, step) in program.steps.iter().enumerate() {
             if matches!(step, Step::Exchange { .. }) {

@@ -327,13 +327,33 @@ pub fn cost_steps(
                 };
                 let x = (*bytes as f64 / per_cycle).ceil() as u64 + cfg.exchange_overhead_cycles;
                 let t = &program.tensors[*tensor as usize];
-                let tiles = t.mapping.intervals().iter().fold((u32::MAX, 0), |(l, h), iv| (l.min(iv.tile), h.max(iv.tile)));
+                let tiles = t
+                    .mapping
+                    .intervals()
+                    .iter()
+                    .fold((u32::MAX, 0), |(l, h), iv| (l.min(iv.tile), h.max(iv.tile)));
                 if remote {
                     c.remote_buffers += x;
-                    push(&mut trace, &mut clock, superstep, Phase::RemoteBuffer, tiles, x, &t.name);
+                    push(
+                        &mut trace,
+                        &mut clock,
+                        superstep,
+                        Phase::RemoteBuffer,
+                        tiles,
+                        x,
+                        &t.name,
+                    );
                 } else {
                     c.exchange += x;
-                    push(&mut trace, &mut clock, superstep, Phase::Exchange, tiles, x, &t.name);
+                    push(
+                        &mut trace,
+                        &mut clock,
+                        superstep,
+                        Phase::Exchange,
+                        tiles,
+                        x,
+                        &t.name,
+                    );
                 }
             }
             Step::HostToDevice { tensor, bytes } | Step::DeviceToHost { tensor, bytes } => {

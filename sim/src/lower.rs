@@ -27,6 +27,9 @@ use crate::program::{
 pub struct LowerOptions {
     /// The smallest chunk of a tensor a tile gets when a tensor is spread.
     pub min_chunk_bytes: u64,
+    /// Keep optimizer state (momentum, Adam moments) in streaming memory: it is loaded onto
+    /// its tiles for the weight update and stored back after it.
+    pub offload_optimizer_state: bool,
 }
 
 impl Default for LowerOptions {
@@ -34,6 +37,7 @@ impl Default for LowerOptions {
         // Estimate: 128 bytes keeps vertices' fixed costs below their per-element costs.
         LowerOptions {
             min_chunk_bytes: 128,
+            offload_optimizer_state: false,
         }
     }
 }
@@ -56,6 +60,8 @@ struct Lowering<'a, const N: usize> {
     include: Vec<bool>,
     /// Nodes of other IPUs whose tensors this IPU reads: copies arrive over the IPU-Links.
     remote: Vec<bool>,
+    /// State tensors kept in streaming memory between weight updates.
+    offloaded: Vec<bool>,
 }
 
 /// 2-D view of a tensor: (rows, cols) with cols the last axis.
@@ -283,10 +289,43 @@ impl<const N: usize> Lowering<'_, N> {
         if !self.include[i] {
             if self.remote[i] {
                 let bytes = self.graph.nodes()[i].bytes() as u64;
-                self.steps.push(Step::LinkReceive { tensor: i as u32, bytes });
+                self.steps.push(Step::LinkReceive {
+                    tensor: i as u32,
+                    bytes,
+                });
             }
             return;
         }
+        // Offloaded optimizer state comes from streaming memory for this op and goes back after.
+        let offloaded: Vec<u32> = self.graph.nodes()[i]
+            .op()
+            .operands()
+            .as_slice()
+            .iter()
+            .map(|o| o.index())
+            .filter(|&o| self.offloaded[o])
+            .map(|o| o as u32)
+            .collect();
+        for &t in &offloaded {
+            let bytes = self.graph.nodes()[t as usize].bytes() as u64;
+            self.steps.push(Step::RemoteBuffer {
+                tensor: t,
+                bytes,
+                load: true,
+            });
+        }
+        self.lower_op(i);
+        for &t in &offloaded {
+            let bytes = self.graph.nodes()[t as usize].bytes() as u64;
+            self.steps.push(Step::RemoteBuffer {
+                tensor: t,
+                bytes,
+                load: false,
+            });
+        }
+    }
+
+    fn lower_op(&mut self, i: usize) {
         let cfg = self.cfg;
         let node = &self.graph.nodes()[i];
         let dt = node.dtype();
@@ -880,11 +919,12 @@ impl<const N: usize> Lowering<'_, N> {
             } else {
                 node.shape().elements() as u64
             };
-            let class = if plan.slots()[i].place == Place::State && self.include[i] {
-                TensorClass::AlwaysLive
-            } else {
-                TensorClass::NotAlwaysLive
-            };
+            let class =
+                if plan.slots()[i].place == Place::State && self.include[i] && !self.offloaded[i] {
+                    TensorClass::AlwaysLive
+                } else {
+                    TensorClass::NotAlwaysLive
+                };
             let es = node.dtype().size() as u64;
             let mapping = if elements == 0 {
                 Mapping::default()
@@ -1022,14 +1062,28 @@ pub fn lower_subset<const N: usize>(
     let graph = plan.graph();
     let mut inc: Vec<bool> = (0..graph.len()).map(include).collect();
     let reads_here = |inc: &[bool], x: usize| {
-        graph.nodes().iter().enumerate().any(|(c, n)| inc[c] && n.op().operands().as_slice().iter().any(|o| o.index() == x))
+        graph
+            .nodes()
+            .iter()
+            .enumerate()
+            .any(|(c, n)| inc[c] && n.op().operands().as_slice().iter().any(|o| o.index() == x))
     };
     for i in 0..graph.len() {
         if !inc[i] && graph.nodes()[i].op().is_state() && reads_here(&inc, i) {
             inc[i] = true;
         }
     }
-    let remote: Vec<bool> = (0..graph.len()).map(|i| !inc[i] && !graph.nodes()[i].op().is_update() && reads_here(&inc, i)).collect();
+    let remote: Vec<bool> = (0..graph.len())
+        .map(|i| !inc[i] && !graph.nodes()[i].op().is_update() && reads_here(&inc, i))
+        .collect();
+    let offloaded: Vec<bool> = (0..graph.len())
+        .map(|i| {
+            opts.offload_optimizer_state
+                && inc[i]
+                && graph.nodes()[i].roles().contains(Roles::OPTIMIZER_STATE)
+                && graph.nodes()[i].shape().rank() > 0
+        })
+        .collect();
     let mut l = Lowering {
         cfg,
         graph,
@@ -1041,6 +1095,7 @@ pub fn lower_subset<const N: usize>(
         mm_plans: HashMap::new(),
         include: inc,
         remote,
+        offloaded,
     };
     l.map_graph_tensors(plan);
     for i in 0..graph.len() {
@@ -1057,6 +1112,23 @@ pub fn lower_subset<const N: usize>(
     };
     for (i, slot) in plan.slots().iter().enumerate() {
         l.tensors[i].live = match slot.place {
+            // Offloaded state is on its tiles only while the op that uses it runs.
+            Place::State if l.offloaded[i] => {
+                let users: Vec<usize> = (0..graph.len())
+                    .filter(|&c| {
+                        graph.nodes()[c]
+                            .op()
+                            .operands()
+                            .as_slice()
+                            .iter()
+                            .any(|o| o.index() == i)
+                    })
+                    .collect();
+                match (users.first(), users.last()) {
+                    (Some(&a), Some(&b)) => step_range(a, b, &l.node_steps),
+                    _ => (0, 0),
+                }
+            }
             Place::State => (0, last_step),
             _ => step_range(
                 if graph.nodes()[i].op() == &Op::Input {

@@ -378,7 +378,8 @@ impl IpuConfig {
 
     /// Bytes per cycle between two neighbouring IPUs, one way.
     pub fn neighbour_link_bytes_per_cycle(&self) -> f64 {
-        self.link_bytes_per_second_per_direction * f64::from(self.links_to_neighbour) / self.clock_hz
+        self.link_bytes_per_second_per_direction * f64::from(self.links_to_neighbour)
+            / self.clock_hz
     }
 
     /// Bytes per cycle of remote-buffer copies.
