@@ -21,14 +21,31 @@ pub fn mnist_mlp<const N: usize>(
     batch: usize,
     dtype: DType,
 ) -> Result<MnistMlp, GraphError> {
+    mnist_mlp_pipelined(g, batch, dtype, [0; 4])
+}
+
+/// [`mnist_mlp`] with its four layers (Flatten, Dense_256, Dense_128, Dense_10 with its
+/// softmax) in the given pipeline stages, as `set_pipeline_stage_assignment([0, 0, 1, 1])`
+/// does in Keras. The stage scope is left at 0.
+pub fn mnist_mlp_pipelined<const N: usize>(
+    g: &mut Graph<N>,
+    batch: usize,
+    dtype: DType,
+    stages: [usize; 4],
+) -> Result<MnistMlp, GraphError> {
+    g.set_stage(stages[0])?;
     let images = g.input("images", &[batch, 28, 28], dtype)?;
     let flat = g.flatten("Flatten", images)?;
+    g.set_stage(stages[1])?;
     let h = g.dense("Dense_256", flat, 256, Activation::Relu, dtype)?;
+    g.set_stage(stages[2])?;
     let h = g.dense("Dense_128", h, 128, Activation::Relu, dtype)?;
+    g.set_stage(stages[3])?;
     let logits = g.dense("Dense_10", h, 10, Activation::Linear, dtype)?;
     let probabilities = g.softmax("Dense_10/Softmax", logits)?;
     g.mark_output(logits)?;
     g.mark_output(probabilities)?;
+    g.set_stage(0)?;
     Ok(MnistMlp {
         images,
         logits,

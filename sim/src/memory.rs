@@ -43,6 +43,8 @@ pub struct TileMemory {
     pub control_code: u64,
     /// Stack.
     pub stack: u64,
+    /// Pipeline stash: activations kept for later micro-batches' backward passes.
+    pub stash: u64,
     /// Program step of the peak.
     pub peak_step: usize,
 }
@@ -58,6 +60,7 @@ impl TileMemory {
             + self.exchange_buffers
             + self.control_code
             + self.stack
+            + self.stash
     }
 }
 

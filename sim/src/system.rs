@@ -1,0 +1,446 @@
+//! Training and inference across IPUs: pipeline stages on their IPUs (sharding is a pipeline
+//! run with the Sequential schedule), gradient accumulation, replication with a ring
+//! all-reduce of gradients over the IPU-Links, optimizer-state offload, recomputation.
+//!
+//! Each IPU's share of the graph is lowered on its own (tensors crossing IPUs arrive over the
+//! links); a stage's forward and backward cycles come from its IPU's program; the schedule's
+//! timeline runs the M micro-batches of one weight update; the update itself runs on every
+//! IPU at once, after the replicas' all-reduce.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use tessera_core::schedule::{Pipeline, Schedule, ScheduleError};
+use tessera_core::{Op, Plan, Roles};
+
+use crate::estimate::{cost_steps, Cycles, SimError};
+use crate::lower::{lower_subset, LowerOptions};
+use crate::machine::IpuConfig;
+use crate::memory::{account, MemoryReport, OutOfMemory, TileMemory};
+use crate::pipeline::{timeline, SlotRun, StageCost};
+use crate::program::{Program, TensorClass};
+
+/// How a graph runs across IPUs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SystemOptions {
+    /// The pipeline schedule (with one stage, any schedule is plain training).
+    pub schedule: Schedule,
+    /// Stage -> IPU; `None` maps stage k to IPU k.
+    pub device_mapping: Option<Vec<usize>>,
+    /// Replicas of the whole pipeline, each with its own data.
+    pub replicas: usize,
+    /// Samples per micro-batch (per replica).
+    pub micro_batch: u64,
+    /// Micro-batches per weight update for inference pipelines (training uses the graph's
+    /// accumulation count).
+    pub inference_micro_batches: usize,
+    /// Recompute each stage's forward before its backward instead of stashing activations.
+    pub recompute: bool,
+    /// Lowering knobs (including optimizer-state offload).
+    pub lower: LowerOptions,
+    /// Produce the estimate even when a tile overflows.
+    pub allow_out_of_memory: bool,
+}
+
+impl Default for SystemOptions {
+    fn default() -> Self {
+        SystemOptions {
+            schedule: Schedule::Grouped,
+            device_mapping: None,
+            replicas: 1,
+            micro_batch: 1,
+            inference_micro_batches: 1,
+            recompute: false,
+            lower: LowerOptions::default(),
+            allow_out_of_memory: false,
+        }
+    }
+}
+
+/// Why a system configuration cannot run.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SystemError {
+    /// The schedule, accumulation count and mapping do not fit together.
+    Schedule(ScheduleError),
+    /// Two stages on different IPUs use the same variable.
+    SharedVariable {
+        /// The variable.
+        variable: String,
+        /// One stage using it.
+        first: usize,
+        /// Another stage, on another IPU.
+        second: usize,
+    },
+    /// No replicas.
+    NoReplicas,
+    /// Estimation failed.
+    Sim(SimError),
+}
+
+impl fmt::Display for SystemError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SystemError::Schedule(e) => e.fmt(f),
+            SystemError::SharedVariable { variable, first, second } => write!(
+                f,
+                "variable `{variable}` is used by stages {first} and {second}, which are on different IPUs; stages sharing a variable must share an IPU"
+            ),
+            SystemError::NoReplicas => f.write_str("the replica count must be at least 1"),
+            SystemError::Sim(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for SystemError {}
+
+/// One pipeline stage.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StageRow {
+    /// The stage.
+    pub stage: usize,
+    /// Its IPU.
+    pub ipu: usize,
+    /// Forward cycles per micro-batch.
+    pub forward_cycles: u64,
+    /// Backward cycles per micro-batch (recomputation included).
+    pub backward_cycles: u64,
+    /// Stash depth (micro-batches).
+    pub stash_depth: usize,
+    /// Bytes one stash entry holds.
+    pub stash_entry_bytes: u64,
+    /// Idle fraction of its IPU over the pipeline.
+    pub idle_fraction: f64,
+}
+
+/// One IPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct IpuRow {
+    /// The IPU (within one replica).
+    pub ipu: usize,
+    /// Its stages.
+    pub stages: Vec<usize>,
+    /// Cycles running its slots in one weight update's pipeline.
+    pub busy_cycles: u64,
+    /// Cycles waiting for other IPUs.
+    pub idle_cycles: u64,
+    /// Idle fraction.
+    pub idle_fraction: f64,
+    /// Cycles of its weight update.
+    pub weight_update_cycles: u64,
+    /// Bytes used (sum of its tiles' peaks, stash included).
+    pub bytes_used: u64,
+    /// The fullest tile's bytes.
+    pub max_tile_bytes: u64,
+    /// Tiles holding anything.
+    pub tiles_used: usize,
+    /// Stash bytes over its tiles.
+    pub stash_bytes: u64,
+    /// Bytes kept in streaming memory (offloaded optimizer state).
+    pub streaming_memory_bytes: u64,
+    /// The ten fullest tiles.
+    pub fullest_tiles: Vec<TileMemory>,
+}
+
+/// The estimate of a multi-IPU run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SystemEstimate {
+    /// Schedule.
+    pub schedule: String,
+    /// Pipeline stages.
+    pub stages_count: usize,
+    /// Micro-batches per weight update.
+    pub accumulation: usize,
+    /// Replicas.
+    pub replicas: usize,
+    /// IPUs in all (replicas x IPUs per replica rounded up to a power of two).
+    pub ipus_total: usize,
+    /// Whether every tile of every IPU fits.
+    pub fits: bool,
+    /// The worst out-of-memory tile, when one does not fit.
+    pub out_of_memory: Option<OutOfMemory>,
+    /// Cycles of the pipeline (all micro-batches of one update).
+    pub pipeline_cycles: u64,
+    /// Cycles of the weight update (slowest IPU).
+    pub weight_update_cycles: u64,
+    /// Cycles of the replicas' gradient all-reduce.
+    pub all_reduce_cycles: u64,
+    /// Cycles per weight update: pipeline + all-reduce + update.
+    pub cycles_per_weight_update: u64,
+    /// Seconds per weight update.
+    pub seconds_per_weight_update: f64,
+    /// Samples per weight update over all replicas.
+    pub samples_per_weight_update: u64,
+    /// Samples per second.
+    pub samples_per_second: f64,
+    /// Per stage.
+    pub stages: Vec<StageRow>,
+    /// Per IPU of one replica.
+    pub ipus: Vec<IpuRow>,
+    /// Every stage execution on the timeline.
+    pub runs: Vec<SlotRun>,
+}
+
+fn add(a: &mut Cycles, b: &Cycles) {
+    a.compute += b.compute;
+    a.exchange += b.exchange;
+    a.sync += b.sync;
+    a.host_streams += b.host_streams;
+    a.remote_buffers += b.remote_buffers;
+}
+
+/// Estimates `plan` across IPUs of `cfg`, as `opts` says.
+pub fn estimate_system<const N: usize>(
+    plan: &Plan<N>,
+    cfg: &IpuConfig,
+    opts: &SystemOptions,
+) -> Result<SystemEstimate, SystemError> {
+    cfg.validate()
+        .map_err(|e| SystemError::Sim(SimError::Machine(e)))?;
+    if opts.replicas == 0 {
+        return Err(SystemError::NoReplicas);
+    }
+    let g = plan.graph();
+    let training = g.is_training();
+    let s = g.stage_count();
+    let m = if training {
+        g.accumulation_count() as usize
+    } else {
+        opts.inference_micro_batches
+    };
+    let pipeline = Pipeline::new(s, m, opts.schedule, training).map_err(SystemError::Schedule)?;
+    let mapping: Vec<usize> = opts
+        .device_mapping
+        .clone()
+        .unwrap_or_else(|| (0..s).collect());
+    pipeline
+        .check_mapping(&mapping)
+        .map_err(SystemError::Schedule)?;
+    // Stages sharing a variable must share an IPU.
+    for (i, n) in g.nodes().iter().enumerate() {
+        if !n.roles().contains(Roles::TRAINABLE) {
+            continue;
+        }
+        let users: Vec<usize> = g.nodes()[..g.forward_len()]
+            .iter()
+            .filter(|c| c.op().operands().as_slice().iter().any(|o| o.index() == i))
+            .map(|c| c.stage())
+            .collect();
+        for &a in &users {
+            for &b in &users {
+                if mapping[a] != mapping[b] {
+                    return Err(SystemError::SharedVariable {
+                        variable: n.name().to_string(),
+                        first: a.min(b),
+                        second: a.max(b),
+                    });
+                }
+            }
+        }
+    }
+    let ipus = mapping.iter().copied().max().unwrap_or(0) + 1;
+    let forward_len = g.forward_len();
+
+    // Lower each IPU's share.
+    let programs: Vec<Program> = (0..ipus)
+        .map(|d| {
+            lower_subset(plan, cfg, opts.lower, &|i| {
+                mapping[g.nodes()[i].stage()] == d
+            })
+        })
+        .collect();
+    let node_cycles = |p: &Program, i: usize| {
+        let (a, b) = p.node_steps[i];
+        cost_steps(p, cfg, a..b).0
+    };
+    let mut costs = vec![StageCost::default(); s];
+    let mut update = vec![Cycles::default(); ipus];
+    for (i, n) in g.nodes().iter().enumerate() {
+        let k = n.stage();
+        let c = node_cycles(&programs[mapping[k]], i);
+        if n.roles().contains(Roles::UPDATE) {
+            add(&mut update[mapping[k]], &c);
+        } else if i < forward_len {
+            costs[k].forward += c.total();
+        } else {
+            costs[k].backward += c.total();
+        }
+    }
+    if opts.recompute && training {
+        for c in &mut costs {
+            c.backward += c.forward;
+        }
+    }
+    let sync = cfg.sync_cycles + cfg.inter_ipu_sync_cycles(ipus);
+    let tl = timeline(&pipeline, &mapping, &costs, sync);
+
+    // Stash: what each stage's backward reads of its forward (or, recomputing, of its inputs).
+    let mut stash_entry = vec![0u64; s];
+    let mut reports: Vec<MemoryReport> = programs
+        .iter()
+        .map(|p| account(p, cfg.sram_bytes_per_tile))
+        .collect();
+    let mut stash_bytes = vec![0u64; ipus];
+    if training {
+        for (t, node) in g.nodes()[..forward_len].iter().enumerate() {
+            if node.op().is_state() || node.op().is_update() {
+                continue;
+            }
+            for k in 0..s {
+                let reads_back = g.nodes().iter().enumerate().any(|(c, n)| {
+                    c >= forward_len
+                        && n.stage() == k
+                        && !n.roles().contains(Roles::UPDATE)
+                        && n.op().operands().as_slice().iter().any(|o| o.index() == t)
+                });
+                let stage_input = node.stage() != k || matches!(node.op(), Op::Input);
+                let keep = if opts.recompute {
+                    stage_input && reads_back_or_forward(g, t, k, forward_len)
+                } else {
+                    reads_back
+                };
+                if !keep {
+                    continue;
+                }
+                let depth = pipeline.stash_depth(k) as u64;
+                stash_entry[k] += node.bytes() as u64;
+                let d = mapping[k];
+                let tensor = &programs[d].tensors[t];
+                for (tile, n) in tensor.mapping.elements_per_tile() {
+                    let bytes = depth * n * tensor.elem_bytes();
+                    reports[d].tiles[tile as usize].stash += bytes;
+                    stash_bytes[d] += bytes;
+                }
+            }
+        }
+    }
+
+    // Replicas average their gradients: a ring all-reduce over the links, once per update.
+    let all_reduce = if opts.replicas > 1 && training {
+        (0..ipus)
+            .map(|d| {
+                let grad_bytes: u64 = programs[d]
+                    .tensors
+                    .iter()
+                    .zip(g.nodes())
+                    .filter(|(_, n)| n.roles().contains(Roles::TRAINABLE))
+                    .map(|(t, _)| t.elements * t.elem_bytes())
+                    .sum();
+                let r = opts.replicas as f64;
+                (2.0 * (r - 1.0) / r * grad_bytes as f64 / cfg.neighbour_link_bytes_per_cycle())
+                    .ceil() as u64
+                    + sync
+            })
+            .max()
+            .unwrap_or(0)
+    } else {
+        0
+    };
+    let weight_update = if training {
+        update.iter().map(Cycles::total).max().unwrap_or(0) + sync
+    } else {
+        0
+    };
+    let total = tl.cycles + all_reduce + weight_update;
+    let seconds = cfg.cycles_to_seconds(total);
+    let samples = opts.micro_batch * m as u64 * opts.replicas as u64;
+
+    let mut worst: Option<OutOfMemory> = None;
+    let ipu_rows: Vec<IpuRow> = (0..ipus)
+        .map(|d| {
+            let r = &reports[d];
+            let fullest = r.fullest(10).into_iter().cloned().collect::<Vec<_>>();
+            if let Some(t) = fullest
+                .first()
+                .filter(|t| t.total() > cfg.sram_bytes_per_tile)
+            {
+                if worst.as_ref().is_none_or(|w| t.total() > w.needed) {
+                    worst = crate::memory::check_fits(&programs[d], r).err().map(|b| *b);
+                }
+            }
+            let streaming: u64 = programs[d]
+                .tensors
+                .iter()
+                .zip(g.nodes())
+                .filter(|(t, n)| {
+                    n.roles().contains(Roles::OPTIMIZER_STATE)
+                        && t.class == TensorClass::NotAlwaysLive
+                        && opts.lower.offload_optimizer_state
+                })
+                .map(|(t, _)| t.elements * t.elem_bytes())
+                .sum();
+            IpuRow {
+                ipu: d,
+                stages: (0..s).filter(|&k| mapping[k] == d).collect(),
+                busy_cycles: tl.ipus[d].busy,
+                idle_cycles: tl.ipus[d].idle,
+                idle_fraction: tl.ipus[d].idle_fraction(),
+                weight_update_cycles: update[d].total(),
+                bytes_used: r.total_bytes(),
+                max_tile_bytes: r.tiles.iter().map(TileMemory::total).max().unwrap_or(0),
+                tiles_used: r.tiles_used(),
+                stash_bytes: stash_bytes[d],
+                streaming_memory_bytes: streaming,
+                fullest_tiles: fullest,
+            }
+        })
+        .collect();
+    let fits = ipu_rows
+        .iter()
+        .all(|r| r.max_tile_bytes <= cfg.sram_bytes_per_tile);
+    if !fits && !opts.allow_out_of_memory {
+        if let Some(w) = worst {
+            return Err(SystemError::Sim(SimError::OutOfMemory(Box::new(w))));
+        }
+    }
+    let stages = (0..s)
+        .map(|k| StageRow {
+            stage: k,
+            ipu: mapping[k],
+            forward_cycles: costs[k].forward,
+            backward_cycles: costs[k].backward,
+            stash_depth: pipeline.stash_depth(k),
+            stash_entry_bytes: stash_entry[k],
+            idle_fraction: tl.ipus[mapping[k]].idle_fraction(),
+        })
+        .collect();
+    Ok(SystemEstimate {
+        schedule: opts.schedule.name().to_string(),
+        stages_count: s,
+        accumulation: m,
+        replicas: opts.replicas,
+        ipus_total: opts.replicas * ipus.next_power_of_two(),
+        fits,
+        out_of_memory: if fits { None } else { worst },
+        pipeline_cycles: tl.cycles,
+        weight_update_cycles: weight_update,
+        all_reduce_cycles: all_reduce,
+        cycles_per_weight_update: total,
+        seconds_per_weight_update: seconds,
+        samples_per_weight_update: samples,
+        samples_per_second: if seconds > 0.0 {
+            samples as f64 / seconds
+        } else {
+            0.0
+        },
+        stages,
+        ipus: ipu_rows,
+        runs: tl.runs,
+    })
+}
+
+/// With recomputation a stage keeps its inputs: tensors from other stages (or inputs) that its
+/// forward or backward reads.
+fn reads_back_or_forward<const N: usize>(
+    g: &tessera_core::Graph<N>,
+    t: usize,
+    k: usize,
+    forward_len: usize,
+) -> bool {
+    let _ = forward_len;
+    g.nodes().iter().any(|n| {
+        n.stage() == k
+            && !n.roles().contains(Roles::UPDATE)
+            && n.op().operands().as_slice().iter().any(|o| o.index() == t)
+    })
+}

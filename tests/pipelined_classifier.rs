@@ -1,0 +1,129 @@
+//! The pipelined classifier (stages [0, 0, 1, 1] over two Mk2 IPUs, M = 4 and 16) under all
+//! three schedules; momentum with optimizer-state offload uses less SRAM and more weight-update
+//! cycles than without.
+
+use tessera::core::models::mnist_mlp_pipelined;
+use tessera::core::schedule::Schedule;
+use tessera::core::{Accumulation, DType, Graph, Optimizer, Plan};
+use tessera::sim::lower::LowerOptions;
+use tessera::sim::system::{estimate_system, SystemError, SystemOptions};
+use tessera::sim::{IpuConfig, Preset};
+
+fn plan(m: u32, opt: Optimizer) -> Plan<160> {
+    let mut g: Graph<160> = Graph::new();
+    let model = mnist_mlp_pipelined(&mut g, 32, DType::F32, [0, 0, 1, 1]).unwrap();
+    let labels = g.input("labels", &[32], DType::I32).unwrap();
+    let loss = g
+        .sparse_categorical_crossentropy("loss", model.probabilities, labels, false)
+        .unwrap();
+    g.differentiate_accumulating(loss, opt, Accumulation::new(m))
+        .unwrap();
+    Plan::new(&g).unwrap()
+}
+
+#[test]
+fn pipelined_classifier_under_every_schedule() {
+    let mk2 = IpuConfig::preset(Preset::Mk2);
+    eprintln!("| M | schedule | cycles / update | cycles / micro-batch | IPU0 bytes | IPU1 bytes | idle IPU0 | idle IPU1 | stash depth s0 |");
+    for m in [4u32, 16] {
+        let p = plan(m, Optimizer::sgd(0.1));
+        let mut grouped_stash = None;
+        for schedule in [
+            Schedule::Grouped,
+            Schedule::Interleaved,
+            Schedule::Sequential,
+        ] {
+            let opts = SystemOptions {
+                schedule,
+                micro_batch: 32,
+                ..Default::default()
+            };
+            let e = estimate_system(&p, &mk2, &opts).unwrap();
+            assert!(e.fits);
+            assert_eq!(e.stages.len(), 2);
+            eprintln!(
+                "| {m} | {schedule} | {} | {} | {} | {} | {:.3} | {:.3} | {} |",
+                e.cycles_per_weight_update,
+                e.cycles_per_weight_update / u64::from(m),
+                e.ipus[0].bytes_used,
+                e.ipus[1].bytes_used,
+                e.ipus[0].idle_fraction,
+                e.ipus[1].idle_fraction,
+                e.stages[0].stash_depth
+            );
+            match schedule {
+                Schedule::Grouped => grouped_stash = Some(e.ipus[0].stash_bytes),
+                Schedule::Interleaved => assert!(e.ipus[0].stash_bytes <= grouped_stash.unwrap()),
+                Schedule::Sequential => assert_eq!(e.ipus[0].stash_bytes, 0),
+            }
+        }
+    }
+}
+
+#[test]
+fn offloading_momentum_on_the_pipeline() {
+    let mk2 = IpuConfig::preset(Preset::Mk2);
+    let p = plan(4, Optimizer::momentum(0.1, 0.9));
+    let off = estimate_system(
+        &p,
+        &mk2,
+        &SystemOptions {
+            micro_batch: 32,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let on_opts = SystemOptions {
+        micro_batch: 32,
+        lower: LowerOptions {
+            offload_optimizer_state: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let on = estimate_system(&p, &mk2, &on_opts).unwrap();
+    let sram =
+        |e: &tessera::sim::system::SystemEstimate| e.ipus.iter().map(|i| i.bytes_used).sum::<u64>();
+    eprintln!(
+        "offload: SRAM {} -> {} B, weight update {} -> {} cycles, streaming memory {} B",
+        sram(&off),
+        sram(&on),
+        off.weight_update_cycles,
+        on.weight_update_cycles,
+        on.ipus
+            .iter()
+            .map(|i| i.streaming_memory_bytes)
+            .sum::<u64>()
+    );
+    assert!(sram(&on) < sram(&off));
+    assert!(on.weight_update_cycles > off.weight_update_cycles);
+}
+
+#[test]
+fn invalid_configurations_are_typed_errors() {
+    let mk2 = IpuConfig::preset(Preset::Mk2);
+    // M = 2 is not a multiple of 2S = 4 for Grouped.
+    let p = plan(2, Optimizer::sgd(0.1));
+    let e = estimate_system(&p, &mk2, &SystemOptions::default()).unwrap_err();
+    assert!(matches!(e, SystemError::Schedule(_)), "{e}");
+    assert!(e.to_string().contains("multiple of 4"), "{e}");
+    // Interleaved training with both stages on one IPU.
+    let p = plan(4, Optimizer::sgd(0.1));
+    let opts = SystemOptions {
+        schedule: Schedule::Interleaved,
+        device_mapping: Some(vec![0, 0]),
+        ..Default::default()
+    };
+    assert!(matches!(
+        estimate_system(&p, &mk2, &opts),
+        Err(SystemError::Schedule(_))
+    ));
+    let opts = SystemOptions {
+        replicas: 0,
+        ..Default::default()
+    };
+    assert!(matches!(
+        estimate_system(&p, &mk2, &opts),
+        Err(SystemError::NoReplicas)
+    ));
+}
