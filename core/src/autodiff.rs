@@ -192,22 +192,34 @@ impl<const N: usize> Graph<N> {
         loss: impl NodeRef,
         optimizer: Optimizer,
     ) -> Result<(), GraphError> {
-        self.differentiate_accumulating(loss, optimizer, Accumulation::new(1))
+        self.differentiate_inner(loss, optimizer, None)
     }
 
     /// [`Graph::differentiate`] with gradient accumulation: each micro-batch's gradients are
     /// added into accumulators (`<variable>/accumulator`, [`Roles::ACCUMULATOR`]), and the
     /// optimizer applies them once every `accumulation.count` micro-batches (the nodes with
     /// [`Roles::UPDATE`]), then resets them. [`crate::Plan::train_step`] runs a micro-batch and,
-    /// when it completes a set of `count`, the update. A count of 1 is plain training.
+    /// when it completes a set of `count`, the update. A count of 1 gives plain training's
+    /// numbers with the update as a separate phase (as replication and pipelining need).
     pub fn differentiate_accumulating(
         &mut self,
         loss: impl NodeRef,
         optimizer: Optimizer,
         accumulation: Accumulation,
     ) -> Result<(), GraphError> {
+        self.differentiate_inner(loss, optimizer, Some(accumulation))
+    }
+
+    fn differentiate_inner(
+        &mut self,
+        loss: impl NodeRef,
+        optimizer: Optimizer,
+        accumulation: Option<Accumulation>,
+    ) -> Result<(), GraphError> {
+        let accumulating = accumulation.is_some();
+        let accumulation = accumulation.unwrap_or(Accumulation::new(1));
         let (len, scope) = (self.nodes.len(), self.current_stage);
-        let result = self.append_backward(loss, optimizer, accumulation);
+        let result = self.append_backward(loss, optimizer, accumulation, accumulating);
         if result.is_err() {
             // Leave the graph as it was: no half-built backward pass.
             self.nodes.truncate(len);
@@ -223,6 +235,7 @@ impl<const N: usize> Graph<N> {
         loss: impl NodeRef,
         optimizer: Optimizer,
         accumulation: Accumulation,
+        accumulating: bool,
     ) -> Result<(), GraphError> {
         if accumulation.count == 0 {
             return Err(GraphError::BadHyperParameter {
@@ -305,18 +318,29 @@ impl<const N: usize> Graph<N> {
 
         let scope = self.current_stage;
         self.current_stage = 0;
-        let accumulating = accumulation.count > 1;
-        let counter = if accumulating {
-            Some(self.push(
-                derived("optimizer", format_args!("/micro_batches"))?,
-                Op::Variable { init: Init::Zeros },
-                Shape::scalar(),
-                DType::I32,
-                Roles::ACCUMULATOR,
-            )?)
-        } else {
-            None
-        };
+        // One micro-batch counter per pipeline stage, so each stage's RUNNING_MEAN sees its own
+        // count however the schedule interleaves the stages' backward passes.
+        let stages = self.stage_count();
+        let mut counters: heapless::Vec<NodeId, 256> = heapless::Vec::new();
+        if accumulating {
+            for k in 0..stages {
+                self.current_stage = k as u8;
+                let name = if k == 0 {
+                    derived("optimizer", format_args!("/micro_batches"))?
+                } else {
+                    derived("optimizer", format_args!("/micro_batches_stage{k}"))?
+                };
+                let c = self.push(
+                    name,
+                    Op::Variable { init: Init::Zeros },
+                    Shape::scalar(),
+                    DType::I32,
+                    Roles::ACCUMULATOR,
+                )?;
+                let _ = counters.push(c);
+            }
+        }
+        let counter = counters.first().copied();
         let mut accumulators: heapless::Vec<(NodeId, NodeId), N> = heapless::Vec::new();
 
         let mut bw = Backward {
@@ -355,8 +379,10 @@ impl<const N: usize> Graph<N> {
                         let g = self.finalize_var_grad(o, g)?;
                         match counter {
                             None => self.emit_update(o, g, optimizer, step)?,
-                            Some(counter) => {
-                                let acc = self.accumulate(o, g, counter, accumulation)?;
+                            Some(_) => {
+                                let stage_counter =
+                                    counters[usize::from(self.nodes[o.index()].stage)];
+                                let acc = self.accumulate(o, g, stage_counter, accumulation)?;
                                 let _ = accumulators.push((o, acc));
                             }
                         }
@@ -365,15 +391,22 @@ impl<const N: usize> Graph<N> {
             }
         }
         if let Some(counter) = counter {
-            // The micro-batch is done; once per weight update, apply and reset.
-            self.current_stage = 0;
-            self.push(
-                derived("optimizer", format_args!("/micro_batches/increment"))?,
-                Op::Increment { counter },
-                Shape::scalar(),
-                DType::I32,
-                Roles::BACKWARD,
-            )?;
+            // Each stage's micro-batch is done; once per weight update, apply and reset.
+            // Last stage first, as the backward pass runs.
+            for (k, &c) in counters.iter().enumerate().rev() {
+                self.current_stage = k as u8;
+                let name = derived(
+                    &self.nodes[c.index()].name.clone(),
+                    format_args!("/increment"),
+                )?;
+                self.push(
+                    name,
+                    Op::Increment { counter: c },
+                    Shape::scalar(),
+                    DType::I32,
+                    Roles::BACKWARD,
+                )?;
+            }
             for &(var, acc) in &accumulators {
                 self.current_stage = self.nodes[var.index()].stage;
                 self.emit_update(var, acc, optimizer, step)?;
@@ -390,17 +423,17 @@ impl<const N: usize> Graph<N> {
                     Roles::UPDATE | Roles::BACKWARD,
                 )?;
             }
-            self.current_stage = 0;
-            self.push(
-                derived("optimizer", format_args!("/micro_batches/reset"))?,
-                Op::Fill {
-                    x: counter,
-                    value: 0.0,
-                },
-                Shape::scalar(),
-                DType::I32,
-                Roles::UPDATE | Roles::BACKWARD,
-            )?;
+            for (k, &c) in counters.iter().enumerate() {
+                self.current_stage = k as u8;
+                let name = derived(&self.nodes[c.index()].name.clone(), format_args!("/reset"))?;
+                self.push(
+                    name,
+                    Op::Fill { x: c, value: 0.0 },
+                    Shape::scalar(),
+                    DType::I32,
+                    Roles::UPDATE | Roles::BACKWARD,
+                )?;
+            }
             self.accumulation = Some((counter, accumulation.count));
         }
         if let Some(step) = step {

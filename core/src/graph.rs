@@ -592,6 +592,12 @@ impl<const N: usize> Graph<N> {
             .unwrap_or(1)
     }
 
+    /// Whether the graph accumulates gradients and updates weights in a separate phase
+    /// ([`Graph::differentiate_accumulating`]).
+    pub fn is_accumulating(&self) -> bool {
+        self.accumulation.is_some()
+    }
+
     /// Micro-batches per weight update (1 without gradient accumulation).
     pub fn accumulation_count(&self) -> u32 {
         self.accumulation.map_or(1, |(_, m)| m)

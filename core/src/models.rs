@@ -26,7 +26,8 @@ pub fn mnist_mlp<const N: usize>(
 
 /// [`mnist_mlp`] with its four layers (Flatten, Dense_256, Dense_128, Dense_10 with its
 /// softmax) in the given pipeline stages, as `set_pipeline_stage_assignment([0, 0, 1, 1])`
-/// does in Keras. The stage scope is left at 0.
+/// does in Keras. The stage scope is left at the last layer's stage, so a loss added next
+/// joins it.
 pub fn mnist_mlp_pipelined<const N: usize>(
     g: &mut Graph<N>,
     batch: usize,
@@ -45,7 +46,6 @@ pub fn mnist_mlp_pipelined<const N: usize>(
     let probabilities = g.softmax("Dense_10/Softmax", logits)?;
     g.mark_output(logits)?;
     g.mark_output(probabilities)?;
-    g.set_stage(0)?;
     Ok(MnistMlp {
         images,
         logits,

@@ -38,6 +38,7 @@ pub mod memory;
 pub mod ops;
 pub mod pipeline;
 pub mod program;
+pub mod runner;
 pub mod system;
 
 pub use cost::UnaryKind;

@@ -74,6 +74,18 @@ pub enum SystemError {
     },
     /// No replicas.
     NoReplicas,
+    /// Pipelined or replicated training needs the weight update as its own phase.
+    NotAccumulating,
+    /// A node's stage comes before the stage of a node earlier in the graph: pipeline stages
+    /// must follow the layers' order.
+    StagesOutOfOrder {
+        /// The node.
+        node: String,
+        /// Its stage.
+        stage: usize,
+        /// The stage of the nodes before it.
+        after: usize,
+    },
     /// Estimation failed.
     Sim(SimError),
 }
@@ -87,6 +99,13 @@ impl fmt::Display for SystemError {
                 "variable `{variable}` is used by stages {first} and {second}, which are on different IPUs; stages sharing a variable must share an IPU"
             ),
             SystemError::NoReplicas => f.write_str("the replica count must be at least 1"),
+            SystemError::NotAccumulating => f.write_str(
+                "pipelined or replicated training needs gradient accumulation (differentiate_accumulating, any count)",
+            ),
+            SystemError::StagesOutOfOrder { node, stage, after } => write!(
+                f,
+                "`{node}` is in pipeline stage {stage} but follows nodes of stage {after}; stages must follow the order of the layers"
+            ),
             SystemError::Sim(e) => e.fmt(f),
         }
     }

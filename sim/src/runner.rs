@@ -1,0 +1,207 @@
+//! Running a pipelined, replicated training graph's numerics in schedule order: every
+//! micro-batch has its own activation arena (its stash), each stage's forward and backward
+//! slots run when the schedule says, gradients accumulate as the backward slots finish, and
+//! once all micro-batches are through, the replicas average their accumulated gradients (the
+//! all-reduce) and every replica applies the same update.
+
+use tessera_core::schedule::{Pipeline, Schedule, Slot};
+use tessera_core::{NodeId, Op, Plan, Roles, RunError};
+
+use crate::system::SystemError;
+
+/// One replica's buffers.
+struct Replica {
+    state: Vec<u8>,
+    arenas: Vec<Vec<u8>>,
+}
+
+/// Runs a training plan's weight updates in pipeline-schedule order on `replicas` replicas.
+pub struct PipelineRunner<const N: usize> {
+    plan: Plan<N>,
+    pipeline: Pipeline,
+    replicas: Vec<Replica>,
+    forward: Vec<Vec<usize>>,
+    backward: Vec<Vec<usize>>,
+    update: Vec<usize>,
+    accumulators: Vec<NodeId>,
+    stash_observed: Vec<usize>,
+}
+
+impl<const N: usize> PipelineRunner<N> {
+    /// Checks the plan's stages against the schedule and makes the buffers: one arena per
+    /// micro-batch and replica. Stages must follow the graph's order (each forward node's
+    /// stage at least the one before it), as a pipeline's layers do.
+    pub fn new(plan: Plan<N>, schedule: Schedule, replicas: usize) -> Result<Self, SystemError> {
+        if replicas == 0 {
+            return Err(SystemError::NoReplicas);
+        }
+        let g = plan.graph();
+        if !g.is_accumulating() {
+            return Err(SystemError::NotAccumulating);
+        }
+        let s = g.stage_count();
+        let m = g.accumulation_count() as usize;
+        let pipeline = Pipeline::new(s, m, schedule, true).map_err(SystemError::Schedule)?;
+        let fl = g.forward_len();
+        let (mut forward, mut backward) = (vec![Vec::new(); s], vec![Vec::new(); s]);
+        let mut update = Vec::new();
+        let mut accumulators = Vec::new();
+        let (mut last_f, mut last_b) = (0usize, usize::MAX);
+        for (id, n) in g.ids().zip(g.nodes()) {
+            let (i, k) = (id.index(), n.stage());
+            if n.roles().contains(Roles::ACCUMULATOR) && n.dtype().is_float() {
+                accumulators.push(id);
+            }
+            if n.op().is_state() || matches!(n.op(), Op::Input) {
+                continue;
+            }
+            if n.roles().contains(Roles::UPDATE) {
+                update.push(i);
+            } else if i < fl {
+                if k < last_f {
+                    return Err(SystemError::StagesOutOfOrder {
+                        node: n.name().to_string(),
+                        stage: k,
+                        after: last_f,
+                    });
+                }
+                last_f = k;
+                forward[k].push(i);
+            } else if matches!(n.op(), Op::Increment { .. }) {
+                // A stage's micro-batch counter: state only, placed after the whole backward
+                // pass; it runs at the end of its stage's backward slot.
+                backward[k].push(i);
+            } else {
+                if k > last_b {
+                    return Err(SystemError::StagesOutOfOrder {
+                        node: n.name().to_string(),
+                        stage: k,
+                        after: last_b,
+                    });
+                }
+                last_b = k;
+                backward[k].push(i);
+            }
+        }
+        let reps = (0..replicas)
+            .map(|_| Replica {
+                state: vec![0; plan.state_bytes()],
+                arenas: vec![vec![0; plan.arena_bytes()]; m],
+            })
+            .collect();
+        Ok(PipelineRunner {
+            plan,
+            pipeline,
+            replicas: reps,
+            forward,
+            backward,
+            update,
+            accumulators,
+            stash_observed: vec![0; s],
+        })
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &Plan<N> {
+        &self.plan
+    }
+
+    /// The pipeline.
+    pub fn pipeline(&self) -> &Pipeline {
+        &self.pipeline
+    }
+
+    /// Initialises every replica's state from `seed` (replicas start identical).
+    pub fn init_state(&mut self, seed: u64) -> Result<(), RunError> {
+        for r in &mut self.replicas {
+            self.plan.init_state(&mut r.state, seed)?;
+        }
+        Ok(())
+    }
+
+    /// A replica's state (weights, optimizer state, accumulators).
+    pub fn state(&self, replica: usize) -> &[u8] {
+        &self.replicas[replica].state
+    }
+
+    /// The arena of a replica's micro-batch (its outputs after the update ran).
+    pub fn arena(&self, replica: usize, micro_batch: usize) -> &[u8] {
+        &self.replicas[replica].arenas[micro_batch]
+    }
+
+    /// The highest stash occupancy observed per stage.
+    pub fn stash_observed(&self) -> &[usize] {
+        &self.stash_observed
+    }
+
+    /// Runs one weight update: `feed(replica, micro_batch, plan, arena)` writes a micro-batch's
+    /// inputs just before its first stage runs.
+    pub fn run_update(
+        &mut self,
+        mut feed: impl FnMut(usize, usize, &Plan<N>, &mut [u8]) -> Result<(), RunError>,
+    ) -> Result<(), RunError> {
+        let plan = &self.plan;
+        let mut stash: Vec<usize> = vec![0; self.pipeline.stages()];
+        let mut events: Vec<(usize, Slot, usize)> = self.pipeline.events().collect();
+        // Backward before forward within a step, as the timeline runs them.
+        events.sort_by_key(|&(t, slot, _)| (t, !matches!(slot, Slot::Backward(_))));
+        for (_, slot, b) in events {
+            let k = slot.stage();
+            for (ri, r) in self.replicas.iter_mut().enumerate() {
+                let arena = &mut r.arenas[b];
+                let nodes = match slot {
+                    Slot::Forward(_) => {
+                        if k == 0 {
+                            feed(ri, b, plan, arena)?;
+                        }
+                        &self.forward[k]
+                    }
+                    Slot::Backward(_) => &self.backward[k],
+                };
+                for &i in nodes {
+                    plan.run_node(i, arena, &mut r.state)?;
+                }
+            }
+            match slot {
+                Slot::Forward(_) => {
+                    self.stash_observed[k] = self.stash_observed[k].max(stash[k]);
+                    stash[k] += 1;
+                }
+                Slot::Backward(_) => stash[k] -= 1,
+            }
+        }
+        self.all_reduce_mean()?;
+        for r in &mut self.replicas {
+            let arena = &mut r.arenas[0];
+            for &i in &self.update {
+                self.plan.run_node(i, arena, &mut r.state)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Averages every accumulator over the replicas, in f32, identically on each.
+    fn all_reduce_mean(&mut self) -> Result<(), RunError> {
+        if self.replicas.len() < 2 {
+            return Ok(());
+        }
+        let arena = vec![0u8; self.plan.arena_bytes()];
+        let n = self.replicas.len() as f32;
+        for &a in &self.accumulators {
+            let mut sum = vec![0f32; self.plan.graph().node(a).shape().elements()];
+            for r in &self.replicas {
+                for (s, v) in sum
+                    .iter_mut()
+                    .zip(self.plan.tensor(a, &arena, &r.state)?.iter())
+                {
+                    *s += v;
+                }
+            }
+            let mean: Vec<f32> = sum.iter().map(|s| s / n).collect();
+            for r in &mut self.replicas {
+                self.plan.write_state(a, &mut r.state, &mean)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,221 @@
+//! Pipelined training in schedule order gives the weights of plain gradient accumulation, and
+//! N replicas of per-replica batch b give the weights of one replica with batch N*b.
+
+use proptest::prelude::*;
+use tessera::core::schedule::{overlap_length, Schedule};
+use tessera::core::{
+    Accumulation, AccumulationMethod, Activation, DType, Graph, Optimizer, Plan, Roles,
+};
+use tessera::sim::runner::PipelineRunner;
+
+#[derive(Clone, Debug)]
+struct Case {
+    widths: Vec<usize>,
+    stages: usize,
+    schedule: Schedule,
+    m: u32,
+    updates: usize,
+    batch: usize,
+    method: AccumulationMethod,
+    momentum: bool,
+    seed: u64,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let sch = prop_oneof![
+        Just(Schedule::Grouped),
+        Just(Schedule::Interleaved),
+        Just(Schedule::Sequential)
+    ];
+    let method = prop_oneof![
+        Just(AccumulationMethod::Sum),
+        Just(AccumulationMethod::Mean),
+        Just(AccumulationMethod::RunningMean)
+    ];
+    (
+        prop::collection::vec(1usize..6, 1..=4),
+        sch,
+        1usize..=2,
+        1usize..=3,
+        1usize..=3,
+        method,
+        any::<bool>(),
+        any::<u64>(),
+        1usize..=4,
+    )
+        .prop_map(
+            |(widths, schedule, times, updates, batch, method, momentum, seed, s)| {
+                let stages = s.min(widths.len());
+                let m = (overlap_length(schedule, stages, true) * times) as u32;
+                Case {
+                    widths,
+                    stages,
+                    schedule,
+                    m,
+                    updates,
+                    batch,
+                    method,
+                    momentum,
+                    seed,
+                }
+            },
+        )
+}
+
+fn build(c: &Case, batch: usize) -> Plan<192> {
+    let mut g: Graph<192> = Graph::new();
+    let x = g.input("x", &[batch, 3], DType::F32).unwrap();
+    let mut h = x;
+    let layers = c.widths.len();
+    for (l, &w) in c.widths.iter().enumerate() {
+        g.set_stage(l * c.stages / layers).unwrap();
+        h = g
+            .dense(&format!("Dense_{l}"), h, w, Activation::Tanh, DType::F32)
+            .unwrap();
+    }
+    let y = g
+        .dense("Dense_out", h, 3, Activation::Softmax, DType::F32)
+        .unwrap();
+    let labels = g.input("labels", &[batch], DType::I32).unwrap();
+    let loss = g
+        .sparse_categorical_crossentropy("loss", y, labels, false)
+        .unwrap();
+    let opt = if c.momentum {
+        Optimizer::momentum(0.2, 0.9)
+    } else {
+        Optimizer::sgd(0.3)
+    };
+    g.differentiate_accumulating(
+        loss,
+        opt,
+        Accumulation {
+            count: c.m,
+            method: c.method,
+            dtype: None,
+        },
+    )
+    .unwrap();
+    Plan::new(&g).unwrap()
+}
+
+/// Sample i of the whole data set.
+fn sample(seed: u64, i: usize) -> ([f32; 3], f32) {
+    let h = |k: u64| ((((i as u64) * 0x9e37_79b9 + k) ^ seed) % 1000) as f32 / 500.0 - 1.0;
+    ([h(1), h(2), h(3)], (((i as u64 * 7) ^ seed) % 3) as f32)
+}
+
+fn weights(plan: &Plan<192>, state: &[u8]) -> Vec<f32> {
+    let arena = vec![0u8; plan.arena_bytes()];
+    let g = plan.graph();
+    g.ids()
+        .filter(|&id| g.node(id).roles().contains(Roles::TRAINABLE))
+        .flat_map(|id| {
+            plan.tensor(id, &arena, state)
+                .unwrap()
+                .iter()
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn close(a: &[f32], b: &[f32]) -> Result<(), TestCaseError> {
+    let diff: f32 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).powi(2))
+        .sum::<f32>()
+        .sqrt();
+    let norm: f32 = b.iter().map(|y| y * y).sum::<f32>().sqrt();
+    prop_assert!(
+        diff <= 1e-5 * norm.max(1e-12),
+        "relative difference {}",
+        diff / norm
+    );
+    Ok(())
+}
+
+/// Feeds micro-batch `b` of update `u` for `replica` (of `replicas`), each micro-batch holding
+/// `per_replica` samples per replica.
+fn feeder(
+    seed: u64,
+    u: usize,
+    m: usize,
+    per_replica: usize,
+    replicas: usize,
+) -> impl FnMut(usize, usize, &Plan<192>, &mut [u8]) -> Result<(), tessera::core::RunError> {
+    move |r, b, plan, arena| {
+        let first = ((u * m + b) * replicas + r) * per_replica;
+        plan.fill_input("x", arena, per_replica * 3, |i| {
+            sample(seed, first + i / 3).0[i % 3]
+        })?;
+        plan.fill_input("labels", arena, per_replica, |i| sample(seed, first + i).1)
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn schedules_match_plain_accumulation(c in case()) {
+        let plan = build(&c, c.batch);
+        let m = c.m as usize;
+        let mut runner = PipelineRunner::new(plan.clone(), c.schedule, 1).unwrap();
+        runner.init_state(c.seed).unwrap();
+        let mut arena = vec![0u8; plan.arena_bytes()];
+        let mut state = vec![0u8; plan.state_bytes()];
+        plan.init_state(&mut state, c.seed).unwrap();
+        for u in 0..c.updates {
+            runner.run_update(feeder(c.seed, u, m, c.batch, 1)).unwrap();
+            let mut feed = feeder(c.seed, u, m, c.batch, 1);
+            for b in 0..m {
+                feed(0, b, &plan, &mut arena).unwrap();
+                plan.train_step(&mut arena, &mut state).unwrap();
+            }
+        }
+        close(&weights(&plan, runner.state(0)), &weights(&plan, &state))?;
+        let depths: Vec<usize> = (0..c.stages).map(|k| runner.pipeline().stash_depth(k)).collect();
+        prop_assert_eq!(runner.stash_observed(), &depths[..]);
+    }
+
+    #[test]
+    fn two_replicas_match_one_with_twice_the_batch(c in case()) {
+        let m = c.m as usize;
+        let small = build(&c, c.batch);
+        let big = build(&c, 2 * c.batch);
+        let mut two = PipelineRunner::new(small, c.schedule, 2).unwrap();
+        let mut one = PipelineRunner::new(big.clone(), c.schedule, 1).unwrap();
+        two.init_state(c.seed).unwrap();
+        one.init_state(c.seed).unwrap();
+        for u in 0..c.updates {
+            two.run_update(feeder(c.seed, u, m, c.batch, 2)).unwrap();
+            one.run_update(feeder(c.seed, u, m, 2 * c.batch, 1)).unwrap();
+        }
+        let w2 = weights(two.plan(), two.state(0));
+        prop_assert_eq!(&w2, &weights(two.plan(), two.state(1)), "replicas diverged");
+        close(&w2, &weights(&big, one.state(0)))?;
+    }
+}
+
+#[test]
+fn stages_out_of_order_are_a_typed_error() {
+    let mut g: Graph<96> = Graph::new();
+    let x = g.input("x", &[2, 3], DType::F32).unwrap();
+    g.set_stage(1).unwrap();
+    let h = g.dense("D1", x, 4, Activation::Relu, DType::F32).unwrap();
+    g.set_stage(0).unwrap();
+    let y = g.dense("D2", h, 3, Activation::Linear, DType::F32).unwrap();
+    let labels = g.input("labels", &[2], DType::I32).unwrap();
+    let loss = g
+        .sparse_categorical_crossentropy("loss", y, labels, true)
+        .unwrap();
+    g.differentiate_accumulating(loss, Optimizer::sgd(0.1), Accumulation::new(4))
+        .unwrap();
+    let e = PipelineRunner::new(Plan::new(&g).unwrap(), Schedule::Grouped, 1)
+        .err()
+        .unwrap();
+    assert!(
+        e.to_string()
+            .contains("stages must follow the order of the layers"),
+        "{e}"
+    );
+}
