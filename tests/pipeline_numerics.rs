@@ -219,3 +219,24 @@ fn stages_out_of_order_are_a_typed_error() {
         "{e}"
     );
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    #[test]
+    fn interleaved_activation_memory_is_at_most_grouped(c in case()) {
+        use tessera::sim::system::{estimate_system, SystemOptions};
+        use tessera::sim::{IpuConfig, Preset};
+        // A count valid for both: a multiple of 2S.
+        let c = Case { m: (2 * c.stages) as u32, ..c };
+        let plan = build(&c, c.batch);
+        let mut cfg = IpuConfig::preset(Preset::Mk2).with_tiles(16);
+        cfg.sram_bytes_per_tile = 1 << 22;
+        let est = |schedule| estimate_system(&plan, &cfg, &SystemOptions { schedule, micro_batch: c.batch as u64, ..Default::default() }).unwrap();
+        let (g, i) = (est(Schedule::Grouped), est(Schedule::Interleaved));
+        for (a, b) in i.ipus.iter().zip(&g.ipus) {
+            prop_assert!(a.stash_bytes <= b.stash_bytes, "IPU {}: stash {} > {}", a.ipu, a.stash_bytes, b.stash_bytes);
+            prop_assert!(a.max_tile_bytes <= b.max_tile_bytes);
+        }
+    }
+}

@@ -127,3 +127,33 @@ fn invalid_configurations_are_typed_errors() {
         Err(SystemError::NoReplicas)
     ));
 }
+
+#[test]
+fn on_device_loops_take_k_or_r() {
+    use tessera::sim::system::loop_repeat;
+    assert_eq!(loop_repeat(None, None, 4).unwrap(), 1);
+    assert_eq!(loop_repeat(Some(16), None, 4).unwrap(), 4);
+    assert_eq!(loop_repeat(None, Some(3), 4).unwrap(), 3);
+    assert_eq!(loop_repeat(Some(12), Some(3), 4).unwrap(), 3);
+    let e = loop_repeat(Some(10), None, 4).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "steps_per_execution 10 must be a positive multiple of the gradient accumulation count 4"
+    );
+    assert!(loop_repeat(Some(12), Some(2), 4).is_err());
+    assert!(loop_repeat(Some(0), None, 4).is_err());
+    let mk2 = IpuConfig::preset(Preset::Mk2);
+    let p = plan(4, Optimizer::sgd(0.1));
+    let e = estimate_system(
+        &p,
+        &mk2,
+        &SystemOptions {
+            repeat_count: Some(3),
+            micro_batch: 32,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!((e.repeat_count, e.steps_per_execution), (3, 12));
+    assert_eq!(e.cycles_per_execution, 3 * e.cycles_per_weight_update);
+}

@@ -40,6 +40,11 @@ pub struct SystemOptions {
     pub lower: LowerOptions,
     /// Produce the estimate even when a tile overflows.
     pub allow_out_of_memory: bool,
+    /// Micro-batches per execution (Keras' `steps_per_execution`): a multiple of the
+    /// accumulation count. Exclusive with `repeat_count`.
+    pub steps_per_execution: Option<usize>,
+    /// Weight updates per execution (the on-device loop's repeat count R).
+    pub repeat_count: Option<usize>,
 }
 
 impl Default for SystemOptions {
@@ -53,6 +58,8 @@ impl Default for SystemOptions {
             recompute: false,
             lower: LowerOptions::default(),
             allow_out_of_memory: false,
+            steps_per_execution: None,
+            repeat_count: None,
         }
     }
 }
@@ -88,6 +95,16 @@ pub enum SystemError {
     },
     /// Estimation failed.
     Sim(SimError),
+    /// `steps_per_execution` is not a positive multiple of the accumulation count, or disagrees
+    /// with `repeat_count`.
+    StepsPerExecution {
+        /// Micro-batches per execution asked for.
+        steps: usize,
+        /// Micro-batches per weight update.
+        accumulation: usize,
+        /// The repeat count also given, if any.
+        repeat_count: Option<usize>,
+    },
 }
 
 impl fmt::Display for SystemError {
@@ -107,6 +124,14 @@ impl fmt::Display for SystemError {
                 "`{node}` is in pipeline stage {stage} but follows nodes of stage {after}; stages must follow the order of the layers"
             ),
             SystemError::Sim(e) => e.fmt(f),
+            SystemError::StepsPerExecution { steps, accumulation, repeat_count: None } => write!(
+                f,
+                "steps_per_execution {steps} must be a positive multiple of the gradient accumulation count {accumulation}"
+            ),
+            SystemError::StepsPerExecution { steps, accumulation, repeat_count: Some(r) } => write!(
+                f,
+                "steps_per_execution {steps} disagrees with repeat count {r} x gradient accumulation count {accumulation}"
+            ),
         }
     }
 }
@@ -192,6 +217,12 @@ pub struct SystemEstimate {
     pub samples_per_weight_update: u64,
     /// Samples per second.
     pub samples_per_second: f64,
+    /// Weight updates per execution of the on-device loop (R).
+    pub repeat_count: usize,
+    /// Micro-batches per execution (K = R x M).
+    pub steps_per_execution: usize,
+    /// Cycles per execution: R weight updates without returning to the host.
+    pub cycles_per_execution: u64,
     /// Per stage.
     pub stages: Vec<StageRow>,
     /// Per IPU of one replica.
@@ -228,6 +259,7 @@ pub fn estimate_system<const N: usize>(
         opts.inference_micro_batches
     };
     let pipeline = Pipeline::new(s, m, opts.schedule, training).map_err(SystemError::Schedule)?;
+    let repeat = loop_repeat(opts.steps_per_execution, opts.repeat_count, m)?;
     let mapping: Vec<usize> = opts
         .device_mapping
         .clone()
@@ -442,10 +474,37 @@ pub fn estimate_system<const N: usize>(
         } else {
             0.0
         },
+        repeat_count: repeat,
+        steps_per_execution: repeat * m,
+        cycles_per_execution: total * repeat as u64,
         stages,
         ipus: ipu_rows,
         runs: tl.runs,
     })
+}
+
+/// The on-device loop's repeat count R from Keras' `steps_per_execution` K (micro-batches,
+/// a multiple of M) or the pipelined example's repeat count; 1 when neither is given.
+pub fn loop_repeat(
+    steps_per_execution: Option<usize>,
+    repeat_count: Option<usize>,
+    m: usize,
+) -> Result<usize, SystemError> {
+    match (steps_per_execution, repeat_count) {
+        (None, None) => Ok(1),
+        (None, Some(r)) if r > 0 => Ok(r),
+        (None, Some(_)) => Err(SystemError::StepsPerExecution {
+            steps: 0,
+            accumulation: m,
+            repeat_count: Some(0),
+        }),
+        (Some(k), r) if k > 0 && k % m == 0 && r.is_none_or(|r| r * m == k) => Ok(k / m),
+        (Some(k), r) => Err(SystemError::StepsPerExecution {
+            steps: k,
+            accumulation: m,
+            repeat_count: r,
+        }),
+    }
 }
 
 /// With recomputation a stage keeps its inputs: tensors from other stages (or inputs) that its
