@@ -157,3 +157,138 @@ fn on_device_loops_take_k_or_r() {
     assert_eq!((e.repeat_count, e.steps_per_execution), (3, 12));
     assert_eq!(e.cycles_per_execution, 3 * e.cycles_per_weight_update);
 }
+
+#[test]
+fn pipelined_classifier_trains_under_every_schedule() {
+    use tessera::sim::runner::PipelineRunner;
+    let data = tessera::idx::load_mnist(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist-binarized-10k"),
+    )
+    .unwrap();
+    for schedule in [
+        Schedule::Grouped,
+        Schedule::Interleaved,
+        Schedule::Sequential,
+    ] {
+        let p = plan(4, Optimizer::sgd(0.1));
+        let mut runner = PipelineRunner::new(p, schedule, 1).unwrap();
+        runner.init_state(0).unwrap();
+        let mut losses = Vec::new();
+        for u in 0..30 {
+            let imgs = &data.train_images;
+            let labels = &data.train_labels.labels;
+            runner
+                .run_update(|_, b, plan, arena| {
+                    let first = (u * 4 + b) * 32;
+                    plan.fill_input("images", arena, 32 * 784, |i| {
+                        f32::from(imgs.image(first + i / 784)[i % 784]) / 255.0
+                    })?;
+                    plan.fill_input("labels", arena, 32, |i| f32::from(labels[first + i]))
+                })
+                .unwrap();
+            let loss: f32 = (0..4)
+                .map(|b| {
+                    runner
+                        .plan()
+                        .tensor("loss", runner.arena(0, b), runner.state(0))
+                        .unwrap()
+                        .get(0)
+                })
+                .sum::<f32>()
+                / 4.0;
+            losses.push(loss);
+        }
+        let (first, last) = (
+            losses[..5].iter().sum::<f32>() / 5.0,
+            losses[25..].iter().sum::<f32>() / 5.0,
+        );
+        eprintln!(
+            "{schedule}: mean loss of the first five updates {first:.3}, last five {last:.3}"
+        );
+        assert!(last < 0.7 * first, "{schedule}: {first} -> {last}");
+    }
+}
+
+#[test]
+fn recomputation_replicas_and_shared_variables() {
+    let mk2 = IpuConfig::preset(Preset::Mk2);
+    let p = plan(4, Optimizer::sgd(0.1));
+    let base = estimate_system(
+        &p,
+        &mk2,
+        &SystemOptions {
+            micro_batch: 32,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let re = estimate_system(
+        &p,
+        &mk2,
+        &SystemOptions {
+            micro_batch: 32,
+            recompute: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(
+        re.ipus[0].stash_bytes < base.ipus[0].stash_bytes,
+        "{} vs {}",
+        re.ipus[0].stash_bytes,
+        base.ipus[0].stash_bytes
+    );
+    assert!(re.stages[0].backward_cycles > base.stages[0].backward_cycles);
+    let two = estimate_system(
+        &p,
+        &mk2,
+        &SystemOptions {
+            micro_batch: 32,
+            replicas: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(base.all_reduce_cycles, 0);
+    assert!(two.all_reduce_cycles > 0);
+    assert_eq!(
+        two.samples_per_weight_update,
+        2 * base.samples_per_weight_update
+    );
+    assert_eq!(two.ipus_total, 4);
+
+    // A variable used by two stages on different IPUs.
+    use tessera::core::{Activation, Init};
+    let mut g: Graph<96> = Graph::new();
+    let x = g.input("x", &[2, 4], DType::F32).unwrap();
+    let w = g
+        .variable("shared", &[4, 4], DType::F32, Init::GlorotUniform)
+        .unwrap();
+    let h = g.matmul("h", x, w).unwrap();
+    g.set_stage(1).unwrap();
+    let h2 = g.matmul("h2", h, w).unwrap();
+    let y = g
+        .dense("out", h2, 2, Activation::Linear, DType::F32)
+        .unwrap();
+    let labels = g.input("labels", &[2], DType::I32).unwrap();
+    let loss = g
+        .sparse_categorical_crossentropy("loss", y, labels, true)
+        .unwrap();
+    g.differentiate_accumulating(loss, Optimizer::sgd(0.1), Accumulation::new(4))
+        .unwrap();
+    let e = estimate_system(&Plan::new(&g).unwrap(), &mk2, &SystemOptions::default()).unwrap_err();
+    assert!(matches!(e, SystemError::SharedVariable { .. }), "{e}");
+    assert!(e
+        .to_string()
+        .contains("stages sharing a variable must share an IPU"));
+    // On one IPU it is fine (a Grouped pipeline with both stages there).
+    let ok = estimate_system(
+        &Plan::new(&g).unwrap(),
+        &mk2,
+        &SystemOptions {
+            device_mapping: Some(vec![0, 0]),
+            ..Default::default()
+        },
+    );
+    assert!(ok.is_ok(), "{:?}", ok.err());
+}
