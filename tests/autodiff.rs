@@ -267,3 +267,57 @@ fn momentum_and_adam_state_is_flagged_and_updates_weights() {
         }
     }
 }
+
+#[test]
+fn concat_gradients_match_finite_differences() {
+    let mut g: Graph<96> = Graph::new();
+    let x = g.input("x", &[3, 2], DType::F32).unwrap();
+    let a = g.dense("A", x, 3, Activation::Tanh, DType::F32).unwrap();
+    let b = g.dense("B", x, 2, Activation::Sigmoid, DType::F32).unwrap();
+    let c = g.concat("C", a, b).unwrap();
+    let sq = g.mul("sq", c, c).unwrap();
+    let loss = g.reduce_mean("loss", sq, None).unwrap();
+    g.mark_output(loss).unwrap();
+    g.differentiate(loss, Optimizer::sgd(1e-9)).unwrap();
+    for v in ["A/kernel:0", "B/kernel:0"] {
+        g.mark_output(format!("{v}_grad").as_str()).unwrap();
+    }
+    let plan = Plan::new(&g).unwrap();
+    let mut arena = vec![0u8; plan.arena_bytes()];
+    let mut state = vec![0u8; plan.state_bytes()];
+    plan.init_state(&mut state, 11).unwrap();
+    plan.write_input("x", &mut arena, &[0.3, -0.7, 1.1, 0.4, -0.2, 0.9])
+        .unwrap();
+    let mut st = state.clone();
+    plan.train_step(&mut arena, &mut st).unwrap();
+    // Read every gradient before the forward runs below reuse the arena.
+    let grads: Vec<Vec<f32>> = ["A/kernel:0", "B/kernel:0"]
+        .iter()
+        .map(|v| {
+            plan.tensor(format!("{v}_grad").as_str(), &arena, &st)
+                .unwrap()
+                .iter()
+                .collect()
+        })
+        .collect();
+    for (v, grad) in ["A/kernel:0", "B/kernel:0"].into_iter().zip(grads) {
+        let w: Vec<f32> = plan.tensor(v, &arena, &state).unwrap().iter().collect();
+        for i in 0..w.len() {
+            let h = 1e-2f32;
+            let mut eval = |d: f32| {
+                let mut s = state.clone();
+                let mut wv = w.clone();
+                wv[i] += d;
+                plan.write_state(v, &mut s, &wv).unwrap();
+                plan.infer(&mut arena, &s).unwrap();
+                plan.tensor("loss", &arena, &s).unwrap().get(0)
+            };
+            let fd = (eval(h) - eval(-h)) / (2.0 * h);
+            assert!(
+                (fd - grad[i]).abs() <= 1e-2 * fd.abs().max(1e-2),
+                "{v}[{i}]: autodiff {} vs finite differences {fd}",
+                grad[i]
+            );
+        }
+    }
+}

@@ -825,6 +825,16 @@ impl<const N: usize> Graph<N> {
                     self.contribute(x, dy, bw)?;
                 }
             }
+            Op::Concat { a, b } => {
+                let ca = self.node(a).shape.last() as u32;
+                for (x, offset) in [(a, 0u32), (b, ca)] {
+                    if wants(x) {
+                        let (s, t) = shape_of(self, x);
+                        let g = self.grad_node(x, bw, Op::Slice { x: dy, offset }, s, t)?;
+                        self.contribute(x, g, bw)?;
+                    }
+                }
+            }
             Op::ReduceSum { x, axis } | Op::ReduceMean { x, axis } => {
                 if wants(x) {
                     let (s, t) = shape_of(self, x);

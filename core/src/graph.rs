@@ -172,6 +172,20 @@ pub enum Op {
         /// The inserted axis, or all (from a scalar).
         axis: Option<u8>,
     },
+    /// `a` and `b` side by side along the last axis (all other axes equal).
+    Concat {
+        /// Left part.
+        a: NodeId,
+        /// Right part.
+        b: NodeId,
+    },
+    /// Columns `offset .. offset + len` of the last axis of `x` (the node's shape says `len`).
+    Slice {
+        /// Operand.
+        x: NodeId,
+        /// First column.
+        offset: u32,
+    },
     /// Identity that marks a tensor for the host to read (an outfeed tap).
     Tap {
         /// Operand.
@@ -338,6 +352,8 @@ impl Op {
             Op::ReduceMax { .. } => "ReduceMax",
             Op::Broadcast { .. } => "Broadcast",
             Op::Tap { .. } => "Tap",
+            Op::Concat { .. } => "Concat",
+            Op::Slice { .. } => "Slice",
             Op::ReluGrad { .. } => "ReluGrad",
             Op::SigmoidGrad { .. } => "SigmoidGrad",
             Op::TanhGrad { .. } => "TanhGrad",
@@ -371,7 +387,9 @@ impl Op {
             | Op::ReduceMean { x, .. }
             | Op::ReduceMax { x, .. }
             | Op::Broadcast { x, .. }
-            | Op::Tap { x } => Operands::of(&[x]),
+            | Op::Tap { x }
+            | Op::Slice { x, .. } => Operands::of(&[x]),
+            Op::Concat { a, b } => Operands::of(&[a, b]),
             Op::SparseCrossEntropy { x, labels, .. } => Operands::of(&[x, labels]),
             Op::ReluGrad { dy, y }
             | Op::SigmoidGrad { dy, y }
@@ -974,6 +992,37 @@ impl<const N: usize> Graph<N> {
     pub fn softmax(&mut self, name: &str, x: impl NodeRef) -> Result<NodeId, GraphError> {
         let x = x.resolve(self)?;
         self.unary(name, x, Op::Softmax { x }, Roles::ACTIVATION)
+    }
+
+    /// `a` and `b` side by side along the last axis, as concurrent pipeline stages' outputs
+    /// reach the next stage.
+    pub fn concat(
+        &mut self,
+        name: &str,
+        a: impl NodeRef,
+        b: impl NodeRef,
+    ) -> Result<NodeId, GraphError> {
+        let (a, b) = (a.resolve(self)?, b.resolve(self)?);
+        let n = self.check_name(name)?;
+        let dtype = self.same_dtype(&n, "Concat", a, b)?;
+        let (sa, sb) = (self.node(a).shape, self.node(b).shape);
+        let r = sa.rank();
+        if r == 0 || sb.rank() != r || sa.dims()[..r - 1] != sb.dims()[..r - 1] {
+            return Err(GraphError::ShapeMismatch {
+                node: n,
+                op: "Concat",
+                rule: "operands must agree on every axis but the last",
+                left: sa,
+                right: sb,
+            });
+        }
+        let mut dims = [0usize; crate::MAX_RANK];
+        for (d, &x) in dims.iter_mut().zip(sa.dims()) {
+            *d = x as usize;
+        }
+        dims[r - 1] = sa.last() + sb.last();
+        let shape = Self::shape_of(name, &dims[..r])?;
+        self.push(n, Op::Concat { a, b }, shape, dtype, Roles::ACTIVATION)
     }
 
     /// Identity that marks `x` for the host to read (an outfeed tap). The tap is an output.

@@ -680,6 +680,27 @@ impl<const N: usize> Plan<N> {
                 k::store(out, dt, 0, v);
             }
             Op::Reshape { x } | Op::Tap { x } => out.copy_from_slice(get(x)),
+            Op::Concat { a, b } => {
+                let es = dt.size();
+                let (ca, cb) = (
+                    self.graph.node(a).shape.last() * es,
+                    self.graph.node(b).shape.last() * es,
+                );
+                let (xa, xb) = (get(a), get(b));
+                for (r, row) in out.chunks_exact_mut(ca + cb).enumerate() {
+                    row[..ca].copy_from_slice(&xa[r * ca..(r + 1) * ca]);
+                    row[ca..].copy_from_slice(&xb[r * cb..(r + 1) * cb]);
+                }
+            }
+            Op::Slice { x, offset } => {
+                let es = dt.size();
+                let (cx, c) = (self.graph.node(x).shape.last() * es, shape.last() * es);
+                let o = offset as usize * es;
+                let src = get(x);
+                for (r, row) in out.chunks_exact_mut(c).enumerate() {
+                    row.copy_from_slice(&src[r * cx + o..r * cx + o + c]);
+                }
+            }
             Op::Cast { x } => k::map(get(x), self.graph.node(x).dtype, out, dt, n, |v| v),
             Op::ReduceSum { x, axis } | Op::ReduceMean { x, axis } | Op::ReduceMax { x, axis } => {
                 let sx = self.graph.node(x).shape;

@@ -485,6 +485,44 @@ impl<const N: usize> Lowering<'_, N> {
                     (reads, [var, m, v].map(reg).to_vec())
                 });
             }
+            Op::Concat { a, b } => {
+                let (ca, cb) = (
+                    self.graph.node(a).shape().last() as u64,
+                    self.graph.node(b).shape().last() as u64,
+                );
+                let (ta, tb) = (t(a), t(b));
+                let c = unary(UnaryKind::Copy);
+                self.per_tile(i, "concat", out, Codelet::Copy, c, |iv| {
+                    let mut reads = Vec::new();
+                    for (r, c0, c1) in row_segments(iv.start, iv.len, ca + cb) {
+                        if c0 < ca {
+                            reads.push(Region::span(ta, r * ca + c0, c1.min(ca) - c0));
+                        }
+                        if c1 > ca {
+                            let b0 = c0.max(ca) - ca;
+                            reads.push(Region::span(tb, r * cb + b0, c1 - ca - b0));
+                        }
+                    }
+                    (reads, vec![Region::span(out, iv.start, iv.len)])
+                });
+            }
+            Op::Slice { x, offset } => {
+                let (cx, cols) = (
+                    self.graph.node(x).shape().last() as u64,
+                    node.shape().last() as u64,
+                );
+                let tx = t(x);
+                let c = unary(UnaryKind::Copy);
+                self.per_tile(i, "slice", out, Codelet::Copy, c, |iv| {
+                    let reads = row_segments(iv.start, iv.len, cols)
+                        .into_iter()
+                        .map(|(r, c0, c1)| {
+                            Region::span(tx, r * cx + u64::from(offset) + c0, c1 - c0)
+                        })
+                        .collect();
+                    (reads, vec![Region::span(out, iv.start, iv.len)])
+                });
+            }
             Op::Accumulate {
                 acc, grad, counter, ..
             } => {
@@ -1001,6 +1039,20 @@ impl<const N: usize> Lowering<'_, N> {
             })
             .filter(|&var| self.graph.nodes()[var].shape() == node.shape())
     }
+}
+
+/// The elements `start .. start + len` of a row-major matrix with `cols` columns, as
+/// (row, first column, end column) pieces.
+fn row_segments(start: u64, len: u64, cols: u64) -> Vec<(u64, u64, u64)> {
+    let mut out = Vec::new();
+    let mut i = start;
+    while i < start + len {
+        let (r, c0) = (i / cols, i % cols);
+        let c1 = cols.min(c0 + (start + len - i));
+        out.push((r, c0, c1));
+        i += c1 - c0;
+    }
+    out
 }
 
 /// The rectangle (rows r0..r1, cols c0..c1, within a rows x cols output block) that the q-th

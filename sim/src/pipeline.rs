@@ -78,7 +78,26 @@ pub fn timeline(
     costs: &[StageCost],
     sync: u64,
 ) -> Timeline {
-    let ipus = mapping.iter().copied().max().map_or(1, |m| m + 1);
+    let placements: Vec<Vec<(usize, usize, StageCost)>> = (0..pipeline.stages())
+        .map(|k| vec![(k, mapping[k], costs[k])])
+        .collect();
+    timeline_concurrent(pipeline, &placements, sync)
+}
+
+/// [`timeline`] with concurrent stages: `placements[p]` lists the (stage, IPU, cost) of every
+/// stage at pipeline position `p`; they run side by side on their IPUs in the position's slots.
+/// Stashes are tracked per position.
+pub fn timeline_concurrent(
+    pipeline: &Pipeline,
+    placements: &[Vec<(usize, usize, StageCost)>],
+    sync: u64,
+) -> Timeline {
+    let ipus = placements
+        .iter()
+        .flatten()
+        .map(|&(_, ipu, _)| ipu)
+        .max()
+        .map_or(1, |m| m + 1);
     let mut time: Vec<IpuTime> = (0..ipus)
         .map(|ipu| IpuTime {
             ipu,
@@ -104,21 +123,22 @@ pub fn timeline(
         busy.iter_mut().for_each(|x| *x = 0);
         for &(slot, b) in slots {
             let k = slot.stage();
-            let ipu = mapping[k];
-            let (cycles, backward) = match slot {
-                Slot::Forward(_) => (costs[k].forward, false),
-                Slot::Backward(_) => (costs[k].backward, true),
-            };
-            runs.push(SlotRun {
-                step: t,
-                ipu,
-                stage: k,
-                backward,
-                micro_batch: b,
-                start: clock + busy[ipu],
-                cycles,
-            });
-            busy[ipu] += cycles;
+            for &(stage, ipu, cost) in &placements[k] {
+                let (cycles, backward) = match slot {
+                    Slot::Forward(_) => (cost.forward, false),
+                    Slot::Backward(_) => (cost.backward, true),
+                };
+                runs.push(SlotRun {
+                    step: t,
+                    ipu,
+                    stage,
+                    backward,
+                    micro_batch: b,
+                    start: clock + busy[ipu],
+                    cycles,
+                });
+                busy[ipu] += cycles;
+            }
             if pipeline.training() {
                 match slot {
                     Slot::Forward(_) => {

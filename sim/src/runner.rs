@@ -32,6 +32,17 @@ impl<const N: usize> PipelineRunner<N> {
     /// micro-batch and replica. Stages must follow the graph's order (each forward node's
     /// stage at least the one before it), as a pipeline's layers do.
     pub fn new(plan: Plan<N>, schedule: Schedule, replicas: usize) -> Result<Self, SystemError> {
+        Self::with_positions(plan, schedule, replicas, None)
+    }
+
+    /// [`PipelineRunner::new`] with concurrent stages: `positions[k]` is stage k's pipeline
+    /// position (see [`crate::system::SystemOptions::stage_positions`]).
+    pub fn with_positions(
+        plan: Plan<N>,
+        schedule: Schedule,
+        replicas: usize,
+        positions: Option<&[usize]>,
+    ) -> Result<Self, SystemError> {
         if replicas == 0 {
             return Err(SystemError::NoReplicas);
         }
@@ -39,7 +50,14 @@ impl<const N: usize> PipelineRunner<N> {
         if !g.is_accumulating() {
             return Err(SystemError::NotAccumulating);
         }
-        let s = g.stage_count();
+        let stages = g.stage_count();
+        let pos: Vec<usize> = positions.map_or_else(|| (0..stages).collect(), <[usize]>::to_vec);
+        if pos.len() != stages {
+            return Err(SystemError::Positions {
+                detail: format!("{} positions for {stages} stages", pos.len()),
+            });
+        }
+        let s = pos.iter().copied().max().unwrap_or(0) + 1;
         let m = g.accumulation_count() as usize;
         let pipeline = Pipeline::new(s, m, schedule, true).map_err(SystemError::Schedule)?;
         let fl = g.forward_len();
@@ -48,7 +66,7 @@ impl<const N: usize> PipelineRunner<N> {
         let mut accumulators = Vec::new();
         let (mut last_f, mut last_b) = (0usize, usize::MAX);
         for (id, n) in g.ids().zip(g.nodes()) {
-            let (i, k) = (id.index(), n.stage());
+            let (i, k) = (id.index(), pos[n.stage()]);
             if n.roles().contains(Roles::ACCUMULATOR) && n.dtype().is_float() {
                 accumulators.push(id);
             }

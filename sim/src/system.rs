@@ -17,7 +17,7 @@ use crate::estimate::{cost_steps, Cycles, SimError};
 use crate::lower::{lower_subset, LowerOptions};
 use crate::machine::IpuConfig;
 use crate::memory::{account, MemoryReport, OutOfMemory, TileMemory};
-use crate::pipeline::{timeline, SlotRun, StageCost};
+use crate::pipeline::{timeline_concurrent, SlotRun, StageCost};
 use crate::program::{Program, TensorClass};
 
 /// How a graph runs across IPUs.
@@ -27,6 +27,9 @@ pub struct SystemOptions {
     pub schedule: Schedule,
     /// Stage -> IPU; `None` maps stage k to IPU k.
     pub device_mapping: Option<Vec<usize>>,
+    /// Stage -> pipeline position; stages sharing a position are concurrent (they run side
+    /// by side on different IPUs in the same slots). `None`: stage k at position k.
+    pub stage_positions: Option<Vec<usize>>,
     /// Replicas of the whole pipeline, each with its own data.
     pub replicas: usize,
     /// Samples per micro-batch (per replica).
@@ -52,6 +55,7 @@ impl Default for SystemOptions {
         SystemOptions {
             schedule: Schedule::Grouped,
             device_mapping: None,
+            stage_positions: None,
             replicas: 1,
             micro_batch: 1,
             inference_micro_batches: 1,
@@ -81,6 +85,12 @@ pub enum SystemError {
     },
     /// No replicas.
     NoReplicas,
+    /// Stage positions that leave a position empty, put concurrent stages on one IPU, or do not
+    /// name every stage.
+    Positions {
+        /// What is wrong.
+        detail: String,
+    },
     /// Pipelined or replicated training needs the weight update as its own phase.
     NotAccumulating,
     /// A node's stage comes before the stage of a node earlier in the graph: pipeline stages
@@ -116,6 +126,7 @@ impl fmt::Display for SystemError {
                 "variable `{variable}` is used by stages {first} and {second}, which are on different IPUs; stages sharing a variable must share an IPU"
             ),
             SystemError::NoReplicas => f.write_str("the replica count must be at least 1"),
+            SystemError::Positions { detail } => write!(f, "pipeline stage positions: {detail}"),
             SystemError::NotAccumulating => f.write_str(
                 "pipelined or replicated training needs gradient accumulation (differentiate_accumulating, any count)",
             ),
@@ -143,6 +154,8 @@ impl std::error::Error for SystemError {}
 pub struct StageRow {
     /// The stage.
     pub stage: usize,
+    /// Its pipeline position (concurrent stages share one).
+    pub position: usize,
     /// Its IPU.
     pub ipu: usize,
     /// Forward cycles per micro-batch.
@@ -258,15 +271,26 @@ pub fn estimate_system<const N: usize>(
     } else {
         opts.inference_micro_batches
     };
-    let pipeline = Pipeline::new(s, m, opts.schedule, training).map_err(SystemError::Schedule)?;
-    let repeat = loop_repeat(opts.steps_per_execution, opts.repeat_count, m)?;
     let mapping: Vec<usize> = opts
         .device_mapping
         .clone()
         .unwrap_or_else(|| (0..s).collect());
-    pipeline
-        .check_mapping(&mapping)
-        .map_err(SystemError::Schedule)?;
+    let positions = stage_positions(
+        opts.stage_positions.as_deref(),
+        &mapping,
+        s,
+        opts.schedule,
+        training,
+    )?;
+    let count = positions.iter().copied().max().unwrap_or(0) + 1;
+    let pipeline =
+        Pipeline::new(count, m, opts.schedule, training).map_err(SystemError::Schedule)?;
+    let repeat = loop_repeat(opts.steps_per_execution, opts.repeat_count, m)?;
+    if opts.stage_positions.is_none() {
+        pipeline
+            .check_mapping(&mapping)
+            .map_err(SystemError::Schedule)?;
+    }
     // Stages sharing a variable must share an IPU.
     for (i, n) in g.nodes().iter().enumerate() {
         if !n.roles().contains(Roles::TRAINABLE) {
@@ -323,7 +347,15 @@ pub fn estimate_system<const N: usize>(
         }
     }
     let sync = cfg.sync_cycles + cfg.inter_ipu_sync_cycles(ipus);
-    let tl = timeline(&pipeline, &mapping, &costs, sync);
+    let placements: Vec<Vec<(usize, usize, StageCost)>> = (0..count)
+        .map(|p| {
+            (0..s)
+                .filter(|&k| positions[k] == p)
+                .map(|k| (k, mapping[k], costs[k]))
+                .collect()
+        })
+        .collect();
+    let tl = timeline_concurrent(&pipeline, &placements, sync);
 
     // Stash: what each stage's backward reads of its forward (or, recomputing, of its inputs).
     let mut stash_entry = vec![0u64; s];
@@ -353,7 +385,7 @@ pub fn estimate_system<const N: usize>(
                 if !keep {
                     continue;
                 }
-                let depth = pipeline.stash_depth(k) as u64;
+                let depth = pipeline.stash_depth(positions[k]) as u64;
                 stash_entry[k] += node.bytes() as u64;
                 let d = mapping[k];
                 let tensor = &programs[d].tensors[t];
@@ -447,10 +479,11 @@ pub fn estimate_system<const N: usize>(
     let stages = (0..s)
         .map(|k| StageRow {
             stage: k,
+            position: positions[k],
             ipu: mapping[k],
             forward_cycles: costs[k].forward,
             backward_cycles: costs[k].backward,
-            stash_depth: pipeline.stash_depth(k),
+            stash_depth: pipeline.stash_depth(positions[k]),
             stash_entry_bytes: stash_entry[k],
             idle_fraction: tl.ipus[mapping[k]].idle_fraction(),
         })
@@ -481,6 +514,58 @@ pub fn estimate_system<const N: usize>(
         ipus: ipu_rows,
         runs: tl.runs,
     })
+}
+
+/// Checks stage positions: one per stage, no empty position, concurrent stages on distinct
+/// IPUs, and (Interleaved training) no IPU holding stages of two positions.
+pub fn stage_positions(
+    positions: Option<&[usize]>,
+    mapping: &[usize],
+    stages: usize,
+    schedule: Schedule,
+    training: bool,
+) -> Result<Vec<usize>, SystemError> {
+    let bad = |detail: String| Err(SystemError::Positions { detail });
+    // Without concurrent stages the schedule's own mapping check reports this case.
+    let concurrent = positions.is_some();
+    let positions: Vec<usize> = positions.map_or_else(|| (0..stages).collect(), <[usize]>::to_vec);
+    if positions.len() != stages || mapping.len() != stages {
+        return bad(format!(
+            "{} positions and {} device mapping entries for {stages} stages",
+            positions.len(),
+            mapping.len()
+        ));
+    }
+    let count = positions.iter().copied().max().unwrap_or(0) + 1;
+    for p in 0..count {
+        let at: Vec<usize> = (0..stages).filter(|&k| positions[k] == p).collect();
+        if at.is_empty() {
+            return bad(format!("position {p} has no stage"));
+        }
+        for (i, &a) in at.iter().enumerate() {
+            for &b in &at[i + 1..] {
+                if mapping[a] == mapping[b] {
+                    return bad(format!(
+                        "concurrent stages {a} and {b} (position {p}) are both on IPU {}",
+                        mapping[a]
+                    ));
+                }
+            }
+        }
+    }
+    if concurrent && schedule == Schedule::Interleaved && training {
+        for a in 0..stages {
+            for b in 0..stages {
+                if mapping[a] == mapping[b] && positions[a] != positions[b] {
+                    return bad(format!(
+                        "the Interleaved schedule cannot train with stages {a} and {b} both on IPU {}",
+                        mapping[a]
+                    ));
+                }
+            }
+        }
+    }
+    Ok(positions)
 }
 
 /// The on-device loop's repeat count R from Keras' `steps_per_execution` K (micro-batches,
