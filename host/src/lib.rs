@@ -1,0 +1,10 @@
+//! tessera-host: everything that talks to a user or a file.
+//!
+//! Datasets (IDX files, synthetic data) flow through an infeed queue that prefetches batches on
+//! a background thread; outfeed queues carry tapped tensors and gradients back, drained by the
+//! host (from another thread if it likes) and summarised by the tensor-inspection statistics.
+//! The sim never parses files or prints; this crate does both.
+#![deny(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod idx;
