@@ -7,4 +7,8 @@
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod dataset;
 pub mod idx;
+pub mod infeed;
+pub mod outfeed;
+pub mod stats;

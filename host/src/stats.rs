@@ -1,0 +1,303 @@
+//! Tensor-inspection statistics: what the host prints about tensors drained from an outfeed
+//! (typically a map from tapped tensor or gradient name to its stacked values).
+//!
+//! Two reports, both plain text without a trailing newline:
+//!
+//! - [`format_keys`]: one line per key, `key: <name> shape: <shape>`, the shape written as a
+//!   Python tuple (`()`, `(5,)`, `(125, 128)`).
+//! - [`format_table`]: one row per key with the mean, population standard deviation, minimum and
+//!   maximum over all elements, and whether any element is NaN or infinite, laid out like a
+//!   printed pandas DataFrame.
+//!
+//! Statistics follow numpy on the values widened to `f64`: a NaN anywhere makes the mean, std,
+//! minimum and maximum NaN; infinities propagate as IEEE arithmetic says (`[1, inf]` has mean
+//! `inf` and std `nan`). Numbers print like Python's `f"{x:.6f}"`: six decimals, and `nan`,
+//! `inf`, `-inf`.
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//! use tessera_host::outfeed::HostTensor;
+//! use tessera_host::stats::{format_keys, format_table};
+//!
+//! let mut m = BTreeMap::new();
+//! m.insert("w".to_string(), HostTensor::new(vec![2], vec![1.0, 3.0]).unwrap());
+//! assert_eq!(format_keys(&m), "key: w shape: (2,)");
+//! assert_eq!(
+//!     format_table(&m),
+//!     "Index  Name      Mean       Std   Minimum   Maximum   NaNs   infs\n\
+//!      \x20   0     w  2.000000  1.000000  1.000000  3.000000  False  False"
+//! );
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use crate::outfeed::HostTensor;
+
+/// What [`format_table`] returns for an empty map.
+pub const NO_DATA: &str = "No data enqueued";
+
+/// The column headers of [`format_table`], in order.
+pub const TABLE_HEADERS: [&str; 8] = [
+    "Index", "Name", "Mean", "Std", "Minimum", "Maximum", "NaNs", "infs",
+];
+
+/// Summary statistics of one tensor, computed in `f64` over all its elements.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TensorStats {
+    /// Arithmetic mean (NaN if any element is NaN, or if there are no elements).
+    pub mean: f64,
+    /// Population standard deviation, `sqrt(mean((x - mean)^2))` (NaN as for `mean`, and
+    /// whenever an element is infinite).
+    pub std: f64,
+    /// Smallest element (NaN if any element is NaN, or if there are no elements).
+    pub min: f64,
+    /// Largest element (NaN if any element is NaN, or if there are no elements).
+    pub max: f64,
+    /// Whether any element is NaN.
+    pub has_nan: bool,
+    /// Whether any element is `+inf` or `-inf`.
+    pub has_inf: bool,
+}
+
+impl TensorStats {
+    /// The statistics of `tensor`'s elements (its `data`; the shape plays no part).
+    ///
+    /// An empty tensor gives NaN for the mean, std, minimum and maximum (numpy warns and
+    /// returns NaN for the mean; it raises for the minimum) and no NaN or infinity flags.
+    #[must_use]
+    pub fn of(tensor: &HostTensor) -> Self {
+        Self::of_values(&tensor.data)
+    }
+
+    /// The statistics of `values`, as for [`TensorStats::of`].
+    #[must_use]
+    pub fn of_values(values: &[f32]) -> Self {
+        let has_nan = values.iter().any(|v| v.is_nan());
+        let has_inf = values.iter().any(|v| v.is_infinite());
+        if values.is_empty() || has_nan {
+            return TensorStats {
+                mean: f64::NAN,
+                std: f64::NAN,
+                min: f64::NAN,
+                max: f64::NAN,
+                has_nan,
+                has_inf,
+            };
+        }
+        #[allow(clippy::cast_precision_loss)] // exact below 2^53 elements
+        let n = values.len() as f64;
+        let mean = values.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+        // Two passes: the textbook one-pass formula loses everything to cancellation.
+        let var = values
+            .iter()
+            .map(|&v| {
+                let d = f64::from(v) - mean;
+                d * d
+            })
+            .sum::<f64>()
+            / n;
+        let (min, max) = values
+            .iter()
+            .map(|&v| f64::from(v))
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(v), hi.max(v))
+            });
+        TensorStats {
+            mean,
+            std: var.sqrt(),
+            min,
+            max,
+            has_nan,
+            has_inf,
+        }
+    }
+}
+
+/// A shape written as a Python tuple: `()`, `(5,)`, `(125, 128)`.
+#[must_use]
+pub fn format_shape(shape: &[usize]) -> String {
+    match shape {
+        [] => "()".to_owned(),
+        [d] => format!("({d},)"),
+        dims => {
+            let dims: Vec<String> = dims.iter().map(usize::to_string).collect();
+            format!("({})", dims.join(", "))
+        }
+    }
+}
+
+/// A number as Python's `f"{x:.6f}"` writes it: six decimals, `nan`, `inf`, `-inf`.
+#[must_use]
+pub fn format_value(x: f64) -> String {
+    if x.is_nan() {
+        "nan".to_owned()
+    } else if x.is_infinite() {
+        if x > 0.0 { "inf" } else { "-inf" }.to_owned()
+    } else {
+        format!("{x:.6}")
+    }
+}
+
+/// Python's spelling of a bool.
+fn py_bool(b: bool) -> &'static str {
+    if b {
+        "True"
+    } else {
+        "False"
+    }
+}
+
+/// One line per key, in key order, `key: <name> shape: <shape>` with the shape as a Python
+/// tuple, for example `key: Dense_128/bias:0_grad shape: (125, 128)`. Lines are joined by `\n`
+/// with no trailing newline; an empty map gives an empty string.
+#[must_use]
+pub fn format_keys(map: &BTreeMap<String, HostTensor>) -> String {
+    let lines: Vec<String> = map
+        .iter()
+        .map(|(key, t)| format!("key: {key} shape: {}", format_shape(&t.shape)))
+        .collect();
+    lines.join("\n")
+}
+
+/// The statistics table: a header line with [`TABLE_HEADERS`], then one row per key in key
+/// order with its index (from 0), the key, mean, std, minimum and maximum (see
+/// [`format_value`]) and `True`/`False` for "any NaN" and "any infinity".
+///
+/// Laid out like pandas' `print(df)`: every column right-aligned to the width of its longest
+/// cell or header, columns separated by two spaces, lines joined by `\n` with no trailing
+/// newline. The `Index` column plays the part of the DataFrame's index, so there is no second,
+/// unnamed one. An empty map gives [`NO_DATA`].
+#[must_use]
+pub fn format_table(map: &BTreeMap<String, HostTensor>) -> String {
+    if map.is_empty() {
+        return NO_DATA.to_owned();
+    }
+    let rows: Vec<[String; 8]> = map
+        .iter()
+        .enumerate()
+        .map(|(i, (key, t))| {
+            let s = TensorStats::of(t);
+            [
+                i.to_string(),
+                key.clone(),
+                format_value(s.mean),
+                format_value(s.std),
+                format_value(s.min),
+                format_value(s.max),
+                py_bool(s.has_nan).to_owned(),
+                py_bool(s.has_inf).to_owned(),
+            ]
+        })
+        .collect();
+    let mut widths = TABLE_HEADERS.map(|h| h.chars().count());
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        for (col, (cell, w)) in cells.zip(widths).enumerate() {
+            let sep = if col == 0 { "" } else { "  " };
+            // Writing to a String cannot fail.
+            let _ = write!(out, "{sep}{cell:>w$}");
+        }
+    };
+    line(&mut TABLE_HEADERS.iter().copied());
+    for row in &rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(shape: &[usize], data: &[f32]) -> HostTensor {
+        HostTensor::new(shape.to_vec(), data.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn shapes_print_as_python_tuples() {
+        assert_eq!(format_shape(&[]), "()");
+        assert_eq!(format_shape(&[5]), "(5,)");
+        assert_eq!(format_shape(&[125, 128]), "(125, 128)");
+        assert_eq!(format_shape(&[2, 3, 4]), "(2, 3, 4)");
+    }
+
+    #[test]
+    fn values_print_like_python_six_decimals() {
+        assert_eq!(format_value(1.0), "1.000000");
+        assert_eq!(format_value(-0.0), "-0.000000");
+        assert_eq!(format_value(0.007_812_5), "0.007812"); // a tie rounds to even, as Python
+        assert_eq!(format_value(f64::NAN), "nan");
+        assert_eq!(format_value(f64::INFINITY), "inf");
+        assert_eq!(format_value(f64::NEG_INFINITY), "-inf");
+        assert_eq!(format_value(f64::from(0.1f32)), "0.100000");
+    }
+
+    #[test]
+    fn stats_of_known_values() {
+        let s = TensorStats::of(&t(&[4], &[1.0, 2.0, 3.0, 4.0]));
+        assert_eq!(s.mean, 2.5);
+        assert!((s.std - 1.25f64.sqrt()).abs() < 1e-15);
+        assert_eq!((s.min, s.max), (1.0, 4.0));
+        assert!(!s.has_nan && !s.has_inf);
+    }
+
+    #[test]
+    fn nan_propagates_and_inf_follows_ieee() {
+        let s = TensorStats::of(&t(&[3], &[1.0, f32::NAN, f32::INFINITY]));
+        assert!(s.has_nan && s.has_inf);
+        assert!(s.mean.is_nan() && s.std.is_nan() && s.min.is_nan() && s.max.is_nan());
+
+        let s = TensorStats::of(&t(&[2], &[1.0, f32::INFINITY]));
+        assert!(!s.has_nan && s.has_inf);
+        assert_eq!(s.mean, f64::INFINITY);
+        assert!(s.std.is_nan());
+        assert_eq!((s.min, s.max), (1.0, f64::INFINITY));
+
+        let s = TensorStats::of(&t(&[2], &[f32::NEG_INFINITY, f32::INFINITY]));
+        assert!(s.mean.is_nan());
+        assert_eq!((s.min, s.max), (f64::NEG_INFINITY, f64::INFINITY));
+    }
+
+    #[test]
+    fn empty_tensor_gives_nan_without_flags() {
+        let s = TensorStats::of(&t(&[0, 3], &[]));
+        assert!(s.mean.is_nan() && s.std.is_nan() && s.min.is_nan() && s.max.is_nan());
+        assert!(!s.has_nan && !s.has_inf);
+    }
+
+    #[test]
+    fn f64_accumulation_keeps_small_spread_of_large_values() {
+        // In f32 the sum of these rounds; in f64 the mean and spread are exact.
+        let v: Vec<f32> = (0..1000)
+            .map(|i| 16_777_216.0 + (i % 2) as f32 * 2.0)
+            .collect();
+        let s = TensorStats::of_values(&v);
+        assert_eq!(s.mean, 16_777_217.0);
+        assert_eq!(s.std, 1.0);
+    }
+
+    #[test]
+    fn table_aligns_long_names_and_wide_numbers() {
+        let mut m = BTreeMap::new();
+        m.insert("a".to_owned(), t(&[1], &[-1234.5]));
+        m.insert("long/name:0_grad".to_owned(), t(&[1], &[0.0]));
+        let table = format_table(&m);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines.iter().all(|l| l.len() == lines[0].len()));
+        assert_eq!(
+            lines[1],
+            "    0                 a  -1234.500000  0.000000  -1234.500000  -1234.500000  \
+             False  False"
+        );
+    }
+}
