@@ -2,6 +2,10 @@
 //! learning rate divided by M, or RUNNING_MEAN), give the weights of one step on M*b samples;
 //! weights change only once every M micro-batches.
 
+mod common;
+
+use common::{close, weights};
+
 use proptest::prelude::*;
 use tessera::core::{
     Accumulation, AccumulationMethod, Activation, DType, Graph, Optimizer, Plan, Roles,
@@ -25,33 +29,6 @@ fn mlp(batch: usize, hidden: usize, acc: Option<Accumulation>, opt: Optimizer) -
         None => g.differentiate(loss, opt).unwrap(),
     }
     Plan::new(&g).unwrap()
-}
-
-fn weights(plan: &Plan<64>, state: &[u8]) -> Vec<f32> {
-    let arena = vec![0u8; plan.arena_bytes()];
-    plan.graph()
-        .ids()
-        .filter(|&id| plan.graph().node(id).roles().contains(Roles::TRAINABLE))
-        .flat_map(|id| {
-            plan.tensor(id, &arena, state)
-                .unwrap()
-                .iter()
-                .collect::<Vec<f32>>()
-        })
-        .collect()
-}
-
-fn close(a: &[f32], b: &[f32]) -> Result<(), TestCaseError> {
-    prop_assert_eq!(a.len(), b.len());
-    let diff: f32 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).powi(2))
-        .sum::<f32>()
-        .sqrt();
-    let norm: f32 = b.iter().map(|y| y * y).sum::<f32>().sqrt();
-    prop_assert!(diff <= 1e-5 * norm, "relative difference {}", diff / norm);
-    Ok(())
 }
 
 proptest! {

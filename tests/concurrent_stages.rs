@@ -1,8 +1,12 @@
 //! Concurrent pipeline stages: two stages at one position on different IPUs receive the same
 //! input, run in the same slots, and the next stage receives their outputs concatenated.
 
+mod common;
+
+use common::weights;
+
 use tessera::core::schedule::{overlap_length, Schedule};
-use tessera::core::{Accumulation, Activation, DType, Graph, Optimizer, Plan, Roles};
+use tessera::core::{Accumulation, Activation, DType, Graph, Optimizer, Plan};
 use tessera::sim::runner::PipelineRunner;
 use tessera::sim::system::{estimate_system, SystemError, SystemOptions};
 use tessera::sim::{IpuConfig, Preset};
@@ -53,20 +57,6 @@ fn feed(
             &[(u + b) as f32 % 3.0, (u + 2 * b) as f32 % 3.0],
         )
     }
-}
-
-fn weights(plan: &Plan<128>, state: &[u8]) -> Vec<f32> {
-    let arena = vec![0u8; plan.arena_bytes()];
-    let g = plan.graph();
-    g.ids()
-        .filter(|&id| g.node(id).roles().contains(Roles::TRAINABLE))
-        .flat_map(|id| {
-            plan.tensor(id, &arena, state)
-                .unwrap()
-                .iter()
-                .collect::<Vec<_>>()
-        })
-        .collect()
 }
 
 #[test]

@@ -1,11 +1,13 @@
 //! Pipelined training in schedule order gives the weights of plain gradient accumulation, and
 //! N replicas of per-replica batch b give the weights of one replica with batch N*b.
 
+mod common;
+
+use common::{close, weights};
+
 use proptest::prelude::*;
 use tessera::core::schedule::{overlap_length, Schedule};
-use tessera::core::{
-    Accumulation, AccumulationMethod, Activation, DType, Graph, Optimizer, Plan, Roles,
-};
+use tessera::core::{Accumulation, AccumulationMethod, Activation, DType, Graph, Optimizer, Plan};
 use tessera::sim::runner::PipelineRunner;
 
 #[derive(Clone, Debug)]
@@ -102,36 +104,6 @@ fn build(c: &Case, batch: usize) -> Plan<192> {
 fn sample(seed: u64, i: usize) -> ([f32; 3], f32) {
     let h = |k: u64| ((((i as u64) * 0x9e37_79b9 + k) ^ seed) % 1000) as f32 / 500.0 - 1.0;
     ([h(1), h(2), h(3)], (((i as u64 * 7) ^ seed) % 3) as f32)
-}
-
-fn weights(plan: &Plan<192>, state: &[u8]) -> Vec<f32> {
-    let arena = vec![0u8; plan.arena_bytes()];
-    let g = plan.graph();
-    g.ids()
-        .filter(|&id| g.node(id).roles().contains(Roles::TRAINABLE))
-        .flat_map(|id| {
-            plan.tensor(id, &arena, state)
-                .unwrap()
-                .iter()
-                .collect::<Vec<_>>()
-        })
-        .collect()
-}
-
-fn close(a: &[f32], b: &[f32]) -> Result<(), TestCaseError> {
-    let diff: f32 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).powi(2))
-        .sum::<f32>()
-        .sqrt();
-    let norm: f32 = b.iter().map(|y| y * y).sum::<f32>().sqrt();
-    prop_assert!(
-        diff <= 1e-5 * norm.max(1e-12),
-        "relative difference {}",
-        diff / norm
-    );
-    Ok(())
 }
 
 /// Feeds micro-batch `b` of update `u` for `replica` (of `replicas`), each micro-batch holding

@@ -126,12 +126,7 @@ pub fn matmul(
             wide::matmul_f32(a, b, c, m, k, n, ta, tb);
             return;
         }
-        match (ta, tb) {
-            (false, false) => matmul_f32::<false, false, NR>(a, b, c, m, k, n),
-            (false, true) => matmul_f32::<false, true, NR>(a, b, c, m, k, n),
-            (true, false) => matmul_f32::<true, false, NR>(a, b, c, m, k, n),
-            (true, true) => matmul_f32::<true, true, NR>(a, b, c, m, k, n),
-        }
+        matmul_f32_layout::<NR>(a, b, c, m, k, n, ta, tb);
         return;
     }
     let ai = |i: usize, p: usize| if ta { p * m + i } else { i * k + p };
@@ -146,6 +141,27 @@ pub fn matmul(
             *s += av * load(b, t, bi);
         }
     })
+}
+
+/// [`matmul_f32`] for the transposes asked for, with `NR` columns per register tile.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn matmul_f32_layout<const NR: usize>(
+    a: &[u8],
+    b: &[u8],
+    c: &mut [u8],
+    m: usize,
+    k: usize,
+    n: usize,
+    ta: bool,
+    tb: bool,
+) {
+    match (ta, tb) {
+        (false, false) => matmul_f32::<false, false, NR>(a, b, c, m, k, n),
+        (false, true) => matmul_f32::<false, true, NR>(a, b, c, m, k, n),
+        (true, false) => matmul_f32::<true, false, NR>(a, b, c, m, k, n),
+        (true, true) => matmul_f32::<true, true, NR>(a, b, c, m, k, n),
+    }
 }
 
 /// Rows of C that [`matmul_f32`] accumulates together in registers.
@@ -334,27 +350,13 @@ pub mod wide {
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     fn avx512(a: &[u8], b: &[u8], c: &mut [u8], m: usize, k: usize, n: usize, ta: bool, tb: bool) {
-        use super::matmul_f32 as mm;
-        const NR: usize = 4 * super::NR;
-        match (ta, tb) {
-            (false, false) => mm::<false, false, NR>(a, b, c, m, k, n),
-            (false, true) => mm::<false, true, NR>(a, b, c, m, k, n),
-            (true, false) => mm::<true, false, NR>(a, b, c, m, k, n),
-            (true, true) => mm::<true, true, NR>(a, b, c, m, k, n),
-        }
+        super::matmul_f32_layout::<{ 4 * super::NR }>(a, b, c, m, k, n, ta, tb)
     }
 
     #[target_feature(enable = "avx2")]
     #[allow(clippy::too_many_arguments)]
     fn avx2(a: &[u8], b: &[u8], c: &mut [u8], m: usize, k: usize, n: usize, ta: bool, tb: bool) {
-        use super::matmul_f32 as mm;
-        const NR: usize = 2 * super::NR;
-        match (ta, tb) {
-            (false, false) => mm::<false, false, NR>(a, b, c, m, k, n),
-            (false, true) => mm::<false, true, NR>(a, b, c, m, k, n),
-            (true, false) => mm::<true, false, NR>(a, b, c, m, k, n),
-            (true, true) => mm::<true, true, NR>(a, b, c, m, k, n),
-        }
+        super::matmul_f32_layout::<{ 2 * super::NR }>(a, b, c, m, k, n, ta, tb)
     }
 }
 

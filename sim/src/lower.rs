@@ -346,38 +346,15 @@ impl<const N: usize> Lowering<'_, N> {
             Op::ReluGrad { dy, y } | Op::SigmoidGrad { dy, y } | Op::TanhGrad { dy, y } => {
                 self.elementwise(i, out, &[t(dy), t(y)], Codelet::Binary, binary, none)
             }
-            Op::Scale { x, .. } => self.elementwise(
-                i,
-                out,
-                &[t(x)],
-                Codelet::Unary,
-                unary(UnaryKind::Scale),
-                none,
-            ),
-            Op::Relu { x } => self.elementwise(
-                i,
-                out,
-                &[t(x)],
-                Codelet::Unary,
-                unary(UnaryKind::Relu),
-                none,
-            ),
-            Op::Sigmoid { x } => self.elementwise(
-                i,
-                out,
-                &[t(x)],
-                Codelet::Unary,
-                unary(UnaryKind::Sigmoid),
-                none,
-            ),
-            Op::Tanh { x } => self.elementwise(
-                i,
-                out,
-                &[t(x)],
-                Codelet::Unary,
-                unary(UnaryKind::Tanh),
-                none,
-            ),
+            Op::Scale { x, .. } | Op::Relu { x } | Op::Sigmoid { x } | Op::Tanh { x } => {
+                let kind = match *node.op() {
+                    Op::Scale { .. } => UnaryKind::Scale,
+                    Op::Relu { .. } => UnaryKind::Relu,
+                    Op::Sigmoid { .. } => UnaryKind::Sigmoid,
+                    _ => UnaryKind::Tanh,
+                };
+                self.elementwise(i, out, &[t(x)], Codelet::Unary, unary(kind), none)
+            }
             Op::Reshape { x } | Op::Tap { x } => {
                 self.elementwise(i, out, &[t(x)], Codelet::Copy, unary(UnaryKind::Copy), none)
             }

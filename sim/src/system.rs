@@ -378,7 +378,7 @@ pub fn estimate_system<const N: usize>(
                 });
                 let stage_input = node.stage() != k || matches!(node.op(), Op::Input);
                 let keep = if opts.recompute {
-                    stage_input && reads_back_or_forward(g, t, k, forward_len)
+                    stage_input && stage_reads(g, t, k)
                 } else {
                     reads_back
                 };
@@ -594,13 +594,7 @@ pub fn loop_repeat(
 
 /// With recomputation a stage keeps its inputs: tensors from other stages (or inputs) that its
 /// forward or backward reads.
-fn reads_back_or_forward<const N: usize>(
-    g: &tessera_core::Graph<N>,
-    t: usize,
-    k: usize,
-    forward_len: usize,
-) -> bool {
-    let _ = forward_len;
+fn stage_reads<const N: usize>(g: &tessera_core::Graph<N>, t: usize, k: usize) -> bool {
     g.nodes().iter().any(|n| {
         n.stage() == k
             && !n.roles().contains(Roles::UPDATE)

@@ -2,7 +2,7 @@
 #![allow(dead_code, clippy::result_large_err)]
 
 use proptest::prelude::*;
-use tessera::core::{DType, Graph, Init, NodeId, Optimizer};
+use tessera::core::{DType, Graph, Init, NodeId, Optimizer, Plan, Roles};
 
 /// One step of a random graph: an op kind and operand picks (taken modulo the pool).
 #[derive(Clone, Debug)]
@@ -94,4 +94,37 @@ pub fn build(rows: usize, cols: usize, steps: &[Step], train: bool) -> Option<Gr
         g.differentiate(loss, Optimizer::sgd(0.01)).ok()?;
     }
     Some(g)
+}
+
+/// Every trainable variable's values, in graph order.
+pub fn weights<const N: usize>(plan: &Plan<N>, state: &[u8]) -> Vec<f32> {
+    let arena = vec![0u8; plan.arena_bytes()];
+    let g = plan.graph();
+    g.ids()
+        .filter(|&id| g.node(id).roles().contains(Roles::TRAINABLE))
+        .flat_map(|id| {
+            plan.tensor(id, &arena, state)
+                .unwrap()
+                .iter()
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// `a` equals `b` to 1e-5 relative (Euclidean norms).
+pub fn close(a: &[f32], b: &[f32]) -> Result<(), TestCaseError> {
+    prop_assert_eq!(a.len(), b.len());
+    let diff: f32 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).powi(2))
+        .sum::<f32>()
+        .sqrt();
+    let norm: f32 = b.iter().map(|y| y * y).sum::<f32>().sqrt();
+    prop_assert!(
+        diff <= 1e-5 * norm.max(1e-12),
+        "relative difference {}",
+        diff / norm
+    );
+    Ok(())
 }
