@@ -12,3 +12,4 @@ pub mod idx;
 pub mod infeed;
 pub mod outfeed;
 pub mod stats;
+pub mod report;

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use tessera_core::schedule::{Pipeline, Schedule, ScheduleError};
 use tessera_core::{Op, Plan, Roles};
 
-use crate::estimate::{cost_steps, Cycles, SimError};
+use crate::estimate::{cost_steps, Cycles, SimError, TraceEvent};
 use crate::lower::{lower_subset, LowerOptions};
 use crate::machine::IpuConfig;
 use crate::memory::{account, MemoryReport, OutOfMemory, TileMemory};
@@ -168,6 +168,14 @@ pub struct StageRow {
     pub stash_entry_bytes: u64,
     /// Idle fraction of its IPU over the pipeline.
     pub idle_fraction: f64,
+    /// Forward cycles per micro-batch by phase.
+    pub forward_phases: Cycles,
+    /// Backward cycles per micro-batch by phase (without recomputation).
+    pub backward_phases: Cycles,
+    /// The supersteps of one forward slot, starts from the slot's start.
+    pub forward_trace: Vec<TraceEvent>,
+    /// The supersteps of one backward slot, starts from the slot's start.
+    pub backward_trace: Vec<TraceEvent>,
 }
 
 /// One IPU.
@@ -197,6 +205,12 @@ pub struct IpuRow {
     pub streaming_memory_bytes: u64,
     /// The ten fullest tiles.
     pub fullest_tiles: Vec<TileMemory>,
+    /// Bytes over all tiles by category.
+    pub categories: TileMemory,
+    /// Every tile's memory at its peak, tile order.
+    pub tiles: Vec<TileMemory>,
+    /// The supersteps of its weight update, starts from the update's start.
+    pub update_trace: Vec<TraceEvent>,
 }
 
 /// The estimate of a multi-IPU run.
@@ -326,19 +340,35 @@ pub fn estimate_system<const N: usize>(
         .collect();
     let node_cycles = |p: &Program, i: usize| {
         let (a, b) = p.node_steps[i];
-        cost_steps(p, cfg, a..b).0
+        cost_steps(p, cfg, a..b)
     };
     let mut costs = vec![StageCost::default(); s];
+    let mut phases = vec![(Cycles::default(), Cycles::default()); s];
+    let mut traces: Vec<(Vec<TraceEvent>, Vec<TraceEvent>)> = vec![Default::default(); s];
     let mut update = vec![Cycles::default(); ipus];
+    let mut update_traces: Vec<Vec<TraceEvent>> = vec![Vec::new(); ipus];
+    let append = |trace: &mut Vec<TraceEvent>, at: u64, d: usize, events: Vec<TraceEvent>| {
+        trace.extend(events.into_iter().map(|mut e| {
+            e.start += at;
+            e.ipu = d;
+            e
+        }));
+    };
     for (i, n) in g.nodes().iter().enumerate() {
         let k = n.stage();
-        let c = node_cycles(&programs[mapping[k]], i);
+        let d = mapping[k];
+        let (c, _, events) = node_cycles(&programs[d], i);
         if n.roles().contains(Roles::UPDATE) {
-            add(&mut update[mapping[k]], &c);
+            append(&mut update_traces[d], update[d].total(), d, events);
+            add(&mut update[d], &c);
         } else if i < forward_len {
+            append(&mut traces[k].0, costs[k].forward, d, events);
             costs[k].forward += c.total();
+            add(&mut phases[k].0, &c);
         } else {
+            append(&mut traces[k].1, costs[k].backward, d, events);
             costs[k].backward += c.total();
+            add(&mut phases[k].1, &c);
         }
     }
     if opts.recompute && training {
@@ -465,6 +495,9 @@ pub fn estimate_system<const N: usize>(
                 stash_bytes: stash_bytes[d],
                 streaming_memory_bytes: streaming,
                 fullest_tiles: fullest,
+                categories: category_totals(&r.tiles),
+                tiles: r.tiles.clone(),
+                update_trace: std::mem::take(&mut update_traces[d]),
             }
         })
         .collect();
@@ -477,7 +510,8 @@ pub fn estimate_system<const N: usize>(
         }
     }
     let stages = (0..s)
-        .map(|k| StageRow {
+        .zip(traces)
+        .map(|(k, (forward_trace, backward_trace))| StageRow {
             stage: k,
             position: positions[k],
             ipu: mapping[k],
@@ -486,6 +520,10 @@ pub fn estimate_system<const N: usize>(
             stash_depth: pipeline.stash_depth(positions[k]),
             stash_entry_bytes: stash_entry[k],
             idle_fraction: tl.ipus[mapping[k]].idle_fraction(),
+            forward_phases: phases[k].0,
+            backward_phases: phases[k].1,
+            forward_trace,
+            backward_trace,
         })
         .collect();
     Ok(SystemEstimate {
@@ -514,6 +552,23 @@ pub fn estimate_system<const N: usize>(
         ipus: ipu_rows,
         runs: tl.runs,
     })
+}
+
+/// Sums tiles' categories (the `tile` and `peak_step` fields of the result are 0).
+fn category_totals(tiles: &[TileMemory]) -> TileMemory {
+    let mut t = TileMemory::default();
+    for m in tiles {
+        t.always_live += m.always_live;
+        t.not_always_live += m.not_always_live;
+        t.vertex_code += m.vertex_code;
+        t.vertex_state += m.vertex_state;
+        t.exchange_code += m.exchange_code;
+        t.exchange_buffers += m.exchange_buffers;
+        t.control_code += m.control_code;
+        t.stack += m.stack;
+        t.stash += m.stash;
+    }
+    t
 }
 
 /// Checks stage positions: one per stage, no empty position, concurrent stages on distinct
