@@ -9,6 +9,28 @@ use tessera_core::{NodeId, Op, Plan, Roles, RunError};
 
 use crate::system::SystemError;
 
+/// A point in a weight update where [`PipelineRunner::run_update_observed`] lets the caller
+/// look at tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Observe {
+    /// Node `node` (graph index) has just run for `micro_batch` on `replica`: its output is in
+    /// that micro-batch's arena until a later node reuses the bytes.
+    Node {
+        /// The replica.
+        replica: usize,
+        /// The micro-batch.
+        micro_batch: usize,
+        /// The node.
+        node: usize,
+    },
+    /// All micro-batches are through and the replicas' accumulators are averaged: the update
+    /// is about to run on `replica` (accumulators hold what it will apply).
+    BeforeUpdate {
+        /// The replica.
+        replica: usize,
+    },
+}
+
 /// One replica's buffers.
 struct Replica {
     state: Vec<u8>,
@@ -156,8 +178,19 @@ impl<const N: usize> PipelineRunner<N> {
     /// inputs just before its first stage runs.
     pub fn run_update(
         &mut self,
-        mut feed: impl FnMut(usize, usize, &Plan<N>, &mut [u8]) -> Result<(), RunError>,
+        feed: impl FnMut(usize, usize, &Plan<N>, &mut [u8]) -> Result<(), RunError>,
     ) -> Result<(), RunError> {
+        self.run_update_observed(feed, |_, _, _, _| Ok::<(), RunError>(()))
+    }
+
+    /// [`PipelineRunner::run_update`], calling `observe(point, plan, arena, state)` after every
+    /// node and before the update (see [`Observe`]): how outfeeds read tapped activations and
+    /// gradients. `feed` and `observe` may fail with the caller's own error type.
+    pub fn run_update_observed<E: From<RunError>>(
+        &mut self,
+        mut feed: impl FnMut(usize, usize, &Plan<N>, &mut [u8]) -> Result<(), E>,
+        mut observe: impl FnMut(Observe, &Plan<N>, &[u8], &[u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
         let plan = &self.plan;
         let mut stash: Vec<usize> = vec![0; self.pipeline.stages()];
         let mut events: Vec<(usize, Slot, usize)> = self.pipeline.events().collect();
@@ -178,6 +211,16 @@ impl<const N: usize> PipelineRunner<N> {
                 };
                 for &i in nodes {
                     plan.run_node(i, arena, &mut r.state)?;
+                    observe(
+                        Observe::Node {
+                            replica: ri,
+                            micro_batch: b,
+                            node: i,
+                        },
+                        plan,
+                        arena,
+                        &r.state,
+                    )?;
                 }
             }
             match slot {
@@ -189,7 +232,13 @@ impl<const N: usize> PipelineRunner<N> {
             }
         }
         self.all_reduce_mean()?;
-        for r in &mut self.replicas {
+        for (ri, r) in self.replicas.iter_mut().enumerate() {
+            observe(
+                Observe::BeforeUpdate { replica: ri },
+                &self.plan,
+                &r.arenas[0],
+                &r.state,
+            )?;
             let arena = &mut r.arenas[0];
             for &i in &self.update {
                 self.plan.run_node(i, arena, &mut r.state)?;
