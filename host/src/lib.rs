@@ -10,6 +10,9 @@
 pub mod dataset;
 pub mod idx;
 pub mod infeed;
+pub mod inspect;
+pub mod model;
 pub mod outfeed;
-pub mod stats;
 pub mod report;
+pub mod session;
+pub mod stats;

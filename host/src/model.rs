@@ -1,0 +1,1255 @@
+//! Models: a Keras-like builder ([`Sequential`] and [`Functional`], with pipeline stages given
+//! by a list or by a stage scope) and a model file format (TOML) that says the same.
+//!
+//! A [`Model`] is a checked description: layer names are unique, every layer's input exists
+//! and comes before it, stages follow the layers' order. [`Model::build`] turns it into a core
+//! graph for a batch size and element type; widths are checked there (a Dense layer's input
+//! width comes from its input, so only the output width can disagree with the data).
+//!
+//! The layers are those of Graphcore's tensor-inspection example: `flatten`, `dense` (units,
+//! activation), `outfeed` (an `Outfeed` layer: enqueues its input under its own name on a
+//! plain outfeed queue) and `maybe_outfeed` (a `MaybeOutfeed` layer: adds its input to the
+//! per-micro-batch map of a queue with filters). Both outfeed layers pass their input on.
+//!
+//! A model file:
+//!
+//! ```toml
+//! name = "pipelined_sequential"
+//! kind = "sequential"              # or "functional": layers name their `input`
+//! input = { name = "images", shape = [28, 28] }
+//!
+//! [[layer]]
+//! type = "flatten"
+//! name = "Flatten"
+//!
+//! [[layer]]
+//! type = "dense"
+//! name = "Dense_10"
+//! units = 10
+//! activation = "softmax"
+//!
+//! [pipeline]
+//! stage_assignment = [0, 0]        # one stage per layer (or use [[stage]] scopes)
+//!
+//! [training]
+//! batch_size = 32
+//! gradient_accumulation_count = 4
+//! ```
+//!
+//! Stage scopes, as `with ipu.keras.PipelineStage(k):` does, are `[[stage]]` tables holding
+//! `[[stage.layer]]` lists, stage 0 first.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fmt::Write as _;
+
+use serde::Deserialize;
+use tessera_core::{Activation, DType, Graph, GraphError, NodeId};
+
+/// A layer's activation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LayerActivation {
+    /// None.
+    #[default]
+    Linear,
+    /// ReLU.
+    Relu,
+    /// Sigmoid.
+    Sigmoid,
+    /// Tanh.
+    Tanh,
+    /// Softmax over the last axis.
+    Softmax,
+}
+
+impl LayerActivation {
+    /// Every activation with its file name.
+    pub const ALL: [(&'static str, LayerActivation); 5] = [
+        ("linear", LayerActivation::Linear),
+        ("relu", LayerActivation::Relu),
+        ("sigmoid", LayerActivation::Sigmoid),
+        ("tanh", LayerActivation::Tanh),
+        ("softmax", LayerActivation::Softmax),
+    ];
+
+    /// The name model files use.
+    pub fn name(self) -> &'static str {
+        LayerActivation::ALL
+            .iter()
+            .find(|(_, a)| *a == self)
+            .map_or("linear", |(n, _)| n)
+    }
+
+    fn core(self) -> Activation {
+        match self {
+            LayerActivation::Linear => Activation::Linear,
+            LayerActivation::Relu => Activation::Relu,
+            LayerActivation::Sigmoid => Activation::Sigmoid,
+            LayerActivation::Tanh => Activation::Tanh,
+            LayerActivation::Softmax => Activation::Softmax,
+        }
+    }
+}
+
+/// What a layer does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerKind {
+    /// Flattens all but the batch axis.
+    Flatten,
+    /// A fully-connected layer: `activation(x . kernel + bias)`, variables
+    /// `<name>/kernel:0` and `<name>/bias:0`.
+    Dense {
+        /// Output width.
+        units: usize,
+        /// Activation.
+        activation: LayerActivation,
+    },
+    /// Enqueues its input, keyed by the layer's name, on the model's plain activations outfeed
+    /// every micro-batch.
+    Outfeed,
+    /// Adds its input, keyed by the layer's name, to the filtered activations outfeed's map
+    /// when a filter matches the name; the map is enqueued once per micro-batch if non-empty.
+    MaybeOutfeed,
+}
+
+impl LayerKind {
+    /// The Keras class name shown in summaries.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            LayerKind::Flatten => "Flatten",
+            LayerKind::Dense { .. } => "Dense",
+            LayerKind::Outfeed => "Outfeed",
+            LayerKind::MaybeOutfeed => "MaybeOutfeed",
+        }
+    }
+
+    /// The file's `type` value.
+    pub fn file_name(&self) -> &'static str {
+        match self {
+            LayerKind::Flatten => "flatten",
+            LayerKind::Dense { .. } => "dense",
+            LayerKind::Outfeed => "outfeed",
+            LayerKind::MaybeOutfeed => "maybe_outfeed",
+        }
+    }
+}
+
+/// A layer before it joins a model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layer {
+    /// Its name (unique in the model; variable names derive from it).
+    pub name: String,
+    /// What it does.
+    pub kind: LayerKind,
+}
+
+impl Layer {
+    /// A Flatten layer.
+    pub fn flatten(name: &str) -> Self {
+        Layer {
+            name: name.to_string(),
+            kind: LayerKind::Flatten,
+        }
+    }
+
+    /// A Dense layer.
+    pub fn dense(name: &str, units: usize, activation: LayerActivation) -> Self {
+        Layer {
+            name: name.to_string(),
+            kind: LayerKind::Dense { units, activation },
+        }
+    }
+
+    /// An Outfeed layer.
+    pub fn outfeed(name: &str) -> Self {
+        Layer {
+            name: name.to_string(),
+            kind: LayerKind::Outfeed,
+        }
+    }
+
+    /// A MaybeOutfeed layer.
+    pub fn maybe_outfeed(name: &str) -> Self {
+        Layer {
+            name: name.to_string(),
+            kind: LayerKind::MaybeOutfeed,
+        }
+    }
+}
+
+/// Where a layer takes its input from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// The model's input.
+    Input,
+    /// Layer `i`'s output.
+    Layer(usize),
+}
+
+/// A layer in a model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelLayer {
+    /// The layer.
+    pub layer: Layer,
+    /// Its input.
+    pub input: Source,
+    /// Its pipeline stage.
+    pub stage: usize,
+}
+
+/// Training settings a model file may carry; the command line overrides them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TrainingDefaults {
+    /// Micro-batch size.
+    pub batch_size: Option<usize>,
+    /// Micro-batches per weight update.
+    pub gradient_accumulation_count: Option<usize>,
+    /// Learning rate.
+    pub learning_rate: Option<f32>,
+    /// Optimizer name (`sgd`, `momentum`, `adam`).
+    pub optimizer: Option<String>,
+    /// Epochs.
+    pub epochs: Option<usize>,
+    /// Pipeline schedule name.
+    pub pipeline_schedule: Option<String>,
+}
+
+/// Whether layers are chained (Sequential) or wired by name (Functional).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelKind {
+    /// Each layer takes the previous layer's output.
+    Sequential,
+    /// Each layer names its input.
+    Functional,
+}
+
+/// A checked model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Model {
+    /// Its name.
+    pub name: String,
+    /// Sequential or Functional.
+    pub kind: ModelKind,
+    /// The input's name.
+    pub input_name: String,
+    /// The input's shape per sample (no batch axis).
+    pub input_shape: Vec<usize>,
+    /// The layers in order.
+    pub layers: Vec<ModelLayer>,
+    /// The output layer.
+    pub output: usize,
+    /// Stage -> IPU (`None`: stage k on IPU k).
+    pub device_mapping: Option<Vec<usize>>,
+    /// Training settings from the file.
+    pub training: TrainingDefaults,
+}
+
+/// Why a model is not valid.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ModelError {
+    /// The file is not valid TOML or has an unknown or mistyped key.
+    Parse {
+        /// The file.
+        file: String,
+        /// Line (1-based), when known.
+        line: Option<usize>,
+        /// Column (1-based), when known.
+        column: Option<usize>,
+        /// What is wrong.
+        message: String,
+    },
+    /// A layer is wrong (unknown type, missing or misplaced field, bad width, unknown input).
+    Layer {
+        /// The file or model.
+        model: String,
+        /// The layer's position (0-based).
+        index: usize,
+        /// The layer's name, if it has one.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The model as a whole is wrong (no layers, bad stage assignment, bad input).
+    Model {
+        /// The file or model.
+        model: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The model does not fit the data.
+    Data {
+        /// The model.
+        model: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The core graph refused the model.
+    Graph {
+        /// The model.
+        model: String,
+        /// The core's error.
+        source: Box<GraphError>,
+    },
+}
+
+impl fmt::Display for ModelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ModelError::Parse {
+                file,
+                line,
+                column,
+                message,
+            } => {
+                write!(f, "{file}")?;
+                if let Some(l) = line {
+                    write!(f, ":{l}")?;
+                    if let Some(c) = column {
+                        write!(f, ":{c}")?;
+                    }
+                }
+                write!(f, ": {message}")
+            }
+            ModelError::Layer {
+                model,
+                index,
+                name,
+                message,
+            } => {
+                if name.is_empty() {
+                    write!(f, "{model}: layer {index}: {message}")
+                } else {
+                    write!(f, "{model}: layer {index} (`{name}`): {message}")
+                }
+            }
+            ModelError::Model { model, message } | ModelError::Data { model, message } => {
+                write!(f, "{model}: {message}")
+            }
+            ModelError::Graph { model, source } => write!(f, "{model}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for ModelError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ModelError::Graph { source, .. } => Some(source.as_ref()),
+            _ => None,
+        }
+    }
+}
+
+/// A Keras-like Sequential model builder.
+///
+/// ```
+/// use tessera_host::model::{Layer, LayerActivation, Sequential};
+///
+/// let mut s = Sequential::new("mlp", "images", &[28, 28]);
+/// s.add(Layer::flatten("Flatten"))
+///     .add(Layer::dense("Dense_256", 256, LayerActivation::Relu))
+///     .add(Layer::dense("Dense_10", 10, LayerActivation::Softmax));
+/// s.set_pipeline_stage_assignment(&[0, 0, 1]);
+/// let model = s.build().unwrap();
+/// assert_eq!(model.stage_count(), 2);
+/// ```
+#[derive(Clone, Debug)]
+pub struct Sequential {
+    name: String,
+    input_name: String,
+    input_shape: Vec<usize>,
+    layers: Vec<Layer>,
+    stages: Option<Vec<usize>>,
+    device_mapping: Option<Vec<usize>>,
+}
+
+impl Sequential {
+    /// An empty model taking `input_shape` (per sample) under `input_name`.
+    pub fn new(name: &str, input_name: &str, input_shape: &[usize]) -> Self {
+        Sequential {
+            name: name.to_string(),
+            input_name: input_name.to_string(),
+            input_shape: input_shape.to_vec(),
+            layers: Vec::new(),
+            stages: None,
+            device_mapping: None,
+        }
+    }
+
+    /// Appends a layer.
+    pub fn add(&mut self, layer: Layer) -> &mut Self {
+        self.layers.push(layer);
+        self
+    }
+
+    /// One pipeline stage per layer, as Keras' `set_pipeline_stage_assignment`.
+    pub fn set_pipeline_stage_assignment(&mut self, stages: &[usize]) -> &mut Self {
+        self.stages = Some(stages.to_vec());
+        self
+    }
+
+    /// Stage -> IPU.
+    pub fn set_device_mapping(&mut self, mapping: &[usize]) -> &mut Self {
+        self.device_mapping = Some(mapping.to_vec());
+        self
+    }
+
+    /// Checks the model.
+    ///
+    /// # Errors
+    ///
+    /// [`ModelError`] naming the layer or the assignment at fault.
+    pub fn build(&self) -> Result<Model, ModelError> {
+        if let Some(s) = &self.stages {
+            if s.len() != self.layers.len() {
+                return Err(ModelError::Model {
+                    model: self.name.clone(),
+                    message: format!(
+                        "the pipeline stage assignment has {} entries for {} layers",
+                        s.len(),
+                        self.layers.len()
+                    ),
+                });
+            }
+        }
+        let layers = self
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| ModelLayer {
+                layer: l.clone(),
+                input: if i == 0 {
+                    Source::Input
+                } else {
+                    Source::Layer(i - 1)
+                },
+                stage: self.stages.as_ref().map_or(0, |s| s[i]),
+            })
+            .collect();
+        Model::new(
+            &self.name,
+            ModelKind::Sequential,
+            &self.input_name,
+            &self.input_shape,
+            layers,
+            None,
+            self.device_mapping.clone(),
+        )
+    }
+}
+
+/// A handle to a tensor in a [`Functional`] model: its input or a layer's output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tensor(Source);
+
+/// A Keras-like Functional model builder with stage scopes.
+///
+/// ```
+/// use tessera_host::model::{Functional, Layer, LayerActivation};
+///
+/// let mut f = Functional::new("mlp", "images", &[28, 28]);
+/// let x = f.input();
+/// f.pipeline_stage(0);
+/// let x = f.call(Layer::flatten("Flatten"), x).unwrap();
+/// let x = f.call(Layer::dense("Dense_256", 256, LayerActivation::Relu), x).unwrap();
+/// f.pipeline_stage(1);
+/// let y = f.call(Layer::dense("Dense_10", 10, LayerActivation::Softmax), x).unwrap();
+/// let model = f.build(y).unwrap();
+/// assert_eq!(model.layers[2].stage, 1);
+/// ```
+#[derive(Clone, Debug)]
+pub struct Functional {
+    name: String,
+    input_name: String,
+    input_shape: Vec<usize>,
+    layers: Vec<ModelLayer>,
+    stage: usize,
+    device_mapping: Option<Vec<usize>>,
+}
+
+impl Functional {
+    /// An empty model taking `input_shape` (per sample) under `input_name`.
+    pub fn new(name: &str, input_name: &str, input_shape: &[usize]) -> Self {
+        Functional {
+            name: name.to_string(),
+            input_name: input_name.to_string(),
+            input_shape: input_shape.to_vec(),
+            layers: Vec::new(),
+            stage: 0,
+            device_mapping: None,
+        }
+    }
+
+    /// The model's input.
+    pub fn input(&self) -> Tensor {
+        Tensor(Source::Input)
+    }
+
+    /// Layers called from now on go to stage `stage` (as `with PipelineStage(stage):`).
+    pub fn pipeline_stage(&mut self, stage: usize) -> &mut Self {
+        self.stage = stage;
+        self
+    }
+
+    /// Stage -> IPU.
+    pub fn set_device_mapping(&mut self, mapping: &[usize]) -> &mut Self {
+        self.device_mapping = Some(mapping.to_vec());
+        self
+    }
+
+    /// Calls `layer` on `x`.
+    ///
+    /// # Errors
+    ///
+    /// [`ModelError::Layer`] if `x` is not a tensor of this model.
+    pub fn call(&mut self, layer: Layer, x: Tensor) -> Result<Tensor, ModelError> {
+        if let Source::Layer(i) = x.0 {
+            if i >= self.layers.len() {
+                return Err(ModelError::Layer {
+                    model: self.name.clone(),
+                    index: self.layers.len(),
+                    name: layer.name,
+                    message: format!("its input (layer {i}) is not a layer of this model"),
+                });
+            }
+        }
+        self.layers.push(ModelLayer {
+            layer,
+            input: x.0,
+            stage: self.stage,
+        });
+        Ok(Tensor(Source::Layer(self.layers.len() - 1)))
+    }
+
+    /// Checks the model with `output` as its output.
+    ///
+    /// # Errors
+    ///
+    /// [`ModelError`] naming the layer at fault.
+    pub fn build(&self, output: Tensor) -> Result<Model, ModelError> {
+        let out = match output.0 {
+            Source::Layer(i) => Some(i),
+            Source::Input => None,
+        };
+        Model::new(
+            &self.name,
+            ModelKind::Functional,
+            &self.input_name,
+            &self.input_shape,
+            self.layers.clone(),
+            out,
+            self.device_mapping.clone(),
+        )
+    }
+}
+
+/// What [`Model::build`] added to a graph.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BuiltModel {
+    /// The input node.
+    pub input: NodeId,
+    /// The output node (the last layer's output).
+    pub output: NodeId,
+    /// Whether the output is a softmax (probabilities) rather than logits.
+    pub softmax_output: bool,
+    /// Outfeed layers: (name, tap node, stage).
+    pub outfeeds: Vec<(String, NodeId, usize)>,
+    /// MaybeOutfeed layers: (name, tap node, stage).
+    pub maybe_outfeeds: Vec<(String, NodeId, usize)>,
+}
+
+impl Model {
+    fn new(
+        name: &str,
+        kind: ModelKind,
+        input_name: &str,
+        input_shape: &[usize],
+        layers: Vec<ModelLayer>,
+        output: Option<usize>,
+        device_mapping: Option<Vec<usize>>,
+    ) -> Result<Model, ModelError> {
+        let model_err = |message: String| ModelError::Model {
+            model: name.to_string(),
+            message,
+        };
+        if layers.is_empty() {
+            return Err(model_err("the model has no layers".into()));
+        }
+        if input_shape.is_empty() || input_shape.len() > 3 || input_shape.contains(&0) {
+            return Err(model_err(format!(
+                "input `{input_name}` has shape {input_shape:?}; give 1 to 3 positive dimensions per sample"
+            )));
+        }
+        let mut names: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut last_stage = 0;
+        for (i, l) in layers.iter().enumerate() {
+            let bad = |message: String| ModelError::Layer {
+                model: name.to_string(),
+                index: i,
+                name: l.layer.name.clone(),
+                message,
+            };
+            let n = l.layer.name.as_str();
+            if n.is_empty() || n.len() > 40 || n.contains(['/', ':']) {
+                return Err(bad(
+                    "a layer name must have 1 to 40 characters and no `/` or `:`".into(),
+                ));
+            }
+            if n == input_name {
+                return Err(bad(
+                    "the layer has the same name as the model's input".into()
+                ));
+            }
+            if names.insert(n, i).is_some() {
+                return Err(bad("two layers have this name".into()));
+            }
+            if let LayerKind::Dense { units: 0, .. } = l.layer.kind {
+                return Err(bad("a Dense layer needs at least 1 unit".into()));
+            }
+            if let Source::Layer(j) = l.input {
+                if j >= i {
+                    return Err(bad(format!(
+                        "its input `{}` comes after it; layers must follow their inputs",
+                        layers.get(j).map_or("?", |x| x.layer.name.as_str())
+                    )));
+                }
+            }
+            if l.stage > 15 {
+                return Err(bad(format!(
+                    "stage {} is beyond the 16 stages supported",
+                    l.stage
+                )));
+            }
+            if l.stage < last_stage {
+                return Err(bad(format!(
+                    "it is in pipeline stage {} after a layer of stage {last_stage}; stages must follow the order of the layers",
+                    l.stage
+                )));
+            }
+            last_stage = l.stage;
+        }
+        let stages = last_stage + 1;
+        for s in 0..stages {
+            if !layers.iter().any(|l| l.stage == s) {
+                return Err(model_err(format!("pipeline stage {s} has no layers")));
+            }
+        }
+        if let Some(m) = &device_mapping {
+            if m.len() != stages {
+                return Err(model_err(format!(
+                    "the device mapping has {} entries for {stages} pipeline stages",
+                    m.len()
+                )));
+            }
+        }
+        let output = output.unwrap_or(layers.len() - 1);
+        if output >= layers.len() {
+            return Err(model_err(format!(
+                "the output layer {output} does not exist"
+            )));
+        }
+        Ok(Model {
+            name: name.to_string(),
+            kind,
+            input_name: input_name.to_string(),
+            input_shape: input_shape.to_vec(),
+            layers,
+            output,
+            device_mapping,
+            training: TrainingDefaults::default(),
+        })
+    }
+
+    /// Pipeline stages.
+    pub fn stage_count(&self) -> usize {
+        self.layers.iter().map(|l| l.stage).max().unwrap_or(0) + 1
+    }
+
+    /// Whether the model has more than one stage.
+    pub fn is_pipelined(&self) -> bool {
+        self.stage_count() > 1
+    }
+
+    /// IPUs the model's stages use.
+    pub fn ipus(&self) -> usize {
+        self.device_mapping
+            .as_ref()
+            .map_or(self.stage_count(), |m| {
+                m.iter().copied().max().unwrap_or(0) + 1
+            })
+    }
+
+    /// Puts every layer in stage 0 (one IPU): `--no-pipelining`.
+    pub fn without_pipelining(mut self) -> Self {
+        for l in &mut self.layers {
+            l.stage = 0;
+        }
+        self.device_mapping = None;
+        self
+    }
+
+    /// The layer that computes the output: the output layer, looking through outfeed layers
+    /// (which pass their input on).
+    pub fn output_source(&self) -> usize {
+        let mut o = self.output;
+        while let (LayerKind::Outfeed | LayerKind::MaybeOutfeed, Source::Layer(j)) =
+            (self.layers[o].layer.kind, self.layers[o].input)
+        {
+            o = j;
+        }
+        o
+    }
+
+    /// The output layer's width (classes for a classifier), if it is a Dense layer.
+    pub fn output_units(&self) -> Option<usize> {
+        match self.layers[self.output_source()].layer.kind {
+            LayerKind::Dense { units, .. } => Some(units),
+            _ => None,
+        }
+    }
+
+    /// Checks the model against the data: sample shape and classes.
+    ///
+    /// # Errors
+    ///
+    /// [`ModelError::Data`] or [`ModelError::Layer`] saying what disagrees.
+    pub fn check_data(&self, sample_shape: &[usize], classes: usize) -> Result<(), ModelError> {
+        let elements = |s: &[usize]| s.iter().product::<usize>();
+        if elements(sample_shape) != elements(&self.input_shape) {
+            return Err(ModelError::Data {
+                model: self.name.clone(),
+                message: format!(
+                    "input `{}` has shape {:?} but the data's samples have shape {:?}",
+                    self.input_name, self.input_shape, sample_shape
+                ),
+            });
+        }
+        let index = self.output_source();
+        let out = &self.layers[index];
+        match out.layer.kind {
+            LayerKind::Dense { units, .. } if units == classes => Ok(()),
+            LayerKind::Dense { units, .. } => Err(ModelError::Layer {
+                model: self.name.clone(),
+                index,
+                name: out.layer.name.clone(),
+                message: format!(
+                    "the output layer has {units} units but the data has {classes} classes"
+                ),
+            }),
+            _ => Err(ModelError::Layer {
+                model: self.name.clone(),
+                index,
+                name: out.layer.name.clone(),
+                message: format!(
+                    "the output layer must be a Dense layer with {classes} units (one per class)"
+                ),
+            }),
+        }
+    }
+
+    /// The stage-assignment summary, as Keras' `print_pipeline_stage_assignment_summary`.
+    pub fn summary(&self) -> String {
+        let rows: Vec<(String, String)> = self
+            .layers
+            .iter()
+            .map(|l| {
+                (
+                    format!("{} ({})", l.layer.name, l.layer.kind.type_name()),
+                    l.stage.to_string(),
+                )
+            })
+            .collect();
+        let w = rows
+            .iter()
+            .map(|r| r.0.len())
+            .max()
+            .unwrap_or(0)
+            .max("Layer (type)".len())
+            + 4;
+        let mut s = String::new();
+        let _ = writeln!(s, "Model: \"{}\"", self.name);
+        let rule = "_".repeat(w + "Pipeline Stage".len());
+        let _ = writeln!(s, "{rule}");
+        let _ = writeln!(s, "{:<w$}Pipeline Stage", "Layer (type)");
+        let _ = writeln!(s, "{}", "=".repeat(w + "Pipeline Stage".len()));
+        for (i, (name, stage)) in rows.iter().enumerate() {
+            let _ = writeln!(s, "{name:<w$}{stage}");
+            if i + 1 < rows.len() {
+                let _ = writeln!(s, "{rule}");
+            }
+        }
+        let _ = writeln!(s, "{}", "=".repeat(w + "Pipeline Stage".len()));
+        s
+    }
+
+    /// Adds the model to `g` for micro-batches of `batch` samples in `dtype`: the input node
+    /// is named after the model's input. The stage scope is left at the output's stage.
+    ///
+    /// # Errors
+    ///
+    /// [`ModelError::Graph`] if the core refuses a node (capacity, names, shapes).
+    pub fn build<const N: usize>(
+        &self,
+        g: &mut Graph<N>,
+        batch: usize,
+        dtype: DType,
+    ) -> Result<BuiltModel, ModelError> {
+        let ge = |source| ModelError::Graph {
+            model: self.name.clone(),
+            source: Box::new(source),
+        };
+        let mut dims = vec![batch];
+        dims.extend_from_slice(&self.input_shape);
+        g.set_stage(self.layers[0].stage).map_err(ge)?;
+        let input = g.input(&self.input_name, &dims, dtype).map_err(ge)?;
+        let mut outs: Vec<NodeId> = Vec::with_capacity(self.layers.len());
+        let mut built = BuiltModel {
+            input,
+            output: input,
+            softmax_output: false,
+            outfeeds: Vec::new(),
+            maybe_outfeeds: Vec::new(),
+        };
+        for l in &self.layers {
+            g.set_stage(l.stage).map_err(ge)?;
+            let x = match l.input {
+                Source::Input => input,
+                Source::Layer(j) => outs[j],
+            };
+            let name = l.layer.name.as_str();
+            let y = match l.layer.kind {
+                LayerKind::Flatten => g.flatten(name, x).map_err(ge)?,
+                LayerKind::Dense { units, activation } => g
+                    .dense(name, x, units, activation.core(), dtype)
+                    .map_err(ge)?,
+                LayerKind::Outfeed => {
+                    let t = g.tap(name, x).map_err(ge)?;
+                    built.outfeeds.push((name.to_string(), t, l.stage));
+                    t
+                }
+                LayerKind::MaybeOutfeed => {
+                    let t = g.tap(name, x).map_err(ge)?;
+                    built.maybe_outfeeds.push((name.to_string(), t, l.stage));
+                    t
+                }
+            };
+            outs.push(y);
+        }
+        let out = &self.layers[self.output];
+        g.set_stage(out.stage).map_err(ge)?;
+        built.output = outs[self.output];
+        built.softmax_output = matches!(
+            self.layers[self.output_source()].layer.kind,
+            LayerKind::Dense {
+                activation: LayerActivation::Softmax,
+                ..
+            }
+        );
+        g.mark_output(built.output).map_err(ge)?;
+        Ok(built)
+    }
+
+    /// Parses a model file. `file` names it in errors.
+    ///
+    /// # Errors
+    ///
+    /// [`ModelError::Parse`] with line and column for TOML errors and unknown keys,
+    /// [`ModelError::Layer`] / [`ModelError::Model`] for what the file says.
+    pub fn from_toml(text: &str, file: &str) -> Result<Model, ModelError> {
+        let parsed: FileModel = toml::from_str(text).map_err(|e| {
+            let (line, column) = e.span().map_or((None, None), |s| {
+                let before = &text[..s.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.len() - before.rfind('\n').map_or(0, |p| p + 1) + 1;
+                (Some(line), Some(column))
+            });
+            ModelError::Parse {
+                file: file.to_string(),
+                line,
+                column,
+                message: e.message().trim().to_string(),
+            }
+        })?;
+        parsed.into_model(file)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileInput {
+    name: Option<String>,
+    shape: Vec<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileLayer {
+    #[serde(rename = "type")]
+    kind: String,
+    name: Option<String>,
+    units: Option<usize>,
+    activation: Option<String>,
+    input: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileStage {
+    layer: Vec<FileLayer>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FilePipeline {
+    stage_assignment: Option<Vec<usize>>,
+    device_mapping: Option<Vec<usize>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileTraining {
+    batch_size: Option<usize>,
+    gradient_accumulation_count: Option<usize>,
+    learning_rate: Option<f32>,
+    optimizer: Option<String>,
+    epochs: Option<usize>,
+    pipeline_schedule: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileModel {
+    name: Option<String>,
+    kind: Option<String>,
+    input: FileInput,
+    output: Option<String>,
+    #[serde(default)]
+    layer: Vec<FileLayer>,
+    #[serde(default)]
+    stage: Vec<FileStage>,
+    #[serde(default)]
+    pipeline: FilePipeline,
+    #[serde(default)]
+    training: FileTraining,
+}
+
+impl FileModel {
+    fn into_model(self, file: &str) -> Result<Model, ModelError> {
+        let model_err = |message: String| ModelError::Model {
+            model: file.to_string(),
+            message,
+        };
+        let model_kind = match self.kind.as_deref() {
+            None | Some("sequential") => ModelKind::Sequential,
+            Some("functional") => ModelKind::Functional,
+            Some(k) => {
+                return Err(model_err(format!(
+                    "unknown model kind `{k}`; use `sequential` or `functional`"
+                )))
+            }
+        };
+        let name = self.name.unwrap_or_else(|| file.to_string());
+        let input_name = self.input.name.unwrap_or_else(|| "images".to_string());
+        // Layers with their stages: a flat list, or stage scopes.
+        let mut flat: Vec<(FileLayer, Option<usize>)> = Vec::new();
+        match (self.layer.is_empty(), self.stage.is_empty()) {
+            (false, false) => {
+                return Err(model_err(
+                    "give the layers either as [[layer]] or inside [[stage]] scopes, not both"
+                        .into(),
+                ))
+            }
+            (true, true) => return Err(model_err("the model has no layers".into())),
+            (false, true) => flat.extend(self.layer.into_iter().map(|l| (l, None))),
+            (true, false) => {
+                if self.pipeline.stage_assignment.is_some() {
+                    return Err(model_err(
+                        "[pipeline] stage_assignment and [[stage]] scopes both assign stages; keep one"
+                            .into(),
+                    ));
+                }
+                for (s, st) in self.stage.into_iter().enumerate() {
+                    flat.extend(st.layer.into_iter().map(|l| (l, Some(s))));
+                }
+            }
+        }
+        if let Some(a) = &self.pipeline.stage_assignment {
+            if a.len() != flat.len() {
+                return Err(model_err(format!(
+                    "[pipeline] stage_assignment has {} entries for {} layers",
+                    a.len(),
+                    flat.len()
+                )));
+            }
+            for (l, s) in flat.iter_mut().zip(a) {
+                l.1 = Some(*s);
+            }
+        }
+        let mut names: BTreeMap<String, usize> = BTreeMap::new();
+        let mut layers = Vec::with_capacity(flat.len());
+        for (i, (fl, stage)) in flat.into_iter().enumerate() {
+            let lname = fl.name.clone().unwrap_or_default();
+            let bad = |message: String| ModelError::Layer {
+                model: file.to_string(),
+                index: i,
+                name: lname.clone(),
+                message,
+            };
+            if fl.name.is_none() {
+                return Err(bad("the layer has no `name`".into()));
+            }
+            let only_dense = |field: &str, present: bool| {
+                if present {
+                    Err(bad(format!("`{field}` is only for dense layers")))
+                } else {
+                    Ok(())
+                }
+            };
+            let kind = match fl.kind.as_str() {
+                "dense" => {
+                    let units = fl
+                        .units
+                        .ok_or_else(|| bad("a dense layer needs `units`".into()))?;
+                    let activation = match fl.activation.as_deref() {
+                        None => LayerActivation::Linear,
+                        Some(a) => LayerActivation::ALL
+                            .iter()
+                            .find(|(n, _)| *n == a)
+                            .map(|(_, x)| *x)
+                            .ok_or_else(|| {
+                                bad(format!(
+                                    "unknown activation `{a}`; use one of linear, relu, sigmoid, tanh, softmax"
+                                ))
+                            })?,
+                    };
+                    LayerKind::Dense { units, activation }
+                }
+                "flatten" | "outfeed" | "maybe_outfeed" => {
+                    only_dense("units", fl.units.is_some())?;
+                    only_dense("activation", fl.activation.is_some())?;
+                    match fl.kind.as_str() {
+                        "flatten" => LayerKind::Flatten,
+                        "outfeed" => LayerKind::Outfeed,
+                        _ => LayerKind::MaybeOutfeed,
+                    }
+                }
+                k => {
+                    return Err(bad(format!(
+                        "unknown layer type `{k}`; use flatten, dense, outfeed or maybe_outfeed"
+                    )))
+                }
+            };
+            let input = match (model_kind == ModelKind::Functional, fl.input.as_deref()) {
+                (false, Some(_)) => {
+                    return Err(bad(
+                        "`input` is for functional models; a sequential layer takes the previous layer's output"
+                            .into(),
+                    ))
+                }
+                (_, None) => {
+                    if i == 0 {
+                        Source::Input
+                    } else {
+                        Source::Layer(i - 1)
+                    }
+                }
+                (true, Some(n)) if n == input_name => Source::Input,
+                (true, Some(n)) => match names.get(n) {
+                    Some(&j) => Source::Layer(j),
+                    None => {
+                        return Err(bad(format!(
+                            "its input `{n}` is neither the model's input nor an earlier layer"
+                        )))
+                    }
+                },
+            };
+            names.insert(lname.clone(), i);
+            layers.push(ModelLayer {
+                layer: Layer { name: lname, kind },
+                input,
+                stage: stage.unwrap_or(0),
+            });
+        }
+        let output = match self.output.as_deref() {
+            None => None,
+            Some(o) => Some(*names.get(o).ok_or_else(|| {
+                model_err(format!("the output `{o}` is not a layer of the model"))
+            })?),
+        };
+        let mut model = Model::new(
+            &name,
+            model_kind,
+            &input_name,
+            &self.input.shape,
+            layers,
+            output,
+            self.pipeline.device_mapping,
+        )
+        .map_err(|e| match e {
+            ModelError::Layer {
+                index,
+                name,
+                message,
+                ..
+            } => ModelError::Layer {
+                model: file.to_string(),
+                index,
+                name,
+                message,
+            },
+            ModelError::Model { message, .. } => ModelError::Model {
+                model: file.to_string(),
+                message,
+            },
+            other => other,
+        })?;
+        let t = self.training;
+        model.training = TrainingDefaults {
+            batch_size: t.batch_size,
+            gradient_accumulation_count: t.gradient_accumulation_count,
+            learning_rate: t.learning_rate,
+            optimizer: t.optimizer,
+            epochs: t.epochs,
+            pipeline_schedule: t.pipeline_schedule,
+        };
+        Ok(model)
+    }
+}
+
+/// The model files shipped with Tessera: (name, file text).
+pub const SHIPPED: [(&str, &str); 4] = [
+    (
+        "pipelined_sequential",
+        include_str!("../../examples/models/pipelined_sequential.toml"),
+    ),
+    (
+        "pipelined_model",
+        include_str!("../../examples/models/pipelined_model.toml"),
+    ),
+    (
+        "sequential",
+        include_str!("../../examples/models/sequential.toml"),
+    ),
+    ("model", include_str!("../../examples/models/model.toml")),
+];
+
+/// The default model: the pipelined Sequential one.
+pub const DEFAULT_MODEL: &str = "pipelined_sequential";
+
+/// A shipped model by name.
+pub fn shipped(name: &str) -> Option<Result<Model, ModelError>> {
+    SHIPPED
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(n, text)| Model::from_toml(text, &format!("examples/models/{n}.toml")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_models_parse_and_have_the_seeds_layers() {
+        for (name, _) in SHIPPED {
+            let m = shipped(name).unwrap().unwrap();
+            assert_eq!(m.output_units(), Some(10), "{name}");
+            assert!(m.layers.iter().any(|l| l.layer.name == "Dense_128"));
+            assert_eq!(m.is_pipelined(), name.starts_with("pipelined"), "{name}");
+        }
+    }
+
+    #[test]
+    fn sequential_and_functional_give_the_same_model() {
+        let seq = shipped("pipelined_sequential").unwrap().unwrap();
+        let fun = shipped("pipelined_model").unwrap().unwrap();
+        assert_eq!(seq.layers, fun.layers);
+        let mut s = Sequential::new("pipelined_sequential", "images", &[28, 28]);
+        s.add(Layer::flatten("Flatten"))
+            .add(Layer::dense("Dense_256", 256, LayerActivation::Relu))
+            .add(Layer::dense("Dense_128", 128, LayerActivation::Relu))
+            .add(Layer::maybe_outfeed("Dense_128_acts"))
+            .add(Layer::dense("Dense_10", 10, LayerActivation::Softmax))
+            .add(Layer::maybe_outfeed("Dense_10_acts"))
+            .set_pipeline_stage_assignment(&[0, 0, 1, 1, 1, 1]);
+        assert_eq!(s.build().unwrap().layers, seq.layers);
+    }
+
+    #[test]
+    fn summary_lists_layers_and_stages() {
+        let m = shipped("pipelined_sequential").unwrap().unwrap();
+        let s = m.summary();
+        assert!(s.contains("Layer (type)"));
+        assert!(s.contains("Pipeline Stage"));
+        assert!(s
+            .lines()
+            .any(|l| l.starts_with("Dense_256 (Dense)") && l.ends_with('0')));
+        assert!(s
+            .lines()
+            .any(|l| l.starts_with("Dense_10 (Dense)") && l.ends_with('1')));
+    }
+
+    #[test]
+    fn file_errors_name_the_place() {
+        let e = Model::from_toml("input = { shape = [4] }\nbogus = 1\n", "m.toml").unwrap_err();
+        let s = e.to_string();
+        assert!(s.starts_with("m.toml:2:1"), "{s}");
+        assert!(s.contains("bogus"), "{s}");
+        let e = Model::from_toml(
+            "input = { shape = [4] }\n[[layer]]\ntype = \"dense\"\nname = \"D\"\nunits = 0\n",
+            "m.toml",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("layer 0 (`D`)"), "{e}");
+        let e = Model::from_toml(
+            "input = { shape = [4] }\n[[layer]]\ntype = \"conv\"\nname = \"C\"\n",
+            "m.toml",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("unknown layer type `conv`"), "{e}");
+    }
+
+    #[test]
+    fn stages_must_follow_the_layers() {
+        let mut s = Sequential::new("m", "x", &[4]);
+        s.add(Layer::dense("A", 4, LayerActivation::Relu))
+            .add(Layer::dense("B", 4, LayerActivation::Relu))
+            .set_pipeline_stage_assignment(&[1, 0]);
+        assert!(s.build().unwrap_err().to_string().contains("stage 0 after"));
+        s.set_pipeline_stage_assignment(&[0, 2]);
+        assert!(s
+            .build()
+            .unwrap_err()
+            .to_string()
+            .contains("stage 1 has no layers"));
+        s.set_pipeline_stage_assignment(&[0]);
+        assert!(s
+            .build()
+            .unwrap_err()
+            .to_string()
+            .contains("1 entries for 2 layers"));
+    }
+
+    #[test]
+    fn data_checks_name_the_width() {
+        let m = shipped("sequential").unwrap().unwrap();
+        assert!(m.check_data(&[28, 28], 10).is_ok());
+        let e = m.check_data(&[28, 28], 12).unwrap_err().to_string();
+        assert!(
+            e.contains("Dense_10") && e.contains("10 units") && e.contains("12 classes"),
+            "{e}"
+        );
+        let e = m.check_data(&[32, 32], 10).unwrap_err().to_string();
+        assert!(e.contains("[32, 32]"), "{e}");
+    }
+
+    #[test]
+    fn builds_a_graph_with_taps() {
+        let m = shipped("pipelined_sequential").unwrap().unwrap();
+        let mut g: Box<Graph<64>> = Box::new(Graph::new());
+        let b = m.build(&mut g, 8, DType::F32).unwrap();
+        assert!(b.softmax_output);
+        assert_eq!(b.maybe_outfeeds.len(), 2);
+        assert_eq!(g.stage_count(), 2);
+        assert_eq!(g.node(b.output).shape().dims(), &[8, 10]);
+    }
+}

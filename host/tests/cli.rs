@@ -1,0 +1,432 @@
+//! The `tessera` command end to end: help on every subcommand, estimates of every shipped
+//! model, JSON outputs, reports, and bad inputs that must give one clear line and a non-zero
+//! exit status, never a panic.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use flate2::read::GzDecoder;
+use tessera_host::model::SHIPPED;
+
+const BUNDLED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/mnist-binarized-10k");
+
+fn tessera(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("the tessera binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A failure as users must see it: non-zero status, exactly one line on stderr, starting
+/// `error:` and containing every one of `needles`; no panic, no backtrace.
+fn assert_clean_failure(o: &Output, needles: &[&str]) {
+    let err = stderr(o);
+    assert!(!o.status.success(), "expected failure, stderr: {err}");
+    assert_eq!(o.status.code(), Some(1), "stderr: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "one line expected: {err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    for n in needles {
+        assert!(lines[0].contains(n), "`{n}` missing from: {err}");
+    }
+}
+
+fn last_json(o: &Output) -> serde_json::Value {
+    let out = stdout(o);
+    let line = out.lines().last().expect("stdout has a line");
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
+/// A copy of the bundled data, decompressed, in a fresh directory.
+fn data_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in [
+        "train-images-idx3-ubyte",
+        "train-labels-idx1-ubyte",
+        "t10k-images-idx3-ubyte",
+        "t10k-labels-idx1-ubyte",
+    ] {
+        let mut bytes = Vec::new();
+        GzDecoder::new(std::fs::File::open(Path::new(BUNDLED).join(format!("{f}.gz"))).unwrap())
+            .read_to_end(&mut bytes)
+            .unwrap();
+        std::fs::write(dir.path().join(f), bytes).unwrap();
+    }
+    dir
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::File::create(&p)
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    p
+}
+
+#[test]
+fn every_subcommand_has_help() {
+    for args in [
+        vec!["--help"],
+        vec!["train", "--help"],
+        vec!["estimate", "--help"],
+        vec!["estimate-op", "--help"],
+        vec!["estimate-op", "matmul", "--help"],
+        vec!["estimate-op", "fc", "--help"],
+        vec!["dataset-benchmark", "--help"],
+        vec!["report", "--help"],
+    ] {
+        let o = tessera(&args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        assert!(stdout(&o).contains("Usage:"), "{args:?}");
+    }
+    let train = stdout(&tessera(&["train", "--help"]));
+    for flag in [
+        "--gradient-accumulation-count",
+        "--repeat-count",
+        "--steps-per-execution",
+        "--epochs",
+        "--run-single-step",
+        "--outfeed-pre-accumulated-gradients",
+        "--gradients-filters",
+        "--activations-filters",
+        "--no-pipelining",
+        "--pipeline-schedule",
+        "--replicas",
+        "--ipu",
+        "--optimizer",
+        "--offload-optimizer-state",
+        "--dtype",
+        "--seed",
+        "--data",
+        "--report-dir",
+        "--checkpoint",
+        "--json",
+    ] {
+        assert!(train.contains(flag), "train --help lacks {flag}");
+    }
+}
+
+#[test]
+fn estimate_every_shipped_model() {
+    for (name, _) in SHIPPED {
+        let o = tessera(&["estimate", name]);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        let out = stdout(&o);
+        assert!(out.contains("fits: yes"), "{name}: {out}");
+        assert!(out.contains("memory per IPU"), "{name}");
+        assert!(out.contains("always_live"), "{name}");
+        assert!(out.contains("cycles per step"), "{name}");
+        assert!(out.contains("Pipeline Stage"), "{name}");
+        let j = last_json(&tessera(&["estimate", name, "--json"]));
+        assert_eq!(j["fits"], true);
+        assert!(j["cycles_per_step"].as_u64().unwrap() > 0);
+        let ipus = j["ipus"].as_array().unwrap();
+        let expected_ipus = if name.starts_with("pipelined") { 2 } else { 1 };
+        assert_eq!(ipus.len(), expected_ipus, "{name}");
+        for ipu in ipus {
+            assert!(ipu["bytes_used"].as_u64().unwrap() > 0);
+            assert!(ipu["max_tile_bytes"].as_u64().unwrap() > 0);
+            assert!(ipu["tiles_used"].as_u64().unwrap() > 0);
+        }
+        assert_eq!(j["stages"].as_array().unwrap().len(), expected_ipus);
+    }
+}
+
+#[test]
+fn oversized_batch_names_the_tile_and_fails() {
+    let o = tessera(&["estimate", "--batch-size", "8192"]);
+    assert!(stdout(&o).contains("fits: NO"));
+    assert_clean_failure(
+        &o,
+        &["does not fit", "out of memory: tile", "largest tensors"],
+    );
+}
+
+#[test]
+fn train_json_and_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report");
+    let ckpt = dir.path().join("weights.safetensors");
+    let o = tessera(&[
+        "train",
+        "--run-single-step",
+        "--json",
+        "--report-dir",
+        report.to_str().unwrap(),
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j = last_json(&o);
+    for key in [
+        "test_accuracy",
+        "final_loss",
+        "steps",
+        "cycles_per_step",
+        "samples_per_second",
+    ] {
+        assert!(j.get(key).is_some(), "missing {key}: {j}");
+    }
+    assert_eq!(j["steps"], 248);
+    let acc = j["test_accuracy"].as_f64().unwrap();
+    assert!(acc > 0.5, "one epoch of training reaches {acc}");
+    let mem = j["memory"].as_array().unwrap();
+    assert_eq!(mem.len(), 2);
+    for m in mem {
+        for key in ["bytes_used", "max_tile_bytes", "tiles_used"] {
+            assert!(m[key].as_u64().unwrap() > 0);
+        }
+    }
+    // The checkpoint holds the six trained variables.
+    let bytes = std::fs::read(&ckpt).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    assert_eq!(
+        header["Dense_128/kernel:0"]["shape"],
+        serde_json::json!([256, 128])
+    );
+    assert_eq!(header["Dense_10/bias:0"]["dtype"], "F32");
+    // The report renders again from its directory.
+    for f in [
+        "estimate.json",
+        "trace.json",
+        "memory.svg",
+        "timeline.svg",
+        "index.html",
+    ] {
+        assert!(report.join(f).exists(), "{f}");
+    }
+    let o = tessera(&["report", report.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn train_prints_the_seeds_statistics() {
+    let o = tessera(&["train", "--run-single-step"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for needle in [
+        "Layer (type)",
+        "Gradients callback",
+        "key: Dense_128/bias:0_grad shape: (62, 128)",
+        "key: Dense_128/kernel:0_grad shape: (62, 256, 128)",
+        "Multi-layer activations callback",
+        "key: Dense_128_acts shape: (248, 32, 128)",
+        "Epoch 1 - Summary Stats",
+        "Index",
+        "NaNs",
+        "infs",
+        "test accuracy",
+    ] {
+        assert!(out.contains(needle), "`{needle}` missing:\n{out}");
+    }
+    // No filter matches: nothing is enqueued, and the callback says so.
+    let o = tessera(&[
+        "train",
+        "--run-single-step",
+        "--gradients-filters",
+        "nothing-matches",
+    ]);
+    let out = stdout(&o);
+    assert!(
+        out.contains("Gradients callback\nNo data enqueued"),
+        "{out}"
+    );
+}
+
+#[test]
+fn estimate_op_json() {
+    let o = tessera(&[
+        "estimate-op",
+        "matmul",
+        "--m",
+        "256",
+        "--k",
+        "256",
+        "--n",
+        "256",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j = last_json(&o);
+    for key in ["cycles", "total_memory_bytes", "max_tile_bytes"] {
+        assert!(j[key].as_u64().unwrap() > 0, "{key}");
+    }
+    let half = j["cycles"].as_u64().unwrap();
+    let float = last_json(&tessera(&[
+        "estimate-op",
+        "matmul",
+        "--m",
+        "256",
+        "--k",
+        "256",
+        "--n",
+        "256",
+        "--data-type",
+        "float",
+        "--json",
+    ]))["cycles"]
+        .as_u64()
+        .unwrap();
+    assert!(half < float, "half {half} float {float}");
+    let fc = last_json(&tessera(&[
+        "estimate-op",
+        "fc",
+        "--batch-size",
+        "32",
+        "--input-size",
+        "784",
+        "--output-size",
+        "256",
+        "--json",
+    ]));
+    let fwd = last_json(&tessera(&[
+        "estimate-op",
+        "fc",
+        "--batch-size",
+        "32",
+        "--input-size",
+        "784",
+        "--output-size",
+        "256",
+        "--inference-only",
+        "--json",
+    ]));
+    assert!(fc["cycles"].as_u64().unwrap() > fwd["cycles"].as_u64().unwrap());
+    let o = tessera(&[
+        "estimate-op",
+        "fc",
+        "--batch-size",
+        "4",
+        "--input-size",
+        "10",
+        "--output-size",
+        "8",
+        "--num-groups",
+        "3",
+    ]);
+    assert_clean_failure(&o, &["3"]);
+}
+
+#[test]
+fn dataset_benchmark_json() {
+    let o = tessera(&["dataset-benchmark", "--epochs", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j = last_json(&o);
+    let epochs = j["epochs"].as_array().unwrap();
+    assert_eq!(epochs.len(), 2);
+    for e in epochs {
+        assert_eq!(e["elements_processed"], 250);
+        for key in [
+            "total_bytes_processed",
+            "time_elapsed",
+            "elements_per_second",
+            "bandwidth",
+        ] {
+            assert!(e.get(key).is_some(), "{key}");
+        }
+    }
+}
+
+#[test]
+fn missing_data_is_one_line() {
+    let o = tessera(&["train", "--data", "/nonexistent/tessera-data"]);
+    assert_clean_failure(&o, &["train-images-idx3-ubyte"]);
+}
+
+#[test]
+fn truncated_idx_is_one_line() {
+    let d = data_copy();
+    let f = d.path().join("train-images-idx3-ubyte");
+    let bytes = std::fs::read(&f).unwrap();
+    std::fs::write(&f, &bytes[..1000]).unwrap();
+    let o = tessera(&["train", "--data", d.path().to_str().unwrap()]);
+    assert_clean_failure(&o, &["train-images-idx3-ubyte"]);
+}
+
+#[test]
+fn wrong_magic_is_one_line() {
+    let d = data_copy();
+    let f = d.path().join("train-labels-idx1-ubyte");
+    let mut bytes = std::fs::read(&f).unwrap();
+    bytes[2] = 0x0d;
+    std::fs::write(&f, &bytes).unwrap();
+    let o = tessera(&["train", "--data", d.path().to_str().unwrap()]);
+    assert_clean_failure(&o, &["train-labels-idx1-ubyte", "magic"]);
+}
+
+#[test]
+fn label_count_mismatch_is_one_line() {
+    let d = data_copy();
+    let f = d.path().join("t10k-labels-idx1-ubyte");
+    let mut bytes = std::fs::read(&f).unwrap();
+    let n = u32::from_be_bytes(bytes[4..8].try_into().unwrap()) - 1;
+    bytes[4..8].copy_from_slice(&n.to_be_bytes());
+    bytes.pop();
+    std::fs::write(&f, &bytes).unwrap();
+    let o = tessera(&["train", "--data", d.path().to_str().unwrap()]);
+    assert_clean_failure(&o, &["1999", "2000"]);
+}
+
+#[test]
+fn unknown_model_key_is_one_line() {
+    let d = tempfile::tempdir().unwrap();
+    let text = SHIPPED[0].1.replace("units = 128", "units = 128\nunit = 3");
+    let p = write(d.path(), "bad.toml", &text);
+    let o = tessera(&["estimate", p.to_str().unwrap()]);
+    assert_clean_failure(&o, &["bad.toml:", "unknown field `unit`"]);
+}
+
+#[test]
+fn wrong_layer_width_is_one_line() {
+    let d = tempfile::tempdir().unwrap();
+    let text = SHIPPED[0].1.replace("units = 10\n", "units = 12\n");
+    let p = write(d.path(), "wide.toml", &text);
+    let o = tessera(&["train", p.to_str().unwrap()]);
+    assert_clean_failure(&o, &["Dense_10", "12 units", "10 classes"]);
+}
+
+#[test]
+fn invalid_schedule_and_accumulation_is_one_line() {
+    let o = tessera(&["estimate", "--gradient-accumulation-count", "3"]);
+    assert_clean_failure(
+        &o,
+        &["gradient accumulation count 3", "Grouped", "2 stages"],
+    );
+    let o = tessera(&["train", "--steps-per-execution", "6"]);
+    assert_clean_failure(&o, &["steps_per_execution 6", "4"]);
+    let o = tessera(&["estimate", "--pipeline-schedule", "zigzag"]);
+    assert_clean_failure(&o, &["zigzag"]);
+}
+
+#[test]
+fn unknown_model_and_bad_depths_are_one_line() {
+    assert_clean_failure(
+        &tessera(&["estimate", "resnet"]),
+        &["resnet", "pipelined_sequential"],
+    );
+    assert_clean_failure(
+        &tessera(&["train", "--buffer-depth", "0"]),
+        &["buffer depth", "0"],
+    );
+    assert_clean_failure(
+        &tessera(&["train", "--prefetch-depth", "256"]),
+        &["prefetch", "256"],
+    );
+    assert_clean_failure(&tessera(&["train", "--batch-size", "0"]), &["--batch-size"]);
+}
