@@ -3,8 +3,10 @@
 //! of more than 100,000 vertices (`lower`, reported as vertices per second).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use tessera::core::models::mnist_mlp;
-use tessera::core::{Activation, DType, Graph, Optimizer, Plan};
+use tessera::core::models::{mnist_mlp, mnist_mlp_pipelined};
+use tessera::core::schedule::Schedule;
+use tessera::core::{Accumulation, Activation, DType, Graph, Optimizer, Plan};
+use tessera::sim::runner::PipelineRunner;
 use tessera::sim::{estimate, Engine, EstimateOptions, IpuConfig, Preset};
 
 fn classifier() -> Plan<96> {
@@ -46,6 +48,39 @@ fn sim_step(c: &mut Criterion) {
     engine.fill_input("images", 32 * 784, img).unwrap();
     engine.fill_input("labels", 32, lab).unwrap();
     group.bench_function("engine mk2", |b| b.iter(|| engine.train_step().unwrap()));
+    group.finish();
+}
+
+/// One weight update of the pipelined classifier (two stages, M = 4 micro-batches of 32,
+/// Grouped): what `tessera train` runs per update, outfeeds aside. Compare with four core
+/// steps (`sim_step/core`).
+fn runner_update(c: &mut Criterion) {
+    tessera::sim::use_fast_kernels();
+    let mut g: Graph<160> = Graph::new();
+    let m = mnist_mlp_pipelined(&mut g, 32, DType::F32, [0, 0, 1, 1]).unwrap();
+    let labels = g.input("labels", &[32], DType::I32).unwrap();
+    let loss = g
+        .sparse_categorical_crossentropy("loss", m.probabilities, labels, false)
+        .unwrap();
+    g.differentiate_accumulating(loss, Optimizer::sgd(0.1), Accumulation::new(4))
+        .unwrap();
+    let plan = Plan::new(&g).unwrap();
+    let mut runner = PipelineRunner::new(plan, Schedule::Grouped, 1).unwrap();
+    runner.init_state(1).unwrap();
+    let img = |i: usize| ((i * 7919) % 255) as f32 / 255.0;
+    let lab = |i: usize| (i % 10) as f32;
+    let mut group = c.benchmark_group("runner");
+    group.throughput(Throughput::Elements(4));
+    group.bench_function("pipelined classifier update, M = 4", |b| {
+        b.iter(|| {
+            runner
+                .run_update(|_, _, plan, arena| {
+                    plan.fill_input("images", arena, 32 * 784, img)?;
+                    plan.fill_input("labels", arena, 32, lab)
+                })
+                .unwrap()
+        })
+    });
     group.finish();
 }
 
@@ -105,5 +140,5 @@ fn lower(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, sim_step, lower);
+criterion_group!(benches, sim_step, runner_update, lower);
 criterion_main!(benches);

@@ -793,6 +793,17 @@ impl<const N: usize> Plan<N> {
                 if !grad_in_state(grad) && node_of(grad).dtype == t {
                     let g = &arena[off(grad)..off(grad) + node_of(grad).bytes()];
                     k::zip_in_place(&mut st[wo..wo + n * t.size()], g, t, n, |w, g| w - lr * g);
+                } else if grad_in_state(grad) && node_of(grad).dtype == t && off(grad) != wo {
+                    // An accumulated gradient: another region of the state.
+                    let (go, len) = (off(grad), n * t.size());
+                    let (w, g) = if wo < go {
+                        let (a, b) = st.split_at_mut(go);
+                        (&mut a[wo..wo + len], &b[..len])
+                    } else {
+                        let (a, b) = st.split_at_mut(wo);
+                        (&mut b[..len], &a[go..go + len])
+                    };
+                    k::zip_in_place(w, g, t, n, |w, g| w - lr * g);
                 } else {
                     for i in 0..n {
                         let v = k::load(&st[wo..], t, i) - lr * load_grad(st, grad, i);
@@ -860,6 +871,25 @@ impl<const N: usize> Plan<N> {
                 let (t, n) = (node_of(acc).dtype, node_of(acc).shape.elements());
                 let ao = off(acc);
                 let seen = k::load_int(&st[off(counter)..], DType::I32, 0) as f32;
+                if !grad_in_state(grad) && node_of(grad).dtype == t {
+                    // The common case, vectorisable; the same arithmetic as the loop below.
+                    let g = &arena[off(grad)..off(grad) + node_of(grad).bytes()];
+                    let a = &mut st[ao..ao + n * t.size()];
+                    match method {
+                        crate::AccumulationMethod::Sum => {
+                            k::zip_in_place(a, g, t, n, |a, g| a + g);
+                        }
+                        crate::AccumulationMethod::Mean => {
+                            let c = count as f32;
+                            k::zip_in_place(a, g, t, n, |a, g| a + g / c);
+                        }
+                        crate::AccumulationMethod::RunningMean => {
+                            let (keep, next) = (seen / (seen + 1.0), seen + 1.0);
+                            k::zip_in_place(a, g, t, n, |a, g| a * keep + g / next);
+                        }
+                    }
+                    return Ok(());
+                }
                 for i in 0..n {
                     let g = load_grad(st, grad, i);
                     let a = k::load(&st[ao..], t, i);
@@ -876,8 +906,14 @@ impl<const N: usize> Plan<N> {
             Op::Fill { x, value } => {
                 let (t, n) = (node_of(x).dtype, node_of(x).shape.elements());
                 let o = off(x);
-                for i in 0..n {
-                    k::store(&mut st[o..], t, i, value);
+                if t == DType::F32 {
+                    for c in st[o..o + 4 * n].chunks_exact_mut(4) {
+                        c.copy_from_slice(&value.to_le_bytes());
+                    }
+                } else {
+                    for i in 0..n {
+                        k::store(&mut st[o..], t, i, value);
+                    }
                 }
             }
             _ => {}
