@@ -858,7 +858,7 @@ impl Model {
     pub fn from_toml(text: &str, file: &str) -> Result<Model, ModelError> {
         let parsed: FileModel = toml::from_str(text).map_err(|e| {
             let (line, column) = e.span().map_or((None, None), |s| {
-                let before = &text[..s.start.min(text.len())];
+                let before = text.get(..s.start).unwrap_or(text);
                 let line = before.matches('\n').count() + 1;
                 let column = before.len() - before.rfind('\n').map_or(0, |p| p + 1) + 1;
                 (Some(line), Some(column))
