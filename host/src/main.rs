@@ -113,7 +113,8 @@ struct ModelArgs {
     /// Optimizer: sgd, momentum (0.9) or adam [default: the model file's, else sgd].
     #[arg(long)]
     optimizer: Option<String>,
-    /// Learning rate [default: the model file's, else 0.1].
+    /// Learning rate [default: the model file's for its optimizer, else 0.1 for sgd, 0.01 for
+    /// momentum, 0.001 for adam].
     #[arg(long)]
     learning_rate: Option<f32>,
     /// Keep optimizer state in streaming memory (remote buffers), loaded for each update.
@@ -345,7 +346,14 @@ fn session_options(a: &ModelArgs, model: &Model) -> Result<SessionOptions, AnyEr
         replicas: a.replicas,
         ipu: a.ipu.preset(),
         optimizer,
-        learning_rate: a.learning_rate.or(t.learning_rate).unwrap_or(0.1),
+        // The file's rate goes with the file's optimizer; another optimizer gets its own default.
+        learning_rate: a.learning_rate.unwrap_or_else(|| {
+            let file_opt = t.optimizer.as_deref().and_then(OptimizerKind::parse);
+            match t.learning_rate {
+                Some(lr) if file_opt.is_none_or(|o| o == optimizer) => lr,
+                _ => optimizer.default_learning_rate(),
+            }
+        }),
         offload_optimizer_state: a.offload_optimizer_state,
         dtype: match a.dtype {
             DTypeArg::F32 => DType::F32,

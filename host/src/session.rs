@@ -46,6 +46,16 @@ pub enum OptimizerKind {
 }
 
 impl OptimizerKind {
+    /// The learning rate used when none is given: 0.1 for SGD (the examples'), 0.01 for
+    /// momentum, 0.001 for Adam (Keras').
+    pub fn default_learning_rate(self) -> f32 {
+        match self {
+            OptimizerKind::Sgd => 0.1,
+            OptimizerKind::Momentum => 0.01,
+            OptimizerKind::Adam => 0.001,
+        }
+    }
+
     /// Parses `sgd`, `momentum` or `adam`.
     pub fn parse(s: &str) -> Option<Self> {
         match s.to_ascii_lowercase().as_str() {
@@ -287,7 +297,11 @@ pub fn compile(model: &Model, options: &SessionOptions) -> Result<Compiled, Sess
     g.differentiate_accumulating(
         loss,
         options.optimizer.with_rate(options.learning_rate),
-        Accumulation::new(m),
+        Accumulation {
+            // fp32 accumulators for fp16 gradients, as mixed-precision training on IPUs does.
+            dtype: (options.dtype == DType::F16).then_some(DType::F32),
+            ..Accumulation::new(m)
+        },
     )?;
     let plan = Plan::new(&g).map_err(SessionError::Plan)?;
     let machine = IpuConfig::preset(options.ipu);
