@@ -378,17 +378,17 @@ pub fn cost_steps(
 }
 
 fn ipu_memory(report: &MemoryReport, cfg: &IpuConfig) -> IpuMemory {
-    let mut cat = Categories::default();
-    for t in &report.tiles {
-        cat.always_live += t.always_live;
-        cat.not_always_live += t.not_always_live;
-        cat.vertex_code += t.vertex_code;
-        cat.vertex_state += t.vertex_state;
-        cat.exchange_code += t.exchange_code;
-        cat.exchange_buffers += t.exchange_buffers;
-        cat.control_code += t.control_code;
-        cat.stack += t.stack;
-    }
+    let s = TileMemory::sum(&report.tiles);
+    let cat = Categories {
+        always_live: s.always_live,
+        not_always_live: s.not_always_live,
+        vertex_code: s.vertex_code,
+        vertex_state: s.vertex_state,
+        exchange_code: s.exchange_code,
+        exchange_buffers: s.exchange_buffers,
+        control_code: s.control_code,
+        stack: s.stack,
+    };
     IpuMemory {
         ipu: 0,
         bytes_used: report.total_bytes(),

@@ -50,6 +50,23 @@ pub struct TileMemory {
 }
 
 impl TileMemory {
+    /// Every category summed over `tiles` (the result's `tile` and `peak_step` are 0).
+    pub fn sum<'a>(tiles: impl IntoIterator<Item = &'a TileMemory>) -> TileMemory {
+        let mut t = TileMemory::default();
+        for m in tiles {
+            t.always_live += m.always_live;
+            t.not_always_live += m.not_always_live;
+            t.vertex_code += m.vertex_code;
+            t.vertex_state += m.vertex_state;
+            t.exchange_code += m.exchange_code;
+            t.exchange_buffers += m.exchange_buffers;
+            t.control_code += m.control_code;
+            t.stack += m.stack;
+            t.stash += m.stash;
+        }
+        t
+    }
+
     /// Bytes in all categories.
     pub fn total(&self) -> u64 {
         self.always_live

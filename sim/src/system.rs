@@ -495,7 +495,7 @@ pub fn estimate_system<const N: usize>(
                 stash_bytes: stash_bytes[d],
                 streaming_memory_bytes: streaming,
                 fullest_tiles: fullest,
-                categories: category_totals(&r.tiles),
+                categories: TileMemory::sum(&r.tiles),
                 tiles: r.tiles.clone(),
                 update_trace: std::mem::take(&mut update_traces[d]),
             }
@@ -552,23 +552,6 @@ pub fn estimate_system<const N: usize>(
         ipus: ipu_rows,
         runs: tl.runs,
     })
-}
-
-/// Sums tiles' categories (the `tile` and `peak_step` fields of the result are 0).
-fn category_totals(tiles: &[TileMemory]) -> TileMemory {
-    let mut t = TileMemory::default();
-    for m in tiles {
-        t.always_live += m.always_live;
-        t.not_always_live += m.not_always_live;
-        t.vertex_code += m.vertex_code;
-        t.vertex_state += m.vertex_state;
-        t.exchange_code += m.exchange_code;
-        t.exchange_buffers += m.exchange_buffers;
-        t.control_code += m.control_code;
-        t.stack += m.stack;
-        t.stash += m.stash;
-    }
-    t
 }
 
 /// Checks stage positions: one per stage, no empty position, concurrent stages on distinct
