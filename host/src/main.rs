@@ -28,7 +28,7 @@ const BUNDLED_DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/mnist-b
 
 /// Train and estimate neural networks on a simulated IPU system.
 #[derive(Parser, Debug)]
-#[command(name = "tessera", version, about, propagate_version = true)]
+#[command(name = "tessera", version, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
