@@ -1283,21 +1283,7 @@ pub fn timeline_svg(report: &Report) -> String {
             "",
             "no stage runs in this estimate",
         );
-        line(&mut body, TL_LEFT, plot_top, TL_LEFT, plot_bottom, INK, "");
-        line(
-            &mut body,
-            TL_LEFT,
-            plot_bottom,
-            TL_LEFT + plot_w,
-            plot_bottom,
-            INK,
-            "",
-        );
-        let mut out = String::new();
-        svg_open(&mut out, WIDTH, height);
-        out.push_str(&body);
-        out.push_str("</svg>\n");
-        return out;
+        return close_timeline(body, plot_top, plot_bottom, plot_w, height);
     }
 
     let (ticks, axis_top) = axis_ticks(total as f64, 10, 1.0);
@@ -1469,18 +1455,13 @@ pub fn timeline_svg(report: &Report) -> String {
             block(&mut body, x0, y, w, UPDATE, "update", &tip);
         }
     }
-    // Frame.
-    line(&mut body, TL_LEFT, plot_top, TL_LEFT, plot_bottom, INK, "");
-    line(
-        &mut body,
-        TL_LEFT,
-        plot_bottom,
-        TL_LEFT + plot_w,
-        plot_bottom,
-        INK,
-        "",
-    );
+    close_timeline(body, plot_top, plot_bottom, plot_w, height)
+}
 
+/// Draws the timeline's frame (left and bottom axes) and wraps `body` in the SVG element.
+fn close_timeline(mut body: String, top: f64, bottom: f64, width: f64, height: f64) -> String {
+    line(&mut body, TL_LEFT, top, TL_LEFT, bottom, INK, "");
+    line(&mut body, TL_LEFT, bottom, TL_LEFT + width, bottom, INK, "");
     let mut out = String::new();
     svg_open(&mut out, WIDTH, height);
     out.push_str(&body);
