@@ -450,7 +450,6 @@ fn run_train(a: TrainArgs) -> Result<bool, AnyError> {
         .unwrap_or_else(|| PathBuf::from(BUNDLED_DATA));
     let data = load_mnist(&data_dir)?;
     let compiled = compile(&model, &opts)?;
-    let planned = compiled.estimate()?;
     let machine = compiled.machine.clone();
     let name = compiled.model.name.clone();
     let quiet = a.json;
@@ -467,10 +466,10 @@ fn run_train(a: TrainArgs) -> Result<bool, AnyError> {
         );
         println!(
             "{} IPU(s) of {} per replica, {} replica(s), {} schedule, batch {}, M = {}, {} at learning rate {}",
-            planned.ipus.len(),
+            compiled.model.ipus(),
             opts.ipu.name(),
             opts.replicas,
-            planned.schedule,
+            compiled.options.schedule.name(),
             opts.batch_size,
             opts.gradient_accumulation_count,
             format!("{:?}", opts.optimizer).to_lowercase(),

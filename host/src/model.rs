@@ -428,6 +428,7 @@ impl Sequential {
             .collect();
         Model::new(
             &self.name,
+            &self.name,
             ModelKind::Sequential,
             &self.input_name,
             &self.input_shape,
@@ -533,6 +534,7 @@ impl Functional {
         };
         Model::new(
             &self.name,
+            &self.name,
             ModelKind::Functional,
             &self.input_name,
             &self.input_shape,
@@ -559,7 +561,10 @@ pub struct BuiltModel {
 }
 
 impl Model {
+    /// Checks a model; errors name `context` (the model or its file).
+    #[allow(clippy::too_many_arguments)]
     fn new(
+        context: &str,
         name: &str,
         kind: ModelKind,
         input_name: &str,
@@ -569,7 +574,7 @@ impl Model {
         device_mapping: Option<Vec<usize>>,
     ) -> Result<Model, ModelError> {
         let model_err = |message: String| ModelError::Model {
-            model: name.to_string(),
+            model: context.to_string(),
             message,
         };
         if layers.is_empty() {
@@ -584,7 +589,7 @@ impl Model {
         let mut last_stage = 0;
         for (i, l) in layers.iter().enumerate() {
             let bad = |message: String| ModelError::Layer {
-                model: name.to_string(),
+                model: context.to_string(),
                 index: i,
                 name: l.layer.name.clone(),
                 message,
@@ -1077,6 +1082,7 @@ impl FileModel {
             })?),
         };
         let mut model = Model::new(
+            file,
             &name,
             model_kind,
             &input_name,
@@ -1084,25 +1090,7 @@ impl FileModel {
             layers,
             output,
             self.pipeline.device_mapping,
-        )
-        .map_err(|e| match e {
-            ModelError::Layer {
-                index,
-                name,
-                message,
-                ..
-            } => ModelError::Layer {
-                model: file.to_string(),
-                index,
-                name,
-                message,
-            },
-            ModelError::Model { message, .. } => ModelError::Model {
-                model: file.to_string(),
-                message,
-            },
-            other => other,
-        })?;
+        )?;
         let t = self.training;
         model.training = TrainingDefaults {
             batch_size: t.batch_size,

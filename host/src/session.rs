@@ -732,15 +732,10 @@ type PerMicroBatch = Vec<Vec<BTreeMap<String, HostTensor>>>;
 
 fn read(
     plan: &Plan<NODES>,
-    node: usize,
+    id: NodeId,
     arena: &[u8],
     state: &[u8],
 ) -> Result<HostTensor, RunError> {
-    let id = plan
-        .graph()
-        .ids()
-        .nth(node)
-        .expect("node index from the plan's own graph");
     let view = plan.tensor(id, arena, state)?;
     let shape = view.shape().dims().iter().map(|&d| d as usize).collect();
     Ok(HostTensor {
@@ -827,6 +822,7 @@ pub fn train(
 
     // Where to look during a weight update.
     let g = plan.graph();
+    let ids: Vec<NodeId> = g.ids().collect();
     let mut watch: Vec<Option<Watch>> = vec![None; g.len()];
     watch[loss.index()] = Some(Watch::Loss);
     for (name, id, _) in &built.outfeeds {
@@ -974,7 +970,7 @@ pub fn train(
                                     let (q, key) = match &watch[node] {
                                         None => return Ok(()),
                                         Some(Watch::Loss) => {
-                                            let t = read(plan, node, arena, state)?;
+                                            let t = read(plan, ids[node], arena, state)?;
                                             loss_sum += f64::from(t.data[0]);
                                             loss_n += 1;
                                             return Ok(());
@@ -984,7 +980,7 @@ pub fn train(
                                         Some(Watch::Maybe(k)) => (2, k),
                                     };
                                     pending[q][micro_batch][replica]
-                                        .insert(key.clone(), read(plan, node, arena, state)?);
+                                        .insert(key.clone(), read(plan, ids[node], arena, state)?);
                                     // The micro-batch's last tap of this queue on the last
                                     // replica: enqueue now, as the device would.
                                     if node == last_watched[q] && replica == last_replica {
@@ -1004,10 +1000,8 @@ pub fn train(
                                 }
                                 Observe::BeforeUpdate { replica } => {
                                     for (k, id) in &accumulators {
-                                        before[replica].insert(
-                                            k.clone(),
-                                            read(plan, id.index(), arena, state)?,
-                                        );
+                                        before[replica]
+                                            .insert(k.clone(), read(plan, *id, arena, state)?);
                                     }
                                     if replica == last_replica {
                                         grads.maybe_enqueue(std::mem::take(&mut before))?;
