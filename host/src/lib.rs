@@ -16,3 +16,4 @@ pub mod outfeed;
 pub mod report;
 pub mod session;
 pub mod stats;
+pub mod summary;

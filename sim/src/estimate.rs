@@ -72,27 +72,6 @@ pub struct TraceEvent {
     pub op: String,
 }
 
-/// Memory totals of one IPU by category (sums over tiles of each tile's peak figures).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Categories {
-    /// Weights, optimizer state, constants.
-    pub always_live: u64,
-    /// Activations, gradients, inputs, temporaries.
-    pub not_always_live: u64,
-    /// Vertex code.
-    pub vertex_code: u64,
-    /// Vertex state.
-    pub vertex_state: u64,
-    /// Exchange code.
-    pub exchange_code: u64,
-    /// Exchange buffers.
-    pub exchange_buffers: u64,
-    /// Control code.
-    pub control_code: u64,
-    /// Stack.
-    pub stack: u64,
-}
-
 /// One IPU's memory.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IpuMemory {
@@ -106,8 +85,8 @@ pub struct IpuMemory {
     pub max_tile_bytes: u64,
     /// Tiles holding any tensor or vertex.
     pub tiles_used: usize,
-    /// Totals by category.
-    pub categories: Categories,
+    /// Totals by category (sums over tiles of each tile's peak; `tile` and `peak_step` are 0).
+    pub categories: TileMemory,
     /// The ten fullest tiles, fullest first.
     pub fullest_tiles: Vec<TileMemory>,
     /// Every tile.
@@ -378,17 +357,7 @@ pub fn cost_steps(
 }
 
 fn ipu_memory(report: &MemoryReport, cfg: &IpuConfig) -> IpuMemory {
-    let s = TileMemory::sum(&report.tiles);
-    let cat = Categories {
-        always_live: s.always_live,
-        not_always_live: s.not_always_live,
-        vertex_code: s.vertex_code,
-        vertex_state: s.vertex_state,
-        exchange_code: s.exchange_code,
-        exchange_buffers: s.exchange_buffers,
-        control_code: s.control_code,
-        stack: s.stack,
-    };
+    let cat = TileMemory::sum(&report.tiles);
     IpuMemory {
         ipu: 0,
         bytes_used: report.total_bytes(),

@@ -49,35 +49,132 @@ pub struct TileMemory {
     pub peak_step: usize,
 }
 
+/// A memory category, as PopVision's memory report names them. Every estimate, summary and
+/// report lists categories through [`MemoryCategory::ALL`], in this order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryCategory {
+    /// Weights, optimizer state, constants.
+    AlwaysLive,
+    /// Activations, gradients, inputs and temporaries live at the peak step.
+    NotAlwaysLive,
+    /// Pipeline stash: activations kept for later micro-batches' backward passes.
+    Stash,
+    /// Code of the codelets the tile runs.
+    VertexCode,
+    /// Vertex state and descriptors.
+    VertexState,
+    /// Exchange code.
+    ExchangeCode,
+    /// Receive buffers live at the peak step.
+    ExchangeBuffers,
+    /// Control code.
+    ControlCode,
+    /// Stack.
+    Stack,
+}
+
+impl MemoryCategory {
+    /// Every category, in report order.
+    pub const ALL: [MemoryCategory; 9] = [
+        MemoryCategory::AlwaysLive,
+        MemoryCategory::NotAlwaysLive,
+        MemoryCategory::Stash,
+        MemoryCategory::VertexCode,
+        MemoryCategory::VertexState,
+        MemoryCategory::ExchangeCode,
+        MemoryCategory::ExchangeBuffers,
+        MemoryCategory::ControlCode,
+        MemoryCategory::Stack,
+    ];
+
+    /// The key in JSON outputs (`always_live`, ...).
+    pub fn key(self) -> &'static str {
+        match self {
+            MemoryCategory::AlwaysLive => "always_live",
+            MemoryCategory::NotAlwaysLive => "not_always_live",
+            MemoryCategory::Stash => "stash",
+            MemoryCategory::VertexCode => "vertex_code",
+            MemoryCategory::VertexState => "vertex_state",
+            MemoryCategory::ExchangeCode => "exchange_code",
+            MemoryCategory::ExchangeBuffers => "exchange_buffers",
+            MemoryCategory::ControlCode => "control_code",
+            MemoryCategory::Stack => "stack",
+        }
+    }
+
+    /// The name people read (`always-live`, ...).
+    pub fn label(self) -> &'static str {
+        match self {
+            MemoryCategory::AlwaysLive => "always-live",
+            MemoryCategory::NotAlwaysLive => "not-always-live",
+            MemoryCategory::Stash => "stash",
+            MemoryCategory::VertexCode => "vertex code",
+            MemoryCategory::VertexState => "vertex state",
+            MemoryCategory::ExchangeCode => "exchange code",
+            MemoryCategory::ExchangeBuffers => "exchange buffers",
+            MemoryCategory::ControlCode => "control code",
+            MemoryCategory::Stack => "stack",
+        }
+    }
+}
+
+impl fmt::Display for MemoryCategory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
 impl TileMemory {
+    /// Bytes of one category.
+    pub fn get(&self, c: MemoryCategory) -> u64 {
+        match c {
+            MemoryCategory::AlwaysLive => self.always_live,
+            MemoryCategory::NotAlwaysLive => self.not_always_live,
+            MemoryCategory::Stash => self.stash,
+            MemoryCategory::VertexCode => self.vertex_code,
+            MemoryCategory::VertexState => self.vertex_state,
+            MemoryCategory::ExchangeCode => self.exchange_code,
+            MemoryCategory::ExchangeBuffers => self.exchange_buffers,
+            MemoryCategory::ControlCode => self.control_code,
+            MemoryCategory::Stack => self.stack,
+        }
+    }
+
+    /// The bytes of one category, to change.
+    pub fn get_mut(&mut self, c: MemoryCategory) -> &mut u64 {
+        match c {
+            MemoryCategory::AlwaysLive => &mut self.always_live,
+            MemoryCategory::NotAlwaysLive => &mut self.not_always_live,
+            MemoryCategory::Stash => &mut self.stash,
+            MemoryCategory::VertexCode => &mut self.vertex_code,
+            MemoryCategory::VertexState => &mut self.vertex_state,
+            MemoryCategory::ExchangeCode => &mut self.exchange_code,
+            MemoryCategory::ExchangeBuffers => &mut self.exchange_buffers,
+            MemoryCategory::ControlCode => &mut self.control_code,
+            MemoryCategory::Stack => &mut self.stack,
+        }
+    }
+
+    /// Every category with its bytes, in report order.
+    pub fn categories(&self) -> impl Iterator<Item = (MemoryCategory, u64)> + '_ {
+        MemoryCategory::ALL.into_iter().map(|c| (c, self.get(c)))
+    }
+
     /// Every category summed over `tiles` (the result's `tile` and `peak_step` are 0).
     pub fn sum<'a>(tiles: impl IntoIterator<Item = &'a TileMemory>) -> TileMemory {
         let mut t = TileMemory::default();
         for m in tiles {
-            t.always_live += m.always_live;
-            t.not_always_live += m.not_always_live;
-            t.vertex_code += m.vertex_code;
-            t.vertex_state += m.vertex_state;
-            t.exchange_code += m.exchange_code;
-            t.exchange_buffers += m.exchange_buffers;
-            t.control_code += m.control_code;
-            t.stack += m.stack;
-            t.stash += m.stash;
+            for c in MemoryCategory::ALL {
+                *t.get_mut(c) += m.get(c);
+            }
         }
         t
     }
 
     /// Bytes in all categories.
     pub fn total(&self) -> u64 {
-        self.always_live
-            + self.not_always_live
-            + self.vertex_code
-            + self.vertex_state
-            + self.exchange_code
-            + self.exchange_buffers
-            + self.control_code
-            + self.stack
-            + self.stash
+        MemoryCategory::ALL.into_iter().map(|c| self.get(c)).sum()
     }
 }
 
@@ -151,12 +248,11 @@ impl fmt::Display for OutOfMemory {
             self.tiles_over,
             if self.tiles_over == 1 { " is" } else { "s are" }
         )?;
-        let m = &self.memory;
-        write!(
-            f,
-            "; at its peak: always-live {} B, not-always-live {} B, exchange buffers {} B, vertex code {} B, vertex state {} B, exchange code {} B, control code {} B, stack {} B",
-            m.always_live, m.not_always_live, m.exchange_buffers, m.vertex_code, m.vertex_state, m.exchange_code, m.control_code, m.stack
-        )?;
+        f.write_str("; at its peak:")?;
+        for (i, (c, b)) in self.memory.categories().enumerate() {
+            let sep = if i == 0 { " " } else { ", " };
+            write!(f, "{sep}{c} {b} B")?;
+        }
         if !self.largest_tensors.is_empty() {
             f.write_str("; largest tensors there: ")?;
             for (i, (n, b)) in self.largest_tensors.iter().enumerate() {
