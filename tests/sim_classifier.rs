@@ -2,8 +2,10 @@
 //! reports memory and cycles; an oversized batch is a typed out-of-memory error naming a tile.
 
 use tessera::core::models::mnist_mlp;
+use tessera::core::schedule::Schedule;
 use tessera::core::{DType, Graph, Optimizer, Plan};
-use tessera::sim::{estimate, Engine, EstimateOptions, IpuConfig, Preset, SimError};
+use tessera::sim::runner::PipelineRunner;
+use tessera::sim::{estimate, EstimateOptions, IpuConfig, Preset, SimError};
 
 fn training_plan(batch: usize, dtype: DType) -> Plan<96> {
     let mut g: Graph<96> = Graph::new();
@@ -25,8 +27,9 @@ fn classifier_trains_on_one_mk2_with_the_cores_numerics() {
             batch_size: 32,
             ..Default::default()
         };
-        let mut engine = Engine::new(plan.clone(), &mk2, &opts).unwrap();
-        let est = engine.estimate().clone();
+        let (_, est) = estimate(&plan, &mk2, &opts).unwrap();
+        // One stage on one IPU: the runner executes the plan in order, updates included.
+        let mut engine = PipelineRunner::new(plan.clone(), Schedule::Sequential, 1).unwrap();
         assert!(est.fits);
         let ipu = &est.ipus[0];
         eprintln!(
@@ -62,20 +65,25 @@ fn classifier_trains_on_one_mk2_with_the_cores_numerics() {
         plan.fill_input("images", &mut arena, 32 * 784, img)
             .unwrap();
         plan.fill_input("labels", &mut arena, 32, lab).unwrap();
-        engine.fill_input("images", 32 * 784, img).unwrap();
-        engine.fill_input("labels", 32, lab).unwrap();
         for _ in 0..3 {
             plan.train_step(&mut arena, &mut state).unwrap();
-            let cycles = engine.train_step().unwrap();
-            assert_eq!(cycles, est.cycles_per_step);
+            engine
+                .run_update(|_, _, plan, arena| {
+                    plan.fill_input("images", arena, 32 * 784, img)?;
+                    plan.fill_input("labels", arena, 32, lab)
+                })
+                .unwrap();
             let core_loss = plan.tensor("loss", &arena, &state).unwrap().get(0);
-            let sim_loss = engine.tensor("loss").unwrap().get(0);
+            let sim_loss = plan
+                .tensor("loss", engine.arena(0, 0), engine.state(0))
+                .unwrap()
+                .get(0);
             assert!(
                 (core_loss - sim_loss).abs() <= 1e-5 * core_loss.abs(),
                 "{core_loss} vs {sim_loss}"
             );
         }
-        assert_eq!(engine.state(), &state[..]);
+        assert_eq!(engine.state(0), &state[..]);
     }
 }
 

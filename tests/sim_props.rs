@@ -6,11 +6,13 @@ mod common;
 
 use common::{build, steps};
 use proptest::prelude::*;
+use tessera::core::schedule::Schedule;
 use tessera::core::Plan;
 use tessera::sim::check::{check, CheckError};
 use tessera::sim::lower::{lower, LowerOptions};
 use tessera::sim::program::Step;
-use tessera::sim::{estimate, Engine, EstimateOptions, IpuConfig, Preset, SimError};
+use tessera::sim::runner::PipelineRunner;
+use tessera::sim::{estimate, EstimateOptions, IpuConfig, Preset, SimError};
 
 /// A small machine so random graphs spread over several tiles and sometimes overflow them.
 fn small_ipu(tiles: u32, sram: u64) -> IpuConfig {
@@ -67,11 +69,12 @@ proptest! {
     }
 
     #[test]
-    fn engine_numerics_equal_the_core(rows in 1usize..5, cols in 1usize..20, s in steps(), tiles in 1u32..12) {
+    fn one_stage_runner_numerics_equal_the_core(rows in 1usize..5, cols in 1usize..20, s in steps(), tiles in 1u32..12) {
         let Some(g) = build(rows, cols, &s, true) else { return Ok(()) };
         let plan = Plan::new(&g).unwrap();
         let cfg = small_ipu(tiles, 1 << 20);
-        let mut engine = Engine::new(plan.clone(), &cfg, &EstimateOptions::default()).unwrap();
+        estimate(&plan, &cfg, &EstimateOptions::default()).unwrap();
+        let mut engine = PipelineRunner::new(plan.clone(), Schedule::Sequential, 1).unwrap();
         let mut arena = vec![0u8; plan.arena_bytes()];
         let mut state = vec![0u8; plan.state_bytes()];
         plan.init_state(&mut state, 3).unwrap();
@@ -79,12 +82,11 @@ proptest! {
         let n = rows * cols;
         let f = |i: usize| (i as f32 * 0.61).cos();
         plan.fill_input("x", &mut arena, n, f).unwrap();
-        engine.fill_input("x", n, f).unwrap();
         for _ in 0..2 {
             plan.train_step(&mut arena, &mut state).unwrap();
-            engine.train_step().unwrap();
+            engine.run_update(|_, _, plan, arena| plan.fill_input("x", arena, n, f)).unwrap();
         }
-        prop_assert_eq!(engine.state(), &state[..]);
+        prop_assert_eq!(engine.state(0), &state[..]);
     }
 }
 

@@ -29,7 +29,6 @@
 
 pub mod check;
 pub mod cost;
-pub mod engine;
 pub mod estimate;
 pub mod lower;
 pub mod machine;
@@ -42,7 +41,6 @@ pub mod runner;
 pub mod system;
 
 pub use cost::UnaryKind;
-pub use engine::Engine;
 pub use estimate::{estimate, Estimate, EstimateOptions, SimError};
 pub use machine::{IpuConfig, MachineError, Preset, SystemConfig, UnknownPreset};
 

@@ -1,5 +1,5 @@
 //! A lowered program: tensors mapped onto tiles, and a sequence of steps (exchanges, compute
-//! sets of vertices, host streams) that the engine runs as BSP supersteps.
+//! sets of vertices, host streams) that run as BSP supersteps.
 
 use tessera_core::DType;
 

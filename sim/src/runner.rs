@@ -1,8 +1,13 @@
-//! Running a pipelined, replicated training graph's numerics in schedule order: every
-//! micro-batch has its own activation arena (its stash), each stage's forward and backward
-//! slots run when the schedule says, gradients accumulate as the backward slots finish, and
-//! once all micro-batches are through, the replicas average their accumulated gradients (the
+//! Running a pipelined, replicated graph's numerics in schedule order: every micro-batch has
+//! its own activation arena (its stash), each stage's forward and backward slots run when the
+//! schedule says, gradients accumulate as the backward slots finish, and once all
+//! micro-batches are through, the replicas average their accumulated gradients (the
 //! all-reduce) and every replica applies the same update.
+//!
+//! Inference plans (no backward pass) run the forward slots of the inference schedule only:
+//! one "update" is then M micro-batches through the pipeline, with nothing to reduce or apply.
+//! A plain (non-accumulating) training plan on one stage and one replica runs every node in
+//! plan order, updates included: the one-stage engine of a single IPU.
 
 use tessera_core::schedule::{Pipeline, Schedule, Slot};
 use tessera_core::{NodeId, Op, Plan, Roles, RunError};
@@ -52,9 +57,21 @@ pub struct PipelineRunner<const N: usize> {
 impl<const N: usize> PipelineRunner<N> {
     /// Checks the plan's stages against the schedule and makes the buffers: one arena per
     /// micro-batch and replica. Stages must follow the graph's order (each forward node's
-    /// stage at least the one before it), as a pipeline's layers do.
+    /// stage at least the one before it), as a pipeline's layers do. An inference plan runs
+    /// one micro-batch per call (see [`PipelineRunner::inference`] for more).
     pub fn new(plan: Plan<N>, schedule: Schedule, replicas: usize) -> Result<Self, SystemError> {
         Self::with_positions(plan, schedule, replicas, None)
+    }
+
+    /// An inference plan (forward pass only) run `micro_batches` at a time per replica in the
+    /// inference schedule, as a pipelined model's `predict` runs on IPUs.
+    pub fn inference(
+        plan: Plan<N>,
+        schedule: Schedule,
+        replicas: usize,
+        micro_batches: usize,
+    ) -> Result<Self, SystemError> {
+        Self::build(plan, schedule, replicas, None, micro_batches)
     }
 
     /// [`PipelineRunner::new`] with concurrent stages: `positions[k]` is stage k's pipeline
@@ -65,14 +82,28 @@ impl<const N: usize> PipelineRunner<N> {
         replicas: usize,
         positions: Option<&[usize]>,
     ) -> Result<Self, SystemError> {
+        Self::build(plan, schedule, replicas, positions, 1)
+    }
+
+    fn build(
+        plan: Plan<N>,
+        schedule: Schedule,
+        replicas: usize,
+        positions: Option<&[usize]>,
+        inference_micro_batches: usize,
+    ) -> Result<Self, SystemError> {
         if replicas == 0 {
             return Err(SystemError::NoReplicas);
         }
         let g = plan.graph();
-        if !g.is_accumulating() {
+        let training = g.is_training();
+        let stages = g.stage_count();
+        // A plain training plan runs in plan order on one stage: its updates are interleaved
+        // with the backward pass, so they cannot wait for other micro-batches or replicas.
+        let plain = training && !g.is_accumulating();
+        if plain && (stages > 1 || replicas > 1) {
             return Err(SystemError::NotAccumulating);
         }
-        let stages = g.stage_count();
         let pos: Vec<usize> = positions.map_or_else(|| (0..stages).collect(), <[usize]>::to_vec);
         if pos.len() != stages {
             return Err(SystemError::Positions {
@@ -80,8 +111,14 @@ impl<const N: usize> PipelineRunner<N> {
             });
         }
         let s = pos.iter().copied().max().unwrap_or(0) + 1;
-        let m = g.accumulation_count() as usize;
-        let pipeline = Pipeline::new(s, m, schedule, true).map_err(SystemError::Schedule)?;
+        let m = if !training {
+            inference_micro_batches
+        } else if plain {
+            1
+        } else {
+            g.accumulation_count() as usize
+        };
+        let pipeline = Pipeline::new(s, m, schedule, training).map_err(SystemError::Schedule)?;
         let fl = g.forward_len();
         let (mut forward, mut backward) = (vec![Vec::new(); s], vec![Vec::new(); s]);
         let mut update = Vec::new();
@@ -95,9 +132,9 @@ impl<const N: usize> PipelineRunner<N> {
             if n.op().is_state() || matches!(n.op(), Op::Input) {
                 continue;
             }
-            if n.roles().contains(Roles::UPDATE) {
+            if n.roles().contains(Roles::UPDATE) && !plain {
                 update.push(i);
-            } else if i < fl {
+            } else if i < fl || !training {
                 if k < last_f {
                     return Err(SystemError::StagesOutOfOrder {
                         node: n.name().to_string(),
@@ -169,13 +206,24 @@ impl<const N: usize> PipelineRunner<N> {
         &self.replicas[replica].arenas[micro_batch]
     }
 
+    /// Micro-batches per call of [`PipelineRunner::run_update`] (per replica).
+    pub fn micro_batches(&self) -> usize {
+        self.pipeline.accumulation()
+    }
+
+    /// A replica's state, to load trained weights into (see `Plan::copy_state_from`).
+    pub fn state_mut(&mut self, replica: usize) -> &mut [u8] {
+        &mut self.replicas[replica].state
+    }
+
     /// The highest stash occupancy observed per stage.
     pub fn stash_observed(&self) -> &[usize] {
         &self.stash_observed
     }
 
-    /// Runs one weight update: `feed(replica, micro_batch, plan, arena)` writes a micro-batch's
-    /// inputs just before its first stage runs.
+    /// Runs one weight update (for an inference plan: one pass of its micro-batches):
+    /// `feed(replica, micro_batch, plan, arena)` writes a micro-batch's inputs just before its
+    /// first stage runs.
     pub fn run_update(
         &mut self,
         feed: impl FnMut(usize, usize, &Plan<N>, &mut [u8]) -> Result<(), RunError>,
@@ -184,8 +232,8 @@ impl<const N: usize> PipelineRunner<N> {
     }
 
     /// [`PipelineRunner::run_update`], calling `observe(point, plan, arena, state)` after every
-    /// node and before the update (see [`Observe`]): how outfeeds read tapped activations and
-    /// gradients. `feed` and `observe` may fail with the caller's own error type.
+    /// node and before the update (see [`Observe`]; inference plans have no update, so no
+    /// `BeforeUpdate`): how outfeeds read tapped activations, predictions and gradients. `feed` and `observe` may fail with the caller's own error type.
     pub fn run_update_observed<E: From<RunError>>(
         &mut self,
         mut feed: impl FnMut(usize, usize, &Plan<N>, &mut [u8]) -> Result<(), E>,
@@ -230,6 +278,10 @@ impl<const N: usize> PipelineRunner<N> {
                 }
                 Slot::Backward(_) => stash[k] -= 1,
             }
+        }
+        if self.update.is_empty() {
+            // Inference, or a plain plan whose updates ran in the backward pass.
+            return Ok(());
         }
         self.all_reduce_mean()?;
         for (ri, r) in self.replicas.iter_mut().enumerate() {
