@@ -4,16 +4,16 @@
 //! data mapped to its tile.
 
 use std::collections::HashMap;
-use std::fmt;
 
 use crate::program::{exchange_for, ComputeSet, Program, Step, TileId, Transfer};
 
 /// Why a program is not valid. Each variant names the compute set, tile and tensor at fault.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CheckError {
     /// A tensor's mapping leaves elements unmapped, maps some twice, or names a tile the IPU
     /// does not have.
+    #[error("tensor `{tensor}`: {detail}")]
     BadMapping {
         /// The tensor.
         tensor: String,
@@ -22,6 +22,7 @@ pub enum CheckError {
     },
     /// A vertex reads elements that are neither on its tile nor delivered by the exchange
     /// before its compute set (a missing exchange).
+    #[error("compute set `{compute_set}`: a vertex on tile {tile} reads elements {start}..{} of `{tensor}`, which are not on that tile (missing exchange)", start + len)]
     NotResident {
         /// The compute set.
         compute_set: String,
@@ -35,6 +36,7 @@ pub enum CheckError {
         len: u64,
     },
     /// A vertex writes elements that are not mapped to its tile.
+    #[error("compute set `{compute_set}`: a vertex on tile {tile} writes element {start} of `{tensor}`, which lives on another tile")]
     WriteNotLocal {
         /// The compute set.
         compute_set: String,
@@ -46,6 +48,7 @@ pub enum CheckError {
         start: u64,
     },
     /// An exchange sends elements from a tile that does not hold them.
+    #[error("exchange for `{node}`: tile {tile} sends element {start} of `{tensor}`, which it does not hold")]
     BadSource {
         /// The graph node of the exchange.
         node: String,
@@ -57,29 +60,6 @@ pub enum CheckError {
         start: u64,
     },
 }
-
-impl fmt::Display for CheckError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            CheckError::BadMapping { tensor, detail } => write!(f, "tensor `{tensor}`: {detail}"),
-            CheckError::NotResident { compute_set, tile, tensor, start, len } => write!(
-                f,
-                "compute set `{compute_set}`: a vertex on tile {tile} reads elements {start}..{} of `{tensor}`, which are not on that tile (missing exchange)",
-                start + len
-            ),
-            CheckError::WriteNotLocal { compute_set, tile, tensor, start } => write!(
-                f,
-                "compute set `{compute_set}`: a vertex on tile {tile} writes element {start} of `{tensor}`, which lives on another tile"
-            ),
-            CheckError::BadSource { node, tile, tensor, start } => write!(
-                f,
-                "exchange for `{node}`: tile {tile} sends element {start} of `{tensor}`, which it does not hold"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for CheckError {}
 
 /// Checks a program. Memory limits are checked by [`crate::memory`].
 pub fn check(program: &Program) -> Result<(), CheckError> {

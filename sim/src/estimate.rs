@@ -1,8 +1,6 @@
 //! The estimate of a lowered program: memory per tile and category, cycles per step by phase,
 //! time and throughput, and a trace of every superstep for the host to draw.
 
-use std::fmt;
-
 use serde::{Deserialize, Serialize};
 use tessera_core::Plan;
 
@@ -125,39 +123,21 @@ pub struct Estimate {
 }
 
 /// Why a graph cannot be estimated or run on a machine.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SimError {
     /// The machine description is invalid.
-    Machine(MachineError),
+    #[error("invalid machine")]
+    Machine(#[source] MachineError),
     /// The lowered program failed the checker (a bug in the lowering, reported not hidden).
-    Check(CheckError),
+    #[error("invalid program (a bug in the lowering)")]
+    Check(#[source] CheckError),
     /// The program does not fit.
+    #[error(transparent)]
     OutOfMemory(Box<OutOfMemory>),
     /// The core refused to run the plan.
-    Run(tessera_core::RunError),
-}
-
-impl fmt::Display for SimError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SimError::Machine(e) => write!(f, "invalid machine: {e}"),
-            SimError::Check(e) => write!(f, "invalid program: {e}"),
-            SimError::OutOfMemory(e) => e.fmt(f),
-            SimError::Run(e) => write!(f, "run failed: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for SimError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            SimError::Machine(e) => Some(e),
-            SimError::Check(e) => Some(e),
-            SimError::OutOfMemory(e) => Some(e.as_ref()),
-            SimError::Run(e) => Some(e),
-        }
-    }
+    #[error("run failed")]
+    Run(#[source] tessera_core::RunError),
 }
 
 /// What to estimate.

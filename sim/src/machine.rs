@@ -43,26 +43,12 @@ impl fmt::Display for Preset {
 }
 
 /// A preset name that is not `mk1`, `mk2` or `bow`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown IPU preset `{name}`; valid presets are mk1, mk2, bow")]
 pub struct UnknownPreset {
     /// The name that was given.
     pub name: String,
 }
-
-impl fmt::Display for UnknownPreset {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "unknown IPU preset `{}`; valid presets are ", self.name)?;
-        for (i, p) in Preset::ALL.iter().enumerate() {
-            if i > 0 {
-                f.write_str(", ")?;
-            }
-            f.write_str(p.name())?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for UnknownPreset {}
 
 impl FromStr for Preset {
     type Err = UnknownPreset;
@@ -77,14 +63,16 @@ impl FromStr for Preset {
 
 /// A machine description that does not make sense.
 #[non_exhaustive]
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum MachineError {
     /// A count or size that must be at least one is zero.
+    #[error("machine field `{field}` is 0; it must be at least 1")]
     Zero {
         /// The field's name.
         field: &'static str,
     },
     /// A real-valued figure is NaN, infinite, zero or negative.
+    #[error("machine field `{field}` is {value}; it must be finite and greater than 0")]
     NotPositiveFinite {
         /// The field's name.
         field: &'static str,
@@ -92,22 +80,6 @@ pub enum MachineError {
         value: f64,
     },
 }
-
-impl fmt::Display for MachineError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            MachineError::Zero { field } => {
-                write!(f, "machine field `{field}` is 0; it must be at least 1")
-            }
-            MachineError::NotPositiveFinite { field, value } => write!(
-                f,
-                "machine field `{field}` is {value}; it must be finite and greater than 0"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for MachineError {}
 
 /// One IPU's hardware figures.
 ///

@@ -34,16 +34,20 @@ pub struct OpEstimate {
 }
 
 /// Why an op cannot be estimated.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpError {
     /// A size is zero or the shape is invalid.
+    #[error(transparent)]
     Shape(Box<GraphError>),
     /// Planning failed.
+    #[error(transparent)]
     Plan(PlanError),
     /// Estimation failed.
+    #[error(transparent)]
     Sim(SimError),
     /// A grouped layer whose sizes are not multiples of the group count.
+    #[error("{what} {value} is not a multiple of the {groups} groups")]
     Groups {
         /// Which size.
         what: &'static str,
@@ -53,25 +57,6 @@ pub enum OpError {
         groups: usize,
     },
 }
-
-impl std::fmt::Display for OpError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            OpError::Shape(e) => write!(f, "{e}"),
-            OpError::Plan(e) => write!(f, "{e}"),
-            OpError::Sim(e) => write!(f, "{e}"),
-            OpError::Groups {
-                what,
-                value,
-                groups,
-            } => {
-                write!(f, "{what} {value} is not a multiple of the {groups} groups")
-            }
-        }
-    }
-}
-
-impl std::error::Error for OpError {}
 
 impl OpError {
     fn shape(e: GraphError) -> Self {

@@ -7,8 +7,6 @@
 //! timeline runs the M micro-batches of one weight update; the update itself runs on every
 //! IPU at once, after the replicas' all-reduce.
 
-use std::fmt;
-
 use serde::{Deserialize, Serialize};
 use tessera_core::schedule::{Pipeline, Schedule, ScheduleError};
 use tessera_core::{Op, Plan, Roles};
@@ -69,12 +67,14 @@ impl Default for SystemOptions {
 }
 
 /// Why a system configuration cannot run.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SystemError {
     /// The schedule, accumulation count and mapping do not fit together.
+    #[error(transparent)]
     Schedule(ScheduleError),
     /// Two stages on different IPUs use the same variable.
+    #[error("variable `{variable}` is used by stages {first} and {second}, which are on different IPUs; stages sharing a variable must share an IPU")]
     SharedVariable {
         /// The variable.
         variable: String,
@@ -84,17 +84,21 @@ pub enum SystemError {
         second: usize,
     },
     /// No replicas.
+    #[error("the replica count must be at least 1")]
     NoReplicas,
     /// Stage positions that leave a position empty, put concurrent stages on one IPU, or do not
     /// name every stage.
+    #[error("pipeline stage positions: {detail}")]
     Positions {
         /// What is wrong.
         detail: String,
     },
     /// Pipelined or replicated training needs the weight update as its own phase.
+    #[error("pipelined or replicated training needs gradient accumulation (differentiate_accumulating, any count)")]
     NotAccumulating,
     /// A node's stage comes before the stage of a node earlier in the graph: pipeline stages
     /// must follow the layers' order.
+    #[error("`{node}` is in pipeline stage {stage} but follows nodes of stage {after}; stages must follow the order of the layers")]
     StagesOutOfOrder {
         /// The node.
         node: String,
@@ -104,9 +108,11 @@ pub enum SystemError {
         after: usize,
     },
     /// Estimation failed.
+    #[error(transparent)]
     Sim(SimError),
     /// `steps_per_execution` is not a positive multiple of the accumulation count, or disagrees
     /// with `repeat_count`.
+    #[error("{}", steps_message(*steps, *accumulation, *repeat_count))]
     StepsPerExecution {
         /// Micro-batches per execution asked for.
         steps: usize,
@@ -117,37 +123,16 @@ pub enum SystemError {
     },
 }
 
-impl fmt::Display for SystemError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SystemError::Schedule(e) => e.fmt(f),
-            SystemError::SharedVariable { variable, first, second } => write!(
-                f,
-                "variable `{variable}` is used by stages {first} and {second}, which are on different IPUs; stages sharing a variable must share an IPU"
-            ),
-            SystemError::NoReplicas => f.write_str("the replica count must be at least 1"),
-            SystemError::Positions { detail } => write!(f, "pipeline stage positions: {detail}"),
-            SystemError::NotAccumulating => f.write_str(
-                "pipelined or replicated training needs gradient accumulation (differentiate_accumulating, any count)",
-            ),
-            SystemError::StagesOutOfOrder { node, stage, after } => write!(
-                f,
-                "`{node}` is in pipeline stage {stage} but follows nodes of stage {after}; stages must follow the order of the layers"
-            ),
-            SystemError::Sim(e) => e.fmt(f),
-            SystemError::StepsPerExecution { steps, accumulation, repeat_count: None } => write!(
-                f,
-                "steps_per_execution {steps} must be a positive multiple of the gradient accumulation count {accumulation}"
-            ),
-            SystemError::StepsPerExecution { steps, accumulation, repeat_count: Some(r) } => write!(
-                f,
-                "steps_per_execution {steps} disagrees with repeat count {r} x gradient accumulation count {accumulation}"
-            ),
-        }
+fn steps_message(steps: usize, accumulation: usize, repeat_count: Option<usize>) -> String {
+    match repeat_count {
+        None => format!(
+            "steps_per_execution {steps} must be a positive multiple of the gradient accumulation count {accumulation}"
+        ),
+        Some(r) => format!(
+            "steps_per_execution {steps} disagrees with repeat count {r} x gradient accumulation count {accumulation}"
+        ),
     }
 }
-
-impl std::error::Error for SystemError {}
 
 /// One pipeline stage.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
