@@ -27,8 +27,8 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// A failure as users must see it: non-zero status, exactly one line on stderr, starting
-/// `error:` and containing every one of `needles`; no panic, no backtrace.
+/// A failure as users must see it: non-zero status, `error: ...` on stderr containing every
+/// one of `needles`, then only `caused by: ...` lines; no panic, no backtrace.
 fn assert_clean_failure(o: &Output, needles: &[&str]) {
     let err = stderr(o);
     assert!(!o.status.success(), "expected failure, stderr: {err}");
@@ -38,11 +38,21 @@ fn assert_clean_failure(o: &Output, needles: &[&str]) {
         "{err}"
     );
     let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 1, "one line expected: {err}");
     assert!(lines[0].starts_with("error: "), "{err}");
+    assert!(
+        lines[1..].iter().all(|l| l.starts_with("caused by: ")),
+        "{err}"
+    );
     for n in needles {
-        assert!(lines[0].contains(n), "`{n}` missing from: {err}");
+        assert!(err.contains(n), "`{n}` missing from: {err}");
     }
+}
+
+/// A bad option: exactly one line on stderr, nothing on stdout.
+fn assert_bad_option(o: &Output, needles: &[&str]) {
+    assert_clean_failure(o, needles);
+    assert_eq!(stderr(o).lines().count(), 1, "{}", stderr(o));
+    assert_eq!(stdout(o), "", "nothing on stdout for a bad option");
 }
 
 fn last_json(o: &Output) -> serde_json::Value {
@@ -404,29 +414,149 @@ fn wrong_layer_width_is_one_line() {
 #[test]
 fn invalid_schedule_and_accumulation_is_one_line() {
     let o = tessera(&["estimate", "--gradient-accumulation-count", "3"]);
-    assert_clean_failure(
+    assert_bad_option(
         &o,
         &["gradient accumulation count 3", "Grouped", "2 stages"],
     );
     let o = tessera(&["train", "--steps-per-execution", "6"]);
-    assert_clean_failure(&o, &["steps_per_execution 6", "4"]);
+    assert_bad_option(&o, &["steps_per_execution 6", "4"]);
     let o = tessera(&["estimate", "--pipeline-schedule", "zigzag"]);
-    assert_clean_failure(&o, &["zigzag"]);
+    assert_bad_option(&o, &["zigzag", "grouped"]);
+    let o = tessera(&["train", "--optimizer", "adagrad"]);
+    assert_bad_option(&o, &["adagrad", "adam"]);
+    let o = tessera(&["train", "--epochs", "0"]);
+    assert_bad_option(&o, &["--epochs"]);
+    let o = tessera(&["train", "--no-such-option"]);
+    assert_bad_option(&o, &["--no-such-option"]);
+    let o = tessera(&["evaluate", "--steps-per-execution", "3"]);
+    assert_bad_option(&o, &["--steps-per-execution", "3"]);
+    let o = tessera(&["predict", "--output", "predictions.txt"]);
+    assert_bad_option(&o, &["--output", ".npy"]);
 }
 
 #[test]
 fn unknown_model_and_bad_depths_are_one_line() {
-    assert_clean_failure(
+    assert_bad_option(
         &tessera(&["estimate", "resnet"]),
         &["resnet", "pipelined_sequential"],
     );
-    assert_clean_failure(
+    assert_bad_option(
         &tessera(&["train", "--buffer-depth", "0"]),
         &["buffer depth", "0"],
     );
-    assert_clean_failure(
+    assert_bad_option(
         &tessera(&["train", "--prefetch-depth", "256"]),
         &["prefetch", "256"],
     );
-    assert_clean_failure(&tessera(&["train", "--batch-size", "0"]), &["--batch-size"]);
+    assert_bad_option(&tessera(&["train", "--batch-size", "0"]), &["--batch-size"]);
+}
+
+/// The seeds' own command: an execution of 100 weight updates of M = 16 spans several passes
+/// over the repeated dataset; BEFORE_APPLY outfeeds one gradient per update, AFTER_COMPUTE one
+/// per micro-batch.
+#[test]
+fn the_seeds_command_runs_an_execution_longer_than_an_epoch() {
+    let args = [
+        "train",
+        "pipelined_sequential",
+        "--gradient-accumulation-count",
+        "16",
+        "--repeat-count",
+        "100",
+        "--run-single-step",
+        "--gradients-filters",
+        "Dense_128",
+    ];
+    let o = tessera(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("Dense_128/bias:0_grad shape: (100, 128)"),
+        "{out}"
+    );
+    assert!(out.contains("Epoch 6.4, Mean loss"), "{out}");
+    let mut pre = args.to_vec();
+    pre.push("--outfeed-pre-accumulated-gradients");
+    let o = tessera(&pre);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("Dense_128/bias:0_grad shape: (1600, 128)"),
+        "{out}"
+    );
+}
+
+#[test]
+fn evaluate_and_predict_every_shipped_model() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, _) in SHIPPED {
+        for extra in [&[][..], &["--no-pipelining"][..]] {
+            let mut args = vec!["evaluate", name, "--json"];
+            args.extend_from_slice(extra);
+            let o = tessera(&args);
+            assert!(o.status.success(), "{name}: {}", stderr(&o));
+            let j = last_json(&o);
+            assert!(
+                j["accuracy"].as_f64().is_some() && j["loss"].as_f64().is_some(),
+                "{j}"
+            );
+            for ext in ["npy", "csv"] {
+                let out = dir.path().join(format!("{name}.{ext}"));
+                let mut args = vec!["predict", name, "--output", out.to_str().unwrap()];
+                args.extend_from_slice(extra);
+                let o = tessera(&args);
+                assert!(o.status.success(), "{name}: {}", stderr(&o));
+                assert!(stdout(&o).contains("inference:"), "{}", stdout(&o));
+                let bytes = std::fs::read(&out).unwrap();
+                if ext == "npy" {
+                    assert!(bytes.starts_with(b"\x93NUMPY"));
+                    let text = String::from_utf8_lossy(&bytes[..128]).to_string();
+                    assert!(text.contains("'shape': (1984, 10"), "{text}");
+                } else {
+                    let text = String::from_utf8(bytes).unwrap();
+                    assert_eq!(text.lines().count(), 1985);
+                    assert!(text.starts_with("index,label,output_0,"), "{text}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn estimate_inference_shows_the_inference_schedule() {
+    let o = tessera(&["estimate", "--inference"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("inference: Grouped schedule over 2 stage(s)"),
+        "{out}"
+    );
+    assert!(out.contains("stash depths [0, 0]"), "{out}");
+}
+
+#[test]
+fn optimizer_state_offload_is_on_by_default_for_pipelines_and_accumulation() {
+    let help = stdout(&tessera(&["train", "--help"]));
+    assert!(help.contains("On by default"), "{help}");
+    let adam = |extra: &[&str]| {
+        let mut args = vec!["estimate", "--optimizer", "adam", "--json"];
+        args.extend_from_slice(extra);
+        let o = tessera(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        last_json(&o)["ipus"][0]["categories"]["always_live"]
+            .as_u64()
+            .unwrap()
+    };
+    let offloaded = adam(&[]);
+    let kept = adam(&["--no-offload-optimizer-state"]);
+    assert!(offloaded < kept, "{offloaded} vs {kept}");
+    // One stage, M = 1: nothing to offload by default.
+    let one = adam(&["sequential", "--gradient-accumulation-count", "1"]);
+    let one_kept = adam(&[
+        "sequential",
+        "--gradient-accumulation-count",
+        "1",
+        "--no-offload-optimizer-state",
+    ]);
+    assert_eq!(one, one_kept);
 }

@@ -15,6 +15,7 @@ use tessera_host::session::{
     compile, train, SessionError, SessionOptions, TrainEvent, TrainOptions, TrainReport,
 };
 use tessera_host::stats::TensorStats;
+use tessera_sim::system::SystemError;
 
 const BUNDLED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/mnist-binarized-10k");
 
@@ -236,21 +237,52 @@ fn invalid_depths_are_typed_errors() {
 }
 
 #[test]
+fn executions_longer_than_an_epoch_run_over_the_repeated_dataset() {
+    let d = data();
+    // R = 100 updates of 4 x 32 samples: 12,800 samples, 1.6 passes over the 8,000 digits.
+    // Three passes round to two executions; each spans more than a pass, so the callbacks
+    // run after each.
+    let so = SessionOptions {
+        repeat_count: Some(100),
+        ..SessionOptions::default()
+    };
+    let to = TrainOptions {
+        gradients_filters: Some(vec![]),
+        activations_filters: Some(vec![]),
+        ..TrainOptions::default()
+    };
+    let mut seen = Vec::new();
+    let m = shipped("pipelined_sequential").unwrap().unwrap();
+    let r = train(compile(&m, &so).unwrap(), &d, &to, |ev| {
+        if let TrainEvent::Epoch { epochs_seen, .. } = ev {
+            seen.push(epochs_seen);
+        }
+    })
+    .unwrap();
+    assert_eq!((r.executions, r.weight_updates, r.steps), (2, 200, 800));
+    assert_eq!(seen, vec![1.6, 3.2]);
+    assert_eq!(r.epochs_seen, 3.2);
+    assert_eq!(r.epoch_losses.len(), 2);
+    assert!(
+        r.epoch_losses[1] < r.epoch_losses[0],
+        "{:?}",
+        r.epoch_losses
+    );
+}
+
+#[test]
 fn execution_sizes_are_checked() {
     let d = data();
     let to = TrainOptions::default();
     let so = SessionOptions {
-        repeat_count: Some(1000),
+        repeat_count: Some(0),
         ..SessionOptions::default()
     };
     let e = run("pipelined_sequential", &so, &to, &d).err().unwrap();
     assert!(
         matches!(
             e,
-            SessionError::Option {
-                option: "--repeat-count",
-                ..
-            }
+            SessionError::System(SystemError::StepsPerExecution { .. })
         ),
         "{e}"
     );

@@ -1,0 +1,331 @@
+//! The command line: subcommands and their options (clap).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use tessera_core::schedule::Schedule;
+use tessera_core::DType;
+use tessera_host::model::DEFAULT_MODEL;
+use tessera_host::session::OptimizerKind;
+use tessera_sim::machine::Preset;
+
+/// Train and estimate neural networks on a simulated IPU system.
+#[derive(Parser, Debug)]
+#[command(name = "tessera", version, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Train a model on MNIST-format digits, with outfeeds of activations and gradients and
+    /// their statistics per epoch; then evaluate it on the test split on the device.
+    Train(TrainArgs),
+    /// Loss and accuracy on the test split, on the simulated device (Keras' evaluate()).
+    Evaluate(EvaluateArgs),
+    /// The model's outputs for the test split, outfed to the host and written as .npy or CSV
+    /// (Keras' predict()).
+    Predict(PredictArgs),
+    /// Estimate memory and cycles of training a model (or of inference), without running it.
+    Estimate(EstimateArgs),
+    /// Estimate one op (matmul or fully-connected layer) on one IPU.
+    #[command(name = "estimate-op", subcommand)]
+    EstimateOp(OpCommand),
+    /// Measure the input pipeline alone, as Graphcore's dataset_benchmark does (JSON).
+    #[command(name = "dataset-benchmark")]
+    DatasetBenchmark(BenchArgs),
+    /// Render a report directory written by `--report-dir` (trace, pictures, HTML page).
+    Report {
+        /// The report directory.
+        dir: PathBuf,
+    },
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum IpuArg {
+    Mk1,
+    Mk2,
+    Bow,
+}
+
+impl IpuArg {
+    pub fn preset(self) -> Preset {
+        match self {
+            IpuArg::Mk1 => Preset::Mk1,
+            IpuArg::Mk2 => Preset::Mk2,
+            IpuArg::Bow => Preset::Bow,
+        }
+    }
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DTypeArg {
+    F32,
+    F16,
+}
+
+impl DTypeArg {
+    pub fn dtype(self) -> DType {
+        match self {
+            DTypeArg::F32 => DType::F32,
+            DTypeArg::F16 => DType::F16,
+        }
+    }
+}
+
+/// The pipeline schedules.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ScheduleArg {
+    /// All forward and backward stages run every step, on successive micro-batches.
+    Grouped,
+    /// Forward and backward stages alternate on each IPU.
+    Interleaved,
+    /// One stage at a time (no overlap).
+    Sequential,
+}
+
+impl ScheduleArg {
+    pub fn schedule(self) -> Schedule {
+        match self {
+            ScheduleArg::Grouped => Schedule::Grouped,
+            ScheduleArg::Interleaved => Schedule::Interleaved,
+            ScheduleArg::Sequential => Schedule::Sequential,
+        }
+    }
+}
+
+/// Options that say how a model is compiled and placed.
+#[derive(Args, Debug)]
+pub struct ModelArgs {
+    /// A shipped model (pipelined_sequential, pipelined_model, sequential, model) or a model
+    /// file (TOML).
+    #[arg(default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// Samples per micro-batch [default: the model file's, else 32].
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// Micro-batches per weight update, M [default: the model file's, else 1].
+    #[arg(long)]
+    pub gradient_accumulation_count: Option<usize>,
+    /// Weight updates per execution of the on-device loop, R [default: one pass over the
+    /// data's worth of updates].
+    #[arg(long, conflicts_with = "steps_per_execution")]
+    pub repeat_count: Option<usize>,
+    /// Micro-batches per execution, K (Keras' steps_per_execution; a multiple of M).
+    #[arg(long)]
+    pub steps_per_execution: Option<usize>,
+    /// Pipeline schedule [default: the model file's, else grouped].
+    #[arg(long, value_enum)]
+    pub pipeline_schedule: Option<ScheduleArg>,
+    /// Put every layer on one IPU (ignore the model's pipeline stages).
+    #[arg(long)]
+    pub no_pipelining: bool,
+    /// Replicas of the whole model, each with its own data.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
+    /// IPU generation.
+    #[arg(long, value_enum, default_value = "mk2")]
+    pub ipu: IpuArg,
+    /// Optimizer (momentum is 0.9) [default: the model file's, else sgd].
+    #[arg(long, value_enum)]
+    pub optimizer: Option<OptimizerKind>,
+    /// Learning rate [default: the model file's for its optimizer, else 0.1 for sgd, 0.01 for
+    /// momentum, 0.001 for adam].
+    #[arg(long)]
+    pub learning_rate: Option<f32>,
+    /// Keep optimizer state in streaming memory (remote buffers), loaded for each update.
+    /// On by default (TensorFlow's offload_weight_update_variables) for pipelined models and
+    /// gradient accumulation when the machine has remote buffers.
+    #[arg(long, conflicts_with = "no_offload_optimizer_state")]
+    pub offload_optimizer_state: bool,
+    /// Keep optimizer state on the tiles even where offloading is the default.
+    #[arg(long)]
+    pub no_offload_optimizer_state: bool,
+    /// Element type of weights and activations.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: DTypeArg,
+}
+
+#[derive(Args, Debug)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Passes over the data, rounded to whole executions [default: the model file's, else 3].
+    #[arg(long)]
+    pub epochs: Option<usize>,
+    /// Run one execution of the on-device loop only.
+    #[arg(long)]
+    pub run_single_step: bool,
+    /// Outfeed each micro-batch's gradients (AFTER_COMPUTE) instead of the accumulated ones
+    /// just before they are applied (BEFORE_APPLY).
+    #[arg(long)]
+    pub outfeed_pre_accumulated_gradients: bool,
+    /// Substrings selecting the gradients to outfeed; `none` keeps all.
+    #[arg(long, num_args = 0.., default_values_t = ["Dense_128".to_string()])]
+    pub gradients_filters: Vec<String>,
+    /// Substrings selecting the MaybeOutfeed activations to outfeed; `none` keeps all.
+    #[arg(long, num_args = 0.., default_values_t = ["none".to_string()])]
+    pub activations_filters: Vec<String>,
+    /// Seed of weight initialisation and shuffling.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Batches the infeed prefetches (1..=255).
+    #[arg(long, default_value_t = 3)]
+    pub prefetch_depth: usize,
+    /// Elements an outfeed holds before the device stalls (1..=255).
+    #[arg(long, default_value_t = 3)]
+    pub buffer_depth: usize,
+    /// Directory with the four MNIST IDX files (raw or gzip) [default: the bundled digits].
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Write the estimate, trace, pictures and an HTML page here.
+    #[arg(long)]
+    pub report_dir: Option<PathBuf>,
+    /// Save the final weights here (safetensors).
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+    /// Print one JSON object as the last line of stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of `evaluate` and `predict`.
+#[derive(Args, Debug)]
+pub struct InferenceArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Weights from a checkpoint written by `tessera train --checkpoint` [default: freshly
+    /// initialised from --seed, an untrained model].
+    #[arg(long)]
+    pub weights: Option<PathBuf>,
+    /// Seed of the initial weights when no --weights are given.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Directory with the four MNIST IDX files (raw or gzip) [default: the bundled digits].
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Print one JSON object as the last line of stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct EvaluateArgs {
+    #[command(flatten)]
+    pub common: InferenceArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct PredictArgs {
+    #[command(flatten)]
+    pub common: InferenceArgs,
+    /// Where to write the predictions: a .npy file (float32, [samples, outputs]) or a .csv
+    /// file (a header, then one row per sample: index, label, outputs).
+    #[arg(long, short)]
+    pub output: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct EstimateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Estimate inference (the forward pass with the inference schedule) instead of training.
+    #[arg(long)]
+    pub inference: bool,
+    /// Write the estimate, trace, pictures and an HTML page here.
+    #[arg(long)]
+    pub report_dir: Option<PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DataTypeArg {
+    Half,
+    Float,
+}
+
+impl DataTypeArg {
+    pub fn dtype(self) -> DType {
+        match self {
+            DataTypeArg::Half => DType::F16,
+            DataTypeArg::Float => DType::F32,
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct OpCommon {
+    /// Element type, as poplibs' tools name it.
+    #[arg(long, value_enum, default_value = "half")]
+    pub data_type: DataTypeArg,
+    /// IPU generation.
+    #[arg(long, value_enum, default_value = "mk2")]
+    pub ipu: IpuArg,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum OpCommand {
+    /// C = op(A) . op(B) + C, as poplibs' general_matrix_multiply.
+    Matmul {
+        /// Rows of op(A) and C.
+        #[arg(long)]
+        m: usize,
+        /// Columns of op(A), rows of op(B).
+        #[arg(long)]
+        k: usize,
+        /// Columns of op(B) and C.
+        #[arg(long)]
+        n: usize,
+        /// Transpose A.
+        #[arg(long)]
+        transpose_a: bool,
+        /// Transpose B.
+        #[arg(long)]
+        transpose_b: bool,
+        #[command(flatten)]
+        common: OpCommon,
+    },
+    /// A fully-connected layer, as poplibs' fully_connected_layer: forward, backward and
+    /// weight-update passes.
+    Fc {
+        /// Samples.
+        #[arg(long)]
+        batch_size: usize,
+        /// Input width.
+        #[arg(long)]
+        input_size: usize,
+        /// Output width.
+        #[arg(long)]
+        output_size: usize,
+        /// Independent groups.
+        #[arg(long, default_value_t = 1)]
+        num_groups: usize,
+        /// Only the forward pass.
+        #[arg(long)]
+        inference_only: bool,
+        #[command(flatten)]
+        common: OpCommon,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Directory with the four MNIST IDX files (raw or gzip) [default: the bundled digits].
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 32)]
+    pub batch_size: usize,
+    /// Epochs to measure.
+    #[arg(long, default_value_t = 3)]
+    pub epochs: usize,
+    /// Shuffle seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}

@@ -1,0 +1,98 @@
+//! `tessera estimate`: fit, memory and cycles of training (or inference) without running.
+
+use std::path::PathBuf;
+
+use tessera_host::report::{write_report, Report};
+use tessera_host::session::{compile, inference_estimate, EstimateSummary, SessionOptions};
+use tessera_sim::machine::IpuConfig;
+use tessera_sim::system::SystemEstimate;
+
+use super::args::EstimateArgs;
+use super::options::{command_line, load_model, session_options};
+use super::{one_line, AnyError};
+
+pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
+    let model = load_model(&a.model.model)?;
+    let opts = session_options(&a.model, &model)?;
+    let (name, e) = if a.inference {
+        let placed = if opts.no_pipelining {
+            model.clone().without_pipelining()
+        } else {
+            model.clone()
+        };
+        (placed.name.clone(), inference_estimate(&model, &opts)?)
+    } else {
+        let compiled = compile(&model, &opts)?;
+        (compiled.model.name.clone(), compiled.estimate()?)
+    };
+    let machine = IpuConfig::preset(opts.ipu);
+    let summary = EstimateSummary::new(&name, opts.ipu, &machine, &e);
+    let report_files = match &a.report_dir {
+        Some(dir) => Some(write_report(
+            dir,
+            &make_report(&name, &opts, &machine, e.clone(), None),
+        )?),
+        None => None,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string(&summary)?);
+    } else {
+        print!("{}", model.summary());
+        if a.inference {
+            println!("{}", inference_line(&e));
+        }
+        print!("{}", summary.to_text());
+        if let Some(files) = &report_files {
+            println!("report written: {}", files_list(files));
+        }
+    }
+    if let Some(oom) = &e.out_of_memory {
+        eprintln!("error: {name} does not fit: {}", one_line(&oom.to_string()));
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// What an inference estimate runs: the schedule, its overlap and stash, K.
+pub fn inference_line(e: &SystemEstimate) -> String {
+    let stash: Vec<String> = e.stages.iter().map(|s| s.stash_depth.to_string()).collect();
+    format!(
+        "inference: {} schedule over {} stage(s), {} micro-batches per execution, stash depths [{}] (no backward pass to stash for)",
+        e.schedule,
+        e.stages_count,
+        e.accumulation,
+        stash.join(", ")
+    )
+}
+
+pub fn make_report(
+    name: &str,
+    opts: &SessionOptions,
+    machine: &IpuConfig,
+    estimate: SystemEstimate,
+    training: Option<serde_json::Value>,
+) -> Report {
+    Report {
+        title: format!(
+            "{name}: {} x {}, {}, M = {}, batch {}",
+            estimate.ipus.len(),
+            opts.ipu.name(),
+            estimate.schedule,
+            estimate.accumulation,
+            opts.batch_size
+        ),
+        command: command_line(),
+        machine_name: opts.ipu.name().to_string(),
+        machine: machine.clone(),
+        estimate,
+        training,
+    }
+}
+
+pub fn files_list(files: &[PathBuf]) -> String {
+    files
+        .iter()
+        .map(|f| f.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}

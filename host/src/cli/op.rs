@@ -1,0 +1,121 @@
+//! `tessera estimate-op` and `tessera dataset-benchmark`.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use tessera_host::dataset::Dataset;
+use tessera_host::infeed::dataset_benchmark;
+use tessera_sim::machine::IpuConfig;
+use tessera_sim::ops::{fully_connected, matmul, FcPass, OpEstimate};
+
+use super::args::{BenchArgs, OpCommand, OpCommon};
+use super::options::{data_dir, load_data};
+use super::AnyError;
+
+/// The JSON `estimate-op` prints.
+#[derive(Serialize)]
+struct OpJson<'a> {
+    cycles: u64,
+    total_memory_bytes: u64,
+    max_tile_bytes: u64,
+    fits: bool,
+    passes: BTreeMap<&'a str, &'a OpEstimate>,
+}
+
+fn estimates(c: OpCommand) -> Result<(OpCommon, Vec<OpEstimate>), AnyError> {
+    Ok(match c {
+        OpCommand::Matmul {
+            m,
+            k,
+            n,
+            transpose_a,
+            transpose_b,
+            common,
+        } => {
+            let cfg = IpuConfig::preset(common.ipu.preset());
+            let dtype = common.data_type.dtype();
+            let r = matmul(&cfg, m, k, n, dtype, transpose_a, transpose_b)?;
+            (common, vec![r])
+        }
+        OpCommand::Fc {
+            batch_size,
+            input_size,
+            output_size,
+            num_groups,
+            inference_only,
+            common,
+        } => {
+            let cfg = IpuConfig::preset(common.ipu.preset());
+            let passes: &[FcPass] = if inference_only {
+                &[FcPass::Forward]
+            } else {
+                &[FcPass::Forward, FcPass::Backward, FcPass::WeightUpdate]
+            };
+            let dtype = common.data_type.dtype();
+            let rs = passes
+                .iter()
+                .map(|&p| {
+                    fully_connected(
+                        &cfg,
+                        batch_size,
+                        input_size,
+                        output_size,
+                        num_groups,
+                        dtype,
+                        p,
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            (common, rs)
+        }
+    })
+}
+
+pub fn run_op(c: OpCommand) -> Result<bool, AnyError> {
+    let (common, results) = estimates(c)?;
+    let json = OpJson {
+        cycles: results.iter().map(|r| r.cycles).sum(),
+        total_memory_bytes: results
+            .iter()
+            .map(|r| r.total_memory_bytes)
+            .max()
+            .unwrap_or(0),
+        max_tile_bytes: results.iter().map(|r| r.max_tile_bytes).max().unwrap_or(0),
+        fits: results.iter().all(|r| r.fits),
+        passes: results.iter().map(|r| (r.name.as_str(), r)).collect(),
+    };
+    if common.json {
+        println!("{}", serde_json::to_string(&json)?);
+    } else {
+        for r in &results {
+            println!(
+                "{}: {} cycles (compute {}, exchange {}), {} flops, memory {} bytes, fullest tile {} bytes on {} tiles{}",
+                r.name,
+                r.cycles,
+                r.compute_cycles,
+                r.exchange_cycles,
+                r.flops,
+                r.total_memory_bytes,
+                r.max_tile_bytes,
+                r.tiles_used,
+                if r.fits { "" } else { " (DOES NOT FIT)" }
+            );
+        }
+        println!("total: {} cycles", json.cycles);
+    }
+    Ok(json.fits)
+}
+
+pub fn run_bench(a: BenchArgs) -> Result<bool, AnyError> {
+    if a.batch_size == 0 {
+        return Err("--batch-size: must be at least 1".into());
+    }
+    let data = load_data(&data_dir(a.data.as_deref()))?;
+    let ds = Dataset::from_mnist_split(&data.train_images, &data.train_labels)?
+        .map("images", |x| x / 255.0)?
+        .shuffle(a.seed)?
+        .batch(a.batch_size, true)?;
+    let report = dataset_benchmark(&ds, a.epochs)?;
+    println!("{}", report.to_json());
+    Ok(true)
+}

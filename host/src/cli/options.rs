@@ -1,0 +1,113 @@
+//! From command-line options and a model file's defaults to a model and session options.
+
+use std::path::{Path, PathBuf};
+
+use clap::ValueEnum;
+use tessera_host::idx::{load_mnist, Mnist};
+use tessera_host::model::{shipped, Model, SHIPPED};
+use tessera_host::session::{default_offload, OptimizerKind, SessionOptions};
+use tessera_sim::machine::IpuConfig;
+
+use super::args::{ModelArgs, ScheduleArg};
+use super::AnyError;
+
+/// The digits bundled with Tessera.
+pub const BUNDLED_DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/mnist-binarized-10k");
+
+/// A shipped model by name, or a model file.
+pub fn load_model(name: &str) -> Result<Model, AnyError> {
+    if let Some(m) = shipped(name) {
+        return Ok(m?);
+    }
+    let path = Path::new(name);
+    if !path.exists() {
+        let names: Vec<&str> = SHIPPED.iter().map(|(n, _)| *n).collect();
+        return Err(format!(
+            "model `{name}` is neither a shipped model ({}) nor a file",
+            names.join(", ")
+        )
+        .into());
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(Model::from_toml(&text, &path.display().to_string())?)
+}
+
+/// The data directory asked for, or the bundled digits.
+pub fn data_dir(data: Option<&Path>) -> PathBuf {
+    data.map_or_else(|| PathBuf::from(BUNDLED_DATA), Path::to_path_buf)
+}
+
+/// Loads the MNIST-format data.
+pub fn load_data(dir: &Path) -> Result<Mnist, AnyError> {
+    Ok(load_mnist(dir)?)
+}
+
+/// A value of a model file's `[training]` table, parsed as the command line would.
+fn file_value<T: ValueEnum>(model: &Model, key: &str, value: &str) -> Result<T, AnyError> {
+    T::from_str(value, true).map_err(|_| {
+        let names: Vec<String> = T::value_variants()
+            .iter()
+            .filter_map(|v| v.to_possible_value().map(|p| p.get_name().to_string()))
+            .collect();
+        format!(
+            "model `{}`: {key} `{value}` is not one of {}",
+            model.name,
+            names.join(", ")
+        )
+        .into()
+    })
+}
+
+/// The session options: the command line's, else the model file's, else the defaults.
+pub fn session_options(a: &ModelArgs, model: &Model) -> Result<SessionOptions, AnyError> {
+    let t = &model.training;
+    let schedule = match (a.pipeline_schedule, &t.pipeline_schedule) {
+        (Some(s), _) => s,
+        (None, Some(name)) => file_value::<ScheduleArg>(model, "pipeline_schedule", name)?,
+        (None, None) => ScheduleArg::Grouped,
+    };
+    let file_optimizer = t
+        .optimizer
+        .as_deref()
+        .map(|o| file_value::<OptimizerKind>(model, "optimizer", o))
+        .transpose()?;
+    let optimizer = a.optimizer.or(file_optimizer).unwrap_or_default();
+    let accumulation = a
+        .gradient_accumulation_count
+        .or(t.gradient_accumulation_count)
+        .unwrap_or(1);
+    let stages = if a.no_pipelining {
+        1
+    } else {
+        model.stage_count()
+    };
+    let machine = IpuConfig::preset(a.ipu.preset());
+    Ok(SessionOptions {
+        batch_size: a.batch_size.or(t.batch_size).unwrap_or(32),
+        gradient_accumulation_count: accumulation,
+        repeat_count: a.repeat_count,
+        steps_per_execution: a.steps_per_execution,
+        schedule: schedule.schedule(),
+        replicas: a.replicas,
+        ipu: a.ipu.preset(),
+        optimizer,
+        // The file's rate goes with the file's optimizer; another optimizer gets its own default.
+        learning_rate: a.learning_rate.unwrap_or_else(|| match t.learning_rate {
+            Some(lr) if file_optimizer.is_none_or(|o| o == optimizer) => lr,
+            _ => optimizer.default_learning_rate(),
+        }),
+        offload_optimizer_state: a.offload_optimizer_state
+            || (!a.no_offload_optimizer_state && default_offload(stages, accumulation, &machine)),
+        dtype: a.dtype.dtype(),
+        no_pipelining: a.no_pipelining,
+    })
+}
+
+/// The command line as typed, with the program called `tessera`.
+pub fn command_line() -> String {
+    let mut args: Vec<String> = std::env::args().collect();
+    if let Some(first) = args.first_mut() {
+        *first = "tessera".into();
+    }
+    args.join(" ")
+}

@@ -1,0 +1,479 @@
+//! Keras' `evaluate()` and `predict()` on the simulated device: the model's forward pass as
+//! an inference plan, pipelined over its stages with the inference schedule (forward slots
+//! only, overlap of S micro-batches for Grouped and Interleaved, no stash), replicated, K
+//! micro-batches per execution (Keras' `steps_per_execution`), fed by the infeed from the
+//! test split in order, predictions outfed to the host.
+//!
+//! IPU datasets need static shapes, so the test split is batched with `drop_remainder`: the
+//! last partial micro-batch (and micro-batches that do not fill an execution) are not run.
+
+use std::path::Path;
+
+use serde::Serialize;
+use tessera_core::schedule::{overlap_length, Schedule};
+use tessera_core::{DType, Graph, NodeId, Plan};
+use tessera_sim::machine::IpuConfig;
+use tessera_sim::runner::{Observe, PipelineRunner};
+use tessera_sim::system::{estimate_system, SystemEstimate, SystemOptions};
+
+use super::checkpoint::load_checkpoint;
+use super::taps::read;
+use super::{check_options, opt_err, SessionError, SessionOptions, NODES};
+use crate::dataset::{Batch, Dataset};
+use crate::idx::Mnist;
+use crate::infeed::InfeedQueue;
+use crate::model::Model;
+use crate::outfeed::HostTensor;
+
+/// Options of `evaluate` and `predict`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EvaluateOptions {
+    /// Micro-batches per execution (per replica), a multiple of the inference schedule's
+    /// overlap; default: as many as the test split fills.
+    pub steps_per_execution: Option<usize>,
+    /// Infeed prefetch depth (default 3).
+    pub prefetch_depth: Option<usize>,
+}
+
+/// Where the weights come from.
+#[derive(Clone, Copy, Debug)]
+pub enum Weights<'a> {
+    /// Freshly initialised from a seed (an untrained model).
+    Seed(u64),
+    /// A checkpoint written by `tessera train --checkpoint`.
+    Checkpoint(&'a Path),
+    /// A trained plan's state (its variables are copied by name).
+    Trained {
+        /// The trained plan.
+        plan: &'a Plan<NODES>,
+        /// Its state.
+        state: &'a [u8],
+    },
+}
+
+/// The result of `evaluate` or `predict`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EvaluateReport {
+    /// The model.
+    pub model: String,
+    /// Mean loss over the micro-batches run (NaN for `predict`, which has no labels).
+    pub loss: f64,
+    /// Fraction of samples whose largest output is their label.
+    pub accuracy: f64,
+    /// Samples run.
+    pub samples: usize,
+    /// Samples in the split.
+    pub split_samples: usize,
+    /// Executions of the on-device loop.
+    pub executions: usize,
+    /// Micro-batches per execution and replica (K).
+    pub steps_per_execution: usize,
+    /// Micro-batches the inference schedule overlaps (K must be a multiple).
+    pub overlap: usize,
+    /// The inference schedule.
+    pub schedule: String,
+    /// Cycles per execution on the simulated machine.
+    pub cycles_per_execution: u64,
+    /// Samples per second on the simulated machine.
+    pub samples_per_second: f64,
+    /// The predictions, `[samples, outputs]`, in the split's order (`predict` only).
+    #[serde(skip)]
+    pub predictions: Option<HostTensor>,
+    /// The inference estimate.
+    #[serde(skip)]
+    pub estimate: SystemEstimate,
+}
+
+/// The forward pass compiled for inference.
+struct Inference {
+    plan: Plan<NODES>,
+    output: NodeId,
+    loss: Option<NodeId>,
+    schedule: Schedule,
+    overlap: usize,
+    k: usize,
+    micro_batches: usize,
+    estimate: SystemEstimate,
+}
+
+/// Builds and plans the inference graph, chooses K and estimates one execution.
+fn compile_inference(
+    model: &Model,
+    so: &SessionOptions,
+    with_labels: bool,
+    split: Option<usize>,
+    opts: &EvaluateOptions,
+) -> Result<Inference, SessionError> {
+    check_options(so)?;
+    let model = if so.no_pipelining {
+        model.clone().without_pipelining()
+    } else {
+        model.clone()
+    };
+    let b = so.batch_size;
+    let mut g: Box<Graph<NODES>> = Box::new(Graph::new());
+    let built = model.build(&mut g, b, so.dtype)?;
+    let loss = if with_labels {
+        let labels = g.input("labels", &[b], DType::I32)?;
+        Some(g.sparse_categorical_crossentropy(
+            "loss",
+            built.output,
+            labels,
+            !built.softmax_output,
+        )?)
+    } else {
+        None
+    };
+    let plan = Plan::new(&g).map_err(SessionError::Plan)?;
+    let stages = model.stage_count();
+    let schedule = if stages == 1 {
+        Schedule::Sequential
+    } else {
+        so.schedule
+    };
+    let overlap = overlap_length(schedule, stages, false);
+    let (k, micro_batches) = choose_k(
+        split,
+        b,
+        so,
+        overlap,
+        opts.steps_per_execution,
+        stages,
+        schedule,
+    )?;
+    let machine = IpuConfig::preset(so.ipu);
+    let system = SystemOptions {
+        schedule,
+        device_mapping: model.device_mapping.clone(),
+        replicas: so.replicas,
+        micro_batch: b as u64,
+        inference_micro_batches: k,
+        allow_out_of_memory: true,
+        ..SystemOptions::default()
+    };
+    let estimate = estimate_system(&plan, &machine, &system)?;
+    Ok(Inference {
+        plan,
+        output: built.output,
+        loss,
+        schedule,
+        overlap,
+        k,
+        micro_batches,
+        estimate,
+    })
+}
+
+/// Micro-batches per execution: as asked (a positive multiple of the overlap that the split
+/// fills), else as many as the split fills, else (no data: an estimate) M rounded up to a
+/// multiple of the overlap. Returns K and the micro-batches per replica the split fills.
+fn choose_k(
+    split: Option<usize>,
+    b: usize,
+    so: &SessionOptions,
+    overlap: usize,
+    asked: Option<usize>,
+    stages: usize,
+    schedule: Schedule,
+) -> Result<(usize, usize), SessionError> {
+    let fills = split.map(|n| n / b / so.replicas);
+    let limit = fills.unwrap_or(usize::MAX);
+    let k = match asked {
+        Some(k) if k > 0 && k % overlap == 0 && k <= limit => k,
+        Some(k) => {
+            let most = fills.map_or(String::new(), |f| {
+                format!(", at most the {f} micro-batches of {b} the test split fills per replica")
+            });
+            return Err(opt_err(
+                "--steps-per-execution",
+                format!(
+                    "{k} micro-batches per execution: inference with the {} schedule over {stages} stage(s) needs a positive multiple of {overlap}{most}",
+                    schedule.name()
+                ),
+            ));
+        }
+        None => match fills {
+            Some(f) => f / overlap * overlap,
+            None => so.gradient_accumulation_count.div_ceil(overlap) * overlap,
+        },
+    };
+    if k == 0 {
+        return Err(SessionError::Data(format!(
+            "the test split's {} samples fill {} micro-batch(es) of {b} per replica; the {} schedule's inference needs {overlap}",
+            split.unwrap_or(0),
+            fills.unwrap_or(0),
+            schedule.name()
+        )));
+    }
+    Ok((k, fills.unwrap_or(k)))
+}
+
+/// The inference estimate of `model` (the forward pass, pipelined with the inference
+/// schedule, K micro-batches per execution: `steps_per_execution`, else M rounded up to a
+/// multiple of the schedule's overlap), with the micro-batches per execution it used.
+///
+/// # Errors
+///
+/// A [`SessionError`] for bad options or a model that cannot be built.
+pub fn inference_estimate(
+    model: &Model,
+    so: &SessionOptions,
+) -> Result<SystemEstimate, SessionError> {
+    let opts = EvaluateOptions {
+        steps_per_execution: so.steps_per_execution,
+        prefetch_depth: None,
+    };
+    Ok(compile_inference(model, so, false, None, &opts)?.estimate)
+}
+
+/// Loads the weights into every replica.
+fn load_weights(
+    runner: &mut PipelineRunner<NODES>,
+    replicas: usize,
+    weights: Weights<'_>,
+) -> Result<(), SessionError> {
+    if let Weights::Seed(seed) = weights {
+        return Ok(runner.init_state(seed)?);
+    }
+    let plan = runner.plan().clone();
+    for r in 0..replicas {
+        match weights {
+            Weights::Checkpoint(path) => load_checkpoint(path, &plan, runner.state_mut(r))?,
+            Weights::Trained { plan: src, state } => {
+                plan.copy_state_from(runner.state_mut(r), src, state)?;
+            }
+            Weights::Seed(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// What the device run produced.
+struct Outputs {
+    loss_sum: f64,
+    loss_n: u64,
+    /// Per sample, the row of outputs, in the split's order.
+    rows: Vec<f32>,
+    width: usize,
+}
+
+/// Runs the executions, reading the output (and loss) of every micro-batch as it completes.
+fn run_device(
+    inf: &Inference,
+    so: &SessionOptions,
+    infeed: &mut InfeedQueue,
+    weights: Weights<'_>,
+    input_name: &str,
+) -> Result<Outputs, SessionError> {
+    let replicas = so.replicas;
+    let mut runner = PipelineRunner::inference(inf.plan.clone(), inf.schedule, replicas, inf.k)?;
+    load_weights(&mut runner, replicas, weights)?;
+    let width = inf.plan.graph().node(inf.output).shape().elements() / so.batch_size;
+    let executions = inf.micro_batches / inf.k;
+    let per_execution = inf.k * replicas;
+    let mut out = Outputs {
+        loss_sum: 0.0,
+        loss_n: 0,
+        rows: vec![0.0; executions * per_execution * so.batch_size * width],
+        width,
+    };
+    let (output, loss) = (inf.output.index(), inf.loss.map(|l| l.index()));
+    for e in 0..executions {
+        let batches = (0..per_execution)
+            .map(|_| {
+                infeed
+                    .next_batch()?
+                    .ok_or_else(|| SessionError::Data("the test infeed ran dry".into()))
+            })
+            .collect::<Result<Vec<Batch>, SessionError>>()?;
+        runner.run_update_observed(
+            |r, mb, plan, arena| feed_known(plan, arena, &batches[mb * replicas + r], input_name),
+            |point, plan, arena, state| {
+                let Observe::Node {
+                    replica,
+                    micro_batch,
+                    node,
+                } = point
+                else {
+                    return Ok(());
+                };
+                if Some(node) == loss {
+                    out.loss_sum += f64::from(
+                        read(plan, inf.loss.unwrap_or(inf.output), arena, state)?.data[0],
+                    );
+                    out.loss_n += 1;
+                } else if node == output {
+                    let t = read(plan, inf.output, arena, state)?;
+                    let at = (e * per_execution + micro_batch * replicas + replica) * t.data.len();
+                    out.rows[at..at + t.data.len()].copy_from_slice(&t.data);
+                }
+                Ok::<(), SessionError>(())
+            },
+        )?;
+    }
+    Ok(out)
+}
+
+/// [`super::device::feed`] for inference: fields the graph has no input for (the labels of
+/// `predict`) are not fed.
+fn feed_known(
+    plan: &Plan<NODES>,
+    arena: &mut [u8],
+    batch: &Batch,
+    input_name: &str,
+) -> Result<(), SessionError> {
+    for (name, _, values) in &batch.fields {
+        let target = if name == "images" {
+            input_name
+        } else {
+            name.as_str()
+        };
+        if plan.graph().find(target).is_ok() {
+            plan.fill_input(target, arena, values.len(), |i| values[i])?;
+        }
+    }
+    Ok(())
+}
+
+fn argmax(row: &[f32]) -> usize {
+    row.iter()
+        .enumerate()
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |a, (i, &v)| if v > a.1 { (i, v) } else { a },
+        )
+        .0
+}
+
+/// An evaluation checked and compiled, ready to run: what training prepares before it starts
+/// so that a bad evaluation setting fails before any work.
+pub struct Evaluation {
+    inf: Inference,
+    with_labels: bool,
+}
+
+impl Evaluation {
+    /// Checks the data and options, compiles the inference plan and estimates it.
+    ///
+    /// # Errors
+    ///
+    /// A [`SessionError`] naming what is wrong, including a model that does not fit.
+    pub fn new(
+        model: &Model,
+        so: &SessionOptions,
+        data: &Mnist,
+        opts: &EvaluateOptions,
+        with_labels: bool,
+    ) -> Result<Self, SessionError> {
+        let split = data.test_images.count;
+        model.check_data(&[data.test_images.rows, data.test_images.cols], 10)?;
+        let inf = compile_inference(model, so, with_labels, Some(split), opts)?;
+        if let Some(oom) = &inf.estimate.out_of_memory {
+            return Err(SessionError::System(tessera_sim::system::SystemError::Sim(
+                tessera_sim::estimate::SimError::OutOfMemory(Box::new(oom.clone())),
+            )));
+        }
+        Ok(Evaluation { inf, with_labels })
+    }
+
+    /// The inference estimate.
+    pub fn estimate(&self) -> &SystemEstimate {
+        &self.inf.estimate
+    }
+
+    /// Runs the test split through the device with `weights`.
+    ///
+    /// # Errors
+    ///
+    /// A [`SessionError`] naming what failed.
+    pub fn run(
+        self,
+        model: &Model,
+        so: &SessionOptions,
+        weights: Weights<'_>,
+        data: &Mnist,
+        opts: &EvaluateOptions,
+    ) -> Result<EvaluateReport, SessionError> {
+        tessera_sim::use_fast_kernels();
+        let Evaluation { inf, with_labels } = self;
+        let test_set = Dataset::from_mnist_split(&data.test_images, &data.test_labels)?
+            .map("images", |x| x / 255.0)?
+            .cast("images", so.dtype)?
+            .batch(so.batch_size, true)?;
+        let mut infeed =
+            InfeedQueue::new("test_infeed", test_set, opts.prefetch_depth.unwrap_or(3))?;
+        let out = run_device(&inf, so, &mut infeed, weights, &model.input_name)?;
+        let samples = out.rows.len() / out.width.max(1);
+        let correct = (0..samples)
+            .filter(|&s| {
+                argmax(&out.rows[s * out.width..(s + 1) * out.width])
+                    == usize::from(data.test_labels.labels[s])
+            })
+            .count();
+        let e = &inf.estimate;
+        Ok(EvaluateReport {
+            model: model.name.clone(),
+            loss: if out.loss_n > 0 {
+                out.loss_sum / out.loss_n as f64
+            } else {
+                f64::NAN
+            },
+            accuracy: correct as f64 / samples.max(1) as f64,
+            samples,
+            split_samples: data.test_images.count,
+            executions: inf.micro_batches / inf.k,
+            steps_per_execution: inf.k,
+            overlap: inf.overlap,
+            schedule: e.schedule.clone(),
+            cycles_per_execution: e.cycles_per_weight_update,
+            samples_per_second: e.samples_per_second,
+            predictions: (!with_labels).then(|| HostTensor {
+                shape: vec![samples, out.width],
+                data: out.rows,
+            }),
+            estimate: inf.estimate,
+        })
+    }
+}
+
+fn run(
+    model: &Model,
+    so: &SessionOptions,
+    weights: Weights<'_>,
+    data: &Mnist,
+    opts: &EvaluateOptions,
+    with_labels: bool,
+) -> Result<EvaluateReport, SessionError> {
+    Evaluation::new(model, so, data, opts, with_labels)?.run(model, so, weights, data, opts)
+}
+
+/// Keras' `evaluate()`: loss and accuracy on the test split, on the simulated device.
+///
+/// # Errors
+///
+/// A [`SessionError`] naming what is wrong: options, data, weights, a model that does not fit.
+pub fn evaluate(
+    model: &Model,
+    so: &SessionOptions,
+    weights: Weights<'_>,
+    data: &Mnist,
+    opts: &EvaluateOptions,
+) -> Result<EvaluateReport, SessionError> {
+    run(model, so, weights, data, opts, true)
+}
+
+/// Keras' `predict()`: the model's outputs for the test split's images, outfed to the host
+/// (`predictions`), with the accuracy they give against the split's labels.
+///
+/// # Errors
+///
+/// As [`evaluate`].
+pub fn predict(
+    model: &Model,
+    so: &SessionOptions,
+    weights: Weights<'_>,
+    data: &Mnist,
+    opts: &EvaluateOptions,
+) -> Result<EvaluateReport, SessionError> {
+    run(model, so, weights, data, opts, false)
+}

@@ -1,0 +1,319 @@
+//! Sessions: a model, the machine and the run options become a training (or inference) plan
+//! and its estimate; training and inference run it on MNIST-format data through infeed and
+//! outfeed queues, on the simulated device.
+//!
+//! Training is a chain of small steps, each in its own module: [`compile`] builds and plans
+//! the graph, [`train::prepare`] checks the run (data, execution sizes, fit) before anything
+//! is printed, `taps` decides which tensors each outfeed reads, `device` runs the executions
+//! on a thread of its own in pipeline-schedule order, `drain` is the host's side (outfeed
+//! queues drained as elements arrive, epoch callbacks while the device waits), [`evaluate`]
+//! runs inference on the device with the inference schedule, and [`checkpoint`] saves and
+//! loads weights.
+
+pub mod checkpoint;
+mod device;
+mod drain;
+pub mod evaluate;
+mod taps;
+pub mod train;
+
+use std::path::PathBuf;
+
+use tessera_core::schedule::Schedule;
+use tessera_core::{
+    Accumulation, DType, Graph, GraphError, NodeId, Optimizer, Plan, PlanError, RunError,
+};
+use tessera_sim::lower::LowerOptions;
+use tessera_sim::machine::{IpuConfig, Preset};
+use tessera_sim::system::{estimate_system, SystemError, SystemEstimate, SystemOptions};
+
+use crate::dataset::DatasetError;
+use crate::infeed::InfeedError;
+use crate::model::{BuiltModel, Model, ModelError};
+use crate::outfeed::OutfeedError;
+pub use crate::summary::{EstimateSummary, IpuMemorySummary, StageSummary};
+pub use checkpoint::{load_checkpoint, save_checkpoint};
+pub use evaluate::{
+    evaluate, inference_estimate, predict, EvaluateOptions, EvaluateReport, Evaluation, Weights,
+};
+pub use train::{
+    prepare, train, Executions, OutfeedSummary, Prepared, TrainEvent, TrainOptions, TrainReport,
+};
+
+/// Graph capacity of sessions (nodes of the training graph).
+pub const NODES: usize = 256;
+
+/// The optimizers a session offers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum OptimizerKind {
+    /// Plain SGD.
+    #[default]
+    Sgd,
+    /// SGD with momentum 0.9.
+    Momentum,
+    /// Adam (Keras defaults).
+    Adam,
+}
+
+impl OptimizerKind {
+    /// The learning rate used when none is given: 0.1 for SGD (the examples'), 0.01 for
+    /// momentum, 0.001 for Adam (Keras').
+    pub fn default_learning_rate(self) -> f32 {
+        match self {
+            OptimizerKind::Sgd => 0.1,
+            OptimizerKind::Momentum => 0.01,
+            OptimizerKind::Adam => 0.001,
+        }
+    }
+
+    /// The core optimizer at `learning_rate`.
+    pub fn with_rate(self, learning_rate: f32) -> Optimizer {
+        match self {
+            OptimizerKind::Sgd => Optimizer::sgd(learning_rate),
+            OptimizerKind::Momentum => Optimizer::momentum(learning_rate, 0.9),
+            OptimizerKind::Adam => Optimizer::adam(learning_rate),
+        }
+    }
+
+    /// Whether the optimizer keeps state besides the weights (what offloading moves).
+    pub fn has_state(self) -> bool {
+        !matches!(self, OptimizerKind::Sgd)
+    }
+}
+
+/// How a model is compiled and placed: what `tessera estimate`, `train`, `evaluate` and
+/// `predict` share.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionOptions {
+    /// Samples per micro-batch (per replica).
+    pub batch_size: usize,
+    /// Micro-batches per weight update (M).
+    pub gradient_accumulation_count: usize,
+    /// Weight updates per execution (R); exclusive with `steps_per_execution`.
+    pub repeat_count: Option<usize>,
+    /// Micro-batches per execution (K, a multiple of M).
+    pub steps_per_execution: Option<usize>,
+    /// Pipeline schedule.
+    pub schedule: Schedule,
+    /// Replicas.
+    pub replicas: usize,
+    /// IPU generation.
+    pub ipu: Preset,
+    /// Optimizer.
+    pub optimizer: OptimizerKind,
+    /// Learning rate.
+    pub learning_rate: f32,
+    /// Keep optimizer state in streaming memory (TensorFlow's
+    /// `offload_weight_update_variables`); see [`default_offload`] for TF's default.
+    pub offload_optimizer_state: bool,
+    /// Weights' and activations' element type.
+    pub dtype: DType,
+    /// Put every layer in one stage on one IPU.
+    pub no_pipelining: bool,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            batch_size: 32,
+            gradient_accumulation_count: 4,
+            repeat_count: None,
+            steps_per_execution: None,
+            schedule: Schedule::Grouped,
+            replicas: 1,
+            ipu: Preset::Mk2,
+            optimizer: OptimizerKind::Sgd,
+            learning_rate: 0.1,
+            offload_optimizer_state: false,
+            dtype: DType::F32,
+            no_pipelining: false,
+        }
+    }
+}
+
+/// TensorFlow's default for `offload_weight_update_variables`: on for pipelined models and
+/// for gradient accumulation, when the machine has remote buffers (streaming memory).
+pub fn default_offload(stages: usize, accumulation: usize, machine: &IpuConfig) -> bool {
+    (stages > 1 || accumulation > 1) && machine.streaming_memory_bytes > 0
+}
+
+/// Why a session cannot be set up or run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// An option is out of range or inconsistent.
+    #[error("{option}: {message}")]
+    Option {
+        /// The option, as the command line spells it.
+        option: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// The model is invalid or does not match the data.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The core refused the graph.
+    #[error("building the graph")]
+    Graph(#[source] Box<GraphError>),
+    /// The core could not plan the graph.
+    #[error("planning the graph")]
+    Plan(#[source] PlanError),
+    /// The system configuration (schedule, accumulation, mapping, replicas) is invalid, or
+    /// the model does not fit.
+    #[error(transparent)]
+    System(#[from] SystemError),
+    /// The data ran out or does not suit the run.
+    #[error("{0}")]
+    Data(String),
+    /// The dataset pipeline failed.
+    #[error(transparent)]
+    Dataset(#[from] DatasetError),
+    /// The infeed failed.
+    #[error(transparent)]
+    Infeed(#[from] InfeedError),
+    /// An outfeed failed.
+    #[error(transparent)]
+    Outfeed(#[from] OutfeedError),
+    /// Running the program failed.
+    #[error("running the program")]
+    Run(#[from] RunError),
+    /// A checkpoint could not be written or read.
+    #[error("checkpoint {}: {message}", path.display())]
+    Checkpoint {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+        /// The underlying error, if any.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+}
+
+impl From<GraphError> for SessionError {
+    fn from(e: GraphError) -> Self {
+        SessionError::Graph(Box::new(e))
+    }
+}
+
+/// A model compiled for a session: its training plan, where its taps and gradients are, and
+/// how the system runs it.
+pub struct Compiled {
+    /// The model (pipelining removed if asked).
+    pub model: Model,
+    /// The options.
+    pub options: SessionOptions,
+    /// The training plan.
+    pub plan: Plan<NODES>,
+    /// What the model added to the graph.
+    pub built: BuiltModel,
+    /// The loss node.
+    pub loss: NodeId,
+    /// The machine.
+    pub machine: IpuConfig,
+    /// The system options of the estimate.
+    pub system: SystemOptions,
+}
+
+fn opt_err(option: &'static str, message: String) -> SessionError {
+    SessionError::Option { option, message }
+}
+
+/// Checks the options every session shares.
+fn check_options(options: &SessionOptions) -> Result<(), SessionError> {
+    if options.batch_size == 0 {
+        return Err(opt_err("--batch-size", "must be at least 1".into()));
+    }
+    if options.gradient_accumulation_count == 0 {
+        return Err(opt_err(
+            "--gradient-accumulation-count",
+            "must be at least 1".into(),
+        ));
+    }
+    if options.replicas == 0 {
+        return Err(opt_err("--replicas", "must be at least 1".into()));
+    }
+    if !(options.learning_rate.is_finite() && options.learning_rate > 0.0) {
+        return Err(opt_err(
+            "--learning-rate",
+            format!("{} is not a positive number", options.learning_rate),
+        ));
+    }
+    if !matches!(options.dtype, DType::F32 | DType::F16) {
+        return Err(opt_err("--dtype", "use f32 or f16".into()));
+    }
+    Ok(())
+}
+
+/// Builds the training graph of `model` under `options` and plans it.
+///
+/// # Errors
+///
+/// [`SessionError::Option`] for out-of-range options, [`SessionError::Model`] /
+/// [`SessionError::Graph`] / [`SessionError::Plan`] when the model cannot be built.
+pub fn compile(model: &Model, options: &SessionOptions) -> Result<Compiled, SessionError> {
+    check_options(options)?;
+    let model = if options.no_pipelining {
+        model.clone().without_pipelining()
+    } else {
+        model.clone()
+    };
+    let m = u32::try_from(options.gradient_accumulation_count)
+        .map_err(|_| opt_err("--gradient-accumulation-count", "is too large".to_string()))?;
+    let mut g: Box<Graph<NODES>> = Box::new(Graph::new());
+    let built = model.build(&mut g, options.batch_size, options.dtype)?;
+    let labels = g.input("labels", &[options.batch_size], DType::I32)?;
+    let loss =
+        g.sparse_categorical_crossentropy("loss", built.output, labels, !built.softmax_output)?;
+    g.differentiate_accumulating(
+        loss,
+        options.optimizer.with_rate(options.learning_rate),
+        Accumulation {
+            // fp32 accumulators for fp16 gradients, as mixed-precision training on IPUs does.
+            dtype: (options.dtype == DType::F16).then_some(DType::F32),
+            ..Accumulation::new(m)
+        },
+    )?;
+    let plan = Plan::new(&g).map_err(SessionError::Plan)?;
+    let machine = IpuConfig::preset(options.ipu);
+    // One stage is plain training: no overlap, so no schedule constraint on M.
+    let mut options = options.clone();
+    if model.stage_count() == 1 {
+        options.schedule = Schedule::Sequential;
+    }
+    let system = SystemOptions {
+        schedule: options.schedule,
+        device_mapping: model.device_mapping.clone(),
+        replicas: options.replicas,
+        micro_batch: options.batch_size as u64,
+        lower: LowerOptions {
+            offload_optimizer_state: options.offload_optimizer_state,
+            ..LowerOptions::default()
+        },
+        allow_out_of_memory: true,
+        steps_per_execution: options.steps_per_execution,
+        repeat_count: options.repeat_count,
+        ..SystemOptions::default()
+    };
+    Ok(Compiled {
+        model,
+        options,
+        plan,
+        built,
+        loss,
+        machine,
+        system,
+    })
+}
+
+impl Compiled {
+    /// The estimate (produced even when a tile overflows: see `fits` and `out_of_memory`).
+    ///
+    /// # Errors
+    ///
+    /// [`SessionError::System`] for an invalid schedule, accumulation count, mapping or
+    /// execution size.
+    pub fn estimate(&self) -> Result<SystemEstimate, SessionError> {
+        Ok(estimate_system(&self.plan, &self.machine, &self.system)?)
+    }
+}

@@ -1,0 +1,438 @@
+//! Training: [`prepare`] checks everything a run needs (data, options, execution sizes, fit)
+//! before anything is printed; [`Prepared::run`] runs the device and the host side by side and
+//! evaluates the trained weights on the test split through the same device path.
+//!
+//! Executions run over the repeated, reshuffled dataset, as TensorFlow repeats a dataset: an
+//! execution of R weight updates may be shorter or longer than a pass over the data. Epochs
+//! are counted as samples seen / dataset size; `epochs` asks for that many passes, rounded to
+//! whole executions, and the callbacks run at the execution nearest each pass's end (or after
+//! every execution when one is longer than a pass).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::Serialize;
+use tessera_sim::runner::PipelineRunner;
+use tessera_sim::system::{estimate_system, loop_repeat, SystemError, SystemEstimate};
+
+use super::checkpoint::save_checkpoint;
+use super::device::{Device, DeviceMsg};
+use super::drain::host_loop;
+use super::evaluate::{EvaluateOptions, EvaluateReport, Evaluation, Weights};
+use super::taps::{Queue, Taps};
+use super::{opt_err, Compiled, EstimateSummary, IpuMemorySummary, SessionError};
+use crate::dataset::Dataset;
+use crate::idx::Mnist;
+use crate::infeed::InfeedQueue;
+use crate::inspect::GradientOutfeedMode;
+use crate::outfeed::HostTensor;
+
+/// Training options beyond the session's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainOptions {
+    /// Passes over the training data (rounded to whole executions).
+    pub epochs: usize,
+    /// Run one execution only.
+    pub run_single_step: bool,
+    /// When gradients are outfed.
+    pub gradient_outfeed_mode: GradientOutfeedMode,
+    /// Gradient filters (`None`: all; empty: none).
+    pub gradients_filters: Option<Vec<String>>,
+    /// Activation filters for MaybeOutfeed layers (`None`: all; empty: none).
+    pub activations_filters: Option<Vec<String>>,
+    /// Seed of weights and shuffling.
+    pub seed: u64,
+    /// Infeed prefetch depth.
+    pub prefetch_depth: usize,
+    /// Outfeed buffer depth.
+    pub buffer_depth: usize,
+    /// Save the final weights here (safetensors).
+    pub checkpoint: Option<PathBuf>,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        TrainOptions {
+            epochs: 3,
+            run_single_step: false,
+            gradient_outfeed_mode: GradientOutfeedMode::BeforeApply,
+            gradients_filters: Some(vec!["Dense_128".to_string()]),
+            activations_filters: None,
+            seed: 0,
+            prefetch_depth: 3,
+            buffer_depth: 3,
+            checkpoint: None,
+        }
+    }
+}
+
+/// What training reports to its caller as it goes.
+#[derive(Debug)]
+pub enum TrainEvent {
+    /// Training starts.
+    Start {
+        /// Micro-batches (per replica) over the whole run.
+        total_steps: u64,
+        /// Micro-batches between reporting points.
+        steps_per_epoch: u64,
+    },
+    /// Micro-batches done so far (per replica).
+    Progress {
+        /// Done.
+        steps: u64,
+    },
+    /// A reporting point (an epoch's end, or an execution's when it spans epochs).
+    Epoch {
+        /// 1-based.
+        epoch: usize,
+        /// Passes over the training data so far: samples seen / dataset size.
+        epochs_seen: f64,
+        /// Mean loss since the last reporting point, over micro-batches and replicas.
+        loss: f64,
+        /// The callbacks' data: (callback name, stacked tensors by key).
+        outfeeds: Vec<(String, BTreeMap<String, HostTensor>)>,
+    },
+}
+
+/// One outfeed queue's counters after training.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OutfeedSummary {
+    /// The queue.
+    pub queue: String,
+    /// Elements enqueued.
+    pub enqueued: u64,
+    /// Enqueues that waited for the host to drain.
+    pub stalled_enqueues: u64,
+    /// Time the device spent waiting, seconds (wall clock).
+    pub stall_seconds: f64,
+}
+
+/// The result of training.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TrainReport {
+    /// The model.
+    pub model: String,
+    /// Accuracy on the test split (through the device's inference path).
+    pub test_accuracy: f64,
+    /// Mean loss on the test split.
+    pub test_loss: f64,
+    /// Test samples evaluated (whole micro-batches).
+    pub test_samples: usize,
+    /// Mean loss of the last reporting point.
+    pub final_loss: f64,
+    /// Mean loss per reporting point.
+    pub epoch_losses: Vec<f64>,
+    /// Passes over the training data (samples seen / dataset size).
+    pub epochs_seen: f64,
+    /// Micro-batch steps run (per replica).
+    pub steps: u64,
+    /// Weight updates.
+    pub weight_updates: u64,
+    /// Executions of the on-device loop.
+    pub executions: u64,
+    /// Weight updates per execution (R).
+    pub repeat_count: usize,
+    /// Micro-batches per execution (K).
+    pub steps_per_execution: usize,
+    /// Average cycles per micro-batch step.
+    pub cycles_per_step: u64,
+    /// Cycles per weight update.
+    pub cycles_per_weight_update: u64,
+    /// Samples per second on the simulated machine.
+    pub samples_per_second: f64,
+    /// Memory per IPU.
+    pub memory: Vec<IpuMemorySummary>,
+    /// Outfeed queues.
+    pub outfeeds: Vec<OutfeedSummary>,
+    /// Wall-clock seconds of the run.
+    pub wall_seconds: f64,
+    /// Seed.
+    pub seed: u64,
+    /// The estimate of the run (R as run).
+    #[serde(skip)]
+    pub estimate: SystemEstimate,
+    /// The test split's evaluation, with its inference estimate.
+    #[serde(skip)]
+    pub evaluation: EvaluateReport,
+}
+
+/// How many executions a run has, and where its reporting points are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Executions {
+    /// Weight updates per execution (R).
+    pub repeat: usize,
+    /// Executions in the run.
+    pub executions: usize,
+    /// Executions between reporting points.
+    pub executions_per_report: usize,
+    /// Micro-batches per weight update (M).
+    pub micro_batches_per_update: usize,
+    /// Replicas.
+    pub replicas: usize,
+    /// Samples per micro-batch.
+    pub batch_size: usize,
+    /// Samples in one pass over the training data.
+    pub dataset_len: usize,
+}
+
+impl Executions {
+    /// Samples one execution consumes over all replicas.
+    pub fn samples_per_execution(&self) -> usize {
+        self.repeat * self.micro_batches_per_update * self.replicas * self.batch_size
+    }
+
+    /// Passes over the data after `executions` executions.
+    pub fn epochs_after(&self, executions: usize) -> f64 {
+        (executions * self.samples_per_execution()) as f64 / self.dataset_len.max(1) as f64
+    }
+
+    /// Micro-batches (per replica) in one execution.
+    pub fn steps_per_execution(&self) -> usize {
+        self.repeat * self.micro_batches_per_update
+    }
+}
+
+/// A run that has passed every check: the estimate, the taps and the infeed are ready.
+pub struct Prepared {
+    compiled: Compiled,
+    executions: Executions,
+    estimate: SystemEstimate,
+    taps: Taps,
+    infeed: InfeedQueue,
+    evaluation: Evaluation,
+    options: TrainOptions,
+}
+
+impl Prepared {
+    /// The estimate of the run (R as run).
+    pub fn estimate(&self) -> &SystemEstimate {
+        &self.estimate
+    }
+
+    /// The executions the run will make.
+    pub fn executions(&self) -> Executions {
+        self.executions
+    }
+
+    /// The compiled model.
+    pub fn compiled(&self) -> &Compiled {
+        &self.compiled
+    }
+}
+
+/// Plans the executions: R as given (or one pass's worth of updates), and how many.
+fn plan_executions(
+    c: &Compiled,
+    dataset_len: usize,
+    options: &TrainOptions,
+) -> Result<Executions, SessionError> {
+    let so = &c.options;
+    let (b, m, replicas) = (so.batch_size, so.gradient_accumulation_count, so.replicas);
+    let per_update = b * m * replicas;
+    let repeat = match (so.repeat_count, so.steps_per_execution) {
+        (None, None) => (dataset_len / per_update).max(1),
+        (r, k) => loop_repeat(k, r, m)?,
+    };
+    let per_execution = (repeat * per_update) as f64;
+    let nearest = |x: f64| (x.round() as usize).max(1);
+    let (executions, executions_per_report) = if options.run_single_step {
+        (1, 1)
+    } else {
+        (
+            nearest(options.epochs as f64 * dataset_len as f64 / per_execution),
+            nearest(dataset_len as f64 / per_execution),
+        )
+    };
+    Ok(Executions {
+        repeat,
+        executions,
+        executions_per_report,
+        micro_batches_per_update: m,
+        replicas,
+        batch_size: b,
+        dataset_len,
+    })
+}
+
+/// Checks a training run before anything runs or is printed: the data against the model,
+/// the options, the execution sizes, that the model fits; makes the outfeed queues and starts
+/// the infeed.
+///
+/// # Errors
+///
+/// A [`SessionError`] naming what is wrong.
+pub fn prepare(
+    compiled: Compiled,
+    data: &Mnist,
+    options: &TrainOptions,
+) -> Result<Prepared, SessionError> {
+    let classes = data
+        .train_labels
+        .labels
+        .iter()
+        .chain(&data.test_labels.labels)
+        .map(|&l| usize::from(l) + 1)
+        .max()
+        .unwrap_or(0)
+        .max(10);
+    compiled
+        .model
+        .check_data(&[data.train_images.rows, data.train_images.cols], classes)?;
+    if options.epochs == 0 {
+        return Err(opt_err("--epochs", "must be at least 1".into()));
+    }
+    let executions = plan_executions(&compiled, data.train_images.count, options)?;
+    let mut system = compiled.system.clone();
+    system.repeat_count = Some(executions.repeat);
+    system.steps_per_execution = None;
+    let estimate = estimate_system(&compiled.plan, &compiled.machine, &system)?;
+    if let Some(oom) = &estimate.out_of_memory {
+        return Err(SessionError::System(SystemError::Sim(
+            tessera_sim::estimate::SimError::OutOfMemory(Box::new(oom.clone())),
+        )));
+    }
+    let taps = Taps::new(&compiled, options)?;
+    let so = &compiled.options;
+    let train_set = Dataset::from_mnist_split(&data.train_images, &data.train_labels)?
+        .map("images", |x| x / 255.0)?
+        .cast("images", so.dtype)?
+        .shuffle(options.seed)?
+        .batch(so.batch_size, true)?
+        .repeat(None)?;
+    let infeed = InfeedQueue::new("infeed", train_set, options.prefetch_depth)?;
+    let evaluation = Evaluation::new(&compiled.model, so, data, &EvaluateOptions::default(), true)?;
+    Ok(Prepared {
+        compiled,
+        executions,
+        estimate,
+        taps,
+        infeed,
+        evaluation,
+        options: options.clone(),
+    })
+}
+
+/// Trains `compiled` on `data`, calling `on_event` from the calling thread as it goes:
+/// [`prepare`] then [`Prepared::run`].
+///
+/// # Errors
+///
+/// A [`SessionError`] naming what failed: data that does not match the model, an invalid
+/// execution size, a model that does not fit, a failing queue or run, an unwritable
+/// checkpoint.
+pub fn train(
+    compiled: Compiled,
+    data: &Mnist,
+    options: &TrainOptions,
+    on_event: impl FnMut(TrainEvent),
+) -> Result<TrainReport, SessionError> {
+    prepare(compiled, data, options)?.run(data, on_event)
+}
+
+impl Prepared {
+    /// Runs the device on a thread of its own while this thread drains the outfeeds and
+    /// reports; then evaluates on the test split and saves the checkpoint.
+    ///
+    /// # Errors
+    ///
+    /// A [`SessionError`] naming what failed.
+    pub fn run(
+        self,
+        data: &Mnist,
+        mut on_event: impl FnMut(TrainEvent),
+    ) -> Result<TrainReport, SessionError> {
+        let start = Instant::now();
+        // Bit-identical results with or without; faster where the CPU has AVX2 / AVX-512.
+        tessera_sim::use_fast_kernels();
+        let Prepared {
+            compiled,
+            executions: x,
+            estimate,
+            taps,
+            infeed,
+            evaluation,
+            options,
+        } = self;
+        let so = &compiled.options;
+        let mut runner = PipelineRunner::new(compiled.plan.clone(), so.schedule, so.replicas)?;
+        runner.init_state(options.seed)?;
+        let per_report = (x.executions_per_report * x.steps_per_execution()) as u64;
+        on_event(TrainEvent::Start {
+            total_steps: (x.executions * x.steps_per_execution()) as u64,
+            steps_per_epoch: per_report,
+        });
+        let (to_host, from_device) = crossbeam_channel::unbounded::<DeviceMsg>();
+        let (ack_tx, ack_rx) = crossbeam_channel::bounded::<()>(1);
+        let device = Device {
+            infeed,
+            taps: &taps,
+            plan: x,
+            input_name: compiled.model.input_name.clone(),
+            to_host,
+            acks: ack_rx,
+        };
+        let (losses, device_result) = std::thread::scope(|scope| {
+            let runner = &mut runner;
+            let handle = scope.spawn(move || device.run(runner));
+            let losses = host_loop(&taps, &from_device, &ack_tx, &mut on_event);
+            let result = handle
+                .join()
+                .unwrap_or_else(|_| Err(SessionError::Data("the device thread panicked".into())));
+            (losses, result)
+        });
+        device_result?;
+        let weights = Weights::Trained {
+            plan: runner.plan(),
+            state: runner.state(0),
+        };
+        let evaluation = evaluation.run(
+            &compiled.model,
+            so,
+            weights,
+            data,
+            &EvaluateOptions::default(),
+        )?;
+        if let Some(path) = &options.checkpoint {
+            save_checkpoint(path, runner.plan(), runner.state(0))?;
+        }
+        let summary =
+            EstimateSummary::new(&compiled.model.name, so.ipu, &compiled.machine, &estimate);
+        let outfeeds = Queue::ALL
+            .iter()
+            .map(|&q| {
+                let q = taps.queue(q);
+                OutfeedSummary {
+                    queue: q.name().to_string(),
+                    enqueued: q.enqueued(),
+                    stalled_enqueues: q.stalled_enqueues(),
+                    stall_seconds: q.stall_time().as_secs_f64(),
+                }
+            })
+            .collect();
+        let executions = x.executions as u64;
+        Ok(TrainReport {
+            model: compiled.model.name.clone(),
+            test_accuracy: evaluation.accuracy,
+            test_loss: evaluation.loss,
+            test_samples: evaluation.samples,
+            final_loss: losses.last().copied().unwrap_or(f64::NAN),
+            epoch_losses: losses,
+            epochs_seen: x.epochs_after(x.executions),
+            steps: executions * x.steps_per_execution() as u64,
+            weight_updates: executions * x.repeat as u64,
+            executions,
+            repeat_count: x.repeat,
+            steps_per_execution: x.steps_per_execution(),
+            cycles_per_step: summary.cycles_per_step,
+            cycles_per_weight_update: summary.cycles_per_weight_update,
+            samples_per_second: summary.samples_per_second,
+            memory: summary.ipus,
+            outfeeds,
+            wall_seconds: start.elapsed().as_secs_f64(),
+            seed: options.seed,
+            estimate,
+            evaluation,
+        })
+    }
+}
