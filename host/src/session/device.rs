@@ -95,7 +95,8 @@ impl Device<'_> {
 }
 
 /// Writes a batch into a micro-batch's arena: `images` goes to the model's input, every other
-/// field to the input of its own name.
+/// field to the input of its own name; fields the graph has no input for (the labels of an
+/// inference graph that computes no loss) are not fed.
 pub(super) fn feed(
     plan: &tessera_core::Plan<NODES>,
     arena: &mut [u8],
@@ -108,7 +109,9 @@ pub(super) fn feed(
         } else {
             name.as_str()
         };
-        plan.fill_input(target, arena, values.len(), |i| values[i])?;
+        if plan.graph().find(target).is_ok() {
+            plan.fill_input(target, arena, values.len(), |i| values[i])?;
+        }
     }
     Ok(())
 }

@@ -17,6 +17,7 @@ use tessera_sim::runner::{Observe, PipelineRunner};
 use tessera_sim::system::{estimate_system, SystemEstimate, SystemOptions};
 
 use super::checkpoint::load_checkpoint;
+use super::device::feed;
 use super::taps::read;
 use super::{check_options, opt_err, SessionError, SessionOptions, NODES};
 use crate::dataset::{Batch, Dataset};
@@ -287,7 +288,7 @@ fn run_device(
             })
             .collect::<Result<Vec<Batch>, SessionError>>()?;
         runner.run_update_observed(
-            |r, mb, plan, arena| feed_known(plan, arena, &batches[mb * replicas + r], input_name),
+            |r, mb, plan, arena| feed(plan, arena, &batches[mb * replicas + r], input_name),
             |point, plan, arena, state| {
                 let Observe::Node {
                     replica,
@@ -312,27 +313,6 @@ fn run_device(
         )?;
     }
     Ok(out)
-}
-
-/// [`super::device::feed`] for inference: fields the graph has no input for (the labels of
-/// `predict`) are not fed.
-fn feed_known(
-    plan: &Plan<NODES>,
-    arena: &mut [u8],
-    batch: &Batch,
-    input_name: &str,
-) -> Result<(), SessionError> {
-    for (name, _, values) in &batch.fields {
-        let target = if name == "images" {
-            input_name
-        } else {
-            name.as_str()
-        };
-        if plan.graph().find(target).is_ok() {
-            plan.fill_input(target, arena, values.len(), |i| values[i])?;
-        }
-    }
-    Ok(())
 }
 
 fn argmax(row: &[f32]) -> usize {
