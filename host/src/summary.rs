@@ -2,10 +2,14 @@
 //! cycles by phase, per-stage rows) serialised as JSON or rendered as text.
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use serde::Serialize;
 use tessera_sim::machine::{IpuConfig, Preset};
+use tessera_sim::memory::MemoryCategory;
 use tessera_sim::system::SystemEstimate;
+
+use crate::report::format::{bytes, count, decimal, percent, seconds};
 
 /// Memory of one IPU, as the JSON outputs give it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -91,21 +95,20 @@ pub struct EstimateSummary {
 }
 
 impl EstimateSummary {
-    /// Summarises `e` for `model` on `machine`.
+    /// Summarises `e` for `model` on `machine`, IPUs of generation `ipu`.
     pub fn new(model: &str, ipu: Preset, machine: &IpuConfig, e: &SystemEstimate) -> Self {
-        let mut phases: BTreeMap<&'static str, u64> = BTreeMap::new();
+        EstimateSummary::for_machine(model, ipu.name(), machine, e)
+    }
+
+    /// [`EstimateSummary::new`] for a machine named `machine_name` (a preset's name, or a
+    /// custom machine's).
+    pub fn for_machine(
+        model: &str,
+        machine_name: &str,
+        machine: &IpuConfig,
+        e: &SystemEstimate,
+    ) -> Self {
         let m = e.accumulation as u64;
-        for s in &e.stages {
-            for c in [&s.forward_phases, &s.backward_phases] {
-                *phases.entry("compute").or_default() += c.compute * m;
-                *phases.entry("exchange").or_default() += c.exchange * m;
-                *phases.entry("sync").or_default() += c.sync * m;
-                *phases.entry("host_streams").or_default() += c.host_streams * m;
-                *phases.entry("remote_buffers").or_default() += c.remote_buffers * m;
-            }
-        }
-        *phases.entry("all_reduce").or_default() += e.all_reduce_cycles;
-        *phases.entry("weight_update").or_default() += e.weight_update_cycles;
         let ipus = e
             .ipus
             .iter()
@@ -138,7 +141,7 @@ impl EstimateSummary {
             .collect();
         EstimateSummary {
             model: model.to_string(),
-            ipu: ipu.name().to_string(),
+            ipu: machine_name.to_string(),
             fits: e.fits,
             out_of_memory: e.out_of_memory.as_ref().map(ToString::to_string),
             cycles_per_step: e.cycles_per_weight_update / m.max(1),
@@ -147,7 +150,7 @@ impl EstimateSummary {
             pipeline_cycles: e.pipeline_cycles,
             all_reduce_cycles: e.all_reduce_cycles,
             weight_update_cycles: e.weight_update_cycles,
-            cycles_by_phase: phases,
+            cycles_by_phase: cycles_by_phase(e),
             seconds_per_weight_update: e.seconds_per_weight_update,
             samples_per_second: e.samples_per_second,
             gradient_accumulation_count: e.accumulation,
@@ -160,11 +163,9 @@ impl EstimateSummary {
     }
 
     /// The human-readable report: fit, memory per IPU and category, fullest tiles, cycles by
-    /// phase, per-stage rows.
+    /// phase, per-stage rows. Numbers are written by [`crate::report::format`](mod@crate::report::format).
     pub fn to_text(&self) -> String {
-        use std::fmt::Write as _;
         let mut s = String::new();
-        let kib = |b: u64| b as f64 / 1024.0;
         let _ = writeln!(
             s,
             "{}: {} x {} per replica, {} replica(s), {} schedule, M = {}",
@@ -175,71 +176,122 @@ impl EstimateSummary {
             self.schedule,
             self.gradient_accumulation_count
         );
-        let _ = writeln!(s, "fits: {}", if self.fits { "yes" } else { "NO" });
-        let _ = writeln!(s, "memory per IPU:");
-        for i in &self.ipus {
-            let _ = writeln!(
-                s,
-                "  IPU {}: {:.1} MiB on {} tiles; fullest tile {} holds {:.1} of {:.1} KiB",
-                i.ipu,
-                i.bytes_used as f64 / 1_048_576.0,
-                i.tiles_used,
-                i.max_tile,
-                kib(i.max_tile_bytes),
-                kib(i.tile_bytes_available)
-            );
-            let cats: Vec<String> = i
-                .categories
-                .iter()
-                .filter(|(_, &b)| b > 0)
-                .map(|(k, &b)| format!("{k} {:.1} KiB", kib(b)))
-                .collect();
-            let _ = writeln!(s, "    {}", cats.join(", "));
+        let fullest = self.ipus.iter().max_by_key(|i| i.max_tile_bytes);
+        match fullest.filter(|_| self.fits) {
+            Some(i) => {
+                let (max, sram) = (bytes(i.max_tile_bytes), bytes(i.tile_bytes_available));
+                let _ = writeln!(s, "fits: yes (fullest tile {max} of {sram})");
+            }
+            None => s.push_str(if self.fits {
+                "fits: yes\n"
+            } else {
+                "fits: NO\n"
+            }),
         }
-        let _ = writeln!(
-            s,
-            "cycles per step (micro-batch): {}; per weight update: {} (pipeline {}, all-reduce {}, weight update {}); per execution: {}",
-            self.cycles_per_step,
-            self.cycles_per_weight_update,
-            self.pipeline_cycles,
-            self.all_reduce_cycles,
-            self.weight_update_cycles,
-            self.cycles_per_execution
-        );
-        let phases: Vec<String> = self
-            .cycles_by_phase
-            .iter()
-            .map(|(k, v)| format!("{k} {v}"))
-            .collect();
-        let _ = writeln!(s, "cycles by phase (before overlap): {}", phases.join(", "));
-        let _ = writeln!(
-            s,
-            "{:.1} us per weight update, {:.0} samples/s",
-            self.seconds_per_weight_update * 1e6,
-            self.samples_per_second
-        );
-        let _ = writeln!(
-            s,
-            "{:<6} {:>4} {:>10} {:>10} {:>7} {:>12} {:>14} {:>6}",
-            "stage", "IPU", "fwd cyc", "bwd cyc", "stash", "stash bytes", "IPU bytes", "idle"
-        );
-        for st in &self.stages {
-            let _ = writeln!(
-                s,
-                "{:<6} {:>4} {:>10} {:>10} {:>7} {:>12} {:>14} {:>5.1}%",
-                st.stage,
-                st.ipu,
-                st.forward_cycles,
-                st.backward_cycles,
-                st.stash_depth,
-                st.stash_bytes,
-                st.ipu_bytes_used,
-                st.idle_fraction * 100.0
-            );
-        }
+        self.memory_text(&mut s);
+        self.cycles_text(&mut s);
+        self.stages_text(&mut s);
         if let Some(oom) = &self.out_of_memory {
             let _ = writeln!(s, "{oom}");
         }
         s
     }
+
+    /// Memory per IPU: totals, the fullest tile, then every category that holds anything.
+    fn memory_text(&self, s: &mut String) {
+        s.push_str("memory per IPU:\n");
+        for i in &self.ipus {
+            let _ = writeln!(
+                s,
+                "  IPU {}: {} on {} tiles; fullest tile {} holds {} of {}",
+                i.ipu,
+                bytes(i.bytes_used),
+                count(i.tiles_used as u64),
+                i.max_tile,
+                bytes(i.max_tile_bytes),
+                bytes(i.tile_bytes_available)
+            );
+            let categories: Vec<String> = MemoryCategory::ALL
+                .into_iter()
+                .filter_map(|c| match i.categories.get(c.key()) {
+                    Some(&b) if b > 0 => Some(format!("{} {}", c.key(), bytes(b))),
+                    _ => None,
+                })
+                .collect();
+            let _ = writeln!(s, "    {}", categories.join(", "));
+        }
+    }
+
+    /// Cycles per weight update and its parts, per step and execution, by phase; time and
+    /// throughput.
+    fn cycles_text(&self, s: &mut String) {
+        let _ = writeln!(
+            s,
+            "cycles per weight update: {} (pipeline {}, all-reduce {}, weight update {}); per execution: {}",
+            count(self.cycles_per_weight_update),
+            count(self.pipeline_cycles),
+            count(self.all_reduce_cycles),
+            count(self.weight_update_cycles),
+            count(self.cycles_per_execution)
+        );
+        let _ = writeln!(
+            s,
+            "cycles per step (micro-batch): {}",
+            count(self.cycles_per_step)
+        );
+        let phases: Vec<String> = self
+            .cycles_by_phase
+            .iter()
+            .map(|(k, &v)| format!("{k} {}", count(v)))
+            .collect();
+        let _ = writeln!(s, "cycles by phase (before overlap): {}", phases.join(", "));
+        let _ = writeln!(
+            s,
+            "{} per weight update, {} samples/s",
+            seconds(self.seconds_per_weight_update),
+            decimal(self.samples_per_second)
+        );
+    }
+
+    /// One row per pipeline stage.
+    fn stages_text(&self, s: &mut String) {
+        let _ = writeln!(
+            s,
+            "{:<6} {:>4} {:>10} {:>10} {:>7} {:>12} {:>12} {:>6}",
+            "stage", "IPU", "fwd cyc", "bwd cyc", "stash", "stash bytes", "IPU bytes", "idle"
+        );
+        for st in &self.stages {
+            let _ = writeln!(
+                s,
+                "{:<6} {:>4} {:>10} {:>10} {:>7} {:>12} {:>12} {:>6}",
+                st.stage,
+                st.ipu,
+                count(st.forward_cycles),
+                count(st.backward_cycles),
+                st.stash_depth,
+                bytes(st.stash_bytes),
+                bytes(st.ipu_bytes_used),
+                percent(st.idle_fraction)
+            );
+        }
+    }
+}
+
+/// Cycles by phase over one update's stage runs (M of each) and its all-reduce and update,
+/// before pipeline overlap.
+fn cycles_by_phase(e: &SystemEstimate) -> BTreeMap<&'static str, u64> {
+    let mut phases: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let m = e.accumulation as u64;
+    for s in &e.stages {
+        for c in [&s.forward_phases, &s.backward_phases] {
+            *phases.entry("compute").or_default() += c.compute * m;
+            *phases.entry("exchange").or_default() += c.exchange * m;
+            *phases.entry("sync").or_default() += c.sync * m;
+            *phases.entry("host_streams").or_default() += c.host_streams * m;
+            *phases.entry("remote_buffers").or_default() += c.remote_buffers * m;
+        }
+    }
+    *phases.entry("all_reduce").or_default() += e.all_reduce_cycles;
+    *phases.entry("weight_update").or_default() += e.weight_update_cycles;
+    phases
 }

@@ -13,8 +13,7 @@ use tessera_core::models::mnist_mlp_pipelined;
 use tessera_core::schedule::Schedule;
 use tessera_core::{Accumulation, AccumulationMethod, DType, Graph, Optimizer, Plan};
 use tessera_host::report::{
-    chrome_trace, chrome_trace_with_limit, html_page, memory_svg, render_report, timeline_svg,
-    write_report, Report, ReportError,
+    html_page, memory_svg, render_report, timeline_svg, write_report, Report, ReportError,
 };
 use tessera_sim::machine::{IpuConfig, Preset};
 use tessera_sim::system::{estimate_system, SystemOptions};
@@ -89,6 +88,15 @@ fn read_trace(dir: &Path) -> Value {
     serde_json::from_str(&fs::read_to_string(dir.join("trace.json")).unwrap()).unwrap()
 }
 
+/// The trace of `r` as JSON, as `trace.json` holds it.
+fn chrome_trace(r: &Report) -> Value {
+    serde_json::to_value(tessera_host::report::chrome_trace(r)).unwrap()
+}
+
+fn chrome_trace_with_limit(r: &Report, limit: usize) -> Value {
+    serde_json::to_value(tessera_host::report::chrome_trace_with_limit(r, limit)).unwrap()
+}
+
 fn x_events(trace: &Value) -> Vec<&Value> {
     trace["traceEvents"]
         .as_array()
@@ -124,7 +132,7 @@ fn write_report_writes_every_file() {
 }
 
 #[test]
-fn trace_has_processes_stages_and_phases() {
+fn trace_has_processes_and_threads() {
     let dir = tempfile::tempdir().unwrap();
     write_report(dir.path(), &report()).unwrap();
     let trace = read_trace(dir.path());
@@ -152,7 +160,11 @@ fn trace_has_processes_stages_and_phases() {
                 && e["args"]["name"] == thread));
         }
     }
+}
 
+#[test]
+fn trace_has_stage_phase_and_update_slices() {
+    let trace = chrome_trace(&report());
     let xs = x_events(&trace);
     // A stage slice for every stage, direction and micro-batch, on the stage's IPU.
     for stage in 0..2u64 {
@@ -383,26 +395,38 @@ fn rendering_is_deterministic() {
 #[test]
 fn markup_in_names_is_escaped() {
     let mut r = report();
-    r.title = "layer <Dense&Co> \"x\"".into();
+    r.title = "mlp<script>&\"x\": 2 x mk2, Grouped, M = 4".into();
     r.command = "tessera --name '<&>'".into();
     r.machine_name = "mk2<&>".into();
     r.training = Some(json!({ "<&>": "<b>&</b>" }));
     r.estimate.stages[0].forward_trace[0].op = "op<&>".into();
+    assert_eq!(r.model(), "mlp<script>&\"x\"");
     let html = html_page(&r);
-    assert!(html.contains("layer &lt;Dense&amp;Co&gt; &quot;x&quot;"));
-    assert!(html.contains("&#39;&lt;&amp;&gt;&#39;"));
+    assert!(html.contains("<h1>mlp&lt;script&gt;&amp;&quot;x&quot;: 2 x mk2"));
+    assert!(html.contains("<title>mlp&lt;script&gt;&amp;&quot;x&quot;"));
     assert!(html.contains("&lt;b&gt;&amp;&lt;/b&gt;"));
+    assert!(html.contains("mk2&lt;&amp;&gt;"));
+    assert!(html.contains("<code>tessera --name '&lt;&amp;&gt;'</code>"));
+    assert!(!html.contains("<script"));
     assert!(!html.contains("<&>"));
-    assert!(!html.contains("<Dense"));
+    assert!(!html.contains("<b>&"));
     for svg in [memory_svg(&r), timeline_svg(&r)] {
-        assert!(svg.contains("layer &lt;Dense&amp;Co&gt;"));
-        assert!(!svg.contains("<Dense"));
+        assert!(svg.contains("mlp&lt;script&gt;&amp;&quot;x&quot;"));
+        assert!(!svg.contains("<script"));
         assert!(!svg.contains("<&>"));
         usvg::Tree::from_str(&svg, &usvg::Options::default()).expect("still valid SVG");
     }
-    // JSON needs no escaping, but the name survives.
-    let trace = chrome_trace(&r);
-    assert!(serde_json::to_string(&trace).unwrap().contains("op<&>"));
+    // JSON needs no escaping, but the names survive.
+    let trace = serde_json::to_string(&chrome_trace(&r)).unwrap();
+    assert!(trace.contains("op<&>"));
+    assert!(trace.contains("mlp<script>&\\\"x\\\""));
+    // The text summary is plain text: the name as it is.
+    let dir = tempfile::tempdir().unwrap();
+    write_report(dir.path(), &r).unwrap();
+    let rendered = render_report(dir.path()).unwrap();
+    assert!(rendered
+        .summary
+        .starts_with("mlp<script>&\"x\": 2 x mk2<&> per replica"));
 }
 
 #[test]

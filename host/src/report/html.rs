@@ -1,0 +1,236 @@
+//! `index.html`: a self-contained page with the estimate's numbers in tables, both pictures and
+//! a link to the trace. Written with maud, which escapes every value.
+
+use maud::{html, Markup, PreEscaped, Render, DOCTYPE};
+use serde_json::Value;
+use tessera_sim::system::SystemEstimate;
+
+use super::format::{bytes, count, decimal, percent, seconds, short_decimal};
+use super::{Report, ESTIMATE_FILE, MEMORY_FILE, TIMELINE_FILE, TRACE_FILE};
+
+const CSS: &str = "body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,'DejaVu Sans',sans-serif;margin:2em auto;max-width:1440px;padding:0 1em;color:#222;line-height:1.4}\n\
+h1{font-size:1.5em;margin-bottom:.2em}\n\
+h2{font-size:1.15em;margin-top:1.8em;border-bottom:1px solid #ddd;padding-bottom:.2em}\n\
+code{background:#f3f3f3;padding:.1em .3em;border-radius:3px;word-break:break-all}\n\
+table{border-collapse:collapse;margin:.5em 0;font-variant-numeric:tabular-nums}\n\
+th,td{border:1px solid #ddd;padding:.25em .7em;text-align:right}\n\
+th{background:#f6f6f6}\n\
+td.k,th.k{text-align:left}\n\
+.fits{color:#1a7f37;font-weight:bold}\n\
+.oom{color:#c62828;font-weight:bold}\n\
+.warn{border-left:4px solid #c62828;background:#fff4f4;padding:.5em 1em}\n\
+img{max-width:100%;height:auto;border:1px solid #eee}\n\
+.hint{color:#666}\n";
+
+/// The page: title, command, tables, both pictures and a link to the trace.
+pub fn html_page(report: &Report) -> String {
+    let e = &report.estimate;
+    let page = html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                title { (report.title) }
+                style { (PreEscaped(CSS)) }
+            }
+            body {
+                h1 { (report.title) }
+                p { "Command: " code { (report.command) } }
+                h2 { "Summary" }
+                (summary_table(report))
+                @if let Some(o) = &e.out_of_memory {
+                    div.warn { p { b { "Out of memory." } " " (o) } }
+                }
+                h2 { "IPUs" }
+                (ipu_table(e))
+                h2 { "Pipeline stages" }
+                (stage_table(e))
+                @if let Some(t) = &report.training {
+                    h2 { "Training" }
+                    (training(t))
+                }
+                (figures())
+            }
+        }
+    };
+    let mut page = page.into_string();
+    page.push('\n');
+    page
+}
+
+/// A row of a two-column table: a key and its value.
+fn row(key: &str, value: impl Render) -> Markup {
+    html! { tr { th.k { (key) } td { (value) } } }
+}
+
+fn summary_table(report: &Report) -> Markup {
+    let (e, m) = (&report.estimate, &report.machine);
+    let fits = html! {
+        @if e.fits {
+            span.fits { "yes" }
+        } @else {
+            span.oom { "no" }
+            @if let Some(o) = &e.out_of_memory {
+                ": tile " (o.tile) " needs " (bytes(o.needed)) " of " (bytes(o.available))
+            }
+        }
+    };
+    let machine = format!(
+        "{}: {} tiles, {} SRAM per tile, {} MHz",
+        report.machine_name,
+        count(u64::from(m.tiles)),
+        bytes(m.sram_bytes_per_tile),
+        short_decimal(m.clock_hz / 1e6)
+    );
+    let ipus = format!(
+        "{} per replica, {} in all",
+        e.ipus.len(),
+        count(e.ipus_total as u64)
+    );
+    html! {
+        table {
+            (row("fits", fits))
+            (row("machine", machine))
+            (row("IPUs", ipus))
+            (row("replicas", count(e.replicas as u64)))
+            (row("schedule", &e.schedule))
+            (row("pipeline stages", count(e.stages_count as u64)))
+            (row("micro-batches per weight update (M)", count(e.accumulation as u64)))
+            (row("samples per weight update", count(e.samples_per_weight_update)))
+            (row("cycles per weight update", html! { b { (count(e.cycles_per_weight_update)) } }))
+            (row("pipeline cycles", count(e.pipeline_cycles)))
+            (row("all-reduce cycles", count(e.all_reduce_cycles)))
+            (row("weight-update cycles", count(e.weight_update_cycles)))
+            (row("time per weight update", seconds(e.seconds_per_weight_update)))
+            (row("samples/s", html! { b { (decimal(e.samples_per_second)) } }))
+            (row("weight updates per execution (R)", count(e.repeat_count as u64)))
+            (row("cycles per execution", count(e.cycles_per_execution)))
+        }
+    }
+}
+
+fn ipu_table(e: &SystemEstimate) -> Markup {
+    let headings = [
+        "IPU",
+        "stages",
+        "bytes used",
+        "fullest tile",
+        "tiles used",
+        "stash",
+        "streaming memory",
+        "busy cycles",
+        "idle cycles",
+        "idle",
+        "weight-update cycles",
+    ];
+    html! {
+        table {
+            tr {
+                @for h in headings {
+                    @if h == "stages" { th.k { (h) } } @else { th { (h) } }
+                }
+            }
+            @for r in &e.ipus {
+                @let stages: Vec<String> = r.stages.iter().map(usize::to_string).collect();
+                tr {
+                    td { (r.ipu) }
+                    td.k { (stages.join(", ")) }
+                    td title={ (count(r.bytes_used)) " bytes" } { (bytes(r.bytes_used)) }
+                    td title={ (count(r.max_tile_bytes)) " bytes" } { (bytes(r.max_tile_bytes)) }
+                    td { (count(r.tiles_used as u64)) }
+                    td { (bytes(r.stash_bytes)) }
+                    td { (bytes(r.streaming_memory_bytes)) }
+                    td { (count(r.busy_cycles)) }
+                    td { (count(r.idle_cycles)) }
+                    td { (percent(r.idle_fraction)) }
+                    td { (count(r.weight_update_cycles)) }
+                }
+            }
+        }
+    }
+}
+
+fn stage_table(e: &SystemEstimate) -> Markup {
+    let headings = [
+        "stage",
+        "position",
+        "IPU",
+        "forward cycles",
+        "backward cycles",
+        "stash depth",
+        "stash entry",
+        "idle (its IPU)",
+    ];
+    html! {
+        table {
+            tr { @for h in headings { th { (h) } } }
+            @for s in &e.stages {
+                tr {
+                    td { (s.stage) }
+                    td { (s.position) }
+                    td { (s.ipu) }
+                    td { (count(s.forward_cycles)) }
+                    td { (count(s.backward_cycles)) }
+                    td { (s.stash_depth) }
+                    td { (bytes(s.stash_entry_bytes)) }
+                    td { (percent(s.idle_fraction)) }
+                }
+            }
+        }
+    }
+}
+
+/// Training results: an object's scalar fields in a table (the others named), a scalar as it
+/// is, anything else left to `estimate.json`.
+fn training(t: &Value) -> Markup {
+    let scalar = |v: &Value| match v {
+        Value::Null => Some("null".to_string()),
+        Value::Bool(b) => Some(b.to_string()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::String(s) => Some(s.clone()),
+        Value::Array(_) | Value::Object(_) => None,
+    };
+    match t {
+        Value::Object(map) => {
+            let nested: Vec<&str> = map
+                .iter()
+                .filter(|(_, v)| scalar(v).is_none())
+                .map(|(k, _)| k.as_str())
+                .collect();
+            html! {
+                table {
+                    @for (k, v) in map {
+                        @if let Some(s) = scalar(v) { (row(k, s)) }
+                    }
+                }
+                @if !nested.is_empty() {
+                    p.hint { "Also in " (ESTIMATE_FILE) ": " (nested.join(", ")) "." }
+                }
+            }
+        }
+        other => match scalar(other) {
+            Some(s) => html! { p { (s) } },
+            None => html! { p.hint { "The training results are in " (ESTIMATE_FILE) "." } },
+        },
+    }
+}
+
+/// Both pictures, the trace and where the page came from.
+fn figures() -> Markup {
+    html! {
+        h2 { "Memory per tile" }
+        p { img src=(MEMORY_FILE) alt="memory of every tile of every IPU, by category"; }
+        h2 { "Pipeline timeline" }
+        p { img src=(TIMELINE_FILE) alt="pipeline stage runs over one weight update"; }
+        h2 { "Trace" }
+        p {
+            a href=(TRACE_FILE) { (TRACE_FILE) }
+            ": every superstep of one weight update. "
+            span.hint {
+                "Open it at " a href="https://ui.perfetto.dev" { "ui.perfetto.dev" }
+                " (Open trace file) or in chrome://tracing; one trace microsecond is one IPU cycle."
+            }
+        }
+        p.hint { "Rendered from " a href=(ESTIMATE_FILE) { (ESTIMATE_FILE) } "." }
+    }
+}
