@@ -6,7 +6,7 @@
 //! the graph, [`train::prepare`] checks the run (data, execution sizes, fit) before anything
 //! is printed, `taps` decides which tensors each outfeed reads, `device` runs the executions
 //! on a thread of its own in pipeline-schedule order, `drain` is the host's side (outfeed
-//! queues drained as elements arrive, epoch callbacks while the device waits), [`evaluate`]
+//! queues drained as elements arrive, epoch callbacks while the device waits), [`evaluate()`]
 //! runs inference on the device with the inference schedule, and [`checkpoint`] saves and
 //! loads weights.
 
