@@ -124,26 +124,34 @@ impl fmt::Display for Section {
 /// Every variant names the file it is about (`path` is the `source` string given to
 /// [`parse_images`] / [`parse_labels`], or the path given to the `read_*` functions). Offsets are
 /// byte offsets in the decompressed stream.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum IdxError {
     /// The file could not be read (missing, unreadable, ...).
+    #[error("{path}: cannot read file: {source}")]
     Io {
         /// The file that could not be read.
         path: String,
         /// The underlying error.
+        #[source]
         source: io::Error,
     },
     /// The file starts with the gzip magic bytes but is not a valid gzip stream (corrupt,
     /// truncated, bad checksum, or trailing garbage after the last member).
+    #[error("{path}: corrupt gzip stream: {source}")]
     Gzip {
         /// The file being decompressed.
         path: String,
         /// The decompression error.
+        #[source]
         source: io::Error,
     },
     /// The stream ends before a section is complete: the header itself, or less data than the
     /// dimensions in the header say.
+    #[error(
+        "{path}: truncated at byte {offset}: {} {needed} bytes of {section}, found {available}",
+        truncation_verb(*.section)
+    )]
     Truncated {
         /// The file being parsed.
         path: String,
@@ -158,6 +166,11 @@ pub enum IdxError {
     },
     /// The magic number is not the expected one: not an IDX file, a data type other than `u8`,
     /// or the wrong number of dimensions (for example a labels file given as images).
+    #[error(
+        "{path}: bad magic number 0x{found:08x} ({}), expected 0x{expected:08x} ({})",
+        describe_magic(*.found),
+        describe_magic(*.expected)
+    )]
     BadMagic {
         /// The file being parsed.
         path: String,
@@ -167,6 +180,7 @@ pub enum IdxError {
         expected: u32,
     },
     /// The product of the dimensions in the header does not fit in memory sizes (`usize`/`u64`).
+    #[error("{path}: header dimensions {} are too large to address", join_dims(.dims))]
     TooLarge {
         /// The file being parsed.
         path: String,
@@ -174,6 +188,9 @@ pub enum IdxError {
         dims: Vec<u32>,
     },
     /// There are bytes after the data that the header describes.
+    #[error(
+        "{path}: {extra} unexpected bytes at byte {offset}, after the data the header describes"
+    )]
     TrailingBytes {
         /// The file being parsed.
         path: String,
@@ -183,6 +200,7 @@ pub enum IdxError {
         extra: u64,
     },
     /// An images file and its labels file disagree on the number of items.
+    #[error("{images_path} has {images} images but {labels_path} has {labels} labels")]
     CountMismatch {
         /// The images file.
         images_path: String,
@@ -194,12 +212,28 @@ pub enum IdxError {
         labels: usize,
     },
     /// [`load_mnist`] found neither the raw nor the gzipped version of one of the four files.
+    #[error("{dir}: MNIST file {name} not found (looked for {name} and {name}.gz)")]
     MissingFile {
         /// The directory searched.
         dir: String,
         /// The file name looked for (without `.gz`; both it and `<name>.gz` were tried).
         name: String,
     },
+}
+
+/// How a truncation message introduces the bytes a section needs: a header section has a fixed
+/// size, a data section the size the header claims.
+fn truncation_verb(section: Section) -> &'static str {
+    match section {
+        Section::Magic | Section::Dims => "needed",
+        Section::Pixels | Section::Labels => "header says",
+    }
+}
+
+/// Dimension sizes as `AxBxC`, for error messages.
+fn join_dims(dims: &[u32]) -> String {
+    let dims: Vec<String> = dims.iter().map(u32::to_string).collect();
+    dims.join("x")
 }
 
 /// Human-readable description of an IDX magic number, for error messages.
@@ -220,81 +254,6 @@ fn describe_magic(magic: u32) -> String {
     };
     let plural = if dims == 1 { "" } else { "s" };
     format!("{ty}, {dims} dimension{plural}")
-}
-
-impl fmt::Display for IdxError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            IdxError::Io { path, source } => write!(f, "{path}: cannot read file: {source}"),
-            IdxError::Gzip { path, source } => write!(f, "{path}: corrupt gzip stream: {source}"),
-            IdxError::Truncated {
-                path,
-                section,
-                offset,
-                needed,
-                available,
-            } => match section {
-                Section::Magic | Section::Dims => write!(
-                    f,
-                    "{path}: truncated at byte {offset}: needed {needed} bytes of {section}, \
-                     found {available}"
-                ),
-                Section::Pixels | Section::Labels => write!(
-                    f,
-                    "{path}: truncated at byte {offset}: header says {needed} bytes of {section}, \
-                     found {available}"
-                ),
-            },
-            IdxError::BadMagic {
-                path,
-                found,
-                expected,
-            } => write!(
-                f,
-                "{path}: bad magic number 0x{found:08x} ({}), expected 0x{expected:08x} ({})",
-                describe_magic(*found),
-                describe_magic(*expected)
-            ),
-            IdxError::TooLarge { path, dims } => {
-                let dims: Vec<String> = dims.iter().map(u32::to_string).collect();
-                write!(
-                    f,
-                    "{path}: header dimensions {} are too large to address",
-                    dims.join("x")
-                )
-            }
-            IdxError::TrailingBytes {
-                path,
-                offset,
-                extra,
-            } => write!(
-                f,
-                "{path}: {extra} unexpected bytes at byte {offset}, after the data the header describes"
-            ),
-            IdxError::CountMismatch {
-                images_path,
-                images,
-                labels_path,
-                labels,
-            } => write!(
-                f,
-                "{images_path} has {images} images but {labels_path} has {labels} labels"
-            ),
-            IdxError::MissingFile { dir, name } => write!(
-                f,
-                "{dir}: MNIST file {name} not found (looked for {name} and {name}.gz)"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for IdxError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            IdxError::Io { source, .. } | IdxError::Gzip { source, .. } => Some(source),
-            _ => None,
-        }
-    }
 }
 
 /// Reads into `buf` until it is full or the stream ends; returns the number of bytes read.

@@ -19,7 +19,7 @@
 //! JSON that Graphcore's `dataset_benchmark` prints.
 
 use std::any::Any;
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
@@ -40,10 +40,14 @@ pub const MAX_PREFETCH_DEPTH: usize = 255;
 
 /// An infeed queue could not be made or read, or a batch could not be fed. Each variant names
 /// the queue or the field at fault.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum InfeedError {
     /// A prefetch depth outside `1..=MAX_PREFETCH_DEPTH`.
+    #[error(
+        "infeed `{queue}`: prefetch depth {depth} is outside 1..={max}",
+        max = MAX_PREFETCH_DEPTH
+    )]
     BadPrefetchDepth {
         /// The queue.
         queue: String,
@@ -52,6 +56,10 @@ pub enum InfeedError {
     },
     /// The dataset's elements do not all have the same shape (a `batch(n, false)` leaves a
     /// short last batch); an infeed needs fixed shapes.
+    #[error(
+        "infeed `{queue}`: field `{field}` has no fixed shape (a last short batch); batch with \
+         drop_remainder = true"
+    )]
     ShapeNotFixed {
         /// The queue.
         queue: String,
@@ -59,13 +67,16 @@ pub enum InfeedError {
         field: String,
     },
     /// The producer thread could not be started.
+    #[error("infeed `{queue}`: cannot start the producer thread: {source}")]
     Spawn {
         /// The queue.
         queue: String,
         /// The operating system's error.
+        #[source]
         source: io::Error,
     },
     /// The producer thread panicked (a `map` function panicked, for example).
+    #[error("infeed `{queue}`: the dataset pipeline panicked: {message}")]
     ProducerPanicked {
         /// The queue.
         queue: String,
@@ -74,51 +85,18 @@ pub enum InfeedError {
     },
     /// A batch field could not be written to the plan input of the same name: the plan has no
     /// such input, or its length differs.
+    #[error("cannot feed field `{field}`: {source}")]
     Feed {
         /// The batch field.
         field: String,
-        /// What the plan reported (boxed: core's errors carry their names inline).
+        /// What the plan reported (boxed: core's errors carry their names inline). The box is
+        /// what [`source`](std::error::Error::source) returns.
+        #[source]
         source: Box<RunError>,
     },
     /// [`dataset_benchmark`] was given a dataset that repeats forever.
+    #[error("dataset_benchmark: the dataset repeats forever; use dataset_benchmark_elements")]
     InfiniteDataset,
-}
-
-impl fmt::Display for InfeedError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            InfeedError::BadPrefetchDepth { queue, depth } => write!(
-                f,
-                "infeed `{queue}`: prefetch depth {depth} is outside 1..={MAX_PREFETCH_DEPTH}"
-            ),
-            InfeedError::ShapeNotFixed { queue, field } => write!(
-                f,
-                "infeed `{queue}`: field `{field}` has no fixed shape (a last short batch); batch with drop_remainder = true"
-            ),
-            InfeedError::Spawn { queue, source } => {
-                write!(f, "infeed `{queue}`: cannot start the producer thread: {source}")
-            }
-            InfeedError::ProducerPanicked { queue, message } => {
-                write!(f, "infeed `{queue}`: the dataset pipeline panicked: {message}")
-            }
-            InfeedError::Feed { field, source } => {
-                write!(f, "cannot feed field `{field}`: {source}")
-            }
-            InfeedError::InfiniteDataset => f.write_str(
-                "dataset_benchmark: the dataset repeats forever; use dataset_benchmark_elements",
-            ),
-        }
-    }
-}
-
-impl std::error::Error for InfeedError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            InfeedError::Spawn { source, .. } => Some(source),
-            InfeedError::Feed { source, .. } => Some(source.as_ref()),
-            _ => None,
-        }
-    }
 }
 
 /// Counters of an infeed queue, from [`InfeedQueue::stats`].
@@ -442,41 +420,15 @@ pub struct BenchmarkReport {
     pub epochs: Vec<EpochStats>,
 }
 
-/// A JSON number; `null` for a non-finite value, as `serde_json` writes it.
-fn json_number(out: &mut String, x: f64) {
-    if x.is_finite() {
-        // `Display` for f64 never uses an exponent, so this is valid JSON.
-        let _ = write!(out, "{x}");
-    } else {
-        out.push_str("null");
-    }
-}
-
 impl BenchmarkReport {
-    /// The report as compact JSON, with the keys of Graphcore's `dataset_benchmark`:
-    /// `{"epochs":[{"elements_processed":..,"total_bytes_processed":..,"time_elapsed":..,
-    /// "elements_per_second":..,"bandwidth":..}]}`.
+    /// The report as compact JSON (serde_json), with the keys of Graphcore's
+    /// `dataset_benchmark`: `{"epochs":[{"elements_processed":..,"total_bytes_processed":..,
+    /// "time_elapsed":..,"elements_per_second":..,"bandwidth":..}]}`. A non-finite number is
+    /// written as `null`.
     #[must_use]
     pub fn to_json(&self) -> String {
-        let mut out = String::from("{\"epochs\":[");
-        for (i, e) in self.epochs.iter().enumerate() {
-            if i > 0 {
-                out.push(',');
-            }
-            let _ = write!(
-                out,
-                "{{\"elements_processed\":{},\"total_bytes_processed\":{},\"time_elapsed\":",
-                e.elements_processed, e.total_bytes_processed
-            );
-            json_number(&mut out, e.time_elapsed);
-            out.push_str(",\"elements_per_second\":");
-            json_number(&mut out, e.elements_per_second);
-            out.push_str(",\"bandwidth\":");
-            json_number(&mut out, e.bandwidth);
-            out.push('}');
-        }
-        out.push_str("]}");
-        out
+        // Only integers, floats and a list: serializing cannot fail.
+        serde_json::to_string(self).expect("a benchmark report always serializes")
     }
 }
 
@@ -617,13 +569,24 @@ mod tests {
         assert_eq!(
             report.to_json(),
             "{\"epochs\":[{\"elements_processed\":10,\"total_bytes_processed\":400,\
-             \"time_elapsed\":0.5,\"elements_per_second\":20,\"bandwidth\":800},\
-             {\"elements_processed\":0,\"total_bytes_processed\":0,\"time_elapsed\":0,\
-             \"elements_per_second\":0,\"bandwidth\":0}]}"
+             \"time_elapsed\":0.5,\"elements_per_second\":20.0,\"bandwidth\":800.0},\
+             {\"elements_processed\":0,\"total_bytes_processed\":0,\"time_elapsed\":0.0,\
+             \"elements_per_second\":0.0,\"bandwidth\":0.0}]}"
         );
-        let mut s = String::new();
-        json_number(&mut s, f64::INFINITY);
-        assert_eq!(s, "null");
+        let odd = BenchmarkReport {
+            epochs: vec![EpochStats {
+                elements_processed: 1,
+                total_bytes_processed: 2,
+                time_elapsed: f64::NAN,
+                elements_per_second: f64::INFINITY,
+                bandwidth: -0.25,
+            }],
+        };
+        let parsed: serde_json::Value = serde_json::from_str(&odd.to_json()).unwrap();
+        let epoch = &parsed["epochs"][0];
+        assert!(epoch["time_elapsed"].is_null() && epoch["elements_per_second"].is_null());
+        assert_eq!(epoch["bandwidth"], -0.25);
+        assert_eq!(epoch["total_bytes_processed"], 2);
         assert!(matches!(
             dataset_benchmark(&small(4, 2).repeat(None).unwrap(), 1),
             Err(InfeedError::InfiniteDataset)

@@ -17,3 +17,4 @@ pub mod report;
 pub mod session;
 pub mod stats;
 pub mod summary;
+pub mod tensor;

@@ -42,6 +42,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::fmt::Write as _;
+use std::io;
+use std::path::Path;
 
 use serde::Deserialize;
 use tessera_core::{Activation, DType, Graph, GraphError, NodeId};
@@ -245,10 +247,20 @@ pub struct Model {
 }
 
 /// Why a model is not valid.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ModelError {
+    /// The model file could not be read.
+    #[error("{file}: {source}")]
+    Read {
+        /// The file.
+        file: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
     /// The file is not valid TOML or has an unknown or mistyped key.
+    #[error("{file}{}: {message}", Location(*.line, *.column))]
     Parse {
         /// The file.
         file: String,
@@ -256,10 +268,14 @@ pub enum ModelError {
         line: Option<usize>,
         /// Column (1-based), when known.
         column: Option<usize>,
-        /// What is wrong.
+        /// What is wrong (the TOML error's message, without its location).
         message: String,
+        /// The TOML error (boxed: it is large).
+        #[source]
+        source: Box<toml::de::Error>,
     },
     /// A layer is wrong (unknown type, missing or misplaced field, bad width, unknown input).
+    #[error("{model}: layer {index}{}: {message}", LayerName(.name))]
     Layer {
         /// The file or model.
         model: String,
@@ -271,6 +287,7 @@ pub enum ModelError {
         message: String,
     },
     /// The model as a whole is wrong (no layers, bad stage assignment, bad input).
+    #[error("{model}: {message}")]
     Model {
         /// The file or model.
         model: String,
@@ -278,6 +295,7 @@ pub enum ModelError {
         message: String,
     },
     /// The model does not fit the data.
+    #[error("{model}: {message}")]
     Data {
         /// The model.
         model: String,
@@ -285,57 +303,40 @@ pub enum ModelError {
         message: String,
     },
     /// The core graph refused the model.
+    #[error("{model}: {source}")]
     Graph {
         /// The model.
         model: String,
-        /// The core's error.
+        /// The core's error (boxed: it carries names inline).
+        #[source]
         source: Box<GraphError>,
     },
 }
 
-impl fmt::Display for ModelError {
+/// `":line:column"`, `":line"` or nothing.
+struct Location(Option<usize>, Option<usize>);
+
+impl fmt::Display for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ModelError::Parse {
-                file,
-                line,
-                column,
-                message,
-            } => {
-                write!(f, "{file}")?;
-                if let Some(l) = line {
-                    write!(f, ":{l}")?;
-                    if let Some(c) = column {
-                        write!(f, ":{c}")?;
-                    }
-                }
-                write!(f, ": {message}")
+        if let Some(line) = self.0 {
+            write!(f, ":{line}")?;
+            if let Some(column) = self.1 {
+                write!(f, ":{column}")?;
             }
-            ModelError::Layer {
-                model,
-                index,
-                name,
-                message,
-            } => {
-                if name.is_empty() {
-                    write!(f, "{model}: layer {index}: {message}")
-                } else {
-                    write!(f, "{model}: layer {index} (`{name}`): {message}")
-                }
-            }
-            ModelError::Model { model, message } | ModelError::Data { model, message } => {
-                write!(f, "{model}: {message}")
-            }
-            ModelError::Graph { model, source } => write!(f, "{model}: {source}"),
         }
+        Ok(())
     }
 }
 
-impl std::error::Error for ModelError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            ModelError::Graph { source, .. } => Some(source.as_ref()),
-            _ => None,
+/// ``" (`name`)"``, or nothing for a layer without a name.
+struct LayerName<'a>(&'a str);
+
+impl fmt::Display for LayerName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            write!(f, " (`{}`)", self.0)
         }
     }
 }
@@ -580,73 +581,9 @@ impl Model {
         if layers.is_empty() {
             return Err(model_err("the model has no layers".into()));
         }
-        if input_shape.is_empty() || input_shape.len() > 3 || input_shape.contains(&0) {
-            return Err(model_err(format!(
-                "input `{input_name}` has shape {input_shape:?}; give 1 to 3 positive dimensions per sample"
-            )));
-        }
-        let mut names: BTreeMap<&str, usize> = BTreeMap::new();
-        let mut last_stage = 0;
-        for (i, l) in layers.iter().enumerate() {
-            let bad = |message: String| ModelError::Layer {
-                model: context.to_string(),
-                index: i,
-                name: l.layer.name.clone(),
-                message,
-            };
-            let n = l.layer.name.as_str();
-            if n.is_empty() || n.len() > 40 || n.contains(['/', ':']) {
-                return Err(bad(
-                    "a layer name must have 1 to 40 characters and no `/` or `:`".into(),
-                ));
-            }
-            if n == input_name {
-                return Err(bad(
-                    "the layer has the same name as the model's input".into()
-                ));
-            }
-            if names.insert(n, i).is_some() {
-                return Err(bad("two layers have this name".into()));
-            }
-            if let LayerKind::Dense { units: 0, .. } = l.layer.kind {
-                return Err(bad("a Dense layer needs at least 1 unit".into()));
-            }
-            if let Source::Layer(j) = l.input {
-                if j >= i {
-                    return Err(bad(format!(
-                        "its input `{}` comes after it; layers must follow their inputs",
-                        layers.get(j).map_or("?", |x| x.layer.name.as_str())
-                    )));
-                }
-            }
-            if l.stage > 15 {
-                return Err(bad(format!(
-                    "stage {} is beyond the 16 stages supported",
-                    l.stage
-                )));
-            }
-            if l.stage < last_stage {
-                return Err(bad(format!(
-                    "it is in pipeline stage {} after a layer of stage {last_stage}; stages must follow the order of the layers",
-                    l.stage
-                )));
-            }
-            last_stage = l.stage;
-        }
-        let stages = last_stage + 1;
-        for s in 0..stages {
-            if !layers.iter().any(|l| l.stage == s) {
-                return Err(model_err(format!("pipeline stage {s} has no layers")));
-            }
-        }
-        if let Some(m) = &device_mapping {
-            if m.len() != stages {
-                return Err(model_err(format!(
-                    "the device mapping has {} entries for {stages} pipeline stages",
-                    m.len()
-                )));
-            }
-        }
+        check_input(input_name, input_shape).map_err(model_err)?;
+        let stages = check_layers(context, input_name, &layers)?;
+        check_stages(&layers, stages, device_mapping.as_deref()).map_err(model_err)?;
         let output = output.unwrap_or(layers.len() - 1);
         if output >= layers.len() {
             return Err(model_err(format!(
@@ -854,6 +791,21 @@ impl Model {
         Ok(built)
     }
 
+    /// Reads and parses the model file at `path`; errors name it as `path` displays.
+    ///
+    /// # Errors
+    ///
+    /// [`ModelError::Read`] (with the I/O error as its source) if the file cannot be read as
+    /// UTF-8 text, otherwise as [`Model::from_toml`].
+    pub fn from_file(path: &Path) -> Result<Model, ModelError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Read {
+            file: file.clone(),
+            source,
+        })?;
+        Model::from_toml(&text, &file)
+    }
+
     /// Parses a model file. `file` names it in errors.
     ///
     /// # Errors
@@ -873,10 +825,110 @@ impl Model {
                 line,
                 column,
                 message: e.message().trim().to_string(),
+                source: Box::new(e),
             }
         })?;
         parsed.into_model(file)
     }
+}
+
+/// The most pipeline stages a model may have.
+const MAX_STAGES: usize = 16;
+
+/// Checks the model's input: 1 to 3 positive dimensions per sample.
+fn check_input(input_name: &str, input_shape: &[usize]) -> Result<(), String> {
+    if input_shape.is_empty() || input_shape.len() > 3 || input_shape.contains(&0) {
+        return Err(format!(
+            "input `{input_name}` has shape {input_shape:?}; give 1 to 3 positive dimensions per sample"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks every layer in order (names, widths, inputs, stages) and returns the number of
+/// pipeline stages (the last layer's stage + 1).
+fn check_layers(
+    context: &str,
+    input_name: &str,
+    layers: &[ModelLayer],
+) -> Result<usize, ModelError> {
+    let mut names: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut last_stage = 0;
+    for (i, l) in layers.iter().enumerate() {
+        let bad = |message: String| ModelError::Layer {
+            model: context.to_string(),
+            index: i,
+            name: l.layer.name.clone(),
+            message,
+        };
+        let n = l.layer.name.as_str();
+        check_layer_name(n, input_name).map_err(bad)?;
+        if names.insert(n, i).is_some() {
+            return Err(bad("two layers have this name".into()));
+        }
+        if let LayerKind::Dense { units: 0, .. } = l.layer.kind {
+            return Err(bad("a Dense layer needs at least 1 unit".into()));
+        }
+        if let Source::Layer(j) = l.input {
+            if j >= i {
+                return Err(bad(format!(
+                    "its input `{}` comes after it; layers must follow their inputs",
+                    layers.get(j).map_or("?", |x| x.layer.name.as_str())
+                )));
+            }
+        }
+        check_layer_stage(l.stage, last_stage).map_err(bad)?;
+        last_stage = l.stage;
+    }
+    Ok(last_stage + 1)
+}
+
+/// Checks a layer's name: 1 to 40 characters, no `/` or `:` (variable names derive from it),
+/// not the model input's name.
+fn check_layer_name(name: &str, input_name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 40 || name.contains(['/', ':']) {
+        return Err("a layer name must have 1 to 40 characters and no `/` or `:`".into());
+    }
+    if name == input_name {
+        return Err("the layer has the same name as the model's input".into());
+    }
+    Ok(())
+}
+
+/// Checks a layer's stage against the supported number and the previous layer's stage.
+fn check_layer_stage(stage: usize, last_stage: usize) -> Result<(), String> {
+    if stage >= MAX_STAGES {
+        return Err(format!(
+            "stage {stage} is beyond the {MAX_STAGES} stages supported"
+        ));
+    }
+    if stage < last_stage {
+        return Err(format!(
+            "it is in pipeline stage {stage} after a layer of stage {last_stage}; stages must follow the order of the layers"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that every one of the `stages` stages has a layer and that a device mapping gives
+/// one IPU per stage.
+fn check_stages(
+    layers: &[ModelLayer],
+    stages: usize,
+    device_mapping: Option<&[usize]>,
+) -> Result<(), String> {
+    if let Some(s) = (0..stages).find(|&s| !layers.iter().any(|l| l.stage == s)) {
+        return Err(format!("pipeline stage {s} has no layers"));
+    }
+    if let Some(m) = device_mapping {
+        if m.len() != stages {
+            return Err(format!(
+                "the device mapping has {} entries for {stages} pipeline stages",
+                m.len()
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[derive(Deserialize)]
@@ -939,142 +991,24 @@ struct FileModel {
 }
 
 impl FileModel {
+    /// The model the file describes; errors name `file`. The checks run in the order of the
+    /// file: the model's kind, how layers are given stages, each layer, the output, and then
+    /// the model as a whole.
     fn into_model(self, file: &str) -> Result<Model, ModelError> {
         let model_err = |message: String| ModelError::Model {
             model: file.to_string(),
             message,
         };
-        let model_kind = match self.kind.as_deref() {
-            None | Some("sequential") => ModelKind::Sequential,
-            Some("functional") => ModelKind::Functional,
-            Some(k) => {
-                return Err(model_err(format!(
-                    "unknown model kind `{k}`; use `sequential` or `functional`"
-                )))
-            }
-        };
+        let kind = file_model_kind(self.kind.as_deref()).map_err(model_err)?;
         let name = self.name.unwrap_or_else(|| file.to_string());
         let input_name = self.input.name.unwrap_or_else(|| "images".to_string());
-        // Layers with their stages: a flat list, or stage scopes.
-        let mut flat: Vec<(FileLayer, Option<usize>)> = Vec::new();
-        match (self.layer.is_empty(), self.stage.is_empty()) {
-            (false, false) => {
-                return Err(model_err(
-                    "give the layers either as [[layer]] or inside [[stage]] scopes, not both"
-                        .into(),
-                ))
-            }
-            (true, true) => return Err(model_err("the model has no layers".into())),
-            (false, true) => flat.extend(self.layer.into_iter().map(|l| (l, None))),
-            (true, false) => {
-                if self.pipeline.stage_assignment.is_some() {
-                    return Err(model_err(
-                        "[pipeline] stage_assignment and [[stage]] scopes both assign stages; keep one"
-                            .into(),
-                    ));
-                }
-                for (s, st) in self.stage.into_iter().enumerate() {
-                    flat.extend(st.layer.into_iter().map(|l| (l, Some(s))));
-                }
-            }
-        }
-        if let Some(a) = &self.pipeline.stage_assignment {
-            if a.len() != flat.len() {
-                return Err(model_err(format!(
-                    "[pipeline] stage_assignment has {} entries for {} layers",
-                    a.len(),
-                    flat.len()
-                )));
-            }
-            for (l, s) in flat.iter_mut().zip(a) {
-                l.1 = Some(*s);
-            }
-        }
-        let mut names: BTreeMap<String, usize> = BTreeMap::new();
-        let mut layers = Vec::with_capacity(flat.len());
-        for (i, (fl, stage)) in flat.into_iter().enumerate() {
-            let lname = fl.name.clone().unwrap_or_default();
-            let bad = |message: String| ModelError::Layer {
-                model: file.to_string(),
-                index: i,
-                name: lname.clone(),
-                message,
-            };
-            if fl.name.is_none() {
-                return Err(bad("the layer has no `name`".into()));
-            }
-            let only_dense = |field: &str, present: bool| {
-                if present {
-                    Err(bad(format!("`{field}` is only for dense layers")))
-                } else {
-                    Ok(())
-                }
-            };
-            let kind = match fl.kind.as_str() {
-                "dense" => {
-                    let units = fl
-                        .units
-                        .ok_or_else(|| bad("a dense layer needs `units`".into()))?;
-                    let activation = match fl.activation.as_deref() {
-                        None => LayerActivation::Linear,
-                        Some(a) => LayerActivation::ALL
-                            .iter()
-                            .find(|(n, _)| *n == a)
-                            .map(|(_, x)| *x)
-                            .ok_or_else(|| {
-                                bad(format!(
-                                    "unknown activation `{a}`; use one of linear, relu, sigmoid, tanh, softmax"
-                                ))
-                            })?,
-                    };
-                    LayerKind::Dense { units, activation }
-                }
-                "flatten" | "outfeed" | "maybe_outfeed" => {
-                    only_dense("units", fl.units.is_some())?;
-                    only_dense("activation", fl.activation.is_some())?;
-                    match fl.kind.as_str() {
-                        "flatten" => LayerKind::Flatten,
-                        "outfeed" => LayerKind::Outfeed,
-                        _ => LayerKind::MaybeOutfeed,
-                    }
-                }
-                k => {
-                    return Err(bad(format!(
-                        "unknown layer type `{k}`; use flatten, dense, outfeed or maybe_outfeed"
-                    )))
-                }
-            };
-            let input = match (model_kind == ModelKind::Functional, fl.input.as_deref()) {
-                (false, Some(_)) => {
-                    return Err(bad(
-                        "`input` is for functional models; a sequential layer takes the previous layer's output"
-                            .into(),
-                    ))
-                }
-                (_, None) => {
-                    if i == 0 {
-                        Source::Input
-                    } else {
-                        Source::Layer(i - 1)
-                    }
-                }
-                (true, Some(n)) if n == input_name => Source::Input,
-                (true, Some(n)) => match names.get(n) {
-                    Some(&j) => Source::Layer(j),
-                    None => {
-                        return Err(bad(format!(
-                            "its input `{n}` is neither the model's input nor an earlier layer"
-                        )))
-                    }
-                },
-            };
-            names.insert(lname.clone(), i);
-            layers.push(ModelLayer {
-                layer: Layer { name: lname, kind },
-                input,
-                stage: stage.unwrap_or(0),
-            });
-        }
+        let staged = staged_layers(
+            self.layer,
+            self.stage,
+            self.pipeline.stage_assignment.as_deref(),
+        )
+        .map_err(model_err)?;
+        let (layers, names) = file_layers(file, kind, &input_name, staged)?;
         let output = match self.output.as_deref() {
             None => None,
             Some(o) => Some(*names.get(o).ok_or_else(|| {
@@ -1084,23 +1018,190 @@ impl FileModel {
         let mut model = Model::new(
             file,
             &name,
-            model_kind,
+            kind,
             &input_name,
             &self.input.shape,
             layers,
             output,
             self.pipeline.device_mapping,
         )?;
-        let t = self.training;
-        model.training = TrainingDefaults {
+        model.training = self.training.into();
+        Ok(model)
+    }
+}
+
+impl From<FileTraining> for TrainingDefaults {
+    fn from(t: FileTraining) -> Self {
+        TrainingDefaults {
             batch_size: t.batch_size,
             gradient_accumulation_count: t.gradient_accumulation_count,
             learning_rate: t.learning_rate,
             optimizer: t.optimizer,
             epochs: t.epochs,
             pipeline_schedule: t.pipeline_schedule,
+        }
+    }
+}
+
+/// The file's `kind`: `sequential` (the default) or `functional`.
+fn file_model_kind(kind: Option<&str>) -> Result<ModelKind, String> {
+    match kind {
+        None | Some("sequential") => Ok(ModelKind::Sequential),
+        Some("functional") => Ok(ModelKind::Functional),
+        Some(k) => Err(format!(
+            "unknown model kind `{k}`; use `sequential` or `functional`"
+        )),
+    }
+}
+
+/// The file's layers in order, each with the stage its `[[stage]]` scope or the
+/// `[pipeline] stage_assignment` gives it (`None`: stage 0).
+fn staged_layers(
+    layers: Vec<FileLayer>,
+    stages: Vec<FileStage>,
+    assignment: Option<&[usize]>,
+) -> Result<Vec<(FileLayer, Option<usize>)>, String> {
+    let mut staged: Vec<(FileLayer, Option<usize>)> = match (layers.is_empty(), stages.is_empty()) {
+        (false, false) => {
+            return Err(
+                "give the layers either as [[layer]] or inside [[stage]] scopes, not both".into(),
+            )
+        }
+        (true, true) => return Err("the model has no layers".into()),
+        (false, true) => layers.into_iter().map(|l| (l, None)).collect(),
+        (true, false) => {
+            if assignment.is_some() {
+                return Err(
+                    "[pipeline] stage_assignment and [[stage]] scopes both assign stages; keep one"
+                        .into(),
+                );
+            }
+            stages
+                .into_iter()
+                .enumerate()
+                .flat_map(|(s, st)| st.layer.into_iter().map(move |l| (l, Some(s))))
+                .collect()
+        }
+    };
+    if let Some(a) = assignment {
+        if a.len() != staged.len() {
+            return Err(format!(
+                "[pipeline] stage_assignment has {} entries for {} layers",
+                a.len(),
+                staged.len()
+            ));
+        }
+        for (l, s) in staged.iter_mut().zip(a) {
+            l.1 = Some(*s);
+        }
+    }
+    Ok(staged)
+}
+
+/// The model's layers from the file's, in order, with every layer's input resolved; also the
+/// index of each layer by name. Errors name `file` and the layer.
+fn file_layers(
+    file: &str,
+    kind: ModelKind,
+    input_name: &str,
+    staged: Vec<(FileLayer, Option<usize>)>,
+) -> Result<(Vec<ModelLayer>, BTreeMap<String, usize>), ModelError> {
+    let mut names: BTreeMap<String, usize> = BTreeMap::new();
+    let mut layers = Vec::with_capacity(staged.len());
+    for (i, (fl, stage)) in staged.into_iter().enumerate() {
+        let bad = |message: String| ModelError::Layer {
+            model: file.to_string(),
+            index: i,
+            name: fl.name.clone().unwrap_or_default(),
+            message,
         };
-        Ok(model)
+        let Some(name) = fl.name.clone() else {
+            return Err(bad("the layer has no `name`".into()));
+        };
+        let layer_kind = file_layer_kind(&fl).map_err(bad)?;
+        let input =
+            file_layer_input(kind, input_name, i, fl.input.as_deref(), &names).map_err(bad)?;
+        names.insert(name.clone(), i);
+        layers.push(ModelLayer {
+            layer: Layer {
+                name,
+                kind: layer_kind,
+            },
+            input,
+            stage: stage.unwrap_or(0),
+        });
+    }
+    Ok((layers, names))
+}
+
+/// A layer table's `type` with its fields: `dense` needs `units` and may name an
+/// `activation`; the other types take neither.
+fn file_layer_kind(fl: &FileLayer) -> Result<LayerKind, String> {
+    let only_dense = |field: &str, present: bool| {
+        if present {
+            Err(format!("`{field}` is only for dense layers"))
+        } else {
+            Ok(())
+        }
+    };
+    match fl.kind.as_str() {
+        "dense" => {
+            let units = fl
+                .units
+                .ok_or_else(|| "a dense layer needs `units`".to_string())?;
+            let activation = match fl.activation.as_deref() {
+                None => LayerActivation::Linear,
+                Some(a) => file_activation(a)?,
+            };
+            Ok(LayerKind::Dense { units, activation })
+        }
+        "flatten" | "outfeed" | "maybe_outfeed" => {
+            only_dense("units", fl.units.is_some())?;
+            only_dense("activation", fl.activation.is_some())?;
+            Ok(match fl.kind.as_str() {
+                "flatten" => LayerKind::Flatten,
+                "outfeed" => LayerKind::Outfeed,
+                _ => LayerKind::MaybeOutfeed,
+            })
+        }
+        k => Err(format!(
+            "unknown layer type `{k}`; use flatten, dense, outfeed or maybe_outfeed"
+        )),
+    }
+}
+
+/// An activation by its file name.
+fn file_activation(name: &str) -> Result<LayerActivation, String> {
+    LayerActivation::ALL
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, a)| *a)
+        .ok_or_else(|| {
+            format!("unknown activation `{name}`; use one of linear, relu, sigmoid, tanh, softmax")
+        })
+}
+
+/// Where layer `index` takes its input from: the previous layer (or the model's input for the
+/// first layer) unless a functional model's layer names its `input`, which must be the model's
+/// input or an earlier layer (`names`).
+fn file_layer_input(
+    kind: ModelKind,
+    input_name: &str,
+    index: usize,
+    input: Option<&str>,
+    names: &BTreeMap<String, usize>,
+) -> Result<Source, String> {
+    match (kind == ModelKind::Functional, input) {
+        (false, Some(_)) => Err(
+            "`input` is for functional models; a sequential layer takes the previous layer's output"
+                .into(),
+        ),
+        (_, None) if index == 0 => Ok(Source::Input),
+        (_, None) => Ok(Source::Layer(index - 1)),
+        (true, Some(n)) if n == input_name => Ok(Source::Input),
+        (true, Some(n)) => names.get(n).map(|&j| Source::Layer(j)).ok_or_else(|| {
+            format!("its input `{n}` is neither the model's input nor an earlier layer")
+        }),
     }
 }
 
@@ -1194,6 +1295,48 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("unknown layer type `conv`"), "{e}");
+    }
+
+    #[test]
+    fn errors_keep_their_source() {
+        use std::error::Error as _;
+        let e = Model::from_toml("input = { shape = [4] }\nbogus = 1\n", "m.toml").unwrap_err();
+        assert!(matches!(e, ModelError::Parse { .. }), "{e:?}");
+        let toml_error = e.source().expect("the TOML error is the source");
+        assert!(toml_error.to_string().contains("bogus"), "{toml_error}");
+
+        let missing =
+            std::env::temp_dir().join(format!("tessera-missing-model-{}.toml", std::process::id()));
+        let e = Model::from_file(&missing).unwrap_err();
+        assert!(
+            matches!(&e, ModelError::Read { source, .. } if source.kind() == io::ErrorKind::NotFound),
+            "{e:?}"
+        );
+        assert!(e.source().is_some());
+        assert!(e
+            .to_string()
+            .starts_with(&format!("{}: ", missing.display())));
+
+        let m = shipped("sequential").unwrap().unwrap();
+        let mut g: Graph<2> = Graph::new();
+        let e = m.build(&mut g, 8, DType::F32).unwrap_err();
+        assert!(matches!(e, ModelError::Graph { .. }), "{e:?}");
+        assert!(e.source().is_some());
+    }
+
+    #[test]
+    fn from_file_reads_what_from_toml_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/models/model.toml");
+        let m = Model::from_file(&path).unwrap();
+        assert_eq!(m.layers, shipped("model").unwrap().unwrap().layers);
+        let e = Model::from_toml("input = { shape = [4] }\n", "m.toml").unwrap_err();
+        assert_eq!(e.to_string(), "m.toml: the model has no layers");
+        let e = Model::from_toml(
+            "input = { shape = [4] }\n[[layer]]\ntype = \"flatten\"\n",
+            "m.toml",
+        )
+        .unwrap_err();
+        assert_eq!(e.to_string(), "m.toml: layer 0: the layer has no `name`");
     }
 
     #[test]

@@ -39,6 +39,10 @@
 //! [`OutfeedQueue::wait_for_elements`]). A poisoned lock is recovered rather than propagated:
 //! the queue's state is only changed in short sections that cannot panic.
 //!
+//! A host watching several queues need not poll them: [`OutfeedQueue::subscribe`] gives a
+//! channel receiver that gets one message per successful enqueue, so the host can block in
+//! `crossbeam_channel::select!` until one of its queues has data.
+//!
 //! ```
 //! use std::collections::BTreeMap;
 //! use tessera_host::outfeed::{Dequeued, Element, HostTensor, OutfeedMode, OutfeedQueue};
@@ -58,7 +62,10 @@ use std::fmt;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::stats::format_shape;
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::tensor::format_shape;
+pub use crate::tensor::{HostTensor, TensorError};
 
 /// Buffer depth used by [`OutfeedQueue::with_defaults`]: how many undrained elements an ALL-mode
 /// queue holds before the device stalls.
@@ -66,142 +73,6 @@ pub const DEFAULT_BUFFER_DEPTH: usize = 3;
 
 /// Largest accepted buffer depth (the smallest is 1).
 pub const MAX_BUFFER_DEPTH: usize = 255;
-
-/// A dense `f32` tensor on the host, row-major.
-///
-/// The fields are public for convenience; [`HostTensor::new`] checks that
-/// `data.len()` equals the product of `shape`, and the queue re-checks every tensor it is given,
-/// so an inconsistent tensor is an error, never a panic.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct HostTensor {
-    /// Dimension sizes, outermost first; empty for a scalar.
-    pub shape: Vec<usize>,
-    /// The elements, row-major; `data.len()` is the product of `shape`.
-    pub data: Vec<f32>,
-}
-
-/// Product of `shape`, or `None` if it overflows `usize`. A zero dimension makes it zero however
-/// large the other dimensions are.
-fn checked_elements(shape: &[usize]) -> Option<usize> {
-    if shape.contains(&0) {
-        return Some(0);
-    }
-    shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))
-}
-
-impl HostTensor {
-    /// A tensor of `shape` holding `data` (row-major), checking that the lengths agree.
-    ///
-    /// # Errors
-    ///
-    /// [`TensorError::LengthMismatch`] if `data.len()` is not the product of `shape`,
-    /// [`TensorError::TooLarge`] if that product overflows `usize`.
-    pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Result<Self, TensorError> {
-        let tensor = HostTensor { shape, data };
-        tensor.check()?;
-        Ok(tensor)
-    }
-
-    /// A rank-0 tensor holding `value`.
-    #[must_use]
-    pub fn scalar(value: f32) -> Self {
-        HostTensor {
-            shape: Vec::new(),
-            data: vec![value],
-        }
-    }
-
-    /// A tensor of `shape` with every element equal to `value`.
-    ///
-    /// # Errors
-    ///
-    /// [`TensorError::TooLarge`] if the product of `shape` overflows `usize`.
-    pub fn filled(shape: Vec<usize>, value: f32) -> Result<Self, TensorError> {
-        let n = checked_elements(&shape).ok_or_else(|| TensorError::TooLarge {
-            shape: shape.clone(),
-        })?;
-        Ok(HostTensor {
-            shape,
-            data: vec![value; n],
-        })
-    }
-
-    /// Number of elements the shape describes (the product of `shape`, 1 for a scalar),
-    /// saturating at `usize::MAX` for a shape too large to exist.
-    #[must_use]
-    pub fn elements(&self) -> usize {
-        checked_elements(&self.shape).unwrap_or(usize::MAX)
-    }
-
-    /// Number of dimensions.
-    #[must_use]
-    pub fn rank(&self) -> usize {
-        self.shape.len()
-    }
-
-    /// Checks the invariant `data.len() == product(shape)` (the fields are public, so a tensor
-    /// built by hand may break it).
-    ///
-    /// # Errors
-    ///
-    /// As for [`HostTensor::new`].
-    pub fn check(&self) -> Result<(), TensorError> {
-        match checked_elements(&self.shape) {
-            None => Err(TensorError::TooLarge {
-                shape: self.shape.clone(),
-            }),
-            Some(expected) if expected != self.data.len() => Err(TensorError::LengthMismatch {
-                shape: self.shape.clone(),
-                expected,
-                found: self.data.len(),
-            }),
-            Some(_) => Ok(()),
-        }
-    }
-}
-
-/// What is wrong with a [`HostTensor`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum TensorError {
-    /// `data.len()` is not the product of `shape`.
-    LengthMismatch {
-        /// The tensor's shape.
-        shape: Vec<usize>,
-        /// Elements the shape describes.
-        expected: usize,
-        /// Elements actually present.
-        found: usize,
-    },
-    /// The product of `shape` overflows `usize`.
-    TooLarge {
-        /// The tensor's shape.
-        shape: Vec<usize>,
-    },
-}
-
-impl fmt::Display for TensorError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TensorError::LengthMismatch {
-                shape,
-                expected,
-                found,
-            } => write!(
-                f,
-                "a tensor of shape {} needs {expected} elements, found {found}",
-                format_shape(shape)
-            ),
-            TensorError::TooLarge { shape } => write!(
-                f,
-                "a tensor of shape {} has more elements than fit in memory",
-                format_shape(shape)
-            ),
-        }
-    }
-}
-
-impl std::error::Error for TensorError {}
 
 /// Which enqueued elements an [`OutfeedQueue`] keeps for the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -279,10 +150,11 @@ impl fmt::Debug for Rejected {
 
 /// Everything that can go wrong creating, filling or draining an outfeed queue. Every variant
 /// names the queue, and the replica and key where one is at fault.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum OutfeedError {
     /// The buffer depth is outside `1..=255`.
+    #[error("outfeed '{queue}': buffer depth {depth} is outside 1..={max}", max = MAX_BUFFER_DEPTH)]
     InvalidBufferDepth {
         /// The queue being created.
         queue: String,
@@ -290,11 +162,15 @@ pub enum OutfeedError {
         depth: usize,
     },
     /// The replica count is zero.
+    #[error("outfeed '{queue}': the replica count must be at least 1")]
     NoReplicas {
         /// The queue being created.
         queue: String,
     },
     /// An enqueue did not carry exactly one element per replica.
+    #[error(
+        "outfeed '{queue}': an enqueue needs one element per replica ({expected}), found {found}"
+    )]
     WrongReplicaCount {
         /// The queue.
         queue: String,
@@ -304,6 +180,7 @@ pub enum OutfeedError {
         found: usize,
     },
     /// A tensor in an enqueued element is inconsistent (its data does not fill its shape).
+    #[error("outfeed '{queue}': replica {replica}{}: {source}", At(.key))]
     BadTensor {
         /// The queue.
         queue: String,
@@ -312,9 +189,14 @@ pub enum OutfeedError {
         /// The map key of the tensor, `None` for a tensor element.
         key: Option<String>,
         /// What is wrong with it.
+        #[source]
         source: TensorError,
     },
     /// Replica `replica`'s element differs in structure or shape from replica 0's.
+    #[error(
+        "outfeed '{queue}': replica {replica}{} has {found}, but replica 0 has {expected}",
+        At(.key)
+    )]
     ReplicaMismatch {
         /// The queue.
         queue: String,
@@ -328,6 +210,10 @@ pub enum OutfeedError {
         found: Layout,
     },
     /// The element differs in structure or shape from the ones enqueued before.
+    #[error(
+        "outfeed '{queue}':{} has {found}, but earlier enqueues had {expected}",
+        KeyOrElement(.key)
+    )]
     StructureChanged {
         /// The queue.
         queue: String,
@@ -339,6 +225,10 @@ pub enum OutfeedError {
         found: Layout,
     },
     /// [`OutfeedQueue::try_enqueue`] found `depth` undrained elements in an ALL-mode queue.
+    #[error(
+        "outfeed '{queue}': full, {depth} undrained element(s) (the buffer depth); the host \
+         must dequeue first"
+    )]
     Full {
         /// The queue.
         queue: String,
@@ -348,6 +238,9 @@ pub enum OutfeedError {
         rejected: Rejected,
     },
     /// A LAST-mode queue was dequeued before anything was enqueued.
+    #[error(
+        "outfeed '{queue}': nothing has been enqueued yet (LAST mode has no element to return)"
+    )]
     NothingEnqueued {
         /// The queue.
         queue: String,
@@ -392,78 +285,14 @@ impl fmt::Display for At<'_> {
     }
 }
 
-impl fmt::Display for OutfeedError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            OutfeedError::InvalidBufferDepth { queue, depth } => write!(
-                f,
-                "outfeed '{queue}': buffer depth {depth} is outside 1..={MAX_BUFFER_DEPTH}"
-            ),
-            OutfeedError::NoReplicas { queue } => {
-                write!(f, "outfeed '{queue}': the replica count must be at least 1")
-            }
-            OutfeedError::WrongReplicaCount {
-                queue,
-                expected,
-                found,
-            } => write!(
-                f,
-                "outfeed '{queue}': an enqueue needs one element per replica ({expected}), \
-                 found {found}"
-            ),
-            OutfeedError::BadTensor {
-                queue,
-                replica,
-                key,
-                source,
-            } => write!(
-                f,
-                "outfeed '{queue}': replica {replica}{}: {source}",
-                At(key)
-            ),
-            OutfeedError::ReplicaMismatch {
-                queue,
-                replica,
-                key,
-                expected,
-                found,
-            } => write!(
-                f,
-                "outfeed '{queue}': replica {replica}{} has {found}, but replica 0 has {expected}",
-                At(key)
-            ),
-            OutfeedError::StructureChanged {
-                queue,
-                key,
-                expected,
-                found,
-            } => {
-                let what = if key.is_some() { "" } else { " element" };
-                write!(
-                    f,
-                    "outfeed '{queue}':{what}{} has {found}, but earlier enqueues had {expected}",
-                    At(key)
-                )
-            }
-            OutfeedError::Full { queue, depth, .. } => write!(
-                f,
-                "outfeed '{queue}': full, {depth} undrained element(s) (the buffer depth); \
-                 the host must dequeue first"
-            ),
-            OutfeedError::NothingEnqueued { queue } => write!(
-                f,
-                "outfeed '{queue}': nothing has been enqueued yet (LAST mode has no element \
-                 to return)"
-            ),
-        }
-    }
-}
+/// `" key 'k'"`, or `" element"` when the elements differ as a whole.
+struct KeyOrElement<'a>(&'a Option<String>);
 
-impl std::error::Error for OutfeedError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            OutfeedError::BadTensor { source, .. } => Some(source),
-            _ => None,
+impl fmt::Display for KeyOrElement<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(_) => At(self.0).fmt(f),
+            None => f.write_str(" element"),
         }
     }
 }
@@ -642,6 +471,8 @@ struct State {
     stall_time: Duration,
     /// Enqueues blocked right now.
     waiting: usize,
+    /// One sender per [`OutfeedQueue::subscribe`] whose receiver is still alive.
+    subscribers: Vec<Sender<()>>,
 }
 
 /// A queue carrying tensors from a device program to the host (see the [module docs](self)).
@@ -863,6 +694,8 @@ impl OutfeedQueue {
         state.entries.push_back(entry);
         state.enqueued += 1;
         self.arrived.notify_all();
+        // Unbounded channels: a send never blocks, and fails only once the receiver is gone.
+        state.subscribers.retain(|s| s.send(()).is_ok());
         state.entries.len()
     }
 
@@ -936,6 +769,37 @@ impl OutfeedQueue {
             stall_time: Duration::ZERO,
             pending,
         })
+    }
+
+    /// Host side: a receiver that gets one `()` for every successful enqueue from now on
+    /// ([`enqueue`](Self::enqueue) or [`try_enqueue`](Self::try_enqueue); a rejected or failed
+    /// enqueue sends nothing), in both modes.
+    ///
+    /// The channel is unbounded, so a slow subscriber never stalls the device; any number of
+    /// subscribers may exist, and dropping a receiver unsubscribes it. With one receiver per
+    /// queue, the host can block on several queues at once with `crossbeam_channel::select!`
+    /// instead of polling, then [`dequeue`](Self::dequeue) the queue that has data (an ALL-mode
+    /// dequeue drains several enqueues at once, so later notifications may find it empty).
+    ///
+    /// ```
+    /// use crossbeam_channel::select;
+    /// use tessera_host::outfeed::{Element, HostTensor, OutfeedQueue};
+    ///
+    /// let losses = OutfeedQueue::with_defaults("losses");
+    /// let grads = OutfeedQueue::with_defaults("grads");
+    /// let (on_loss, on_grad) = (losses.subscribe(), grads.subscribe());
+    /// grads.enqueue(vec![Element::Tensor(HostTensor::scalar(0.5))]).unwrap();
+    /// let drained = select! {
+    ///     recv(on_loss) -> _ => losses.dequeue().unwrap(),
+    ///     recv(on_grad) -> _ => grads.dequeue().unwrap(),
+    /// };
+    /// assert_eq!(drained.into_tensor().unwrap().data, [0.5]);
+    /// ```
+    #[must_use]
+    pub fn subscribe(&self) -> Receiver<()> {
+        let (sender, receiver) = crossbeam_channel::unbounded();
+        self.lock().subscribers.push(sender);
+        receiver
     }
 
     /// Host side: waits up to `timeout` until at least one element is undrained (ALL) or held
@@ -1043,39 +907,6 @@ mod tests {
                 .map(|(k, v)| ((*k).to_owned(), v.clone()))
                 .collect(),
         )
-    }
-
-    #[test]
-    fn host_tensor_checks_its_length() {
-        assert_eq!(t(&[2, 3], &[0.0; 6]).elements(), 6);
-        assert_eq!(HostTensor::scalar(1.5).elements(), 1);
-        assert_eq!(HostTensor::scalar(1.5).rank(), 0);
-        assert_eq!(
-            HostTensor::new(vec![2, 3], vec![0.0; 5]),
-            Err(TensorError::LengthMismatch {
-                shape: vec![2, 3],
-                expected: 6,
-                found: 5
-            })
-        );
-        let huge = vec![usize::MAX, 2];
-        assert!(matches!(
-            HostTensor::new(huge.clone(), vec![]),
-            Err(TensorError::TooLarge { .. })
-        ));
-        assert_eq!(HostTensor::filled(vec![2, 2], 7.0).unwrap().data, [7.0; 4]);
-        assert!(HostTensor::filled(huge, 0.0).is_err());
-        // A zero dimension makes the tensor empty however large the others are.
-        assert_eq!(t(&[usize::MAX, usize::MAX, 0], &[]).elements(), 0);
-        assert_eq!(
-            TensorError::LengthMismatch {
-                shape: vec![5],
-                expected: 5,
-                found: 4
-            }
-            .to_string(),
-            "a tensor of shape (5,) needs 5 elements, found 4"
-        );
     }
 
     #[test]
@@ -1343,6 +1174,102 @@ mod tests {
         };
         assert_eq!(q.wait_for_elements(Duration::from_secs(60)), 1);
         producer.join().unwrap();
+    }
+
+    #[test]
+    fn subscribers_get_one_message_per_successful_enqueue() {
+        let q = OutfeedQueue::new("q", OutfeedMode::All, 2, 1).unwrap();
+        let early = q.subscribe();
+        q.enqueue(vec![te(&[], &[0.0])]).unwrap();
+        let late = q.subscribe();
+        q.try_enqueue(vec![te(&[], &[1.0])]).unwrap();
+        // A rejected (full) or failed (changed structure) enqueue sends nothing.
+        assert!(q.try_enqueue(vec![te(&[], &[2.0])]).is_err());
+        assert_eq!(q.dequeue().unwrap().into_tensor().unwrap().data, [0.0, 1.0]);
+        assert!(q.enqueue(vec![te(&[3], &[0.0; 3])]).is_err());
+        assert_eq!(early.try_iter().count(), 2);
+        assert_eq!(late.try_iter().count(), 1);
+        // Nothing more is on its way: every message was for an enqueue that happened.
+        q.enqueue(vec![te(&[], &[3.0])]).unwrap();
+        assert_eq!((early.len(), late.len()), (1, 1));
+    }
+
+    #[test]
+    fn a_dropped_subscriber_is_ignored_and_forgotten() {
+        let q = OutfeedQueue::new("q", OutfeedMode::Last, 1, 1).unwrap();
+        let kept = q.subscribe();
+        drop(q.subscribe());
+        for i in 0..3 {
+            let report = q.enqueue(vec![te(&[], &[i as f32])]).unwrap();
+            assert!(!report.stalled);
+        }
+        assert_eq!(kept.try_iter().count(), 3);
+        assert_eq!(q.lock().subscribers.len(), 1);
+        drop(kept);
+        q.enqueue(vec![te(&[], &[3.0])]).unwrap();
+        assert!(q.lock().subscribers.is_empty());
+    }
+
+    #[test]
+    fn a_stalled_enqueue_notifies_once_it_completes() {
+        let q = Arc::new(OutfeedQueue::new("q", OutfeedMode::All, 1, 1).unwrap());
+        let events = q.subscribe();
+        q.enqueue(vec![te(&[], &[0.0])]).unwrap();
+        events.recv().unwrap();
+        let producer = {
+            let q = Arc::clone(&q);
+            thread::spawn(move || q.enqueue(vec![te(&[], &[1.0])]).unwrap())
+        };
+        while q.waiting_enqueues() == 0 {
+            thread::sleep(Duration::from_millis(1));
+        }
+        // Blocked in the enqueue: it has not stored its element, so it cannot have notified.
+        assert!(events.is_empty());
+        assert_eq!(q.dequeue().unwrap().into_tensor().unwrap().data, [0.0]);
+        events
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the stalled enqueue completed");
+        assert!(producer.join().unwrap().stalled);
+        assert_eq!(q.dequeue().unwrap().into_tensor().unwrap().data, [1.0]);
+    }
+
+    #[test]
+    fn the_host_selects_over_several_queues_without_polling() {
+        const N: usize = 30;
+        let a = Arc::new(OutfeedQueue::with_defaults("a"));
+        let b = Arc::new(OutfeedQueue::with_defaults("b"));
+        let (on_a, on_b) = (a.subscribe(), b.subscribe());
+        let device = {
+            let (a, b) = (Arc::clone(&a), Arc::clone(&b));
+            thread::spawn(move || {
+                for i in 0..N {
+                    let q = if i % 3 == 0 { &a } else { &b };
+                    q.enqueue(vec![te(&[], &[i as f32])]).unwrap();
+                }
+            })
+        };
+        let drain = |q: &OutfeedQueue| q.dequeue().unwrap().into_tensor().unwrap().data;
+        let (mut got_a, mut got_b) = (Vec::new(), Vec::new());
+        let deadline = crossbeam_channel::after(Duration::from_secs(60));
+        while got_a.len() + got_b.len() < N {
+            crossbeam_channel::select! {
+                recv(on_a) -> m => {
+                    m.unwrap();
+                    got_a.extend(drain(&a));
+                }
+                recv(on_b) -> m => {
+                    m.unwrap();
+                    got_b.extend(drain(&b));
+                }
+                recv(deadline) -> _ => panic!("only {} + {} elements arrived", got_a.len(), got_b.len()),
+            }
+        }
+        device.join().unwrap();
+        let expected = |keep: fn(usize) -> bool| -> Vec<f32> {
+            (0..N).filter(|&i| keep(i)).map(|i| i as f32).collect()
+        };
+        assert_eq!(got_a, expected(|i| i % 3 == 0));
+        assert_eq!(got_b, expected(|i| i % 3 != 0));
     }
 
     #[test]

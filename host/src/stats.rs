@@ -16,7 +16,7 @@
 //!
 //! ```
 //! use std::collections::BTreeMap;
-//! use tessera_host::outfeed::HostTensor;
+//! use tessera_host::tensor::HostTensor;
 //! use tessera_host::stats::{format_keys, format_table};
 //!
 //! let mut m = BTreeMap::new();
@@ -32,7 +32,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::outfeed::HostTensor;
+pub use crate::tensor::format_shape;
+use crate::tensor::HostTensor;
 
 /// What [`format_table`] returns for an empty map.
 pub const NO_DATA: &str = "No data enqueued";
@@ -110,19 +111,6 @@ impl TensorStats {
             max,
             has_nan,
             has_inf,
-        }
-    }
-}
-
-/// A shape written as a Python tuple: `()`, `(5,)`, `(125, 128)`.
-#[must_use]
-pub fn format_shape(shape: &[usize]) -> String {
-    match shape {
-        [] => "()".to_owned(),
-        [d] => format!("({d},)"),
-        dims => {
-            let dims: Vec<String> = dims.iter().map(usize::to_string).collect();
-            format!("({})", dims.join(", "))
         }
     }
 }
@@ -220,14 +208,6 @@ mod tests {
 
     fn t(shape: &[usize], data: &[f32]) -> HostTensor {
         HostTensor::new(shape.to_vec(), data.to_vec()).unwrap()
-    }
-
-    #[test]
-    fn shapes_print_as_python_tuples() {
-        assert_eq!(format_shape(&[]), "()");
-        assert_eq!(format_shape(&[5]), "(5,)");
-        assert_eq!(format_shape(&[125, 128]), "(125, 128)");
-        assert_eq!(format_shape(&[2, 3, 4]), "(2, 3, 4)");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::Path;
 
 use proptest::prelude::*;
-use tessera::idx::{self, IdxError, Images, Labels};
+use tessera_host::idx::{self, IdxError, Images, Labels};
 
 /// Builds an IDX buffer from a magic number, dimensions and data.
 fn idx_bytes(magic: u32, dims: &[u32], data: &[u8]) -> Vec<u8> {
@@ -164,7 +164,7 @@ proptest! {
 
 #[test]
 fn bundled_binarized_mnist() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist-binarized-10k");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/mnist-binarized-10k");
     let mnist = idx::load_mnist(&dir).unwrap_or_else(|e| panic!("{e}"));
 
     for (images, labels, count) in [

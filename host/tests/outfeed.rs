@@ -5,10 +5,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use tessera::host::outfeed::{
+use tessera_host::outfeed::{
     Dequeued, Element, HostTensor, Layout, OutfeedError, OutfeedMode, OutfeedQueue,
     DEFAULT_BUFFER_DEPTH,
 };
@@ -210,7 +210,12 @@ fn consumer_thread_receives_every_element_in_order_while_the_producer_stalls() {
     };
     // Let the device fill the queue and block once before draining starts, so at least one
     // stall is certain; after that, drain as fast as elements arrive.
+    let start = Instant::now();
     while q.waiting_enqueues() == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the device never stalled"
+        );
         thread::sleep(Duration::from_millis(1));
     }
     let consumer = {

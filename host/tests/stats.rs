@@ -3,8 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use tessera::host::outfeed::{Element, HostTensor, OutfeedMode, OutfeedQueue};
-use tessera::host::stats::{format_keys, format_table, TensorStats, NO_DATA};
+use tessera_host::outfeed::{Element, OutfeedMode, OutfeedQueue};
+use tessera_host::stats::{format_keys, format_table, TensorStats, NO_DATA};
+use tessera_host::tensor::HostTensor;
 
 fn t(shape: &[usize], data: &[f32]) -> HostTensor {
     HostTensor::new(shape.to_vec(), data.to_vec()).unwrap()
