@@ -28,8 +28,7 @@ pub fn load_model(name: &str) -> Result<Model, AnyError> {
         )
         .into());
     }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(Model::from_toml(&text, &path.display().to_string())?)
+    Ok(Model::from_file(path)?)
 }
 
 /// The data directory asked for, or the bundled digits.

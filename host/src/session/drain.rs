@@ -11,16 +11,25 @@ use super::taps::{Queue, Taps};
 use super::train::TrainEvent;
 use crate::inspect::Collector;
 
+/// The host's subscriptions to the outfeed queues, in [`Queue::ALL`] order: taken before the
+/// device starts, so that no enqueue goes unnoticed.
+pub(super) fn subscribe(taps: &Taps) -> Vec<Receiver<()>> {
+    Queue::ALL
+        .iter()
+        .map(|&q| taps.queue(q).subscribe())
+        .collect()
+}
+
 /// Drains the outfeeds and forwards the device's progress until the device is done.
 /// Returns the loss of every reporting point.
 pub(super) fn host_loop(
     taps: &Taps,
+    subscriptions: &[Receiver<()>],
     from_device: &Receiver<DeviceMsg>,
     acks: &Sender<()>,
     on_event: &mut impl FnMut(TrainEvent),
 ) -> Vec<f64> {
     let mut collectors: [Collector; 3] = Default::default();
-    let subscriptions: Vec<Receiver<()>> = Queue::ALL.iter().map(|&q| taps.enqueues(q)).collect();
     let drain = |q: Queue, collectors: &mut [Collector; 3]| {
         let queue = taps.queue(q);
         if queue.pending() > 0 {

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use crossbeam_channel::{Receiver, Sender};
 use tessera_core::{NodeId, Plan, Roles, RunError};
 use tessera_sim::runner::Observe;
 
@@ -63,8 +62,6 @@ pub(super) struct Taps {
     has_plain: bool,
     has_maybe: bool,
     replicas: usize,
-    /// One message per enqueue, per queue: what the host blocks on.
-    enqueued: [(Sender<()>, Receiver<()>); 3],
 }
 
 fn queue(
@@ -137,7 +134,6 @@ impl Taps {
             has_plain: !c.built.outfeeds.is_empty(),
             has_maybe: !c.built.maybe_outfeeds.is_empty(),
             replicas,
-            enqueued: std::array::from_fn(|_| crossbeam_channel::unbounded()),
         })
     }
 
@@ -148,12 +144,6 @@ impl Taps {
             Queue::Plain => &self.plain,
             Queue::Maybe => self.maybe.queue(),
         }
-    }
-
-    /// A receiver that gets one message after each enqueue on queue `q`: the host blocks on
-    /// it, so a full queue (the device waiting) is always drained.
-    pub(super) fn enqueues(&self, q: Queue) -> Receiver<()> {
-        self.enqueued[q as usize].1.clone()
     }
 
     /// Whether a queue's callback reports anything (the model has layers feeding it).
@@ -255,17 +245,6 @@ impl UpdateTaps<'_> {
     }
 
     fn enqueue(
-        &self,
-        q: Queue,
-        maps: Vec<BTreeMap<String, HostTensor>>,
-    ) -> Result<(), SessionError> {
-        let t = self.taps;
-        self.enqueue_quietly(q, maps)?;
-        let _ = t.enqueued[q as usize].0.send(());
-        Ok(())
-    }
-
-    fn enqueue_quietly(
         &self,
         q: Queue,
         maps: Vec<BTreeMap<String, HostTensor>>,

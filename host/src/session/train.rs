@@ -18,7 +18,7 @@ use tessera_sim::system::{estimate_system, loop_repeat, SystemError, SystemEstim
 
 use super::checkpoint::save_checkpoint;
 use super::device::{Device, DeviceMsg};
-use super::drain::host_loop;
+use super::drain::{host_loop, subscribe};
 use super::evaluate::{EvaluateOptions, EvaluateReport, Evaluation, Weights};
 use super::taps::{Queue, Taps};
 use super::{opt_err, Compiled, EstimateSummary, IpuMemorySummary, SessionError};
@@ -364,6 +364,7 @@ impl Prepared {
         });
         let (to_host, from_device) = crossbeam_channel::unbounded::<DeviceMsg>();
         let (ack_tx, ack_rx) = crossbeam_channel::bounded::<()>(1);
+        let subscriptions = subscribe(&taps);
         let device = Device {
             infeed,
             taps: &taps,
@@ -375,7 +376,7 @@ impl Prepared {
         let (losses, device_result) = std::thread::scope(|scope| {
             let runner = &mut runner;
             let handle = scope.spawn(move || device.run(runner));
-            let losses = host_loop(&taps, &from_device, &ack_tx, &mut on_event);
+            let losses = host_loop(&taps, &subscriptions, &from_device, &ack_tx, &mut on_event);
             let result = handle
                 .join()
                 .unwrap_or_else(|_| Err(SessionError::Data("the device thread panicked".into())));
