@@ -14,16 +14,11 @@ use super::{one_line, AnyError};
 pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
     let model = load_model(&a.model.model)?;
     let opts = session_options(&a.model, &model)?;
-    let (name, e) = if a.inference {
-        let placed = if opts.no_pipelining {
-            model.clone().without_pipelining()
-        } else {
-            model.clone()
-        };
-        (placed.name.clone(), inference_estimate(&model, &opts)?)
+    let name = model.name.clone();
+    let e = if a.inference {
+        inference_estimate(&model, &opts)?
     } else {
-        let compiled = compile(&model, &opts)?;
-        (compiled.model.name.clone(), compiled.estimate()?)
+        compile(&model, &opts)?.estimate()?
     };
     let machine = IpuConfig::preset(opts.ipu);
     let summary = EstimateSummary::new(&name, opts.ipu, &machine, &e);

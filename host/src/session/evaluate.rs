@@ -19,7 +19,7 @@ use tessera_sim::system::{estimate_system, SystemEstimate, SystemOptions};
 use super::checkpoint::load_checkpoint;
 use super::device::feed;
 use super::taps::read;
-use super::{check_options, opt_err, SessionError, SessionOptions, NODES};
+use super::{check_fits, check_options, opt_err, placed, SessionError, SessionOptions, NODES};
 use crate::dataset::{Batch, Dataset};
 use crate::idx::Mnist;
 use crate::infeed::InfeedQueue;
@@ -106,11 +106,7 @@ fn compile_inference(
     opts: &EvaluateOptions,
 ) -> Result<Inference, SessionError> {
     check_options(so)?;
-    let model = if so.no_pipelining {
-        model.clone().without_pipelining()
-    } else {
-        model.clone()
-    };
+    let model = placed(model, so);
     let b = so.batch_size;
     let mut g: Box<Graph<NODES>> = Box::new(Graph::new());
     let built = model.build(&mut g, b, so.dtype)?;
@@ -278,7 +274,7 @@ fn run_device(
         rows: vec![0.0; executions * per_execution * so.batch_size * width],
         width,
     };
-    let (output, loss) = (inf.output.index(), inf.loss.map(|l| l.index()));
+    let output = inf.output.index();
     for e in 0..executions {
         let batches = (0..per_execution)
             .map(|_| {
@@ -298,10 +294,8 @@ fn run_device(
                 else {
                     return Ok(());
                 };
-                if Some(node) == loss {
-                    out.loss_sum += f64::from(
-                        read(plan, inf.loss.unwrap_or(inf.output), arena, state)?.data[0],
-                    );
+                if let Some(l) = inf.loss.filter(|l| l.index() == node) {
+                    out.loss_sum += f64::from(read(plan, l, arena, state)?.data[0]);
                     out.loss_n += 1;
                 } else if node == output {
                     let t = read(plan, inf.output, arena, state)?;
@@ -348,11 +342,7 @@ impl Evaluation {
         let split = data.test_images.count;
         model.check_data(&[data.test_images.rows, data.test_images.cols], 10)?;
         let inf = compile_inference(model, so, with_labels, Some(split), opts)?;
-        if let Some(oom) = &inf.estimate.out_of_memory {
-            return Err(SessionError::System(tessera_sim::system::SystemError::Sim(
-                tessera_sim::estimate::SimError::OutOfMemory(Box::new(oom.clone())),
-            )));
-        }
+        check_fits(&inf.estimate)?;
         Ok(Evaluation { inf, with_labels })
     }
 

@@ -219,6 +219,26 @@ fn opt_err(option: &'static str, message: String) -> SessionError {
     SessionError::Option { option, message }
 }
 
+/// The model as the options place it: every layer on one IPU under `no_pipelining`.
+fn placed(model: &Model, options: &SessionOptions) -> Model {
+    if options.no_pipelining {
+        model.clone().without_pipelining()
+    } else {
+        model.clone()
+    }
+}
+
+/// The typed out-of-memory error of an estimate made with `allow_out_of_memory`, if a tile
+/// overflows: training and evaluation refuse to run a model that does not fit.
+fn check_fits(estimate: &SystemEstimate) -> Result<(), SessionError> {
+    match &estimate.out_of_memory {
+        Some(oom) => Err(SessionError::System(SystemError::Sim(
+            tessera_sim::estimate::SimError::OutOfMemory(Box::new(oom.clone())),
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Checks the options every session shares.
 fn check_options(options: &SessionOptions) -> Result<(), SessionError> {
     if options.batch_size == 0 {
@@ -253,11 +273,7 @@ fn check_options(options: &SessionOptions) -> Result<(), SessionError> {
 /// [`SessionError::Graph`] / [`SessionError::Plan`] when the model cannot be built.
 pub fn compile(model: &Model, options: &SessionOptions) -> Result<Compiled, SessionError> {
     check_options(options)?;
-    let model = if options.no_pipelining {
-        model.clone().without_pipelining()
-    } else {
-        model.clone()
-    };
+    let model = placed(model, options);
     let m = u32::try_from(options.gradient_accumulation_count)
         .map_err(|_| opt_err("--gradient-accumulation-count", "is too large".to_string()))?;
     let mut g: Box<Graph<NODES>> = Box::new(Graph::new());

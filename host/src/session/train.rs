@@ -14,14 +14,14 @@ use std::time::Instant;
 
 use serde::Serialize;
 use tessera_sim::runner::PipelineRunner;
-use tessera_sim::system::{estimate_system, loop_repeat, SystemError, SystemEstimate};
+use tessera_sim::system::{estimate_system, loop_repeat, SystemEstimate};
 
 use super::checkpoint::save_checkpoint;
 use super::device::{Device, DeviceMsg};
 use super::drain::{host_loop, subscribe};
 use super::evaluate::{EvaluateOptions, EvaluateReport, Evaluation, Weights};
 use super::taps::{Queue, Taps};
-use super::{opt_err, Compiled, EstimateSummary, IpuMemorySummary, SessionError};
+use super::{check_fits, opt_err, Compiled, EstimateSummary, IpuMemorySummary, SessionError};
 use crate::dataset::Dataset;
 use crate::idx::Mnist;
 use crate::infeed::InfeedQueue;
@@ -287,11 +287,7 @@ pub fn prepare(
     system.repeat_count = Some(executions.repeat);
     system.steps_per_execution = None;
     let estimate = estimate_system(&compiled.plan, &compiled.machine, &system)?;
-    if let Some(oom) = &estimate.out_of_memory {
-        return Err(SessionError::System(SystemError::Sim(
-            tessera_sim::estimate::SimError::OutOfMemory(Box::new(oom.clone())),
-        )));
-    }
+    check_fits(&estimate)?;
     let taps = Taps::new(&compiled, options)?;
     let so = &compiled.options;
     let train_set = Dataset::from_mnist_split(&data.train_images, &data.train_labels)?
