@@ -3,12 +3,12 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use tessera::core::models::mnist_mlp;
-use tessera::core::{DType, Graph, Optimizer, Plan};
+use tessera::core::{DType, Fixed, Graph, Optimizer, Plan};
 
 fn training_step(c: &mut Criterion) {
     let avx2 = tessera::sim::use_fast_kernels();
     eprintln!("matmul kernel: {}", if avx2 { "AVX2" } else { "portable" });
-    let mut g: Graph<96> = Graph::new();
+    let mut g: Graph<Fixed<96>> = Graph::new();
     let m = mnist_mlp(&mut g, 32, DType::F32).unwrap();
     let labels = g.input("labels", &[32], DType::I32).unwrap();
     let loss = g
@@ -29,7 +29,7 @@ fn training_step(c: &mut Criterion) {
         b.iter(|| plan.train_step(&mut arena, &mut state).unwrap())
     });
 
-    let mut ig: Graph<32> = Graph::new();
+    let mut ig: Graph<Fixed<32>> = Graph::new();
     mnist_mlp(&mut ig, 100, DType::F32).unwrap();
     let iplan = Plan::new(&ig).unwrap();
     let mut iarena = vec![0u8; iplan.arena_bytes()];

@@ -1,16 +1,18 @@
 //! The simulator's speed: a simulated training step of the MNIST classifier against the same
 //! step run by the core alone (`sim_step`), and the lowering and estimate-only path on a graph
 //! of more than 100,000 vertices (`lower`, reported as vertices per second).
+// Run errors carry node names inline (see the core); closures returning them are fine here.
+#![allow(clippy::result_large_err)]
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use tessera::core::models::{mnist_mlp, mnist_mlp_pipelined};
 use tessera::core::schedule::Schedule;
-use tessera::core::{Accumulation, Activation, DType, Graph, Optimizer, Plan};
+use tessera::core::{Accumulation, Activation, DType, Fixed, Graph, Optimizer, Plan};
 use tessera::sim::runner::PipelineRunner;
 use tessera::sim::{estimate, EstimateOptions, IpuConfig, Preset};
 
-fn classifier() -> Plan<96> {
-    let mut g: Graph<96> = Graph::new();
+fn classifier() -> Plan<Fixed<96>> {
+    let mut g: Graph<Fixed<96>> = Graph::new();
     let m = mnist_mlp(&mut g, 32, DType::F32).unwrap();
     let labels = g.input("labels", &[32], DType::I32).unwrap();
     let loss = g
@@ -59,7 +61,7 @@ fn sim_step(c: &mut Criterion) {
 /// steps (`sim_step/core`).
 fn runner_update(c: &mut Criterion) {
     tessera::sim::use_fast_kernels();
-    let mut g: Graph<160> = Graph::new();
+    let mut g: Graph<Fixed<160>> = Graph::new();
     let m = mnist_mlp_pipelined(&mut g, 32, DType::F32, [0, 0, 1, 1]).unwrap();
     let labels = g.input("labels", &[32], DType::I32).unwrap();
     let loss = g
@@ -89,8 +91,8 @@ fn runner_update(c: &mut Criterion) {
 
 /// Eight dense layers of 1024 on a batch of 512, trained with Adam: well over 100,000
 /// vertices on a Mk2.
-fn big_plan() -> Plan<256> {
-    let mut g: Graph<256> = Graph::new();
+fn big_plan() -> Plan<Fixed<256>> {
+    let mut g: Graph<Fixed<256>> = Graph::new();
     let x = g.input("x", &[512, 1024], DType::F16).unwrap();
     let labels = g.input("labels", &[512], DType::I32).unwrap();
     let mut h = x;

@@ -16,7 +16,7 @@ use std::time::Instant;
 use clap::Parser;
 use tessera::core::models::mnist_mlp;
 use tessera::core::rng::SplitMix64;
-use tessera::core::{DType, Graph, Optimizer, Plan};
+use tessera::core::{DType, Fixed, Graph, Optimizer, Plan};
 use tessera::idx::{load_mnist, Images, Labels};
 
 /// Train the MNIST classifier on the core alone.
@@ -62,7 +62,7 @@ fn main() -> ExitCode {
 }
 
 fn fill_batch(
-    plan: &Plan<NODES>,
+    plan: &Plan<Fixed<NODES>>,
     arena: &mut [u8],
     images: &Images,
     labels: Option<&Labels>,
@@ -100,7 +100,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     // Training graph.
     let batch = args.batch_size;
-    let mut g: Graph<NODES> = Graph::new();
+    let mut g: Graph<Fixed<NODES>> = Graph::new();
     let model = mnist_mlp(&mut g, batch, dtype)?;
     let labels = g.input("labels", &[batch], DType::I32)?;
     let loss = g.sparse_categorical_crossentropy("loss", model.probabilities, labels, false)?;
@@ -119,7 +119,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     // Inference graph for evaluation: the same variables by name.
     let eval_batch = (1..=100).rev().find(|b| test_n % b == 0).unwrap_or(1);
-    let mut ig: Graph<NODES> = Graph::new();
+    let mut ig: Graph<Fixed<NODES>> = Graph::new();
     let eval_model = mnist_mlp(&mut ig, eval_batch, dtype)?;
     let infer = Plan::new(&ig)?;
     let mut eval_arena = vec![0u8; infer.arena_bytes()];
@@ -195,7 +195,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn accuracy(
-    plan: &Plan<NODES>,
+    plan: &Plan<Fixed<NODES>>,
     logits: tessera::core::NodeId,
     arena: &mut [u8],
     state: &[u8],
@@ -231,7 +231,7 @@ fn argmax(row: &[f32]) -> usize {
 
 fn export_firmware(
     dir: &std::path::Path,
-    train: &Plan<NODES>,
+    train: &Plan<Fixed<NODES>>,
     state: &[u8],
     images: &Images,
     labels: &Labels,
@@ -239,7 +239,7 @@ fn export_firmware(
 ) -> Result<(), Box<dyn std::error::Error>> {
     // The firmware builds the batch-1 inference graph with the same builder, so its state
     // layout is this plan's.
-    let mut g: Graph<NODES> = Graph::new();
+    let mut g: Graph<Fixed<NODES>> = Graph::new();
     mnist_mlp(&mut g, 1, dtype)?;
     let plan = Plan::new(&g)?;
     let mut weights = vec![0u8; plan.state_bytes()];

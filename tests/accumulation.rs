@@ -8,11 +8,11 @@ use common::{close, weights};
 
 use proptest::prelude::*;
 use tessera::core::{
-    Accumulation, AccumulationMethod, Activation, DType, Graph, Optimizer, Plan, Roles,
+    Accumulation, AccumulationMethod, Activation, DType, Fixed, Graph, Optimizer, Plan, Roles,
 };
 
-fn mlp(batch: usize, hidden: usize, acc: Option<Accumulation>, opt: Optimizer) -> Plan<64> {
-    let mut g: Graph<64> = Graph::new();
+fn mlp(batch: usize, hidden: usize, acc: Option<Accumulation>, opt: Optimizer) -> Plan<Fixed<64>> {
+    let mut g: Graph<Fixed<64>> = Graph::new();
     let x = g.input("x", &[batch, 3], DType::F32).unwrap();
     let labels = g.input("labels", &[batch], DType::I32).unwrap();
     let h = g
@@ -82,7 +82,7 @@ proptest! {
 
 #[test]
 fn fp16_weights_with_fp32_accumulators() {
-    let mut g: Graph<64> = Graph::new();
+    let mut g: Graph<Fixed<64>> = Graph::new();
     let x = g.input("x", &[2, 3], DType::F16).unwrap();
     let labels = g.input("labels", &[2], DType::I32).unwrap();
     let y = g.dense("D", x, 4, Activation::Linear, DType::F16).unwrap();
@@ -140,7 +140,7 @@ fn fp16_weights_with_fp32_accumulators() {
 
 #[test]
 fn a_zero_accumulation_count_is_an_error() {
-    let mut g: Graph<32> = Graph::new();
+    let mut g: Graph<Fixed<32>> = Graph::new();
     let x = g.input("x", &[2, 3], DType::F32).unwrap();
     let y = g.dense("D", x, 1, Activation::Linear, DType::F32).unwrap();
     let l = g.reduce_mean("l", y, None).unwrap();

@@ -2,7 +2,7 @@
 //! of the same random MLPs.
 
 use proptest::prelude::*;
-use tessera::core::{Activation, DType, Graph, Optimizer, Plan};
+use tessera::core::{Activation, DType, Fixed, Graph, Optimizer, Plan};
 
 #[derive(Clone, Copy, Debug)]
 enum Act {
@@ -114,7 +114,7 @@ proptest! {
 
     #[test]
     fn gradients_match_central_differences(m in mlp(), seed in any::<u64>()) {
-        let mut g: Graph<128> = Graph::new();
+        let mut g: Graph<Fixed<128>> = Graph::new();
         let x = g.input("x", &[m.batch, m.inputs], DType::F32).unwrap();
         let labels = g.input("labels", &[m.batch], DType::I32).unwrap();
         let mut h = x;
@@ -194,7 +194,7 @@ proptest! {
 
 #[test]
 fn fused_softmax_cross_entropy_skips_the_softmax_backward() {
-    let mut g: Graph<64> = Graph::new();
+    let mut g: Graph<Fixed<64>> = Graph::new();
     let x = g.input("x", &[2, 3], DType::F32).unwrap();
     let labels = g.input("labels", &[2], DType::U8).unwrap();
     let p = g
@@ -213,10 +213,10 @@ fn fused_softmax_cross_entropy_skips_the_softmax_backward() {
         .unwrap();
     assert!(matches!(
         fused.op(),
-        tessera::core::Op::SparseCrossEntropyGrad {
+        tessera::core::Op::Loss(tessera::core::ops::loss::Loss::SparseCrossEntropyGrad {
             from_logits: true,
             ..
-        }
+        })
     ));
 }
 
@@ -224,7 +224,7 @@ fn fused_softmax_cross_entropy_skips_the_softmax_backward() {
 fn momentum_and_adam_state_is_flagged_and_updates_weights() {
     use tessera::core::Roles;
     for opt in [Optimizer::momentum(0.1, 0.9), Optimizer::adam(0.01)] {
-        let mut g: Graph<64> = Graph::new();
+        let mut g: Graph<Fixed<64>> = Graph::new();
         let x = g.input("x", &[4, 3], DType::F32).unwrap();
         let labels = g.input("labels", &[4], DType::I32).unwrap();
         let y = g
@@ -270,7 +270,7 @@ fn momentum_and_adam_state_is_flagged_and_updates_weights() {
 
 #[test]
 fn concat_gradients_match_finite_differences() {
-    let mut g: Graph<96> = Graph::new();
+    let mut g: Graph<Fixed<96>> = Graph::new();
     let x = g.input("x", &[3, 2], DType::F32).unwrap();
     let a = g.dense("A", x, 3, Activation::Tanh, DType::F32).unwrap();
     let b = g.dense("B", x, 2, Activation::Sigmoid, DType::F32).unwrap();

@@ -2,14 +2,14 @@
 //! less and the update costs remote-buffer copies.
 
 use tessera::core::models::mnist_mlp;
-use tessera::core::{DType, Graph, Optimizer, Plan};
+use tessera::core::{DType, Fixed, Graph, Optimizer, Plan};
 use tessera::sim::lower::LowerOptions;
 use tessera::sim::{estimate, EstimateOptions, IpuConfig, Preset};
 
 #[test]
 fn offloading_momentum_saves_sram_and_costs_remote_buffer_cycles() {
     for opt in [Optimizer::momentum(0.1, 0.9), Optimizer::adam(1e-3)] {
-        let mut g: Graph<128> = Graph::new();
+        let mut g: Graph<Fixed<128>> = Graph::new();
         let m = mnist_mlp(&mut g, 32, DType::F32).unwrap();
         let labels = g.input("labels", &[32], DType::I32).unwrap();
         let loss = g

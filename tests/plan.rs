@@ -11,16 +11,26 @@ use std::sync::Mutex;
 use common::{build, steps};
 
 use proptest::prelude::*;
-use tessera::core::{models::mnist_mlp, DType, Graph, NodeId, Optimizer, Place, Plan, ALIGN};
+use tessera::core::{
+    models::mnist_mlp, DType, Fixed, Graph, NodeId, Optimizer, Place, Plan, ALIGN,
+};
 
 static WORST: Mutex<f64> = Mutex::new(1.0);
 
-fn check_plan(g: &Graph<160>) -> Result<(), TestCaseError> {
+fn check_plan(g: &Graph<Fixed<160>>) -> Result<(), TestCaseError> {
     let plan = Plan::new(g).unwrap();
     let slots = plan.slots();
     for (i, a) in slots.iter().enumerate() {
         prop_assert_eq!(a.offset % ALIGN, 0);
-        if a.place == Place::Arena {
+        if let Some(root) = a.view_of {
+            // A view never copies: it is its root's bytes, kept live as long as it is read.
+            let r = slots[root.index()];
+            prop_assert_eq!(a.bytes, 0);
+            prop_assert_eq!((a.place, a.offset), (r.place, r.offset));
+            prop_assert!(r.view_of.is_none());
+            prop_assert!(r.first <= a.first && a.last <= r.last);
+            prop_assert_eq!(g.nodes()[i].bytes(), g.nodes()[root.index()].bytes());
+        } else if a.place == Place::Arena {
             prop_assert!(a.offset + a.bytes <= plan.arena_bytes());
             prop_assert!(a.bytes >= g.nodes()[i].bytes());
         }
@@ -56,7 +66,7 @@ fn check_plan(g: &Graph<160>) -> Result<(), TestCaseError> {
 }
 
 /// Runs a plan and returns every output's bytes.
-fn outputs(g: &Graph<160>, train: bool) -> Vec<Vec<u8>> {
+fn outputs(g: &Graph<Fixed<160>>, train: bool) -> Vec<Vec<u8>> {
     let plan = Plan::new(g).unwrap();
     let mut arena = vec![0u8; plan.arena_bytes()];
     let mut state = vec![0u8; plan.state_bytes()];
@@ -122,7 +132,7 @@ proptest! {
 fn classifier_arenas_are_close_to_peak_live() {
     for dtype in [DType::F32, DType::F16] {
         for train in [false, true] {
-            let mut g: Graph<160> = Graph::new();
+            let mut g: Graph<Fixed<160>> = Graph::new();
             let m = mnist_mlp(&mut g, 32, dtype).unwrap();
             if train {
                 let labels = g.input("labels", &[32], DType::I32).unwrap();

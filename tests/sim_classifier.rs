@@ -1,14 +1,16 @@
 //! The seeds' classifier on one Mk2 IPU: lowers, fits, trains with the core's numerics, and
 //! reports memory and cycles; an oversized batch is a typed out-of-memory error naming a tile.
+// Run errors carry node names inline (see the core); closures returning them are fine here.
+#![allow(clippy::result_large_err)]
 
 use tessera::core::models::mnist_mlp;
 use tessera::core::schedule::Schedule;
-use tessera::core::{DType, Graph, Optimizer, Plan};
+use tessera::core::{DType, Fixed, Graph, Optimizer, Plan};
 use tessera::sim::runner::PipelineRunner;
 use tessera::sim::{estimate, EstimateOptions, IpuConfig, Preset, SimError};
 
-fn training_plan(batch: usize, dtype: DType) -> Plan<96> {
-    let mut g: Graph<96> = Graph::new();
+fn training_plan(batch: usize, dtype: DType) -> Plan<Fixed<96>> {
+    let mut g: Graph<Fixed<96>> = Graph::new();
     let m = mnist_mlp(&mut g, batch, dtype).unwrap();
     let labels = g.input("labels", &[batch], DType::I32).unwrap();
     let loss = g

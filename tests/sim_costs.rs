@@ -2,13 +2,13 @@
 //! as its arithmetic says, fp16 is cheaper than fp32, and spreading a large element-wise op
 //! over more tiles costs fewer compute cycles and more exchange.
 
-use tessera::core::DType;
+use tessera::core::{DType, NodeId};
 use tessera::sim::cost::UnaryKind;
 use tessera::sim::estimate::cost_steps;
 use tessera::sim::ops::{fully_connected, matmul, FcPass};
 use tessera::sim::program::{
     exchange_for, Codelet, ComputeSet, Mapping, ProgTensor, Program, Region, Step, TensorClass,
-    Vertex,
+    TensorId, TileId, Vertex,
 };
 use tessera::sim::{IpuConfig, Preset};
 
@@ -46,17 +46,21 @@ fn matmul_cycles_scale_with_their_arithmetic() {
 
 /// `y = relu(x)` with x whole on tile 0 and y spread over `tiles` tiles.
 fn spread_relu(cfg: &IpuConfig, elements: u64, tiles: u32) -> (u64, u64, u64) {
-    let tensor = |name: &str, node: u16, mapping| ProgTensor {
+    let tensor = |name: &str, node: u32, mapping| ProgTensor {
         name: name.into(),
-        node,
+        node: NodeId::from_index(node),
         dtype: DType::F32,
         elements,
         mapping,
         class: TensorClass::NotAlwaysLive,
         live: (0, 1),
     };
-    let x = tensor("x", 0, Mapping::single(elements, 0));
-    let y = tensor("y", 1, Mapping::linear(elements, 1, 1, 0, tiles, cfg.tiles));
+    let x = tensor("x", 0, Mapping::single(elements, TileId(0)));
+    let y = tensor(
+        "y",
+        1,
+        Mapping::linear(elements, 1, 1, TileId(0), tiles, cfg.tiles),
+    );
     let vertices: Vec<Vertex> = y
         .mapping
         .intervals()
@@ -65,19 +69,22 @@ fn spread_relu(cfg: &IpuConfig, elements: u64, tiles: u32) -> (u64, u64, u64) {
             tile: iv.tile,
             codelet: Codelet::Unary,
             cycles: UnaryKind::Relu.cycles(cfg, iv.len, DType::F32),
-            reads: vec![Region::span(0, iv.start, iv.len)],
-            writes: vec![Region::span(1, iv.start, iv.len)],
+            reads: vec![Region::span(TensorId(0), iv.start, iv.len)],
+            writes: vec![Region::span(TensorId(1), iv.start, iv.len)],
         })
         .collect();
     let tensors = vec![x, y];
     let transfers = exchange_for(&tensors, &vertices);
     let mut steps = Vec::new();
     if !transfers.is_empty() {
-        steps.push(Step::Exchange { node: 1, transfers });
+        steps.push(Step::Exchange {
+            node: NodeId::from_index(1),
+            transfers,
+        });
     }
     steps.push(Step::Compute(ComputeSet {
         name: "y/op".into(),
-        node: 1,
+        node: NodeId::from_index(1),
         vertices,
     }));
     let n = steps.len();

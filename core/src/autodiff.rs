@@ -7,8 +7,15 @@
 
 use core::fmt::Write;
 
-use crate::error::{GraphError, Name};
-use crate::graph::{Graph, Init, NodeId, NodeRef, Op};
+use crate::error::{derived, GraphError, Name};
+use crate::graph::{Graph, Init, NodeId, NodeRef};
+use crate::op::Op;
+use crate::ops::elementwise::{BinaryFn, Elementwise};
+use crate::ops::layout::Layout;
+use crate::ops::reduce::{Reduce, ReduceKind};
+use crate::ops::update::Update;
+use crate::ops::Axes;
+use crate::storage::{Buffer, Storage};
 use crate::{DType, Roles, Shape};
 
 /// The optimizer a training graph applies once per step.
@@ -162,24 +169,122 @@ impl Accumulation {
     }
 }
 
-/// `<base><suffix>` as a node name.
-fn derived(base: &str, suffix: core::fmt::Arguments<'_>) -> Result<Name, GraphError> {
-    let mut n = Name::new();
-    n.push_str(base).map_err(|_| GraphError::BadName {
-        name: crate::error::name_lossy(base),
-    })?;
-    n.write_fmt(suffix).map_err(|_| GraphError::BadName {
-        name: crate::error::name_lossy(base),
-    })?;
-    Ok(n)
+/// The state of a backward pass while the families append their gradients: what each node's
+/// gradient is so far, and which nodes need one.
+pub(crate) struct Backprop<'g, S: Storage> {
+    pub(crate) graph: &'g mut Graph<S>,
+    grad: S::Vec<Option<NodeId>>,
+    count: S::Vec<u32>,
+    relevant: S::Vec<bool>,
 }
 
-struct Backward<const N: usize> {
-    grad: [Option<NodeId>; N],
-    count: [u8; N],
+impl<S: Storage> Backprop<'_, S> {
+    /// Whether `x` needs a gradient (it lies between a trainable variable and the loss).
+    pub(crate) fn wants(&self, x: NodeId) -> bool {
+        self.relevant.get(x.index()).copied().unwrap_or(false)
+    }
+
+    /// Shape and type of node `x`.
+    pub(crate) fn meta(&self, x: NodeId) -> (Shape, DType) {
+        let n = self.graph.node(x);
+        (n.shape, n.dtype)
+    }
+
+    /// Pushes a node of `target`'s gradient computation, named `<target>_grad/<k>`.
+    pub(crate) fn node(
+        &mut self,
+        target: NodeId,
+        op: Op,
+        shape: Shape,
+        dtype: DType,
+    ) -> Result<NodeId, GraphError> {
+        let c = &mut self.count[target.index()];
+        *c += 1;
+        let k = *c;
+        let name = derived(
+            &self.graph.nodes[target.index()].name.clone(),
+            format_args!("_grad/{k}"),
+        )?;
+        self.graph
+            .push(name, op, shape, dtype, Roles::GRADIENT | Roles::BACKWARD)
+    }
+
+    /// A gradient node for `target` with `target`'s own shape and type.
+    pub(crate) fn like(&mut self, target: NodeId, op: Op) -> Result<NodeId, GraphError> {
+        let (s, t) = self.meta(target);
+        self.node(target, op, s, t)
+    }
+
+    /// Adds `g` (of `target`'s shape) to `target`'s gradient.
+    pub(crate) fn contribute(&mut self, target: NodeId, g: NodeId) -> Result<(), GraphError> {
+        let sum = match self.grad[target.index()] {
+            None => g,
+            Some(prev) => self.like(
+                target,
+                Op::Elementwise(Elementwise::Binary {
+                    a: prev,
+                    b: g,
+                    f: BinaryFn::Add,
+                }),
+            )?,
+        };
+        self.grad[target.index()] = Some(sum);
+        Ok(())
+    }
+
+    /// `g`, a gradient with respect to a broadcast of `target`, summed back to `target`'s
+    /// shape (over the axes broadcasting added or stretched).
+    pub(crate) fn sum_to(&mut self, target: NodeId, g: NodeId) -> Result<NodeId, GraphError> {
+        let (ts, tt) = self.meta(target);
+        let gs = self.graph.node(g).shape;
+        if gs == ts {
+            return Ok(g);
+        }
+        let rank = gs.rank();
+        let dims = crate::ops::aligned(ts, rank);
+        let mut axes = Axes::NONE;
+        for (i, &d) in dims.iter().enumerate().take(rank) {
+            if d == 1 && gs.dim(i) != 1 {
+                axes.0 |= 1 << i;
+            }
+        }
+        let mut kept = [1usize; crate::MAX_RANK];
+        for (i, k) in kept.iter_mut().enumerate().take(rank) {
+            *k = if axes.contains(i) { 1 } else { gs.dim(i) };
+        }
+        let kept_shape =
+            crate::ops::shape_for(&self.graph.nodes[target.index()].name, &kept[..rank])?;
+        let mut out = g;
+        if !axes.is_empty() {
+            out = self.node(
+                target,
+                Op::Reduce(Reduce::Reduce {
+                    x: g,
+                    axes,
+                    keep_dims: true,
+                    kind: ReduceKind::Sum,
+                }),
+                kept_shape,
+                tt,
+            )?;
+        }
+        if kept_shape != ts {
+            out = self.like(target, Op::Layout(Layout::Reshape { x: out }))?;
+        }
+        Ok(out)
+    }
+
+    /// The error for a node autodiff cannot differentiate.
+    pub(crate) fn not_differentiable(&self, id: NodeId) -> GraphError {
+        let n = self.graph.node(id);
+        GraphError::NotDifferentiable {
+            node: n.name.clone(),
+            op: n.op.name(),
+        }
+    }
 }
 
-impl<const N: usize> Graph<N> {
+impl<S: Storage> Graph<S> {
     /// Appends the backward pass of `loss` and `optimizer`'s update of every trainable variable
     /// the loss depends on. Gradients of variables are named `<variable>_grad` and carry
     /// [`Roles::GRADIENT`]; optimizer state (`<variable>/momentum`, `<variable>/m`,
@@ -265,7 +370,11 @@ impl<const N: usize> Graph<N> {
         let last = loss.index();
 
         // Which nodes lie on a path from a trainable variable to the loss.
-        let mut reaches_loss = [false; N];
+        let full = || GraphError::CapacityExceeded {
+            node: crate::error::name_lossy("autodiff"),
+            capacity: forward_len,
+        };
+        let mut reaches_loss: S::Vec<bool> = S::filled(forward_len, false).ok_or_else(full)?;
         reaches_loss[last] = true;
         for i in (0..=last).rev() {
             if reaches_loss[i] {
@@ -274,7 +383,7 @@ impl<const N: usize> Graph<N> {
                 }
             }
         }
-        let mut depends_on_var = [false; N];
+        let mut depends_on_var: S::Vec<bool> = S::filled(forward_len, false).ok_or_else(full)?;
         for i in 0..=last {
             let n = &self.nodes[i];
             depends_on_var[i] = n.roles.contains(Roles::TRAINABLE)
@@ -284,11 +393,15 @@ impl<const N: usize> Graph<N> {
                     .iter()
                     .any(|o| depends_on_var[o.index()]);
         }
-        let relevant = |i: usize| reaches_loss[i] && depends_on_var[i];
+        let mut relevant: S::Vec<bool> = S::filled(forward_len, false).ok_or_else(full)?;
+        for i in 0..forward_len {
+            relevant[i] = reaches_loss[i] && depends_on_var[i];
+        }
+        drop((reaches_loss, depends_on_var));
         if !self.nodes[..=last]
             .iter()
             .enumerate()
-            .any(|(i, n)| relevant(i) && n.roles.contains(Roles::TRAINABLE))
+            .any(|(i, n)| relevant[i] && n.roles.contains(Roles::TRAINABLE))
         {
             return Err(GraphError::NothingToTrain {
                 loss: self.nodes[last].name.clone(),
@@ -296,9 +409,10 @@ impl<const N: usize> Graph<N> {
         }
         // The earliest relevant consumer of each variable: its gradient is final after that
         // consumer's backward.
-        let mut first_consumer = [usize::MAX; N];
+        let mut first_consumer: S::Vec<usize> =
+            S::filled(forward_len, usize::MAX).ok_or_else(full)?;
         for i in (0..=last).rev() {
-            if relevant(i) {
+            if relevant[i] {
                 for o in self.nodes[i].op.operands().as_slice() {
                     first_consumer[o.index()] = i;
                 }
@@ -341,12 +455,9 @@ impl<const N: usize> Graph<N> {
             }
         }
         let counter = counters.first().copied();
-        let mut accumulators: heapless::Vec<(NodeId, NodeId), N> = heapless::Vec::new();
-
-        let mut bw = Backward {
-            grad: [None; N],
-            count: [0; N],
-        };
+        let mut accumulators: S::Vec<(NodeId, NodeId)> = S::vec();
+        let grad = S::filled(forward_len, None).ok_or_else(full)?;
+        let count = S::filled(forward_len, 0u32).ok_or_else(full)?;
         let ldt = self.nodes[last].dtype;
         self.current_stage = self.nodes[last].stage;
         let seed = self.push(
@@ -356,34 +467,41 @@ impl<const N: usize> Graph<N> {
             ldt,
             Roles::CONSTANT | Roles::BACKWARD,
         )?;
-        bw.grad[last] = Some(seed);
+        let mut bp = Backprop {
+            graph: self,
+            grad,
+            count,
+            relevant,
+        };
+        bp.grad[last] = Some(seed);
 
         for i in (0..=last).rev() {
-            if !relevant(i) {
+            if !bp.relevant[i] {
                 continue;
             }
             // Backward nodes belong to the stage of the node they differentiate.
-            self.current_stage = self.nodes[i].stage;
-            if let Some(dy) = bw.grad[i] {
-                self.backward_of(NodeId(i as u16), dy, &mut bw, &relevant)?;
+            bp.graph.current_stage = bp.graph.nodes[i].stage;
+            if let Some(dy) = bp.grad[i] {
+                crate::ops::backward(&mut bp, NodeId::at(i), dy)?;
             }
-            let operands = self.nodes[i].op.operands();
+            let operands = bp.graph.nodes[i].op.operands();
             for (k, &o) in operands.as_slice().iter().enumerate() {
                 let repeated = operands.as_slice()[..k].contains(&o);
                 if !repeated
                     && first_consumer[o.index()] == i
-                    && self.nodes[o.index()].roles.contains(Roles::TRAINABLE)
+                    && bp.graph.nodes[o.index()].roles.contains(Roles::TRAINABLE)
                 {
-                    if let Some(g) = bw.grad[o.index()] {
-                        self.current_stage = self.nodes[o.index()].stage;
-                        let g = self.finalize_var_grad(o, g)?;
+                    if let Some(g) = bp.grad[o.index()] {
+                        let g_ = &mut *bp.graph;
+                        g_.current_stage = g_.nodes[o.index()].stage;
+                        let g = g_.finalize_var_grad(o, g)?;
                         match counter {
-                            None => self.emit_update(o, g, optimizer, step)?,
+                            None => g_.emit_update(o, g, optimizer, step)?,
                             Some(_) => {
                                 let stage_counter =
-                                    counters[usize::from(self.nodes[o.index()].stage)];
-                                let acc = self.accumulate(o, g, stage_counter, accumulation)?;
-                                let _ = accumulators.push((o, acc));
+                                    counters[usize::from(g_.nodes[o.index()].stage)];
+                                let acc = g_.accumulate(o, g, stage_counter, accumulation)?;
+                                accumulators.push((o, acc)).map_err(|_| full())?;
                             }
                         }
                     }
@@ -401,13 +519,13 @@ impl<const N: usize> Graph<N> {
                 )?;
                 self.push(
                     name,
-                    Op::Increment { counter: c },
+                    Op::Update(Update::Increment { counter: c }),
                     Shape::scalar(),
                     DType::I32,
                     Roles::BACKWARD,
                 )?;
             }
-            for &(var, acc) in &accumulators {
+            for &(var, acc) in accumulators.iter() {
                 self.current_stage = self.nodes[var.index()].stage;
                 self.emit_update(var, acc, optimizer, step)?;
                 let name = derived(
@@ -417,7 +535,7 @@ impl<const N: usize> Graph<N> {
                 let dt = self.node(acc).dtype;
                 self.push(
                     name,
-                    Op::Fill { x: acc, value: 0.0 },
+                    Op::Update(Update::Fill { x: acc, value: 0.0 }),
                     Shape::scalar(),
                     dt,
                     Roles::UPDATE | Roles::BACKWARD,
@@ -428,7 +546,7 @@ impl<const N: usize> Graph<N> {
                 let name = derived(&self.nodes[c.index()].name.clone(), format_args!("/reset"))?;
                 self.push(
                     name,
-                    Op::Fill { x: c, value: 0.0 },
+                    Op::Update(Update::Fill { x: c, value: 0.0 }),
                     Shape::scalar(),
                     DType::I32,
                     Roles::UPDATE | Roles::BACKWARD,
@@ -440,50 +558,14 @@ impl<const N: usize> Graph<N> {
             self.current_stage = 0;
             self.push(
                 derived("optimizer", format_args!("/increment"))?,
-                Op::Increment { counter: step },
+                Op::Update(Update::Increment { counter: step }),
                 Shape::scalar(),
                 DType::I32,
                 Roles::UPDATE | Roles::BACKWARD,
             )?;
         }
-        self.forward_len = Some(forward_len as u16);
+        self.forward_len = Some(forward_len as u32);
         self.current_stage = scope;
-        Ok(())
-    }
-
-    /// Pushes a gradient contribution node for `target`, named `<target>_grad/<k>`.
-    fn grad_node(
-        &mut self,
-        target: NodeId,
-        bw: &mut Backward<N>,
-        op: Op,
-        shape: Shape,
-        dtype: DType,
-    ) -> Result<NodeId, GraphError> {
-        bw.count[target.index()] = bw.count[target.index()].saturating_add(1);
-        let k = bw.count[target.index()];
-        let name = derived(
-            &self.nodes[target.index()].name.clone(),
-            format_args!("_grad/{k}"),
-        )?;
-        self.push(name, op, shape, dtype, Roles::GRADIENT | Roles::BACKWARD)
-    }
-
-    /// Adds `g` to `target`'s gradient.
-    fn contribute(
-        &mut self,
-        target: NodeId,
-        g: NodeId,
-        bw: &mut Backward<N>,
-    ) -> Result<(), GraphError> {
-        bw.grad[target.index()] = Some(match bw.grad[target.index()] {
-            None => g,
-            Some(prev) => {
-                let t = self.node(target);
-                let (shape, dtype) = (t.shape, t.dtype);
-                self.grad_node(target, bw, Op::Add { a: prev, b: g }, shape, dtype)?
-            }
-        });
         Ok(())
     }
 
@@ -501,7 +583,7 @@ impl<const N: usize> Graph<N> {
             let (shape, dtype) = (v.shape, v.dtype);
             self.push(
                 name,
-                Op::Reshape { x: g },
+                Op::Layout(Layout::Reshape { x: g }),
                 shape,
                 dtype,
                 Roles::GRADIENT | Roles::BACKWARD,
@@ -528,13 +610,13 @@ impl<const N: usize> Graph<N> {
         )?;
         self.push(
             derived(&vname, format_args!("/accumulate"))?,
-            Op::Accumulate {
+            Op::Update(Update::Accumulate {
                 acc,
                 grad,
                 counter,
                 method: a.method,
                 count: a.count,
-            },
+            }),
             Shape::scalar(),
             vdt,
             Roles::BACKWARD,
@@ -561,7 +643,7 @@ impl<const N: usize> Graph<N> {
             )
         };
         let op = match optimizer {
-            Optimizer::Sgd { learning_rate } => Op::ApplySgd {
+            Optimizer::Sgd { learning_rate } => Update::Sgd {
                 var,
                 grad,
                 lr: learning_rate,
@@ -571,7 +653,7 @@ impl<const N: usize> Graph<N> {
                 momentum,
             } => {
                 let velocity = state(self, "momentum")?;
-                Op::ApplyMomentum {
+                Update::Momentum {
                     var,
                     velocity,
                     grad,
@@ -588,7 +670,7 @@ impl<const N: usize> Graph<N> {
                 let m = state(self, "m")?;
                 let v = state(self, "v")?;
                 let step = step.ok_or(GraphError::AlreadyTraining)?;
-                Op::ApplyAdam {
+                Update::Adam {
                     var,
                     m,
                     v,
@@ -603,277 +685,11 @@ impl<const N: usize> Graph<N> {
         };
         self.push(
             derived(&vname, format_args!("/update"))?,
-            op,
+            Op::Update(op),
             Shape::scalar(),
             dtype,
             Roles::UPDATE | Roles::BACKWARD,
         )?;
-        Ok(())
-    }
-
-    fn backward_of(
-        &mut self,
-        id: NodeId,
-        dy: NodeId,
-        bw: &mut Backward<N>,
-        relevant: &dyn Fn(usize) -> bool,
-    ) -> Result<(), GraphError> {
-        let node = self.node(id).clone();
-        let wants = |x: NodeId| relevant(x.index());
-        let shape_of = |g: &Self, x: NodeId| (g.node(x).shape, g.node(x).dtype);
-        match node.op {
-            Op::Input | Op::Variable { .. } | Op::Constant { .. } => {}
-            Op::MatMul {
-                a,
-                b,
-                transpose_a: ta,
-                transpose_b: tb,
-            } => {
-                if wants(a) {
-                    let (s, t) = shape_of(self, a);
-                    let op = match (ta, tb) {
-                        (false, false) => Op::MatMul {
-                            a: dy,
-                            b,
-                            transpose_a: false,
-                            transpose_b: true,
-                        },
-                        (false, true) => Op::MatMul {
-                            a: dy,
-                            b,
-                            transpose_a: false,
-                            transpose_b: false,
-                        },
-                        (true, false) => Op::MatMul {
-                            a: b,
-                            b: dy,
-                            transpose_a: false,
-                            transpose_b: true,
-                        },
-                        (true, true) => Op::MatMul {
-                            a: b,
-                            b: dy,
-                            transpose_a: true,
-                            transpose_b: true,
-                        },
-                    };
-                    let g = self.grad_node(a, bw, op, s, t)?;
-                    self.contribute(a, g, bw)?;
-                }
-                if wants(b) {
-                    let (s, t) = shape_of(self, b);
-                    let op = match (ta, tb) {
-                        (false, false) => Op::MatMul {
-                            a,
-                            b: dy,
-                            transpose_a: true,
-                            transpose_b: false,
-                        },
-                        (false, true) => Op::MatMul {
-                            a: dy,
-                            b: a,
-                            transpose_a: true,
-                            transpose_b: false,
-                        },
-                        (true, false) => Op::MatMul {
-                            a,
-                            b: dy,
-                            transpose_a: false,
-                            transpose_b: false,
-                        },
-                        (true, true) => Op::MatMul {
-                            a: dy,
-                            b: a,
-                            transpose_a: true,
-                            transpose_b: true,
-                        },
-                    };
-                    let g = self.grad_node(b, bw, op, s, t)?;
-                    self.contribute(b, g, bw)?;
-                }
-            }
-            Op::BiasAdd { x, bias } => {
-                if wants(x) {
-                    self.contribute(x, dy, bw)?;
-                }
-                if wants(bias) {
-                    let (s, t) = shape_of(self, bias);
-                    let ds = self.node(dy).shape;
-                    let rows = if ds.rank() > 2 {
-                        let flat = Shape::new(&[ds.rows(), ds.last()]).map_err(|reason| {
-                            GraphError::BadShape {
-                                node: node.name.clone(),
-                                reason,
-                            }
-                        })?;
-                        self.grad_node(bias, bw, Op::Reshape { x: dy }, flat, t)?
-                    } else {
-                        dy
-                    };
-                    let g = if ds.rank() == 1 {
-                        dy
-                    } else {
-                        self.grad_node(
-                            bias,
-                            bw,
-                            Op::ReduceSum {
-                                x: rows,
-                                axis: Some(0),
-                            },
-                            s,
-                            t,
-                        )?
-                    };
-                    self.contribute(bias, g, bw)?;
-                }
-            }
-            Op::Add { a, b } | Op::Sub { a, b } => {
-                if wants(a) {
-                    self.contribute(a, dy, bw)?;
-                }
-                if wants(b) {
-                    let g = if matches!(node.op, Op::Sub { .. }) {
-                        let (s, t) = shape_of(self, b);
-                        self.grad_node(
-                            b,
-                            bw,
-                            Op::Scale {
-                                x: dy,
-                                factor: -1.0,
-                            },
-                            s,
-                            t,
-                        )?
-                    } else {
-                        dy
-                    };
-                    self.contribute(b, g, bw)?;
-                }
-            }
-            Op::Mul { a, b } => {
-                for (x, other) in [(a, b), (b, a)] {
-                    if wants(x) {
-                        let (s, t) = shape_of(self, x);
-                        let g = self.grad_node(x, bw, Op::Mul { a: dy, b: other }, s, t)?;
-                        self.contribute(x, g, bw)?;
-                    }
-                }
-            }
-            Op::Scale { x, factor } => {
-                if wants(x) {
-                    let (s, t) = shape_of(self, x);
-                    let g = self.grad_node(x, bw, Op::Scale { x: dy, factor }, s, t)?;
-                    self.contribute(x, g, bw)?;
-                }
-            }
-            Op::Relu { x } | Op::Sigmoid { x } | Op::Tanh { x } | Op::Softmax { x } => {
-                if wants(x) {
-                    let (s, t) = shape_of(self, x);
-                    let op = match node.op {
-                        Op::Relu { .. } => Op::ReluGrad { dy, y: id },
-                        Op::Sigmoid { .. } => Op::SigmoidGrad { dy, y: id },
-                        Op::Tanh { .. } => Op::TanhGrad { dy, y: id },
-                        _ => Op::SoftmaxGrad { dy, y: id },
-                    };
-                    let g = self.grad_node(x, bw, op, s, t)?;
-                    self.contribute(x, g, bw)?;
-                }
-            }
-            Op::SparseCrossEntropy {
-                x,
-                labels,
-                from_logits,
-            } => {
-                // Fused form: a softmax feeding the loss is skipped, and the gradient goes
-                // straight to its logits. Other users of the softmax still backpropagate
-                // through it, and their contributions add up at the logits.
-                let (target, from_logits) = match self.node(x).op {
-                    Op::Softmax { x: z } if !from_logits && wants(z) => (z, true),
-                    _ => (x, from_logits),
-                };
-                if wants(target) {
-                    let (s, t) = shape_of(self, target);
-                    let g = self.grad_node(
-                        target,
-                        bw,
-                        Op::SparseCrossEntropyGrad {
-                            x: target,
-                            labels,
-                            dloss: dy,
-                            from_logits,
-                        },
-                        s,
-                        t,
-                    )?;
-                    self.contribute(target, g, bw)?;
-                }
-            }
-            Op::Reshape { x } | Op::Cast { x } => {
-                if wants(x) {
-                    let (s, t) = shape_of(self, x);
-                    let op = if matches!(node.op, Op::Cast { .. }) {
-                        Op::Cast { x: dy }
-                    } else {
-                        Op::Reshape { x: dy }
-                    };
-                    let g = self.grad_node(x, bw, op, s, t)?;
-                    self.contribute(x, g, bw)?;
-                }
-            }
-            Op::Tap { x } => {
-                if wants(x) {
-                    self.contribute(x, dy, bw)?;
-                }
-            }
-            Op::Concat { a, b } => {
-                let ca = self.node(a).shape.last() as u32;
-                for (x, offset) in [(a, 0u32), (b, ca)] {
-                    if wants(x) {
-                        let (s, t) = shape_of(self, x);
-                        let g = self.grad_node(x, bw, Op::Slice { x: dy, offset }, s, t)?;
-                        self.contribute(x, g, bw)?;
-                    }
-                }
-            }
-            Op::ReduceSum { x, axis } | Op::ReduceMean { x, axis } => {
-                if wants(x) {
-                    let (s, t) = shape_of(self, x);
-                    let mut up = dy;
-                    if matches!(node.op, Op::ReduceMean { .. }) {
-                        let n = match axis {
-                            Some(a) => s.dim(a as usize),
-                            None => s.elements(),
-                        };
-                        let ds = self.node(dy).shape;
-                        up = self.grad_node(
-                            x,
-                            bw,
-                            Op::Scale {
-                                x: dy,
-                                factor: 1.0 / n as f32,
-                            },
-                            ds,
-                            t,
-                        )?;
-                    }
-                    let g = self.grad_node(x, bw, Op::Broadcast { x: up, axis }, s, t)?;
-                    self.contribute(x, g, bw)?;
-                }
-            }
-            Op::Broadcast { x, axis } => {
-                if wants(x) {
-                    let (s, t) = shape_of(self, x);
-                    let g = self.grad_node(x, bw, Op::ReduceSum { x: dy, axis }, s, t)?;
-                    self.contribute(x, g, bw)?;
-                }
-            }
-            op => {
-                return Err(GraphError::NotDifferentiable {
-                    node: node.name.clone(),
-                    op: op.name(),
-                })
-            }
-        }
         Ok(())
     }
 }

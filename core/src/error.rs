@@ -5,10 +5,10 @@ use core::fmt;
 
 /// The longest name a user may give a node. Autodiff derives longer names from it (suffixes
 /// such as `_grad/2`), up to [`NAME_CAPACITY`].
-pub const USER_NAME_MAX: usize = 48;
+pub const USER_NAME_MAX: usize = 80;
 
 /// The longest node name a graph stores.
-pub const NAME_CAPACITY: usize = 64;
+pub const NAME_CAPACITY: usize = 96;
 
 /// A node name (fixed capacity, no heap).
 pub type Name = heapless::String<NAME_CAPACITY>;
@@ -22,6 +22,19 @@ pub fn name_lossy(s: &str) -> Name {
         }
     }
     n
+}
+
+/// `<base><suffix>` as a node name (an error naming `base` when it does not fit).
+pub(crate) fn derived(base: &str, suffix: fmt::Arguments<'_>) -> Result<Name, GraphError> {
+    use fmt::Write;
+    let mut n = Name::new();
+    n.push_str(base).map_err(|_| GraphError::BadName {
+        name: name_lossy(base),
+    })?;
+    n.write_fmt(suffix).map_err(|_| GraphError::BadName {
+        name: name_lossy(base),
+    })?;
+    Ok(n)
 }
 
 /// A graph could not be built or differentiated. Each variant names the node at fault by the
@@ -92,10 +105,20 @@ pub enum GraphError {
     BadAxis {
         /// The node.
         node: Name,
-        /// The axis asked for.
-        axis: usize,
+        /// The axis asked for (negative counts from the end).
+        axis: isize,
         /// The operand's rank.
         rank: usize,
+    },
+    /// An attribute the op cannot take (a bad permutation, a zero stride, a kernel larger
+    /// than its padded input, ...).
+    BadAttribute {
+        /// The node.
+        node: Name,
+        /// The op.
+        op: &'static str,
+        /// What is wrong.
+        rule: &'static str,
     },
     /// A reshape that changes the element count.
     ReshapeSize {
@@ -180,6 +203,7 @@ impl fmt::Display for GraphError {
             GraphError::BadAxis { node, axis, rank } => {
                 write!(f, "`{node}`: axis {axis} is out of range for rank {rank}")
             }
+            GraphError::BadAttribute { node, op, rule } => write!(f, "`{node}` ({op}): {rule}"),
             GraphError::ReshapeSize { node, from, to } => write!(
                 f,
                 "`{node}`: cannot reshape {from} ({} elements) to {to} ({} elements)",
@@ -221,6 +245,8 @@ pub enum PlanError {
         /// The node whose tensor overflowed.
         node: Name,
     },
+    /// The plan's lists do not fit in the storage's capacity.
+    Capacity,
 }
 
 impl fmt::Display for PlanError {
@@ -231,6 +257,9 @@ impl fmt::Display for PlanError {
                     f,
                     "`{node}`: the memory plan does not fit in this target's address space"
                 )
+            }
+            PlanError::Capacity => {
+                f.write_str("the plan does not fit in the storage's capacity; use a larger one")
             }
         }
     }

@@ -6,14 +6,17 @@
 //! plan needs only two byte slices the caller owns: an arena for activations and gradients,
 //! and a state buffer for weights and optimizer state.
 //!
-//! `#![no_std]`, no `alloc`: capacities are const generics ([`Graph<N>`](Graph) holds at most
-//! `N` nodes) and storage is the caller's. It runs the same on a host, in the Tessera
-//! simulator and on a Cortex-M.
+//! `#![no_std]`, no `alloc`: storage is the caller's choice ([`Graph<Fixed<N>>`](Graph) holds
+//! at most `N` nodes in place; a host passes a heap-backed [`Storage`]). It runs the same on a
+//! host, in the Tessera simulator and on a Cortex-M.
+//!
+//! Ops come in families ([`ops`]): each family's module holds its builders and shape rules,
+//! its reference kernel and its gradient.
 //!
 //! ```
-//! use tessera_core::{Activation, DType, Graph, Optimizer, Plan};
+//! use tessera_core::{Activation, DType, Fixed, Graph, Optimizer, Plan};
 //!
-//! let mut g: Graph<64> = Graph::new();
+//! let mut g: Graph<Fixed<64>> = Graph::new();
 //! let x = g.input("x", &[8, 4], DType::F32)?;
 //! let labels = g.input("labels", &[8], DType::I32)?;
 //! let h = g.dense("Dense_16", x, 16, Activation::Relu, DType::F32)?;
@@ -50,17 +53,26 @@ mod error;
 pub mod f16;
 mod graph;
 pub mod kernels;
+mod layers;
 pub mod models;
+mod op;
+pub mod ops;
 mod plan;
 pub mod rng;
 mod roles;
+mod run;
 pub mod schedule;
 mod shape;
+mod storage;
 
 pub use autodiff::{Accumulation, AccumulationMethod, Optimizer};
 pub use dtype::DType;
 pub use error::{GraphError, Name, PlanError, RunError, NAME_CAPACITY, USER_NAME_MAX};
-pub use graph::{Activation, Graph, Init, Node, NodeId, NodeRef, Op, Operands};
-pub use plan::{Place, Plan, Slot, TensorRef, ALIGN};
+pub use graph::{Graph, Init, Node, NodeId, NodeRef};
+pub use layers::Activation;
+pub use op::{Op, Operands};
+pub use plan::{Place, Plan, Slot, ALIGN};
 pub use roles::Roles;
+pub use run::TensorRef;
 pub use shape::{Shape, ShapeError, MAX_RANK};
+pub use storage::{Buffer, Fixed, Storage};

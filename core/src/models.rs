@@ -1,7 +1,7 @@
 //! Ready-made graphs of the models the examples and firmware share, so that every party builds
 //! the same nodes in the same order (and so the same state layout).
 
-use crate::{Activation, DType, Graph, GraphError, NodeId};
+use crate::{Activation, DType, Graph, GraphError, NodeId, Storage};
 
 /// The nodes of the MNIST classifier a caller needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,8 +16,8 @@ pub struct MnistMlp {
 
 /// The MNIST classifier of the examples: Flatten -> Dense 256 relu -> Dense 128 relu ->
 /// Dense 10 softmax, in `dtype`, for `batch` images. Logits and probabilities are outputs.
-pub fn mnist_mlp<const N: usize>(
-    g: &mut Graph<N>,
+pub fn mnist_mlp<S: Storage>(
+    g: &mut Graph<S>,
     batch: usize,
     dtype: DType,
 ) -> Result<MnistMlp, GraphError> {
@@ -28,8 +28,8 @@ pub fn mnist_mlp<const N: usize>(
 /// softmax) in the given pipeline stages, as `set_pipeline_stage_assignment([0, 0, 1, 1])`
 /// does in Keras. The stage scope is left at the last layer's stage, so a loss added next
 /// joins it.
-pub fn mnist_mlp_pipelined<const N: usize>(
-    g: &mut Graph<N>,
+pub fn mnist_mlp_pipelined<S: Storage>(
+    g: &mut Graph<S>,
     batch: usize,
     dtype: DType,
     stages: [usize; 4],

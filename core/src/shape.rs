@@ -3,7 +3,7 @@
 use core::fmt;
 
 /// The largest rank a [`Shape`] can hold.
-pub const MAX_RANK: usize = 4;
+pub const MAX_RANK: usize = 6;
 
 /// A fixed tensor shape: rank 0 (a scalar) up to [`MAX_RANK`], every dimension at least 1.
 ///
@@ -179,8 +179,8 @@ mod tests {
     #[test]
     fn rejects_bad_dims() {
         assert_eq!(
-            Shape::new(&[1, 2, 3, 4, 5]),
-            Err(ShapeError::RankTooLarge { rank: 5 })
+            Shape::new(&[1, 2, 3, 4, 5, 6, 7]),
+            Err(ShapeError::RankTooLarge { rank: 7 })
         );
         assert_eq!(
             Shape::new(&[3, 0]),

@@ -4,7 +4,7 @@
 //! ```no_run
 //! # use tessera_host::dataset::Dataset;
 //! # use tessera_host::infeed::{feed, InfeedQueue, DEFAULT_PREFETCH_DEPTH};
-//! # fn run<const N: usize>(d: Dataset, plan: &tessera_core::Plan<N>, arena: &mut [u8], state: &mut [u8])
+//! # fn run<S: tessera_core::Storage>(d: Dataset, plan: &tessera_core::Plan<S>, arena: &mut [u8], state: &mut [u8])
 //! # -> Result<(), Box<dyn std::error::Error>> {
 //! let mut queue = InfeedQueue::new("train", d, DEFAULT_PREFETCH_DEPTH)?;
 //! while let Some(batch) = queue.next_batch()? {
@@ -28,7 +28,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use tessera_core::{Plan, RunError};
+use tessera_core::{Plan, RunError, Storage};
 
 use crate::dataset::{Batch, Dataset, DatasetSpec};
 
@@ -361,8 +361,8 @@ impl Drop for InfeedQueue {
 /// [`InfeedError::Feed`] naming the field, wrapping the plan's [`RunError`]: the plan has no
 /// tensor of that name (`UnknownTensor`), it is not an input (`WrongKind`), its length differs
 /// (`WrongLength`), or the arena is too small.
-pub fn feed<const N: usize>(
-    plan: &Plan<N>,
+pub fn feed<S: Storage>(
+    plan: &Plan<S>,
     arena: &mut [u8],
     batch: &Batch,
 ) -> Result<(), InfeedError> {

@@ -46,7 +46,7 @@ use std::io;
 use std::path::Path;
 
 use serde::Deserialize;
-use tessera_core::{Activation, DType, Graph, GraphError, NodeId};
+use tessera_core::{Activation, DType, Graph, GraphError, NodeId, Storage};
 
 /// A layer's activation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -730,9 +730,9 @@ impl Model {
     /// # Errors
     ///
     /// [`ModelError::Graph`] if the core refuses a node (capacity, names, shapes).
-    pub fn build<const N: usize>(
+    pub fn build<S: Storage>(
         &self,
-        g: &mut Graph<N>,
+        g: &mut Graph<S>,
         batch: usize,
         dtype: DType,
     ) -> Result<BuiltModel, ModelError> {
@@ -1236,6 +1236,7 @@ pub fn shipped(name: &str) -> Option<Result<Model, ModelError>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_core::Fixed;
 
     #[test]
     fn shipped_models_parse_and_have_the_seeds_layers() {
@@ -1318,7 +1319,7 @@ mod tests {
             .starts_with(&format!("{}: ", missing.display())));
 
         let m = shipped("sequential").unwrap().unwrap();
-        let mut g: Graph<2> = Graph::new();
+        let mut g: Graph<Fixed<2>> = Graph::new();
         let e = m.build(&mut g, 8, DType::F32).unwrap_err();
         assert!(matches!(e, ModelError::Graph { .. }), "{e:?}");
         assert!(e.source().is_some());
@@ -1376,7 +1377,7 @@ mod tests {
     #[test]
     fn builds_a_graph_with_taps() {
         let m = shipped("pipelined_sequential").unwrap().unwrap();
-        let mut g: Box<Graph<64>> = Box::new(Graph::new());
+        let mut g: Box<Graph<Fixed<64>>> = Box::new(Graph::new());
         let b = m.build(&mut g, 8, DType::F32).unwrap();
         assert!(b.softmax_output);
         assert_eq!(b.maybe_outfeeds.len(), 2);

@@ -119,7 +119,7 @@ impl EstimateSummary {
                     bytes_used: r.bytes_used,
                     max_tile_bytes: r.max_tile_bytes,
                     tiles_used: r.tiles_used,
-                    max_tile: r.fullest_tiles.first().map_or(0, |t| t.tile),
+                    max_tile: r.fullest_tiles.first().map_or(0, |t| t.tile.0),
                     tile_bytes_available: machine.sram_bytes_per_tile,
                     categories: c.categories().map(|(k, b)| (k.key(), b)).collect(),
                 }

@@ -8,8 +8,8 @@ use tessera_core::{DType, Graph, Plan};
 use tessera_host::idx::{load_mnist, Mnist};
 use tessera_host::model::{shipped, Model, SHIPPED};
 use tessera_host::session::{
-    compile, evaluate, predict, train, EvaluateOptions, SessionError, SessionOptions, TrainOptions,
-    Weights, NODES,
+    compile, evaluate, predict, train, EvaluateOptions, Heap, SessionError, SessionOptions,
+    TrainOptions, Weights,
 };
 
 const BUNDLED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/mnist-binarized-10k");
@@ -27,7 +27,7 @@ fn core_inference(
     d: &Mnist,
     samples: usize,
 ) -> (f64, Vec<f32>) {
-    let mut g: Box<Graph<NODES>> = Box::new(Graph::new());
+    let mut g: Graph<Heap> = Graph::new();
     let built = model.build(&mut g, b, DType::F32).unwrap();
     let labels = g.input("labels", &[b], DType::I32).unwrap();
     let loss = g

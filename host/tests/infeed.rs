@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tessera_core::f16::{f16_to_f32, f32_to_f16};
 use tessera_core::models::mnist_mlp;
-use tessera_core::{DType, Graph, Optimizer, Plan, RunError};
+use tessera_core::{DType, Fixed, Graph, Optimizer, Plan, RunError};
 use tessera_host::dataset::{Batch, Dataset, DatasetError, DatasetSpec, FieldSpec};
 use tessera_host::idx::{self, Mnist};
 use tessera_host::infeed::{
@@ -351,7 +351,7 @@ fn f16_cast_values_are_exactly_representable() {
 fn feeding_batches_into_the_mnist_plan() {
     let m = mnist();
     for dtype in [DType::F32, DType::F16] {
-        let mut g: Graph<128> = Graph::new();
+        let mut g: Graph<Fixed<128>> = Graph::new();
         let model = mnist_mlp(&mut g, 32, dtype).unwrap();
         let labels = g.input("labels", &[32], DType::I32).unwrap();
         let loss = g
@@ -415,7 +415,7 @@ fn feeding_batches_into_the_mnist_plan() {
     }
 
     // A batch of the wrong size.
-    let mut g: Graph<128> = Graph::new();
+    let mut g: Graph<Fixed<128>> = Graph::new();
     mnist_mlp(&mut g, 32, DType::F32).unwrap();
     let plan = Plan::new(&g).unwrap();
     let mut arena = vec![0u8; plan.arena_bytes()];

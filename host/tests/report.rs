@@ -11,7 +11,7 @@ use resvg::usvg;
 use serde_json::{json, Value};
 use tessera_core::models::mnist_mlp_pipelined;
 use tessera_core::schedule::Schedule;
-use tessera_core::{Accumulation, AccumulationMethod, DType, Graph, Optimizer, Plan};
+use tessera_core::{Accumulation, AccumulationMethod, DType, Fixed, Graph, Optimizer, Plan};
 use tessera_host::report::{
     html_page, memory_svg, render_report, timeline_svg, write_report, Report, ReportError,
 };
@@ -31,7 +31,7 @@ fn build() -> Report {
 }
 
 fn build_with(m: u32, schedule: Schedule) -> Report {
-    let mut g: Box<Graph<256>> = Box::new(Graph::new());
+    let mut g: Box<Graph<Fixed<256>>> = Box::new(Graph::new());
     let model = mnist_mlp_pipelined(&mut g, 32, DType::F32, [0, 0, 1, 1]).unwrap();
     let labels = g.input("labels", &[32], DType::I32).unwrap();
     let loss = g

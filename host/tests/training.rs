@@ -280,10 +280,7 @@ fn execution_sizes_are_checked() {
     };
     let e = run("pipelined_sequential", &so, &to, &d).err().unwrap();
     assert!(
-        matches!(
-            e,
-            SessionError::System(SystemError::StepsPerExecution { .. })
-        ),
+        matches!(&e, SessionError::System(s) if matches!(**s, SystemError::StepsPerExecution { .. })),
         "{e}"
     );
     let so = SessionOptions {

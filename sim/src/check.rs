@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use crate::program::{exchange_for, ComputeSet, Program, Step, TileId, Transfer};
+use crate::program::{exchange_for, ComputeSet, Program, Step, TensorId, TileId, Transfer};
 
 /// Why a program is not valid. Each variant names the compute set, tile and tensor at fault.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -77,7 +77,7 @@ pub fn check(program: &Program) -> Result<(), CheckError> {
                     if iv.start > next { "nowhere" } else { "twice" }
                 )));
             }
-            if iv.tile >= program.tiles {
+            if iv.tile.0 >= program.tiles {
                 return Err(bad(format!(
                     "mapped to tile {}, but the IPU has {} tiles",
                     iv.tile, program.tiles
@@ -98,7 +98,7 @@ pub fn check(program: &Program) -> Result<(), CheckError> {
         match step {
             Step::Exchange { node, transfers } => {
                 for tr in transfers {
-                    let t = &program.tensors[tr.region.tensor as usize];
+                    let t = &program.tensors[tr.region.tensor.index()];
                     let mut ok = true;
                     t.mapping
                         .for_each_piece_of(&tr.region, |_, tile, _, _| ok &= tile == tr.from);
@@ -106,7 +106,7 @@ pub fn check(program: &Program) -> Result<(), CheckError> {
                         return Err(CheckError::BadSource {
                             node: program
                                 .node_names
-                                .get(*node as usize)
+                                .get(node.index())
                                 .cloned()
                                 .unwrap_or_default(),
                             tile: tr.from,
@@ -121,7 +121,7 @@ pub fn check(program: &Program) -> Result<(), CheckError> {
                 check_reads(program, cs, delivered)?;
                 for v in &cs.vertices {
                     for w in &v.writes {
-                        let t = &program.tensors[w.tensor as usize];
+                        let t = &program.tensors[w.tensor.index()];
                         let mut bad = None;
                         t.mapping.for_each_piece_of(w, |_, tile, s, _| {
                             if tile != v.tile && bad.is_none() {
@@ -156,7 +156,7 @@ fn check_reads(
     delivered: &[Transfer],
 ) -> Result<(), CheckError> {
     let needed = exchange_for(&program.tensors, &cs.vertices);
-    let mut expanded: HashMap<(TileId, u32), Vec<(u64, u64)>> = HashMap::new();
+    let mut expanded: HashMap<(TileId, TensorId), Vec<(u64, u64)>> = HashMap::new();
     for tr in &needed {
         if delivered.binary_search(tr).is_ok() {
             continue;
@@ -183,7 +183,7 @@ fn check_reads(
                 return Err(CheckError::NotResident {
                     compute_set: cs.name.clone(),
                     tile: tr.to,
-                    tensor: program.tensors[tr.region.tensor as usize].name.clone(),
+                    tensor: program.tensors[tr.region.tensor.index()].name.clone(),
                     start,
                     len,
                 });

@@ -101,11 +101,20 @@ pub enum UnaryKind {
     Tanh,
     /// Logistic sigmoid (estimate: 8 cycles, like tanh).
     Sigmoid,
+    /// The error function (estimate: 12 cycles, a rational approximation: an exp and about
+    /// four multiply-adds; no hardware instruction).
+    Erf,
+    /// GELU (estimate: 14 cycles, the tanh form: a tanh and about two vector multiply-adds;
+    /// popnn has a GELU non-linearity vertex).
+    Gelu,
+    /// Clamp between two bounds (estimate: 3 cycles, a single clamp instruction per vector,
+    /// like ReLU).
+    Clip,
 }
 
 impl UnaryKind {
     /// Every unary kind.
-    pub const ALL: [UnaryKind; 12] = [
+    pub const ALL: [UnaryKind; 15] = [
         UnaryKind::Copy,
         UnaryKind::Scale,
         UnaryKind::Relu,
@@ -118,6 +127,9 @@ impl UnaryKind {
         UnaryKind::Log,
         UnaryKind::Tanh,
         UnaryKind::Sigmoid,
+        UnaryKind::Erf,
+        UnaryKind::Gelu,
+        UnaryKind::Clip,
     ];
 
     /// Worker cycles per vector of this operation (see each variant for its source).
@@ -128,10 +140,13 @@ impl UnaryKind {
             | UnaryKind::Relu
             | UnaryKind::Neg
             | UnaryKind::Abs
-            | UnaryKind::Square => 3,
+            | UnaryKind::Square
+            | UnaryKind::Clip => 3,
             UnaryKind::Exp | UnaryKind::Log => 6,
             UnaryKind::Tanh | UnaryKind::Sigmoid => 8,
             UnaryKind::Sqrt | UnaryKind::Reciprocal => 10,
+            UnaryKind::Erf => 12,
+            UnaryKind::Gelu => 14,
         }
     }
 

@@ -2,14 +2,14 @@
 //! time and throughput, and a trace of every superstep for the host to draw.
 
 use serde::{Deserialize, Serialize};
-use tessera_core::Plan;
+use tessera_core::{Plan, Storage};
 
 use crate::check::{check, CheckError};
 use crate::cost;
 use crate::lower::{lower, LowerOptions};
 use crate::machine::{IpuConfig, MachineError};
 use crate::memory::{account, check_fits, MemoryReport, OutOfMemory, TileMemory};
-use crate::program::{Program, Step};
+use crate::program::{Program, Step, TileId};
 
 /// Cycles of one step, by phase.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -213,18 +213,18 @@ pub fn cost_steps(
                 sent.iter_mut().for_each(|x| *x = 0);
                 let (mut lo, mut hi) = (u32::MAX, 0);
                 // Transfers are sorted by sender and region: a broadcast's copies are adjacent.
-                let mut last: Option<(u32, crate::program::Region)> = None;
+                let mut last: Option<(TileId, crate::program::Region)> = None;
                 for tr in transfers {
                     let bytes = tr.region.elements()
-                        * program.tensors[tr.region.tensor as usize].elem_bytes();
-                    per_tile[tr.to as usize] += bytes;
+                        * program.tensors[tr.region.tensor.index()].elem_bytes();
+                    per_tile[tr.to.index()] += bytes;
                     if last != Some((tr.from, tr.region)) {
-                        sent[tr.from as usize] += bytes;
+                        sent[tr.from.index()] += bytes;
                         c_bytes += bytes;
                         last = Some((tr.from, tr.region));
                     }
-                    lo = lo.min(tr.to.min(tr.from));
-                    hi = hi.max(tr.to.max(tr.from));
+                    lo = lo.min(tr.to.0.min(tr.from.0));
+                    hi = hi.max(tr.to.0.max(tr.from.0));
                 }
                 let busiest = per_tile
                     .iter()
@@ -241,20 +241,20 @@ pub fn cost_steps(
                     Phase::Exchange,
                     (lo, hi),
                     x,
-                    &program.node_names[*node as usize],
+                    &program.node_names[node.index()],
                 );
             }
             Step::Compute(cs) => {
                 per_tile.iter_mut().for_each(|x| *x = 0);
                 let (mut lo, mut hi) = (u32::MAX, 0);
                 for v in &cs.vertices {
-                    per_tile[v.tile as usize] += v.cycles;
-                    lo = lo.min(v.tile);
-                    hi = hi.max(v.tile);
+                    per_tile[v.tile.index()] += v.cycles;
+                    lo = lo.min(v.tile.0);
+                    hi = hi.max(v.tile.0);
                 }
                 let slowest = per_tile.iter().copied().max().unwrap_or(0)
                     + cost::compute_set_overhead_cycles();
-                let op = &program.node_names[cs.node as usize];
+                let op = &program.node_names[cs.node.index()];
                 push(
                     &mut trace,
                     &mut clock,
@@ -285,12 +285,14 @@ pub fn cost_steps(
                     cfg.neighbour_link_bytes_per_cycle()
                 };
                 let x = (*bytes as f64 / per_cycle).ceil() as u64 + cfg.exchange_overhead_cycles;
-                let t = &program.tensors[*tensor as usize];
+                let t = &program.tensors[tensor.index()];
                 let tiles = t
                     .mapping
                     .intervals()
                     .iter()
-                    .fold((u32::MAX, 0), |(l, h), iv| (l.min(iv.tile), h.max(iv.tile)));
+                    .fold((u32::MAX, 0), |(l, h), iv| {
+                        (l.min(iv.tile.0), h.max(iv.tile.0))
+                    });
                 if remote {
                     c.remote_buffers += x;
                     push(
@@ -323,12 +325,14 @@ pub fn cost_steps(
                 } else {
                     Phase::DeviceToHost
                 };
-                let t = &program.tensors[*tensor as usize];
+                let t = &program.tensors[tensor.index()];
                 let tiles = t
                     .mapping
                     .intervals()
                     .iter()
-                    .fold((u32::MAX, 0), |(l, h), iv| (l.min(iv.tile), h.max(iv.tile)));
+                    .fold((u32::MAX, 0), |(l, h), iv| {
+                        (l.min(iv.tile.0), h.max(iv.tile.0))
+                    });
                 push(&mut trace, &mut clock, superstep, phase, tiles, x, &t.name);
             }
         }
@@ -404,8 +408,8 @@ pub fn estimate_program(
 
 /// Lowers, checks and estimates `plan` on one IPU, without computing any numerics (the path
 /// for models too big to execute here).
-pub fn estimate<const N: usize>(
-    plan: &Plan<N>,
+pub fn estimate<S: Storage>(
+    plan: &Plan<S>,
     cfg: &IpuConfig,
     opts: &EstimateOptions,
 ) -> Result<(Program, Estimate), SimError> {

@@ -282,7 +282,7 @@ pub fn account(program: &Program, sram_bytes_per_tile: u64) -> MemoryReport {
     let tiles = program.tiles as usize;
     let mut tm: Vec<TileMemory> = (0..tiles)
         .map(|t| TileMemory {
-            tile: t as TileId,
+            tile: TileId(t as u32),
             ..Default::default()
         })
         .collect();
@@ -293,10 +293,10 @@ pub fn account(program: &Program, sram_bytes_per_tile: u64) -> MemoryReport {
         for (tile, n) in t.mapping.elements_per_tile() {
             let bytes = n * eb;
             match t.class {
-                TensorClass::AlwaysLive => tm[tile as usize].always_live += bytes,
+                TensorClass::AlwaysLive => tm[tile.index()].always_live += bytes,
                 _ => {
-                    events[tile as usize].push((t.live.0, bytes as i64, false));
-                    events[tile as usize].push((t.live.1 + 1, -(bytes as i64), false));
+                    events[tile.index()].push((t.live.0, bytes as i64, false));
+                    events[tile.index()].push((t.live.1 + 1, -(bytes as i64), false));
                 }
             }
         }
@@ -306,7 +306,7 @@ pub fn account(program: &Program, sram_bytes_per_tile: u64) -> MemoryReport {
         match step {
             Step::Compute(cs) => {
                 for v in &cs.vertices {
-                    let t = v.tile as usize;
+                    let t = v.tile.index();
                     codelets[t].insert(v.codelet);
                     tm[t].vertex_state += v.state_bytes();
                 }
@@ -319,7 +319,7 @@ pub fn account(program: &Program, sram_bytes_per_tile: u64) -> MemoryReport {
                 let mut last: Option<(TileId, crate::program::Region)> = None;
                 for tr in transfers {
                     let bytes = tr.region.elements()
-                        * program.tensors[tr.region.tensor as usize].elem_bytes();
+                        * program.tensors[tr.region.tensor.index()].elem_bytes();
                     *received.entry(tr.to).or_default() += bytes;
                     *code.entry(tr.to).or_insert(EXCHANGE_CODE_BYTES) +=
                         EXCHANGE_CODE_PER_RECEIVE_BYTES;
@@ -331,11 +331,11 @@ pub fn account(program: &Program, sram_bytes_per_tile: u64) -> MemoryReport {
                 }
                 // Receive buffers live through the exchange and the compute set after it.
                 for (tile, bytes) in received {
-                    events[tile as usize].push((s, bytes as i64, true));
-                    events[tile as usize].push((s + 2, -(bytes as i64), true));
+                    events[tile.index()].push((s, bytes as i64, true));
+                    events[tile.index()].push((s + 2, -(bytes as i64), true));
                 }
                 for (tile, bytes) in code {
-                    tm[tile as usize].exchange_code += bytes;
+                    tm[tile.index()].exchange_code += bytes;
                 }
             }
             _ => {}

@@ -3,7 +3,7 @@
 //! (always-live plus peak temporary) and its fullest tile.
 
 use serde::{Deserialize, Serialize};
-use tessera_core::{DType, Graph, GraphError, Init, Plan, PlanError};
+use tessera_core::{DType, Fixed, Graph, GraphError, Init, Plan, PlanError};
 
 use crate::cost;
 use crate::estimate::{estimate, EstimateOptions, SimError};
@@ -42,10 +42,10 @@ pub enum OpError {
     Shape(Box<GraphError>),
     /// Planning failed.
     #[error(transparent)]
-    Plan(PlanError),
+    Plan(Box<PlanError>),
     /// Estimation failed.
     #[error(transparent)]
-    Sim(SimError),
+    Sim(Box<SimError>),
     /// A grouped layer whose sizes are not multiples of the group count.
     #[error("{what} {value} is not a multiple of the {groups} groups")]
     Groups {
@@ -64,13 +64,18 @@ impl OpError {
     }
 }
 
-fn run(name: &str, g: &Graph<8>, cfg: &IpuConfig, flops: u64) -> Result<OpEstimate, OpError> {
-    let plan = Plan::new(g).map_err(OpError::Plan)?;
+fn run(
+    name: &str,
+    g: &Graph<Fixed<8>>,
+    cfg: &IpuConfig,
+    flops: u64,
+) -> Result<OpEstimate, OpError> {
+    let plan = Plan::new(g).map_err(|e| OpError::Plan(Box::new(e)))?;
     let opts = EstimateOptions {
         allow_out_of_memory: true,
         ..Default::default()
     };
-    let (_, e) = estimate(&plan, cfg, &opts).map_err(OpError::Sim)?;
+    let (_, e) = estimate(&plan, cfg, &opts).map_err(|e| OpError::Sim(Box::new(e)))?;
     let ipu = &e.ipus[0];
     // The fixed per-tile costs of an otherwise idle tile (stack, control code) are not the op's.
     let idle = |t: &crate::memory::TileMemory| {
@@ -107,7 +112,7 @@ pub fn matmul(
     transpose_a: bool,
     transpose_b: bool,
 ) -> Result<OpEstimate, OpError> {
-    let mut g: Graph<8> = Graph::new();
+    let mut g: Graph<Fixed<8>> = Graph::new();
     let a_dims = if transpose_a { [k, m] } else { [m, k] };
     let b_dims = if transpose_b { [n, k] } else { [k, n] };
     let a = g
@@ -161,7 +166,7 @@ pub fn fully_connected(
     let (i, o) = (input / groups, output / groups);
     let mut sub = cfg.clone();
     sub.tiles = (cfg.tiles / groups as u32).max(1);
-    let mut g: Graph<8> = Graph::new();
+    let mut g: Graph<Fixed<8>> = Graph::new();
     let e = |r: Result<tessera_core::NodeId, GraphError>| r.map_err(OpError::shape);
     let name = match pass {
         FcPass::Forward => {

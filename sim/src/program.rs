@@ -1,10 +1,61 @@
 //! A lowered program: tensors mapped onto tiles, and a sequence of steps (exchanges, compute
 //! sets of vertices, host streams) that run as BSP supersteps.
 
-use tessera_core::DType;
+use std::fmt;
 
-/// A tile's index on its IPU.
-pub type TileId = u32;
+use tessera_core::{DType, NodeId};
+
+/// A tile of one IPU (its index, `0..tiles`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct TileId(pub u32);
+
+impl TileId {
+    /// The tile's index.
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    /// The `k`-th tile counting from tile 0 and wrapping around `tiles` tiles.
+    pub fn wrapping(k: u64, tiles: u32) -> TileId {
+        TileId((k % u64::from(tiles.max(1))) as u32)
+    }
+}
+
+impl fmt::Display for TileId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A tensor of a [`Program`]: an index into [`Program::tensors`]. Graph tensors come first, at
+/// their node's index; the lowering's temporaries follow.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TensorId(pub u32);
+
+impl TensorId {
+    /// The index into [`Program::tensors`].
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    /// The graph tensor of node `node`.
+    pub fn of(node: NodeId) -> TensorId {
+        TensorId(node.index() as u32)
+    }
+}
 
 /// Elements `[start, start + len)` of a tensor's flattened data, held by `tile`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -71,7 +122,7 @@ impl Mapping {
         let mut k: u64 = 0;
         while start < elements {
             let len = per.min(elements - start);
-            let tile = ((u64::from(first_tile) + k) % u64::from(tile_count.max(1))) as TileId;
+            let tile = TileId::wrapping(u64::from(first_tile.0) + k, tile_count);
             intervals.push(Interval { tile, start, len });
             start += len;
             k += 1;
@@ -166,7 +217,7 @@ pub struct ProgTensor {
     /// A name for reports (the node's name, or `<node>/partials`).
     pub name: String,
     /// The graph node it belongs to.
-    pub node: u16,
+    pub node: NodeId,
     /// Element type.
     pub dtype: DType,
     /// Element count.
@@ -191,8 +242,8 @@ impl ProgTensor {
 /// contiguous span has `rows == 1` and `stride == 0`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Region {
-    /// Index into [`Program::tensors`].
-    pub tensor: u32,
+    /// The tensor.
+    pub tensor: TensorId,
     /// First element.
     pub start: u64,
     /// Elements per run.
@@ -205,7 +256,7 @@ pub struct Region {
 
 impl Region {
     /// The contiguous elements `[start, start + len)`.
-    pub fn span(tensor: u32, start: u64, len: u64) -> Self {
+    pub fn span(tensor: TensorId, start: u64, len: u64) -> Self {
         Region {
             tensor,
             start,
@@ -216,7 +267,7 @@ impl Region {
     }
 
     /// `rows` runs of `len` elements, `stride` apart (a span when the runs touch).
-    pub fn strided(tensor: u32, start: u64, len: u64, rows: u64, stride: u64) -> Self {
+    pub fn strided(tensor: TensorId, start: u64, len: u64, rows: u64, stride: u64) -> Self {
         if rows <= 1 || stride == len {
             Region::span(tensor, start, len * rows.max(1))
         } else {
@@ -245,13 +296,13 @@ impl Region {
 /// region. Feed spans of one tensor in increasing order.
 #[derive(Clone, Copy, Debug)]
 pub struct RunBuilder {
-    tensor: u32,
+    tensor: TensorId,
     run: Option<(u64, u64, u64, u64)>,
 }
 
 impl RunBuilder {
     /// A builder for spans of `tensor`.
-    pub fn new(tensor: u32) -> Self {
+    pub fn new(tensor: TensorId) -> Self {
         RunBuilder { tensor, run: None }
     }
 
@@ -385,7 +436,7 @@ pub struct ComputeSet {
     /// Name for reports (`<node>/<phase>`).
     pub name: String,
     /// The graph node it implements.
-    pub node: u16,
+    pub node: NodeId,
     /// Its vertices.
     pub vertices: Vec<Vertex>,
 }
@@ -408,7 +459,7 @@ pub enum Step {
     /// Moves operands to the tiles of the compute set that follows.
     Exchange {
         /// The graph node whose compute set needs them.
-        node: u16,
+        node: NodeId,
         /// Every transfer, sorted.
         transfers: Vec<Transfer>,
     },
@@ -417,28 +468,28 @@ pub enum Step {
     /// Data from the host (an infeed) into a tensor's tiles.
     HostToDevice {
         /// The tensor.
-        tensor: u32,
+        tensor: TensorId,
         /// Bytes moved.
         bytes: u64,
     },
     /// Data from a tensor's tiles to the host (an outfeed, a tap or a loss).
     DeviceToHost {
         /// The tensor.
-        tensor: u32,
+        tensor: TensorId,
         /// Bytes moved.
         bytes: u64,
     },
     /// A tensor made on another IPU arrives over the IPU-Links into its copy here.
     LinkReceive {
         /// The copy (a tensor of this program).
-        tensor: u32,
+        tensor: TensorId,
         /// Bytes moved.
         bytes: u64,
     },
     /// A copy between a tensor's tiles and streaming memory (a remote buffer).
     RemoteBuffer {
         /// The tensor.
-        tensor: u32,
+        tensor: TensorId,
         /// Bytes moved.
         bytes: u64,
         /// Towards the tiles (true) or towards streaming memory.
@@ -486,7 +537,7 @@ pub fn exchange_for(tensors: &[ProgTensor], vertices: &[Vertex]) -> Vec<Transfer
     let mut pieces: Vec<((TileId, u64, u64), u64)> = Vec::new();
     for v in vertices {
         for r in &v.reads {
-            let mapping = &tensors[r.tensor as usize].mapping;
+            let mapping = &tensors[r.tensor.index()].mapping;
             pieces.clear();
             mapping.for_each_piece_of(r, |row_start, tile, s, l| {
                 if tile != v.tile {

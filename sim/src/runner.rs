@@ -9,8 +9,9 @@
 //! A plain (non-accumulating) training plan on one stage and one replica runs every node in
 //! plan order, updates included: the one-stage engine of a single IPU.
 
+use tessera_core::ops::update::Update;
 use tessera_core::schedule::{Pipeline, Schedule, Slot};
-use tessera_core::{NodeId, Op, Plan, Roles, RunError};
+use tessera_core::{NodeId, Op, Plan, Roles, RunError, Storage};
 
 use crate::system::SystemError;
 
@@ -43,8 +44,8 @@ struct Replica {
 }
 
 /// Runs a training plan's weight updates in pipeline-schedule order on `replicas` replicas.
-pub struct PipelineRunner<const N: usize> {
-    plan: Plan<N>,
+pub struct PipelineRunner<S: Storage> {
+    plan: Plan<S>,
     pipeline: Pipeline,
     replicas: Vec<Replica>,
     forward: Vec<Vec<usize>>,
@@ -54,19 +55,19 @@ pub struct PipelineRunner<const N: usize> {
     stash_observed: Vec<usize>,
 }
 
-impl<const N: usize> PipelineRunner<N> {
+impl<S: Storage> PipelineRunner<S> {
     /// Checks the plan's stages against the schedule and makes the buffers: one arena per
     /// micro-batch and replica. Stages must follow the graph's order (each forward node's
     /// stage at least the one before it), as a pipeline's layers do. An inference plan runs
     /// one micro-batch per call (see [`PipelineRunner::inference`] for more).
-    pub fn new(plan: Plan<N>, schedule: Schedule, replicas: usize) -> Result<Self, SystemError> {
+    pub fn new(plan: Plan<S>, schedule: Schedule, replicas: usize) -> Result<Self, SystemError> {
         Self::with_positions(plan, schedule, replicas, None)
     }
 
     /// An inference plan (forward pass only) run `micro_batches` at a time per replica in the
     /// inference schedule, as a pipelined model's `predict` runs on IPUs.
     pub fn inference(
-        plan: Plan<N>,
+        plan: Plan<S>,
         schedule: Schedule,
         replicas: usize,
         micro_batches: usize,
@@ -77,7 +78,7 @@ impl<const N: usize> PipelineRunner<N> {
     /// [`PipelineRunner::new`] with concurrent stages: `positions[k]` is stage k's pipeline
     /// position (see [`crate::system::SystemOptions::stage_positions`]).
     pub fn with_positions(
-        plan: Plan<N>,
+        plan: Plan<S>,
         schedule: Schedule,
         replicas: usize,
         positions: Option<&[usize]>,
@@ -86,7 +87,7 @@ impl<const N: usize> PipelineRunner<N> {
     }
 
     fn build(
-        plan: Plan<N>,
+        plan: Plan<S>,
         schedule: Schedule,
         replicas: usize,
         positions: Option<&[usize]>,
@@ -144,7 +145,7 @@ impl<const N: usize> PipelineRunner<N> {
                 }
                 last_f = k;
                 forward[k].push(i);
-            } else if matches!(n.op(), Op::Increment { .. }) {
+            } else if matches!(n.op(), Op::Update(Update::Increment { .. })) {
                 // A stage's micro-batch counter: state only, placed after the whole backward
                 // pass; it runs at the end of its stage's backward slot.
                 backward[k].push(i);
@@ -179,7 +180,7 @@ impl<const N: usize> PipelineRunner<N> {
     }
 
     /// The plan.
-    pub fn plan(&self) -> &Plan<N> {
+    pub fn plan(&self) -> &Plan<S> {
         &self.plan
     }
 
@@ -226,7 +227,7 @@ impl<const N: usize> PipelineRunner<N> {
     /// first stage runs.
     pub fn run_update(
         &mut self,
-        feed: impl FnMut(usize, usize, &Plan<N>, &mut [u8]) -> Result<(), RunError>,
+        feed: impl FnMut(usize, usize, &Plan<S>, &mut [u8]) -> Result<(), RunError>,
     ) -> Result<(), RunError> {
         self.run_update_observed(feed, |_, _, _, _| Ok::<(), RunError>(()))
     }
@@ -236,8 +237,8 @@ impl<const N: usize> PipelineRunner<N> {
     /// `BeforeUpdate`): how outfeeds read tapped activations, predictions and gradients. `feed` and `observe` may fail with the caller's own error type.
     pub fn run_update_observed<E: From<RunError>>(
         &mut self,
-        mut feed: impl FnMut(usize, usize, &Plan<N>, &mut [u8]) -> Result<(), E>,
-        mut observe: impl FnMut(Observe, &Plan<N>, &[u8], &[u8]) -> Result<(), E>,
+        mut feed: impl FnMut(usize, usize, &Plan<S>, &mut [u8]) -> Result<(), E>,
+        mut observe: impl FnMut(Observe, &Plan<S>, &[u8], &[u8]) -> Result<(), E>,
     ) -> Result<(), E> {
         let plan = &self.plan;
         let mut stash: Vec<usize> = vec![0; self.pipeline.stages()];

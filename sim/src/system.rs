@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 use tessera_core::schedule::{Pipeline, Schedule, ScheduleError};
-use tessera_core::{Op, Plan, Roles};
+use tessera_core::{Op, Plan, Roles, Storage};
 
 use crate::estimate::{cost_steps, Cycles, SimError, TraceEvent};
 use crate::lower::{lower_subset, LowerOptions};
@@ -252,8 +252,8 @@ fn add(a: &mut Cycles, b: &Cycles) {
 }
 
 /// Estimates `plan` across IPUs of `cfg`, as `opts` says.
-pub fn estimate_system<const N: usize>(
-    plan: &Plan<N>,
+pub fn estimate_system<S: Storage>(
+    plan: &Plan<S>,
     cfg: &IpuConfig,
     opts: &SystemOptions,
 ) -> Result<SystemEstimate, SystemError> {
@@ -381,7 +381,8 @@ pub fn estimate_system<const N: usize>(
     let mut stash_bytes = vec![0u64; ipus];
     if training {
         for (t, node) in g.nodes()[..forward_len].iter().enumerate() {
-            if node.op().is_state() || node.op().is_update() {
+            // A view's bytes are its root's: the root is what is stashed.
+            if node.op().is_state() || node.op().is_update() || plan.slots()[t].view_of.is_some() {
                 continue;
             }
             for k in 0..s {
@@ -389,11 +390,15 @@ pub fn estimate_system<const N: usize>(
                     c >= forward_len
                         && n.stage() == k
                         && !n.roles().contains(Roles::UPDATE)
-                        && n.op().operands().as_slice().iter().any(|o| o.index() == t)
+                        && n.op()
+                            .operands()
+                            .as_slice()
+                            .iter()
+                            .any(|&o| plan.storage_of(o).index() == t)
                 });
                 let stage_input = node.stage() != k || matches!(node.op(), Op::Input);
                 let keep = if opts.recompute {
-                    stage_input && stage_reads(g, t, k)
+                    stage_input && stage_reads(plan, t, k)
                 } else {
                     reads_back
                 };
@@ -406,7 +411,7 @@ pub fn estimate_system<const N: usize>(
                 let tensor = &programs[d].tensors[t];
                 for (tile, n) in tensor.mapping.elements_per_tile() {
                     let bytes = depth * n * tensor.elem_bytes();
-                    reports[d].tiles[tile as usize].stash += bytes;
+                    reports[d].tiles[tile.index()].stash += bytes;
                     stash_bytes[d] += bytes;
                 }
             }
@@ -617,10 +622,14 @@ pub fn loop_repeat(
 
 /// With recomputation a stage keeps its inputs: tensors from other stages (or inputs) that its
 /// forward or backward reads.
-fn stage_reads<const N: usize>(g: &tessera_core::Graph<N>, t: usize, k: usize) -> bool {
-    g.nodes().iter().any(|n| {
+fn stage_reads<S: Storage>(plan: &Plan<S>, t: usize, k: usize) -> bool {
+    plan.graph().nodes().iter().any(|n| {
         n.stage() == k
             && !n.roles().contains(Roles::UPDATE)
-            && n.op().operands().as_slice().iter().any(|o| o.index() == t)
+            && n.op()
+                .operands()
+                .as_slice()
+                .iter()
+                .any(|&o| plan.storage_of(o).index() == t)
     })
 }

@@ -2,7 +2,7 @@
 #![allow(dead_code, clippy::result_large_err)]
 
 use proptest::prelude::*;
-use tessera::core::{DType, Graph, Init, NodeId, Optimizer, Plan, Roles};
+use tessera::core::{DType, Fixed, Graph, Init, NodeId, Optimizer, Plan, Roles, Storage};
 
 /// One step of a random graph: an op kind and operand picks (taken modulo the pool).
 #[derive(Clone, Debug)]
@@ -36,8 +36,8 @@ pub fn steps() -> impl Strategy<Value = Vec<Step>> {
 
 /// Builds a random graph; builder errors (shape mismatches) just skip the step, as a user
 /// correcting a model would.
-pub fn build(rows: usize, cols: usize, steps: &[Step], train: bool) -> Option<Graph<160>> {
-    let mut g: Graph<160> = Graph::new();
+pub fn build(rows: usize, cols: usize, steps: &[Step], train: bool) -> Option<Graph<Fixed<160>>> {
+    let mut g: Graph<Fixed<160>> = Graph::new();
     let x = g.input("x", &[rows, cols], DType::F32).ok()?;
     let mut pool: Vec<NodeId> = vec![x];
     for (i, s) in steps.iter().enumerate() {
@@ -97,7 +97,7 @@ pub fn build(rows: usize, cols: usize, steps: &[Step], train: bool) -> Option<Gr
 }
 
 /// Every trainable variable's values, in graph order.
-pub fn weights<const N: usize>(plan: &Plan<N>, state: &[u8]) -> Vec<f32> {
+pub fn weights<S: Storage>(plan: &Plan<S>, state: &[u8]) -> Vec<f32> {
     let arena = vec![0u8; plan.arena_bytes()];
     let g = plan.graph();
     g.ids()

@@ -13,7 +13,7 @@ use cortex_m_semihosting::{debug, hprintln};
 // Panics print their message over semihosting and exit QEMU with a failure.
 use panic_semihosting as _;
 use tessera_core::models::mnist_mlp;
-use tessera_core::{DType, Graph, Plan};
+use tessera_core::{DType, Fixed, Graph, Plan};
 
 /// The batch-1 inference plan's state: every variable, in the plan's layout.
 static WEIGHTS: &[u8] = include_bytes!("../data/weights.bin");
@@ -40,7 +40,7 @@ fn main() -> ! {
 }
 
 fn run() -> Result<(), ()> {
-    let mut g: Graph<NODES> = Graph::new();
+    let mut g: Graph<Fixed<NODES>> = Graph::new();
     let model = mnist_mlp(&mut g, 1, DType::F32).map_err(|e| hprintln!("error: {}", e))?;
     let plan = Plan::new(&g).map_err(|e| hprintln!("error: {}", e))?;
     let arena: &'static mut [u8; ARENA_BYTES] =

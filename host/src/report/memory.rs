@@ -326,7 +326,7 @@ fn holds_data(t: &TileMemory) -> bool {
 
 /// Tiles carry their own id; the index stands in when a file has none.
 fn tile_id(index: usize, t: &TileMemory) -> String {
-    if t.tile == 0 && index != 0 {
+    if t.tile.0 == 0 && index != 0 {
         index.to_string()
     } else {
         t.tile.to_string()

@@ -7,7 +7,7 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use tessera_core::{Plan, Roles};
 
-use super::{SessionError, NODES};
+use super::{Heap, SessionError};
 
 fn checkpoint_err(
     path: &Path,
@@ -26,7 +26,7 @@ fn checkpoint_err(
 /// # Errors
 ///
 /// [`SessionError::Checkpoint`] naming the file.
-pub fn save_checkpoint(path: &Path, plan: &Plan<NODES>, state: &[u8]) -> Result<(), SessionError> {
+pub fn save_checkpoint(path: &Path, plan: &Plan<Heap>, state: &[u8]) -> Result<(), SessionError> {
     let g = plan.graph();
     let arena = vec![0u8; plan.arena_bytes()];
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
@@ -60,7 +60,7 @@ pub fn save_checkpoint(path: &Path, plan: &Plan<NODES>, state: &[u8]) -> Result<
 /// [`SessionError::Checkpoint`] naming the file and, where one is at fault, the variable.
 pub fn load_checkpoint(
     path: &Path,
-    plan: &Plan<NODES>,
+    plan: &Plan<Heap>,
     state: &mut [u8],
 ) -> Result<(), SessionError> {
     let bytes =

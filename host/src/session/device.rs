@@ -7,7 +7,7 @@ use tessera_sim::runner::PipelineRunner;
 
 use super::taps::Taps;
 use super::train::Executions;
-use super::{SessionError, NODES};
+use super::{Heap, SessionError};
 use crate::dataset::Batch;
 use crate::infeed::InfeedQueue;
 
@@ -38,7 +38,7 @@ pub(super) struct Device<'a> {
 
 impl Device<'_> {
     /// Runs every execution; stops early if the host goes away.
-    pub(super) fn run(mut self, runner: &mut PipelineRunner<NODES>) -> Result<(), SessionError> {
+    pub(super) fn run(mut self, runner: &mut PipelineRunner<Heap>) -> Result<(), SessionError> {
         let x = self.plan;
         let (mut loss_sum, mut loss_n, mut done) = (0f64, 0u64, 0u64);
         let mut report = 0usize;
@@ -75,7 +75,7 @@ impl Device<'_> {
 
     /// One weight update: M micro-batches per replica from the infeed, taps enqueued as they
     /// complete. Returns the summed loss and how many losses were summed.
-    fn update(&mut self, runner: &mut PipelineRunner<NODES>) -> Result<(f64, u64), SessionError> {
+    fn update(&mut self, runner: &mut PipelineRunner<Heap>) -> Result<(f64, u64), SessionError> {
         let replicas = self.plan.replicas;
         let batches = (0..self.plan.micro_batches_per_update * replicas)
             .map(|_| {
@@ -98,7 +98,7 @@ impl Device<'_> {
 /// field to the input of its own name; fields the graph has no input for (the labels of an
 /// inference graph that computes no loss) are not fed.
 pub(super) fn feed(
-    plan: &tessera_core::Plan<NODES>,
+    plan: &tessera_core::Plan<Heap>,
     arena: &mut [u8],
     batch: &Batch,
     input_name: &str,

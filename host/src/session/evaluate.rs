@@ -19,7 +19,7 @@ use tessera_sim::system::{estimate_system, SystemEstimate, SystemOptions};
 use super::checkpoint::load_checkpoint;
 use super::device::feed;
 use super::taps::read;
-use super::{check_fits, check_options, opt_err, placed, SessionError, SessionOptions, NODES};
+use super::{check_fits, check_options, opt_err, placed, Heap, SessionError, SessionOptions};
 use crate::dataset::{Batch, Dataset};
 use crate::idx::Mnist;
 use crate::infeed::InfeedQueue;
@@ -46,7 +46,7 @@ pub enum Weights<'a> {
     /// A trained plan's state (its variables are copied by name).
     Trained {
         /// The trained plan.
-        plan: &'a Plan<NODES>,
+        plan: &'a Plan<Heap>,
         /// Its state.
         state: &'a [u8],
     },
@@ -87,7 +87,7 @@ pub struct EvaluateReport {
 
 /// The forward pass compiled for inference.
 struct Inference {
-    plan: Plan<NODES>,
+    plan: Plan<Heap>,
     output: NodeId,
     loss: Option<NodeId>,
     schedule: Schedule,
@@ -108,7 +108,7 @@ fn compile_inference(
     check_options(so)?;
     let model = placed(model, so);
     let b = so.batch_size;
-    let mut g: Box<Graph<NODES>> = Box::new(Graph::new());
+    let mut g: Graph<Heap> = Graph::new();
     let built = model.build(&mut g, b, so.dtype)?;
     let loss = if with_labels {
         let labels = g.input("labels", &[b], DType::I32)?;
@@ -121,7 +121,7 @@ fn compile_inference(
     } else {
         None
     };
-    let plan = Plan::new(&g).map_err(SessionError::Plan)?;
+    let plan = Plan::new(&g)?;
     let stages = model.stage_count();
     let schedule = if stages == 1 {
         Schedule::Sequential
@@ -225,7 +225,7 @@ pub fn inference_estimate(
 
 /// Loads the weights into every replica.
 fn load_weights(
-    runner: &mut PipelineRunner<NODES>,
+    runner: &mut PipelineRunner<Heap>,
     replicas: usize,
     weights: Weights<'_>,
 ) -> Result<(), SessionError> {

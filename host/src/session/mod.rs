@@ -40,8 +40,8 @@ pub use train::{
     prepare, train, Executions, OutfeedSummary, Prepared, TrainEvent, TrainOptions, TrainReport,
 };
 
-/// Graph capacity of sessions (nodes of the training graph).
-pub const NODES: usize = 256;
+/// Where sessions keep their graphs and plans: the heap, so any model's graph fits.
+pub use tessera_sim::Heap;
 
 /// The optimizers a session offers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -157,11 +157,11 @@ pub enum SessionError {
     Graph(#[source] Box<GraphError>),
     /// The core could not plan the graph.
     #[error("planning the graph")]
-    Plan(#[source] PlanError),
+    Plan(#[source] Box<PlanError>),
     /// The system configuration (schedule, accumulation, mapping, replicas) is invalid, or
     /// the model does not fit.
     #[error(transparent)]
-    System(#[from] SystemError),
+    System(Box<SystemError>),
     /// The data ran out or does not suit the run.
     #[error("{0}")]
     Data(String),
@@ -176,7 +176,7 @@ pub enum SessionError {
     Outfeed(#[from] OutfeedError),
     /// Running the program failed.
     #[error("running the program")]
-    Run(#[from] RunError),
+    Run(#[source] Box<RunError>),
     /// A checkpoint could not be written or read.
     #[error("checkpoint {}: {message}", path.display())]
     Checkpoint {
@@ -196,6 +196,24 @@ impl From<GraphError> for SessionError {
     }
 }
 
+impl From<SystemError> for SessionError {
+    fn from(e: SystemError) -> Self {
+        SessionError::System(Box::new(e))
+    }
+}
+
+impl From<RunError> for SessionError {
+    fn from(e: RunError) -> Self {
+        SessionError::Run(Box::new(e))
+    }
+}
+
+impl From<PlanError> for SessionError {
+    fn from(e: PlanError) -> Self {
+        SessionError::Plan(Box::new(e))
+    }
+}
+
 /// A model compiled for a session: its training plan, where its taps and gradients are, and
 /// how the system runs it.
 pub struct Compiled {
@@ -204,7 +222,7 @@ pub struct Compiled {
     /// The options.
     pub options: SessionOptions,
     /// The training plan.
-    pub plan: Plan<NODES>,
+    pub plan: Plan<Heap>,
     /// What the model added to the graph.
     pub built: BuiltModel,
     /// The loss node.
@@ -232,7 +250,7 @@ fn placed(model: &Model, options: &SessionOptions) -> Model {
 /// overflows: training and evaluation refuse to run a model that does not fit.
 fn check_fits(estimate: &SystemEstimate) -> Result<(), SessionError> {
     match &estimate.out_of_memory {
-        Some(oom) => Err(SessionError::System(SystemError::Sim(
+        Some(oom) => Err(SessionError::from(SystemError::Sim(
             tessera_sim::estimate::SimError::OutOfMemory(Box::new(oom.clone())),
         ))),
         None => Ok(()),
@@ -276,7 +294,7 @@ pub fn compile(model: &Model, options: &SessionOptions) -> Result<Compiled, Sess
     let model = placed(model, options);
     let m = u32::try_from(options.gradient_accumulation_count)
         .map_err(|_| opt_err("--gradient-accumulation-count", "is too large".to_string()))?;
-    let mut g: Box<Graph<NODES>> = Box::new(Graph::new());
+    let mut g: Graph<Heap> = Graph::new();
     let built = model.build(&mut g, options.batch_size, options.dtype)?;
     let labels = g.input("labels", &[options.batch_size], DType::I32)?;
     let loss =
@@ -290,7 +308,7 @@ pub fn compile(model: &Model, options: &SessionOptions) -> Result<Compiled, Sess
             ..Accumulation::new(m)
         },
     )?;
-    let plan = Plan::new(&g).map_err(SessionError::Plan)?;
+    let plan = Plan::new(&g)?;
     let machine = IpuConfig::preset(options.ipu);
     // One stage is plain training: no overlap, so no schedule constraint on M.
     let mut options = options.clone();

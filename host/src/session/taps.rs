@@ -4,11 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use tessera_core::{NodeId, Plan, Roles, RunError};
+use tessera_core::{NodeId, Plan, Roles};
 use tessera_sim::runner::Observe;
 
 use super::train::TrainOptions;
-use super::{Compiled, SessionError, NODES};
+use super::{Compiled, Heap, SessionError};
 use crate::inspect::{GradientOutfeedMode, MaybeOutfeedQueue};
 use crate::outfeed::{Element, HostTensor, OutfeedMode, OutfeedQueue};
 
@@ -169,11 +169,11 @@ impl Taps {
 
 /// A tensor of the plan, copied to the host.
 pub(super) fn read(
-    plan: &Plan<NODES>,
+    plan: &Plan<Heap>,
     id: NodeId,
     arena: &[u8],
     state: &[u8],
-) -> Result<HostTensor, RunError> {
+) -> Result<HostTensor, SessionError> {
     let view = plan.tensor(id, arena, state)?;
     let shape = view.shape().dims().iter().map(|&d| d as usize).collect();
     Ok(HostTensor {
@@ -199,7 +199,7 @@ impl UpdateTaps<'_> {
     pub(super) fn observe(
         &mut self,
         point: Observe,
-        plan: &Plan<NODES>,
+        plan: &Plan<Heap>,
         arena: &[u8],
         state: &[u8],
     ) -> Result<(), SessionError> {

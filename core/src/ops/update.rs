@@ -1,0 +1,312 @@
+//! In-place updates of state: optimizers (SGD, momentum, Adam in Keras' forms), step counters,
+//! gradient accumulators and resets. They produce no tensor; autodiff emits them.
+
+use crate::error::RunError;
+use crate::graph::NodeId;
+use crate::kernels as k;
+use crate::op::Operands;
+use crate::plan::{Place, Plan};
+use crate::storage::Storage;
+use crate::{AccumulationMethod, DType};
+
+/// An in-place update of state tensors.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[non_exhaustive]
+pub enum Update {
+    /// `var -= lr * grad`.
+    Sgd {
+        /// The variable.
+        var: NodeId,
+        /// Its gradient.
+        grad: NodeId,
+        /// Learning rate.
+        lr: f32,
+    },
+    /// Keras momentum: `v = momentum * v - lr * grad; var += v`.
+    Momentum {
+        /// The variable.
+        var: NodeId,
+        /// Its velocity (optimizer state).
+        velocity: NodeId,
+        /// Its gradient.
+        grad: NodeId,
+        /// Learning rate.
+        lr: f32,
+        /// Momentum.
+        momentum: f32,
+    },
+    /// Adam (Keras form), using the shared step counter (which is about to become `step + 1`).
+    Adam {
+        /// The variable.
+        var: NodeId,
+        /// First moment (optimizer state).
+        m: NodeId,
+        /// Second moment (optimizer state).
+        v: NodeId,
+        /// Its gradient.
+        grad: NodeId,
+        /// The step counter (optimizer state, i32 scalar).
+        step: NodeId,
+        /// Learning rate.
+        lr: f32,
+        /// First-moment decay.
+        beta1: f32,
+        /// Second-moment decay.
+        beta2: f32,
+        /// Denominator fuzz.
+        epsilon: f32,
+    },
+    /// `counter += 1` (a step count).
+    Increment {
+        /// The counter (i32 scalar).
+        counter: NodeId,
+    },
+    /// Adds a micro-batch's gradient into its accumulator: SUM `acc += g`, MEAN
+    /// `acc += g / count`, RUNNING_MEAN `acc = acc * n / (n + 1) + g / (n + 1)` with `n` the
+    /// micro-batches accumulated so far (the counter's value).
+    Accumulate {
+        /// The accumulator (state).
+        acc: NodeId,
+        /// The micro-batch's gradient.
+        grad: NodeId,
+        /// Micro-batches accumulated so far (i32 scalar state).
+        counter: NodeId,
+        /// How gradients combine.
+        method: AccumulationMethod,
+        /// Micro-batches per weight update.
+        count: u32,
+    },
+    /// Sets every element of a state tensor to `value` (resetting accumulators).
+    Fill {
+        /// The tensor.
+        x: NodeId,
+        /// The value.
+        value: f32,
+    },
+    /// `x = momentum * x + (1 - momentum) * value`: a running average kept as state (batch
+    /// normalisation's running mean and variance).
+    MovingAverage {
+        /// The running average (state).
+        x: NodeId,
+        /// This step's value (same shape).
+        value: NodeId,
+        /// Weight of the old average, in [0, 1).
+        momentum: f32,
+    },
+}
+
+impl Update {
+    /// The op's name.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Update::Sgd { .. } => "ApplySgd",
+            Update::Momentum { .. } => "ApplyMomentum",
+            Update::Adam { .. } => "ApplyAdam",
+            Update::Increment { .. } => "Increment",
+            Update::Accumulate { .. } => "Accumulate",
+            Update::Fill { .. } => "Fill",
+            Update::MovingAverage { .. } => "MovingAverage",
+        }
+    }
+
+    /// Operands (read, and for state, written).
+    pub fn operands(&self) -> Operands {
+        match *self {
+            Update::Sgd { var, grad, .. } => Operands::of(&[var, grad]),
+            Update::Momentum {
+                var,
+                velocity,
+                grad,
+                ..
+            } => Operands::of(&[var, velocity, grad]),
+            Update::Adam {
+                var,
+                m,
+                v,
+                grad,
+                step,
+                ..
+            } => Operands::of(&[var, m, v, grad, step]),
+            Update::Increment { counter } => Operands::of(&[counter]),
+            Update::Accumulate {
+                acc, grad, counter, ..
+            } => Operands::of(&[acc, grad, counter]),
+            Update::Fill { x, .. } => Operands::of(&[x]),
+            Update::MovingAverage { x, value, .. } => Operands::of(&[x, value]),
+        }
+    }
+
+    /// The state tensors the update writes.
+    pub fn writes(&self) -> Operands {
+        match *self {
+            Update::Sgd { var, .. } => Operands::of(&[var]),
+            Update::Momentum { var, velocity, .. } => Operands::of(&[var, velocity]),
+            Update::Adam { var, m, v, .. } => Operands::of(&[var, m, v]),
+            Update::Increment { counter } => Operands::of(&[counter]),
+            Update::Accumulate { acc, .. } => Operands::of(&[acc]),
+            Update::Fill { x, .. } | Update::MovingAverage { x, .. } => Operands::of(&[x]),
+        }
+    }
+}
+
+/// Applies `op` to the state in place; gradients and values are read where the plan put them
+/// (the arena, or the state for accumulators).
+pub(crate) fn run<S: Storage>(
+    op: &Update,
+    plan: &Plan<S>,
+    arena: &[u8],
+    st: &mut [u8],
+) -> Result<(), RunError> {
+    let off = |x: NodeId| plan.slots[x.index()].offset;
+    let node_of = |x: NodeId| plan.graph.node(x);
+    // A gradient lives in the arena, or in the state when it is an accumulator.
+    let grad_in_state = |g: NodeId| plan.slots[g.index()].place == Place::State;
+    let load_grad = |st: &[u8], g: NodeId, i: usize| {
+        let (s, t) = (plan.slots[g.index()], node_of(g).dtype);
+        if s.place == Place::State {
+            k::load(&st[s.offset..], t, i)
+        } else {
+            k::load(&arena[s.offset..], t, i)
+        }
+    };
+    match *op {
+        Update::Sgd { var, grad, lr } => {
+            let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
+            let wo = off(var);
+            if !grad_in_state(grad) && node_of(grad).dtype == t {
+                let g = &arena[off(grad)..off(grad) + node_of(grad).bytes()];
+                k::zip_in_place(&mut st[wo..wo + n * t.size()], g, t, n, |w, g| w - lr * g);
+            } else if grad_in_state(grad) && node_of(grad).dtype == t && off(grad) != wo {
+                // An accumulated gradient: another region of the state.
+                let (go, len) = (off(grad), n * t.size());
+                let (w, g) = if wo < go {
+                    let (a, b) = st.split_at_mut(go);
+                    (&mut a[wo..wo + len], &b[..len])
+                } else {
+                    let (a, b) = st.split_at_mut(wo);
+                    (&mut b[..len], &a[go..go + len])
+                };
+                k::zip_in_place(w, g, t, n, |w, g| w - lr * g);
+            } else {
+                for i in 0..n {
+                    let v = k::load(&st[wo..], t, i) - lr * load_grad(st, grad, i);
+                    k::store(&mut st[wo..], t, i, v);
+                }
+            }
+        }
+        Update::Momentum {
+            var,
+            velocity,
+            grad,
+            lr,
+            momentum,
+        } => {
+            let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
+            let (wo, vo) = (off(var), off(velocity));
+            for i in 0..n {
+                let v = momentum * k::load(&st[vo..], t, i) - lr * load_grad(st, grad, i);
+                k::store(&mut st[vo..], t, i, v);
+                let w = k::load(&st[wo..], t, i) + v;
+                k::store(&mut st[wo..], t, i, w);
+            }
+        }
+        Update::Adam {
+            var,
+            m,
+            v,
+            grad,
+            step,
+            lr,
+            beta1,
+            beta2,
+            epsilon,
+        } => {
+            let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
+            let iterations = k::load_int(&st[off(step)..], DType::I32, 0);
+            let local = (iterations + 1) as f32;
+            let lr_t =
+                lr * libm::sqrtf(1.0 - libm::powf(beta2, local)) / (1.0 - libm::powf(beta1, local));
+            let (wo, mo, vo) = (off(var), off(m), off(v));
+            for i in 0..n {
+                let gi = load_grad(st, grad, i);
+                let mi = k::load(&st[mo..], t, i);
+                let mi = mi + (gi - mi) * (1.0 - beta1);
+                k::store(&mut st[mo..], t, i, mi);
+                let vi = k::load(&st[vo..], t, i);
+                let vi = vi + (gi * gi - vi) * (1.0 - beta2);
+                k::store(&mut st[vo..], t, i, vi);
+                let w = k::load(&st[wo..], t, i) - lr_t * mi / (libm::sqrtf(vi) + epsilon);
+                k::store(&mut st[wo..], t, i, w);
+            }
+        }
+        Update::Increment { counter } => {
+            let o = off(counter);
+            let c = k::load_int(&st[o..], DType::I32, 0).wrapping_add(1) as i32;
+            st[o..o + 4].copy_from_slice(&c.to_le_bytes());
+        }
+        Update::Accumulate {
+            acc,
+            grad,
+            counter,
+            method,
+            count,
+        } => {
+            let (t, n) = (node_of(acc).dtype, node_of(acc).shape.elements());
+            let ao = off(acc);
+            let seen = k::load_int(&st[off(counter)..], DType::I32, 0) as f32;
+            if !grad_in_state(grad) && node_of(grad).dtype == t {
+                // The common case, vectorisable; the same arithmetic as the loop below.
+                let g = &arena[off(grad)..off(grad) + node_of(grad).bytes()];
+                let a = &mut st[ao..ao + n * t.size()];
+                match method {
+                    AccumulationMethod::Sum => {
+                        k::zip_in_place(a, g, t, n, |a, g| a + g);
+                    }
+                    AccumulationMethod::Mean => {
+                        let c = count as f32;
+                        k::zip_in_place(a, g, t, n, |a, g| a + g / c);
+                    }
+                    AccumulationMethod::RunningMean => {
+                        let (keep, next) = (seen / (seen + 1.0), seen + 1.0);
+                        k::zip_in_place(a, g, t, n, |a, g| a * keep + g / next);
+                    }
+                }
+                return Ok(());
+            }
+            for i in 0..n {
+                let g = load_grad(st, grad, i);
+                let a = k::load(&st[ao..], t, i);
+                let v = match method {
+                    AccumulationMethod::Sum => a + g,
+                    AccumulationMethod::Mean => a + g / count as f32,
+                    AccumulationMethod::RunningMean => a * (seen / (seen + 1.0)) + g / (seen + 1.0),
+                };
+                k::store(&mut st[ao..], t, i, v);
+            }
+        }
+        Update::Fill { x, value } => {
+            let (t, n) = (node_of(x).dtype, node_of(x).shape.elements());
+            let o = off(x);
+            if t == DType::F32 {
+                for c in st[o..o + 4 * n].chunks_exact_mut(4) {
+                    c.copy_from_slice(&value.to_le_bytes());
+                }
+            } else {
+                for i in 0..n {
+                    k::store(&mut st[o..], t, i, value);
+                }
+            }
+        }
+        Update::MovingAverage { x, value, momentum } => {
+            let (t, n) = (node_of(x).dtype, node_of(x).shape.elements());
+            let o = off(x);
+            for i in 0..n {
+                let old = k::load(&st[o..], t, i);
+                let v = momentum * old + (1.0 - momentum) * load_grad(st, value, i);
+                k::store(&mut st[o..], t, i, v);
+            }
+        }
+    }
+    Ok(())
+}

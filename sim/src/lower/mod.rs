@@ -1,0 +1,661 @@
+//! Lowering a core plan onto one IPU: every tensor gets a tile mapping, every op becomes
+//! compute sets of vertices, and exchanges bring each vertex's operands to its tile.
+//!
+//! The machinery (mappings, vertices per tile, exchanges, liveness) is here; each op family's
+//! tile mapping, vertices and cost live in one module beside it, mirroring the core's
+//! `ops/<family>.rs`:
+//!
+//! - a matmul's output is laid out by its plan (blocks on the tiles that compute them), and a
+//!   variable whose first use is a matmul's right-hand operand is laid out by that plan too
+//!   (as poplibs creates weights), so weights need no exchange;
+//! - optimizer state is laid out like its variable;
+//! - element-wise results are laid out like their full-size operand;
+//! - views (reshapes) have no tensor of their own: they read their root's;
+//! - every other tensor is spread linearly in chunks of at least
+//!   [`LowerOptions::min_chunk_bytes`] (whole on one tile when smaller), row-aligned for
+//!   row-wise ops, starting where the last tensor ended so small tensors spread over the tiles.
+
+use tessera_core::{DType, Graph, Node, NodeId, Op, Place, Plan, Roles, Storage};
+
+use crate::machine::IpuConfig;
+use crate::program::{
+    compress, exchange_for, Codelet, ComputeSet, Interval, Mapping, ProgTensor, Program, Region,
+    Step, TensorClass, TensorId, TileId, Vertex,
+};
+
+mod elementwise;
+mod layout;
+mod loss;
+mod matmul;
+mod reduce;
+mod softmax;
+mod update;
+
+/// Knobs of the lowering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LowerOptions {
+    /// The smallest chunk of a tensor a tile gets when a tensor is spread.
+    pub min_chunk_bytes: u64,
+    /// Keep optimizer state (momentum, Adam moments) in streaming memory: it is loaded onto
+    /// its tiles for the weight update and stored back after it.
+    pub offload_optimizer_state: bool,
+}
+
+impl Default for LowerOptions {
+    fn default() -> Self {
+        // Estimate: 128 bytes keeps vertices' fixed costs below their per-element costs.
+        LowerOptions {
+            min_chunk_bytes: 128,
+            offload_optimizer_state: false,
+        }
+    }
+}
+
+/// Worker cycles a multi-region vertex spends per region beyond the first (estimate: loading
+/// the next region's pointers and length).
+pub const REGION_OVERHEAD_CYCLES: u64 = 12;
+
+/// How a family wants a node's output laid out.
+pub(crate) enum Placement {
+    /// Like this operand's tensor (element for element).
+    Like(NodeId),
+    /// Spread linearly in chunks that are multiples of this many elements.
+    Rows(u64),
+    /// Laid out by the family itself (a matmul's plan).
+    Own,
+    /// No tensor of its own (a view, or an update).
+    Nothing,
+}
+
+pub(crate) struct Lowering<'a, S: Storage> {
+    pub(crate) cfg: &'a IpuConfig,
+    pub(crate) plan: &'a Plan<S>,
+    pub(crate) graph: &'a Graph<S>,
+    opts: LowerOptions,
+    pub(crate) tensors: Vec<ProgTensor>,
+    steps: Vec<Step>,
+    node_steps: Vec<(usize, usize)>,
+    cursor: u32,
+    pub(crate) mm: matmul::Plans,
+    /// Nodes lowered onto this IPU.
+    include: Vec<bool>,
+    /// Nodes of other IPUs whose tensors this IPU reads: copies arrive over the IPU-Links.
+    remote: Vec<bool>,
+    /// State tensors kept in streaming memory between weight updates.
+    offloaded: Vec<bool>,
+}
+
+/// Row segments of the rectangle rows `r0..r1` x cols `c0..c1` of a row-major matrix with
+/// `cols` columns, as (start, len) element ranges.
+pub(crate) fn rect(
+    r0: u64,
+    r1: u64,
+    c0: u64,
+    c1: u64,
+    cols: u64,
+) -> impl Iterator<Item = (u64, u64)> {
+    (r0..r1).map(move |r| (r * cols + c0, c1 - c0))
+}
+
+/// The elements `start .. start + len` of a row-major matrix with `cols` columns, as
+/// (row, first column, end column) pieces.
+pub(crate) fn row_segments(start: u64, len: u64, cols: u64) -> Vec<(u64, u64, u64)> {
+    let mut out = Vec::new();
+    let mut i = start;
+    while i < start + len {
+        let (r, c0) = (i / cols, i % cols);
+        let c1 = cols.min(c0 + (start + len - i));
+        out.push((r, c0, c1));
+        i += c1 - c0;
+    }
+    out
+}
+
+impl<'a, S: Storage> Lowering<'a, S> {
+    pub(crate) fn tile_count(&self) -> u32 {
+        self.cfg.tiles
+    }
+
+    /// The node `x`.
+    pub(crate) fn node(&self, x: NodeId) -> &'a Node {
+        self.graph.node(x)
+    }
+
+    /// The program tensor holding `x`'s data (its root's, for a view).
+    pub(crate) fn t(&self, x: NodeId) -> TensorId {
+        TensorId::of(self.plan.storage_of(x))
+    }
+
+    /// A linear mapping with chunks of at least `min_chunk_bytes`, multiples of `grain`. Rows
+    /// of `cols` elements are cut at the same places in every row (chunks that divide the row,
+    /// or whole rows), so blocks of the matrix read as strided regions.
+    fn linear(&mut self, elements: u64, elem_bytes: u64, grain: u64, cols: u64) -> Mapping {
+        let mut min_chunk = self.opts.min_chunk_bytes.div_ceil(elem_bytes.max(1));
+        let per = elements
+            .div_ceil(u64::from(self.tile_count().max(1)))
+            .max(min_chunk);
+        let mut grain = grain.max(1);
+        if cols > 1 && grain < cols {
+            if per >= cols {
+                grain = cols;
+            } else if let Some(d) = (per..=cols).find(|d| cols % d == 0 && d % grain == 0) {
+                min_chunk = d;
+                grain = d;
+            }
+        }
+        let m = Mapping::linear(
+            elements,
+            grain,
+            min_chunk,
+            TileId(self.cursor),
+            self.tile_count(),
+            self.tile_count(),
+        );
+        let used = m.intervals().len() as u64;
+        self.cursor = TileId::wrapping(u64::from(self.cursor) + used, self.tile_count()).0;
+        m
+    }
+
+    pub(crate) fn new_tensor(
+        &mut self,
+        name: String,
+        node: NodeId,
+        dtype: DType,
+        elements: u64,
+        mapping: Mapping,
+        class: TensorClass,
+    ) -> TensorId {
+        self.tensors.push(ProgTensor {
+            name,
+            node,
+            dtype,
+            elements,
+            mapping,
+            class,
+            live: (0, 0),
+        });
+        TensorId((self.tensors.len() - 1) as u32)
+    }
+
+    /// A temporary of node `node` (`<node>/<what>`), laid out by `mapping`.
+    pub(crate) fn temporary(
+        &mut self,
+        node: NodeId,
+        what: &str,
+        dtype: DType,
+        elements: u64,
+        mapping: Mapping,
+    ) -> TensorId {
+        let name = format!("{}/{what}", self.node(node).name());
+        self.new_tensor(name, node, dtype, elements, mapping, TensorClass::Temporary)
+    }
+
+    /// The tile holding element 0 of `t`.
+    pub(crate) fn first_tile(&self, t: TensorId) -> TileId {
+        self.tensors[t.index()]
+            .mapping
+            .intervals()
+            .first()
+            .map_or(TileId(0), |iv| iv.tile)
+    }
+
+    /// Appends a compute set, preceded by the exchange its vertices need.
+    pub(crate) fn compute(&mut self, node: NodeId, phase: &str, vertices: Vec<Vertex>) {
+        if vertices.is_empty() {
+            return;
+        }
+        let transfers = exchange_for(&self.tensors, &vertices);
+        if !transfers.is_empty() {
+            self.steps.push(Step::Exchange { node, transfers });
+        }
+        let name = format!("{}/{phase}", self.node(node).name());
+        self.steps.push(Step::Compute(ComputeSet {
+            name,
+            node,
+            vertices,
+        }));
+    }
+
+    /// One vertex per tile of `over`'s mapping, covering all the tile's intervals:
+    /// `regions(interval)` gives each interval's reads and writes, and the vertex costs
+    /// `cycles(elements)` plus [`REGION_OVERHEAD_CYCLES`] per extra interval.
+    pub(crate) fn per_tile(
+        &mut self,
+        node: NodeId,
+        phase: &str,
+        over: TensorId,
+        codelet: Codelet,
+        cycles: impl Fn(u64) -> u64,
+        regions: impl Fn(&Interval) -> (Vec<Region>, Vec<Region>),
+    ) {
+        let mut ivs: Vec<Interval> = self.tensors[over.index()].mapping.intervals().to_vec();
+        ivs.sort_by_key(|iv| (iv.tile, iv.start));
+        let mut vertices = Vec::new();
+        for group in ivs.chunk_by(|a, b| a.tile == b.tile) {
+            let (mut reads, mut writes) = (Vec::new(), Vec::new());
+            for iv in group {
+                let (r, w) = regions(iv);
+                reads.extend(r);
+                writes.extend(w);
+            }
+            reads.sort_unstable();
+            reads.dedup();
+            let (reads, writes) = (compress(reads), compress(writes));
+            let elements: u64 = group.iter().map(|iv| iv.len).sum();
+            let extra = REGION_OVERHEAD_CYCLES * (group.len() as u64 - 1);
+            vertices.push(Vertex {
+                tile: group[0].tile,
+                codelet,
+                cycles: cycles(elements) + extra,
+                reads,
+                writes,
+            });
+        }
+        self.compute(node, phase, vertices);
+    }
+
+    /// A vertex per tile of `out`'s mapping, reading the same elements of the operands in
+    /// `same` and the regions `extra` gives for each interval.
+    pub(crate) fn elementwise(
+        &mut self,
+        node: NodeId,
+        out: TensorId,
+        same: &[TensorId],
+        codelet: Codelet,
+        cycles: impl Fn(u64) -> u64,
+        extra: impl Fn(u64, u64) -> Vec<Region>,
+    ) {
+        self.per_tile(node, "op", out, codelet, cycles, |iv| {
+            let mut reads: Vec<Region> = same
+                .iter()
+                .map(|&t| Region::span(t, iv.start, iv.len))
+                .collect();
+            reads.extend(extra(iv.start, iv.len));
+            (reads, vec![Region::span(out, iv.start, iv.len)])
+        });
+    }
+
+    /// The first node on this IPU that reads `x` (or a view of it).
+    pub(crate) fn first_consumer(&self, x: NodeId) -> Option<NodeId> {
+        self.graph.ids().find(|&c| {
+            self.include[c.index()]
+                && self
+                    .node(c)
+                    .op()
+                    .operands()
+                    .as_slice()
+                    .iter()
+                    .any(|&o| self.plan.storage_of(o) == x)
+        })
+    }
+
+    fn lower_node(&mut self, i: NodeId) {
+        let node = self.node(i);
+        if !self.include[i.index()] {
+            if self.remote[i.index()] {
+                self.steps.push(Step::LinkReceive {
+                    tensor: TensorId::of(i),
+                    bytes: node.bytes() as u64,
+                });
+            }
+            return;
+        }
+        // Offloaded optimizer state comes from streaming memory for this op and goes back after.
+        let offloaded: Vec<NodeId> = node
+            .op()
+            .operands()
+            .as_slice()
+            .iter()
+            .copied()
+            .filter(|o| self.offloaded[o.index()])
+            .collect();
+        for &t in &offloaded {
+            self.steps.push(Step::RemoteBuffer {
+                tensor: TensorId::of(t),
+                bytes: self.node(t).bytes() as u64,
+                load: true,
+            });
+        }
+        self.lower_op(i);
+        for &t in &offloaded {
+            self.steps.push(Step::RemoteBuffer {
+                tensor: TensorId::of(t),
+                bytes: self.node(t).bytes() as u64,
+                load: false,
+            });
+        }
+    }
+
+    /// The one place lowering dispatches to the families.
+    fn lower_op(&mut self, i: NodeId) {
+        let node = self.node(i);
+        match *node.op() {
+            Op::Input => self.steps.push(Step::HostToDevice {
+                tensor: TensorId::of(i),
+                bytes: node.bytes() as u64,
+            }),
+            Op::Variable { .. } | Op::Constant { .. } => {}
+            Op::Elementwise(e) => elementwise::lower(self, i, &e),
+            Op::MatMul(m) => matmul::lower(self, i, &m),
+            Op::Softmax(s) => softmax::lower(self, i, &s),
+            Op::Loss(l) => loss::lower(self, i, &l),
+            Op::Reduce(r) => reduce::lower(self, i, &r),
+            Op::Layout(l) => layout::lower(self, i, &l),
+            Op::Update(u) => update::lower(self, i, &u),
+            // Every op of the core has a lowering above; an op added to the core later
+            // without one is costed as a copy of its output so estimates still run.
+            _ => {
+                let out = TensorId::of(i);
+                let (cfg, dt) = (self.cfg, node.dtype());
+                let c = move |n| crate::cost::UnaryKind::Copy.cycles(cfg, n, dt);
+                self.elementwise(i, out, &[], Codelet::Copy, c, |_, _| Vec::new());
+            }
+        }
+        if node
+            .roles()
+            .intersects(Roles::TAPPED | Roles::LOSS | Roles::OUTPUT)
+            && !node.op().is_update()
+        {
+            self.steps.push(Step::DeviceToHost {
+                tensor: self.t(i),
+                bytes: node.bytes() as u64,
+            });
+        }
+    }
+
+    /// How a family wants `i`'s output laid out.
+    fn layout_of(&self, i: NodeId) -> Placement {
+        let node = self.node(i);
+        match node.op() {
+            Op::Input | Op::Variable { .. } | Op::Constant { .. } => Placement::Rows(1),
+            Op::Elementwise(e) => elementwise::placement(self, node, e),
+            Op::MatMul(_) => Placement::Own,
+            Op::Softmax(s) => softmax::placement(node, s),
+            Op::Loss(l) => loss::placement(node, l),
+            Op::Reduce(_) => Placement::Rows(1),
+            Op::Layout(l) => layout::placement(l),
+            Op::Update(_) => Placement::Nothing,
+            _ => Placement::Rows(1),
+        }
+    }
+
+    fn map_graph_tensors(&mut self) {
+        for i in self.graph.ids() {
+            let node = self.node(i);
+            let k = i.index();
+            let here = self.include[k] || self.remote[k];
+            let hint = self.layout_of(i);
+            let view = self.plan.slots()[k].view_of.is_some();
+            let elements = if matches!(hint, Placement::Nothing) || view || !here {
+                0
+            } else {
+                node.shape().elements() as u64
+            };
+            let class = if self.plan.slots()[k].place == Place::State
+                && self.include[k]
+                && !self.offloaded[k]
+            {
+                TensorClass::AlwaysLive
+            } else {
+                TensorClass::NotAlwaysLive
+            };
+            let es = node.dtype().size() as u64;
+            let cols = node.shape().last() as u64;
+            let mapping = if elements == 0 {
+                Mapping::default()
+            } else if !self.include[k] {
+                // A copy of another IPU's tensor, spread like any new tensor.
+                self.linear(elements, es, 1, cols)
+            } else if let Some(mm) = self.weight_consumer(i) {
+                matmul::b_mapping(self, mm)
+            } else if let Some(var) = self.state_owner(i) {
+                self.tensors[var.index()].mapping.clone()
+            } else {
+                match hint {
+                    Placement::Own => matmul::output_mapping(self, i),
+                    Placement::Like(x) if self.tensors[self.t(x).index()].elements == elements => {
+                        // Laid out like its operand (as poplibs clones it), so the op needs no
+                        // exchange and the next op sees the same layout.
+                        self.tensors[self.t(x).index()].mapping.clone()
+                    }
+                    Placement::Rows(grain) => self.linear(elements, es, grain, cols),
+                    _ => self.linear(elements, es, 1, cols),
+                }
+            };
+            self.new_tensor(
+                node.name().to_string(),
+                i,
+                node.dtype(),
+                elements,
+                mapping,
+                class,
+            );
+        }
+    }
+
+    /// The matmul that uses state tensor `i` as its right-hand operand first, if any.
+    fn weight_consumer(&mut self, i: NodeId) -> Option<NodeId> {
+        if !self.node(i).op().is_state() {
+            return None;
+        }
+        let c = self.first_consumer(i)?;
+        match self.node(c).op() {
+            Op::MatMul(m) if m.b == i && matmul::single_product(self, c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The variable whose update uses optimizer-state or accumulator tensor `i`, if any.
+    fn state_owner(&self, i: NodeId) -> Option<NodeId> {
+        let node = self.node(i);
+        if !node
+            .roles()
+            .intersects(Roles::OPTIMIZER_STATE | Roles::ACCUMULATOR)
+        {
+            return None;
+        }
+        self.graph
+            .nodes()
+            .iter()
+            .find_map(|n| match n.op() {
+                Op::Update(u) if u.operands().as_slice()[1..].contains(&i) => {
+                    u.operands().as_slice().first().copied()
+                }
+                _ => None,
+            })
+            .filter(|&var| self.node(var).shape() == node.shape())
+    }
+}
+
+/// Lowers `plan` onto one IPU described by `cfg`.
+pub fn lower<S: Storage>(plan: &Plan<S>, cfg: &IpuConfig, opts: LowerOptions) -> Program {
+    lower_subset(plan, cfg, opts, &|_| true)
+}
+
+/// Lowers the nodes `include` selects onto one IPU (one IPU of a sharded or pipelined system).
+/// Tensors of other IPUs that these nodes read arrive over the IPU-Links into copies here;
+/// state tensors (weights, counters) that these nodes read are kept here too.
+pub fn lower_subset<S: Storage>(
+    plan: &Plan<S>,
+    cfg: &IpuConfig,
+    opts: LowerOptions,
+    include: &dyn Fn(usize) -> bool,
+) -> Program {
+    let graph = plan.graph();
+    let n = graph.len();
+    let mut inc: Vec<bool> = (0..n).map(include).collect();
+    // Which tensors (roots) the included nodes read.
+    let reads = |inc: &[bool]| {
+        let mut read = vec![false; n];
+        for (c, node) in graph.nodes().iter().enumerate() {
+            if inc[c] {
+                for &o in node.op().operands().as_slice() {
+                    read[plan.storage_of(o).index()] = true;
+                }
+            }
+        }
+        read
+    };
+    let read = reads(&inc);
+    for i in 0..n {
+        if !inc[i] && graph.nodes()[i].op().is_state() && read[i] {
+            inc[i] = true;
+        }
+    }
+    let read = reads(&inc);
+    let remote: Vec<bool> = (0..n)
+        .map(|i| !inc[i] && !graph.nodes()[i].op().is_update() && read[i])
+        .collect();
+    let offloaded: Vec<bool> = (0..n)
+        .map(|i| {
+            opts.offload_optimizer_state
+                && inc[i]
+                && graph.nodes()[i].roles().contains(Roles::OPTIMIZER_STATE)
+                && graph.nodes()[i].shape().rank() > 0
+        })
+        .collect();
+    let mut l = Lowering {
+        cfg,
+        plan,
+        graph,
+        opts,
+        tensors: Vec::with_capacity(n * 2),
+        steps: Vec::new(),
+        node_steps: Vec::with_capacity(n),
+        cursor: 0,
+        mm: matmul::Plans::default(),
+        include: inc,
+        remote,
+        offloaded,
+    };
+    l.map_graph_tensors();
+    for i in graph.ids() {
+        let start = l.steps.len();
+        l.lower_node(i);
+        l.node_steps.push((start, l.steps.len()));
+    }
+    liveness(&mut l);
+    Program {
+        tiles: cfg.tiles,
+        tensors: l.tensors,
+        steps: l.steps,
+        node_steps: l.node_steps,
+        node_names: graph.nodes().iter().map(|n| n.name().to_string()).collect(),
+        forward_nodes: graph.forward_len(),
+    }
+}
+
+/// Live ranges in program steps: graph tensors from their plan slots, temporaries from the
+/// first step that touches them to the last.
+fn liveness<S: Storage>(l: &mut Lowering<'_, S>) {
+    let (graph, plan) = (l.graph, l.plan);
+    let n_graph = graph.len();
+    let last_step = l.steps.len().saturating_sub(1);
+    let step_range = |first_node: usize, last_node: usize, ns: &[(usize, usize)]| {
+        let s = ns[first_node].0;
+        let e = ns[last_node].1.max(s + 1) - 1;
+        (s, e.min(last_step))
+    };
+    // For offloaded state: the first and last node that reads it.
+    let mut users: Vec<Option<(usize, usize)>> = vec![None; n_graph];
+    for (c, node) in graph.nodes().iter().enumerate() {
+        for &o in node.op().operands().as_slice() {
+            let u = &mut users[o.index()];
+            *u = Some(u.map_or((c, c), |(a, _)| (a, c)));
+        }
+    }
+    for (i, slot) in plan.slots().iter().enumerate() {
+        l.tensors[i].live = match slot.place {
+            // Offloaded state is on its tiles only while the ops that use it run.
+            Place::State if l.offloaded[i] => users[i]
+                .map(|(a, b)| step_range(a, b, &l.node_steps))
+                .unwrap_or((0, 0)),
+            Place::State => (0, last_step),
+            _ => step_range(
+                if graph.nodes()[i].op() == &Op::Input {
+                    0
+                } else {
+                    slot.first
+                },
+                slot.last,
+                &l.node_steps,
+            ),
+        };
+    }
+    let mut first = vec![usize::MAX; l.tensors.len()];
+    let mut last = vec![0usize; l.tensors.len()];
+    for (s, step) in l.steps.iter().enumerate() {
+        let mut touch = |t: TensorId| {
+            let t = t.index();
+            if t >= n_graph {
+                first[t] = first[t].min(s);
+                last[t] = last[t].max(s);
+            }
+        };
+        match step {
+            Step::Compute(cs) => {
+                for v in &cs.vertices {
+                    v.reads
+                        .iter()
+                        .chain(&v.writes)
+                        .for_each(|r| touch(r.tensor));
+                }
+            }
+            Step::Exchange { transfers, .. } => {
+                transfers.iter().for_each(|t| touch(t.region.tensor))
+            }
+            _ => {}
+        }
+    }
+    for t in n_graph..l.tensors.len() {
+        l.tensors[t].live = (first[t].min(last[t]), last[t]);
+    }
+}
+
+/// The regions of a broadcast operand (of shape `from`) that elements `start .. start + len`
+/// of the output (of shape `to`) read: one span per run along the output's last axis.
+pub(crate) fn broadcast_reads(
+    t: TensorId,
+    from: tessera_core::Shape,
+    to: tessera_core::Shape,
+    start: u64,
+    len: u64,
+) -> Vec<Region> {
+    if from == to {
+        return vec![Region::span(t, start, len)];
+    }
+    if from.elements() == 1 {
+        return vec![Region::span(t, 0, 1)];
+    }
+    let rank = to.rank();
+    let pad = rank - from.rank();
+    // Operand strides in output coordinates (0 on broadcast axes).
+    let mut strides = vec![0u64; rank];
+    let mut s = 1u64;
+    for i in (0..rank).rev() {
+        let d = if i >= pad { from.dim(i - pad) } else { 1 } as u64;
+        strides[i] = if d == 1 && to.dim(i) != 1 { 0 } else { s };
+        s *= d;
+    }
+    let cols = to.last() as u64;
+    let mut out: Vec<Region> = Vec::new();
+    for (row, c0, c1) in row_segments(start, len, cols) {
+        // The operand offset of (row, c0).
+        let mut rem = row;
+        let mut off = c0 * strides[rank - 1];
+        for i in (0..rank - 1).rev() {
+            let d = to.dim(i) as u64;
+            off += (rem % d) * strides[i];
+            rem /= d;
+        }
+        let r = if strides[rank - 1] == 0 {
+            Region::span(t, off, 1)
+        } else {
+            Region::span(t, off, c1 - c0)
+        };
+        if out.last() != Some(&r) {
+            out.push(r);
+        }
+    }
+    out
+}
