@@ -322,6 +322,17 @@ pub enum RunError {
     },
     /// `train_step` on a plan with no backward pass.
     NotATrainingPlan,
+    /// An index outside its table reached a gather or a scatter.
+    IndexOutOfRange {
+        /// The node.
+        node: Name,
+        /// Position in the indices.
+        position: usize,
+        /// The index found.
+        index: i64,
+        /// Rows of the table.
+        len: usize,
+    },
 }
 
 impl fmt::Display for RunError {
@@ -359,6 +370,15 @@ impl fmt::Display for RunError {
             } => write!(
                 f,
                 "`{node}`: label {label} in row {row} is outside 0..{classes}"
+            ),
+            RunError::IndexOutOfRange {
+                node,
+                position,
+                index,
+                len,
+            } => write!(
+                f,
+                "`{node}`: index {index} at position {position} is outside 0..{len}"
             ),
             RunError::NotATrainingPlan => {
                 f.write_str("this plan has no backward pass; differentiate the graph first")

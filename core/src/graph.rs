@@ -434,6 +434,20 @@ impl<S: Storage> Graph<S> {
         self.push(n, Op::Variable { init }, shape, dtype, Roles::TRAINABLE)
     }
 
+    /// State the graph updates itself but does not train (running averages, counters): a
+    /// variable with [`Roles::STATE`] instead of [`Roles::TRAINABLE`].
+    pub fn state(
+        &mut self,
+        name: &str,
+        dims: &[usize],
+        dtype: DType,
+        init: Init,
+    ) -> Result<NodeId, GraphError> {
+        let n = self.check_name(name)?;
+        let shape = Self::shape_of(name, dims)?;
+        self.push(n, Op::Variable { init }, shape, dtype, Roles::STATE)
+    }
+
     /// A constant tensor, every element `value`.
     pub fn constant(
         &mut self,

@@ -7,8 +7,9 @@
 
 use crate::graph::{Init, NodeId};
 use crate::ops::{
-    elementwise::Elementwise, layout::Layout, loss::Loss, matmul::MatMul, reduce::Reduce,
-    softmax::Softmax, update::Update,
+    conv::Conv, elementwise::Elementwise, gather::Gather, layout::Layout, loss::Loss,
+    matmul::MatMul, norm::Norm, pool::Pool, random::Random, reduce::Reduce, softmax::Softmax,
+    update::Update,
 };
 
 /// What a node computes. Operands are [`NodeId`]s of earlier nodes.
@@ -40,6 +41,16 @@ pub enum Op {
     Reduce(Reduce),
     /// Data movement: views (reshape), transpose, concat, slice, taps.
     Layout(Layout),
+    /// Convolutions and their input and weight gradients.
+    Conv(Conv),
+    /// Max and average pooling and their gradients.
+    Pool(Pool),
+    /// Normalisation over chosen axes (batch, layer and group norms build on it).
+    Norm(Norm),
+    /// Gather (embedding lookup), its scatter-add gradient, one-hot.
+    Gather(Gather),
+    /// Seeded random masks (dropout).
+    Random(Random),
     /// In-place updates of state: optimizers, counters, accumulators.
     Update(Update),
 }
@@ -83,6 +94,11 @@ impl Op {
             Op::Loss(l) => l.name(),
             Op::Reduce(r) => r.name(),
             Op::Layout(l) => l.name(),
+            Op::Conv(c) => c.name(),
+            Op::Pool(p) => p.name(),
+            Op::Norm(n) => n.name(),
+            Op::Gather(g) => g.name(),
+            Op::Random(r) => r.name(),
             Op::Update(u) => u.name(),
         }
     }
@@ -97,6 +113,11 @@ impl Op {
             Op::Loss(l) => l.operands(),
             Op::Reduce(r) => r.operands(),
             Op::Layout(l) => l.operands(),
+            Op::Conv(c) => c.operands(),
+            Op::Pool(p) => p.operands(),
+            Op::Norm(n) => n.operands(),
+            Op::Gather(g) => g.operands(),
+            Op::Random(r) => r.operands(),
             Op::Update(u) => u.operands(),
         }
     }

@@ -30,6 +30,9 @@ bitflags::bitflags! {
         const UPDATE = 1 << 10;
         /// A gradient accumulator (state that sums micro-batches' gradients).
         const ACCUMULATOR = 1 << 11;
+        /// State the graph keeps but does not train: running averages of batch statistics,
+        /// random-number step counters.
+        const STATE = 1 << 12;
     }
 }
 
@@ -38,7 +41,8 @@ impl Roles {
     pub const ALWAYS_LIVE: Roles = Roles::TRAINABLE
         .union(Roles::OPTIMIZER_STATE)
         .union(Roles::CONSTANT)
-        .union(Roles::ACCUMULATOR);
+        .union(Roles::ACCUMULATOR)
+        .union(Roles::STATE);
 }
 
 #[cfg(feature = "defmt")]

@@ -120,7 +120,6 @@ pub(crate) struct Exec<'a, S: Storage> {
     pub(crate) out: &'a mut [u8],
     /// The node's workspace ([`crate::Slot::workspace_bytes`]); convolutions lay out
     /// unfolded patches there.
-    #[allow(dead_code)]
     pub(crate) work: &'a mut [u8],
 }
 

@@ -11,10 +11,15 @@ use crate::run::Exec;
 use crate::storage::Storage;
 use crate::{RunError, Shape, MAX_RANK};
 
+pub mod conv;
 pub mod elementwise;
+pub mod gather;
 pub mod layout;
 pub mod loss;
 pub mod matmul;
+pub mod norm;
+pub mod pool;
+pub mod random;
 pub mod reduce;
 pub mod softmax;
 pub mod update;
@@ -29,13 +34,20 @@ pub(crate) fn run<S: Storage>(node: &Node, ex: &mut Exec<'_, S>) -> Result<(), R
         Op::Loss(l) => loss::run(&l, node, ex),
         Op::Reduce(r) => reduce::run(&r, node, ex),
         Op::Layout(l) => layout::run(&l, node, ex),
+        Op::Conv(c) => conv::run(&c, node, ex),
+        Op::Pool(p) => pool::run(&p, node, ex),
+        Op::Norm(n) => norm::run(&n, node, ex),
+        Op::Gather(g) => gather::run(&g, node, ex),
+        Op::Random(r) => random::run(&r, node, ex),
     }
 }
 
 /// Bytes of arena workspace a node's kernel needs while it runs (0 for most ops).
 pub(crate) fn workspace_bytes<S: Storage>(graph: &crate::Graph<S>, node: &Node) -> usize {
-    let _ = (graph, node);
-    0
+    match node.op {
+        Op::Conv(c) => conv::workspace_bytes(graph, node, &c),
+        _ => 0,
+    }
 }
 
 /// Appends the gradient of node `id` (whose upstream gradient is `dy`) to the graph: the one
@@ -54,6 +66,12 @@ pub(crate) fn backward<S: Storage>(
         Op::Loss(l) => loss::backward(&l, bp, id, dy),
         Op::Reduce(r) => reduce::backward(&r, bp, id, dy),
         Op::Layout(l) => layout::backward(&l, bp, id, dy),
+        Op::Conv(c) => conv::backward(&c, bp, id, dy),
+        Op::Pool(p) => pool::backward(&p, bp, id, dy),
+        Op::Norm(n) => norm::backward(&n, bp, id, dy),
+        Op::Gather(g) => gather::backward(&g, bp, id, dy),
+        // A random mask depends on no variable.
+        Op::Random(_) => Ok(()),
         Op::Update(_) => Err(bp.not_differentiable(id)),
     }
 }

@@ -77,7 +77,7 @@ impl Reduce {
 }
 
 /// The shape of `s` reduced over `axes`.
-pub(crate) fn reduced(s: Shape, axes: Axes, keep_dims: bool) -> Shape {
+pub fn reduced(s: Shape, axes: Axes, keep_dims: bool) -> Shape {
     let mut d = [1usize; MAX_RANK];
     let mut r = 0;
     for (i, &x) in s.dims().iter().enumerate() {

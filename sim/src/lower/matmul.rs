@@ -1,10 +1,13 @@
-//! Matmuls on tiles, as poplibs plans them: each product `[m, k] x [k, n]` is split into a
+//! Products on tiles, as poplibs plans them: each product `[m, k] x [k, n]` is split into a
 //! grid of `pm x pk x pn` blocks, each block's partial product runs on one tile's AMP, and
 //! when `k` is split the fp32 partial sums are exchanged and reduced.
 //!
-//! A batched product is a set of independent groups (as poplibs treats grouped matmuls), each
-//! planned on its share of the tiles; when only the left operand has batch axes (a dense layer
-//! applied to a sequence) the batch folds into `m` and it is one plain product.
+//! A [`Product`] is any op that is such a product per group: matmuls (a batched product is a
+//! set of independent groups, as poplibs treats grouped matmuls, each planned on its share of
+//! the tiles; when only the left operand has batch axes the batch folds into `m`) and
+//! convolutions (`lower/conv.rs`: positions x patch elements x output channels, per channel
+//! group). A product says which elements each block reads and where its outputs live; the
+//! planning, the grid, the partial sums and their reduction are shared.
 
 use std::collections::HashMap;
 
@@ -14,27 +17,42 @@ use tessera_core::{DType, NodeId, Op, Shape, Storage};
 use super::{rect, Lowering};
 use crate::cost;
 use crate::matmul::{plan_matmul, MatMulPlan};
-use crate::program::{Codelet, Interval, Mapping, Region, TensorId, TileId, Vertex};
+use crate::program::{compress, Codelet, Interval, Mapping, Region, TensorId, TileId, Vertex};
+
+/// Element ranges `[start, end)`.
+pub(crate) type Range = (u64, u64);
+
+/// The regions a block (group, rows, reduction range, columns) reads.
+pub(crate) type BlockReads = Box<dyn Fn(usize, Range, Range, Range) -> Vec<Region>>;
+
+/// Element spans of a block of an operand or the output: (group, rows, columns).
+pub(crate) type BlockSpans = Box<dyn Fn(usize, Range, Range) -> Vec<(u64, u64)>>;
+
+/// An op that is a product per group, and how its blocks touch memory.
+pub(crate) struct Product {
+    /// Independent groups, each planned on `tiles_per_group` tiles.
+    pub groups: usize,
+    /// Rows, reduction length and columns of each group's product.
+    pub m: u64,
+    /// The reduction (`k`) length.
+    pub k: u64,
+    /// Columns.
+    pub n: u64,
+    /// Tiles each group's plan uses.
+    pub tiles_per_group: u64,
+    /// Whether the right-hand operand is a weight laid out by the plan.
+    pub b_resident: bool,
+    /// The regions a block (group, rows, reduction range, columns) reads.
+    pub reads: BlockReads,
+    /// Output element spans of (group, rows, columns).
+    pub out: BlockSpans,
+    /// Right-hand operand element spans of (group, reduction range, columns), when it can be
+    /// laid out by the plan.
+    pub b: Option<BlockSpans>,
+}
 
 /// Plans made so far, by node.
-pub(crate) type Plans = HashMap<NodeId, (Geometry, MatMulPlan)>;
-
-/// The shape of a (batched) product as the tiles see it.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Geometry {
-    /// Per group: the first element of its `a` matrix, of its `b` matrix and of its output.
-    groups: Vec<(u64, u64, u64)>,
-    m: u64,
-    k: u64,
-    n: u64,
-    /// Stored columns of `a` and `b` (their last axes).
-    a_cols: u64,
-    b_cols: u64,
-    ta: bool,
-    tb: bool,
-    /// Tiles each group's plan uses (its share).
-    tiles_per_group: u64,
-}
+pub(crate) type Plans = HashMap<NodeId, MatMulPlan>;
 
 /// The batch axes of a rank >= 2 shape, as dims.
 fn batch_dims(s: Shape) -> Vec<u64> {
@@ -44,7 +62,8 @@ fn batch_dims(s: Shape) -> Vec<u64> {
         .collect()
 }
 
-fn geometry<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &MatMul) -> Geometry {
+/// Matmul `i` as a product.
+fn matmul_product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &MatMul) -> Product {
     let (sa, sb, so) = (
         l.node(op.a).shape(),
         l.node(op.b).shape(),
@@ -62,116 +81,155 @@ fn geometry<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &MatMul) -> Geometry
     let tiles = u64::from(l.tile_count());
     let out_batch = batch_dims(so);
     let groups_total: u64 = out_batch.iter().product();
-    if sb.rank() == 2 && !ta {
+    // Per group: the first element of its a matrix, of its b matrix and of its output.
+    let (groups, m) = if sb.rank() == 2 && !ta {
         // The batch folds into m: one product of [batch * m, k] x [k, n].
-        return Geometry {
-            groups: vec![(0, 0, 0)],
-            m: m * groups_total,
-            k,
-            n,
-            a_cols,
-            b_cols,
-            ta,
-            tb,
-            tiles_per_group: tiles,
+        (vec![(0u64, 0u64, 0u64)], m * groups_total)
+    } else {
+        let (ab, bb) = (batch_dims(sa), batch_dims(sb));
+        let r = out_batch.len();
+        let strides = |dims: &[u64]| {
+            let pad = r - dims.len();
+            let mut st = vec![0u64; r];
+            let mut s = 1;
+            for i in (0..r).rev() {
+                let d = if i >= pad { dims[i - pad] } else { 1 };
+                st[i] = if d == 1 && out_batch[i] != 1 { 0 } else { s };
+                s *= d;
+            }
+            st
         };
-    }
-    // Each output batch element: the a and b matrices it reads (numpy broadcasting).
-    let (ab, bb) = (batch_dims(sa), batch_dims(sb));
-    let r = out_batch.len();
-    let strides = |dims: &[u64]| {
-        let pad = r - dims.len();
-        let mut st = vec![0u64; r];
-        let mut s = 1;
-        for i in (0..r).rev() {
-            let d = if i >= pad { dims[i - pad] } else { 1 };
-            st[i] = if d == 1 && out_batch[i] != 1 { 0 } else { s };
-            s *= d;
-        }
-        st
+        let (sa_, sb_) = (strides(&ab), strides(&bb));
+        let groups = (0..groups_total)
+            .map(|g| {
+                let (mut rem, mut ia, mut ib) = (g, 0, 0);
+                for d in (0..r).rev() {
+                    let c = rem % out_batch[d];
+                    rem /= out_batch[d];
+                    ia += c * sa_[d];
+                    ib += c * sb_[d];
+                }
+                (ia * a_rows * a_cols, ib * b_rows * b_cols, g * m * n)
+            })
+            .collect::<Vec<_>>();
+        (groups, m)
     };
-    let (sa_, sb_) = (strides(&ab), strides(&bb));
-    let mut groups = Vec::with_capacity(groups_total as usize);
-    for g in 0..groups_total {
-        let (mut rem, mut ia, mut ib) = (g, 0, 0);
-        for d in (0..r).rev() {
-            let c = rem % out_batch[d];
-            rem /= out_batch[d];
-            ia += c * sa_[d];
-            ib += c * sb_[d];
-        }
-        groups.push((ia * a_rows * a_cols, ib * b_rows * b_cols, g * m * n));
-    }
-    Geometry {
-        groups,
+    let single = groups.len() == 1;
+    let (at, bt) = (l.t(op.a), l.t(op.b));
+    let g1 = groups.clone();
+    let g2 = groups.clone();
+    let block = move |t: TensorId, base: u64, r: Range, c: Range, cols: u64| {
+        Region::strided(t, base + r.0 * cols + c.0, c.1 - c.0, r.1 - r.0, cols)
+    };
+    Product {
+        groups: groups.len(),
         m,
         k,
         n,
-        a_cols,
-        b_cols,
-        ta,
-        tb,
-        tiles_per_group: (tiles / groups_total.max(1)).max(1),
+        tiles_per_group: if single {
+            tiles
+        } else {
+            (tiles / groups_total.max(1)).max(1)
+        },
+        b_resident: single && l.node(op.b).op().is_state() && l.first_consumer(op.b) == Some(i),
+        reads: Box::new(move |g, rm, rk, rn| {
+            let (abase, bbase, _) = g1[g];
+            let a = if ta {
+                block(at, abase, rk, rm, a_cols)
+            } else {
+                block(at, abase, rm, rk, a_cols)
+            };
+            let b = if tb {
+                block(bt, bbase, rn, rk, b_cols)
+            } else {
+                block(bt, bbase, rk, rn, b_cols)
+            };
+            vec![a, b]
+        }),
+        out: Box::new(move |g, rm, rn| {
+            let base = g2[g].2;
+            rect(rm.0, rm.1, rn.0, rn.1, n)
+                .map(|(s, len)| (base + s, len))
+                .collect()
+        }),
+        b: single.then(|| {
+            Box::new(move |_: usize, rk: Range, rn: Range| {
+                if tb {
+                    rect(rn.0, rn.1, rk.0, rk.1, b_cols).collect()
+                } else {
+                    rect(rk.0, rk.1, rn.0, rn.1, b_cols).collect()
+                }
+            }) as BlockSpans
+        }),
     }
 }
 
-/// The geometry and plan of matmul `i`.
-pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> (Geometry, MatMulPlan) {
-    if let Some(p) = l.mm.get(&i) {
-        return p.clone();
+/// Node `i` as a product (a matmul or a convolution).
+pub(crate) fn product_of<S: Storage>(l: &Lowering<'_, S>, i: NodeId) -> Option<Product> {
+    match *l.node(i).op() {
+        Op::MatMul(m) => Some(matmul_product(l, i, &m)),
+        Op::Conv(c) => Some(super::conv::product(l, i, &c)),
+        _ => None,
     }
-    let Op::MatMul(op) = *l.node(i).op() else {
-        unreachable!("plan_of is only called on matmuls")
-    };
-    let g = geometry(l, i, &op);
-    let b_resident =
-        g.groups.len() == 1 && l.node(op.b).op().is_state() && l.first_consumer(op.b) == Some(i);
-    let p = plan_matmul(
+}
+
+/// The plan of product `i`.
+pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Product) -> MatMulPlan {
+    if let Some(plan) = l.mm.get(&i) {
+        return *plan;
+    }
+    let plan = plan_matmul(
         l.cfg,
-        g.m,
-        g.k,
-        g.n,
+        p.m,
+        p.k,
+        p.n,
         l.node(i).dtype(),
-        b_resident,
-        g.tiles_per_group,
+        p.b_resident,
+        p.tiles_per_group,
     );
-    l.mm.insert(i, (g.clone(), p));
-    (g, p)
+    l.mm.insert(i, plan);
+    plan
 }
 
-/// Whether matmul `i` is one plain product (so its right-hand operand can be laid out by it).
-pub(super) fn single_product<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> bool {
-    plan_of(l, i).0.groups.len() == 1
+/// Whether product `i` can lay out its right-hand operand (a weight).
+pub(super) fn lays_out_b<S: Storage>(l: &Lowering<'_, S>, i: NodeId) -> bool {
+    product_of(l, i).is_some_and(|p| p.b.is_some())
 }
 
 /// The tile of block `grid` of group `g`.
-fn tile(g: usize, grid: u64, geo: &Geometry, tiles: u32) -> TileId {
-    TileId::wrapping(g as u64 * geo.tiles_per_group + grid, tiles)
+fn tile(g: usize, grid: u64, p: &Product, tiles: u32) -> TileId {
+    TileId::wrapping(g as u64 * p.tiles_per_group + grid, tiles)
 }
 
-/// The mapping of the right-hand operand of matmul `mm` by its plan: block (ik, in) on the
-/// tile of grid (0, ik, in).
-pub(super) fn b_mapping<S: Storage>(l: &mut Lowering<'_, S>, mm: NodeId) -> Mapping {
-    let (geo, p) = plan_of(l, mm);
-    let (k, n, cols) = (geo.k, geo.n, geo.b_cols);
+fn range(i: u64, block: u64, len: u64) -> Range {
+    (i * block, ((i + 1) * block).min(len))
+}
+
+/// The mapping of the right-hand operand of product `i` by its plan: block (ik, in) of every
+/// group on the tile of grid (0, ik, in).
+pub(super) fn b_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> Mapping {
+    let Some(p) = product_of(l, i) else {
+        return Mapping::default();
+    };
+    let plan = plan_of(l, i, &p);
+    let Some(spans) = &p.b else {
+        return Mapping::default();
+    };
     let mut iv = Vec::new();
-    for ik in 0..p.pk {
-        let (k0, k1) = (ik * p.bk, ((ik + 1) * p.bk).min(k));
-        for i_n in 0..p.pn {
-            let (n0, n1) = (i_n * p.bn, ((i_n + 1) * p.bn).min(n));
-            if k0 >= k1 || n0 >= n1 {
-                continue;
+    for g in 0..p.groups {
+        for ik in 0..plan.pk {
+            for i_n in 0..plan.pn {
+                let (rk, rn) = (range(ik, plan.bk, p.k), range(i_n, plan.bn, p.n));
+                if rk.0 >= rk.1 || rn.0 >= rn.1 {
+                    continue;
+                }
+                let tile = tile(g, plan.grid(0, ik, i_n), &p, l.tile_count());
+                iv.extend(spans(g, rk, rn).into_iter().map(|(start, len)| Interval {
+                    tile,
+                    start,
+                    len,
+                }));
             }
-            let tile = tile(0, p.grid(0, ik, i_n), &geo, l.tile_count());
-            let segs: Vec<(u64, u64)> = if geo.tb {
-                rect(n0, n1, k0, k1, cols).collect()
-            } else {
-                rect(k0, k1, n0, n1, cols).collect()
-            };
-            iv.extend(
-                segs.into_iter()
-                    .map(|(start, len)| Interval { tile, start, len }),
-            );
         }
     }
     Mapping::from_intervals(iv)
@@ -191,33 +249,39 @@ fn reduce_share(rows: u64, cols: u64, q: u64, pk: u64) -> Option<(u64, u64, u64,
     }
 }
 
-/// The mapping of matmul `i`'s output: where its final values are written.
-pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> Mapping {
-    let (geo, p) = plan_of(l, i);
-    let (m, k, n) = (geo.m, geo.k, geo.n);
-    let mut iv = Vec::new();
-    for (g, &(_, _, base)) in geo.groups.iter().enumerate() {
-        for im in 0..p.pm {
-            for i_n in 0..p.pn {
-                let (m0, m1) = (im * p.bm, ((im + 1) * p.bm).min(m));
-                let (n0, n1) = (i_n * p.bn, ((i_n + 1) * p.bn).min(n));
-                if m0 >= m1 || n0 >= n1 {
+/// Output blocks (group, im, in, rows, cols) and, for each, the pk tiles that own a share.
+fn output_shares(p: &Product, plan: &MatMulPlan) -> Vec<(usize, u64, u64, Range, Range, u64)> {
+    let mut v = Vec::new();
+    for g in 0..p.groups {
+        for im in 0..plan.pm {
+            for i_n in 0..plan.pn {
+                let (rm, rn) = (range(im, plan.bm, p.m), range(i_n, plan.bn, p.n));
+                if rm.0 >= rm.1 || rn.0 >= rn.1 {
                     continue;
                 }
-                let pk_here = (0..p.pk).filter(|&q| q * p.bk < k).count() as u64;
-                for ik in 0..pk_here {
-                    let Some((r0, r1, c0, c1)) = reduce_share(m1 - m0, n1 - n0, ik, pk_here) else {
-                        continue;
-                    };
-                    let tile = tile(g, p.grid(im, ik, i_n), &geo, l.tile_count());
-                    for (start, len) in rect(m0 + r0, m0 + r1, n0 + c0, n0 + c1, n) {
-                        iv.push(Interval {
-                            tile,
-                            start: base + start,
-                            len,
-                        });
-                    }
-                }
+                let pk_here = (0..plan.pk).filter(|&q| q * plan.bk < p.k).count() as u64;
+                v.push((g, im, i_n, rm, rn, pk_here));
+            }
+        }
+    }
+    v
+}
+
+/// The mapping of product `i`'s output: where its final values are written.
+pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> Mapping {
+    let Some(p) = product_of(l, i) else {
+        return Mapping::default();
+    };
+    let plan = plan_of(l, i, &p);
+    let mut iv = Vec::new();
+    for (g, im, i_n, rm, rn, pk_here) in output_shares(&p, &plan) {
+        for ik in 0..pk_here {
+            let Some((r0, r1, c0, c1)) = reduce_share(rm.1 - rm.0, rn.1 - rn.0, ik, pk_here) else {
+                continue;
+            };
+            let tile = tile(g, plan.grid(im, ik, i_n), &p, l.tile_count());
+            for (start, len) in (p.out)(g, (rm.0 + r0, rm.0 + r1), (rn.0 + c0, rn.0 + c1)) {
+                iv.push(Interval { tile, start, len });
             }
         }
     }
@@ -231,71 +295,65 @@ struct Block {
     im: u64,
     ik: u64,
     i_n: u64,
-    m: (u64, u64),
-    k: (u64, u64),
-    n: (u64, u64),
+    m: Range,
+    k: Range,
+    n: Range,
 }
 
-pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &MatMul) {
+/// Lowers product `i`: partial products on the AMP, then (when `k` is split) the reduction.
+pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
+    let Some(p) = product_of(l, i) else {
+        return;
+    };
     let cfg = l.cfg;
-    let (geo, p) = plan_of(l, i);
+    let plan = plan_of(l, i, &p);
     let dt = l.node(i).dtype();
-    let (m, k, n) = (geo.m, geo.k, geo.n);
     let tiles = l.tile_count();
-    let (at, bt, out) = (l.t(op.a), l.t(op.b), l.t(i));
+    let out = l.t(i);
     let mut blocks = Vec::new();
-    for g in 0..geo.groups.len() {
-        for im in 0..p.pm {
-            for ik in 0..p.pk {
-                for i_n in 0..p.pn {
-                    let (m0, m1) = (im * p.bm, ((im + 1) * p.bm).min(m));
-                    let (k0, k1) = (ik * p.bk, ((ik + 1) * p.bk).min(k));
-                    let (n0, n1) = (i_n * p.bn, ((i_n + 1) * p.bn).min(n));
-                    if m0 < m1 && k0 < k1 && n0 < n1 {
+    for g in 0..p.groups {
+        for im in 0..plan.pm {
+            for ik in 0..plan.pk {
+                for i_n in 0..plan.pn {
+                    let (m, k, n) = (
+                        range(im, plan.bm, p.m),
+                        range(ik, plan.bk, p.k),
+                        range(i_n, plan.bn, p.n),
+                    );
+                    if m.0 < m.1 && k.0 < k.1 && n.0 < n.1 {
                         blocks.push(Block {
                             g,
                             im,
                             ik,
                             i_n,
-                            m: (m0, m1),
-                            k: (k0, k1),
-                            n: (n0, n1),
+                            m,
+                            k,
+                            n,
                         });
                     }
                 }
             }
         }
     }
-    // Each block reads one strided region of each operand.
-    let block = |t: TensorId, base: u64, r: (u64, u64), c: (u64, u64), cols: u64| {
-        Region::strided(t, base + r.0 * cols + c.0, c.1 - c.0, r.1 - r.0, cols)
-    };
-    let reads_of = |b: &Block| {
-        let (abase, bbase, _) = geo.groups[b.g];
-        let a = if geo.ta {
-            block(at, abase, b.k, b.m, geo.a_cols)
-        } else {
-            block(at, abase, b.m, b.k, geo.a_cols)
-        };
-        let bb = if geo.tb {
-            block(bt, bbase, b.n, b.k, geo.b_cols)
-        } else {
-            block(bt, bbase, b.k, b.n, geo.b_cols)
-        };
-        vec![a, bb]
-    };
-    let tile_of = |b: &Block| tile(b.g, p.grid(b.im, b.ik, b.i_n), &geo, tiles);
+    let tile_of = |b: &Block| tile(b.g, plan.grid(b.im, b.ik, b.i_n), &p, tiles);
     let amp =
         |b: &Block| cost::matmul_amp_cycles(cfg, b.m.1 - b.m.0, b.k.1 - b.k.0, b.n.1 - b.n.0, dt);
-    if p.pk == 1 {
+    let spans = |t: TensorId, s: Vec<(u64, u64)>| {
+        compress(
+            s.into_iter()
+                .map(|(a, len)| Region::span(t, a, len))
+                .collect(),
+        )
+    };
+    if plan.pk == 1 {
         let vertices = blocks
             .iter()
             .map(|b| Vertex {
                 tile: tile_of(b),
                 codelet: Codelet::MatMulPartial,
                 cycles: amp(b),
-                reads: reads_of(b),
-                writes: vec![block(out, geo.groups[b.g].2, b.m, b.n, n)],
+                reads: compress((p.reads)(b.g, b.m, b.k, b.n)),
+                writes: spans(out, (p.out)(b.g, b.m, b.n)),
             })
             .collect();
         l.compute(i, "matmul", vertices);
@@ -328,7 +386,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &MatMul)
             tile: tile_of(b),
             codelet: Codelet::MatMulPartial,
             cycles: amp(b),
-            reads: reads_of(b),
+            reads: compress((p.reads)(b.g, b.m, b.k, b.n)),
             writes: vec![Region::span(
                 partials,
                 offsets[&(b.g, b.im, b.ik, b.i_n)],
@@ -339,7 +397,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &MatMul)
     l.compute(i, "partials", vertices);
     let mut vertices = Vec::new();
     for b in &blocks {
-        let pk_here = (0..p.pk)
+        let pk_here = (0..plan.pk)
             .filter(|&q| offsets.contains_key(&(b.g, b.im, q, b.i_n)))
             .count() as u64;
         let (rows, cols) = (b.m.1 - b.m.0, b.n.1 - b.n.0);
@@ -347,18 +405,14 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &MatMul)
             continue;
         };
         // The same rectangle of every partial block of this output block.
-        let reads = (0..p.pk)
+        let reads = (0..plan.pk)
             .filter_map(|q| offsets.get(&(b.g, b.im, q, b.i_n)))
             .map(|&off| Region::strided(partials, off + r0 * cols + c0, c1 - c0, r1 - r0, cols))
             .collect();
-        let base = geo.groups[b.g].2;
-        let writes = vec![Region::strided(
+        let writes = spans(
             out,
-            base + (b.m.0 + r0) * n + b.n.0 + c0,
-            c1 - c0,
-            r1 - r0,
-            n,
-        )];
+            (p.out)(b.g, (b.m.0 + r0, b.m.0 + r1), (b.n.0 + c0, b.n.0 + c1)),
+        );
         vertices.push(Vertex {
             tile: tile_of(b),
             codelet: Codelet::Reduce,

@@ -23,10 +23,15 @@ use crate::program::{
     Step, TensorClass, TensorId, TileId, Vertex,
 };
 
+mod conv;
 mod elementwise;
+mod gather;
 mod layout;
 mod loss;
 mod matmul;
+mod norm;
+mod pool;
+mod random;
 mod reduce;
 mod softmax;
 mod update;
@@ -129,7 +134,13 @@ impl<'a, S: Storage> Lowering<'a, S> {
     /// A linear mapping with chunks of at least `min_chunk_bytes`, multiples of `grain`. Rows
     /// of `cols` elements are cut at the same places in every row (chunks that divide the row,
     /// or whole rows), so blocks of the matrix read as strided regions.
-    fn linear(&mut self, elements: u64, elem_bytes: u64, grain: u64, cols: u64) -> Mapping {
+    pub(crate) fn linear(
+        &mut self,
+        elements: u64,
+        elem_bytes: u64,
+        grain: u64,
+        cols: u64,
+    ) -> Mapping {
         let mut min_chunk = self.opts.min_chunk_bytes.div_ceil(elem_bytes.max(1));
         let per = elements
             .div_ceil(u64::from(self.tile_count().max(1)))
@@ -336,7 +347,11 @@ impl<'a, S: Storage> Lowering<'a, S> {
             }),
             Op::Variable { .. } | Op::Constant { .. } => {}
             Op::Elementwise(e) => elementwise::lower(self, i, &e),
-            Op::MatMul(m) => matmul::lower(self, i, &m),
+            Op::MatMul(_) | Op::Conv(_) => matmul::lower(self, i),
+            Op::Pool(p) => pool::lower(self, i, &p),
+            Op::Norm(n) => norm::lower(self, i, &n),
+            Op::Gather(g) => gather::lower(self, i, &g),
+            Op::Random(r) => random::lower(self, i, &r),
             Op::Softmax(s) => softmax::lower(self, i, &s),
             Op::Loss(l) => loss::lower(self, i, &l),
             Op::Reduce(r) => reduce::lower(self, i, &r),
@@ -369,7 +384,10 @@ impl<'a, S: Storage> Lowering<'a, S> {
         match node.op() {
             Op::Input | Op::Variable { .. } | Op::Constant { .. } => Placement::Rows(1),
             Op::Elementwise(e) => elementwise::placement(self, node, e),
-            Op::MatMul(_) => Placement::Own,
+            Op::MatMul(_) | Op::Conv(_) => Placement::Own,
+            Op::Norm(n) => Placement::Like(n.operands().as_slice()[0]),
+            Op::Gather(g) => gather::placement(node, g),
+            Op::Pool(_) | Op::Random(_) => Placement::Rows(1),
             Op::Softmax(s) => softmax::placement(node, s),
             Op::Loss(l) => loss::placement(node, l),
             Op::Reduce(_) => Placement::Rows(1),
@@ -406,8 +424,8 @@ impl<'a, S: Storage> Lowering<'a, S> {
             } else if !self.include[k] {
                 // A copy of another IPU's tensor, spread like any new tensor.
                 self.linear(elements, es, 1, cols)
-            } else if let Some(mm) = self.weight_consumer(i) {
-                matmul::b_mapping(self, mm)
+            } else if let Some(product) = self.weight_consumer(i) {
+                matmul::b_mapping(self, product)
             } else if let Some(var) = self.state_owner(i) {
                 self.tensors[var.index()].mapping.clone()
             } else {
@@ -439,10 +457,12 @@ impl<'a, S: Storage> Lowering<'a, S> {
             return None;
         }
         let c = self.first_consumer(i)?;
-        match self.node(c).op() {
-            Op::MatMul(m) if m.b == i && matmul::single_product(self, c) => Some(c),
-            _ => None,
-        }
+        let right_hand = match self.node(c).op() {
+            Op::MatMul(m) => m.b == i,
+            Op::Conv(tessera_core::ops::conv::Conv::Forward { w, .. }) => *w == i,
+            _ => false,
+        };
+        (right_hand && matmul::lays_out_b(self, c)).then_some(c)
     }
 
     /// The variable whose update uses optimizer-state or accumulator tensor `i`, if any.

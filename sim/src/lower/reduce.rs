@@ -23,7 +23,7 @@ fn strides(s: Shape) -> Vec<u64> {
 
 /// The regions of `x` (shape `sx`) that output elements `start .. start + len` of a reduction
 /// over `axes` read.
-fn reads(
+pub(super) fn reads(
     x: TensorId,
     sx: Shape,
     axes: tessera_core::ops::Axes,

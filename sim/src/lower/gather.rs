@@ -1,0 +1,95 @@
+//! Gathers on tiles. Which table row an output row reads is data, unknown when the program is
+//! lowered; the estimate stands in row `i mod rows` for output row `i` (spreading lookups over
+//! the table's tiles as random indices do), copies each row where the output lives, and for
+//! the scatter-add gradient zeroes the table and adds each gradient row where its table row
+//! lives (poplibs' multiSlice and multiUpdateAdd do the same work, planned over the table).
+
+use tessera_core::ops::gather::Gather;
+use tessera_core::{NodeId, Storage};
+
+use super::{row_segments, Lowering, Placement};
+use crate::cost::{self, UnaryKind};
+use crate::program::{Codelet, Region};
+
+pub(super) fn placement(node: &tessera_core::Node, op: &Gather) -> Placement {
+    match op {
+        Gather::Rows { .. } | Gather::ScatterAdd { .. } | Gather::OneHot { .. } => {
+            Placement::Rows(node.shape().last() as u64)
+        }
+    }
+}
+
+pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Gather) {
+    let cfg = l.cfg;
+    let node = l.node(i);
+    let (dt, so) = (node.dtype(), node.shape());
+    let out = l.t(i);
+    match *op {
+        Gather::Rows { table, indices } => {
+            let (tt, it) = (l.t(table), l.t(indices));
+            let st = l.node(table).shape();
+            let (rows, row) = (st.dim(0) as u64, (st.elements() / st.dim(0)) as u64);
+            l.per_tile(
+                i,
+                "gather",
+                out,
+                Codelet::Copy,
+                move |n| UnaryKind::Copy.cycles(cfg, n, dt),
+                |iv| {
+                    let mut reads = Vec::new();
+                    for (r, c0, c1) in row_segments(iv.start, iv.len, row) {
+                        reads.push(Region::span(it, r, 1));
+                        reads.push(Region::span(tt, (r % rows) * row + c0, c1 - c0));
+                    }
+                    (reads, vec![Region::span(out, iv.start, iv.len)])
+                },
+            );
+        }
+        Gather::ScatterAdd { dy, indices } => {
+            let (gt, it) = (l.t(dy), l.t(indices));
+            let n_idx = l.node(indices).shape().elements() as u64;
+            let (rows, row) = (so.dim(0) as u64, (so.elements() / so.dim(0)) as u64);
+            l.per_tile(
+                i,
+                "scatter_add",
+                out,
+                Codelet::Update,
+                move |n| {
+                    // Zero the table's share, then add the gradient rows that land on it.
+                    let hits = n * n_idx.div_ceil(rows);
+                    UnaryKind::Copy.cycles(cfg, n, dt) + cost::scaled_add_cycles(cfg, hits, dt)
+                },
+                |iv| {
+                    let mut reads = Vec::new();
+                    for (r, c0, c1) in row_segments(iv.start, iv.len, row) {
+                        let mut j = r;
+                        while j < n_idx {
+                            reads.push(Region::span(it, j, 1));
+                            reads.push(Region::span(gt, j * row + c0, c1 - c0));
+                            j += rows;
+                        }
+                    }
+                    (reads, vec![Region::span(out, iv.start, iv.len)])
+                },
+            );
+        }
+        Gather::OneHot { indices } => {
+            let it = l.t(indices);
+            let depth = so.last() as u64;
+            l.elementwise(
+                i,
+                out,
+                &[],
+                Codelet::Copy,
+                move |n| UnaryKind::Copy.cycles(cfg, n, dt),
+                move |s, len| {
+                    vec![Region::span(
+                        it,
+                        s / depth,
+                        (s + len).div_ceil(depth) - s / depth,
+                    )]
+                },
+            );
+        }
+    }
+}

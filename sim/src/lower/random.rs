@@ -1,0 +1,26 @@
+//! Random masks on tiles: element-wise, each tile drawing its own elements' mask from the
+//! shared seed and step counter.
+
+use tessera_core::ops::random::Random;
+use tessera_core::{NodeId, Storage};
+
+use super::Lowering;
+use crate::cost::UnaryKind;
+use crate::program::{Codelet, Region};
+
+pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Random) {
+    let cfg = l.cfg;
+    let dt = l.node(i).dtype();
+    let Random::KeepMask { counter, .. } = *op;
+    let (out, ct) = (l.t(i), l.t(counter));
+    // Estimate: a hash and a compare per element cost about a transcendental (8 cycles per
+    // vector); the tile also has a hardware random-number generator poplibs uses instead.
+    l.elementwise(
+        i,
+        out,
+        &[],
+        Codelet::Unary,
+        move |n| UnaryKind::Sigmoid.cycles(cfg, n, dt),
+        move |_, _| vec![Region::span(ct, 0, 1)],
+    );
+}
