@@ -77,3 +77,526 @@ impl<S: Storage> Graph<S> {
         self.activation(name, out, activation)
     }
 }
+
+/// The outputs of an LSTM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LstmOutputs {
+    /// Every step's hidden state.
+    pub sequence: NodeId,
+    /// The last hidden state.
+    pub hidden: NodeId,
+    /// The last cell state.
+    pub cell: NodeId,
+}
+
+/// Gate positions within the `4 * hidden` gate axis: input, forget, cell, output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Gates {
+    i: usize,
+    f: usize,
+    c: usize,
+    o: usize,
+}
+
+/// ONNX's order: input, output, forget, cell.
+const ONNX_GATES: Gates = Gates {
+    i: 0,
+    o: 1,
+    f: 2,
+    c: 3,
+};
+
+/// Keras' order: input, forget, cell, output.
+const KERAS_GATES: Gates = Gates {
+    i: 0,
+    f: 1,
+    c: 2,
+    o: 3,
+};
+
+/// Convolution layer settings (Keras' `Conv2D` arguments).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Conv2dLayer {
+    /// Output channels.
+    pub filters: usize,
+    /// `[height, width]` of the kernel.
+    pub kernel: [usize; 2],
+    /// `[vertical, horizontal]` stride.
+    pub strides: [u32; 2],
+    /// `valid`, `same` or explicit.
+    pub padding: crate::ops::conv::Padding,
+    /// `[vertical, horizontal]` dilation.
+    pub dilation: [u32; 2],
+    /// Channel groups.
+    pub groups: u32,
+    /// Activation after the bias.
+    pub activation: Activation,
+    /// Whether there is a bias.
+    pub use_bias: bool,
+    /// Data layout (Keras' `channels_last` is NHWC).
+    pub layout: crate::ops::conv::DataLayout,
+}
+
+impl Conv2dLayer {
+    /// `filters` outputs of a `kernel` window, stride 1, `valid`, no dilation, one group,
+    /// linear, with a bias, channels last.
+    pub const fn new(filters: usize, kernel: [usize; 2]) -> Self {
+        Conv2dLayer {
+            filters,
+            kernel,
+            strides: [1, 1],
+            padding: crate::ops::conv::Padding::Valid,
+            dilation: [1, 1],
+            groups: 1,
+            activation: Activation::Linear,
+            use_bias: true,
+            layout: crate::ops::conv::DataLayout::Nhwc,
+        }
+    }
+}
+
+/// Multi-head attention settings (Keras' `MultiHeadAttention` arguments).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionLayer {
+    /// Heads.
+    pub num_heads: usize,
+    /// Size of each head's queries and keys.
+    pub key_dim: usize,
+    /// Size of each head's values (`key_dim` when `None`).
+    pub value_dim: Option<usize>,
+    /// Dropout on the attention probabilities in training (0 for none).
+    pub dropout: f32,
+    /// Whether there are biases.
+    pub use_bias: bool,
+}
+
+/// Composite layers.
+impl<S: Storage> Graph<S> {
+    /// A Keras `Conv2D` (or grouped/depthwise) layer: `name/kernel:0` (Glorot uniform, in the
+    /// layout's weight order), `name/bias:0`, the convolution `name/Conv2D`, `name/BiasAdd`
+    /// and the activation.
+    pub fn conv2d_layer(
+        &mut self,
+        name: &str,
+        x: impl NodeRef,
+        layer: Conv2dLayer,
+        dtype: DType,
+    ) -> Result<NodeId, GraphError> {
+        use crate::ops::conv::{ConvParams, DataLayout};
+        let x = x.resolve(self)?;
+        let s = self.node(x).shape();
+        if s.rank() != 4 {
+            return Err(GraphError::BadAttribute {
+                node: name_lossy(name),
+                op: "Conv2D",
+                rule: "input must be rank 4 (batch, height, width, channels)",
+            });
+        }
+        let c = s.dim(layer.layout.channel_axis());
+        let g = layer.groups.max(1) as usize;
+        let [kh, kw] = layer.kernel;
+        let dims = match layer.layout {
+            DataLayout::Nhwc => [kh, kw, c / g.max(1), layer.filters],
+            DataLayout::Nchw => [layer.filters, c / g.max(1), kh, kw],
+        };
+        let sub = |suffix: &str| derived(name, format_args!("{suffix}"));
+        let kernel = self.variable(&sub("/kernel:0")?, &dims, dtype, Init::GlorotUniform)?;
+        let p = ConvParams::new(layer.layout)
+            .stride(layer.strides[0], layer.strides[1])
+            .dilation(layer.dilation[0], layer.dilation[1])
+            .groups(layer.groups);
+        let mut y = self.conv2d(&sub("/Conv2D")?, x, kernel, p, layer.padding)?;
+        if layer.use_bias {
+            let bias = self.variable(&sub("/bias:0")?, &[layer.filters], dtype, Init::Zeros)?;
+            let b = match layer.layout {
+                DataLayout::Nhwc => bias,
+                DataLayout::Nchw => {
+                    self.reshape(&sub("/bias_view")?, bias, &[layer.filters, 1, 1])?
+                }
+            };
+            y = self.add(&sub("/BiasAdd")?, y, b)?;
+        }
+        self.activation(name, y, layer.activation)
+    }
+
+    /// A Keras `DepthwiseConv2D` layer: one filter per input channel, times the depth
+    /// multiplier (given as `layer.filters`); `name/depthwise_kernel:0` of `[kh, kw, channels,
+    /// multiplier]`. The layer's groups are the channels; its layout must be NHWC.
+    pub fn depthwise_conv2d_layer(
+        &mut self,
+        name: &str,
+        x: impl NodeRef,
+        layer: Conv2dLayer,
+        dtype: DType,
+    ) -> Result<NodeId, GraphError> {
+        use crate::ops::conv::{ConvParams, DataLayout};
+        let x = x.resolve(self)?;
+        let s = self.node(x).shape();
+        let multiplier = layer.filters;
+        if s.rank() != 4 || multiplier == 0 || layer.layout != DataLayout::Nhwc {
+            return Err(GraphError::BadAttribute {
+                node: name_lossy(name),
+                op: "DepthwiseConv2D",
+                rule: "input must be rank 4 (batch, height, width, channels) and the multiplier at least 1",
+            });
+        }
+        let c = s.dim(3);
+        let [kh, kw] = layer.kernel;
+        let sub = |suffix: &str| derived(name, format_args!("{suffix}"));
+        let k = self.variable(
+            &sub("/depthwise_kernel:0")?,
+            &[kh, kw, c, multiplier],
+            dtype,
+            Init::GlorotUniform,
+        )?;
+        let kv = self.reshape(&sub("/kernel_view")?, k, &[kh, kw, 1, c * multiplier])?;
+        let p = ConvParams::new(DataLayout::Nhwc)
+            .stride(layer.strides[0], layer.strides[1])
+            .dilation(layer.dilation[0], layer.dilation[1])
+            .groups(c as u32);
+        let mut y = self.conv2d(&sub("/depthwise")?, x, kv, p, layer.padding)?;
+        if layer.use_bias {
+            let bias = self.variable(&sub("/bias:0")?, &[c * multiplier], dtype, Init::Zeros)?;
+            y = self.add(&sub("/BiasAdd")?, y, bias)?;
+        }
+        self.activation(name, y, layer.activation)
+    }
+
+    /// The LSTM steps over a sequence whose input projections `xw` (`[steps * batch, 4 *
+    /// hidden]`, biases included) are computed: each step adds `h . rec` (`rec` stored
+    /// `[hidden, 4 * hidden]`, or `[4 * hidden, hidden]` with `rec_transposed`), applies the
+    /// gates and updates the states. Returns every step's hidden state stacked on a new first
+    /// axis (`[steps, batch, hidden]`) and the last states.
+    #[allow(clippy::too_many_arguments)]
+    fn lstm_steps(
+        &mut self,
+        name: &str,
+        xw: NodeId,
+        steps: usize,
+        batch: usize,
+        hidden: usize,
+        rec: NodeId,
+        rec_transposed: bool,
+        gates: Gates,
+        h0: Option<NodeId>,
+        c0: Option<NodeId>,
+    ) -> Result<LstmOutputs, GraphError> {
+        let (mut h, mut c) = (h0, c0);
+        let mut seq: Option<NodeId> = None;
+        for t in 0..steps {
+            let sub = |what: &str| derived(name, format_args!("/step{t}/{what}"));
+            let mut z = self.slice(&sub("input")?, xw, 0, t * batch, batch)?;
+            if let Some(h) = h {
+                let r = self.matmul_t(&sub("recurrent")?, h, rec, false, rec_transposed)?;
+                z = self.add(&sub("gates")?, z, r)?;
+            }
+            let gate =
+                |g: &mut Self, what: &str, k: usize| g.slice(&sub(what)?, z, 1, k * hidden, hidden);
+            let gi = gate(self, "i", gates.i)?;
+            let gf = gate(self, "f", gates.f)?;
+            let gc = gate(self, "c", gates.c)?;
+            let go = gate(self, "o", gates.o)?;
+            let i = self.sigmoid(&sub("input_gate")?, gi)?;
+            let f = self.sigmoid(&sub("forget_gate")?, gf)?;
+            let cc = self.tanh(&sub("candidate")?, gc)?;
+            let o = self.sigmoid(&sub("output_gate")?, go)?;
+            let ic = self.mul(&sub("input_candidate")?, i, cc)?;
+            let cn = match c {
+                Some(c) => {
+                    let fc = self.mul(&sub("forget_cell")?, f, c)?;
+                    self.add(&sub("cell")?, fc, ic)?
+                }
+                None => ic,
+            };
+            let tc = self.tanh(&sub("cell_tanh")?, cn)?;
+            let hn = self.mul(&sub("hidden")?, o, tc)?;
+            let row = self.reshape(&sub("hidden_row")?, hn, &[1, batch, hidden])?;
+            seq = Some(match seq {
+                None => row,
+                Some(s) => self.concat_axis(&sub("sequence")?, s, row, 0)?,
+            });
+            (h, c) = (Some(hn), Some(cn));
+        }
+        match (seq, h, c) {
+            (Some(sequence), Some(hidden), Some(cell)) => Ok(LstmOutputs {
+                sequence,
+                hidden,
+                cell,
+            }),
+            _ => Err(GraphError::BadAttribute {
+                node: name_lossy(name),
+                op: "LSTM",
+                rule: "the sequence must have at least one step",
+            }),
+        }
+    }
+
+    /// An ONNX `LSTM` (one direction, default activations): `x` `[seq, batch, input]`, `w`
+    /// `[1, 4 * hidden, input]`, `r` `[1, 4 * hidden, hidden]`, optional `b` `[1, 8 * hidden]`
+    /// and initial states `[1, batch, hidden]`, gates in ONNX's order (i, o, f, c); unrolled
+    /// over the sequence. `sequence` is `Y` (`[seq, 1, batch, hidden]`), `hidden` and `cell`
+    /// are `Y_h` and `Y_c` (`[1, batch, hidden]`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn lstm_onnx(
+        &mut self,
+        name: &str,
+        x: impl NodeRef,
+        w: impl NodeRef,
+        r: impl NodeRef,
+        b: Option<NodeId>,
+        h0: Option<NodeId>,
+        c0: Option<NodeId>,
+    ) -> Result<LstmOutputs, GraphError> {
+        let (x, w, r) = (x.resolve(self)?, w.resolve(self)?, r.resolve(self)?);
+        let (sx, sw, sr) = (
+            self.node(x).shape(),
+            self.node(w).shape(),
+            self.node(r).shape(),
+        );
+        let bad = |rule| GraphError::ShapeMismatch {
+            node: name_lossy(name),
+            op: "LSTM",
+            rule,
+            left: sx,
+            right: sw,
+        };
+        if sx.rank() != 3
+            || sw.rank() != 3
+            || sr.rank() != 3
+            || sw.dim(0) != 1
+            || sw.dim(1) % 4 != 0
+            || sw.dim(2) != sx.dim(2)
+        {
+            return Err(bad(
+                "x must be [seq, batch, input] and W [1, 4 * hidden, input] (one direction)",
+            ));
+        }
+        let (steps, batch, input, hidden) = (sx.dim(0), sx.dim(1), sx.dim(2), sw.dim(1) / 4);
+        if sr.dims() != [1, 4 * hidden as u32, hidden as u32] {
+            return Err(bad("R must be [1, 4 * hidden, hidden]"));
+        }
+        let sub = |suffix: &str| derived(name, format_args!("{suffix}"));
+        let xf = self.reshape(&sub("/x_rows")?, x, &[steps * batch, input])?;
+        let wv = self.reshape(&sub("/w_view")?, w, &[4 * hidden, input])?;
+        let rv = self.reshape(&sub("/r_view")?, r, &[4 * hidden, hidden])?;
+        let mut xw = self.matmul_t(&sub("/x_projection")?, xf, wv, false, true)?;
+        if let Some(b) = b {
+            if self.node(b).shape().dims() != [1, 8 * hidden as u32] {
+                return Err(bad("B must be [1, 8 * hidden]"));
+            }
+            let bw = self.slice(&sub("/bias_w")?, b, 1, 0, 4 * hidden)?;
+            let br = self.slice(&sub("/bias_r")?, b, 1, 4 * hidden, 4 * hidden)?;
+            let bias = self.add(&sub("/bias")?, bw, br)?;
+            xw = self.add(&sub("/x_projection_bias")?, xw, bias)?;
+        }
+        let state =
+            |g: &mut Self, s: Option<NodeId>, what: &str| -> Result<Option<NodeId>, GraphError> {
+                s.map(|s| {
+                    g.reshape(
+                        &derived(name, format_args!("/{what}"))?,
+                        s,
+                        &[batch, hidden],
+                    )
+                })
+                .transpose()
+            };
+        let h0 = state(self, h0, "initial_h_view")?;
+        let c0 = state(self, c0, "initial_c_view")?;
+        let out = self.lstm_steps(name, xw, steps, batch, hidden, rv, true, ONNX_GATES, h0, c0)?;
+        Ok(LstmOutputs {
+            sequence: self.reshape(&sub("/Y")?, out.sequence, &[steps, 1, batch, hidden])?,
+            hidden: self.reshape(&sub("/Y_h")?, out.hidden, &[1, batch, hidden])?,
+            cell: self.reshape(&sub("/Y_c")?, out.cell, &[1, batch, hidden])?,
+        })
+    }
+
+    /// A Keras `LSTM` layer on `x` `[batch, steps, features]`: `name/kernel:0` `[features,
+    /// 4 * units]`, `name/recurrent_kernel:0` `[units, 4 * units]`, `name/bias:0` (the forget
+    /// gate's part 1), gates in Keras' order (i, f, c, o). Returns `[batch, steps, units]` with
+    /// `return_sequences`, else the last hidden state `[batch, units]`.
+    pub fn lstm_layer(
+        &mut self,
+        name: &str,
+        x: impl NodeRef,
+        units: usize,
+        return_sequences: bool,
+        dtype: DType,
+    ) -> Result<NodeId, GraphError> {
+        let x = x.resolve(self)?;
+        let sx = self.node(x).shape();
+        if sx.rank() != 3 || units == 0 {
+            return Err(GraphError::BadAttribute {
+                node: name_lossy(name),
+                op: "LSTM",
+                rule: "input must be rank 3 (batch, steps, features) and units at least 1",
+            });
+        }
+        let (batch, steps, features) = (sx.dim(0), sx.dim(1), sx.dim(2));
+        let sub = |suffix: &str| derived(name, format_args!("{suffix}"));
+        let kernel = self.variable(
+            &sub("/kernel:0")?,
+            &[features, 4 * units],
+            dtype,
+            Init::GlorotUniform,
+        )?;
+        let rec = self.variable(
+            &sub("/recurrent_kernel:0")?,
+            &[units, 4 * units],
+            dtype,
+            Init::GlorotUniform,
+        )?;
+        let bias = self.variable(&sub("/bias:0")?, &[4 * units], dtype, Init::Zeros)?;
+        let time_major = self.transpose(&sub("/time_major")?, x, &[1, 0, 2])?;
+        let rows = self.reshape(&sub("/x_rows")?, time_major, &[steps * batch, features])?;
+        let xw = self.matmul(&sub("/x_projection")?, rows, kernel)?;
+        let xw = self.add(&sub("/x_projection_bias")?, xw, bias)?;
+        let out = self.lstm_steps(
+            name,
+            xw,
+            steps,
+            batch,
+            units,
+            rec,
+            false,
+            KERAS_GATES,
+            None,
+            None,
+        )?;
+        if return_sequences {
+            self.transpose(name, out.sequence, &[1, 0, 2])
+        } else {
+            self.reshape(name, out.hidden, &[batch, units])
+        }
+    }
+
+    /// A Keras `MultiHeadAttention` layer, `query` `[batch, target, features]` attending to
+    /// `value` (also the key) `[batch, source, features]`: per-head projections
+    /// (`name/query/kernel:0` `[features, heads, key_dim]`, ...), scaled dot products, softmax
+    /// over the source, and the output projection (`name/attention_output/kernel:0`) back to
+    /// `features`.
+    pub fn multi_head_attention(
+        &mut self,
+        name: &str,
+        query: impl NodeRef,
+        value: impl NodeRef,
+        layer: AttentionLayer,
+        training: bool,
+        dtype: DType,
+    ) -> Result<NodeId, GraphError> {
+        let (q_in, v_in) = (query.resolve(self)?, value.resolve(self)?);
+        let (sq, sv) = (self.node(q_in).shape(), self.node(v_in).shape());
+        if sq.rank() != 3
+            || sv.rank() != 3
+            || sq.dim(0) != sv.dim(0)
+            || sq.dim(2) != sv.dim(2)
+            || layer.num_heads == 0
+            || layer.key_dim == 0
+        {
+            return Err(GraphError::ShapeMismatch {
+                node: name_lossy(name),
+                op: "MultiHeadAttention",
+                rule: "query and value must be [batch, length, features] with the same batch and features",
+                left: sq,
+                right: sv,
+            });
+        }
+        let (batch, target, source, features) = (sq.dim(0), sq.dim(1), sv.dim(1), sq.dim(2));
+        let (heads, kd) = (layer.num_heads, layer.key_dim);
+        let vd = layer.value_dim.unwrap_or(kd);
+        let sub = |suffix: &str| derived(name, format_args!("{suffix}"));
+        // [b, len, features] . [features, heads * dim] (+ bias) -> [b, heads, len, dim].
+        let project = |g: &mut Self,
+                       what: &str,
+                       x: NodeId,
+                       len: usize,
+                       dim: usize|
+         -> Result<NodeId, GraphError> {
+            let k = g.variable(
+                &sub(&alloc_free_path(what, "/kernel:0"))?,
+                &[features, heads, dim],
+                dtype,
+                Init::GlorotUniform,
+            )?;
+            let kv = g.reshape(
+                &sub(&alloc_free_path(what, "/kernel_view"))?,
+                k,
+                &[features, heads * dim],
+            )?;
+            let mut y = g.matmul(&sub(&alloc_free_path(what, "/MatMul"))?, x, kv)?;
+            if layer.use_bias {
+                let b = g.variable(
+                    &sub(&alloc_free_path(what, "/bias:0"))?,
+                    &[heads, dim],
+                    dtype,
+                    Init::Zeros,
+                )?;
+                let bv = g.reshape(
+                    &sub(&alloc_free_path(what, "/bias_view"))?,
+                    b,
+                    &[heads * dim],
+                )?;
+                y = g.add(&sub(&alloc_free_path(what, "/BiasAdd"))?, y, bv)?;
+            }
+            let split = g.reshape(
+                &sub(&alloc_free_path(what, "/heads"))?,
+                y,
+                &[batch, len, heads, dim],
+            )?;
+            g.transpose(
+                &sub(&alloc_free_path(what, "/transpose"))?,
+                split,
+                &[0, 2, 1, 3],
+            )
+        };
+        let q = project(self, "/query", q_in, target, kd)?;
+        let k = project(self, "/key", v_in, source, kd)?;
+        let v = project(self, "/value", v_in, source, vd)?;
+        let qs = self.scale(&sub("/scaled_query")?, q, 1.0 / libm::sqrtf(kd as f32))?;
+        let scores = self.matmul_t(&sub("/scores")?, qs, k, false, true)?;
+        let probs = self.softmax(&sub("/softmax")?, scores)?;
+        let probs = self.dropout(
+            &sub("/attention_dropout")?,
+            probs,
+            layer.dropout,
+            0,
+            training,
+        )?;
+        let ctx = self.matmul(&sub("/context")?, probs, v)?;
+        let merged = self.transpose(&sub("/context_transpose")?, ctx, &[0, 2, 1, 3])?;
+        let flat = self.reshape(
+            &sub("/context_merge")?,
+            merged,
+            &[batch, target, heads * vd],
+        )?;
+        let o = self.variable(
+            &sub("/attention_output/kernel:0")?,
+            &[heads, vd, features],
+            dtype,
+            Init::GlorotUniform,
+        )?;
+        let ov = self.reshape(
+            &sub("/attention_output/kernel_view")?,
+            o,
+            &[heads * vd, features],
+        )?;
+        let mut y = self.matmul(&sub("/attention_output/MatMul")?, flat, ov)?;
+        if layer.use_bias {
+            let b = self.variable(
+                &sub("/attention_output/bias:0")?,
+                &[features],
+                dtype,
+                Init::Zeros,
+            )?;
+            y = self.add(name, y, b)?;
+        }
+        Ok(y)
+    }
+}
+
+/// `a` then `b` as one name part (no heap: a fixed buffer).
+fn alloc_free_path(a: &str, b: &str) -> crate::error::Name {
+    let mut n = crate::error::Name::new();
+    let _ = n.push_str(a);
+    let _ = n.push_str(b);
+    n
+}

@@ -150,7 +150,14 @@ impl<S: Storage> Plan<S> {
     /// (greedy by size: largest tensors first, each at the lowest offset free over its
     /// lifetime; then each kernel's workspace, live only while its node runs).
     pub fn new(graph: &Graph<S>) -> Result<Self, PlanError> {
-        let (mut slots, state_bytes) = Self::slots_of(graph)?;
+        Self::with_workspaces(graph, true)
+    }
+
+    /// [`Plan::new`] without kernel workspaces (`workspaces: false`): the smallest arena, for
+    /// a microcontroller's RAM. Kernels that would use a workspace (convolutions unfold their
+    /// patches there) run the same sums as direct loops instead, with bit-identical results.
+    pub fn with_workspaces(graph: &Graph<S>, workspaces: bool) -> Result<Self, PlanError> {
+        let (mut slots, state_bytes) = Self::slots_of(graph, workspaces)?;
         let mut arena_bytes = Self::place_tensors(graph, &mut slots)?;
         arena_bytes = arena_bytes.max(Self::place_workspaces(graph, &mut slots)?);
         // Views read their root's bytes.
@@ -181,7 +188,7 @@ impl<S: Storage> Plan<S> {
     }
 
     /// Every node's slot with its liveness, state offsets assigned; arena offsets still 0.
-    fn slots_of(graph: &Graph<S>) -> Result<(S::Vec<Slot>, usize), PlanError> {
+    fn slots_of(graph: &Graph<S>, workspaces: bool) -> Result<(S::Vec<Slot>, usize), PlanError> {
         let len = graph.len();
         let end = len.saturating_sub(1);
         let mut slots: S::Vec<Slot> = S::vec();
@@ -230,8 +237,11 @@ impl<S: Storage> Plan<S> {
             } else {
                 i
             };
-            let workspace_bytes =
-                align_up(crate::ops::workspace_bytes(graph, node)).ok_or_else(too_large)?;
+            let workspace_bytes = if workspaces {
+                align_up(crate::ops::workspace_bytes(graph, node)).ok_or_else(too_large)?
+            } else {
+                0
+            };
             slots
                 .push(Slot {
                     place,
