@@ -64,7 +64,7 @@ fn wrong_shapes_name_the_node() {
         .unwrap_err();
     assert!(
         e.to_string()
-            .starts_with("`Dense_8` (Dense): input must be rank 2"),
+            .starts_with("`Dense_8` (Dense): input must be at least rank 2"),
         "{e}"
     );
 }
@@ -326,4 +326,109 @@ fn stages_follow_scopes_and_reach_the_backward_pass() {
         g.set_stage(300),
         Err(GraphError::BadStage { stage: 300 })
     ));
+}
+
+#[test]
+fn bad_shapes_of_the_new_ops_name_the_layer() {
+    use tessera::core::ops::conv::{ConvParams, DataLayout, Padding};
+    use tessera::core::ops::elementwise::BinaryFn;
+    let mut g: Graph<Fixed<64>> = Graph::new();
+    let x = g.input("x", &[1, 3, 5, 5], DType::F32).unwrap();
+    // A kernel larger than its padded input.
+    let big = g
+        .variable("big", &[4, 3, 7, 7], DType::F32, Init::Zeros)
+        .unwrap();
+    let p = ConvParams::new(DataLayout::Nchw);
+    let e = g.conv2d("conv_big", x, big, p, Padding::Valid).unwrap_err();
+    assert!(matches!(e, GraphError::ShapeMismatch { .. }), "{e}");
+    assert!(
+        e.to_string().starts_with("`conv_big` (Conv): the kernel"),
+        "{e}"
+    );
+    // Channels that do not match the weights.
+    let w = g
+        .variable("w", &[4, 2, 3, 3], DType::F32, Init::Zeros)
+        .unwrap();
+    let e = g
+        .conv2d("conv_channels", x, w, p, Padding::Same)
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("`conv_channels` (Conv): channels must match"),
+        "{e}"
+    );
+    // Groups that do not divide the channels.
+    let w3 = g
+        .variable("w3", &[4, 1, 3, 3], DType::F32, Init::Zeros)
+        .unwrap();
+    let e = g
+        .conv2d("conv_groups", x, w3, p.groups(2), Padding::Same)
+        .unwrap_err();
+    assert!(e.to_string().starts_with("`conv_groups` (Conv)"), "{e}");
+    // A bad permutation.
+    let e = g.transpose("perm", x, &[0, 1, 1, 3]).unwrap_err();
+    assert!(matches!(e, GraphError::BadAttribute { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("`perm` (Transpose): perm must list"),
+        "{e}"
+    );
+    let e = g.transpose("perm_rank", x, &[0, 1, 2]).unwrap_err();
+    assert!(e.to_string().starts_with("`perm_rank` (Transpose)"), "{e}");
+    // An axis out of range.
+    let e = g.softmax_axis("soft", x, 4).unwrap_err();
+    assert_eq!(e.to_string(), "`soft`: axis 4 is out of range for rank 4");
+    let e = g.softmax_axis("soft_neg", x, -5).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "`soft_neg`: axis -5 is out of range for rank 4"
+    );
+    let e = g
+        .reduce(
+            "red",
+            x,
+            &[7],
+            false,
+            tessera::core::ops::reduce::ReduceKind::Sum,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            GraphError::BadAxis {
+                axis: 7,
+                rank: 4,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // A pair that does not broadcast.
+    let a = g.input("a", &[2, 3], DType::F32).unwrap();
+    let b = g.input("b", &[3, 2], DType::F32).unwrap();
+    let e = g.binary("sum", a, b, BinaryFn::Add).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "`sum` (Add): operands must broadcast (numpy rules), got (2, 3) and (3, 2)"
+    );
+    // A pooling window larger than its padded input.
+    use tessera::core::ops::pool::{PoolKind, PoolParams};
+    let pp = PoolParams::new(PoolKind::Max, DataLayout::Nchw, [6, 6], [1, 1]);
+    let e = g.pool2d("pool", x, pp, Padding::Valid).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("`pool` (MaxPool): the window is larger"),
+        "{e}"
+    );
+    // Batched matmuls whose batch axes do not broadcast.
+    let m1 = g.input("m1", &[2, 3, 4], DType::F32).unwrap();
+    let m2 = g.input("m2", &[3, 4, 5], DType::F32).unwrap();
+    let e = g.matmul("mm", m1, m2).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("`mm` (MatMul): batch dimensions must broadcast"),
+        "{e}"
+    );
+    // The graph is unchanged by the failures: every name above is still free.
+    assert!(g.find("conv_big").is_err() && g.find("sum").is_err());
 }

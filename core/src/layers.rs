@@ -43,7 +43,8 @@ impl<S: Storage> Graph<S> {
 
     /// A Keras-style dense layer named `name`: variables `name/kernel:0` (Glorot uniform) and
     /// `name/bias:0` (zeros), then `name/MatMul`, `name/BiasAdd` and the activation
-    /// (`name/Relu`, ...). Returns the layer's output. `x` must be rank 2.
+    /// (`name/Relu`, ...). Returns the layer's output. As in Keras, the layer acts on the last
+    /// axis of an input of rank 2 or more.
     pub fn dense(
         &mut self,
         name: &str,
@@ -54,12 +55,12 @@ impl<S: Storage> Graph<S> {
     ) -> Result<NodeId, GraphError> {
         let x = x.resolve(self)?;
         let s = self.node(x).shape();
-        if s.rank() != 2 {
+        if s.rank() < 2 {
             let kernel_shape = crate::ops::shape_for(name, &[s.last(), units.max(1)])?;
             return Err(GraphError::ShapeMismatch {
                 node: name_lossy(name),
                 op: "Dense",
-                rule: "input must be rank 2 (batch, features)",
+                rule: "input must be at least rank 2 (batch, ..., features)",
                 left: s,
                 right: kernel_shape,
             });
@@ -67,7 +68,7 @@ impl<S: Storage> Graph<S> {
         let sub = |suffix: &str| derived(name, format_args!("{suffix}"));
         let kernel = self.variable(
             &sub("/kernel:0")?,
-            &[s.dim(1), units],
+            &[s.last(), units],
             dtype,
             Init::GlorotUniform,
         )?;

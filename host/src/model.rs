@@ -46,7 +46,13 @@ use std::io;
 use std::path::Path;
 
 use serde::Deserialize;
-use tessera_core::{Activation, DType, Graph, GraphError, NodeId, Storage};
+use tessera_core::ops::conv::{DataLayout, Padding};
+use tessera_core::ops::norm::BatchNorm;
+use tessera_core::ops::pool::{PoolKind, PoolParams};
+use tessera_core::ops::reduce::ReduceKind;
+use tessera_core::{
+    Activation, AttentionLayer, Conv2dLayer, DType, Graph, GraphError, NodeId, Storage,
+};
 
 /// A layer's activation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -93,51 +99,210 @@ impl LayerActivation {
     }
 }
 
+/// Padding of a convolution or pooling layer (Keras' `padding`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LayerPadding {
+    /// No padding.
+    #[default]
+    Valid,
+    /// Output size `ceil(input / stride)`.
+    Same,
+}
+
+impl LayerPadding {
+    fn core(self) -> Padding {
+        match self {
+            LayerPadding::Valid => Padding::Valid,
+            LayerPadding::Same => Padding::Same,
+        }
+    }
+}
+
 /// What a layer does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum LayerKind {
-    /// Flattens all but the batch axis.
+    /// Keeps the batch axis and flattens the rest.
     Flatten,
-    /// A fully-connected layer: `activation(x . kernel + bias)`, variables
-    /// `<name>/kernel:0` and `<name>/bias:0`.
+    /// A fully-connected layer on the last axis.
     Dense {
         /// Output width.
         units: usize,
         /// Activation.
         activation: LayerActivation,
     },
-    /// Enqueues its input, keyed by the layer's name, on the model's plain activations outfeed
-    /// every micro-batch.
+    /// An `Outfeed` layer: its input, enqueued under its name on a plain outfeed.
     Outfeed,
-    /// Adds its input, keyed by the layer's name, to the filtered activations outfeed's map
-    /// when a filter matches the name; the map is enqueued once per micro-batch if non-empty.
+    /// A `MaybeOutfeed` layer: its input, added to a filtered outfeed's map.
     MaybeOutfeed,
+    /// Keras' `Conv2D` (channels last).
+    Conv2D {
+        /// Output channels.
+        filters: usize,
+        /// Kernel `[height, width]`.
+        kernel_size: [usize; 2],
+        /// Strides.
+        strides: [u32; 2],
+        /// Padding.
+        padding: LayerPadding,
+        /// Dilation.
+        dilation_rate: [u32; 2],
+        /// Channel groups.
+        groups: u32,
+        /// Activation.
+        activation: LayerActivation,
+        /// Whether there is a bias.
+        use_bias: bool,
+    },
+    /// Keras' `DepthwiseConv2D`.
+    DepthwiseConv2D {
+        /// Kernel `[height, width]`.
+        kernel_size: [usize; 2],
+        /// Outputs per input channel.
+        depth_multiplier: usize,
+        /// Strides.
+        strides: [u32; 2],
+        /// Padding.
+        padding: LayerPadding,
+        /// Activation.
+        activation: LayerActivation,
+    },
+    /// Keras' `MaxPooling2D` or `AveragePooling2D`.
+    Pooling2D {
+        /// Max (else average, padding not counted).
+        max: bool,
+        /// Window.
+        pool_size: [u32; 2],
+        /// Strides (the window by default).
+        strides: [u32; 2],
+        /// Padding.
+        padding: LayerPadding,
+    },
+    /// Keras' `GlobalAveragePooling2D` (mean over height and width).
+    GlobalAveragePooling2D,
+    /// Keras' `GlobalAveragePooling1D` (mean over the steps of `[batch, steps, features]`).
+    GlobalAveragePooling1D,
+    /// Keras' `BatchNormalization` over the last axis.
+    BatchNormalization {
+        /// Weight of the old running average.
+        momentum: f32,
+        /// Added to the variance.
+        epsilon: f32,
+    },
+    /// Keras' `LayerNormalization` over the last axis.
+    LayerNormalization {
+        /// Added to the variance.
+        epsilon: f32,
+    },
+    /// Keras' `Embedding`: integer inputs to vectors.
+    Embedding {
+        /// Vocabulary size.
+        input_dim: usize,
+        /// Vector size.
+        output_dim: usize,
+    },
+    /// Keras' `Dropout` (training only).
+    Dropout {
+        /// Probability of dropping an element.
+        rate: f32,
+        /// The mask stream's seed.
+        seed: u32,
+    },
+    /// Keras' `Add` of two tensors (a residual connection).
+    Add,
+    /// Keras' `Activation`.
+    Activation {
+        /// The function.
+        activation: LayerActivation,
+    },
+    /// Keras' `Reshape` (per sample).
+    Reshape {
+        /// The target shape, without the batch axis.
+        target_shape: Vec<usize>,
+    },
+    /// Keras' `LSTM`.
+    Lstm {
+        /// Hidden size.
+        units: usize,
+        /// Every step's output, or only the last.
+        return_sequences: bool,
+    },
+    /// Keras' `MultiHeadAttention` (self-attention, or attending to a second input).
+    MultiHeadAttention {
+        /// Heads.
+        num_heads: usize,
+        /// Query and key size per head.
+        key_dim: usize,
+        /// Value size per head (`key_dim` by default).
+        value_dim: Option<usize>,
+        /// Dropout on the attention probabilities in training.
+        dropout: f32,
+    },
 }
 
 impl LayerKind {
-    /// The Keras class name shown in summaries.
+    /// The Keras class name.
     pub fn type_name(&self) -> &'static str {
         match self {
             LayerKind::Flatten => "Flatten",
             LayerKind::Dense { .. } => "Dense",
             LayerKind::Outfeed => "Outfeed",
             LayerKind::MaybeOutfeed => "MaybeOutfeed",
+            LayerKind::Conv2D { .. } => "Conv2D",
+            LayerKind::DepthwiseConv2D { .. } => "DepthwiseConv2D",
+            LayerKind::Pooling2D { max: true, .. } => "MaxPooling2D",
+            LayerKind::Pooling2D { .. } => "AveragePooling2D",
+            LayerKind::GlobalAveragePooling2D => "GlobalAveragePooling2D",
+            LayerKind::GlobalAveragePooling1D => "GlobalAveragePooling1D",
+            LayerKind::BatchNormalization { .. } => "BatchNormalization",
+            LayerKind::LayerNormalization { .. } => "LayerNormalization",
+            LayerKind::Embedding { .. } => "Embedding",
+            LayerKind::Dropout { .. } => "Dropout",
+            LayerKind::Add => "Add",
+            LayerKind::Activation { .. } => "Activation",
+            LayerKind::Reshape { .. } => "Reshape",
+            LayerKind::Lstm { .. } => "LSTM",
+            LayerKind::MultiHeadAttention { .. } => "MultiHeadAttention",
         }
     }
 
-    /// The file's `type` value.
+    /// The layer's `type` in model files.
     pub fn file_name(&self) -> &'static str {
         match self {
             LayerKind::Flatten => "flatten",
             LayerKind::Dense { .. } => "dense",
             LayerKind::Outfeed => "outfeed",
             LayerKind::MaybeOutfeed => "maybe_outfeed",
+            LayerKind::Conv2D { .. } => "conv2d",
+            LayerKind::DepthwiseConv2D { .. } => "depthwise_conv2d",
+            LayerKind::Pooling2D { max: true, .. } => "max_pooling2d",
+            LayerKind::Pooling2D { .. } => "average_pooling2d",
+            LayerKind::GlobalAveragePooling2D => "global_average_pooling2d",
+            LayerKind::GlobalAveragePooling1D => "global_average_pooling1d",
+            LayerKind::BatchNormalization { .. } => "batch_normalization",
+            LayerKind::LayerNormalization { .. } => "layer_normalization",
+            LayerKind::Embedding { .. } => "embedding",
+            LayerKind::Dropout { .. } => "dropout",
+            LayerKind::Add => "add",
+            LayerKind::Activation { .. } => "activation",
+            LayerKind::Reshape { .. } => "reshape",
+            LayerKind::Lstm { .. } => "lstm",
+            LayerKind::MultiHeadAttention { .. } => "multi_head_attention",
+        }
+    }
+
+    /// How many inputs the layer takes: (at least, at most).
+    pub fn inputs(&self) -> (usize, usize) {
+        match self {
+            LayerKind::Add => (2, 2),
+            LayerKind::MultiHeadAttention { .. } => (1, 2),
+            _ => (1, 1),
         }
     }
 }
 
 /// A layer before it joins a model.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Layer {
     /// Its name (unique in the model; variable names derive from it).
     pub name: String,
@@ -177,6 +342,14 @@ impl Layer {
             kind: LayerKind::MaybeOutfeed,
         }
     }
+
+    /// A layer of any kind.
+    pub fn new(name: &str, kind: LayerKind) -> Self {
+        Layer {
+            name: name.to_string(),
+            kind,
+        }
+    }
 }
 
 /// Where a layer takes its input from.
@@ -189,12 +362,14 @@ pub enum Source {
 }
 
 /// A layer in a model.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ModelLayer {
     /// The layer.
     pub layer: Layer,
     /// Its input.
     pub input: Source,
+    /// Further inputs: an `Add`'s second operand, the tensor attention attends to.
+    pub extra: Vec<Source>,
     /// Its pipeline stage.
     pub stage: usize,
 }
@@ -244,6 +419,9 @@ pub struct Model {
     pub device_mapping: Option<Vec<usize>>,
     /// Training settings from the file.
     pub training: TrainingDefaults,
+    /// Whether the input holds integers (token ids for an `Embedding`) rather than values of
+    /// the model's float type.
+    pub integer_input: bool,
 }
 
 /// Why a model is not valid.
@@ -424,6 +602,7 @@ impl Sequential {
                 } else {
                     Source::Layer(i - 1)
                 },
+                extra: Vec::new(),
                 stage: self.stages.as_ref().map_or(0, |s| s[i]),
             })
             .collect();
@@ -505,19 +684,38 @@ impl Functional {
     ///
     /// [`ModelError::Layer`] if `x` is not a tensor of this model.
     pub fn call(&mut self, layer: Layer, x: Tensor) -> Result<Tensor, ModelError> {
-        if let Source::Layer(i) = x.0 {
-            if i >= self.layers.len() {
-                return Err(ModelError::Layer {
-                    model: self.name.clone(),
-                    index: self.layers.len(),
-                    name: layer.name,
-                    message: format!("its input (layer {i}) is not a layer of this model"),
-                });
+        self.call_on(layer, &[x])
+    }
+
+    /// Calls `layer` on several tensors (an `Add`, or attention with a query and a value).
+    ///
+    /// # Errors
+    ///
+    /// [`ModelError::Layer`] if a tensor is not of this model or `xs` is empty.
+    pub fn call_on(&mut self, layer: Layer, xs: &[Tensor]) -> Result<Tensor, ModelError> {
+        let bad = |layer: Layer, message: String| ModelError::Layer {
+            model: self.name.clone(),
+            index: self.layers.len(),
+            name: layer.name,
+            message,
+        };
+        let Some(first) = xs.first() else {
+            return Err(bad(layer, "the layer needs an input".into()));
+        };
+        for x in xs {
+            if let Source::Layer(i) = x.0 {
+                if i >= self.layers.len() {
+                    return Err(bad(
+                        layer,
+                        format!("its input (layer {i}) is not a layer of this model"),
+                    ));
+                }
             }
         }
         self.layers.push(ModelLayer {
             layer,
-            input: x.0,
+            input: first.0,
+            extra: xs[1..].iter().map(|t| t.0).collect(),
             stage: self.stage,
         });
         Ok(Tensor(Source::Layer(self.layers.len() - 1)))
@@ -599,6 +797,7 @@ impl Model {
             output,
             device_mapping,
             training: TrainingDefaults::default(),
+            integer_input: false,
         })
     }
 
@@ -635,7 +834,7 @@ impl Model {
     pub fn output_source(&self) -> usize {
         let mut o = self.output;
         while let (LayerKind::Outfeed | LayerKind::MaybeOutfeed, Source::Layer(j)) =
-            (self.layers[o].layer.kind, self.layers[o].input)
+            (&self.layers[o].layer.kind, self.layers[o].input)
         {
             o = j;
         }
@@ -725,7 +924,9 @@ impl Model {
     }
 
     /// Adds the model to `g` for micro-batches of `batch` samples in `dtype`: the input node
-    /// is named after the model's input. The stage scope is left at the output's stage.
+    /// is named after the model's input. `training` builds batch normalisation with batch
+    /// statistics (and running averages as state) and dropout with masks; otherwise the
+    /// inference forms. The stage scope is left at the output's stage.
     ///
     /// # Errors
     ///
@@ -735,6 +936,7 @@ impl Model {
         g: &mut Graph<S>,
         batch: usize,
         dtype: DType,
+        training: bool,
     ) -> Result<BuiltModel, ModelError> {
         let ge = |source| ModelError::Graph {
             model: self.name.clone(),
@@ -743,7 +945,12 @@ impl Model {
         let mut dims = vec![batch];
         dims.extend_from_slice(&self.input_shape);
         g.set_stage(self.layers[0].stage).map_err(ge)?;
-        let input = g.input(&self.input_name, &dims, dtype).map_err(ge)?;
+        let input_dtype = if self.integer_input {
+            DType::I32
+        } else {
+            dtype
+        };
+        let input = g.input(&self.input_name, &dims, input_dtype).map_err(ge)?;
         let mut outs: Vec<NodeId> = Vec::with_capacity(self.layers.len());
         let mut built = BuiltModel {
             input,
@@ -754,27 +961,22 @@ impl Model {
         };
         for l in &self.layers {
             g.set_stage(l.stage).map_err(ge)?;
-            let x = match l.input {
+            let source = |s: Source| match s {
                 Source::Input => input,
                 Source::Layer(j) => outs[j],
             };
-            let name = l.layer.name.as_str();
-            let y = match l.layer.kind {
-                LayerKind::Flatten => g.flatten(name, x).map_err(ge)?,
-                LayerKind::Dense { units, activation } => g
-                    .dense(name, x, units, activation.core(), dtype)
-                    .map_err(ge)?,
-                LayerKind::Outfeed => {
-                    let t = g.tap(name, x).map_err(ge)?;
-                    built.outfeeds.push((name.to_string(), t, l.stage));
-                    t
-                }
+            let x = source(l.input);
+            let extra: Vec<NodeId> = l.extra.iter().map(|&s| source(s)).collect();
+            let y = build_layer(g, &l.layer, x, &extra, batch, dtype, training).map_err(ge)?;
+            match l.layer.kind {
+                LayerKind::Outfeed => built.outfeeds.push((l.layer.name.clone(), y, l.stage)),
                 LayerKind::MaybeOutfeed => {
-                    let t = g.tap(name, x).map_err(ge)?;
-                    built.maybe_outfeeds.push((name.to_string(), t, l.stage));
-                    t
+                    built
+                        .maybe_outfeeds
+                        .push((l.layer.name.clone(), y, l.stage))
                 }
-            };
+                _ => {}
+            }
             outs.push(y);
         }
         let out = &self.layers[self.output];
@@ -785,6 +987,8 @@ impl Model {
             LayerKind::Dense {
                 activation: LayerActivation::Softmax,
                 ..
+            } | LayerKind::Activation {
+                activation: LayerActivation::Softmax
             }
         );
         g.mark_output(built.output).map_err(ge)?;
@@ -832,6 +1036,132 @@ impl Model {
     }
 }
 
+/// Adds one layer to `g`: `x` is its input, `extra` its further inputs.
+// The core's builder errors carry the node's name inline; the caller boxes them.
+#[allow(clippy::result_large_err)]
+fn build_layer<S: Storage>(
+    g: &mut Graph<S>,
+    layer: &Layer,
+    x: NodeId,
+    extra: &[NodeId],
+    batch: usize,
+    dtype: DType,
+    training: bool,
+) -> Result<NodeId, GraphError> {
+    let name = layer.name.as_str();
+    let nhwc = DataLayout::Nhwc;
+    match &layer.kind {
+        LayerKind::Flatten => g.flatten(name, x),
+        LayerKind::Dense { units, activation } => {
+            g.dense(name, x, *units, activation.core(), dtype)
+        }
+        LayerKind::Outfeed | LayerKind::MaybeOutfeed => g.tap(name, x),
+        LayerKind::Conv2D {
+            filters,
+            kernel_size,
+            strides,
+            padding,
+            dilation_rate,
+            groups,
+            activation,
+            use_bias,
+        } => {
+            let mut c = Conv2dLayer::new(*filters, *kernel_size);
+            c.strides = *strides;
+            c.padding = padding.core();
+            c.dilation = *dilation_rate;
+            c.groups = *groups;
+            c.activation = activation.core();
+            c.use_bias = *use_bias;
+            g.conv2d_layer(name, x, c, dtype)
+        }
+        LayerKind::DepthwiseConv2D {
+            kernel_size,
+            depth_multiplier,
+            strides,
+            padding,
+            activation,
+        } => {
+            let mut c = Conv2dLayer::new(*depth_multiplier, *kernel_size);
+            c.strides = *strides;
+            c.padding = padding.core();
+            c.activation = activation.core();
+            g.depthwise_conv2d_layer(name, x, c, dtype)
+        }
+        LayerKind::Pooling2D {
+            max,
+            pool_size,
+            strides,
+            padding,
+        } => {
+            let kind = if *max {
+                PoolKind::Max
+            } else {
+                PoolKind::Average {
+                    count_include_pad: false,
+                }
+            };
+            g.pool2d(
+                name,
+                x,
+                PoolParams::new(kind, nhwc, *pool_size, *strides),
+                padding.core(),
+            )
+        }
+        LayerKind::GlobalAveragePooling2D => g.global_average_pool(name, x, nhwc, false),
+        LayerKind::GlobalAveragePooling1D => g.reduce(name, x, &[1], false, ReduceKind::Mean),
+        LayerKind::BatchNormalization { momentum, epsilon } => {
+            let rank = g.node(x).shape().rank();
+            let bn = BatchNorm {
+                axis: rank.saturating_sub(1),
+                epsilon: *epsilon,
+                momentum: *momentum,
+                training,
+            };
+            g.batch_norm(name, x, bn)
+        }
+        LayerKind::LayerNormalization { epsilon } => g.layer_norm(name, x, 1, *epsilon),
+        LayerKind::Embedding {
+            input_dim,
+            output_dim,
+        } => g.embedding(name, x, *input_dim, *output_dim, dtype),
+        LayerKind::Dropout { rate, seed } => g.dropout(name, x, *rate, *seed, training),
+        LayerKind::Add => g.add(name, x, extra[0]),
+        LayerKind::Activation { activation } => match activation {
+            LayerActivation::Linear => g.tap(name, x),
+            LayerActivation::Relu => g.relu(name, x),
+            LayerActivation::Sigmoid => g.sigmoid(name, x),
+            LayerActivation::Tanh => g.tanh(name, x),
+            LayerActivation::Softmax => g.softmax(name, x),
+        },
+        LayerKind::Reshape { target_shape } => {
+            let mut dims = vec![batch];
+            dims.extend_from_slice(target_shape);
+            g.reshape(name, x, &dims)
+        }
+        LayerKind::Lstm {
+            units,
+            return_sequences,
+        } => g.lstm_layer(name, x, *units, *return_sequences, dtype),
+        LayerKind::MultiHeadAttention {
+            num_heads,
+            key_dim,
+            value_dim,
+            dropout,
+        } => {
+            let value = extra.first().copied().unwrap_or(x);
+            let a = AttentionLayer {
+                num_heads: *num_heads,
+                key_dim: *key_dim,
+                value_dim: *value_dim,
+                dropout: *dropout,
+                use_bias: true,
+            };
+            g.multi_head_attention(name, x, value, a, training, dtype)
+        }
+    }
+}
+
 /// The most pipeline stages a model may have.
 const MAX_STAGES: usize = 16;
 
@@ -869,12 +1199,27 @@ fn check_layers(
         if let LayerKind::Dense { units: 0, .. } = l.layer.kind {
             return Err(bad("a Dense layer needs at least 1 unit".into()));
         }
-        if let Source::Layer(j) = l.input {
-            if j >= i {
-                return Err(bad(format!(
-                    "its input `{}` comes after it; layers must follow their inputs",
-                    layers.get(j).map_or("?", |x| x.layer.name.as_str())
-                )));
+        let (least, most) = l.layer.kind.inputs();
+        let given = 1 + l.extra.len();
+        if given < least || given > most {
+            return Err(bad(format!(
+                "{} takes {} input(s), this layer has {given}; list them as `inputs = [...]`",
+                l.layer.kind.type_name(),
+                if least == most {
+                    least.to_string()
+                } else {
+                    format!("{least} or {most}")
+                }
+            )));
+        }
+        for source in std::iter::once(&l.input).chain(&l.extra) {
+            if let Source::Layer(j) = *source {
+                if j >= i {
+                    return Err(bad(format!(
+                        "its input `{}` comes after it; layers must follow their inputs",
+                        layers.get(j).map_or("?", |x| x.layer.name.as_str())
+                    )));
+                }
             }
         }
         check_layer_stage(l.stage, last_stage).map_err(bad)?;
@@ -936,6 +1281,24 @@ fn check_stages(
 struct FileInput {
     name: Option<String>,
     shape: Vec<usize>,
+    dtype: Option<String>,
+}
+
+/// One number or a `[height, width]` pair, as Keras takes sizes.
+#[derive(Deserialize, Clone, Copy)]
+#[serde(untagged)]
+enum Pair {
+    One(u32),
+    Two([u32; 2]),
+}
+
+impl Pair {
+    fn get(self) -> [u32; 2] {
+        match self {
+            Pair::One(v) => [v, v],
+            Pair::Two(v) => v,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -947,6 +1310,60 @@ struct FileLayer {
     units: Option<usize>,
     activation: Option<String>,
     input: Option<String>,
+    inputs: Option<Vec<String>>,
+    filters: Option<usize>,
+    kernel_size: Option<Pair>,
+    strides: Option<Pair>,
+    padding: Option<String>,
+    dilation_rate: Option<Pair>,
+    groups: Option<u32>,
+    use_bias: Option<bool>,
+    depth_multiplier: Option<usize>,
+    pool_size: Option<Pair>,
+    momentum: Option<f32>,
+    epsilon: Option<f32>,
+    input_dim: Option<usize>,
+    output_dim: Option<usize>,
+    rate: Option<f32>,
+    seed: Option<u32>,
+    target_shape: Option<Vec<usize>>,
+    return_sequences: Option<bool>,
+    num_heads: Option<usize>,
+    key_dim: Option<usize>,
+    value_dim: Option<usize>,
+    dropout: Option<f32>,
+}
+
+impl FileLayer {
+    /// The fields given, by their file names (all but `type`, `name` and the inputs).
+    fn given(&self) -> Vec<&'static str> {
+        let fields = [
+            ("units", self.units.is_some()),
+            ("activation", self.activation.is_some()),
+            ("filters", self.filters.is_some()),
+            ("kernel_size", self.kernel_size.is_some()),
+            ("strides", self.strides.is_some()),
+            ("padding", self.padding.is_some()),
+            ("dilation_rate", self.dilation_rate.is_some()),
+            ("groups", self.groups.is_some()),
+            ("use_bias", self.use_bias.is_some()),
+            ("depth_multiplier", self.depth_multiplier.is_some()),
+            ("pool_size", self.pool_size.is_some()),
+            ("momentum", self.momentum.is_some()),
+            ("epsilon", self.epsilon.is_some()),
+            ("input_dim", self.input_dim.is_some()),
+            ("output_dim", self.output_dim.is_some()),
+            ("rate", self.rate.is_some()),
+            ("seed", self.seed.is_some()),
+            ("target_shape", self.target_shape.is_some()),
+            ("return_sequences", self.return_sequences.is_some()),
+            ("num_heads", self.num_heads.is_some()),
+            ("key_dim", self.key_dim.is_some()),
+            ("value_dim", self.value_dim.is_some()),
+            ("dropout", self.dropout.is_some()),
+        ];
+        fields.iter().filter(|f| f.1).map(|f| f.0).collect()
+    }
 }
 
 #[derive(Deserialize)]
@@ -1002,6 +1419,15 @@ impl FileModel {
         let kind = file_model_kind(self.kind.as_deref()).map_err(model_err)?;
         let name = self.name.unwrap_or_else(|| file.to_string());
         let input_name = self.input.name.unwrap_or_else(|| "images".to_string());
+        let integer_input = match self.input.dtype.as_deref() {
+            None | Some("float") => false,
+            Some("int32") => true,
+            Some(t) => {
+                return Err(model_err(format!(
+                "unknown input dtype `{t}`; use `float` (the model's type) or `int32` (token ids)"
+            )))
+            }
+        };
         let staged = staged_layers(
             self.layer,
             self.stage,
@@ -1026,6 +1452,7 @@ impl FileModel {
             self.pipeline.device_mapping,
         )?;
         model.training = self.training.into();
+        model.integer_input = integer_input;
         Ok(model)
     }
 }
@@ -1119,8 +1546,30 @@ fn file_layers(
             return Err(bad("the layer has no `name`".into()));
         };
         let layer_kind = file_layer_kind(&fl).map_err(bad)?;
-        let input =
-            file_layer_input(kind, input_name, i, fl.input.as_deref(), &names).map_err(bad)?;
+        let (input, extra) = match (&fl.input, &fl.inputs) {
+            (Some(_), Some(_)) => return Err(bad("give `input` or `inputs`, not both".into())),
+            (_, Some(list)) if kind == ModelKind::Functional => {
+                let mut sources = list
+                    .iter()
+                    .map(|n| file_layer_input(kind, input_name, i, Some(n), &names))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(bad)?;
+                if sources.is_empty() {
+                    return Err(bad("`inputs` is empty".into()));
+                }
+                let first = sources.remove(0);
+                (first, sources)
+            }
+            (_, Some(_)) => {
+                return Err(bad(
+                    "`inputs` is for functional models; a sequential layer takes the previous layer's output".into(),
+                ))
+            }
+            (input, None) => (
+                file_layer_input(kind, input_name, i, input.as_deref(), &names).map_err(bad)?,
+                Vec::new(),
+            ),
+        };
         names.insert(name.clone(), i);
         layers.push(ModelLayer {
             layer: Layer {
@@ -1128,46 +1577,173 @@ fn file_layers(
                 kind: layer_kind,
             },
             input,
+            extra,
             stage: stage.unwrap_or(0),
         });
     }
     Ok((layers, names))
 }
 
-/// A layer table's `type` with its fields: `dense` needs `units` and may name an
-/// `activation`; the other types take neither.
+/// The fields each layer type takes (besides `type`, `name`, `input` / `inputs`).
+const LAYER_FIELDS: [(&str, &[&str]); 19] = [
+    ("flatten", &[]),
+    ("dense", &["units", "activation"]),
+    ("outfeed", &[]),
+    ("maybe_outfeed", &[]),
+    (
+        "conv2d",
+        &[
+            "filters",
+            "kernel_size",
+            "strides",
+            "padding",
+            "dilation_rate",
+            "groups",
+            "activation",
+            "use_bias",
+        ],
+    ),
+    (
+        "depthwise_conv2d",
+        &[
+            "kernel_size",
+            "depth_multiplier",
+            "strides",
+            "padding",
+            "activation",
+        ],
+    ),
+    ("max_pooling2d", &["pool_size", "strides", "padding"]),
+    ("average_pooling2d", &["pool_size", "strides", "padding"]),
+    ("global_average_pooling2d", &[]),
+    ("global_average_pooling1d", &[]),
+    ("batch_normalization", &["momentum", "epsilon"]),
+    ("layer_normalization", &["epsilon"]),
+    ("embedding", &["input_dim", "output_dim"]),
+    ("dropout", &["rate", "seed"]),
+    ("add", &[]),
+    ("activation", &["activation"]),
+    ("reshape", &["target_shape"]),
+    ("lstm", &["units", "return_sequences"]),
+    (
+        "multi_head_attention",
+        &["num_heads", "key_dim", "value_dim", "dropout"],
+    ),
+];
+
+/// A layer table's `type` with its fields, checked: each type takes only its own fields, and
+/// required ones must be there (Keras' defaults fill the rest).
 fn file_layer_kind(fl: &FileLayer) -> Result<LayerKind, String> {
-    let only_dense = |field: &str, present: bool| {
-        if present {
-            Err(format!("`{field}` is only for dense layers"))
+    let Some((_, allowed)) = LAYER_FIELDS.iter().find(|(t, _)| *t == fl.kind) else {
+        let types: Vec<&str> = LAYER_FIELDS.iter().map(|(t, _)| *t).collect();
+        return Err(format!(
+            "unknown layer type `{}`; use one of {}",
+            fl.kind,
+            types.join(", ")
+        ));
+    };
+    if let Some(f) = fl.given().into_iter().find(|f| !allowed.contains(f)) {
+        return Err(format!("`{f}` is not a field of {} layers", fl.kind));
+    }
+    let need = |v: Option<usize>, field: &str| {
+        v.filter(|&v| v > 0)
+            .ok_or_else(|| format!("a {} layer needs a positive `{field}`", fl.kind))
+    };
+    let activation = match fl.activation.as_deref() {
+        None => LayerActivation::Linear,
+        Some(a) => file_activation(a)?,
+    };
+    let padding = match fl.padding.as_deref() {
+        None | Some("valid") => LayerPadding::Valid,
+        Some("same") => LayerPadding::Same,
+        Some(p) => return Err(format!("unknown padding `{p}`; use `valid` or `same`")),
+    };
+    let kernel = |fl: &FileLayer| -> Result<[usize; 2], String> {
+        let k = fl
+            .kernel_size
+            .ok_or_else(|| format!("a {} layer needs `kernel_size`", fl.kind))?
+            .get();
+        Ok([k[0] as usize, k[1] as usize])
+    };
+    let unit = |p: Option<Pair>| p.map_or([1, 1], Pair::get);
+    let rate = |r: f32, field: &str| {
+        if (0.0..1.0).contains(&r) {
+            Ok(r)
         } else {
-            Ok(())
+            Err(format!("`{field}` must be in [0, 1)"))
         }
     };
-    match fl.kind.as_str() {
-        "dense" => {
-            let units = fl
-                .units
-                .ok_or_else(|| "a dense layer needs `units`".to_string())?;
-            let activation = match fl.activation.as_deref() {
-                None => LayerActivation::Linear,
-                Some(a) => file_activation(a)?,
-            };
-            Ok(LayerKind::Dense { units, activation })
+    Ok(match fl.kind.as_str() {
+        "flatten" => LayerKind::Flatten,
+        "outfeed" => LayerKind::Outfeed,
+        "maybe_outfeed" => LayerKind::MaybeOutfeed,
+        "dense" => LayerKind::Dense {
+            units: need(fl.units, "units")?,
+            activation,
+        },
+        "conv2d" => LayerKind::Conv2D {
+            filters: need(fl.filters, "filters")?,
+            kernel_size: kernel(fl)?,
+            strides: unit(fl.strides),
+            padding,
+            dilation_rate: unit(fl.dilation_rate),
+            groups: fl.groups.unwrap_or(1),
+            activation,
+            use_bias: fl.use_bias.unwrap_or(true),
+        },
+        "depthwise_conv2d" => LayerKind::DepthwiseConv2D {
+            kernel_size: kernel(fl)?,
+            depth_multiplier: fl.depth_multiplier.unwrap_or(1),
+            strides: unit(fl.strides),
+            padding,
+            activation,
+        },
+        "max_pooling2d" | "average_pooling2d" => {
+            let pool = fl.pool_size.map_or([2, 2], Pair::get);
+            LayerKind::Pooling2D {
+                max: fl.kind == "max_pooling2d",
+                pool_size: pool,
+                strides: fl.strides.map_or(pool, Pair::get),
+                padding,
+            }
         }
-        "flatten" | "outfeed" | "maybe_outfeed" => {
-            only_dense("units", fl.units.is_some())?;
-            only_dense("activation", fl.activation.is_some())?;
-            Ok(match fl.kind.as_str() {
-                "flatten" => LayerKind::Flatten,
-                "outfeed" => LayerKind::Outfeed,
-                _ => LayerKind::MaybeOutfeed,
-            })
-        }
-        k => Err(format!(
-            "unknown layer type `{k}`; use flatten, dense, outfeed or maybe_outfeed"
-        )),
-    }
+        "global_average_pooling2d" => LayerKind::GlobalAveragePooling2D,
+        "global_average_pooling1d" => LayerKind::GlobalAveragePooling1D,
+        "batch_normalization" => LayerKind::BatchNormalization {
+            momentum: rate(fl.momentum.unwrap_or(0.99), "momentum")?,
+            epsilon: fl.epsilon.unwrap_or(1e-3),
+        },
+        "layer_normalization" => LayerKind::LayerNormalization {
+            epsilon: fl.epsilon.unwrap_or(1e-3),
+        },
+        "embedding" => LayerKind::Embedding {
+            input_dim: need(fl.input_dim, "input_dim")?,
+            output_dim: need(fl.output_dim, "output_dim")?,
+        },
+        "dropout" => LayerKind::Dropout {
+            rate: rate(fl.rate.ok_or("a dropout layer needs `rate`")?, "rate")?,
+            seed: fl.seed.unwrap_or(0),
+        },
+        "add" => LayerKind::Add,
+        "activation" => LayerKind::Activation { activation },
+        "reshape" => LayerKind::Reshape {
+            target_shape: fl
+                .target_shape
+                .clone()
+                .filter(|t| !t.is_empty() && !t.contains(&0))
+                .ok_or("a reshape layer needs a `target_shape` of positive sizes")?,
+        },
+        "lstm" => LayerKind::Lstm {
+            units: need(fl.units, "units")?,
+            return_sequences: fl.return_sequences.unwrap_or(false),
+        },
+        _ => LayerKind::MultiHeadAttention {
+            num_heads: need(fl.num_heads, "num_heads")?,
+            key_dim: need(fl.key_dim, "key_dim")?,
+            value_dim: fl.value_dim,
+            dropout: rate(fl.dropout.unwrap_or(0.0), "dropout")?,
+        },
+    })
 }
 
 /// An activation by its file name.
@@ -1206,7 +1782,7 @@ fn file_layer_input(
 }
 
 /// The model files shipped with Tessera: (name, file text).
-pub const SHIPPED: [(&str, &str); 4] = [
+pub const SHIPPED: [(&str, &str); 7] = [
     (
         "pipelined_sequential",
         include_str!("../../examples/models/pipelined_sequential.toml"),
@@ -1220,6 +1796,18 @@ pub const SHIPPED: [(&str, &str); 4] = [
         include_str!("../../examples/models/sequential.toml"),
     ),
     ("model", include_str!("../../examples/models/model.toml")),
+    (
+        "mnist_cnn",
+        include_str!("../../examples/models/mnist_cnn.toml"),
+    ),
+    (
+        "residual_cnn",
+        include_str!("../../examples/models/residual_cnn.toml"),
+    ),
+    (
+        "transformer_encoder",
+        include_str!("../../examples/models/transformer_encoder.toml"),
+    ),
 ];
 
 /// The default model: the pipelined Sequential one.
@@ -1243,9 +1831,86 @@ mod tests {
         for (name, _) in SHIPPED {
             let m = shipped(name).unwrap().unwrap();
             assert_eq!(m.output_units(), Some(10), "{name}");
-            assert!(m.layers.iter().any(|l| l.layer.name == "Dense_128"));
-            assert_eq!(m.is_pipelined(), name.starts_with("pipelined"), "{name}");
+            let pipelined = name.starts_with("pipelined")
+                || name == "mnist_cnn"
+                || name == "transformer_encoder";
+            assert_eq!(m.is_pipelined(), pipelined, "{name}");
         }
+        for name in [
+            "pipelined_sequential",
+            "pipelined_model",
+            "sequential",
+            "model",
+        ] {
+            let m = shipped(name).unwrap().unwrap();
+            assert!(m.layers.iter().any(|l| l.layer.name == "Dense_128"));
+        }
+    }
+
+    #[test]
+    fn the_new_layer_models_build_for_training_and_inference() {
+        for name in ["mnist_cnn", "residual_cnn", "transformer_encoder"] {
+            let m = shipped(name).unwrap().unwrap();
+            for training in [true, false] {
+                let mut g: Graph<tessera_sim::Heap> = Graph::new();
+                let b = m.build(&mut g, 4, DType::F32, training).unwrap();
+                assert_eq!(g.node(b.output).shape().dims(), &[4, 10], "{name}");
+                assert!(b.softmax_output, "{name}");
+            }
+        }
+        let cnn = shipped("mnist_cnn").unwrap().unwrap();
+        assert_eq!(cnn.layers[0].layer.kind.type_name(), "Conv2D");
+        let res = shipped("residual_cnn").unwrap().unwrap();
+        let add = res
+            .layers
+            .iter()
+            .find(|l| l.layer.name == "Block1_add")
+            .unwrap();
+        assert_eq!(add.extra.len(), 1);
+    }
+
+    #[test]
+    fn new_layer_fields_are_checked() {
+        let head = "name = \"m\"\ninput = { shape = [4, 4, 1] }\n";
+        let err = |body: &str| {
+            Model::from_toml(&format!("{head}{body}"), "m.toml")
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            err("[[layer]]\ntype = \"dense\"\nname = \"d\"\nunits = 3\nfilters = 2\n"),
+            "m.toml: layer 0 (`d`): `filters` is not a field of dense layers"
+        );
+        assert_eq!(
+            err("[[layer]]\ntype = \"conv2d\"\nname = \"c\"\nfilters = 2\n"),
+            "m.toml: layer 0 (`c`): a conv2d layer needs `kernel_size`"
+        );
+        assert_eq!(
+            err("[[layer]]\ntype = \"conv2d\"\nname = \"c\"\nfilters = 2\nkernel_size = 3\npadding = \"full\"\n"),
+            "m.toml: layer 0 (`c`): unknown padding `full`; use `valid` or `same`"
+        );
+        assert_eq!(
+            err("[[layer]]\ntype = \"add\"\nname = \"a\"\n"),
+            "m.toml: layer 0 (`a`): Add takes 2 input(s), this layer has 1; list them as `inputs = [...]`"
+        );
+        assert_eq!(
+            err("[[layer]]\ntype = \"dropout\"\nname = \"d\"\nrate = 1.5\n"),
+            "m.toml: layer 0 (`d`): `rate` must be in [0, 1)"
+        );
+        // A kernel larger than the image is the core's error, naming the layer's node.
+        let m = Model::from_toml(
+            &format!(
+                "{head}[[layer]]\ntype = \"conv2d\"\nname = \"c\"\nfilters = 2\nkernel_size = 5\n"
+            ),
+            "m.toml",
+        )
+        .unwrap();
+        let mut g: Graph<tessera_sim::Heap> = Graph::new();
+        let e = m
+            .build(&mut g, 2, DType::F32, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("m: `c/Conv2D` (Conv): the kernel"), "{e}");
     }
 
     #[test]
@@ -1320,7 +1985,7 @@ mod tests {
 
         let m = shipped("sequential").unwrap().unwrap();
         let mut g: Graph<Fixed<2>> = Graph::new();
-        let e = m.build(&mut g, 8, DType::F32).unwrap_err();
+        let e = m.build(&mut g, 8, DType::F32, true).unwrap_err();
         assert!(matches!(e, ModelError::Graph { .. }), "{e:?}");
         assert!(e.source().is_some());
     }
@@ -1378,7 +2043,7 @@ mod tests {
     fn builds_a_graph_with_taps() {
         let m = shipped("pipelined_sequential").unwrap().unwrap();
         let mut g: Box<Graph<Fixed<64>>> = Box::new(Graph::new());
-        let b = m.build(&mut g, 8, DType::F32).unwrap();
+        let b = m.build(&mut g, 8, DType::F32, true).unwrap();
         assert!(b.softmax_output);
         assert_eq!(b.maybe_outfeeds.len(), 2);
         assert_eq!(g.stage_count(), 2);

@@ -28,7 +28,7 @@ fn core_inference(
     samples: usize,
 ) -> (f64, Vec<f32>) {
     let mut g: Graph<Heap> = Graph::new();
-    let built = model.build(&mut g, b, DType::F32).unwrap();
+    let built = model.build(&mut g, b, DType::F32, false).unwrap();
     let labels = g.input("labels", &[b], DType::I32).unwrap();
     let loss = g
         .sparse_categorical_crossentropy("loss", built.output, labels, !built.softmax_output)

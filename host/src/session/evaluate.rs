@@ -109,7 +109,7 @@ fn compile_inference(
     let model = placed(model, so);
     let b = so.batch_size;
     let mut g: Graph<Heap> = Graph::new();
-    let built = model.build(&mut g, b, so.dtype)?;
+    let built = model.build(&mut g, b, so.dtype, false)?;
     let loss = if with_labels {
         let labels = g.input("labels", &[b], DType::I32)?;
         Some(g.sparse_categorical_crossentropy(

@@ -295,7 +295,7 @@ pub fn compile(model: &Model, options: &SessionOptions) -> Result<Compiled, Sess
     let m = u32::try_from(options.gradient_accumulation_count)
         .map_err(|_| opt_err("--gradient-accumulation-count", "is too large".to_string()))?;
     let mut g: Graph<Heap> = Graph::new();
-    let built = model.build(&mut g, options.batch_size, options.dtype)?;
+    let built = model.build(&mut g, options.batch_size, options.dtype, true)?;
     let labels = g.input("labels", &[options.batch_size], DType::I32)?;
     let loss =
         g.sparse_categorical_crossentropy("loss", built.output, labels, !built.softmax_output)?;

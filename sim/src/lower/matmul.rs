@@ -235,18 +235,29 @@ pub(super) fn b_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> Mappi
     Mapping::from_intervals(iv)
 }
 
-/// The rectangle (rows r0..r1, cols c0..c1, within a rows x cols output block) that the q-th
-/// of `pk` tiles reduces: a band of rows when there are enough rows, else a band of columns.
-fn reduce_share(rows: u64, cols: u64, q: u64, pk: u64) -> Option<(u64, u64, u64, u64)> {
-    if rows >= pk {
-        let c = rows.div_ceil(pk);
-        let (r0, r1) = (q * c, ((q + 1) * c).min(rows));
-        (r0 < r1).then_some((r0, r1, 0, cols))
-    } else {
-        let c = cols.div_ceil(pk);
-        let (c0, c1) = (q * c, ((q + 1) * c).min(cols));
-        (c0 < c1).then_some((0, rows, c0, c1))
+/// The part of a `rows x cols` output block that the q-th of `pk` tiles reduces: an even
+/// share of the block's elements in row-major order (as the planner costs it), as up to three
+/// rectangles (rows r0..r1, cols c0..c1): a partial first row, whole rows, a partial last row.
+fn reduce_share(rows: u64, cols: u64, q: u64, pk: u64) -> Vec<(u64, u64, u64, u64)> {
+    let n = rows * cols;
+    let c = n.div_ceil(pk.max(1));
+    let (s, e) = ((q * c).min(n), ((q + 1) * c).min(n));
+    let mut out = Vec::new();
+    let mut i = s;
+    while i < e {
+        let (r, c0) = (i / cols, i % cols);
+        if c0 == 0 && e - i >= cols {
+            // Whole rows.
+            let full = (e - i) / cols;
+            out.push((r, r + full, 0, cols));
+            i += full * cols;
+        } else {
+            let c1 = cols.min(c0 + (e - i));
+            out.push((r, r + 1, c0, c1));
+            i += c1 - c0;
+        }
     }
+    out
 }
 
 /// Output blocks (group, im, in, rows, cols) and, for each, the pk tiles that own a share.
@@ -276,12 +287,11 @@ pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> 
     let mut iv = Vec::new();
     for (g, im, i_n, rm, rn, pk_here) in output_shares(&p, &plan) {
         for ik in 0..pk_here {
-            let Some((r0, r1, c0, c1)) = reduce_share(rm.1 - rm.0, rn.1 - rn.0, ik, pk_here) else {
-                continue;
-            };
             let tile = tile(g, plan.grid(im, ik, i_n), &p, l.tile_count());
-            for (start, len) in (p.out)(g, (rm.0 + r0, rm.0 + r1), (rn.0 + c0, rn.0 + c1)) {
-                iv.push(Interval { tile, start, len });
+            for (r0, r1, c0, c1) in reduce_share(rm.1 - rm.0, rn.1 - rn.0, ik, pk_here) {
+                for (start, len) in (p.out)(g, (rm.0 + r0, rm.0 + r1), (rn.0 + c0, rn.0 + c1)) {
+                    iv.push(Interval { tile, start, len });
+                }
             }
         }
     }
@@ -401,24 +411,33 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
             .filter(|&q| offsets.contains_key(&(b.g, b.im, q, b.i_n)))
             .count() as u64;
         let (rows, cols) = (b.m.1 - b.m.0, b.n.1 - b.n.0);
-        let Some((r0, r1, c0, c1)) = reduce_share(rows, cols, b.ik, pk_here) else {
+        let pieces = reduce_share(rows, cols, b.ik, pk_here);
+        if pieces.is_empty() {
             continue;
-        };
-        // The same rectangle of every partial block of this output block.
-        let reads = (0..plan.pk)
-            .filter_map(|q| offsets.get(&(b.g, b.im, q, b.i_n)))
-            .map(|&off| Region::strided(partials, off + r0 * cols + c0, c1 - c0, r1 - r0, cols))
-            .collect();
-        let writes = spans(
-            out,
-            (p.out)(b.g, (b.m.0 + r0, b.m.0 + r1), (b.n.0 + c0, b.n.0 + c1)),
-        );
+        }
+        // The same rectangles of every partial block of this output block.
+        let (mut reads, mut writes, mut elements) = (Vec::new(), Vec::new(), 0);
+        for &(r0, r1, c0, c1) in &pieces {
+            reads.extend(
+                (0..plan.pk)
+                    .filter_map(|q| offsets.get(&(b.g, b.im, q, b.i_n)))
+                    .map(|&off| {
+                        Region::strided(partials, off + r0 * cols + c0, c1 - c0, r1 - r0, cols)
+                    }),
+            );
+            writes.extend((p.out)(
+                b.g,
+                (b.m.0 + r0, b.m.0 + r1),
+                (b.n.0 + c0, b.n.0 + c1),
+            ));
+            elements += (r1 - r0) * (c1 - c0);
+        }
         vertices.push(Vertex {
             tile: tile_of(b),
             codelet: Codelet::Reduce,
-            cycles: cost::reduce_cycles(cfg, (r1 - r0) * (c1 - c0), pk_here, DType::F32),
-            reads,
-            writes,
+            cycles: cost::reduce_cycles(cfg, elements, pk_here, DType::F32),
+            reads: compress(reads),
+            writes: spans(out, writes),
         });
     }
     l.compute(i, "reduce", vertices);

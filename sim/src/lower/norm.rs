@@ -14,7 +14,6 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Norm) {
     let cfg = l.cfg;
     let node = l.node(i);
     let (dt, shape) = (node.dtype(), node.shape());
-    let out = l.t(i);
     let (x, dy, axes, passes) = match *op {
         Norm::Normalize { x, axes, .. } => (x, None, axes, 2),
         Norm::NormalizeGrad { dy, x, axes, .. } => (x, Some(dy), axes, 4),
@@ -27,6 +26,13 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Norm) {
     // Statistics, two f32 values per group (mean and 1/sd), spread over the tiles.
     let mapping = l.linear(groups * 2, 4, 2, 1);
     let stats = l.temporary(i, "statistics", DType::F32, groups * 2, mapping);
+    let mut xs = vec![xt];
+    xs.extend(dyt);
+    if reduce::two_stage_pays(groups, per_group) {
+        reduce::two_stage(l, i, &xs, shape, axes, stats, 2, passes);
+        normalize(l, i, &xs, stats, kept, passes);
+        return;
+    }
     let ivs: Vec<Interval> = l.tensors[stats.index()].mapping.intervals().to_vec();
     let vertices = ivs
         .iter()
@@ -47,12 +53,26 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Norm) {
         })
         .collect();
     l.compute(i, "statistics", vertices);
-    let mut same = vec![xt];
-    same.extend(dyt);
+    normalize(l, i, &xs, stats, kept, passes);
+}
+
+/// The element-wise pass: each element with its group's statistics.
+fn normalize<S: Storage>(
+    l: &mut Lowering<'_, S>,
+    i: NodeId,
+    same: &[crate::program::TensorId],
+    stats: crate::program::TensorId,
+    kept: tessera_core::Shape,
+    passes: u64,
+) {
+    let cfg = l.cfg;
+    let node = l.node(i);
+    let (dt, shape) = (node.dtype(), node.shape());
+    let out = l.t(i);
     l.elementwise(
         i,
         out,
-        &same,
+        same,
         Codelet::Binary,
         move |n| passes * cost::elementwise_binary_cycles(cfg, n, dt),
         move |s, len| {

@@ -79,6 +79,92 @@ pub(super) fn reads(
     compress(out)
 }
 
+/// Reductions to at most this many outputs, each of at least [`TWO_STAGE_MIN_LENGTH`]
+/// elements, run in two stages, as poplibs' multi-stage reductions do: every tile holding the
+/// input reduces its own elements into partials, then the tiles of the output reduce the
+/// partials. A one-stage reduction would gather a small output's whole input onto its few
+/// tiles. (Estimates of where poplibs' reduction planner switches.)
+pub(super) const TWO_STAGE_MAX_OUTPUTS: u64 = 4096;
+
+/// See [`TWO_STAGE_MAX_OUTPUTS`].
+pub(super) const TWO_STAGE_MIN_LENGTH: u64 = 64;
+
+/// Whether a reduction to `outputs` values of `length` elements each runs in two stages.
+pub(super) fn two_stage_pays(outputs: u64, length: u64) -> bool {
+    outputs <= TWO_STAGE_MAX_OUTPUTS && length >= TWO_STAGE_MIN_LENGTH
+}
+
+/// A two-stage reduction of the tensors `xs` (all of shape `sx`, reduced over `axes`) into
+/// `out`, which holds `values` values per group; `passes` reductions per element.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn two_stage<S: Storage>(
+    l: &mut Lowering<'_, S>,
+    i: NodeId,
+    xs: &[TensorId],
+    sx: Shape,
+    axes: tessera_core::ops::Axes,
+    out: TensorId,
+    values: u64,
+    passes: u64,
+) {
+    let cfg = l.cfg;
+    let dt = l.node(i).dtype();
+    let groups = tessera_core::ops::reduce::reduced(sx, axes, true).elements() as u64;
+    let block = groups * values;
+    // Stage 1: per tile holding the input, a partial block of every group's values.
+    let mut ivs: Vec<Interval> = l.tensors[xs[0].index()].mapping.intervals().to_vec();
+    ivs.sort_by_key(|iv| (iv.tile, iv.start));
+    let tiles: Vec<Vec<Interval>> = ivs
+        .chunk_by(|a, b| a.tile == b.tile)
+        .map(<[Interval]>::to_vec)
+        .collect();
+    let mapping = Mapping::from_intervals(
+        tiles
+            .iter()
+            .enumerate()
+            .map(|(t, g)| Interval {
+                tile: g[0].tile,
+                start: t as u64 * block,
+                len: block,
+            })
+            .collect(),
+    );
+    let count = tiles.len() as u64;
+    let partials = l.temporary(i, "partials", DType::F32, count * block, mapping);
+    let stage1 = tiles
+        .iter()
+        .enumerate()
+        .map(|(t, g)| {
+            let n: u64 = g.iter().map(|iv| iv.len).sum();
+            let touched = groups.min(n).max(1);
+            Vertex {
+                tile: g[0].tile,
+                codelet: Codelet::Reduce,
+                cycles: passes * cost::reduce_cycles(cfg, touched, n.div_ceil(touched), dt),
+                reads: xs
+                    .iter()
+                    .flat_map(|&x| g.iter().map(move |iv| Region::span(x, iv.start, iv.len)))
+                    .collect(),
+                writes: vec![Region::span(partials, t as u64 * block, block)],
+            }
+        })
+        .collect();
+    l.compute(i, "partials", stage1);
+    // Stage 2: each tile of the output reduces its values over the partial blocks.
+    let outs: Vec<Interval> = l.tensors[out.index()].mapping.intervals().to_vec();
+    let stage2 = outs
+        .iter()
+        .map(|iv| Vertex {
+            tile: iv.tile,
+            codelet: Codelet::Reduce,
+            cycles: cost::reduce_cycles(cfg, iv.len, count, DType::F32),
+            reads: vec![Region::strided(partials, iv.start, iv.len, count, block)],
+            writes: vec![Region::span(out, iv.start, iv.len)],
+        })
+        .collect();
+    l.compute(i, "reduce", stage2);
+}
+
 pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Reduce) {
     let cfg = l.cfg;
     let node = l.node(i);
@@ -104,41 +190,8 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Reduce)
         Reduce::Reduce { x, axes, .. } => {
             let (xt, sx) = (l.t(x), l.node(x).shape());
             let per_output = (sx.elements() / so.elements().max(1)) as u64;
-            if so.elements() == 1 {
-                // Reduce everything: partials where the data is, then one final reduction.
-                let ivs: Vec<Interval> = l.tensors[xt.index()].mapping.intervals().to_vec();
-                let mapping = Mapping::from_intervals(
-                    ivs.iter()
-                        .enumerate()
-                        .map(|(g, iv)| Interval {
-                            tile: iv.tile,
-                            start: g as u64,
-                            len: 1,
-                        })
-                        .collect(),
-                );
-                let partials = l.temporary(i, "partials", DType::F32, ivs.len() as u64, mapping);
-                let stage1 = ivs
-                    .iter()
-                    .enumerate()
-                    .map(|(g, iv)| Vertex {
-                        tile: iv.tile,
-                        codelet: Codelet::Reduce,
-                        cycles: cost::reduce_cycles(cfg, 1, iv.len, dt),
-                        reads: vec![Region::span(xt, iv.start, iv.len)],
-                        writes: vec![Region::span(partials, g as u64, 1)],
-                    })
-                    .collect();
-                l.compute(i, "partials", stage1);
-                let n = ivs.len() as u64;
-                let v = Vertex {
-                    tile: l.first_tile(out),
-                    codelet: Codelet::Reduce,
-                    cycles: cost::reduce_cycles(cfg, 1, n, DType::F32),
-                    reads: vec![Region::span(partials, 0, n)],
-                    writes: vec![Region::span(out, 0, 1)],
-                };
-                l.compute(i, "reduce", vec![v]);
+            if two_stage_pays(so.elements() as u64, per_output) {
+                two_stage(l, i, &[xt], sx, axes, out, 1, 1);
                 return;
             }
             let ivs: Vec<Interval> = l.tensors[out.index()].mapping.intervals().to_vec();
