@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use tessera::core::models::mnist_mlp;
+use tessera::core::models::{mnist_cnn, mnist_mlp, MnistMlp};
 use tessera::core::rng::SplitMix64;
 use tessera::core::{DType, Fixed, Graph, Optimizer, Plan};
 use tessera::idx::{load_mnist, Images, Labels};
@@ -32,9 +32,12 @@ struct Args {
     /// Micro-batch size.
     #[arg(long, default_value_t = 32)]
     batch_size: usize,
-    /// SGD learning rate.
-    #[arg(long, default_value_t = 0.1)]
-    learning_rate: f32,
+    /// The classifier: the MLP (trained with SGD) or the CNN of `mnist_cnn.toml` (Adam).
+    #[arg(long, default_value = "mlp", value_parser = ["mlp", "cnn"])]
+    model: String,
+    /// Learning rate (default 0.1 for the MLP's SGD, 0.001 for the CNN's Adam).
+    #[arg(long)]
+    learning_rate: Option<f32>,
     /// Seed of weight initialisation and shuffling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -46,8 +49,8 @@ struct Args {
     export_firmware: Option<PathBuf>,
 }
 
-/// Graph capacity: the training graph of the classifier has about 50 nodes.
-const NODES: usize = 96;
+/// Graph capacity: the training graphs have about 50 (MLP) and 100 (CNN) nodes.
+const NODES: usize = 192;
 /// Digits bundled with the firmware.
 const FIRMWARE_DIGITS: usize = 8;
 
@@ -101,10 +104,16 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // Training graph.
     let batch = args.batch_size;
     let mut g: Graph<Fixed<NODES>> = Graph::new();
-    let model = mnist_mlp(&mut g, batch, dtype)?;
+    let cnn = args.model == "cnn";
+    let model = classifier(&mut g, cnn, batch, dtype)?;
     let labels = g.input("labels", &[batch], DType::I32)?;
     let loss = g.sparse_categorical_crossentropy("loss", model.probabilities, labels, false)?;
-    g.differentiate(loss, Optimizer::sgd(args.learning_rate))?;
+    let optimizer = if cnn {
+        Optimizer::adam(args.learning_rate.unwrap_or(1e-3))
+    } else {
+        Optimizer::sgd(args.learning_rate.unwrap_or(0.1))
+    };
+    g.differentiate(loss, optimizer)?;
     let train = Plan::new(&g)?;
     let mut arena = vec![0u8; train.arena_bytes()];
     let mut state = vec![0u8; train.state_bytes()];
@@ -120,7 +129,7 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // Inference graph for evaluation: the same variables by name.
     let eval_batch = (1..=100).rev().find(|b| test_n % b == 0).unwrap_or(1);
     let mut ig: Graph<Fixed<NODES>> = Graph::new();
-    let eval_model = mnist_mlp(&mut ig, eval_batch, dtype)?;
+    let eval_model = classifier(&mut ig, cnn, eval_batch, dtype)?;
     let infer = Plan::new(&ig)?;
     let mut eval_arena = vec![0u8; infer.arena_bytes()];
     let mut eval_state = vec![0u8; infer.state_bytes()];
@@ -188,10 +197,24 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             &state,
             &data.test_images,
             &data.test_labels,
-            dtype,
+            (cnn, dtype),
         )?;
     }
     Ok(())
+}
+
+/// The MLP or the CNN.
+fn classifier(
+    g: &mut Graph<Fixed<NODES>>,
+    cnn: bool,
+    batch: usize,
+    dtype: DType,
+) -> Result<MnistMlp, tessera::core::GraphError> {
+    if cnn {
+        mnist_cnn(g, batch, dtype)
+    } else {
+        mnist_mlp(g, batch, dtype)
+    }
 }
 
 fn accuracy(
@@ -235,13 +258,13 @@ fn export_firmware(
     state: &[u8],
     images: &Images,
     labels: &Labels,
-    dtype: DType,
+    (cnn, dtype): (bool, DType),
 ) -> Result<(), Box<dyn std::error::Error>> {
-    // The firmware builds the batch-1 inference graph with the same builder, so its state
-    // layout is this plan's.
+    // The firmware builds the batch-1 inference graph with the same builder (and no
+    // workspaces), so its state layout is this plan's.
     let mut g: Graph<Fixed<NODES>> = Graph::new();
-    mnist_mlp(&mut g, 1, dtype)?;
-    let plan = Plan::new(&g)?;
+    classifier(&mut g, cnn, 1, dtype)?;
+    let plan = Plan::with_workspaces(&g, false)?;
     let mut weights = vec![0u8; plan.state_bytes()];
     plan.copy_state_from(&mut weights, train, state)?;
     std::fs::create_dir_all(dir)?;

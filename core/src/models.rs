@@ -3,7 +3,7 @@
 
 use crate::{Activation, DType, Graph, GraphError, NodeId, Storage};
 
-/// The nodes of the MNIST classifier a caller needs.
+/// The nodes of an MNIST classifier a caller needs (the MLP's or the CNN's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MnistMlp {
     /// Images, (batch, 28, 28), values in [0, 1].
@@ -43,6 +43,43 @@ pub fn mnist_mlp_pipelined<S: Storage>(
     let h = g.dense("Dense_128", h, 128, Activation::Relu, dtype)?;
     g.set_stage(stages[3])?;
     let logits = g.dense("Dense_10", h, 10, Activation::Linear, dtype)?;
+    let probabilities = g.softmax("Dense_10/Softmax", logits)?;
+    g.mark_output(logits)?;
+    g.mark_output(probabilities)?;
+    Ok(MnistMlp {
+        images,
+        logits,
+        probabilities,
+    })
+}
+
+/// The MNIST convolutional network of `examples/models/mnist_cnn.toml`, with the same layer
+/// names (so checkpoints move between them): Conv2D 32 3x3 relu -> MaxPool 2 -> Conv2D 64 3x3
+/// relu -> MaxPool 2 -> Flatten -> Dense 128 relu -> Dense 10 (softmax), channels last, for
+/// `batch` images of 28 x 28 x 1. Logits and probabilities are outputs; the image input is
+/// named `images`.
+pub fn mnist_cnn<S: Storage>(
+    g: &mut Graph<S>,
+    batch: usize,
+    dtype: DType,
+) -> Result<MnistMlp, GraphError> {
+    use crate::ops::conv::{DataLayout, Padding};
+    use crate::ops::pool::{PoolKind, PoolParams};
+    use crate::Conv2dLayer;
+    let images = g.input("images", &[batch, 28, 28, 1], dtype)?;
+    let conv = |filters| {
+        let mut c = Conv2dLayer::new(filters, [3, 3]);
+        c.activation = Activation::Relu;
+        c
+    };
+    let pool = PoolParams::new(PoolKind::Max, DataLayout::Nhwc, [2, 2], [2, 2]);
+    let x = g.conv2d_layer("Conv2D_32", images, conv(32), dtype)?;
+    let x = g.pool2d("MaxPool_1", x, pool, Padding::Valid)?;
+    let x = g.conv2d_layer("Conv2D_64", x, conv(64), dtype)?;
+    let x = g.pool2d("MaxPool_2", x, pool, Padding::Valid)?;
+    let x = g.flatten("Flatten", x)?;
+    let x = g.dense("Dense_128", x, 128, Activation::Relu, dtype)?;
+    let logits = g.dense("Dense_10", x, 10, Activation::Linear, dtype)?;
     let probabilities = g.softmax("Dense_10/Softmax", logits)?;
     g.mark_output(logits)?;
     g.mark_output(probabilities)?;

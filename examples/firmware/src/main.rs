@@ -1,8 +1,10 @@
-//! The MNIST classifier on a Cortex-M4F (QEMU `mps2-an386`), with tessera-core alone.
+//! The MNIST convolutional network on a Cortex-M4F (QEMU `mps2-an386`), with tessera-core
+//! alone.
 //!
 //! The weights were trained on the host (`cargo run --release --example train_mnist --
-//! --export-firmware examples/firmware/data`) and are embedded in flash, as are a few test
-//! digits. The plan's arena is a static buffer in RAM. Each prediction and its logits are
+//! --model cnn --export-firmware examples/firmware/data`) and are embedded in flash, as are a
+//! few test digits. The plan has no kernel workspaces (convolutions run as direct loops, with
+//! the same sums as the host's), and its arena is a static buffer in RAM. Each prediction and its logits are
 //! printed through semihosting to the host's stdout; the exit status of `debug::exit` becomes
 //! QEMU's. Run with `scripts/run-firmware`.
 #![no_std]
@@ -12,7 +14,7 @@ use cortex_m_rt::entry;
 use cortex_m_semihosting::{debug, hprintln};
 // Panics print their message over semihosting and exit QEMU with a failure.
 use panic_semihosting as _;
-use tessera_core::models::mnist_mlp;
+use tessera_core::models::mnist_cnn;
 use tessera_core::{DType, Fixed, Graph, Plan};
 
 /// The batch-1 inference plan's state: every variable, in the plan's layout.
@@ -23,8 +25,8 @@ static DIGITS: &[u8] = include_bytes!("../data/digits.bin");
 static LABELS: &[u8] = include_bytes!("../data/labels.bin");
 
 /// The arena the plan runs in, reserved statically (checked against the plan at start-up).
-const ARENA_BYTES: usize = 8 * 1024;
-/// Nodes of the inference graph (it has 17).
+const ARENA_BYTES: usize = 176 * 1024;
+/// Nodes of the inference graph (it has 21).
 const NODES: usize = 24;
 const PIXELS: usize = 28 * 28;
 
@@ -41,8 +43,8 @@ fn main() -> ! {
 
 fn run() -> Result<(), ()> {
     let mut g: Graph<Fixed<NODES>> = Graph::new();
-    let model = mnist_mlp(&mut g, 1, DType::F32).map_err(|e| hprintln!("error: {}", e))?;
-    let plan = Plan::new(&g).map_err(|e| hprintln!("error: {}", e))?;
+    let model = mnist_cnn(&mut g, 1, DType::F32).map_err(|e| hprintln!("error: {}", e))?;
+    let plan = Plan::with_workspaces(&g, false).map_err(|e| hprintln!("error: {}", e))?;
     let arena: &'static mut [u8; ARENA_BYTES] =
         cortex_m::singleton!(: [u8; ARENA_BYTES] = [0; ARENA_BYTES]).ok_or(())?;
     hprintln!(
