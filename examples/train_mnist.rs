@@ -209,12 +209,12 @@ fn classifier(
     cnn: bool,
     batch: usize,
     dtype: DType,
-) -> Result<MnistMlp, tessera::core::GraphError> {
-    if cnn {
-        mnist_cnn(g, batch, dtype)
+) -> Result<MnistMlp, Box<dyn std::error::Error>> {
+    Ok(if cnn {
+        mnist_cnn(g, batch, dtype)?
     } else {
-        mnist_mlp(g, batch, dtype)
-    }
+        mnist_mlp(g, batch, dtype)?
+    })
 }
 
 fn accuracy(
