@@ -17,7 +17,7 @@ use tessera::core::{
 
 static WORST: Mutex<f64> = Mutex::new(1.0);
 
-fn check_plan(g: &Graph<Fixed<160>>) -> Result<(), TestCaseError> {
+fn check_plan(g: &common::RandomGraph) -> Result<(), TestCaseError> {
     let plan = Plan::new(g).unwrap();
     let slots = plan.slots();
     for (i, a) in slots.iter().enumerate() {
@@ -66,7 +66,7 @@ fn check_plan(g: &Graph<Fixed<160>>) -> Result<(), TestCaseError> {
 }
 
 /// Runs a plan and returns every output's bytes.
-fn outputs(g: &Graph<Fixed<160>>, train: bool) -> Vec<Vec<u8>> {
+fn outputs(g: &common::RandomGraph, train: bool) -> Vec<Vec<u8>> {
     let plan = Plan::new(g).unwrap();
     let mut arena = vec![0u8; plan.arena_bytes()];
     let mut state = vec![0u8; plan.state_bytes()];

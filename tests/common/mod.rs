@@ -17,7 +17,7 @@ pub struct Step {
 pub fn steps() -> impl Strategy<Value = Vec<Step>> {
     prop::collection::vec(
         (
-            0u8..14,
+            0u8..24,
             any::<usize>(),
             any::<usize>(),
             1usize..=6,
@@ -34,10 +34,20 @@ pub fn steps() -> impl Strategy<Value = Vec<Step>> {
     )
 }
 
+/// The graphs random tests build: up to 512 nodes, in place.
+pub type RandomGraph = Graph<Fixed<512>>;
+
 /// Builds a random graph; builder errors (shape mismatches) just skip the step, as a user
-/// correcting a model would.
-pub fn build(rows: usize, cols: usize, steps: &[Step], train: bool) -> Option<Graph<Fixed<160>>> {
-    let mut g: Graph<Fixed<160>> = Graph::new();
+/// correcting a model would. Steps cover every op family: element-wise (broadcasting, GELU,
+/// where), matmul, softmax on any axis, reductions that keep axes, transpose, concat, slice,
+/// reshape (a view), layer normalisation, convolution, pooling.
+pub fn build(rows: usize, cols: usize, steps: &[Step], train: bool) -> Option<RandomGraph> {
+    use tessera::core::ops::conv::{DataLayout, Padding};
+    use tessera::core::ops::elementwise::{BinaryFn, GeluForm, UnaryFn};
+    use tessera::core::ops::pool::{PoolKind, PoolParams};
+    use tessera::core::ops::reduce::ReduceKind;
+    use tessera::core::Conv2dLayer;
+    let mut g: RandomGraph = Graph::new();
     let x = g.input("x", &[rows, cols], DType::F32).ok()?;
     let mut pool: Vec<NodeId> = vec![x];
     for (i, s) in steps.iter().enumerate() {
@@ -78,6 +88,43 @@ pub fn build(rows: usize, cols: usize, steps: &[Step], train: bool) -> Option<Gr
             10 => g.reduce_sum(&name, a, Some(0)),
             11 => g.tap(&name, a),
             12 => g.reshape(&name, a, &[shape.elements()]),
+            13 => g.reduce_mean(&name, a, None),
+            14 => g.unary(&name, a, UnaryFn::Gelu(GeluForm::Tanh)),
+            15 => {
+                let perm: Vec<usize> = (0..shape.rank()).rev().collect();
+                g.transpose(&name, a, &perm)
+            }
+            16 => g.softmax_axis(&name, a, 0),
+            17 => g
+                .reduce(&format!("r{i}"), a, &[-1], true, ReduceKind::Max)
+                .and_then(|r| g.binary(&name, a, r, BinaryFn::Sub)),
+            18 => g.layer_norm(&name, a, 1, 1e-3),
+            19 | 20 if shape.rank() == 2 => {
+                let (r, c) = (shape.dim(0), shape.dim(1));
+                g.reshape(&format!("img{i}"), a, &[1, r, c, 1])
+                    .and_then(|img| {
+                        if s.kind == 19 {
+                            let mut conv = Conv2dLayer::new(2, [2, 2]);
+                            conv.padding = Padding::Same;
+                            let y = g.conv2d_layer(&format!("c{i}"), img, conv, DType::F32)?;
+                            g.reshape(&name, y, &[r, 2 * c])
+                        } else {
+                            let p =
+                                PoolParams::new(PoolKind::Max, DataLayout::Nhwc, [2, 2], [1, 1]);
+                            let y = g.pool2d(&format!("p{i}"), img, p, Padding::Same)?;
+                            g.reshape(&name, y, &[r, c])
+                        }
+                    })
+            }
+            21 => g.concat_axis(&name, a, b, 0),
+            22 if shape.rank() > 0 && shape.last() > 1 => {
+                let len = shape.last() / 2;
+                g.slice(&name, a, -1, shape.last() - len, len)
+            }
+            23 => g
+                .constant(&format!("zero{i}"), &[], DType::F32, 0.0)
+                .and_then(|z| g.binary(&format!("m{i}"), a, z, BinaryFn::Greater))
+                .and_then(|m| g.select(&name, m, a, b)),
             _ => g.reduce_mean(&name, a, None),
         };
         if let Ok(id) = made {

@@ -36,6 +36,11 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Layout)
             let xt = l.t(x);
             l.elementwise(i, out, &[xt], Codelet::Copy, copy, |_, _| Vec::new());
         }
+        Layout::Transpose { x, .. } if so.rank() <= 1 => {
+            // Nothing moves: a copy.
+            let xt = l.t(x);
+            l.elementwise(i, out, &[xt], Codelet::Copy, copy, |_, _| Vec::new());
+        }
         Layout::Transpose { x, perm } => {
             let (xt, sx) = (l.t(x), l.node(x).shape());
             let r = so.rank();
