@@ -113,7 +113,8 @@ proptest! {
             }
             let reused = outputs(&g, train);
             let spread = Plan::new(&all).unwrap();
-            prop_assert!(spread.arena_bytes() >= Plan::new(&g).unwrap().arena_bytes());
+            // Longer lifetimes can only raise the peak (a greedy layout's size need not follow).
+            prop_assert!(spread.peak_live_bytes() >= Plan::new(&g).unwrap().peak_live_bytes());
             let fresh = outputs(&all, train);
             // Outputs of `g` are a subset of those of `all`, in the same order; compare by name.
             let is_out = |n: &&tessera::core::Node| n.roles().contains(tessera::core::Roles::OUTPUT) && !n.op().is_update();

@@ -165,7 +165,7 @@ pub fn fully_connected(
     }
     let (i, o) = (input / groups, output / groups);
     let mut sub = cfg.clone();
-    sub.tiles = (cfg.tiles / groups as u32).max(1);
+    sub.tiles = (cfg.tiles / u32::try_from(groups).unwrap_or(u32::MAX)).max(1);
     let mut g: Graph<Fixed<8>> = Graph::new();
     let e = |r: Result<tessera_core::NodeId, GraphError>| r.map_err(OpError::shape);
     let name = match pass {
