@@ -209,6 +209,27 @@ pub(crate) fn broadcast_walk<const K: usize>(
     }
 }
 
+/// Calls `f(base, dims, strides)` for each group of elements that share their coordinates
+/// outside `axes`, in row-major order of those coordinates: `base` is the group's first
+/// element, and `dims` / `strides` walk the group over `axes` (with
+/// [`layout::walk_offsets`]).
+pub(crate) fn for_each_group(s: Shape, axes: Axes, mut f: impl FnMut(usize, &[usize], &[usize])) {
+    let st = strides(s);
+    let (mut kd, mut ks, mut rd, mut rs) =
+        ([0; MAX_RANK], [0; MAX_RANK], [0; MAX_RANK], [0; MAX_RANK]);
+    let (mut nk, mut nr) = (0, 0);
+    for (i, &stride) in st.iter().enumerate().take(s.rank()) {
+        if axes.contains(i) {
+            (rd[nr], rs[nr]) = (s.dim(i), stride);
+            nr += 1;
+        } else {
+            (kd[nk], ks[nk]) = (s.dim(i), stride);
+            nk += 1;
+        }
+    }
+    layout::walk_offsets(&kd[..nk], &ks[..nk], |base| f(base, &rd[..nr], &rs[..nr]));
+}
+
 /// Row-major strides of a shape.
 pub(crate) fn strides(shape: Shape) -> [usize; MAX_RANK] {
     let mut s = [0usize; MAX_RANK];

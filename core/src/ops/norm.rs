@@ -13,7 +13,7 @@ use crate::ops::elementwise::{BinaryFn, UnaryFn};
 use crate::ops::layout::walk_offsets;
 use crate::ops::reduce::ReduceKind;
 use crate::ops::update::Update;
-use crate::ops::{strides, Axes};
+use crate::ops::{for_each_group, Axes};
 use crate::run::Exec;
 use crate::storage::Storage;
 use crate::{DType, Roles, Shape, MAX_RANK};
@@ -62,24 +62,6 @@ impl Norm {
     }
 }
 
-/// Offsets of each group's elements: `f(group base offset, offsets within the group)`.
-fn groups(s: Shape, axes: Axes, mut f: impl FnMut(usize, &[usize], &[usize])) {
-    let st = strides(s);
-    let (mut kd, mut ks, mut rd, mut rs) =
-        ([0; MAX_RANK], [0; MAX_RANK], [0; MAX_RANK], [0; MAX_RANK]);
-    let (mut nk, mut nr) = (0, 0);
-    for (i, &stride) in st.iter().enumerate().take(s.rank()) {
-        if axes.contains(i) {
-            (rd[nr], rs[nr]) = (s.dim(i), stride);
-            nr += 1;
-        } else {
-            (kd[nk], ks[nk]) = (s.dim(i), stride);
-            nk += 1;
-        }
-    }
-    walk_offsets(&kd[..nk], &ks[..nk], |base| f(base, &rd[..nr], &rs[..nr]));
-}
-
 /// Mean and `1 / sqrt(var + eps)` of one group.
 fn stats(x: &[u8], t: DType, base: usize, dims: &[usize], st: &[usize], eps: f32) -> (f32, f32) {
     let count: usize = dims.iter().product();
@@ -105,7 +87,7 @@ pub(crate) fn run<S: Storage>(
     match *op {
         Norm::Normalize { x, axes, eps } => {
             let xb = ex.ins.bytes(x);
-            groups(node.shape, axes, |base, dims, st| {
+            for_each_group(node.shape, axes, |base, dims, st| {
                 let (mean, inv) = stats(xb, t, base, dims, st, eps);
                 walk_offsets(dims, st, |o| {
                     let v = (k::load(xb, t, base + o) - mean) * inv;
@@ -115,7 +97,7 @@ pub(crate) fn run<S: Storage>(
         }
         Norm::NormalizeGrad { dy, x, axes, eps } => {
             let (gb, xb) = (ex.ins.bytes(dy), ex.ins.bytes(x));
-            groups(node.shape, axes, |base, dims, st| {
+            for_each_group(node.shape, axes, |base, dims, st| {
                 let count: usize = dims.iter().product();
                 let (mean, inv) = stats(xb, t, base, dims, st, eps);
                 let (mut mg, mut mgx) = (0f32, 0f32);

@@ -9,7 +9,7 @@ use crate::kernels as k;
 use crate::op::{Op, Operands};
 use crate::ops::elementwise::{Elementwise, TernaryFn, UnaryFn};
 use crate::ops::layout::{walk_offsets, Layout};
-use crate::ops::{broadcast_shapes, broadcast_walk, shape_for, strides, Axes};
+use crate::ops::{broadcast_shapes, broadcast_walk, for_each_group, shape_for, Axes};
 use crate::run::Exec;
 use crate::storage::Storage;
 use crate::{Roles, Shape, MAX_RANK};
@@ -208,28 +208,15 @@ pub(crate) fn run<S: Storage>(
         Reduce::Reduce { x, axes, kind, .. } => {
             let (sx, xt) = (ex.ins.shape(x), ex.ins.dtype(x));
             let xb = ex.ins.bytes(x);
-            let st = strides(sx);
-            let (mut kd, mut ks, mut rd, mut rs) =
-                ([0; MAX_RANK], [0; MAX_RANK], [0; MAX_RANK], [0; MAX_RANK]);
-            let (mut nk, mut nr) = (0, 0);
-            for (i, &stride) in st.iter().enumerate().take(sx.rank()) {
-                if axes.contains(i) {
-                    (rd[nr], rs[nr]) = (sx.dim(i), stride);
-                    nr += 1;
-                } else {
-                    (kd[nk], ks[nk]) = (sx.dim(i), stride);
-                    nk += 1;
-                }
-            }
-            let count: usize = rd[..nr].iter().product();
             let mut o = 0;
-            walk_offsets(&kd[..nk], &ks[..nk], |base| {
+            for_each_group(sx, axes, |base, rd, rs| {
+                let count: usize = rd.iter().product();
                 let mut acc = if kind == ReduceKind::Max {
                     f32::NEG_INFINITY
                 } else {
                     0.0
                 };
-                walk_offsets(&rd[..nr], &rs[..nr], |off| {
+                walk_offsets(rd, rs, |off| {
                     let v = k::load(xb, xt, base + off);
                     acc = if kind == ReduceKind::Max {
                         acc.max(v)
