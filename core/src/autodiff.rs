@@ -215,6 +215,16 @@ impl<S: Storage> Backprop<'_, S> {
         self.node(target, op, s, t)
     }
 
+    /// When `target` needs a gradient: pushes `op` (which computes it, with `target`'s shape
+    /// and type) and adds it to `target`'s gradient. The common shape of a family's backward.
+    pub(crate) fn pass(&mut self, target: NodeId, op: Op) -> Result<(), GraphError> {
+        if self.wants(target) {
+            let g = self.like(target, op)?;
+            self.contribute(target, g)?;
+        }
+        Ok(())
+    }
+
     /// Adds `g` (of `target`'s shape) to `target`'s gradient.
     pub(crate) fn contribute(&mut self, target: NodeId, g: NodeId) -> Result<(), GraphError> {
         let sum = match self.grad[target.index()] {

@@ -513,38 +513,38 @@ impl<S: Storage> Graph<S> {
                        dim: usize|
          -> Result<NodeId, GraphError> {
             let k = g.variable(
-                &sub(&alloc_free_path(what, "/kernel:0"))?,
+                &derived(name, format_args!("{what}/kernel:0"))?,
                 &[features, heads, dim],
                 dtype,
                 Init::GlorotUniform,
             )?;
             let kv = g.reshape(
-                &sub(&alloc_free_path(what, "/kernel_view"))?,
+                &derived(name, format_args!("{what}/kernel_view"))?,
                 k,
                 &[features, heads * dim],
             )?;
-            let mut y = g.matmul(&sub(&alloc_free_path(what, "/MatMul"))?, x, kv)?;
+            let mut y = g.matmul(&derived(name, format_args!("{what}/MatMul"))?, x, kv)?;
             if layer.use_bias {
                 let b = g.variable(
-                    &sub(&alloc_free_path(what, "/bias:0"))?,
+                    &derived(name, format_args!("{what}/bias:0"))?,
                     &[heads, dim],
                     dtype,
                     Init::Zeros,
                 )?;
                 let bv = g.reshape(
-                    &sub(&alloc_free_path(what, "/bias_view"))?,
+                    &derived(name, format_args!("{what}/bias_view"))?,
                     b,
                     &[heads * dim],
                 )?;
-                y = g.add(&sub(&alloc_free_path(what, "/BiasAdd"))?, y, bv)?;
+                y = g.add(&derived(name, format_args!("{what}/BiasAdd"))?, y, bv)?;
             }
             let split = g.reshape(
-                &sub(&alloc_free_path(what, "/heads"))?,
+                &derived(name, format_args!("{what}/heads"))?,
                 y,
                 &[batch, len, heads, dim],
             )?;
             g.transpose(
-                &sub(&alloc_free_path(what, "/transpose"))?,
+                &derived(name, format_args!("{what}/transpose"))?,
                 split,
                 &[0, 2, 1, 3],
             )
@@ -592,12 +592,4 @@ impl<S: Storage> Graph<S> {
         }
         Ok(y)
     }
-}
-
-/// `a` then `b` as one name part (no heap: a fixed buffer).
-fn alloc_free_path(a: &str, b: &str) -> crate::error::Name {
-    let mut n = crate::error::Name::new();
-    let _ = n.push_str(a);
-    let _ = n.push_str(b);
-    n
 }

@@ -688,13 +688,7 @@ pub(crate) fn backward<S: Storage>(
     let Conv::Forward { x, w, p } = *op else {
         return Err(bp.not_differentiable(id));
     };
-    if bp.wants(x) {
-        let g = bp.like(x, Op::Conv(Conv::GradInput { dy, w, p }))?;
-        bp.contribute(x, g)?;
-    }
-    if bp.wants(w) {
-        let g = bp.like(w, Op::Conv(Conv::GradWeight { x, dy, p }))?;
-        bp.contribute(w, g)?;
-    }
+    bp.pass(x, Op::Conv(Conv::GradInput { dy, w, p }))?;
+    bp.pass(w, Op::Conv(Conv::GradWeight { x, dy, p }))?;
     Ok(())
 }

@@ -694,8 +694,7 @@ pub(crate) fn backward<S: Storage>(
                 UnaryFn::Gelu(form) => binary(dy, x, BinaryFn::GeluGrad(form)),
                 UnaryFn::Clip { min, max } => binary(dy, x, BinaryFn::ClipGrad { min, max }),
             };
-            let g = bp.like(x, g)?;
-            bp.contribute(x, g)
+            bp.pass(x, g)
         }
         Elementwise::Binary { a, b, f } => {
             let (da, db) = match f {

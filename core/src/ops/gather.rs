@@ -229,10 +229,7 @@ pub(crate) fn backward<S: Storage>(
 ) -> Result<(), GraphError> {
     match *op {
         Gather::Rows { table, indices } => {
-            if bp.wants(table) {
-                let g = bp.like(table, Op::Gather(Gather::ScatterAdd { dy, indices }))?;
-                bp.contribute(table, g)?;
-            }
+            bp.pass(table, Op::Gather(Gather::ScatterAdd { dy, indices }))?;
             Ok(())
         }
         Gather::OneHot { .. } => Ok(()),

@@ -437,10 +437,7 @@ pub(crate) fn backward<S: Storage>(
     let _ = id;
     match *op {
         Layout::Reshape { x } => {
-            if bp.wants(x) {
-                let g = bp.like(x, Op::Layout(Layout::Reshape { x: dy }))?;
-                bp.contribute(x, g)?;
-            }
+            bp.pass(x, Op::Layout(Layout::Reshape { x: dy }))?;
         }
         Layout::Tap { x } => {
             if bp.wants(x) {
@@ -448,45 +445,37 @@ pub(crate) fn backward<S: Storage>(
             }
         }
         Layout::Transpose { x, perm } => {
-            if bp.wants(x) {
-                let mut inv = perm;
-                for (i, &p) in perm.iter().enumerate() {
-                    inv[p as usize] = i as u8;
-                }
-                let g = bp.like(x, Op::Layout(Layout::Transpose { x: dy, perm: inv }))?;
-                bp.contribute(x, g)?;
+            let mut inv = perm;
+            for (i, &p) in perm.iter().enumerate() {
+                inv[p as usize] = i as u8;
             }
+            bp.pass(x, Op::Layout(Layout::Transpose { x: dy, perm: inv }))?;
         }
         Layout::Concat { a, b, axis } => {
             let la = bp.meta(a).0.dim(axis as usize) as u32;
             for (x, start) in [(a, 0), (b, la)] {
-                if bp.wants(x) {
-                    let g = bp.like(x, Op::Layout(Layout::Slice { x: dy, axis, start }))?;
-                    bp.contribute(x, g)?;
-                }
+                bp.pass(x, Op::Layout(Layout::Slice { x: dy, axis, start }))?;
             }
         }
         Layout::Slice { x, axis, start } => {
-            if bp.wants(x) {
-                let op = Op::Layout(Layout::Pad {
+            bp.pass(
+                x,
+                Op::Layout(Layout::Pad {
                     x: dy,
                     axis,
                     before: start,
-                });
-                let g = bp.like(x, op)?;
-                bp.contribute(x, g)?;
-            }
+                }),
+            )?;
         }
         Layout::Pad { x, axis, before } => {
-            if bp.wants(x) {
-                let op = Op::Layout(Layout::Slice {
+            bp.pass(
+                x,
+                Op::Layout(Layout::Slice {
                     x: dy,
                     axis,
                     start: before,
-                });
-                let g = bp.like(x, op)?;
-                bp.contribute(x, g)?;
-            }
+                }),
+            )?;
         }
     }
     Ok(())

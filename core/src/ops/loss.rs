@@ -309,18 +309,14 @@ pub(crate) fn backward<S: Storage>(
         }
         _ => (x, from_logits),
     };
-    if bp.wants(target) {
-        let g = bp.like(
-            target,
-            Op::Loss(Loss::SparseCrossEntropyGrad {
-                x: target,
-                labels,
-                dloss: dy,
-                from_logits,
-                ignore_index,
-            }),
-        )?;
-        bp.contribute(target, g)?;
-    }
-    Ok(())
+    bp.pass(
+        target,
+        Op::Loss(Loss::SparseCrossEntropyGrad {
+            x: target,
+            labels,
+            dloss: dy,
+            from_logits,
+            ignore_index,
+        }),
+    )
 }

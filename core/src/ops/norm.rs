@@ -128,10 +128,7 @@ pub(crate) fn backward<S: Storage>(
     let Norm::Normalize { x, axes, eps } = *op else {
         return Err(bp.not_differentiable(id));
     };
-    if bp.wants(x) {
-        let g = bp.like(x, Op::Norm(Norm::NormalizeGrad { dy, x, axes, eps }))?;
-        bp.contribute(x, g)?;
-    }
+    bp.pass(x, Op::Norm(Norm::NormalizeGrad { dy, x, axes, eps }))?;
     Ok(())
 }
 

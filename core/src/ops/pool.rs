@@ -368,9 +368,6 @@ pub(crate) fn backward<S: Storage>(
     let Pool::Forward { x, p } = *op else {
         return Err(bp.not_differentiable(id));
     };
-    if bp.wants(x) {
-        let g = bp.like(x, Op::Pool(Pool::Backward { dy, x, p }))?;
-        bp.contribute(x, g)?;
-    }
+    bp.pass(x, Op::Pool(Pool::Backward { dy, x, p }))?;
     Ok(())
 }

@@ -142,10 +142,7 @@ pub(crate) fn backward<S: Storage>(
 ) -> Result<(), GraphError> {
     match *op {
         Softmax::Forward { x, axis } => {
-            if bp.wants(x) {
-                let g = bp.like(x, Op::Softmax(Softmax::Backward { dy, y: id, axis }))?;
-                bp.contribute(x, g)?;
-            }
+            bp.pass(x, Op::Softmax(Softmax::Backward { dy, y: id, axis }))?;
             Ok(())
         }
         Softmax::Backward { .. } => Err(bp.not_differentiable(id)),
