@@ -12,6 +12,7 @@ pub mod idx;
 pub mod infeed;
 pub mod inspect;
 pub mod model;
+pub mod onnx;
 pub mod outfeed;
 pub mod report;
 pub mod session;

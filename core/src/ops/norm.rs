@@ -146,6 +146,19 @@ pub struct BatchNorm {
     pub training: bool,
 }
 
+/// The model's own tensors of a batch normalisation ([`Graph::batch_norm_with`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchNormParams {
+    /// Per-channel scale (trained).
+    pub scale: NodeId,
+    /// Per-channel shift (trained).
+    pub bias: NodeId,
+    /// Running mean (state).
+    pub mean: NodeId,
+    /// Running variance (state).
+    pub var: NodeId,
+}
+
 /// Builders.
 impl<S: Storage> Graph<S> {
     /// Normalises `x` over `axes` (negative counts from the end).
@@ -316,6 +329,84 @@ impl<S: Storage> Graph<S> {
         let (s, dtype) = (self.node(x).shape, self.node(x).dtype);
         let n = name_lossy(name);
         let axis = self.axis(&n, bn.axis as isize, s.rank())?;
+        let c = s.dim(axis);
+        let mut view = [1usize; MAX_RANK];
+        view[0] = c;
+        let view = &view[..s.rank() - axis];
+        let mean_name = derived(name, format_args!("/moving_mean:0"))?;
+        let var_name = derived(name, format_args!("/moving_variance:0"))?;
+        let moving_mean = self.state(&mean_name, &[c], dtype, Init::Zeros)?;
+        let moving_var = self.state(&var_name, &[c], dtype, Init::Fill(1.0))?;
+        let normalized = self.batch_normalized(name, x, bn, moving_mean, moving_var)?;
+        self.affine(name, normalized, &[c], view, dtype)
+    }
+
+    /// ONNX's `BatchNormalization` with the model's own tensors: `scale`, `bias`, `mean` and
+    /// `var` (`[c]` each, `var` and `mean` being state that is not trained). Training
+    /// normalises with the batch's statistics and updates `mean` and `var` as running
+    /// averages (ONNX's `momentum` is the weight of the old value, as Keras'); inference
+    /// normalises with them.
+    pub fn batch_norm_with(
+        &mut self,
+        name: &str,
+        x: impl NodeRef,
+        bn: BatchNorm,
+        params: BatchNormParams,
+    ) -> Result<NodeId, GraphError> {
+        let x = x.resolve(self)?;
+        let s = self.node(x).shape;
+        let n = name_lossy(name);
+        let axis = self.axis(&n, bn.axis as isize, s.rank())?;
+        let c = s.dim(axis);
+        for p in [params.scale, params.bias, params.mean, params.var] {
+            let sp = self.node(p).shape;
+            if sp.dims() != [c as u32] {
+                return Err(GraphError::ShapeMismatch {
+                    node: n,
+                    op: "BatchNormalization",
+                    rule: "scale, bias, mean and variance must be [channels]",
+                    left: s,
+                    right: sp,
+                });
+            }
+        }
+        let normalized = self.batch_normalized(name, x, bn, params.mean, params.var)?;
+        let mut view = [1usize; MAX_RANK];
+        view[0] = c;
+        let view = &view[..s.rank() - axis];
+        let g = self.reshape(
+            &derived(name, format_args!("/scale_view"))?,
+            params.scale,
+            view,
+        )?;
+        let b = self.reshape(
+            &derived(name, format_args!("/bias_view"))?,
+            params.bias,
+            view,
+        )?;
+        let scaled = self.binary(
+            &derived(name, format_args!("/mul"))?,
+            normalized,
+            g,
+            BinaryFn::Mul,
+        )?;
+        self.binary(name, scaled, b, BinaryFn::Add)
+    }
+
+    /// The normalised `x` of a batch normalisation with running averages `moving_mean` and
+    /// `moving_var` (`[c]`): batch statistics and running-average updates in training, the
+    /// running averages in inference.
+    fn batch_normalized(
+        &mut self,
+        name: &str,
+        x: NodeId,
+        bn: BatchNorm,
+        moving_mean: NodeId,
+        moving_var: NodeId,
+    ) -> Result<NodeId, GraphError> {
+        let (s, dtype) = (self.node(x).shape, self.node(x).dtype);
+        let n = name_lossy(name);
+        let axis = self.axis(&n, bn.axis as isize, s.rank())?;
         if !(0.0..1.0).contains(&bn.momentum) || bn.epsilon.is_nan() || bn.epsilon <= 0.0 {
             return Err(GraphError::BadAttribute {
                 node: n,
@@ -324,18 +415,14 @@ impl<S: Storage> Graph<S> {
             });
         }
         let c = s.dim(axis);
-        // The per-channel parameters broadcast as [c, 1, ...] from the channel axis on.
+        // The per-channel running averages broadcast as [c, 1, ...] from the channel axis on.
         let mut view = [1usize; MAX_RANK];
         view[0] = c;
         let view = &view[..s.rank() - axis];
         let others: [isize; MAX_RANK] =
             core::array::from_fn(|i| if i < axis { i as isize } else { i as isize + 1 });
         let others = &others[..s.rank() - 1];
-        let mean_name = derived(name, format_args!("/moving_mean:0"))?;
-        let var_name = derived(name, format_args!("/moving_variance:0"))?;
-        let moving_mean = self.state(&mean_name, &[c], dtype, Init::Zeros)?;
-        let moving_var = self.state(&var_name, &[c], dtype, Init::Fill(1.0))?;
-        let normalized = if bn.training {
+        Ok(if bn.training {
             let xhat = self.normalize(
                 &derived(name, format_args!("/normalize"))?,
                 x,
@@ -426,7 +513,6 @@ impl<S: Storage> Graph<S> {
                 sd,
                 BinaryFn::Div,
             )?
-        };
-        self.affine(name, normalized, &[c], view, dtype)
+        })
     }
 }

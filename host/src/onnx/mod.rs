@@ -1,0 +1,466 @@
+//! ONNX models: reading a `.onnx` file and importing its graph into a Tessera graph, with
+//! every tensor's shape inferred, shape arithmetic folded at import, the batch size rebound
+//! on request and the nodes split into pipeline stages.
+//!
+//! Weight-free files are fine for estimates: initializers whose bytes live in an external
+//! file that is absent (as `strip.py`-style stripped exports) and initializers replaced by
+//! `ConstantOfShape` nodes (the "light" models the `onnx` package ships) both import, as
+//! variables of the right shape and type. Running numerics needs the values, and asking for
+//! them without is an [`OnnxError::NoWeights`].
+//!
+//! As in PopART, every floating-point initializer with more than one element is a trainable
+//! weight; scalars, integer and boolean initializers and `Constant` nodes are constants.
+
+mod consts;
+mod import;
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod proto;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+use tessera_core::{DType, GraphError, NodeId};
+
+pub use consts::{Elem, Missing};
+pub use import::{import, Stages, SUPPORTED_OPS};
+
+/// The oldest default-domain opset the importer reads.
+pub const MIN_OPSET: i64 = 11;
+/// The newest default-domain opset the importer reads.
+pub const MAX_OPSET: i64 = 20;
+
+/// Why an ONNX model cannot be read or imported.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OnnxError {
+    /// The file cannot be read.
+    #[error("{}: cannot read: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The bytes are not an ONNX model (protobuf decoding failed).
+    #[error("{}: not an ONNX model: {message}", path.display())]
+    Decode {
+        /// The file.
+        path: PathBuf,
+        /// Where and why decoding failed.
+        message: String,
+    },
+    /// The model's opset is outside what the importer reads.
+    #[error("{}: opset {opset} of the default ONNX domain is not supported (supported: {MIN_OPSET} to {MAX_OPSET}); convert the model with onnx.version_converter", path.display())]
+    Opset {
+        /// The file.
+        path: PathBuf,
+        /// The model's opset.
+        opset: i64,
+    },
+    /// A node's op (or op variant) is not supported.
+    #[error("node `{node}`: {op} (opset {opset}) is not supported{}; supported ops: {}", if detail.is_empty() { String::new() } else { format!(" ({detail})") }, SUPPORTED_OPS.join(", "))]
+    Unsupported {
+        /// The node.
+        node: String,
+        /// Its op type (with its domain when not the default).
+        op: String,
+        /// The model's opset.
+        opset: i64,
+        /// Which variant is unsupported, if the op itself is.
+        detail: String,
+    },
+    /// A graph input has a symbolic dimension that nothing binds.
+    #[error("input `{input}`: dimension {axis} is symbolic (`{param}`); {hint}")]
+    UnboundDim {
+        /// The input.
+        input: String,
+        /// The axis.
+        axis: usize,
+        /// The symbol's name.
+        param: String,
+        /// How to bind it.
+        hint: String,
+    },
+    /// A node is malformed or does not fit its inputs (attributes, shapes, types).
+    #[error("node `{node}` ({op}): {message}")]
+    BadNode {
+        /// The node.
+        node: String,
+        /// Its op type.
+        op: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The graph builder refused a node.
+    #[error("node `{node}` ({op})")]
+    Graph {
+        /// The node.
+        node: String,
+        /// Its op type.
+        op: String,
+        /// The builder's error.
+        #[source]
+        source: Box<GraphError>,
+    },
+    /// A value a node reads is not produced by any node, input or initializer.
+    #[error("node `{node}` reads `{tensor}`, which no node, input or initializer makes")]
+    MissingTensor {
+        /// The node.
+        node: String,
+        /// The tensor.
+        tensor: String,
+    },
+    /// Numerics were asked of a model without its weights.
+    #[error(
+        "weight `{tensor}` has no values: {missing}; numerics need the weights (estimates do not)"
+    )]
+    NoWeights {
+        /// The initializer.
+        tensor: String,
+        /// Why its values are absent.
+        missing: Missing,
+    },
+    /// A pipeline-stage boundary names no node of the graph.
+    #[error("--pipeline-stages: no node or tensor is named `{name}`{}", if suggestions.is_empty() { String::new() } else { format!(" (similar: {})", suggestions.join(", ")) })]
+    UnknownStageNode {
+        /// The name given.
+        name: String,
+        /// Node names that contain it or that it contains.
+        suggestions: Vec<String>,
+    },
+    /// The stage boundaries are out of order or repeated.
+    #[error("--pipeline-stages: {0}")]
+    BadStages(String),
+}
+
+/// A graph input as the import bound it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImportedInput {
+    /// The ONNX name.
+    pub name: String,
+    /// The graph node.
+    pub node: NodeId,
+    /// Dimensions, with the batch bound.
+    pub dims: Vec<usize>,
+    /// The ONNX element type.
+    pub elem: Elem,
+    /// Which axis is the batch.
+    pub batch_axis: usize,
+}
+
+/// A graph output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImportedOutput {
+    /// The ONNX name.
+    pub name: String,
+    /// The graph node.
+    pub node: NodeId,
+    /// Dimensions.
+    pub dims: Vec<usize>,
+}
+
+/// One ONNX node and the graph nodes it became.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Layer {
+    /// The node's name (`op_type` and its position when it has none).
+    pub name: String,
+    /// Its op type.
+    pub op: String,
+    /// The first graph node it made.
+    pub first: usize,
+    /// One past the last graph node it made (`first` when it folded to a constant).
+    pub end: usize,
+    /// Its pipeline stage.
+    pub stage: usize,
+}
+
+/// Values to load into the plan's state before running numerics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StateValue {
+    /// The graph node (a variable or a constant tensor).
+    pub node: NodeId,
+    /// The ONNX tensor it holds.
+    pub tensor: String,
+    /// The values, or why the file has none.
+    pub values: Result<std::sync::Arc<Vec<f64>>, Missing>,
+}
+
+/// What an import added to the graph.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Imported {
+    /// The model's inputs.
+    pub inputs: Vec<ImportedInput>,
+    /// The model's outputs.
+    pub outputs: Vec<ImportedOutput>,
+    /// Every ONNX node, in order.
+    pub layers: Vec<Layer>,
+    /// The inferred dimensions of every tensor, by ONNX name.
+    pub shapes: HashMap<String, Vec<usize>>,
+    /// Weights and data constants, with their values where the file has them.
+    pub state: Vec<StateValue>,
+    /// Samples per batch as bound (the file's when not rebound).
+    pub batch: usize,
+    /// The file's own batch size.
+    pub file_batch: usize,
+    /// Pipeline stages.
+    pub stages: usize,
+    /// Stage -> IPU from PopART's `__ipu_number` attributes, when the file has them.
+    pub device_mapping: Option<Vec<usize>>,
+}
+
+impl Imported {
+    /// The layer (ONNX node) that made graph node `index`, if any.
+    pub fn layer_of(&self, index: usize) -> Option<&Layer> {
+        let i = self.layers.partition_point(|l| l.end <= index);
+        self.layers
+            .get(i)
+            .filter(|l| l.first <= index && index < l.end)
+    }
+
+    /// Checks that every weight and constant has its values.
+    ///
+    /// # Errors
+    ///
+    /// [`OnnxError::NoWeights`] naming the first tensor without.
+    pub fn require_weights(&self) -> Result<(), OnnxError> {
+        for s in &self.state {
+            if let Err(missing) = &s.values {
+                return Err(OnnxError::NoWeights {
+                    tensor: s.tensor.clone(),
+                    missing: missing.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How to import.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ImportOptions {
+    /// Rebind the batch dimension to this size (`None`: the file's).
+    pub batch_size: Option<usize>,
+    /// Element type of float tensors.
+    pub dtype: DType,
+    /// Import for training (batch normalisation uses batch statistics).
+    pub training: bool,
+    /// Where pipeline stages start.
+    pub stages: Stages,
+}
+
+impl Default for ImportOptions {
+    fn default() -> Self {
+        ImportOptions {
+            batch_size: None,
+            dtype: DType::F32,
+            training: false,
+            stages: Stages::Attributes,
+        }
+    }
+}
+
+/// A decoded ONNX model.
+#[derive(Clone, Debug)]
+pub struct OnnxModel {
+    /// Where it was read from.
+    pub path: PathBuf,
+    /// The model.
+    pub proto: proto::ModelProto,
+    /// The default-domain opset.
+    pub opset: i64,
+}
+
+impl OnnxModel {
+    /// Reads and decodes `path`, checking its opset.
+    ///
+    /// # Errors
+    ///
+    /// [`OnnxError::Io`], [`OnnxError::Decode`] (with the byte offset where the protobuf
+    /// breaks), [`OnnxError::Opset`].
+    pub fn load(path: &Path) -> Result<OnnxModel, OnnxError> {
+        let bytes = std::fs::read(path).map_err(|source| OnnxError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        OnnxModel::from_bytes(&bytes, path)
+    }
+
+    /// Decodes a model from `bytes` (`path` names it in messages).
+    ///
+    /// # Errors
+    ///
+    /// As [`OnnxModel::load`].
+    pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<OnnxModel, OnnxError> {
+        let decode_err = |message: String| OnnxError::Decode {
+            path: path.to_path_buf(),
+            message,
+        };
+        if let Some(problem) = wire_problem(bytes) {
+            return Err(decode_err(problem));
+        }
+        let proto = proto::ModelProto::decode(bytes)
+            .map_err(|e| decode_err(format!("{e} ({} bytes)", bytes.len())))?;
+        if proto.graph.is_none() {
+            return Err(decode_err(
+                "the file decodes but holds no graph (field 7 of ModelProto)".into(),
+            ));
+        }
+        let opset = proto
+            .opset_import
+            .iter()
+            .find(|o| matches!(o.domain.as_deref(), None | Some("") | Some("ai.onnx")))
+            .and_then(|o| o.version)
+            .ok_or_else(|| decode_err("no opset of the default ONNX domain is imported".into()))?;
+        if !(MIN_OPSET..=MAX_OPSET).contains(&opset) {
+            return Err(OnnxError::Opset {
+                path: path.to_path_buf(),
+                opset,
+            });
+        }
+        Ok(OnnxModel {
+            path: path.to_path_buf(),
+            proto,
+            opset,
+        })
+    }
+
+    /// The graph (present: [`OnnxModel::load`] checks).
+    pub fn graph(&self) -> &proto::GraphProto {
+        self.proto
+            .graph
+            .as_ref()
+            .expect("load() refuses models without a graph")
+    }
+
+    /// A short name: the file name without `.onnx` (and `.stripped`).
+    pub fn name(&self) -> String {
+        let stem = self
+            .path
+            .file_name()
+            .and_then(|s| s.to_str())
+            .unwrap_or("model");
+        stem.trim_end_matches(".onnx").to_string()
+    }
+
+    /// Node names, for messages and for choosing stage boundaries.
+    pub fn node_names(&self) -> Vec<String> {
+        self.graph()
+            .node
+            .iter()
+            .enumerate()
+            .map(|(i, n)| node_name(n, i))
+            .collect()
+    }
+}
+
+/// A node's name, or `op_type_index` when it has none.
+pub(crate) fn node_name(n: &proto::NodeProto, index: usize) -> String {
+    match n.name.as_deref() {
+        Some(s) if !s.is_empty() => s.to_string(),
+        _ => format!("{}_{index}", n.op_type.as_deref().unwrap_or("node")),
+    }
+}
+
+/// Walks the top level of a protobuf message and says where it breaks, if it does: a
+/// truncated file or bytes that are not protobuf are caught here with the byte offset
+/// (the decoder's own message does not say where).
+fn wire_problem(bytes: &[u8]) -> Option<String> {
+    if bytes.is_empty() {
+        return Some("the file is empty".into());
+    }
+    let varint = |at: &mut usize| -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = *bytes.get(*at)?;
+            *at += 1;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    };
+    let mut at = 0usize;
+    while at < bytes.len() {
+        let start = at;
+        let Some(key) = varint(&mut at) else {
+            return Some(format!(
+                "byte {start}: a field key runs past the end of the file (truncated?)"
+            ));
+        };
+        let (field, wire) = (key >> 3, key & 7);
+        // ModelProto's fields (onnx.proto): anything else means these are not its bytes.
+        if !matches!(field, 1..=8 | 14 | 20 | 25 | 26) {
+            return Some(format!(
+                "byte {start}: field number {field} is not one of ModelProto's (not protobuf, or not an ONNX model)"
+            ));
+        }
+        let rest = bytes.len() - at.min(bytes.len());
+        let skip = match wire {
+            0 => {
+                if varint(&mut at).is_none() {
+                    return Some(format!("byte {start}: field {field}'s value runs past the end of the file (truncated?)"));
+                }
+                0
+            }
+            1 => 8,
+            5 => 4,
+            2 => {
+                let vstart = at;
+                let Some(len) = varint(&mut at) else {
+                    return Some(format!("byte {vstart}: field {field}'s length runs past the end of the file (truncated?)"));
+                };
+                let rest = bytes.len() - at.min(bytes.len());
+                if len > rest as u64 {
+                    return Some(format!(
+                        "byte {start}: field {field} says it holds {len} bytes but only {rest} remain (the file is truncated)"
+                    ));
+                }
+                len as usize
+            }
+            w => {
+                return Some(format!(
+                    "byte {start}: wire type {w} of field {field} is not valid protobuf"
+                ))
+            }
+        };
+        if (wire == 1 || wire == 5) && skip > rest {
+            return Some(format!(
+                "byte {start}: field {field} needs {skip} bytes but only {rest} remain (the file is truncated)"
+            ));
+        }
+        at += skip;
+    }
+    None
+}
+
+impl fmt::Display for Stages {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stages::One => write!(f, "one stage"),
+            Stages::Attributes => write!(f, "the file's __pipeline_stage attributes"),
+            Stages::After(names) => write!(f, "boundaries after {}", names.join(", ")),
+            Stages::PerNode(_) => write!(f, "a stage per node"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_and_garbage_are_located() {
+        // A ModelProto with ir_version 8 and a graph field claiming 100 bytes.
+        let mut bytes = vec![0x08, 0x08, 0x3a, 100];
+        bytes.extend_from_slice(&[0u8; 10]);
+        let msg = wire_problem(&bytes).unwrap();
+        assert!(msg.contains("byte 2") && msg.contains("truncated"), "{msg}");
+        let msg = wire_problem(b"hello, world").unwrap();
+        assert!(msg.starts_with("byte 0"), "{msg}");
+        assert_eq!(wire_problem(&[0x08, 0x08]), None);
+    }
+}

@@ -1,0 +1,112 @@
+//! ONNX import of the bundled real models: every file imports, and the inferred shape of
+//! every tensor equals the file's own `value_info` (and graph outputs).
+
+use std::path::PathBuf;
+
+use tessera_core::{DType, Graph};
+use tessera_host::onnx::{import, ImportOptions, OnnxModel, Stages};
+use tessera_sim::Heap;
+
+fn models() -> Vec<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/onnx");
+    let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("data/onnx")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "onnx"))
+        .collect();
+    v.sort();
+    assert!(v.len() >= 7, "the bundled models are missing");
+    v
+}
+
+fn dims_of(v: &tessera_host::onnx::proto::ValueInfoProto) -> Option<Vec<usize>> {
+    use tessera_host::onnx::proto::tensor_shape_proto::dimension::Value as D;
+    use tessera_host::onnx::proto::type_proto::Value as T;
+    let Some(T::TensorType(t)) = v.r#type.as_ref()?.value.as_ref() else {
+        return None;
+    };
+    t.shape
+        .as_ref()?
+        .dim
+        .iter()
+        .map(|d| match d.value {
+            Some(D::DimValue(x)) => Some(x as usize),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn inferred_shapes_equal_the_files_value_info() {
+    for path in models() {
+        let m = OnnxModel::load(&path).expect("loads");
+        let mut g: Graph<Heap> = Graph::new();
+        let imp = import(&m, &mut g, &ImportOptions::default())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let graph = m.graph();
+        let mut checked = 0;
+        for vi in graph.value_info.iter().chain(&graph.output) {
+            let name = vi.name.clone().unwrap_or_default();
+            let Some(want) = dims_of(vi) else { continue };
+            let got = imp
+                .shapes
+                .get(&name)
+                .unwrap_or_else(|| panic!("{}: no shape for `{name}`", path.display()));
+            assert_eq!(got, &want, "{}: tensor `{name}`", path.display());
+            checked += 1;
+        }
+        // Files without value_info: ONNX's own shape inference, committed as JSON.
+        let stem = path
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .split('.')
+            .next()
+            .unwrap();
+        let reference = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/onnx_shapes")
+            .join(format!("{stem}.json"));
+        if let Ok(text) = std::fs::read_to_string(&reference) {
+            let want: std::collections::BTreeMap<String, Vec<usize>> =
+                serde_json::from_str(&text).expect("reference shapes");
+            for (name, dims) in want {
+                // Tensors folded at import still have their shapes recorded.
+                let got = imp
+                    .shapes
+                    .get(&name)
+                    .unwrap_or_else(|| panic!("{}: no shape for `{name}`", path.display()));
+                assert_eq!(got, &dims, "{}: tensor `{name}`", path.display());
+                checked += 1;
+            }
+        }
+        assert!(checked >= graph.output.len());
+        println!(
+            "{}: {} nodes -> {} graph nodes, {checked} shapes checked",
+            path.display(),
+            graph.node.len(),
+            g.len()
+        );
+    }
+}
+
+#[test]
+fn training_import_and_rebound_batch() {
+    for path in models() {
+        let m = OnnxModel::load(&path).expect("loads");
+        for batch in [1, 4] {
+            let mut g: Graph<Heap> = Graph::new();
+            let opts = ImportOptions {
+                batch_size: Some(batch),
+                dtype: DType::F16,
+                training: true,
+                stages: Stages::One,
+            };
+            let imp = import(&m, &mut g, &opts)
+                .unwrap_or_else(|e| panic!("{} at batch {batch}: {e}", path.display()));
+            for i in &imp.inputs {
+                assert_eq!(i.dims[i.batch_axis], batch, "{}", path.display());
+            }
+        }
+    }
+}
