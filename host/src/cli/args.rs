@@ -6,6 +6,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use tessera_core::schedule::Schedule;
 use tessera_core::DType;
 use tessera_host::model::DEFAULT_MODEL;
+use tessera_host::session::onnx::LossKind;
 use tessera_host::session::OptimizerKind;
 use tessera_sim::machine::Preset;
 
@@ -233,6 +234,24 @@ pub struct EstimateArgs {
     /// Estimate inference (the forward pass with the inference schedule) instead of training.
     #[arg(long)]
     pub inference: bool,
+    /// Recompute each pipeline stage's forward pass before its backward pass instead of
+    /// stashing its activations.
+    #[arg(long)]
+    pub recompute: bool,
+    /// ONNX models: a new pipeline stage (and IPU) after each named node (or the node making
+    /// the named tensor), comma-separated in graph order.
+    #[arg(long, value_delimiter = ',', conflicts_with = "pipeline_ipus")]
+    pub pipeline_stages: Vec<String>,
+    /// ONNX models: split into N pipeline stages on N IPUs automatically, balancing the
+    /// stages' cycles within each IPU's memory.
+    #[arg(long)]
+    pub pipeline_ipus: Option<usize>,
+    /// ONNX models: the loss of training [default: auto, by the output's shape].
+    #[arg(long, value_enum)]
+    pub loss: Option<LossKind>,
+    /// ONNX models: print every layer's row (default: the 12 with the most cycles).
+    #[arg(long)]
+    pub layers: bool,
     /// Write the estimate, trace, pictures and an HTML page here.
     #[arg(long)]
     pub report_dir: Option<PathBuf>,

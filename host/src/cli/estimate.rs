@@ -12,13 +12,21 @@ use super::options::{command_line, load_model, session_options};
 use super::{one_line, AnyError};
 
 pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
+    if is_onnx(&a.model.model) {
+        return super::onnx::run(a);
+    }
+    if !a.pipeline_stages.is_empty() || a.pipeline_ipus.is_some() || a.loss.is_some() {
+        return Err("--pipeline-stages, --pipeline-ipus and --loss apply to ONNX models; a model file places its layers with `stage`".into());
+    }
     let model = load_model(&a.model.model)?;
     let opts = session_options(&a.model, &model)?;
     let name = model.name.clone();
     let e = if a.inference {
         inference_estimate(&model, &opts)?
     } else {
-        compile(&model, &opts)?.estimate()?
+        let mut c = compile(&model, &opts)?;
+        c.system.recompute = a.recompute;
+        c.estimate()?
     };
     let machine = IpuConfig::preset(opts.ipu);
     let summary = EstimateSummary::new(&name, opts.ipu, &machine, &e);
@@ -46,6 +54,13 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
         return Ok(false);
     }
     Ok(true)
+}
+
+/// Whether the model argument names an ONNX file.
+pub fn is_onnx(model: &str) -> bool {
+    std::path::Path::new(model)
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
 }
 
 /// What an inference estimate runs: the schedule, its overlap and stash, K.

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use clap::ValueEnum;
 use tessera_host::idx::{load_mnist, Mnist};
-use tessera_host::model::{shipped, Model, SHIPPED};
+use tessera_host::model::{shipped, Model, TrainingDefaults, SHIPPED};
 use tessera_host::session::{default_offload, OptimizerKind, SessionOptions};
 use tessera_sim::machine::IpuConfig;
 
@@ -42,15 +42,14 @@ pub fn load_data(dir: &Path) -> Result<Mnist, AnyError> {
 }
 
 /// A value of a model file's `[training]` table, parsed as the command line would.
-fn file_value<T: ValueEnum>(model: &Model, key: &str, value: &str) -> Result<T, AnyError> {
+fn file_value<T: ValueEnum>(model: &str, key: &str, value: &str) -> Result<T, AnyError> {
     T::from_str(value, true).map_err(|_| {
         let names: Vec<String> = T::value_variants()
             .iter()
             .filter_map(|v| v.to_possible_value().map(|p| p.get_name().to_string()))
             .collect();
         format!(
-            "model `{}`: {key} `{value}` is not one of {}",
-            model.name,
+            "model `{model}`: {key} `{value}` is not one of {}",
             names.join(", ")
         )
         .into()
@@ -59,7 +58,17 @@ fn file_value<T: ValueEnum>(model: &Model, key: &str, value: &str) -> Result<T, 
 
 /// The session options: the command line's, else the model file's, else the defaults.
 pub fn session_options(a: &ModelArgs, model: &Model) -> Result<SessionOptions, AnyError> {
-    let t = &model.training;
+    options_with(a, &model.training, &model.name, model.stage_count())
+}
+
+/// The session options: the command line's, else the defaults `t` of model `name` (with
+/// `model_stages` pipeline stages), else Tessera's.
+pub fn options_with(
+    a: &ModelArgs,
+    t: &TrainingDefaults,
+    model: &str,
+    model_stages: usize,
+) -> Result<SessionOptions, AnyError> {
     let schedule = match (a.pipeline_schedule, &t.pipeline_schedule) {
         (Some(s), _) => s,
         (None, Some(name)) => file_value::<ScheduleArg>(model, "pipeline_schedule", name)?,
@@ -75,11 +84,7 @@ pub fn session_options(a: &ModelArgs, model: &Model) -> Result<SessionOptions, A
         .gradient_accumulation_count
         .or(t.gradient_accumulation_count)
         .unwrap_or(1);
-    let stages = if a.no_pipelining {
-        1
-    } else {
-        model.stage_count()
-    };
+    let stages = if a.no_pipelining { 1 } else { model_stages };
     let machine = IpuConfig::preset(a.ipu.preset());
     Ok(SessionOptions {
         batch_size: a.batch_size.or(t.batch_size).unwrap_or(32),

@@ -17,8 +17,8 @@ use tessera_sim::Heap;
 use super::consts::{self, cast_value, decode, Const, Elem, Missing};
 use super::proto::{attribute_proto::AttributeType, AttributeProto, NodeProto, TensorProto};
 use super::{
-    node_name, ImportOptions, Imported, ImportedInput, ImportedOutput, Layer, OnnxError, OnnxModel,
-    StateValue,
+    node_name, Embedding, ImportOptions, Imported, ImportedInput, ImportedOutput, Layer, OnnxError,
+    OnnxModel, StateValue,
 };
 
 /// Where pipeline stages start.
@@ -400,6 +400,28 @@ fn ipu_mapping(model: &OnnxModel, stages: &[usize]) -> Option<Vec<usize>> {
     )
 }
 
+/// The tensors nodes read as weights: convolution and product weights and biases,
+/// normalisation parameters, recurrent weights and embedding tables.
+fn weight_slots(graph: &super::proto::GraphProto) -> HashSet<String> {
+    let mut out = HashSet::new();
+    for n in &graph.node {
+        let slots: &[usize] = match n.op_type.as_deref().unwrap_or("") {
+            "Conv" | "Gemm" | "LayerNormalization" => &[1, 2],
+            "MatMul" => &[1],
+            "BatchNormalization" => &[1, 2, 3, 4],
+            "LSTM" => &[1, 2, 3],
+            "Gather" => &[0],
+            _ => &[],
+        };
+        for &k in slots {
+            if let Some(t) = n.input.get(k).filter(|t| !t.is_empty()) {
+                out.insert(t.clone());
+            }
+        }
+    }
+    out
+}
+
 /// A node's attribute.
 fn attr<'a>(node: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
     node.attribute
@@ -419,9 +441,11 @@ struct Importer<'a> {
     weights: Vec<Weight>,
     placed: HashMap<(usize, usize), NodeId>,
     state: Vec<StateValue>,
+    embeddings: Vec<Embedding>,
     used: HashSet<String>,
     stage: usize,
-    light: bool,
+    /// Tensors that nodes read as weights (a light model's ConstantOfShape there is one).
+    weight_slots: HashSet<String>,
     // The node being imported, for messages.
     node: String,
     op: String,
@@ -450,9 +474,10 @@ impl<'a> Importer<'a> {
             weights: Vec::new(),
             placed: HashMap::new(),
             state: Vec::new(),
+            embeddings: Vec::new(),
             used: HashSet::new(),
             stage: 0,
-            light: graph.initializer.is_empty(),
+            weight_slots: weight_slots(graph),
             node: String::new(),
             op: String::new(),
         };
@@ -584,6 +609,7 @@ impl<'a> Importer<'a> {
             layers,
             shapes,
             state: self.state,
+            embeddings: self.embeddings,
             batch: self.batch,
             file_batch: self.file_batch,
             stages: count,
@@ -801,7 +827,7 @@ impl<'a> Importer<'a> {
             Val::T(id, _) => Ok(*id),
             Val::W(i) => self.place(*i),
             Val::C(c) => {
-                if c.light && self.light && c.elem.is_float() && c.len() > 1 {
+                if c.light && c.elem.is_float() && c.len() > 1 {
                     self.weights.push(Weight {
                         name: name.to_string(),
                         dims: c.dims.clone(),
@@ -1948,6 +1974,16 @@ impl<'a> Importer<'a> {
             v => v,
         };
         let table = self.ti(node, 0)?;
+        if let Val::W(i) = data {
+            let name = self.weights[i].name.clone();
+            if !self.embeddings.iter().any(|e| e.tensor == name) {
+                self.embeddings.push(Embedding {
+                    tensor: name,
+                    node: table,
+                    dims: d.clone(),
+                });
+            }
+        }
         let iname = node.input[1].clone();
         let indices = self.t(&idx, &iname)?;
         let name = self.out_name(node, "");
@@ -2095,7 +2131,13 @@ impl<'a> Importer<'a> {
             return Err(self.unsupported(format!("a constant of {n} elements")));
         }
         let mut c = Const::new(dims, elem, vec![value; n], shape.baked);
-        c.light = shape.baked && elem.is_float();
+        // A float fill of a written shape read as a weight: a "light" model's placeholder.
+        c.light = shape.baked
+            && elem.is_float()
+            && node
+                .output
+                .first()
+                .is_some_and(|o| self.weight_slots.contains(o));
         Ok(Val::C(Rc::new(c)))
     }
 

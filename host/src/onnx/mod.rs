@@ -188,6 +188,17 @@ pub struct StateValue {
     pub values: Result<std::sync::Arc<Vec<f64>>, Missing>,
 }
 
+/// A weight used as an embedding table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Embedding {
+    /// The initializer.
+    pub tensor: String,
+    /// Its variable (in the stage that first used it).
+    pub node: NodeId,
+    /// `[rows, ...]`.
+    pub dims: Vec<usize>,
+}
+
 /// What an import added to the graph.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Imported {
@@ -201,6 +212,8 @@ pub struct Imported {
     pub shapes: HashMap<String, Vec<usize>>,
     /// Weights and data constants, with their values where the file has them.
     pub state: Vec<StateValue>,
+    /// Embedding tables: weights that `Gather` picks rows of (token embeddings first).
+    pub embeddings: Vec<Embedding>,
     /// Samples per batch as bound (the file's when not rebound).
     pub batch: usize,
     /// The file's own batch size.

@@ -14,6 +14,8 @@ pub mod checkpoint;
 mod device;
 mod drain;
 pub mod evaluate;
+pub mod onnx;
+pub mod split;
 mod taps;
 pub mod train;
 
@@ -152,6 +154,9 @@ pub enum SessionError {
     /// The model is invalid or does not match the data.
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// An ONNX model cannot be read or imported.
+    #[error(transparent)]
+    Onnx(#[from] crate::onnx::OnnxError),
     /// The core refused the graph.
     #[error("building the graph")]
     Graph(#[source] Box<GraphError>),

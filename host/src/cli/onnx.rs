@@ -1,0 +1,263 @@
+//! `tessera estimate MODEL.onnx`: an imported model's fit, memory and cycles, per IPU and per
+//! layer, on one IPU, split at named nodes, or split automatically; and, when it does not
+//! fit, the fewest IPUs an automatic split fits on.
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde::Serialize;
+use tessera_core::schedule::overlap_length;
+use tessera_host::model::TrainingDefaults;
+use tessera_host::onnx::{OnnxModel, Stages};
+use tessera_host::report::format::{bytes, count};
+use tessera_host::report::write_report;
+use tessera_host::session::onnx::{compile_onnx, layer_rows, LayerRow, LossKind, OnnxOptions};
+use tessera_host::session::split::{fewest_ipus, profile, split, SplitInfo, MAX_IPUS};
+use tessera_host::session::EstimateSummary;
+
+use super::args::EstimateArgs;
+use super::estimate::{files_list, inference_line, make_report};
+use super::options::options_with;
+use super::{one_line, AnyError};
+
+/// What `--json` prints for an ONNX model: the estimate summary and the import's facts.
+#[derive(Serialize)]
+struct OnnxSummary<'a> {
+    #[serde(flatten)]
+    summary: EstimateSummary,
+    onnx: &'a ImportFacts,
+}
+
+#[derive(Serialize)]
+struct ImportFacts {
+    file: String,
+    opset: i64,
+    nodes: usize,
+    graph_nodes: usize,
+    parameters: u64,
+    batch_size: usize,
+    file_batch_size: usize,
+    training: bool,
+    loss: Option<LossKind>,
+    stages: usize,
+    split: Option<SplitInfo>,
+    fewest_ipus: Option<FewestIpus>,
+    layers: Vec<LayerRow>,
+    seconds: f64,
+}
+
+#[derive(Serialize)]
+struct FewestIpus {
+    /// The fewest IPUs an automatic split fits on, if any up to the limit.
+    ipus: Option<usize>,
+    /// The most IPUs tried.
+    limit: usize,
+    boundaries: Vec<String>,
+}
+
+pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
+    let start = Instant::now();
+    let path = Path::new(&a.model.model);
+    let model = OnnxModel::load(path)?;
+    let name = model.name();
+    // The file's batch is the default batch size.
+    let file_batch = {
+        let mut g = tessera_core::Graph::<tessera_sim::Heap>::new();
+        let probe = tessera_host::onnx::import(
+            &model,
+            &mut g,
+            &tessera_host::onnx::ImportOptions {
+                stages: Stages::One,
+                batch_size: a.model.batch_size,
+                ..Default::default()
+            },
+        )?;
+        probe.file_batch
+    };
+    let defaults = TrainingDefaults {
+        batch_size: Some(file_batch),
+        ..TrainingDefaults::default()
+    };
+    let stages = if !a.pipeline_stages.is_empty() {
+        Stages::After(a.pipeline_stages.clone())
+    } else {
+        Stages::Attributes
+    };
+    let oo = OnnxOptions {
+        stages,
+        loss: a.loss.unwrap_or_default(),
+        inference: a.inference,
+        recompute: a.recompute,
+    };
+    let stage_guess = match (&oo.stages, a.pipeline_ipus) {
+        (_, Some(n)) => n,
+        (Stages::After(v), None) => v.len() + 1,
+        _ => 1,
+    };
+    let mut so = options_with(&a.model, &defaults, &name, stage_guess)?;
+    if a.model.gradient_accumulation_count.is_none() && stage_guess > 1 {
+        // A pipeline needs enough micro-batches per update to fill: the schedule's least.
+        so.gradient_accumulation_count =
+            overlap_length(so.schedule, stage_guess, !a.inference).max(1);
+    }
+    let (compiled, e, split_info) = match a.pipeline_ipus {
+        Some(n) => {
+            let p = profile(&model, &so, &oo)?;
+            let s = split(&model, &so, &oo, n, &p)?;
+            (s.compiled, s.estimate, Some(s.info))
+        }
+        None => {
+            let c = compile_onnx(&model, &so, &oo)?;
+            let e = c.estimate()?;
+            (c, e, None)
+        }
+    };
+    let layers = layer_rows(&compiled, &e);
+    let fewest = if e.fits {
+        None
+    } else {
+        if !a.json {
+            eprintln!("{name} does not fit; searching for the fewest IPUs an automatic split fits on (up to {MAX_IPUS})...");
+        }
+        let p = profile(&model, &so, &oo)?;
+        let found = fewest_ipus(&model, &so, &oo, &p)?;
+        Some(FewestIpus {
+            ipus: found.as_ref().map(|s| s.info.ipus),
+            limit: MAX_IPUS,
+            boundaries: found.map(|s| s.info.boundaries).unwrap_or_default(),
+        })
+    };
+    let machine = compiled.machine.clone();
+    let summary = EstimateSummary::new(&name, so.ipu, &machine, &e);
+    let report_files = match &a.report_dir {
+        Some(dir) => Some(write_report(
+            dir,
+            &make_report(&name, &compiled.options, &machine, e.clone(), None),
+        )?),
+        None => None,
+    };
+    let g = compiled.plan.graph();
+    let parameters: u64 = g
+        .nodes()
+        .iter()
+        .filter(|n| n.roles().contains(tessera_core::Roles::TRAINABLE))
+        .map(|n| n.shape().elements() as u64)
+        .sum();
+    let facts = ImportFacts {
+        file: path.display().to_string(),
+        opset: model.opset,
+        nodes: model.graph().node.len(),
+        graph_nodes: g.len(),
+        parameters,
+        batch_size: compiled.imported.batch,
+        file_batch_size: compiled.imported.file_batch,
+        training: !a.inference,
+        loss: compiled.loss_kind,
+        stages: g.stage_count(),
+        split: split_info,
+        fewest_ipus: fewest,
+        layers,
+        seconds: start.elapsed().as_secs_f64(),
+    };
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string(&OnnxSummary {
+                summary,
+                onnx: &facts
+            })?
+        );
+    } else {
+        print!("{}", facts_text(&facts, a.layers));
+        if a.inference {
+            println!("{}", inference_line(&e));
+        }
+        print!("{}", summary.to_text());
+        if let Some(files) = &report_files {
+            println!("report written: {}", files_list(files));
+        }
+    }
+    if let Some(oom) = &e.out_of_memory {
+        eprintln!("error: {name} does not fit: {}", one_line(&oom.to_string()));
+        if let Some(f) = &facts.fewest_ipus {
+            match f.ipus {
+                Some(n) => eprintln!(
+                    "an automatic split fits on {n} IPUs: add --pipeline-ipus {n} (stage boundaries after {})",
+                    f.boundaries.join(", ")
+                ),
+                None => eprintln!(
+                    "no automatic split fits on up to {} IPUs (try --dtype f16, --offload-optimizer-state, --recompute or a smaller --batch-size)",
+                    f.limit
+                ),
+            }
+        }
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// The import's facts and the layer table as text.
+fn facts_text(f: &ImportFacts, all_layers: bool) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{}: ONNX opset {}, {} nodes -> {} graph nodes, {} parameters; batch {} (the file's {}); {}",
+        f.file,
+        f.opset,
+        f.nodes,
+        f.graph_nodes,
+        count(f.parameters),
+        f.batch_size,
+        f.file_batch_size,
+        match f.loss {
+            Some(l) => format!("training with {} loss", serde_json::to_value(l).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()),
+            None => "inference".into(),
+        }
+    );
+    if let Some(sp) = &f.split {
+        let _ = writeln!(
+            s,
+            "automatic split into {} stages after {}: stage cycles (one-IPU estimate) {:?}, weight state {} (cap {} per stage, {} attempt(s))",
+            sp.ipus,
+            sp.boundaries.join(", "),
+            sp.stage_cycles,
+            sp.stage_weight_bytes.iter().map(|&b| bytes(b)).collect::<Vec<_>>().join(" / "),
+            bytes(sp.cap_bytes),
+            sp.attempts
+        );
+    }
+    let mut rows: Vec<&LayerRow> = f.layers.iter().collect();
+    if !all_layers {
+        rows.sort_by_key(|r| std::cmp::Reverse(r.forward_cycles + r.backward_cycles));
+        rows.truncate(12);
+    }
+    let _ = writeln!(
+        s,
+        "{} (cycles per micro-batch):",
+        if all_layers {
+            "every layer"
+        } else {
+            "the 12 layers with the most cycles"
+        }
+    );
+    let _ = writeln!(
+        s,
+        "  {:<40} {:<20} {:>5} {:>12} {:>12} {:>12} {:>12}",
+        "node", "op", "stage", "forward", "backward", "weights", "activations"
+    );
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "  {:<40} {:<20} {:>5} {:>12} {:>12} {:>12} {:>12}",
+            r.name,
+            r.op,
+            r.stage,
+            count(r.forward_cycles),
+            count(r.backward_cycles),
+            bytes(r.weight_bytes),
+            bytes(r.activation_bytes)
+        );
+    }
+    s
+}

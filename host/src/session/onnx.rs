@@ -1,0 +1,420 @@
+//! Sessions of imported ONNX models: the graph imported at the session's batch size and
+//! element type, a loss added for training (classification, regression or a masked-LM head
+//! for token models), planned and estimated on the machine; pipeline stages as the file's
+//! attributes, named boundaries or an automatic split say.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use tessera_core::schedule::{overlap_length, Schedule};
+use tessera_core::{Accumulation, DType, Graph, Init, NodeId, Plan, Roles};
+use tessera_sim::lower::LowerOptions;
+use tessera_sim::machine::IpuConfig;
+use tessera_sim::system::{estimate_system, SystemEstimate, SystemOptions};
+
+use super::{check_options, opt_err, Heap, SessionError, SessionOptions};
+use crate::onnx::{import, ImportOptions, Imported, OnnxModel, Stages};
+
+/// The loss a training estimate of an imported model adds to its (first) output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LossKind {
+    /// By the output: `[batch, classes]` gets sparse cross-entropy; `[batch, seq, hidden]`
+    /// of a model with a token embedding gets the masked-LM head; anything else MSE.
+    #[default]
+    Auto,
+    /// Sparse categorical cross-entropy on the output as logits (`[batch, classes]` or
+    /// `[batch, seq, classes]`), integer labels.
+    SparseCategoricalCrossentropy,
+    /// Mean squared error against a target of the output's shape.
+    Mse,
+    /// A masked-LM head as BERT's pre-training: the output `[batch, seq, hidden]` projected
+    /// onto the token embedding (tied when in the same stage) to `[batch, seq, vocab]`
+    /// logits, cross-entropy over the positions with labels (-100 ignored).
+    MaskedLm,
+}
+
+/// How an imported model is compiled.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OnnxOptions {
+    /// Where pipeline stages start.
+    pub stages: Stages,
+    /// The loss of training.
+    pub loss: LossKind,
+    /// Estimate the forward pass only.
+    pub inference: bool,
+    /// Recompute each stage's forward pass before its backward instead of stashing.
+    pub recompute: bool,
+}
+
+impl Default for OnnxOptions {
+    fn default() -> Self {
+        OnnxOptions {
+            stages: Stages::Attributes,
+            loss: LossKind::Auto,
+            inference: false,
+            recompute: false,
+        }
+    }
+}
+
+/// An imported model compiled for a session.
+pub struct OnnxCompiled {
+    /// What the import made.
+    pub imported: Imported,
+    /// The plan (training or inference).
+    pub plan: Plan<Heap>,
+    /// The loss node (training).
+    pub loss: Option<NodeId>,
+    /// The loss that was added (training).
+    pub loss_kind: Option<LossKind>,
+    /// The machine.
+    pub machine: IpuConfig,
+    /// The system options of the estimate.
+    pub system: SystemOptions,
+    /// The session options.
+    pub options: SessionOptions,
+}
+
+/// Imports `model` under `so` and `oo`, adds the loss and backward pass for training, and
+/// plans it.
+///
+/// # Errors
+///
+/// [`SessionError::Onnx`] for import errors, [`SessionError::Option`] for bad options,
+/// [`SessionError::Graph`] / [`SessionError::Plan`] when the graph cannot be built.
+pub fn compile_onnx(
+    model: &OnnxModel,
+    so: &SessionOptions,
+    oo: &OnnxOptions,
+) -> Result<OnnxCompiled, SessionError> {
+    check_options(so)?;
+    let mut g: Graph<Heap> = Graph::new();
+    let stages = if so.no_pipelining {
+        Stages::One
+    } else {
+        oo.stages.clone()
+    };
+    let imported = import(
+        model,
+        &mut g,
+        &ImportOptions {
+            batch_size: Some(so.batch_size),
+            dtype: so.dtype,
+            training: !oo.inference,
+            stages,
+        },
+    )?;
+    let (loss, loss_kind) = if oo.inference {
+        (None, None)
+    } else {
+        let (loss, kind) = add_loss(&mut g, &imported, oo.loss, so.dtype)?;
+        let m = u32::try_from(so.gradient_accumulation_count)
+            .map_err(|_| opt_err("--gradient-accumulation-count", "is too large".into()))?;
+        g.differentiate_accumulating(
+            loss,
+            so.optimizer.with_rate(so.learning_rate),
+            Accumulation {
+                dtype: (so.dtype == DType::F16).then_some(DType::F32),
+                ..Accumulation::new(m)
+            },
+        )?;
+        (Some(loss), Some(kind))
+    };
+    let plan = Plan::new(&g)?;
+    let machine = IpuConfig::preset(so.ipu);
+    let stages = g.stage_count();
+    let schedule = if stages == 1 {
+        Schedule::Sequential
+    } else {
+        so.schedule
+    };
+    let overlap = overlap_length(schedule, stages, false);
+    let system = SystemOptions {
+        schedule,
+        device_mapping: imported.device_mapping.clone(),
+        replicas: so.replicas,
+        micro_batch: so.batch_size as u64,
+        inference_micro_batches: so.gradient_accumulation_count.div_ceil(overlap) * overlap,
+        recompute: oo.recompute,
+        lower: LowerOptions {
+            offload_optimizer_state: so.offload_optimizer_state,
+            ..LowerOptions::default()
+        },
+        allow_out_of_memory: true,
+        steps_per_execution: so.steps_per_execution,
+        repeat_count: so.repeat_count,
+        ..SystemOptions::default()
+    };
+    let mut options = so.clone();
+    options.schedule = schedule;
+    Ok(OnnxCompiled {
+        imported,
+        plan,
+        loss,
+        loss_kind,
+        machine,
+        system,
+        options,
+    })
+}
+
+impl OnnxCompiled {
+    /// The estimate (produced even when a tile overflows).
+    ///
+    /// # Errors
+    ///
+    /// [`SessionError::System`] for an invalid schedule, accumulation count or mapping.
+    pub fn estimate(&self) -> Result<SystemEstimate, SessionError> {
+        Ok(estimate_system(&self.plan, &self.machine, &self.system)?)
+    }
+}
+
+/// Adds the loss of `kind` on the model's first output, in the last stage.
+fn add_loss(
+    g: &mut Graph<Heap>,
+    imported: &Imported,
+    kind: LossKind,
+    dtype: DType,
+) -> Result<(NodeId, LossKind), SessionError> {
+    let out = imported
+        .outputs
+        .first()
+        .ok_or_else(|| opt_err("--loss", "the model has no output".into()))?;
+    let dims = out.dims.clone();
+    let last = g.stage_count() - 1;
+    g.set_stage(last)?;
+    let float_out = g.node(out.node).dtype().is_float();
+    let kind = match kind {
+        LossKind::Auto if float_out && dims.len() == 2 => LossKind::SparseCategoricalCrossentropy,
+        LossKind::Auto if float_out && dims.len() == 3 && !imported.embeddings.is_empty() => {
+            LossKind::MaskedLm
+        }
+        LossKind::Auto => LossKind::Mse,
+        k => k,
+    };
+    if !float_out {
+        return Err(opt_err(
+            "--loss",
+            format!(
+                "output `{}` is not a float tensor; train a model whose output is",
+                out.name
+            ),
+        ));
+    }
+    let loss = match kind {
+        LossKind::SparseCategoricalCrossentropy => {
+            if dims.len() < 2 {
+                return Err(opt_err(
+                    "--loss",
+                    format!(
+                        "output `{}` is {dims:?}; cross-entropy needs [batch, ..., classes]",
+                        out.name
+                    ),
+                ));
+            }
+            let labels = g.input("labels", &dims[..dims.len() - 1], DType::I32)?;
+            g.sparse_categorical_crossentropy("loss", out.node, labels, true)?
+        }
+        LossKind::Mse => {
+            let target = g.input("target", &dims, dtype)?;
+            g.mean_squared_error("loss", out.node, target)?
+        }
+        LossKind::MaskedLm => {
+            if dims.len() != 3 {
+                return Err(opt_err(
+                    "--loss",
+                    format!(
+                        "masked-LM needs a [batch, seq, hidden] output; `{}` is {dims:?}",
+                        out.name
+                    ),
+                ));
+            }
+            // The token embedding: the largest table whose rows are as wide as the hidden size.
+            let table = imported
+                .embeddings
+                .iter()
+                .filter(|e| e.dims.len() == 2 && e.dims[1] == dims[2])
+                .max_by_key(|e| e.dims[0])
+                .ok_or_else(|| {
+                    opt_err(
+                        "--loss",
+                        format!(
+                            "masked-LM needs a token embedding of width {}; the model has none",
+                            dims[2]
+                        ),
+                    )
+                })?;
+            let decoder = if g.node(table.node).stage() == last {
+                table.node
+            } else {
+                // On another IPU the tied weight is held twice, as pipelined BERTs do.
+                g.variable("mlm/decoder", &table.dims, dtype, Init::GlorotUniform)?
+            };
+            let bias = g.variable("mlm/bias", &[table.dims[0]], dtype, Init::Zeros)?;
+            let logits = g.matmul_t("mlm/logits", out.node, decoder, false, true)?;
+            let logits = g.add("mlm/logits_bias", logits, bias)?;
+            let labels = g.input("labels", &dims[..2], DType::I32)?;
+            g.sparse_categorical_crossentropy_ignoring("loss", logits, labels, true, Some(-100))?
+        }
+        LossKind::Auto => unreachable!("resolved above"),
+    };
+    Ok((loss, kind))
+}
+
+/// Memory and cycles of one ONNX node (a layer), as PopVision's operation summary gives
+/// them.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LayerRow {
+    /// The ONNX node.
+    pub name: String,
+    /// Its op type.
+    pub op: String,
+    /// Its pipeline stage.
+    pub stage: usize,
+    /// Bytes of the weights and state it holds.
+    pub weight_bytes: u64,
+    /// Bytes of the tensors it makes (forward).
+    pub activation_bytes: u64,
+    /// Forward cycles per micro-batch (its compute sets).
+    pub forward_cycles: u64,
+    /// Backward cycles per micro-batch (its gradients' compute sets).
+    pub backward_cycles: u64,
+}
+
+/// Per-layer rows: each graph node's bytes and each compute set's cycles summed into the
+/// ONNX node that made it (gradients `X_grad/...` into the node of `X`).
+pub fn layer_rows(c: &OnnxCompiled, e: &SystemEstimate) -> Vec<LayerRow> {
+    let g = c.plan.graph();
+    let imp = &c.imported;
+    let mut rows: Vec<LayerRow> = imp
+        .layers
+        .iter()
+        .map(|l| LayerRow {
+            name: l.name.clone(),
+            op: l.op.clone(),
+            stage: l.stage,
+            weight_bytes: 0,
+            activation_bytes: 0,
+            forward_cycles: 0,
+            backward_cycles: 0,
+        })
+        .collect();
+    let mut by_name: HashMap<&str, usize> = HashMap::new();
+    for (i, n) in g.nodes().iter().enumerate() {
+        let Some(l) = layer_index(imp, i) else {
+            continue;
+        };
+        by_name.insert(n.name(), l);
+        let bytes = n.bytes() as u64;
+        if n.op().is_state() && n.roles().intersects(Roles::TRAINABLE | Roles::STATE) {
+            rows[l].weight_bytes += bytes;
+        } else if c.plan.slots()[i].view_of.is_none() {
+            rows[l].activation_bytes += bytes;
+        }
+    }
+    let find = |op: &str| -> Option<usize> {
+        by_name.get(op).copied().or_else(|| {
+            let base = &op[..op.rfind("_grad")?];
+            by_name.get(base).copied()
+        })
+    };
+    for s in &e.stages {
+        for (trace, backward) in [(&s.forward_trace, false), (&s.backward_trace, true)] {
+            for ev in trace {
+                if let Some(l) = find(&ev.op) {
+                    if backward {
+                        rows[l].backward_cycles += ev.cycles;
+                    } else {
+                        rows[l].forward_cycles += ev.cycles;
+                    }
+                }
+            }
+        }
+    }
+    rows
+}
+
+fn layer_index(imp: &Imported, index: usize) -> Option<usize> {
+    let i = imp.layers.partition_point(|l| l.end <= index);
+    imp.layers
+        .get(i)
+        .filter(|l| l.first <= index && index < l.end)
+        .map(|_| i)
+}
+
+/// One tensor of an ONNX model's run: its name, dims and values (row-major).
+#[derive(Clone, Debug, PartialEq)]
+pub struct NamedTensor {
+    /// The ONNX name.
+    pub name: String,
+    /// Dimensions.
+    pub dims: Vec<usize>,
+    /// Values (integers and booleans as their value).
+    pub data: Vec<f32>,
+}
+
+/// Runs an imported model's forward pass with the core's reference kernels (f32, the file's
+/// batch) on `inputs` (by ONNX name) and returns its outputs. Every weight must have its
+/// values.
+///
+/// # Errors
+///
+/// [`SessionError::Onnx`] for import errors and weights without values
+/// ([`crate::onnx::OnnxError::NoWeights`]); [`SessionError::Option`] for a missing or
+/// misshapen input; [`SessionError::Run`] if a kernel fails.
+pub fn run_onnx(
+    model: &OnnxModel,
+    inputs: &[NamedTensor],
+) -> Result<Vec<NamedTensor>, SessionError> {
+    let mut g: Graph<Heap> = Graph::new();
+    let imported = import(
+        model,
+        &mut g,
+        &ImportOptions {
+            stages: Stages::One,
+            ..ImportOptions::default()
+        },
+    )?;
+    imported.require_weights()?;
+    let plan = Plan::new(&g)?;
+    let mut arena = vec![0u8; plan.arena_bytes()];
+    let mut state = vec![0u8; plan.state_bytes()];
+    plan.init_state(&mut state, 0)?;
+    for s in &imported.state {
+        if let Ok(values) = &s.values {
+            let v: Vec<f32> = values.iter().map(|&x| x as f32).collect();
+            plan.write_state(s.node, &mut state, &v)?;
+        }
+    }
+    for i in &imported.inputs {
+        let t = inputs.iter().find(|t| t.name == i.name).ok_or_else(|| {
+            opt_err(
+                "--input",
+                format!("the model's input `{}` ({:?}) is not given", i.name, i.dims),
+            )
+        })?;
+        if t.dims != i.dims {
+            return Err(opt_err(
+                "--input",
+                format!("`{}` is {:?}; the model wants {:?}", i.name, t.dims, i.dims),
+            ));
+        }
+        plan.write_input(i.node, &mut arena, &t.data)?;
+    }
+    for k in 0..g.len() {
+        plan.run_node(k, &mut arena, &mut state)?;
+    }
+    imported
+        .outputs
+        .iter()
+        .map(|o| {
+            let t = plan.tensor(o.node, &arena, &state)?;
+            Ok(NamedTensor {
+                name: o.name.clone(),
+                dims: o.dims.clone(),
+                data: t.iter().collect(),
+            })
+        })
+        .collect()
+}

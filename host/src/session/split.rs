@@ -1,0 +1,359 @@
+//! Automatic pipeline splits of imported models: N contiguous stages (in the file's node
+//! order) on N IPUs, balanced on the estimate's cycles within each IPU's memory.
+//!
+//! How it balances:
+//! 1. The model is estimated once on one IPU (a fit is not needed) and every ONNX node gets
+//!    its forward and backward cycles and its weight bytes from that estimate
+//!    ([`layer_rows`]).
+//! 2. A stage's cost is the sum of its nodes' cycles; its memory is its weights' bytes times
+//!    the copies training keeps on the IPU (the weight, its gradient accumulator, and the
+//!    optimizer's state unless offloaded). [`partition`] finds the contiguous split that
+//!    minimises the most expensive stage with every stage's memory under a cap (dynamic
+//!    programming, exact; `tests` compares it with an exhaustive search).
+//! 3. The split is estimated for real. If an IPU overflows, the cap shrinks by a fifth and
+//!    the split is redone (activations, stashes and code take what weights leave), up to
+//!    [`RETRIES`] times; the last split is returned either way, with its estimate.
+//!
+//! The pipeline's own balance (stash depths, idle time) is the estimate's, not the split's:
+//! the split only equalises the stages' cycles.
+
+use serde::Serialize;
+use tessera_sim::system::SystemEstimate;
+
+use super::onnx::{compile_onnx, layer_rows, OnnxCompiled, OnnxOptions};
+use super::{opt_err, SessionError, SessionOptions};
+use crate::onnx::{OnnxModel, Stages};
+
+/// Splits the memory cap shrinks through before the split is given as it is.
+pub const RETRIES: usize = 5;
+
+/// The most IPUs the fewest-IPUs search tries.
+pub const MAX_IPUS: usize = 64;
+
+/// The split's cut points and cost, contiguous in `costs`' order: stage `s` holds items
+/// `starts[s] .. starts[s + 1]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Partition {
+    /// Where each stage starts (the first is 0).
+    pub starts: Vec<usize>,
+    /// The most expensive stage's cost.
+    pub max_cost: u64,
+}
+
+/// The contiguous split of `costs` into `n` non-empty parts that minimises the largest
+/// part's cost, every part's `mems` summing to at most `cap`; `None` when no split keeps
+/// under the cap (or there are fewer items than parts). Ties go to the earliest cuts.
+pub fn partition(costs: &[u64], mems: &[u64], n: usize, cap: u64) -> Option<Partition> {
+    let l = costs.len();
+    if n == 0 || l < n || mems.len() != l {
+        return None;
+    }
+    let mut pc = vec![0u64; l + 1];
+    let mut pm = vec![0u64; l + 1];
+    for i in 0..l {
+        pc[i + 1] = pc[i] + costs[i];
+        pm[i + 1] = pm[i] + mems[i];
+    }
+    const NONE: u64 = u64::MAX;
+    // best[k][i]: the best largest cost of splitting items 0..i into k + 1 parts.
+    let mut best = vec![vec![NONE; l + 1]; n];
+    let mut from = vec![vec![0usize; l + 1]; n];
+    for i in 1..=l {
+        if pm[i] <= cap {
+            best[0][i] = pc[i];
+        }
+    }
+    for k in 1..n {
+        for i in (k + 1)..=l {
+            let mut b = NONE;
+            let mut arg = 0;
+            // The last part is j..i; j from the largest down, so memory only grows.
+            for j in (k..i).rev() {
+                if pm[i] - pm[j] > cap {
+                    break;
+                }
+                if best[k - 1][j] == NONE {
+                    continue;
+                }
+                let c = best[k - 1][j].max(pc[i] - pc[j]);
+                if c < b || (c == b && j < arg) {
+                    b = c;
+                    arg = j;
+                }
+            }
+            best[k][i] = b;
+            from[k][i] = arg;
+        }
+    }
+    if best[n - 1][l] == NONE {
+        return None;
+    }
+    let mut starts = vec![0usize; n];
+    let mut i = l;
+    for k in (1..n).rev() {
+        let j = from[k][i];
+        starts[k] = j;
+        i = j;
+    }
+    Some(Partition {
+        starts,
+        max_cost: best[n - 1][l],
+    })
+}
+
+/// An automatic split and its estimate.
+pub struct Split {
+    /// The compiled model with the split's stages.
+    pub compiled: OnnxCompiled,
+    /// Its estimate.
+    pub estimate: SystemEstimate,
+    /// What the split did.
+    pub info: SplitInfo,
+}
+
+/// How a split came out, for reports.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SplitInfo {
+    /// IPUs (stages).
+    pub ipus: usize,
+    /// The last node of each stage but the last (what `--pipeline-stages` would take).
+    pub boundaries: Vec<String>,
+    /// Each stage's cycles as the one-IPU estimate gives them (forward + backward).
+    pub stage_cycles: Vec<u64>,
+    /// Each stage's weight-state bytes.
+    pub stage_weight_bytes: Vec<u64>,
+    /// The memory cap per stage the last attempt used.
+    pub cap_bytes: u64,
+    /// Attempts made (each a full estimate).
+    pub attempts: usize,
+}
+
+/// The cost and memory of every ONNX node, from a one-IPU estimate.
+pub struct Profile {
+    names: Vec<String>,
+    /// Index of each node that made graph nodes.
+    units: Vec<usize>,
+    costs: Vec<u64>,
+    mems: Vec<u64>,
+    nodes: usize,
+}
+
+/// Estimates `model` on one IPU and reads every node's cycles and weight bytes.
+///
+/// # Errors
+///
+/// As [`compile_onnx`].
+pub fn profile(
+    model: &OnnxModel,
+    so: &SessionOptions,
+    oo: &OnnxOptions,
+) -> Result<Profile, SessionError> {
+    let one = OnnxOptions {
+        stages: Stages::One,
+        ..oo.clone()
+    };
+    let mut so1 = so.clone();
+    so1.replicas = 1;
+    let c = compile_onnx(model, &so1, &one)?;
+    let e = c.estimate()?;
+    let rows = layer_rows(&c, &e);
+    // Copies of each weight training keeps on the IPU: the weight and its gradient (or
+    // accumulator), plus the optimizer's state unless it is offloaded.
+    let copies = if oo.inference {
+        1
+    } else {
+        let state = if so.offload_optimizer_state {
+            0
+        } else {
+            match so.optimizer {
+                super::OptimizerKind::Sgd => 0,
+                super::OptimizerKind::Momentum => 1,
+                super::OptimizerKind::Adam => 2,
+            }
+        };
+        2 + state
+    };
+    let mut p = Profile {
+        names: rows.iter().map(|r| r.name.clone()).collect(),
+        units: Vec::new(),
+        costs: Vec::new(),
+        mems: Vec::new(),
+        nodes: rows.len(),
+    };
+    for (i, (r, l)) in rows.iter().zip(&c.imported.layers).enumerate() {
+        if l.end > l.first {
+            p.units.push(i);
+            p.costs.push(r.forward_cycles + r.backward_cycles);
+            p.mems.push(r.weight_bytes * copies);
+        }
+    }
+    Ok(p)
+}
+
+/// The per-node stages of a partition of `p`'s units: nodes that made nothing go with the
+/// next node that did.
+fn stages_of(p: &Profile, part: &Partition) -> Vec<usize> {
+    let mut stage_of_unit = vec![0usize; p.units.len()];
+    for (s, w) in part.starts.iter().enumerate() {
+        let end = part.starts.get(s + 1).copied().unwrap_or(p.units.len());
+        for x in &mut stage_of_unit[*w..end] {
+            *x = s;
+        }
+    }
+    let mut out = vec![0usize; p.nodes];
+    let mut u = p.units.len();
+    let mut next = stage_of_unit.last().copied().unwrap_or(0);
+    for i in (0..p.nodes).rev() {
+        if u > 0 && p.units[u - 1] == i {
+            u -= 1;
+            next = stage_of_unit[u];
+        }
+        out[i] = next;
+    }
+    out
+}
+
+/// Splits `model` into `n` stages on `n` IPUs (see the module's documentation).
+///
+/// # Errors
+///
+/// [`SessionError::Option`] when the model has fewer nodes than stages or no split keeps
+/// its weights under an IPU's memory; import and estimate errors as [`compile_onnx`].
+pub fn split(
+    model: &OnnxModel,
+    so: &SessionOptions,
+    oo: &OnnxOptions,
+    n: usize,
+    profile: &Profile,
+) -> Result<Split, SessionError> {
+    if n == 0 {
+        return Err(opt_err("--pipeline-ipus", "must be at least 1".into()));
+    }
+    let machine = tessera_sim::machine::IpuConfig::preset(so.ipu);
+    let sram = machine.sram_bytes_per_tile * u64::from(machine.tiles);
+    let mut cap = sram;
+    let mut last: Option<Split> = None;
+    for attempt in 1..=RETRIES {
+        let part = partition(&profile.costs, &profile.mems, n, cap).ok_or_else(|| {
+            opt_err(
+                "--pipeline-ipus",
+                if profile.costs.len() < n {
+                    format!(
+                        "the model has {} nodes that compute; it cannot fill {n} stages",
+                        profile.costs.len()
+                    )
+                } else {
+                    format!(
+                        "no split into {n} stages keeps each stage's weights and their training state under {cap} bytes (an IPU's memory); try more IPUs"
+                    )
+                },
+            )
+        })?;
+        let stages = stages_of(profile, &part);
+        let per = OnnxOptions {
+            stages: Stages::PerNode(stages),
+            ..oo.clone()
+        };
+        let compiled = compile_onnx(model, so, &per)?;
+        let estimate = compiled.estimate()?;
+        let bounds: Vec<usize> = part.starts.iter().skip(1).copied().collect();
+        let boundaries = bounds
+            .iter()
+            .map(|&s| profile.names[profile.units[s] - 1].clone())
+            .collect();
+        let sums = |v: &[u64]| -> Vec<u64> {
+            (0..n)
+                .map(|s| {
+                    let a = part.starts[s];
+                    let b = part.starts.get(s + 1).copied().unwrap_or(v.len());
+                    v[a..b].iter().sum()
+                })
+                .collect()
+        };
+        let fits = estimate.fits;
+        let info = SplitInfo {
+            ipus: n,
+            boundaries,
+            stage_cycles: sums(&profile.costs),
+            stage_weight_bytes: sums(&profile.mems),
+            cap_bytes: cap,
+            attempts: attempt,
+        };
+        last = Some(Split {
+            compiled,
+            estimate,
+            info,
+        });
+        if fits || n == 1 {
+            break;
+        }
+        cap = cap / 5 * 4;
+    }
+    last.ok_or_else(|| opt_err("--pipeline-ipus", "no attempt was made".into()))
+}
+
+/// The fewest IPUs (up to [`MAX_IPUS`]) on which an automatic split fits: doubling, then
+/// bisecting between the last that did not fit and the first that did. `None` when even
+/// [`MAX_IPUS`] does not fit.
+///
+/// # Errors
+///
+/// As [`split`], except that splits that cannot be made count as not fitting.
+pub fn fewest_ipus(
+    model: &OnnxModel,
+    so: &SessionOptions,
+    oo: &OnnxOptions,
+    profile: &Profile,
+) -> Result<Option<Split>, SessionError> {
+    let try_n = |n: usize| -> Result<Option<Split>, SessionError> {
+        let mut so = so.clone();
+        // Pipelines need enough micro-batches per update to fill.
+        so.gradient_accumulation_count = so.gradient_accumulation_count.max(2 * n);
+        match split(model, &so, oo, n, profile) {
+            Ok(s) if s.estimate.fits => Ok(Some(s)),
+            Ok(_) | Err(SessionError::Option { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    };
+    let (mut lo, mut found) = (1usize, None);
+    let mut n = 2;
+    while n <= MAX_IPUS.min(profile.costs.len()) {
+        if let Some(s) = try_n(n)? {
+            found = Some((n, s));
+            break;
+        }
+        lo = n;
+        n *= 2;
+    }
+    let Some((mut hi, mut best)) = found else {
+        return Ok(None);
+    };
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        match try_n(mid)? {
+            Some(s) => {
+                hi = mid;
+                best = s;
+            }
+            None => lo = mid,
+        }
+    }
+    Ok(Some(best))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn balances_and_respects_the_cap() {
+        let p = partition(&[5, 1, 1, 5, 1, 1], &[1; 6], 2, 10).unwrap();
+        assert_eq!(p.starts, vec![0, 3]);
+        assert_eq!(p.max_cost, 7);
+        // Memory forces the cut earlier than cycles want.
+        let p = partition(&[1, 1, 1, 1], &[5, 5, 1, 1], 2, 6).unwrap();
+        assert_eq!(p.starts, vec![0, 1]);
+        assert_eq!(partition(&[1, 1], &[5, 5], 2, 4), None);
+        assert_eq!(partition(&[1], &[1], 2, 4), None);
+    }
+}

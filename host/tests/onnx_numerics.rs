@@ -1,0 +1,159 @@
+//! Small ONNX models with weights (`tests/fixtures/onnx`, made by
+//! `scripts/make_onnx_fixtures.py`) run through the importer and the core's kernels give
+//! onnxruntime's outputs within 1e-4; weight-free forms import for estimates and refuse
+//! numerics; bad files fail with one clear error each.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use tessera_core::Graph;
+use tessera_host::onnx::{import, ImportOptions, OnnxError, OnnxModel};
+use tessera_host::session::onnx::{run_onnx, NamedTensor};
+use tessera_host::session::SessionError;
+use tessera_sim::Heap;
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/onnx")
+}
+
+fn tensor(file: &str) -> NamedTensor {
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir().join(file)).expect("fixture tensor"))
+            .expect("json");
+    NamedTensor {
+        name: v["name"].as_str().expect("name").to_string(),
+        dims: v["shape"]
+            .as_array()
+            .expect("shape")
+            .iter()
+            .map(|d| d.as_u64().expect("dim") as usize)
+            .collect(),
+        data: v["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .map(|x| x.as_f64().expect("value") as f32)
+            .collect(),
+    }
+}
+
+fn manifest() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir().join("manifest.json")).expect("manifest"))
+        .expect("json")
+}
+
+fn load(file: &str) -> OnnxModel {
+    OnnxModel::load(&dir().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"))
+}
+
+#[test]
+fn outputs_equal_onnxruntime() {
+    let m = manifest();
+    let cases = m["numerics"].as_array().expect("numerics");
+    assert!(cases.len() >= 7);
+    for case in cases {
+        let file = case["file"].as_str().unwrap();
+        let model = load(file);
+        let inputs: Vec<NamedTensor> = case["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| tensor(i["file"].as_str().unwrap()))
+            .collect();
+        let got = run_onnx(&model, &inputs).unwrap_or_else(|e| panic!("{file}: {e:?}"));
+        for o in case["outputs"].as_array().unwrap() {
+            let want = tensor(o["file"].as_str().unwrap());
+            let g = got
+                .iter()
+                .find(|t| t.name == want.name)
+                .unwrap_or_else(|| panic!("{file}: no output `{}`", want.name));
+            assert_eq!(g.dims, want.dims, "{file}: `{}` shape", want.name);
+            let mut worst = 0f32;
+            for (i, (a, e)) in g.data.iter().zip(&want.data).enumerate() {
+                let err = (a - e).abs() / e.abs().max(1.0);
+                assert!(
+                    err <= 1e-4,
+                    "{file}: `{}`[{i}] = {a}, onnxruntime {e}",
+                    want.name
+                );
+                worst = worst.max(err);
+            }
+            println!("{file}: `{}` within {worst:.2e}", want.name);
+        }
+    }
+}
+
+#[test]
+fn weight_free_forms_import_but_refuse_numerics() {
+    for file in ["stripped.onnx", "light_cnn.onnx"] {
+        let model = load(file);
+        let mut g: Graph<Heap> = Graph::new();
+        let imp = import(&model, &mut g, &ImportOptions::default()).expect("imports");
+        assert_eq!(imp.outputs[0].dims, vec![2, 10], "{file}");
+        let x = tensor("cnn.input.json");
+        let err = run_onnx(&model, &[x]).expect_err(file);
+        let SessionError::Onnx(OnnxError::NoWeights { tensor, .. }) = &err else {
+            panic!("{file}: {err:?}");
+        };
+        let text = err.to_string();
+        assert!(
+            text.contains(tensor.as_str()) && text.contains("numerics need the weights"),
+            "{text}"
+        );
+        assert!(!text.contains('\n'));
+    }
+}
+
+#[test]
+fn bad_models_fail_with_a_typed_error_naming_the_culprit() {
+    let e = import(
+        &load("unsupported_op.onnx"),
+        &mut Graph::new(),
+        &ImportOptions::default(),
+    )
+    .expect_err("Einsum");
+    let OnnxError::Unsupported {
+        node, op, opset, ..
+    } = &e
+    else {
+        panic!("{e:?}")
+    };
+    assert_eq!(
+        (node.as_str(), op.as_str(), *opset),
+        ("my_einsum", "Einsum", 17)
+    );
+    assert!(e.to_string().contains("supported ops: Add"), "{e}");
+
+    let e = import(
+        &load("dynamic_batch.onnx"),
+        &mut Graph::new(),
+        &ImportOptions::default(),
+    )
+    .expect_err("symbolic batch");
+    assert!(
+        matches!(&e, OnnxError::UnboundDim { input, axis: 0, param, .. } if input == "x" && param == "batch"),
+        "{e:?}"
+    );
+    let bound = ImportOptions {
+        batch_size: Some(3),
+        ..ImportOptions::default()
+    };
+    let imp = import(&load("dynamic_batch.onnx"), &mut Graph::new(), &bound).expect("binds");
+    assert_eq!(imp.outputs[0].dims, vec![3, 3]);
+
+    let e = OnnxModel::load(&dir().join("old_opset.onnx")).expect_err("opset 9");
+    assert!(matches!(e, OnnxError::Opset { opset: 9, .. }), "{e:?}");
+
+    let bytes = std::fs::read(dir().join("cnn.onnx")).unwrap();
+    let cut = &bytes[..bytes.len() / 2];
+    let e = OnnxModel::from_bytes(cut, &PathBuf::from("cut.onnx")).expect_err("truncated");
+    assert!(
+        matches!(e, OnnxError::Decode { .. }) && e.to_string().contains("truncated"),
+        "{e}"
+    );
+    let e = OnnxModel::from_bytes(b"name,value\n1,2\n", &PathBuf::from("x.onnx")).expect_err("csv");
+    assert!(
+        e.to_string().contains("not an ONNX model") && e.to_string().contains("byte 0"),
+        "{e}"
+    );
+}
