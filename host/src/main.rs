@@ -32,6 +32,7 @@ fn main() -> ExitCode {
         Command::Evaluate(a) => cli::infer::run_evaluate(a),
         Command::Predict(a) => cli::infer::run_predict(a),
         Command::Estimate(a) => cli::estimate::run(a),
+        Command::Run(a) => cli::onnx::run_model(a),
         Command::EstimateOp(c) => cli::op::run_op(c),
         Command::DatasetBenchmark(a) => cli::op::run_bench(a),
         Command::Report { dir } => render_report(&dir)

@@ -565,3 +565,144 @@ fn optimizer_state_offload_is_on_by_default_for_pipelines_and_accumulation() {
     ]);
     assert_eq!(one, one_kept);
 }
+
+// ----- ONNX models -----
+
+const ONNX_FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/onnx");
+
+fn fixture(name: &str) -> String {
+    format!("{ONNX_FIXTURES}/{name}")
+}
+
+/// A fixture tensor (`{name, shape, data}` JSON) written as a float32 .npy file.
+fn fixture_npy(json: &str, out: &Path) {
+    use npyz::WriterBuilder as _;
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture(json)).unwrap()).unwrap();
+    let shape: Vec<u64> = v["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_u64().unwrap())
+        .collect();
+    let mut w = npyz::WriteOptions::<f32>::new()
+        .default_dtype()
+        .shape(&shape)
+        .writer(std::fs::File::create(out).unwrap())
+        .begin_nd()
+        .unwrap();
+    for x in v["data"].as_array().unwrap() {
+        w.push(&(x.as_f64().unwrap() as f32)).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+#[test]
+fn onnx_run_writes_onnxruntimes_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let x = dir.path().join("x.npy");
+    fixture_npy("cnn.input.json", &x);
+    let out = dir.path().join("out");
+    let o = tessera(&[
+        "run",
+        &fixture("cnn.onnx"),
+        "--input",
+        &format!("x={}", x.display()),
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bytes = std::fs::read(out.join("logits.npy")).unwrap();
+    let got: Vec<f32> = npyz::NpyFile::new(&bytes[..]).unwrap().into_vec().unwrap();
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("cnn.output.json")).unwrap())
+            .unwrap();
+    for (a, e) in got.iter().zip(want["data"].as_array().unwrap()) {
+        let e = e.as_f64().unwrap() as f32;
+        assert!((a - e).abs() <= 1e-4 * e.abs().max(1.0), "{a} vs {e}");
+    }
+}
+
+#[test]
+fn onnx_estimates_print_fit_memory_cycles_and_layers() {
+    for extra in [&[][..], &["--inference"][..], &["--pipeline-ipus", "2"][..]] {
+        let mut args = vec!["estimate", "--json", "--batch-size", "4"];
+        let model = fixture("transformer.onnx");
+        args.push(&model);
+        args.extend_from_slice(extra);
+        let o = tessera(&args);
+        assert!(o.status.success(), "{extra:?}: {}", stderr(&o));
+        let j = last_json(&o);
+        assert_eq!(j["fits"], true, "{extra:?}");
+        assert!(j["samples_per_second"].as_f64().unwrap() > 0.0);
+        assert!(j["cycles_per_step"].as_u64().unwrap() > 0);
+        assert!(!j["ipus"][0]["categories"].as_object().unwrap().is_empty());
+        assert_eq!(j["onnx"]["batch_size"], 4);
+        let layers = j["onnx"]["layers"].as_array().unwrap();
+        assert!(layers
+            .iter()
+            .any(|l| l["op"] == "MatMul" && l["forward_cycles"].as_u64().unwrap() > 0));
+        if extra.contains(&"--pipeline-ipus") {
+            assert_eq!(j["ipus"].as_array().unwrap().len(), 2);
+            assert_eq!(
+                j["onnx"]["split"]["boundaries"].as_array().unwrap().len(),
+                1
+            );
+        }
+    }
+}
+
+#[test]
+fn onnx_bad_inputs_fail_on_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(fixture("cnn.onnx")).unwrap();
+    let cut = dir.path().join("cut.onnx");
+    std::fs::write(&cut, &bytes[..bytes.len() / 3]).unwrap();
+    let text = dir.path().join("text.onnx");
+    std::fs::write(&text, "this is not a model\n").unwrap();
+    let cases: Vec<(Vec<String>, Vec<&str>)> = vec![
+        (
+            vec!["estimate".into(), cut.display().to_string()],
+            vec!["not an ONNX model", "truncated", "byte"],
+        ),
+        (
+            vec!["estimate".into(), text.display().to_string()],
+            vec!["not an ONNX model", "byte 0"],
+        ),
+        (
+            vec!["estimate".into(), fixture("unsupported_op.onnx")],
+            vec!["my_einsum", "Einsum", "opset 17", "supported ops:"],
+        ),
+        (
+            vec!["estimate".into(), fixture("dynamic_batch.onnx")],
+            vec!["input `x`", "symbolic (`batch`)", "--batch-size"],
+        ),
+        (
+            vec![
+                "estimate".into(),
+                fixture("cnn.onnx"),
+                "--pipeline-stages".into(),
+                "no_such_node".into(),
+            ],
+            vec!["--pipeline-stages", "no_such_node"],
+        ),
+        (
+            vec!["estimate".into(), fixture("old_opset.onnx")],
+            vec!["opset 9", "supported: 11 to 20"],
+        ),
+        (
+            vec![
+                "run".into(),
+                fixture("stripped.onnx"),
+                "--input".into(),
+                "x=unused.npy".into(),
+            ],
+            vec!["has no values", "__stripped__", "numerics need the weights"],
+        ),
+    ];
+    for (args, needles) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = tessera(&args);
+        assert_bad_option(&o, &needles);
+    }
+}

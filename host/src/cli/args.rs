@@ -30,6 +30,9 @@ pub enum Command {
     Predict(PredictArgs),
     /// Estimate memory and cycles of training a model (or of inference), without running it.
     Estimate(EstimateArgs),
+    /// Run an ONNX model's forward pass on inputs from .npy files with the reference kernels
+    /// (the model's weights are needed) and write each output as NAME.npy.
+    Run(RunArgs),
     /// Estimate one op (matmul or fully-connected layer) on one IPU.
     #[command(name = "estimate-op", subcommand)]
     EstimateOp(OpCommand),
@@ -225,6 +228,18 @@ pub struct PredictArgs {
     /// file (a header, then one row per sample: index, label, outputs).
     #[arg(long, short)]
     pub output: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The ONNX model, with its weights.
+    pub model: PathBuf,
+    /// An input, as NAME=FILE.npy (float32/64, int32/64, bool or uint8); one per input.
+    #[arg(long = "input", value_name = "NAME=FILE")]
+    pub inputs: Vec<String>,
+    /// Where to write the outputs (NAME.npy each).
+    #[arg(long, default_value = ".")]
+    pub output_dir: PathBuf,
 }
 
 #[derive(Args, Debug)]

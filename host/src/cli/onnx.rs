@@ -11,11 +11,13 @@ use tessera_host::model::TrainingDefaults;
 use tessera_host::onnx::{OnnxModel, Stages};
 use tessera_host::report::format::{bytes, count};
 use tessera_host::report::write_report;
-use tessera_host::session::onnx::{compile_onnx, layer_rows, LayerRow, LossKind, OnnxOptions};
+use tessera_host::session::onnx::{
+    compile_onnx, layer_rows, run_onnx, LayerRow, LossKind, NamedTensor, OnnxOptions,
+};
 use tessera_host::session::split::{fewest_ipus, profile, split, SplitInfo, MAX_IPUS};
 use tessera_host::session::EstimateSummary;
 
-use super::args::EstimateArgs;
+use super::args::{EstimateArgs, RunArgs};
 use super::estimate::{files_list, inference_line, make_report};
 use super::options::options_with;
 use super::{one_line, AnyError};
@@ -260,4 +262,97 @@ fn facts_text(f: &ImportFacts, all_layers: bool) -> String {
         );
     }
     s
+}
+
+/// `tessera run MODEL.onnx --input NAME=FILE.npy ...`: the forward pass, outputs as .npy.
+pub fn run_model(a: RunArgs) -> Result<bool, AnyError> {
+    let model = OnnxModel::load(&a.model)?;
+    // Weights first: without them no input matters.
+    tessera_host::onnx::import(
+        &model,
+        &mut tessera_core::Graph::<tessera_sim::Heap>::new(),
+        &tessera_host::onnx::ImportOptions {
+            stages: Stages::One,
+            ..Default::default()
+        },
+    )?
+    .require_weights()?;
+    let mut inputs = Vec::new();
+    for spec in &a.inputs {
+        let (name, file) = spec
+            .split_once('=')
+            .ok_or_else(|| format!("--input `{spec}`: expected NAME=FILE.npy"))?;
+        inputs.push(read_npy(name, Path::new(file))?);
+    }
+    let outputs = run_onnx(&model, &inputs)?;
+    std::fs::create_dir_all(&a.output_dir)
+        .map_err(|e| format!("{}: {e}", a.output_dir.display()))?;
+    for o in &outputs {
+        let safe: String = o
+            .name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let path = a.output_dir.join(format!("{safe}.npy"));
+        write_npy(&path, &o.dims, &o.data)?;
+        println!("{}: {:?} -> {}", o.name, o.dims, path.display());
+    }
+    Ok(true)
+}
+
+/// A .npy file of any numeric type as an f32 tensor named `name`.
+fn read_npy(name: &str, path: &Path) -> Result<NamedTensor, AnyError> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let open = || {
+        npyz::NpyFile::new(&bytes[..])
+            .map_err(|e| format!("{}: not a .npy file: {e}", path.display()))
+    };
+    let dims: Vec<usize> = open()?.shape().iter().map(|&d| d as usize).collect();
+    let data: Vec<f32> = if let Ok(v) = open()?.into_vec::<f32>() {
+        v
+    } else if let Ok(v) = open()?.into_vec::<f64>() {
+        v.into_iter().map(|x| x as f32).collect()
+    } else if let Ok(v) = open()?.into_vec::<i64>() {
+        v.into_iter().map(|x| x as f32).collect()
+    } else if let Ok(v) = open()?.into_vec::<i32>() {
+        v.into_iter().map(|x| x as f32).collect()
+    } else if let Ok(v) = open()?.into_vec::<u8>() {
+        v.into_iter().map(f32::from).collect()
+    } else if let Ok(v) = open()?.into_vec::<bool>() {
+        v.into_iter().map(|b| f32::from(u8::from(b))).collect()
+    } else {
+        return Err(format!(
+            "{}: element type {} is not float32/64, int32/64, uint8 or bool",
+            path.display(),
+            open()?.dtype().descr()
+        )
+        .into());
+    };
+    Ok(NamedTensor {
+        name: name.to_string(),
+        dims,
+        data,
+    })
+}
+
+fn write_npy(path: &Path, dims: &[usize], data: &[f32]) -> Result<(), AnyError> {
+    use npyz::WriterBuilder as _;
+    let err = |e: std::io::Error| format!("{}: {e}", path.display());
+    let shape: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
+    let file = std::fs::File::create(path).map_err(err)?;
+    let mut w = npyz::WriteOptions::<f32>::new()
+        .default_dtype()
+        .shape(&shape)
+        .writer(std::io::BufWriter::new(file))
+        .begin_nd()
+        .map_err(err)?;
+    w.extend(data.iter().copied()).map_err(err)?;
+    w.finish().map_err(err)?;
+    Ok(())
 }
