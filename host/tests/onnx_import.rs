@@ -110,3 +110,87 @@ fn training_import_and_rebound_batch() {
         }
     }
 }
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/onnx")
+        .join(name)
+}
+
+#[test]
+fn popart_attributes_place_nodes_in_stages_and_ipus() {
+    use prost::Message;
+    use tessera_host::onnx::proto::AttributeProto;
+    let mut m = OnnxModel::load(&fixture("cnn.onnx")).expect("loads");
+    let nodes = m.proto.graph.as_mut().unwrap().node.len();
+    let half = nodes / 2;
+    for (i, n) in m.proto.graph.as_mut().unwrap().node.iter_mut().enumerate() {
+        let stage = i64::from(i >= half);
+        for (name, v) in [("__pipeline_stage", stage), ("__ipu_number", 1 - stage)] {
+            n.attribute.push(AttributeProto {
+                name: Some(name.into()),
+                i: Some(v),
+                r#type: Some(2),
+                ..AttributeProto::default()
+            });
+        }
+    }
+    let bytes = m.proto.encode_to_vec();
+    let m = OnnxModel::from_bytes(&bytes, &PathBuf::from("staged.onnx")).expect("decodes");
+    let mut g: Graph<Heap> = Graph::new();
+    let imp = import(&m, &mut g, &ImportOptions::default()).expect("imports");
+    assert_eq!(imp.stages, 2);
+    assert_eq!(imp.device_mapping, Some(vec![1, 0]));
+    for l in &imp.layers {
+        let want = usize::from(imp.layers.iter().position(|x| x == l).unwrap() >= half);
+        assert_eq!(l.stage, want, "{}", l.name);
+        for k in l.first..l.end {
+            assert_eq!(g.nodes()[k].stage(), want, "{}", g.nodes()[k].name());
+        }
+    }
+}
+
+#[test]
+fn named_boundaries_make_pipeline_stages_with_the_schedules_stash_depths() {
+    use tessera_core::schedule::{Pipeline, Schedule};
+    use tessera_host::session::onnx::{compile_onnx, OnnxOptions};
+    use tessera_host::session::SessionOptions;
+    let m = OnnxModel::load(&fixture("cnn.onnx")).expect("loads");
+    let names = m.node_names();
+    // After the first MaxPool, as ResNet-50 is split after conv4_block2's add.
+    let cut = names
+        .iter()
+        .position(|n| n.contains("pool"))
+        .expect("a pooling node");
+    for schedule in [
+        Schedule::Grouped,
+        Schedule::Interleaved,
+        Schedule::Sequential,
+    ] {
+        let so = SessionOptions {
+            batch_size: 2,
+            gradient_accumulation_count: 4,
+            schedule,
+            ..SessionOptions::default()
+        };
+        let oo = OnnxOptions {
+            stages: Stages::After(vec![names[cut].clone()]),
+            ..OnnxOptions::default()
+        };
+        let c = compile_onnx(&m, &so, &oo).expect("compiles");
+        let e = c.estimate().expect("estimates");
+        assert_eq!(e.stages.len(), 2);
+        assert_eq!(e.ipus.len(), 2);
+        let p = Pipeline::new(2, 4, schedule, true).unwrap();
+        for s in &e.stages {
+            assert_eq!(
+                s.stash_depth,
+                p.stash_depth(s.stage),
+                "{schedule:?} stage {}",
+                s.stage
+            );
+        }
+        assert_eq!(c.imported.layers[cut].stage, 0);
+        assert_eq!(c.imported.layers[cut + 1].stage, 1);
+    }
+}
