@@ -706,3 +706,27 @@ fn onnx_bad_inputs_fail_on_one_line() {
         assert_bad_option(&o, &needles);
     }
 }
+
+#[test]
+fn onnx_report_directory_has_the_layer_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report");
+    let o = tessera(&[
+        "estimate",
+        &fixture("gpt_block.onnx"),
+        "--report-dir",
+        report.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let page = std::fs::read_to_string(report.join("index.html")).unwrap();
+    assert!(page.contains("Layers (ONNX nodes)"), "no layer table");
+    assert!(page.contains("Gemm") && page.contains("Softmax"));
+    for f in ["estimate.json", "trace.json", "memory.svg", "timeline.svg"] {
+        assert!(report.join(f).exists(), "{f}");
+    }
+    // Re-rendering from estimate.json keeps the layers.
+    let o = tessera(&["report", report.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let page = std::fs::read_to_string(report.join("index.html")).unwrap();
+    assert!(page.contains("Layers (ONNX nodes)"));
+}

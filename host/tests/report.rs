@@ -66,6 +66,7 @@ fn build_with(m: u32, schedule: Schedule) -> Report {
         machine,
         estimate,
         training: Some(json!({ "accuracy": 0.9125, "loss": 0.31, "epochs": 2, "history": [1, 2] })),
+        layers: Vec::new(),
     }
 }
 

@@ -96,6 +96,7 @@ pub fn make_report(
         machine: machine.clone(),
         estimate,
         training,
+        layers: Vec::new(),
     }
 }
 

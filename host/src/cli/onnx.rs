@@ -10,7 +10,7 @@ use tessera_core::schedule::overlap_length;
 use tessera_host::model::TrainingDefaults;
 use tessera_host::onnx::{OnnxModel, Stages};
 use tessera_host::report::format::{bytes, count};
-use tessera_host::report::write_report;
+use tessera_host::report::{write_report, Report};
 use tessera_host::session::onnx::{
     compile_onnx, layer_rows, run_onnx, LayerRow, LossKind, NamedTensor, OnnxOptions,
 };
@@ -134,7 +134,10 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
     let report_files = match &a.report_dir {
         Some(dir) => Some(write_report(
             dir,
-            &make_report(&name, &compiled.options, &machine, e.clone(), None),
+            &Report {
+                layers: layers.clone(),
+                ..make_report(&name, &compiled.options, &machine, e.clone(), None)
+            },
         )?),
         None => None,
     };

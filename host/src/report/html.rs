@@ -45,6 +45,10 @@ pub fn html_page(report: &Report) -> String {
                 (ipu_table(e))
                 h2 { "Pipeline stages" }
                 (stage_table(e))
+                @if !report.layers.is_empty() {
+                    h2 { "Layers (ONNX nodes), by cycles" }
+                    (layer_table(&report.layers))
+                }
                 @if let Some(t) = &report.training {
                     h2 { "Training" }
                     (training(t))
@@ -174,6 +178,40 @@ fn stage_table(e: &SystemEstimate) -> Markup {
                     td { (s.stash_depth) }
                     td { (bytes(s.stash_entry_bytes)) }
                     td { (percent(s.idle_fraction)) }
+                }
+            }
+        }
+    }
+}
+
+/// Every layer with cycles or memory, the most cycles first: where time and memory go.
+fn layer_table(layers: &[crate::session::onnx::LayerRow]) -> Markup {
+    let mut rows: Vec<_> = layers
+        .iter()
+        .filter(|r| r.forward_cycles + r.backward_cycles + r.weight_bytes + r.activation_bytes > 0)
+        .collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.forward_cycles + r.backward_cycles));
+    let headings = [
+        "node",
+        "op",
+        "stage",
+        "forward cycles",
+        "backward cycles",
+        "weights",
+        "activations",
+    ];
+    html! {
+        table {
+            tr { @for h in headings { th { (h) } } }
+            @for r in rows {
+                tr {
+                    td { code { (r.name) } }
+                    td { (r.op) }
+                    td { (r.stage) }
+                    td { (count(r.forward_cycles)) }
+                    td { (count(r.backward_cycles)) }
+                    td { (bytes(r.weight_bytes)) }
+                    td { (bytes(r.activation_bytes)) }
                 }
             }
         }

@@ -66,6 +66,9 @@ pub struct Report {
     /// Training results (accuracy, loss, ...) when a training run wrote the report.
     #[serde(default)]
     pub training: Option<Value>,
+    /// Per-layer rows (ONNX nodes) when the model was imported.
+    #[serde(default)]
+    pub layers: Vec<crate::session::onnx::LayerRow>,
 }
 
 impl Report {

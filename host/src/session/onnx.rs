@@ -264,7 +264,7 @@ fn add_loss(
 
 /// Memory and cycles of one ONNX node (a layer), as PopVision's operation summary gives
 /// them.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct LayerRow {
     /// The ONNX node.
     pub name: String,

@@ -351,7 +351,7 @@ mod tests {
         assert_eq!(p.starts, vec![0, 3]);
         assert_eq!(p.max_cost, 7);
         // Memory forces the cut earlier than cycles want.
-        let p = partition(&[1, 1, 1, 1], &[5, 5, 1, 1], 2, 6).unwrap();
+        let p = partition(&[1, 1, 1, 1], &[5, 5, 1, 1], 2, 7).unwrap();
         assert_eq!(p.starts, vec![0, 1]);
         assert_eq!(partition(&[1, 1], &[5, 5], 2, 4), None);
         assert_eq!(partition(&[1], &[1], 2, 4), None);
