@@ -9,7 +9,8 @@ use crate::cost;
 use crate::lower::{lower, LowerOptions};
 use crate::machine::{IpuConfig, MachineError};
 use crate::memory::{account, check_fits, MemoryReport, OutOfMemory, TileMemory};
-use crate::program::{Program, Step, TileId};
+use crate::exchange::Summaries;
+use crate::program::{Program, Step};
 
 /// Cycles of one step, by phase.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -177,13 +178,22 @@ pub fn cost_steps(
     cfg: &IpuConfig,
     steps: std::ops::Range<usize>,
 ) -> (Cycles, u64, Vec<TraceEvent>) {
+    cost_steps_with(program, &Summaries::default(), cfg, steps)
+}
+
+/// [`cost_steps`] of a program whose exchanges may be kept as summaries.
+pub(crate) fn cost_steps_with(
+    program: &Program,
+    summaries: &Summaries,
+    cfg: &IpuConfig,
+    steps: std::ops::Range<usize>,
+) -> (Cycles, u64, Vec<TraceEvent>) {
     let mut c = Cycles::default();
     let mut trace = Vec::new();
     let mut clock = 0u64;
     let mut superstep = 0usize;
     let host_bytes_per_cycle = cfg.host_link_bytes_per_second_per_direction / cfg.clock_hz;
     let mut per_tile = vec![0u64; program.tiles as usize];
-    let mut sent = vec![0u64; program.tiles as usize];
     let mut c_bytes = 0u64;
     let push = |trace: &mut Vec<TraceEvent>,
                 clock: &mut u64,
@@ -203,43 +213,23 @@ pub fn cost_steps(
         });
         *clock += cycles;
     };
-    for step in &program.steps[steps] {
+    let first = steps.start;
+    for (index, step) in program.steps[steps].iter().enumerate() {
         match step {
             Step::Exchange { node, transfers } => {
                 // Each tile receives, and sends, at the exchange rate: the phase lasts as long
                 // as the busiest tile's larger direction. A region sent to several tiles is a
                 // broadcast, sent once.
-                per_tile.iter_mut().for_each(|x| *x = 0);
-                sent.iter_mut().for_each(|x| *x = 0);
-                let (mut lo, mut hi) = (u32::MAX, 0);
-                // Transfers are sorted by sender and region: a broadcast's copies are adjacent.
-                let mut last: Option<(TileId, crate::program::Region)> = None;
-                for tr in transfers {
-                    let bytes = tr.region.elements()
-                        * program.tensors[tr.region.tensor.index()].elem_bytes();
-                    per_tile[tr.to.index()] += bytes;
-                    if last != Some((tr.from, tr.region)) {
-                        sent[tr.from.index()] += bytes;
-                        c_bytes += bytes;
-                        last = Some((tr.from, tr.region));
-                    }
-                    lo = lo.min(tr.to.0.min(tr.from.0));
-                    hi = hi.max(tr.to.0.max(tr.from.0));
-                }
-                let busiest = per_tile
-                    .iter()
-                    .zip(&sent)
-                    .map(|(r, s)| *r.max(s))
-                    .max()
-                    .unwrap_or(0);
-                let x = cost::exchange_cycles(cfg, busiest, false);
+                let s = summaries.of(first + index, program.tiles, &program.tensors, transfers);
+                c_bytes += s.bytes;
+                let x = cost::exchange_cycles(cfg, s.busiest, false);
                 c.exchange += x;
                 push(
                     &mut trace,
                     &mut clock,
                     superstep,
                     Phase::Exchange,
-                    (lo, hi),
+                    s.tiles_range,
                     x,
                     &program.node_names[node.index()],
                 );

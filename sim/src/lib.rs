@@ -33,6 +33,7 @@
 pub mod check;
 pub mod cost;
 pub mod estimate;
+mod exchange;
 pub mod heap;
 pub mod lower;
 pub mod machine;

@@ -8,6 +8,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::exchange::Summaries;
 use crate::program::{Program, Step, TensorClass, TileId};
 
 /// Control code per program step, on every tile (estimate: a branch and a sync per step).
@@ -279,6 +280,15 @@ impl std::error::Error for OutOfMemory {}
 
 /// Computes every tile's peak memory over the program.
 pub fn account(program: &Program, sram_bytes_per_tile: u64) -> MemoryReport {
+    account_with(program, &Summaries::default(), sram_bytes_per_tile)
+}
+
+/// [`account`] of a program whose exchanges may be kept as summaries.
+pub(crate) fn account_with(
+    program: &Program,
+    summaries: &Summaries,
+    sram_bytes_per_tile: u64,
+) -> MemoryReport {
     let tiles = program.tiles as usize;
     let mut tm: Vec<TileMemory> = (0..tiles)
         .map(|t| TileMemory {
@@ -312,30 +322,15 @@ pub fn account(program: &Program, sram_bytes_per_tile: u64) -> MemoryReport {
                 }
             }
             Step::Exchange { transfers, .. } => {
-                let mut code: HashMap<TileId, u64> = HashMap::new();
-                let mut received: HashMap<TileId, u64> = HashMap::new();
-                // Transfers are sorted by sender and region: a broadcast's copies are adjacent
-                // and its code is counted once.
-                let mut last: Option<(TileId, crate::program::Region)> = None;
-                for tr in transfers {
-                    let bytes = tr.region.elements()
-                        * program.tensors[tr.region.tensor.index()].elem_bytes();
-                    *received.entry(tr.to).or_default() += bytes;
-                    *code.entry(tr.to).or_insert(EXCHANGE_CODE_BYTES) +=
-                        EXCHANGE_CODE_PER_RECEIVE_BYTES;
-                    let c = code.entry(tr.from).or_insert(EXCHANGE_CODE_BYTES);
-                    if last != Some((tr.from, tr.region)) {
-                        *c += EXCHANGE_CODE_PER_SEND_BYTES;
-                        last = Some((tr.from, tr.region));
+                // A broadcast's code is counted once; receive buffers live through the
+                // exchange and the compute set after it.
+                let summary = summaries.of(s, program.tiles, &program.tensors, transfers);
+                for x in &summary.tiles {
+                    if x.receives {
+                        events[x.tile.index()].push((s, x.received as i64, true));
+                        events[x.tile.index()].push((s + 2, -(x.received as i64), true));
                     }
-                }
-                // Receive buffers live through the exchange and the compute set after it.
-                for (tile, bytes) in received {
-                    events[tile.index()].push((s, bytes as i64, true));
-                    events[tile.index()].push((s + 2, -(bytes as i64), true));
-                }
-                for (tile, bytes) in code {
-                    tm[tile.index()].exchange_code += bytes;
+                    tm[x.tile.index()].exchange_code += x.code;
                 }
             }
             _ => {}

@@ -11,10 +11,11 @@ use serde::{Deserialize, Serialize};
 use tessera_core::schedule::{Pipeline, Schedule, ScheduleError};
 use tessera_core::{Op, Plan, Roles, Storage};
 
-use crate::estimate::{cost_steps, Cycles, SimError, TraceEvent};
-use crate::lower::{lower_subset, LowerOptions};
+use crate::estimate::{cost_steps_with, Cycles, SimError, TraceEvent};
+use crate::exchange::Summaries;
+use crate::lower::{lower_with, LowerOptions};
 use crate::machine::IpuConfig;
-use crate::memory::{account, MemoryReport, OutOfMemory, TileMemory};
+use crate::memory::{account_with, MemoryReport, OutOfMemory, TileMemory};
 use crate::pipeline::{timeline_concurrent, SlotRun, StageCost};
 use crate::program::{Program, TensorClass};
 
@@ -315,17 +316,21 @@ pub fn estimate_system<S: Storage>(
     let ipus = mapping.iter().copied().max().unwrap_or(0) + 1;
     let forward_len = g.forward_len();
 
-    // Lower each IPU's share.
-    let programs: Vec<Program> = (0..ipus)
+    // Lower each IPU's share, keeping what the estimate needs of its exchanges.
+    let (programs, summaries): (Vec<Program>, Vec<Summaries>) = (0..ipus)
         .map(|d| {
-            lower_subset(plan, cfg, opts.lower, &|i| {
-                mapping[g.nodes()[i].stage()] == d
-            })
+            lower_with(
+                plan,
+                cfg,
+                opts.lower,
+                &|i| mapping[g.nodes()[i].stage()] == d,
+                true,
+            )
         })
-        .collect();
-    let node_cycles = |p: &Program, i: usize| {
-        let (a, b) = p.node_steps[i];
-        cost_steps(p, cfg, a..b)
+        .unzip();
+    let node_cycles = |d: usize, i: usize| {
+        let (a, b) = programs[d].node_steps[i];
+        cost_steps_with(&programs[d], &summaries[d], cfg, a..b)
     };
     let mut costs = vec![StageCost::default(); s];
     let mut phases = vec![(Cycles::default(), Cycles::default()); s];
@@ -342,7 +347,7 @@ pub fn estimate_system<S: Storage>(
     for (i, n) in g.nodes().iter().enumerate() {
         let k = n.stage();
         let d = mapping[k];
-        let (c, _, events) = node_cycles(&programs[d], i);
+        let (c, _, events) = node_cycles(d, i);
         if n.roles().contains(Roles::UPDATE) {
             append(&mut update_traces[d], update[d].total(), d, events);
             add(&mut update[d], &c);
@@ -376,7 +381,8 @@ pub fn estimate_system<S: Storage>(
     let mut stash_entry = vec![0u64; s];
     let mut reports: Vec<MemoryReport> = programs
         .iter()
-        .map(|p| account(p, cfg.sram_bytes_per_tile))
+        .zip(&summaries)
+        .map(|(p, x)| account_with(p, x, cfg.sram_bytes_per_tile))
         .collect();
     let mut stash_bytes = vec![0u64; ipus];
     if training {

@@ -2,6 +2,10 @@
 //! nodes; shape arithmetic on constants folds away; every tensor gets its static shape from
 //! the graph builder, which checks it.
 
+// The core's GraphError carries node names inline (the core has no heap), so closures that
+// return it are large; they run once per node.
+#![allow(clippy::result_large_err)]
+
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
@@ -1019,12 +1023,7 @@ impl<'a> Importer<'a> {
                         }
                     }
                 };
-                let v = self.req(node, 0)?;
-                let e = self.elem(&v);
-                let x = self.ti(node, 0)?;
-                let name = self.out_name(node, "");
-                let id = chk!(self, self.g.unary(&name, x, f))?;
-                one(Val::T(id, e))
+                self.one_input(node, |g, name, x| g.unary(name, x, f))
             }
             "Reciprocal" => {
                 let x = self.ti(node, 0)?;
@@ -1082,22 +1081,12 @@ impl<'a> Importer<'a> {
             "Softmax" | "LogSoftmax" => self.softmax(node),
             "ReduceMean" | "ReduceSum" | "ReduceMax" => self.reduce(node),
             "Reshape" | "Flatten" | "Squeeze" | "Unsqueeze" => {
-                let v = self.req(node, 0)?;
-                let e = self.elem(&v);
-                let dims = self.reshaped_dims(node, &v)?;
-                let x = self.ti(node, 0)?;
-                let name = self.out_name(node, "");
-                let id = chk!(self, self.g.reshape(&name, x, &dims))?;
-                one(Val::T(id, e))
+                let dims = self.reshaped_dims(node, &self.req(node, 0)?)?;
+                self.one_input(node, |g, name, x| g.reshape(name, x, &dims))
             }
             "Transpose" => {
-                let v = self.req(node, 0)?;
-                let e = self.elem(&v);
-                let perm = self.perm(node, self.dims(&v).len())?;
-                let x = self.ti(node, 0)?;
-                let name = self.out_name(node, "");
-                let id = chk!(self, self.g.transpose(&name, x, &perm))?;
-                one(Val::T(id, e))
+                let perm = self.perm(node, self.dims(&self.req(node, 0)?).len())?;
+                self.one_input(node, |g, name, x| g.transpose(name, x, &perm))
             }
             "Concat" => self.concat(node),
             "Split" => self.split(node),
@@ -1105,13 +1094,8 @@ impl<'a> Importer<'a> {
             "Gather" => self.gather(node),
             "GatherElements" | "GatherND" => self.gather_flat(node),
             "Expand" => {
-                let v = self.req(node, 0)?;
-                let e = self.elem(&v);
-                let target = self.expand_dims(node, &v)?;
-                let x = self.ti(node, 0)?;
-                let name = self.out_name(node, "");
-                let id = chk!(self, self.g.broadcast_to(&name, x, &target))?;
-                one(Val::T(id, e))
+                let target = self.expand_dims(node, &self.req(node, 0)?)?;
+                self.one_input(node, |g, name, x| g.broadcast_to(name, x, &target))
             }
             "Shape" => {
                 let v = self.req(node, 0)?;
@@ -1139,6 +1123,20 @@ impl<'a> Importer<'a> {
             "Range" => Err(self.unsupported("inputs computed at run time")),
             _ => Err(self.unsupported("")),
         }
+    }
+
+    /// A node of one run-time operand (input 0) whose output has its element type, made by
+    /// `build` (graph, output name, operand).
+    fn one_input(
+        &mut self,
+        node: &NodeProto,
+        build: impl FnOnce(&mut Graph<Heap>, &str, NodeId) -> Result<NodeId, GraphError>,
+    ) -> R<Vec<Val>> {
+        let e = self.elem(&self.req(node, 0)?);
+        let x = self.ti(node, 0)?;
+        let name = self.out_name(node, "");
+        let id = chk!(self, build(self.g, &name, x))?;
+        Ok(vec![Val::T(id, e)])
     }
 
     /// Two operands broadcast together: constants take the other operand's element type.

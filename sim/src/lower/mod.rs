@@ -17,6 +17,7 @@
 
 use tessera_core::{DType, Graph, Node, NodeId, Op, Place, Plan, Roles, Storage};
 
+use crate::exchange::{summarize_vertices, Summaries};
 use crate::machine::IpuConfig;
 use crate::program::{
     compress, exchange_for, Codelet, ComputeSet, Interval, Mapping, ProgTensor, Program, Region,
@@ -88,6 +89,8 @@ pub(crate) struct Lowering<'a, S: Storage> {
     remote: Vec<bool>,
     /// State tensors kept in streaming memory between weight updates.
     offloaded: Vec<bool>,
+    /// When set, exchanges keep only their summaries (their steps have no transfers).
+    summaries: Option<Summaries>,
 }
 
 /// Row segments of the rectangle rows `r0..r1` x cols `c0..c1` of a row-major matrix with
@@ -215,9 +218,19 @@ impl<'a, S: Storage> Lowering<'a, S> {
         if vertices.is_empty() {
             return;
         }
-        let transfers = exchange_for(&self.tensors, &vertices);
-        if !transfers.is_empty() {
-            self.steps.push(Step::Exchange { node, transfers });
+        if let Some(summaries) = &mut self.summaries {
+            if let Some(s) = summarize_vertices(self.cfg.tiles, &self.tensors, &vertices) {
+                summaries.push(self.steps.len(), s);
+                self.steps.push(Step::Exchange {
+                    node,
+                    transfers: Vec::new(),
+                });
+            }
+        } else {
+            let transfers = exchange_for(&self.tensors, &vertices);
+            if !transfers.is_empty() {
+                self.steps.push(Step::Exchange { node, transfers });
+            }
         }
         let name = format!("{}/{phase}", self.node(node).name());
         self.steps.push(Step::Compute(ComputeSet {
@@ -501,6 +514,18 @@ pub fn lower_subset<S: Storage>(
     opts: LowerOptions,
     include: &dyn Fn(usize) -> bool,
 ) -> Program {
+    lower_with(plan, cfg, opts, include, false).0
+}
+
+/// [`lower_subset`], keeping only the summaries of the exchanges (what estimates need) when
+/// `summarize` is set: the program's exchange steps then have no transfers.
+pub(crate) fn lower_with<S: Storage>(
+    plan: &Plan<S>,
+    cfg: &IpuConfig,
+    opts: LowerOptions,
+    include: &dyn Fn(usize) -> bool,
+    summarize: bool,
+) -> (Program, Summaries) {
     let graph = plan.graph();
     let n = graph.len();
     let mut inc: Vec<bool> = (0..n).map(include).collect();
@@ -547,6 +572,7 @@ pub fn lower_subset<S: Storage>(
         include: inc,
         remote,
         offloaded,
+        summaries: summarize.then(Summaries::default),
     };
     l.map_graph_tensors();
     for i in graph.ids() {
@@ -555,14 +581,15 @@ pub fn lower_subset<S: Storage>(
         l.node_steps.push((start, l.steps.len()));
     }
     liveness(&mut l);
-    Program {
+    let program = Program {
         tiles: cfg.tiles,
         tensors: l.tensors,
         steps: l.steps,
         node_steps: l.node_steps,
         node_names: graph.nodes().iter().map(|n| n.name().to_string()).collect(),
         forward_nodes: graph.forward_len(),
-    }
+    };
+    (program, l.summaries.unwrap_or_default())
 }
 
 /// Live ranges in program steps: graph tensors from their plan slots, temporaries from the
@@ -622,7 +649,10 @@ fn liveness<S: Storage>(l: &mut Lowering<'_, S>) {
                 }
             }
             Step::Exchange { transfers, .. } => {
-                transfers.iter().for_each(|t| touch(t.region.tensor))
+                match l.summaries.as_ref().and_then(|x| x.get(s)) {
+                    Some(summary) => summary.tensors.iter().for_each(|&t| touch(t)),
+                    None => transfers.iter().for_each(|t| touch(t.region.tensor)),
+                }
             }
             _ => {}
         }
