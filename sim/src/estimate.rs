@@ -6,10 +6,10 @@ use tessera_core::{Plan, Storage};
 
 use crate::check::{check, CheckError};
 use crate::cost;
+use crate::exchange::Summaries;
 use crate::lower::{lower, LowerOptions};
 use crate::machine::{IpuConfig, MachineError};
 use crate::memory::{account, check_fits, MemoryReport, OutOfMemory, TileMemory};
-use crate::exchange::Summaries;
 use crate::program::{Program, Step};
 
 /// Cycles of one step, by phase.

@@ -17,7 +17,7 @@
 
 use tessera_core::{DType, Graph, Node, NodeId, Op, Place, Plan, Roles, Storage};
 
-use crate::exchange::{summarize_vertices, Summaries};
+use crate::exchange::{summarize_vertices, Locality, Summaries};
 use crate::machine::IpuConfig;
 use crate::program::{
     compress, exchange_for, Codelet, ComputeSet, Interval, Mapping, ProgTensor, Program, Region,
@@ -91,6 +91,8 @@ pub(crate) struct Lowering<'a, S: Storage> {
     offloaded: Vec<bool>,
     /// When set, exchanges keep only their summaries (their steps have no transfers).
     summaries: Option<Summaries>,
+    /// Which tiles hold which regions, for summaries.
+    locality: Locality,
 }
 
 /// Row segments of the rectangle rows `r0..r1` x cols `c0..c1` of a row-major matrix with
@@ -219,7 +221,9 @@ impl<'a, S: Storage> Lowering<'a, S> {
             return;
         }
         if let Some(summaries) = &mut self.summaries {
-            if let Some(s) = summarize_vertices(self.cfg.tiles, &self.tensors, &vertices) {
+            let s =
+                summarize_vertices(self.cfg.tiles, &self.tensors, &vertices, &mut self.locality);
+            if let Some(s) = s {
                 summaries.push(self.steps.len(), s);
                 self.steps.push(Step::Exchange {
                     node,
@@ -573,6 +577,7 @@ pub(crate) fn lower_with<S: Storage>(
         remote,
         offloaded,
         summaries: summarize.then(Summaries::default),
+        locality: Locality::default(),
     };
     l.map_graph_tensors();
     for i in graph.ids() {
@@ -648,12 +653,10 @@ fn liveness<S: Storage>(l: &mut Lowering<'_, S>) {
                         .for_each(|r| touch(r.tensor));
                 }
             }
-            Step::Exchange { transfers, .. } => {
-                match l.summaries.as_ref().and_then(|x| x.get(s)) {
-                    Some(summary) => summary.tensors.iter().for_each(|&t| touch(t)),
-                    None => transfers.iter().for_each(|t| touch(t.region.tensor)),
-                }
-            }
+            Step::Exchange { transfers, .. } => match l.summaries.as_ref().and_then(|x| x.get(s)) {
+                Some(summary) => summary.tensors.iter().for_each(|&t| touch(t)),
+                None => transfers.iter().for_each(|t| touch(t.region.tensor)),
+            },
             _ => {}
         }
     }
@@ -708,4 +711,87 @@ pub(crate) fn broadcast_reads(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_core::models::{bert, mnist_cnn, Bert};
+    use tessera_core::{Accumulation, DType, Graph, Optimizer, Plan};
+
+    use super::*;
+    use crate::exchange::summarize;
+    use crate::heap::Heap;
+    use crate::machine::Preset;
+    use crate::memory::{account, account_with};
+
+    /// Lowering with summaries gives the program lowering with transfers gives, less the
+    /// transfers, and each exchange's summary is the summary of its transfers.
+    fn same_both_ways<S: Storage>(plan: &Plan<S>, cfg: &IpuConfig, opts: LowerOptions) {
+        let g = plan.graph();
+        for stage in 0..g.stage_count() {
+            let include = |i: usize| g.nodes()[i].stage() == stage;
+            let (full, none) = lower_with(plan, cfg, opts, &include, false);
+            let (lean, summaries) = lower_with(plan, cfg, opts, &include, true);
+            assert_eq!(full.tensors, lean.tensors);
+            assert_eq!(full.node_steps, lean.node_steps);
+            assert_eq!(full.steps.len(), lean.steps.len());
+            let mut exchanges = 0;
+            for (s, (a, b)) in full.steps.iter().zip(&lean.steps).enumerate() {
+                match (a, b) {
+                    (Step::Exchange { node, transfers }, Step::Exchange { node: n2, .. }) => {
+                        assert_eq!(node, n2);
+                        let want = summarize(cfg.tiles, &full.tensors, transfers);
+                        assert_eq!(summaries.get(s), Some(&want), "step {s}");
+                        exchanges += 1;
+                    }
+                    _ => assert_eq!(a, b),
+                }
+            }
+            assert!(exchanges > 0);
+            let sram = cfg.sram_bytes_per_tile;
+            assert_eq!(account(&full, sram), account_with(&lean, &summaries, sram));
+            assert_eq!(
+                crate::estimate::cost_steps_with(&full, &none, cfg, 0..full.steps.len()),
+                crate::estimate::cost_steps_with(&lean, &summaries, cfg, 0..lean.steps.len())
+            );
+        }
+    }
+
+    #[test]
+    fn summarized_lowering_equals_lowering_with_transfers() {
+        let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(64);
+        let c = Bert {
+            layers: 2,
+            hidden: 32,
+            heads: 4,
+            intermediate: 64,
+            sequence: 8,
+            batch: 2,
+            vocabulary: 40,
+            stages: 2,
+        };
+        let mut g: Graph<Heap> = Graph::new();
+        let n = bert(&mut g, &c, DType::F16).unwrap();
+        g.differentiate_accumulating(n.loss, Optimizer::adam(1e-3), Accumulation::new(4))
+            .unwrap();
+        let plan = Plan::new(&g).unwrap();
+        for offload in [false, true] {
+            let opts = LowerOptions {
+                min_chunk_bytes: 16,
+                offload_optimizer_state: offload,
+            };
+            same_both_ways(&plan, &cfg, opts);
+        }
+
+        let mut g: Graph<Heap> = Graph::new();
+        let m = mnist_cnn(&mut g, 4, DType::F32).unwrap();
+        let labels = g.input("labels", &[4], DType::I32).unwrap();
+        let loss = g
+            .sparse_categorical_crossentropy("loss", m.probabilities, labels, false)
+            .unwrap();
+        g.differentiate(loss, Optimizer::momentum(0.1, 0.9))
+            .unwrap();
+        let plan = Plan::new(&g).unwrap();
+        same_both_ways(&plan, &cfg, LowerOptions::default());
+    }
 }

@@ -1,0 +1,517 @@
+//! What the estimate needs of an exchange, without its transfers: bytes each tile receives and
+//! sends, its exchange code, the tiles taking part and the tensors moved.
+//!
+//! An exchange's transfers are the set of (sender, region, receiver) triples that
+//! [`exchange_for`](crate::program::exchange_for) makes. Large programs have millions of them
+//! (every row of a block read from another tile is one), and most are repeats: a block a
+//! matmul reads is sent to every tile of its row of the grid. [`summarize_vertices`] computes
+//! the summary from the distinct regions the vertices read (each region's pieces are found
+//! once) and the tiles that read each, without listing the transfers; [`summarize`] computes
+//! it from a list of transfers. Both give the same summary.
+
+use std::collections::HashMap;
+
+use crate::memory::{
+    EXCHANGE_CODE_BYTES, EXCHANGE_CODE_PER_RECEIVE_BYTES, EXCHANGE_CODE_PER_SEND_BYTES,
+};
+use crate::program::{ProgTensor, Region, RunBuilder, TensorId, TileId, Transfer, Vertex};
+
+/// One tile taking part in an exchange.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ExchangeTile {
+    /// The tile.
+    pub tile: TileId,
+    /// Whether it receives anything.
+    pub receives: bool,
+    /// Bytes it receives.
+    pub received: u64,
+    /// Bytes of exchange code it needs for this exchange.
+    pub code: u64,
+}
+
+/// An exchange as the estimate sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ExchangeSummary {
+    /// Bytes moved between tiles (a region sent to several tiles counted once).
+    pub bytes: u64,
+    /// The busiest tile's larger direction: the bytes it receives or sends.
+    pub busiest: u64,
+    /// The lowest and highest tile taking part.
+    pub tiles_range: (u32, u32),
+    /// Every tile taking part, by tile.
+    pub tiles: Vec<ExchangeTile>,
+    /// The tensors moved, sorted.
+    pub tensors: Vec<TensorId>,
+}
+
+/// Per-tile tallies of one exchange.
+#[derive(Clone, Copy, Default)]
+struct Tally {
+    received: u64,
+    receives: u64,
+    sent: u64,
+    sends: u64,
+}
+
+fn finish(tally: &[Tally], bytes: u64, tensors: Vec<TensorId>) -> ExchangeSummary {
+    let tiles: Vec<ExchangeTile> = tally
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.receives > 0 || t.sends > 0)
+        .map(|(tile, t)| ExchangeTile {
+            tile: TileId(tile as u32),
+            receives: t.receives > 0,
+            received: t.received,
+            code: EXCHANGE_CODE_BYTES
+                + EXCHANGE_CODE_PER_RECEIVE_BYTES * t.receives
+                + EXCHANGE_CODE_PER_SEND_BYTES * t.sends,
+        })
+        .collect();
+    let busiest = tally
+        .iter()
+        .map(|t| t.received.max(t.sent))
+        .max()
+        .unwrap_or(0);
+    let tiles_range = tiles.iter().fold((u32::MAX, 0), |(l, h), t| {
+        (l.min(t.tile.0), h.max(t.tile.0))
+    });
+    ExchangeSummary {
+        bytes,
+        busiest,
+        tiles_range,
+        tiles,
+        tensors,
+    }
+}
+
+/// The summary of an exchange given as its transfers (sorted and without duplicates, as
+/// [`exchange_for`](crate::program::exchange_for) makes them).
+pub(crate) fn summarize(
+    tiles: u32,
+    tensors: &[ProgTensor],
+    transfers: &[Transfer],
+) -> ExchangeSummary {
+    let mut tally = vec![Tally::default(); tiles as usize];
+    let mut bytes = 0;
+    let mut last: Option<(TileId, Region)> = None;
+    let mut moved: Vec<TensorId> = Vec::new();
+    for tr in transfers {
+        let b = tr.region.elements() * tensors[tr.region.tensor.index()].elem_bytes();
+        let to = &mut tally[tr.to.index()];
+        to.received += b;
+        to.receives += 1;
+        if last != Some((tr.from, tr.region)) {
+            let from = &mut tally[tr.from.index()];
+            from.sent += b;
+            from.sends += 1;
+            bytes += b;
+            last = Some((tr.from, tr.region));
+        }
+        moved.push(tr.region.tensor);
+    }
+    moved.sort_unstable();
+    moved.dedup();
+    finish(&tally, bytes, moved)
+}
+
+/// A distinct region the vertices read: its pieces on each tile, joined as
+/// [`exchange_for`](crate::program::exchange_for) joins them, and the tiles reading it.
+struct Read {
+    /// (sender, region) of every piece group, sorted, without duplicates.
+    groups: Vec<(TileId, Region)>,
+    /// Per sending tile: (tile, bytes, regions), sorted by tile.
+    per_tile: Vec<(TileId, u64, u64)>,
+    bytes: u64,
+    count: u64,
+    /// Distinct tiles reading it.
+    readers: Vec<TileId>,
+}
+
+/// The summary of the exchange that `vertices` need (the one
+/// [`exchange_for`](crate::program::exchange_for) makes), or `None` when nothing moves.
+pub(crate) fn summarize_vertices(
+    tiles: u32,
+    tensors: &[ProgTensor],
+    vertices: &[Vertex],
+    local: &mut Locality,
+) -> Option<ExchangeSummary> {
+    let mut index: HashMap<Region, usize> = HashMap::new();
+    let mut regions: Vec<(Region, Vec<TileId>)> = Vec::new();
+    for v in vertices {
+        for r in &v.reads {
+            let k = *index.entry(*r).or_insert_with(|| {
+                regions.push((*r, Vec::new()));
+                regions.len() - 1
+            });
+            regions[k].1.push(v.tile);
+        }
+    }
+    let mut pieces: Vec<((TileId, u64, u64), u64)> = Vec::new();
+    let mut reads: Vec<Read> = Vec::with_capacity(regions.len());
+    for (r, mut readers) in regions {
+        readers.sort_unstable();
+        readers.dedup();
+        // Read only where it lives: nothing moves.
+        if readers.len() == 1 && local.holds(tensors, readers[0], &r) {
+            continue;
+        }
+        let mut rd = pieces_of(tensors, &r, &mut pieces);
+        rd.readers = readers;
+        reads.push(rd);
+    }
+    let mut tally = vec![Tally::default(); tiles as usize];
+    let mut bytes = 0u64;
+    let mut moved: Vec<TensorId> = Vec::new();
+    // Reads whose groups may repeat another read's (checked below).
+    let mut shared: Vec<(TileId, Region, usize)> = Vec::new();
+    for (k, rd) in reads.iter().enumerate() {
+        if rd.count == 0 {
+            continue;
+        }
+        let mut any = false;
+        for &t in &rd.readers {
+            let (fb, fc) = from_tile(&rd.per_tile, t);
+            if rd.count > fc {
+                let e = &mut tally[t.index()];
+                e.received += rd.bytes - fb;
+                e.receives += rd.count - fc;
+                any = true;
+            }
+        }
+        if !any {
+            continue;
+        }
+        moved.push(rd.groups[0].1.tensor);
+        for &(f, b, c) in &rd.per_tile {
+            if rd.readers.len() > 1 || rd.readers[0] != f {
+                let e = &mut tally[f.index()];
+                e.sent += b;
+                e.sends += c;
+                bytes += b;
+            }
+        }
+        shared.extend(rd.groups.iter().map(|&(f, g)| (f, g, k)));
+    }
+    if moved.is_empty() {
+        return None;
+    }
+    // A region sent by a tile for two different reads (overlapping reads) is one transfer per
+    // receiver and one send: take back what was counted twice.
+    shared.sort_unstable();
+    for same in shared.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
+        if same.len() < 2 {
+            continue;
+        }
+        let (f, g) = (same[0].0, same[0].1);
+        let b = g.elements() * tensors[g.tensor.index()].elem_bytes();
+        let mut receivers: Vec<TileId> = same
+            .iter()
+            .flat_map(|&(_, _, k)| reads[k].readers.iter().copied())
+            .filter(|&t| t != f)
+            .collect();
+        receivers.sort_unstable();
+        for run in receivers.chunk_by(|a, b| a == b) {
+            let extra = run.len() as u64 - 1;
+            if extra > 0 {
+                let e = &mut tally[run[0].index()];
+                e.received -= extra * b;
+                e.receives -= extra;
+            }
+        }
+        let senders = same
+            .iter()
+            .filter(|&&(_, _, k)| reads[k].readers.iter().any(|&t| t != f))
+            .count() as u64;
+        if senders > 1 {
+            let e = &mut tally[f.index()];
+            e.sent -= (senders - 1) * b;
+            e.sends -= senders - 1;
+            bytes -= (senders - 1) * b;
+        }
+    }
+    moved.sort_unstable();
+    moved.dedup();
+    Some(finish(&tally, bytes, moved))
+}
+
+/// Bytes and regions of a read's groups that `tile` holds.
+fn from_tile(per_tile: &[(TileId, u64, u64)], tile: TileId) -> (u64, u64) {
+    per_tile
+        .binary_search_by_key(&tile, |p| p.0)
+        .map_or((0, 0), |i| (per_tile[i].1, per_tile[i].2))
+}
+
+/// The pieces of `r` on every tile, grouped and joined as
+/// [`exchange_for`](crate::program::exchange_for) does for one reading vertex.
+fn pieces_of(
+    tensors: &[ProgTensor],
+    r: &Region,
+    pieces: &mut Vec<((TileId, u64, u64), u64)>,
+) -> Read {
+    let t = &tensors[r.tensor.index()];
+    pieces.clear();
+    t.mapping.for_each_piece_of(r, |row_start, tile, s, l| {
+        pieces.push(((tile, s - row_start, l), s));
+    });
+    pieces.sort_unstable();
+    let mut groups = Vec::new();
+    for group in pieces.chunk_by(|a, b| a.0 == b.0) {
+        let ((tile, _, len), _) = group[0];
+        let mut b = RunBuilder::new(r.tensor);
+        for &(_, s) in group {
+            if let Some(done) = b.push(s, len) {
+                groups.push((tile, done));
+            }
+        }
+        if let Some(done) = b.finish() {
+            groups.push((tile, done));
+        }
+    }
+    groups.sort_unstable();
+    groups.dedup();
+    let eb = t.elem_bytes();
+    let mut per_tile: Vec<(TileId, u64, u64)> = Vec::new();
+    let (mut bytes, mut count) = (0, 0);
+    for &(f, g) in &groups {
+        let b = g.elements() * eb;
+        bytes += b;
+        count += 1;
+        match per_tile.last_mut() {
+            Some(p) if p.0 == f => {
+                p.1 += b;
+                p.2 += 1;
+            }
+            _ => per_tile.push((f, b, 1)),
+        }
+    }
+    Read {
+        groups,
+        per_tile,
+        bytes,
+        count,
+        readers: Vec::new(),
+    }
+}
+
+/// The summaries of a program's exchanges whose transfers were not kept, by step.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Summaries {
+    by_step: Vec<(usize, ExchangeSummary)>,
+}
+
+impl Summaries {
+    /// Records the summary of the exchange at `step` (steps in increasing order).
+    pub(crate) fn push(&mut self, step: usize, summary: ExchangeSummary) {
+        debug_assert!(self.by_step.last().is_none_or(|l| l.0 < step));
+        self.by_step.push((step, summary));
+    }
+
+    /// The summary of the exchange at `step`, if it was recorded.
+    pub(crate) fn get(&self, step: usize) -> Option<&ExchangeSummary> {
+        self.by_step
+            .binary_search_by_key(&step, |s| s.0)
+            .ok()
+            .map(|i| &self.by_step[i].1)
+    }
+
+    /// The summary of the exchange `transfers` at `step` of a program with `tiles` tiles: the
+    /// recorded one, or one made from the transfers.
+    pub(crate) fn of<'a>(
+        &'a self,
+        step: usize,
+        tiles: u32,
+        tensors: &[ProgTensor],
+        transfers: &[Transfer],
+    ) -> std::borrow::Cow<'a, ExchangeSummary> {
+        match self.get(step) {
+            Some(s) => std::borrow::Cow::Borrowed(s),
+            None => std::borrow::Cow::Owned(summarize(tiles, tensors, transfers)),
+        }
+    }
+}
+
+/// Which tiles hold which regions of each tensor, found from each tensor's elements on each
+/// tile joined into strided blocks (built once per tensor, when first asked).
+#[derive(Default)]
+pub(crate) struct Locality {
+    blocks: Vec<Option<Vec<(TileId, Region)>>>,
+}
+
+impl Locality {
+    /// Whether `tile` holds every element of `r` (false when unsure).
+    pub(crate) fn holds(&mut self, tensors: &[ProgTensor], tile: TileId, r: &Region) -> bool {
+        if r.rows == 0 || r.len == 0 {
+            return true;
+        }
+        let t = r.tensor.index();
+        if self.blocks.len() <= t {
+            self.blocks.resize(t + 1, None);
+        }
+        let blocks = self.blocks[t].get_or_insert_with(|| tile_blocks(&tensors[t]));
+        let i = blocks.partition_point(|(bt, b)| (*bt, b.start) <= (tile, r.start));
+        i > 0 && blocks[i - 1].0 == tile && contains(&blocks[i - 1].1, r)
+    }
+}
+
+/// A tensor's intervals joined into strided blocks per tile, sorted by (tile, start).
+fn tile_blocks(t: &ProgTensor) -> Vec<(TileId, Region)> {
+    let mut ivs: Vec<(TileId, u64, u64)> = t
+        .mapping
+        .intervals()
+        .iter()
+        .map(|iv| (iv.tile, iv.start, iv.len))
+        .collect();
+    ivs.sort_unstable();
+    let mut blocks = Vec::new();
+    for group in ivs.chunk_by(|a, b| a.0 == b.0) {
+        let tile = group[0].0;
+        let mut b = RunBuilder::new(TensorId(0));
+        for &(_, s, l) in group {
+            if let Some(done) = b.push(s, l) {
+                blocks.push((tile, done));
+            }
+        }
+        if let Some(done) = b.finish() {
+            blocks.push((tile, done));
+        }
+    }
+    blocks
+}
+
+/// Whether block `b` (runs of a mapping: disjoint, increasing) covers every element of `r`
+/// (`r` has at least one non-empty run).
+fn contains(b: &Region, r: &Region) -> bool {
+    if r.start < b.start {
+        return false;
+    }
+    let last_end = r.start + (r.rows - 1) * r.stride + r.len;
+    if b.rows <= 1 {
+        return last_end <= b.start + b.len;
+    }
+    let off = r.start - b.start;
+    let (row, col) = (off / b.stride, off % b.stride);
+    if col + r.len > b.len {
+        return false;
+    }
+    if r.rows == 1 {
+        row < b.rows
+    } else {
+        r.stride == b.stride && row + r.rows <= b.rows
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use tessera_core::{DType, NodeId};
+
+    use super::*;
+    use crate::program::{exchange_for, Codelet, Interval, Mapping, TensorClass};
+
+    /// A tensor of `elements` elements cut at random places onto random tiles.
+    fn tensor(elements: u64, cuts: &[(u64, u32)], dtype: DType) -> ProgTensor {
+        let mut at: Vec<u64> = cuts.iter().map(|c| c.0 % elements).collect();
+        at.push(0);
+        at.sort_unstable();
+        at.dedup();
+        let ivs = at
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| {
+                let e = at.get(i + 1).copied().unwrap_or(elements);
+                Interval {
+                    tile: TileId(cuts.get(i).map_or(0, |c| c.1)),
+                    start: s,
+                    len: e - s,
+                }
+            })
+            .collect();
+        ProgTensor {
+            name: String::new(),
+            node: NodeId::from_index(0),
+            dtype,
+            elements,
+            mapping: Mapping::from_intervals(ivs),
+            class: TensorClass::NotAlwaysLive,
+            live: (0, 0),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        #[test]
+        fn summaries_from_vertices_equal_summaries_of_their_transfers(
+            sizes in prop::collection::vec(1u64..200, 1..4),
+            cuts in prop::collection::vec((any::<u64>(), 0u32..6), 0..30),
+            reads in prop::collection::vec(
+                (0u32..6, any::<usize>(), any::<u64>(), 1u64..20, 1u64..6, 0u64..30),
+                0..40,
+            ),
+            repeat in 0usize..4,
+        ) {
+            let tiles = 6;
+            let tensors: Vec<ProgTensor> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    let dt = if i % 2 == 0 { DType::F32 } else { DType::F16 };
+                    tensor(n, &cuts[(i * 7).min(cuts.len())..], dt)
+                })
+                .collect();
+            // Random regions inside their tensors, some repeated on other tiles (broadcasts)
+            // and some overlapping.
+            let mut vertices: Vec<Vertex> = Vec::new();
+            for (k, &(tile, t, start, len, rows, stride)) in reads.iter().enumerate() {
+                let t = t % tensors.len();
+                let n = tensors[t].elements;
+                let len = len.min(n);
+                let stride = stride.max(len);
+                let rows = (1..=rows).rev().find(|&r| (r - 1) * stride + len <= n).unwrap_or(1);
+                let extent = (rows - 1) * stride + len;
+                let start = start % (n - extent + 1);
+                let r = Region::strided(TensorId(t as u32), start, len, rows, stride);
+                let v = Vertex {
+                    tile: TileId(tile),
+                    codelet: Codelet::Copy,
+                    cycles: 1,
+                    reads: vec![r],
+                    writes: Vec::new(),
+                };
+                if k % 3 == 0 && !vertices.is_empty() {
+                    vertices.last_mut().unwrap().reads.push(r);
+                } else {
+                    vertices.push(v.clone());
+                }
+                for j in 0..(k % (repeat + 1)) {
+                    let mut w = v.clone();
+                    w.tile = TileId((tile + j as u32 + 1) % tiles);
+                    vertices.push(w);
+                }
+            }
+            // Reads of what a tile holds (nothing moves), sometimes also read elsewhere.
+            for (t, x) in tensors.iter().enumerate().take(repeat) {
+                for iv in x.mapping.intervals() {
+                    let r = Region::span(TensorId(t as u32), iv.start, iv.len);
+                    let v = Vertex {
+                        tile: iv.tile,
+                        codelet: Codelet::Copy,
+                        cycles: 1,
+                        reads: vec![r],
+                        writes: Vec::new(),
+                    };
+                    if iv.start % 3 == 1 {
+                        let mut w = v.clone();
+                        w.tile = TileId((iv.tile.0 + 1) % tiles);
+                        vertices.push(w);
+                    }
+                    vertices.push(v);
+                }
+            }
+            let transfers = exchange_for(&tensors, &vertices);
+            let exact = (!transfers.is_empty()).then(|| summarize(tiles, &tensors, &transfers));
+            let fast = summarize_vertices(tiles, &tensors, &vertices, &mut Locality::default());
+            prop_assert_eq!(fast, exact);
+        }
+    }
+}
