@@ -16,6 +16,38 @@ use crate::memory::{
 };
 use crate::program::{ProgTensor, Region, RunBuilder, TensorId, TileId, Transfer, Vertex};
 
+/// A hasher for regions and other small keys of integers (multiply and rotate, as rustc's
+/// FxHash): the default SipHash costs more than the work it indexes here.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct FastHasher(u64);
+
+impl std::hash::Hasher for FastHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(u64::from(x));
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64);
+    }
+}
+
+/// Builds [`FastHasher`]s.
+pub(crate) type FastHash = std::hash::BuildHasherDefault<FastHasher>;
+
 /// One tile taking part in an exchange.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ExchangeTile {
@@ -135,28 +167,34 @@ pub(crate) fn summarize_vertices(
     vertices: &[Vertex],
     local: &mut Locality,
 ) -> Option<ExchangeSummary> {
-    let mut index: HashMap<Region, usize> = HashMap::new();
-    let mut regions: Vec<(Region, Vec<TileId>)> = Vec::new();
+    // Distinct regions read from elsewhere, and (region, reader) pairs. A tile holding all
+    // of a region it reads receives nothing for it, and every piece of it comes from that
+    // tile, so whether others read it decides what it sends: such reads are left out.
+    let mut index: HashMap<Region, u32, FastHash> = HashMap::default();
+    let mut regions: Vec<Region> = Vec::new();
+    let mut readers: Vec<(u32, TileId)> = Vec::new();
     for v in vertices {
         for r in &v.reads {
+            if local.holds(tensors, v.tile, r) {
+                continue;
+            }
             let k = *index.entry(*r).or_insert_with(|| {
-                regions.push((*r, Vec::new()));
-                regions.len() - 1
+                regions.push(*r);
+                regions.len() as u32 - 1
             });
-            regions[k].1.push(v.tile);
+            readers.push((k, v.tile));
         }
     }
+    if readers.is_empty() {
+        return None;
+    }
+    readers.sort_unstable();
+    readers.dedup();
     let mut pieces: Vec<((TileId, u64, u64), u64)> = Vec::new();
     let mut reads: Vec<Read> = Vec::with_capacity(regions.len());
-    for (r, mut readers) in regions {
-        readers.sort_unstable();
-        readers.dedup();
-        // Read only where it lives: nothing moves.
-        if readers.len() == 1 && local.holds(tensors, readers[0], &r) {
-            continue;
-        }
-        let mut rd = pieces_of(tensors, &r, &mut pieces);
-        rd.readers = readers;
+    for group in readers.chunk_by(|a, b| a.0 == b.0) {
+        let mut rd = pieces_of(tensors, &regions[group[0].0 as usize], &mut pieces);
+        rd.readers = group.iter().map(|&(_, t)| t).collect();
         reads.push(rd);
     }
     let mut tally = vec![Tally::default(); tiles as usize];
