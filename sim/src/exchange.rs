@@ -147,16 +147,25 @@ pub(crate) fn summarize(
 }
 
 /// A distinct region the vertices read: its pieces on each tile, joined as
-/// [`exchange_for`](crate::program::exchange_for) joins them, and the tiles reading it.
+/// [`exchange_for`](crate::program::exchange_for) joins them, and the tiles reading it (ranges
+/// of flat lists shared by all the reads of a compute set).
 struct Read {
     /// (sender, region) of every piece group, sorted, without duplicates.
-    groups: Vec<(TileId, Region)>,
+    groups: std::ops::Range<usize>,
     /// Per sending tile: (tile, bytes, regions), sorted by tile.
-    per_tile: Vec<(TileId, u64, u64)>,
+    per_tile: std::ops::Range<usize>,
     bytes: u64,
     count: u64,
-    /// Distinct tiles reading it.
-    readers: Vec<TileId>,
+    /// Distinct tiles reading it (in the (region, tile) pairs).
+    readers: std::ops::Range<usize>,
+}
+
+/// Flat lists of a compute set's reads.
+#[derive(Default)]
+struct Lists {
+    pieces: Vec<((TileId, u64, u64), u64)>,
+    groups: Vec<(TileId, Region)>,
+    per_tile: Vec<(TileId, u64, u64)>,
 }
 
 /// The summary of the exchange that `vertices` need (the one
@@ -190,25 +199,30 @@ pub(crate) fn summarize_vertices(
     }
     readers.sort_unstable();
     readers.dedup();
-    let mut pieces: Vec<((TileId, u64, u64), u64)> = Vec::new();
+    let mut lists = Lists::default();
     let mut reads: Vec<Read> = Vec::with_capacity(regions.len());
+    let mut at = 0;
     for group in readers.chunk_by(|a, b| a.0 == b.0) {
-        let mut rd = pieces_of(tensors, &regions[group[0].0 as usize], &mut pieces);
-        rd.readers = group.iter().map(|&(_, t)| t).collect();
+        let mut rd = pieces_of(tensors, &regions[group[0].0 as usize], &mut lists);
+        rd.readers = at..at + group.len();
+        at += group.len();
         reads.push(rd);
     }
+    let who = |rd: &Read| readers[rd.readers.clone()].iter().map(|p| p.1);
     let mut tally = vec![Tally::default(); tiles as usize];
     let mut bytes = 0u64;
     let mut moved: Vec<TensorId> = Vec::new();
-    // Reads whose groups may repeat another read's (checked below).
-    let mut shared: Vec<(TileId, Region, usize)> = Vec::new();
+    // Groups sent for more than one read (overlapping reads), with those reads.
+    let mut seen: HashMap<(TileId, Region), u32, FastHash> = HashMap::default();
+    let mut shared: Vec<(TileId, Region, u32)> = Vec::new();
     for (k, rd) in reads.iter().enumerate() {
         if rd.count == 0 {
             continue;
         }
+        let per_tile = &lists.per_tile[rd.per_tile.clone()];
         let mut any = false;
-        for &t in &rd.readers {
-            let (fb, fc) = from_tile(&rd.per_tile, t);
+        for t in who(rd) {
+            let (fb, fc) = from_tile(per_tile, t);
             if rd.count > fc {
                 let e = &mut tally[t.index()];
                 e.received += rd.bytes - fb;
@@ -219,16 +233,32 @@ pub(crate) fn summarize_vertices(
         if !any {
             continue;
         }
-        moved.push(rd.groups[0].1.tensor);
-        for &(f, b, c) in &rd.per_tile {
-            if rd.readers.len() > 1 || rd.readers[0] != f {
+        let groups = &lists.groups[rd.groups.clone()];
+        moved.push(groups[0].1.tensor);
+        let (n, first) = (rd.readers.len(), readers[rd.readers.start].1);
+        for &(f, b, c) in per_tile {
+            if n > 1 || first != f {
                 let e = &mut tally[f.index()];
                 e.sent += b;
                 e.sends += c;
                 bytes += b;
             }
         }
-        shared.extend(rd.groups.iter().map(|&(f, g)| (f, g, k)));
+        let k = k as u32;
+        for &(f, g) in groups {
+            match seen.entry((f, g)) {
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(k);
+                }
+                std::collections::hash_map::Entry::Occupied(mut e) => {
+                    if *e.get() != u32::MAX {
+                        shared.push((f, g, *e.get()));
+                        e.insert(u32::MAX);
+                    }
+                    shared.push((f, g, k));
+                }
+            }
+        }
     }
     if moved.is_empty() {
         return None;
@@ -237,14 +267,11 @@ pub(crate) fn summarize_vertices(
     // receiver and one send: take back what was counted twice.
     shared.sort_unstable();
     for same in shared.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
-        if same.len() < 2 {
-            continue;
-        }
         let (f, g) = (same[0].0, same[0].1);
         let b = g.elements() * tensors[g.tensor.index()].elem_bytes();
         let mut receivers: Vec<TileId> = same
             .iter()
-            .flat_map(|&(_, _, k)| reads[k].readers.iter().copied())
+            .flat_map(|&(_, _, k)| who(&reads[k as usize]))
             .filter(|&t| t != f)
             .collect();
         receivers.sort_unstable();
@@ -258,7 +285,7 @@ pub(crate) fn summarize_vertices(
         }
         let senders = same
             .iter()
-            .filter(|&&(_, _, k)| reads[k].readers.iter().any(|&t| t != f))
+            .filter(|&&(_, _, k)| who(&reads[k as usize]).any(|t| t != f))
             .count() as u64;
         if senders > 1 {
             let e = &mut tally[f.index()];
@@ -280,19 +307,18 @@ fn from_tile(per_tile: &[(TileId, u64, u64)], tile: TileId) -> (u64, u64) {
 }
 
 /// The pieces of `r` on every tile, grouped and joined as
-/// [`exchange_for`](crate::program::exchange_for) does for one reading vertex.
-fn pieces_of(
-    tensors: &[ProgTensor],
-    r: &Region,
-    pieces: &mut Vec<((TileId, u64, u64), u64)>,
-) -> Read {
+/// [`exchange_for`](crate::program::exchange_for) does for one reading vertex, appended to
+/// the lists.
+fn pieces_of(tensors: &[ProgTensor], r: &Region, lists: &mut Lists) -> Read {
     let t = &tensors[r.tensor.index()];
+    let pieces = &mut lists.pieces;
     pieces.clear();
     t.mapping.for_each_piece_of(r, |row_start, tile, s, l| {
         pieces.push(((tile, s - row_start, l), s));
     });
     pieces.sort_unstable();
-    let mut groups = Vec::new();
+    let groups = &mut lists.groups;
+    let g0 = groups.len();
     for group in pieces.chunk_by(|a, b| a.0 == b.0) {
         let ((tile, _, len), _) = group[0];
         let mut b = RunBuilder::new(r.tensor);
@@ -305,29 +331,36 @@ fn pieces_of(
             groups.push((tile, done));
         }
     }
-    groups.sort_unstable();
-    groups.dedup();
+    groups[g0..].sort_unstable();
+    let mut kept = g0;
+    for i in g0..groups.len() {
+        if kept == g0 || groups[kept - 1] != groups[i] {
+            groups[kept] = groups[i];
+            kept += 1;
+        }
+    }
+    groups.truncate(kept);
     let eb = t.elem_bytes();
-    let mut per_tile: Vec<(TileId, u64, u64)> = Vec::new();
+    let p0 = lists.per_tile.len();
     let (mut bytes, mut count) = (0, 0);
-    for &(f, g) in &groups {
+    for &(f, g) in &groups[g0..] {
         let b = g.elements() * eb;
         bytes += b;
         count += 1;
-        match per_tile.last_mut() {
+        match lists.per_tile[p0..].last_mut() {
             Some(p) if p.0 == f => {
                 p.1 += b;
                 p.2 += 1;
             }
-            _ => per_tile.push((f, b, 1)),
+            _ => lists.per_tile.push((f, b, 1)),
         }
     }
     Read {
-        groups,
-        per_tile,
+        groups: g0..groups.len(),
+        per_tile: p0..lists.per_tile.len(),
         bytes,
         count,
-        readers: Vec::new(),
+        readers: 0..0,
     }
 }
 
@@ -336,7 +369,6 @@ fn pieces_of(
 pub(crate) struct Summaries {
     by_step: Vec<(usize, ExchangeSummary)>,
 }
-
 impl Summaries {
     /// Records the summary of the exchange at `step` (steps in increasing order).
     pub(crate) fn push(&mut self, step: usize, summary: ExchangeSummary) {
