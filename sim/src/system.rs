@@ -386,27 +386,30 @@ pub fn estimate_system<S: Storage>(
         .collect();
     let mut stash_bytes = vec![0u64; ipus];
     if training {
+        // Per stage and tensor (root): whether the stage's nodes read it, and whether its
+        // backward nodes do (updates aside).
+        let mut read = vec![vec![(false, false); g.len()]; s];
+        for (c, n) in g.nodes().iter().enumerate() {
+            if n.roles().contains(Roles::UPDATE) {
+                continue;
+            }
+            for &o in n.op().operands().as_slice() {
+                let r = &mut read[n.stage()][plan.storage_of(o).index()];
+                r.0 = true;
+                r.1 |= c >= forward_len;
+            }
+        }
         for (t, node) in g.nodes()[..forward_len].iter().enumerate() {
             // A view's bytes are its root's: the root is what is stashed.
             if node.op().is_state() || node.op().is_update() || plan.slots()[t].view_of.is_some() {
                 continue;
             }
             for k in 0..s {
-                let reads_back = g.nodes().iter().enumerate().any(|(c, n)| {
-                    c >= forward_len
-                        && n.stage() == k
-                        && !n.roles().contains(Roles::UPDATE)
-                        && n.op()
-                            .operands()
-                            .as_slice()
-                            .iter()
-                            .any(|&o| plan.storage_of(o).index() == t)
-                });
                 let stage_input = node.stage() != k || matches!(node.op(), Op::Input);
                 let keep = if opts.recompute {
-                    stage_input && stage_reads(plan, t, k)
+                    stage_input && read[k][t].0
                 } else {
-                    reads_back
+                    read[k][t].1
                 };
                 if !keep {
                     continue;
@@ -624,18 +627,4 @@ pub fn loop_repeat(
             repeat_count: r,
         }),
     }
-}
-
-/// With recomputation a stage keeps its inputs: tensors from other stages (or inputs) that its
-/// forward or backward reads.
-fn stage_reads<S: Storage>(plan: &Plan<S>, t: usize, k: usize) -> bool {
-    plan.graph().nodes().iter().any(|n| {
-        n.stage() == k
-            && !n.roles().contains(Roles::UPDATE)
-            && n.op()
-                .operands()
-                .as_slice()
-                .iter()
-                .any(|&o| plan.storage_of(o).index() == t)
-    })
 }
