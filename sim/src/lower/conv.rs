@@ -168,6 +168,7 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
             reads: Box::new(|_, _, _, _| Vec::new()),
             out: Box::new(|_, _, _| Vec::new()),
             b: None,
+            out_m_contiguous: false,
         };
     };
     let groups = d.g as u64;
@@ -228,6 +229,7 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
                 b: Some(Box::new(move |g, rk, rn| {
                     weight_spans(&d, p.layout, g as u64, rn, rk)
                 })),
+                out_m_contiguous: p.layout == DataLayout::Nchw,
             }
         }
         Conv::GradInput { dy, w, .. } => {
@@ -268,6 +270,7 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
                     input.spans(rm, (g as u64 * cg + rn.0, g as u64 * cg + rn.1))
                 }),
                 b: None,
+                out_m_contiguous: p.layout == DataLayout::Nchw,
             }
         }
         Conv::GradWeight { x, dy, .. } => {
@@ -296,6 +299,8 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
                 }),
                 out: Box::new(move |g, rm, rn| weight_spans(&d, p.layout, g as u64, rm, rn)),
                 b: None,
+                // HWIO weights hold each patch element's output channels together.
+                out_m_contiguous: p.layout == DataLayout::Nhwc,
             }
         }
     }

@@ -49,6 +49,10 @@ pub(crate) struct Product {
     /// Right-hand operand element spans of (group, reduction range, columns), when it can be
     /// laid out by the plan.
     pub b: Option<BlockSpans>,
+    /// Whether the output is contiguous along rows (`m`) rather than columns (`n`): an NCHW
+    /// activation holds each channel's positions together. The tiles reducing a block take
+    /// shares that are contiguous in memory, as popops' reductions partition their output.
+    pub out_m_contiguous: bool,
 }
 
 /// Plans made so far, by node.
@@ -152,6 +156,7 @@ fn matmul_product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &MatMul) -> Pr
                 .map(|(s, len)| (base + s, len))
                 .collect()
         }),
+        out_m_contiguous: false,
         b: single.then(|| {
             Box::new(move |_: usize, rk: Range, rn: Range| {
                 if tb {
@@ -236,9 +241,23 @@ pub(super) fn b_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> Mappi
 }
 
 /// The part of a `rows x cols` output block that the q-th of `pk` tiles reduces: an even
-/// share of the block's elements in row-major order (as the planner costs it), as up to three
-/// rectangles (rows r0..r1, cols c0..c1): a partial first row, whole rows, a partial last row.
-fn reduce_share(rows: u64, cols: u64, q: u64, pk: u64) -> Vec<(u64, u64, u64, u64)> {
+/// share of the block's elements in memory order (row-major, or column-major when the output
+/// is contiguous along rows, `m_contiguous`), as the planner costs it, as up to three
+/// rectangles (rows r0..r1, cols c0..c1): a partial first line, whole lines, a partial last
+/// line.
+fn reduce_share(
+    rows: u64,
+    cols: u64,
+    q: u64,
+    pk: u64,
+    m_contiguous: bool,
+) -> Vec<(u64, u64, u64, u64)> {
+    if m_contiguous {
+        return reduce_share(cols, rows, q, pk, false)
+            .into_iter()
+            .map(|(c0, c1, r0, r1)| (r0, r1, c0, c1))
+            .collect();
+    }
     let n = rows * cols;
     let c = n.div_ceil(pk.max(1));
     let (s, e) = ((q * c).min(n), ((q + 1) * c).min(n));
@@ -288,7 +307,9 @@ pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> 
     for (g, im, i_n, rm, rn, pk_here) in output_shares(&p, &plan) {
         for ik in 0..pk_here {
             let tile = tile(g, plan.grid(im, ik, i_n), &p, l.tile_count());
-            for (r0, r1, c0, c1) in reduce_share(rm.1 - rm.0, rn.1 - rn.0, ik, pk_here) {
+            for (r0, r1, c0, c1) in
+                reduce_share(rm.1 - rm.0, rn.1 - rn.0, ik, pk_here, p.out_m_contiguous)
+            {
                 for (start, len) in (p.out)(g, (rm.0 + r0, rm.0 + r1), (rn.0 + c0, rn.0 + c1)) {
                     iv.push(Interval { tile, start, len });
                 }
@@ -411,7 +432,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
             .filter(|&q| offsets.contains_key(&(b.g, b.im, q, b.i_n)))
             .count() as u64;
         let (rows, cols) = (b.m.1 - b.m.0, b.n.1 - b.n.0);
-        let pieces = reduce_share(rows, cols, b.ik, pk_here);
+        let pieces = reduce_share(rows, cols, b.ik, pk_here, p.out_m_contiguous);
         if pieces.is_empty() {
             continue;
         }
@@ -422,7 +443,12 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
                 (0..plan.pk)
                     .filter_map(|q| offsets.get(&(b.g, b.im, q, b.i_n)))
                     .map(|&off| {
-                        Region::strided(partials, off + r0 * cols + c0, c1 - c0, r1 - r0, cols)
+                        // Partial blocks are kept in the output's memory order.
+                        if p.out_m_contiguous {
+                            Region::strided(partials, off + c0 * rows + r0, r1 - r0, c1 - c0, rows)
+                        } else {
+                            Region::strided(partials, off + r0 * cols + c0, c1 - c0, r1 - r0, cols)
+                        }
                     }),
             );
             writes.extend((p.out)(
@@ -441,4 +467,41 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
         });
     }
     l.compute(i, "reduce", vertices);
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::reduce_share;
+
+    proptest! {
+        /// The pk shares of a block cover each of its elements once, and each share is one
+        /// contiguous run of the block in the memory order asked for.
+        #[test]
+        fn reduce_shares_tile_the_block_in_memory_order(
+            rows in 1u64..40,
+            cols in 1u64..40,
+            pk in 1u64..12,
+            m_contiguous in any::<bool>(),
+        ) {
+            let mut seen = vec![0u32; (rows * cols) as usize];
+            for q in 0..pk {
+                // Memory positions of this share's elements.
+                let mut at = Vec::new();
+                for (r0, r1, c0, c1) in reduce_share(rows, cols, q, pk, m_contiguous) {
+                    prop_assert!(r0 < r1 && r1 <= rows && c0 < c1 && c1 <= cols);
+                    for r in r0..r1 {
+                        for c in c0..c1 {
+                            seen[(r * cols + c) as usize] += 1;
+                            at.push(if m_contiguous { c * rows + r } else { r * cols + c });
+                        }
+                    }
+                }
+                at.sort_unstable();
+                prop_assert!(at.windows(2).all(|w| w[1] == w[0] + 1), "share {q} not contiguous");
+            }
+            prop_assert!(seen.iter().all(|&n| n == 1));
+        }
+    }
 }
