@@ -436,21 +436,17 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
         if pieces.is_empty() {
             continue;
         }
-        // The same rectangles of every partial block of this output block.
-        let (mut reads, mut writes, mut elements) = (Vec::new(), Vec::new(), 0);
+        // Partial blocks are kept in the output's memory order, so this tile's share of each
+        // is one span: the same one in every partial block of this output block.
+        let share = (rows * cols).div_ceil(pk_here.max(1));
+        let first = b.ik * share;
+        let len = share.min(rows * cols - first);
+        let reads: Vec<Region> = (0..plan.pk)
+            .filter_map(|q| offsets.get(&(b.g, b.im, q, b.i_n)))
+            .map(|&off| Region::span(partials, off + first, len))
+            .collect();
+        let (mut writes, mut elements) = (Vec::new(), 0);
         for &(r0, r1, c0, c1) in &pieces {
-            reads.extend(
-                (0..plan.pk)
-                    .filter_map(|q| offsets.get(&(b.g, b.im, q, b.i_n)))
-                    .map(|&off| {
-                        // Partial blocks are kept in the output's memory order.
-                        if p.out_m_contiguous {
-                            Region::strided(partials, off + c0 * rows + r0, r1 - r0, c1 - c0, rows)
-                        } else {
-                            Region::strided(partials, off + r0 * cols + c0, c1 - c0, r1 - r0, cols)
-                        }
-                    }),
-            );
             writes.extend((p.out)(
                 b.g,
                 (b.m.0 + r0, b.m.0 + r1),
