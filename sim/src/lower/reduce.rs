@@ -1,5 +1,7 @@
-//! Reductions on tiles. A reduction to one value runs in two stages (a partial per tile where
-//! the data is, then one vertex over the partials); a reduction that keeps some axes runs one
+//! Reductions on tiles. A reduction to few values runs in stages: a partial per tile where
+//! the data is, intermediate stages while the partials are many (each reducing groups of
+//! [`INTERMEDIATE_FAN_IN`] partials spread over the tiles), then one vertex per tile of the
+//! output over what is left; a reduction that keeps some axes runs one
 //! vertex per tile of the output, which receives the elements it reduces. Broadcasts copy the
 //! operand's elements each output interval needs.
 
@@ -89,6 +91,16 @@ pub(super) const TWO_STAGE_MAX_OUTPUTS: u64 = 4096;
 /// See [`TWO_STAGE_MAX_OUTPUTS`].
 pub(super) const TWO_STAGE_MIN_LENGTH: u64 = 64;
 
+/// The most partial blocks the last stage of a reduction reduces per output: while there are
+/// more, an intermediate stage reduces groups of this many (poplibs' reductions add an
+/// intermediate-to-intermediate stage while the partials exceed 32 values per output:
+/// `calculateNextStep` in popops' `ReductionPlan.cpp`, found empirically there).
+pub(super) const INTERMEDIATE_FAN_IN: u64 = 32;
+
+/// The fewest values an intermediate-stage vertex reduces per partial block (estimate: two
+/// fp32 vectors of the accumulator's width, so vertices' setup stays below their work).
+pub(super) const INTERMEDIATE_GRAIN: u64 = 8;
+
 /// Whether a reduction to `outputs` values of `length` elements each runs in two stages.
 pub(super) fn two_stage_pays(outputs: u64, length: u64) -> bool {
     outputs <= TWO_STAGE_MAX_OUTPUTS && length >= TWO_STAGE_MIN_LENGTH
@@ -150,7 +162,68 @@ pub(super) fn two_stage<S: Storage>(
         })
         .collect();
     l.compute(i, "partials", stage1);
-    // Stage 2: each tile of the output reduces its values over the partial blocks.
+    // Intermediate stages while the partials are many (more than INTERMEDIATE_FAN_IN per
+    // output): each reduces groups of up to that many partial blocks, its columns spread over
+    // the tiles, into one block per group.
+    let (mut partials, mut count) = (partials, count);
+    let mut stage = 0;
+    while count > INTERMEDIATE_FAN_IN {
+        stage += 1;
+        let next = count.div_ceil(INTERMEDIATE_FAN_IN);
+        // Column chunks per group: enough pieces to use the tiles, each at least a grain.
+        let grain = INTERMEDIATE_GRAIN.min(block);
+        let chunks = (u64::from(l.tile_count()) / next)
+            .clamp(1, block.div_ceil(grain))
+            .max(1);
+        let width = block.div_ceil(chunks).div_ceil(grain) * grain;
+        let mut pieces = Vec::new();
+        for g in 0..next {
+            let rows = INTERMEDIATE_FAN_IN.min(count - g * INTERMEDIATE_FAN_IN);
+            let mut c0 = 0;
+            while c0 < block {
+                let c1 = (c0 + width).min(block);
+                let tile = crate::program::TileId::wrapping(pieces.len() as u64, l.tile_count());
+                pieces.push((tile, g, rows, c0, c1));
+                c0 = c1;
+            }
+        }
+        let mapping = Mapping::from_intervals(
+            pieces
+                .iter()
+                .map(|&(tile, g, _, c0, c1)| Interval {
+                    tile,
+                    start: g * block + c0,
+                    len: c1 - c0,
+                })
+                .collect(),
+        );
+        let reduced = l.temporary(
+            i,
+            &format!("intermediate{stage}"),
+            DType::F32,
+            next * block,
+            mapping,
+        );
+        let vertices = pieces
+            .iter()
+            .map(|&(tile, g, rows, c0, c1)| Vertex {
+                tile,
+                codelet: Codelet::Reduce,
+                cycles: cost::reduce_cycles(cfg, c1 - c0, rows, DType::F32),
+                reads: vec![Region::strided(
+                    partials,
+                    g * INTERMEDIATE_FAN_IN * block + c0,
+                    c1 - c0,
+                    rows,
+                    block,
+                )],
+                writes: vec![Region::span(reduced, g * block + c0, c1 - c0)],
+            })
+            .collect();
+        l.compute(i, &format!("intermediate{stage}"), vertices);
+        (partials, count) = (reduced, next);
+    }
+    // Last stage: each tile of the output reduces its values over the partial blocks.
     let outs: Vec<Interval> = l.tensors[out.index()].mapping.intervals().to_vec();
     let stage2 = outs
         .iter()
@@ -206,6 +279,62 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Reduce)
                 })
                 .collect();
             l.compute(i, "reduce", vertices);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_core::ops::reduce::ReduceKind;
+    use tessera_core::{DType, Graph, Plan};
+
+    use super::INTERMEDIATE_FAN_IN;
+    use crate::heap::Heap;
+    use crate::lower::{lower, LowerOptions};
+    use crate::machine::{IpuConfig, Preset};
+    use crate::program::Step;
+
+    /// A reduction whose input is spread over every tile reduces its per-tile partials in
+    /// intermediate stages, so no vertex of a stage reduces more than the fan-in of partial
+    /// blocks, and the program still checks.
+    #[test]
+    fn many_partials_reduce_in_intermediate_stages() {
+        let cfg = IpuConfig::preset(Preset::Mk2);
+        let mut g: Graph<Heap> = Graph::new();
+        let x = g.input("x", &[64, 8192], DType::F32).unwrap();
+        g.reduce("mean", x, &[1], false, ReduceKind::Mean).unwrap();
+        let plan = Plan::new(&g).unwrap();
+        let p = lower(&plan, &cfg, LowerOptions::default());
+        crate::check::check(&p).unwrap();
+        let names: Vec<&str> = p
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Compute(cs) => Some(cs.name.as_str()),
+                _ => None,
+            })
+            .collect();
+        // One partial block per tile holding x, then stages dividing them by the fan-in.
+        let mut count = p.tensors[0].mapping.tile_count() as u64;
+        let mut want = vec!["mean/partials".to_string()];
+        while count > INTERMEDIATE_FAN_IN {
+            count = count.div_ceil(INTERMEDIATE_FAN_IN);
+            want.push(format!("mean/intermediate{}", want.len()));
+        }
+        want.push("mean/reduce".to_string());
+        assert!(
+            want.len() > 2,
+            "x should be on more than {INTERMEDIATE_FAN_IN} tiles"
+        );
+        assert_eq!(names, want);
+        for s in &p.steps {
+            if let Step::Compute(cs) = s {
+                if cs.name != "mean/partials" {
+                    for v in &cs.vertices {
+                        assert!(v.reads.iter().all(|r| r.rows <= INTERMEDIATE_FAN_IN));
+                    }
+                }
+            }
         }
     }
 }
