@@ -7,6 +7,7 @@
 //! timeline runs the M micro-batches of one weight update; the update itself runs on every
 //! IPU at once, after the replicas' all-reduce.
 
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use tessera_core::schedule::{Pipeline, Schedule, ScheduleError};
 use tessera_core::{Op, Plan, Roles, Storage};
@@ -257,7 +258,11 @@ pub fn estimate_system<S: Storage>(
     plan: &Plan<S>,
     cfg: &IpuConfig,
     opts: &SystemOptions,
-) -> Result<SystemEstimate, SystemError> {
+) -> Result<SystemEstimate, SystemError>
+where
+    Plan<S>: Sync,
+    tessera_core::Graph<S>: Sync,
+{
     cfg.validate()
         .map_err(|e| SystemError::Sim(SimError::Machine(e)))?;
     if opts.replicas == 0 {
@@ -316,8 +321,10 @@ pub fn estimate_system<S: Storage>(
     let ipus = mapping.iter().copied().max().unwrap_or(0) + 1;
     let forward_len = g.forward_len();
 
-    // Lower each IPU's share, keeping what the estimate needs of its exchanges.
+    // Lower each IPU's share, keeping what the estimate needs of its exchanges. The IPUs are
+    // independent, so they are lowered in parallel.
     let (programs, summaries): (Vec<Program>, Vec<Summaries>) = (0..ipus)
+        .into_par_iter()
         .map(|d| {
             lower_with(
                 plan,
@@ -380,7 +387,7 @@ pub fn estimate_system<S: Storage>(
     // Stash: what each stage's backward reads of its forward (or, recomputing, of its inputs).
     let mut stash_entry = vec![0u64; s];
     let mut reports: Vec<MemoryReport> = programs
-        .iter()
+        .par_iter()
         .zip(&summaries)
         .map(|(p, x)| account_with(p, x, cfg.sram_bytes_per_tile))
         .collect();
