@@ -81,11 +81,11 @@ pub fn plan_matmul(
                 let (bm, bk, bn) = (m.div_ceil(pm), k.div_ceil(pk), n.div_ceil(pn));
                 let compute = cost::matmul_amp_cycles(cfg, bm, bk, bn, dtype)
                     + cost::compute_set_overhead_cycles();
-                // A weight laid out by the plan sits on the first row of the grid; the other
-                // rows receive it.
+                // A weight laid out by the plan is spread over the tiles of its column of the
+                // grid (each holds 1/pm of the block): each receives the rest.
                 let received = bm * bk * s
-                    + if b_resident && pm == 1 {
-                        0
+                    + if b_resident {
+                        bk * bn * s * (pm - 1) / pm
                     } else {
                         bk * bn * s
                     };

@@ -211,7 +211,9 @@ fn range(i: u64, block: u64, len: u64) -> Range {
 }
 
 /// The mapping of the right-hand operand of product `i` by its plan: block (ik, in) of every
-/// group on the tile of grid (0, ik, in).
+/// group spread over the tiles that read it, the grid's (im, ik, in) for every im, its rows
+/// shared out evenly in order (poplibs' `mapWeights`: "spread groups of weights equally
+/// across the tiles that read them"; a tile gets none when there are fewer rows than tiles).
 pub(super) fn b_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> Mapping {
     let Some(p) = product_of(l, i) else {
         return Mapping::default();
@@ -228,12 +230,17 @@ pub(super) fn b_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> Mappi
                 if rk.0 >= rk.1 || rn.0 >= rn.1 {
                     continue;
                 }
-                let tile = tile(g, plan.grid(0, ik, i_n), &p, l.tile_count());
-                iv.extend(spans(g, rk, rn).into_iter().map(|(start, len)| Interval {
-                    tile,
-                    start,
-                    len,
-                }));
+                let rows = spans(g, rk, rn);
+                let (count, readers) = (rows.len() as u64, plan.pm.max(1));
+                for im in 0..readers {
+                    let tile = tile(g, plan.grid(im, ik, i_n), &p, l.tile_count());
+                    let (a, b) = (im * count / readers, (im + 1) * count / readers);
+                    iv.extend(
+                        rows[a as usize..b as usize]
+                            .iter()
+                            .map(|&(start, len)| Interval { tile, start, len }),
+                    );
+                }
             }
         }
     }

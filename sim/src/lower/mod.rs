@@ -7,7 +7,7 @@
 //!
 //! - a matmul's output is laid out by its plan (blocks on the tiles that compute them), and a
 //!   variable whose first use is a matmul's right-hand operand is laid out by that plan too
-//!   (as poplibs creates weights), so weights need no exchange;
+//!   (as poplibs creates weights): each block spread over the tiles that read it;
 //! - optimizer state is laid out like its variable;
 //! - element-wise results are laid out like their full-size operand;
 //! - views (reshapes) have no tensor of their own: they read their root's;
