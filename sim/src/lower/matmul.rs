@@ -212,8 +212,9 @@ fn range(i: u64, block: u64, len: u64) -> Range {
 
 /// The mapping of the right-hand operand of product `i` by its plan: block (ik, in) of every
 /// group spread over the tiles that read it, the grid's (im, ik, in) for every im, its rows
-/// shared out evenly in order (poplibs' `mapWeights`: "spread groups of weights equally
-/// across the tiles that read them"; a tile gets none when there are fewer rows than tiles).
+/// shared out evenly in order; a tile gets none when there are fewer rows than tiles (poplibs
+/// spread "groups of weights equally across the tiles that read them": popconv's
+/// `calculateWeightMapping`, 2017; poplin's `mapWeights` now maps weights by use).
 pub(super) fn b_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> Mapping {
     let Some(p) = product_of(l, i) else {
         return Mapping::default();

@@ -92,10 +92,12 @@ pub(super) const TWO_STAGE_MAX_OUTPUTS: u64 = 4096;
 pub(super) const TWO_STAGE_MIN_LENGTH: u64 = 64;
 
 /// The most partial blocks the last stage of a reduction reduces per output: while there are
-/// more, an intermediate stage reduces groups of this many (poplibs' reductions add an
-/// intermediate-to-intermediate stage while the partials exceed 32 values per output:
-/// `calculateNextStep` in popops' `ReductionPlan.cpp`, found empirically there).
-pub(super) const INTERMEDIATE_FAN_IN: u64 = 32;
+/// more, an intermediate stage reduces groups of this many. poplibs adds an
+/// intermediate-to-intermediate stage while the partials exceed this many values per output
+/// (`reductionFactorThresholdToAddMoreStages`, 64 since 2020, used by `calculateNextStep` in
+/// popops' `ReductionPlan.cpp`, "found empirically" there); reducing groups of that size is
+/// our simplification of its `calculateSplit`.
+pub(super) const INTERMEDIATE_FAN_IN: u64 = 64;
 
 /// The fewest values an intermediate-stage vertex reduces per partial block (estimate: two
 /// fp32 vectors of the accumulator's width, so vertices' setup stays below their work).
