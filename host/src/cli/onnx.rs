@@ -14,7 +14,9 @@ use tessera_host::report::{write_report, Report};
 use tessera_host::session::onnx::{
     compile_onnx, layer_rows, run_onnx, LayerRow, LossKind, NamedTensor, OnnxOptions,
 };
-use tessera_host::session::split::{fewest_ipus, profile, split, SplitInfo, MAX_IPUS};
+use tessera_host::session::split::{
+    fewest_ipus, is_profile_estimate, profile, profile_of, split, SplitInfo, MAX_IPUS,
+};
 use tessera_host::session::EstimateSummary;
 
 use super::args::{EstimateArgs, RunArgs};
@@ -102,15 +104,21 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
         so.gradient_accumulation_count =
             overlap_length(so.schedule, stage_guess, !a.inference).max(1);
     }
+    // The one-IPU profile the automatic split balances on: made once, and read from the
+    // estimate itself when that is a one-IPU estimate.
+    let mut prof = None;
     let (compiled, e, split_info) = match a.pipeline_ipus {
         Some(n) => {
-            let p = profile(&model, &so, &oo)?;
-            let s = split(&model, &so, &oo, n, &p)?;
+            let p = prof.insert(profile(&model, &so, &oo)?);
+            let s = split(&model, &so, &oo, n, p)?;
             (s.compiled, s.estimate, Some(s.info))
         }
         None => {
             let c = compile_onnx(&model, &so, &oo)?;
             let e = c.estimate()?;
+            if !e.fits && is_profile_estimate(&so, &oo) {
+                prof = Some(profile_of(&c, &e, &so, &oo));
+            }
             (c, e, None)
         }
     };
@@ -121,7 +129,10 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
         if !a.json {
             eprintln!("{name} does not fit; searching for the fewest IPUs an automatic split fits on (up to {MAX_IPUS})...");
         }
-        let p = profile(&model, &so, &oo)?;
+        let p = match prof {
+            Some(p) => p,
+            None => profile(&model, &so, &oo)?,
+        };
         let found = fewest_ipus(&model, &so, &oo, &p)?;
         Some(FewestIpus {
             ipus: found.as_ref().map(|s| s.info.ipus),

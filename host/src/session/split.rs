@@ -156,7 +156,24 @@ pub fn profile(
     so1.replicas = 1;
     let c = compile_onnx(model, &so1, &one)?;
     let e = c.estimate()?;
-    let rows = layer_rows(&c, &e);
+    Ok(profile_of(&c, &e, so, oo))
+}
+
+/// Whether an estimate made with `so` and `oo` is the one-IPU estimate [`profile`] makes, so
+/// that [`profile_of`] can read the profile from it.
+pub fn is_profile_estimate(so: &SessionOptions, oo: &OnnxOptions) -> bool {
+    so.replicas == 1 && matches!(oo.stages, Stages::One)
+}
+
+/// The profile read from a one-IPU estimate `e` of `c` (made with [`profile`]'s options: see
+/// [`is_profile_estimate`]).
+pub fn profile_of(
+    c: &OnnxCompiled,
+    e: &SystemEstimate,
+    so: &SessionOptions,
+    oo: &OnnxOptions,
+) -> Profile {
+    let rows = layer_rows(c, e);
     // Copies of each weight training keeps on the IPU: the weight and its gradient (or
     // accumulator), plus the optimizer's state unless it is offloaded.
     let copies = if oo.inference {
@@ -187,7 +204,7 @@ pub fn profile(
             p.mems.push(r.weight_bytes * copies);
         }
     }
-    Ok(p)
+    p
 }
 
 /// The per-node stages of a partition of `p`'s units: nodes that made nothing go with the
