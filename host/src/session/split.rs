@@ -235,7 +235,9 @@ fn stages_of(p: &Profile, part: &Partition) -> Vec<usize> {
 /// # Errors
 ///
 /// [`SessionError::Option`] when the model has fewer nodes than stages or no split keeps
-/// its weights under an IPU's memory; import and estimate errors as [`compile_onnx`].
+/// its weights under an IPU's memory (when a retry's smaller cap leaves no split, the
+/// previous attempt's split is returned instead); import and estimate errors as
+/// [`compile_onnx`].
 pub fn split(
     model: &OnnxModel,
     so: &SessionOptions,
@@ -250,9 +252,18 @@ pub fn split(
     let sram = machine.sram_bytes_per_tile * u64::from(machine.tiles);
     let mut cap = sram;
     let mut last: Option<Split> = None;
+    let what = if oo.inference {
+        "weights"
+    } else {
+        "weights and their training state"
+    };
     for attempt in 1..=RETRIES {
-        let part = partition(&profile.costs, &profile.mems, n, cap).ok_or_else(|| {
-            opt_err(
+        let Some(part) = partition(&profile.costs, &profile.mems, n, cap) else {
+            // A smaller cap left no split: the last attempt's split is the answer.
+            if let Some(last) = last {
+                return Ok(last);
+            }
+            return Err(opt_err(
                 "--pipeline-ipus",
                 if profile.costs.len() < n {
                     format!(
@@ -261,11 +272,11 @@ pub fn split(
                     )
                 } else {
                     format!(
-                        "no split into {n} stages keeps each stage's weights and their training state under {cap} bytes (an IPU's memory); try more IPUs"
+                        "no split into {n} stages keeps each stage's {what} under {cap} bytes (an IPU's memory); try more IPUs"
                     )
                 },
-            )
-        })?;
+            ));
+        };
         let stages = stages_of(profile, &part);
         let per = OnnxOptions {
             stages: Stages::PerNode(stages),
