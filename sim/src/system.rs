@@ -261,7 +261,6 @@ pub fn estimate_system<S: Storage>(
 ) -> Result<SystemEstimate, SystemError>
 where
     Plan<S>: Sync,
-    tessera_core::Graph<S>: Sync,
 {
     cfg.validate()
         .map_err(|e| SystemError::Sim(SimError::Machine(e)))?;
@@ -330,7 +329,7 @@ where
                 plan,
                 cfg,
                 opts.lower,
-                &|i| mapping[g.nodes()[i].stage()] == d,
+                &|i| mapping[plan.graph().nodes()[i].stage()] == d,
                 true,
             )
         })

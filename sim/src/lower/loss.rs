@@ -38,11 +38,16 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Loss) {
                 }
             }
             parts.sort_unstable();
-            // Partial slots in (row, tile) order, so each row's partials are contiguous.
-            let mut slots: Vec<(u64, TileId)> = parts.iter().map(|p| (p.0, p.1)).collect();
-            slots.dedup();
-            let slot_of =
-                |row: u64, tile: TileId| slots.partition_point(|&s| s < (row, tile)) as u64;
+            // Partial slots in (row, tile) order, so each row's partials are contiguous; each
+            // part carries its slot.
+            let mut slots: Vec<(u64, TileId)> = Vec::new();
+            let mut by_tile: Vec<(TileId, u64, u64, u64, u64)> = Vec::with_capacity(parts.len());
+            for &(row, tile, start, len) in &parts {
+                if slots.last() != Some(&(row, tile)) {
+                    slots.push((row, tile));
+                }
+                by_tile.push((tile, row, start, len, slots.len() as u64 - 1));
+            }
             let mapping = Mapping::from_intervals(
                 slots
                     .iter()
@@ -56,24 +61,20 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Loss) {
             );
             let n_slots = slots.len() as u64;
             let partials = l.temporary(i, "partials", DType::F32, 2 * n_slots, mapping);
-            let mut by_tile: Vec<(TileId, u64, u64, u64)> = parts
-                .iter()
-                .map(|&(row, tile, start, len)| (tile, row, start, len))
-                .collect();
             by_tile.sort_unstable();
             let stage1 = by_tile
                 .chunk_by(|a, b| a.0 == b.0)
                 .map(|g| {
-                    let tile = g[0].0;
                     let n: u64 = g.iter().map(|p| p.3).sum();
-                    let mut its_rows: Vec<u64> = g.iter().map(|p| p.1).collect();
+                    // (row, slot) of each row the tile holds part of.
+                    let mut its_rows: Vec<(u64, u64)> = g.iter().map(|p| (p.1, p.4)).collect();
                     its_rows.dedup();
                     let k = its_rows.len() as u64;
                     let mut reads: Vec<Region> =
                         g.iter().map(|p| Region::span(xt, p.2, p.3)).collect();
-                    reads.extend(its_rows.iter().map(|&r| Region::span(lt, r, 1)));
+                    reads.extend(its_rows.iter().map(|&(r, _)| Region::span(lt, r, 1)));
                     Vertex {
-                        tile,
+                        tile: g[0].0,
                         codelet: Codelet::CrossEntropy,
                         cycles: UnaryKind::Exp.cycles(cfg, n, dt)
                             + cost::reduce_cycles(cfg, k, n.div_ceil(k), dt),
@@ -81,7 +82,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Loss) {
                         writes: compress(
                             its_rows
                                 .iter()
-                                .map(|&r| Region::span(partials, 2 * slot_of(r, tile), 2))
+                                .map(|&(_, slot)| Region::span(partials, 2 * slot, 2))
                                 .collect(),
                         ),
                     }

@@ -248,6 +248,12 @@ pub(super) fn b_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> Mappi
     Mapping::from_intervals(iv)
 }
 
+/// The q-th of `pk` even shares of `n` elements, as `[start, end)` (empty past the end).
+fn share_span(n: u64, q: u64, pk: u64) -> Range {
+    let c = n.div_ceil(pk.max(1));
+    ((q * c).min(n), ((q + 1) * c).min(n))
+}
+
 /// The part of a `rows x cols` output block that the q-th of `pk` tiles reduces: an even
 /// share of the block's elements in memory order (row-major, or column-major when the output
 /// is contiguous along rows, `m_contiguous`), as the planner costs it, as up to three
@@ -266,9 +272,7 @@ fn reduce_share(
             .map(|(c0, c1, r0, r1)| (r0, r1, c0, c1))
             .collect();
     }
-    let n = rows * cols;
-    let c = n.div_ceil(pk.max(1));
-    let (s, e) = ((q * c).min(n), ((q + 1) * c).min(n));
+    let (s, e) = share_span(rows * cols, q, pk);
     let mut out = Vec::new();
     let mut i = s;
     while i < e {
@@ -446,22 +450,20 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
         }
         // Partial blocks are kept in the output's memory order, so this tile's share of each
         // is one span: the same one in every partial block of this output block.
-        let share = (rows * cols).div_ceil(pk_here.max(1));
-        let first = b.ik * share;
-        let len = share.min(rows * cols - first);
+        let (first, end) = share_span(rows * cols, b.ik, pk_here);
         let reads: Vec<Region> = (0..plan.pk)
             .filter_map(|q| offsets.get(&(b.g, b.im, q, b.i_n)))
-            .map(|&off| Region::span(partials, off + first, len))
+            .map(|&off| Region::span(partials, off + first, end - first))
             .collect();
-        let (mut writes, mut elements) = (Vec::new(), 0);
+        let mut writes = Vec::new();
         for &(r0, r1, c0, c1) in &pieces {
             writes.extend((p.out)(
                 b.g,
                 (b.m.0 + r0, b.m.0 + r1),
                 (b.n.0 + c0, b.n.0 + c1),
             ));
-            elements += (r1 - r0) * (c1 - c0);
         }
+        let elements = end - first;
         vertices.push(Vertex {
             tile: tile_of(b),
             codelet: Codelet::Reduce,

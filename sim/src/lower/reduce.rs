@@ -10,7 +10,7 @@ use tessera_core::{DType, NodeId, Shape, Storage};
 
 use super::{broadcast_reads, Lowering};
 use crate::cost::{self, UnaryKind};
-use crate::program::{compress, Codelet, Interval, Mapping, Region, TensorId, Vertex};
+use crate::program::{compress, Codelet, Interval, Mapping, Region, TensorId, TileId, Vertex};
 
 /// Row-major strides of a shape.
 fn strides(s: Shape) -> Vec<u64> {
@@ -174,9 +174,7 @@ pub(super) fn two_stage<S: Storage>(
         let next = count.div_ceil(INTERMEDIATE_FAN_IN);
         // Column chunks per group: enough pieces to use the tiles, each at least a grain.
         let grain = INTERMEDIATE_GRAIN.min(block);
-        let chunks = (u64::from(l.tile_count()) / next)
-            .clamp(1, block.div_ceil(grain))
-            .max(1);
+        let chunks = (u64::from(l.tile_count()) / next).clamp(1, block.div_ceil(grain));
         let width = block.div_ceil(chunks).div_ceil(grain) * grain;
         let mut pieces = Vec::new();
         for g in 0..next {
@@ -184,7 +182,7 @@ pub(super) fn two_stage<S: Storage>(
             let mut c0 = 0;
             while c0 < block {
                 let c1 = (c0 + width).min(block);
-                let tile = crate::program::TileId::wrapping(pieces.len() as u64, l.tile_count());
+                let tile = TileId::wrapping(pieces.len() as u64, l.tile_count());
                 pieces.push((tile, g, rows, c0, c1));
                 c0 = c1;
             }
