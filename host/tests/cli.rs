@@ -652,6 +652,38 @@ fn onnx_estimates_print_fit_memory_cycles_and_layers() {
     }
 }
 
+/// A model that does not fit, with `--no-search`: the estimate and its out-of-memory report,
+/// a non-zero exit, and no search for the fewest IPUs.
+#[test]
+fn onnx_no_search_reports_without_searching() {
+    let model = fixture("cnn.onnx");
+    let o = tessera(&[
+        "estimate",
+        &model,
+        "--batch-size",
+        "12000",
+        "--ipu",
+        "mk1",
+        "--json",
+        "--no-search",
+    ]);
+    assert!(!o.status.success());
+    let j = last_json(&o);
+    assert_eq!(j["fits"], false);
+    assert!(j["onnx"]["fewest_ipus"].is_null(), "{}", j["onnx"]);
+    let err = stderr(&o);
+    assert!(
+        err.contains("does not fit") && err.contains("out of memory: tile"),
+        "{err}"
+    );
+    assert!(!err.contains("automatic split"), "{err}");
+    // The flag is for ONNX models only.
+    assert_bad_option(
+        &tessera(&["estimate", "--no-search"]),
+        &["--no-search", "ONNX"],
+    );
+}
+
 #[test]
 fn onnx_bad_inputs_fail_on_one_line() {
     let dir = tempfile::tempdir().unwrap();

@@ -261,6 +261,10 @@ pub struct EstimateArgs {
     /// stages' cycles within each IPU's memory.
     #[arg(long)]
     pub pipeline_ipus: Option<usize>,
+    /// ONNX models: when the model does not fit, do not search for the fewest IPUs an
+    /// automatic split fits on (the search makes several estimates; sweeps want only this one).
+    #[arg(long)]
+    pub no_search: bool,
     /// ONNX models: the loss of training [default: auto, by the output's shape].
     #[arg(long, value_enum)]
     pub loss: Option<LossKind>,

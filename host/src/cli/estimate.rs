@@ -15,8 +15,9 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
     if is_onnx(&a.model.model) {
         return super::onnx::run(a);
     }
-    if !a.pipeline_stages.is_empty() || a.pipeline_ipus.is_some() || a.loss.is_some() {
-        return Err("--pipeline-stages, --pipeline-ipus and --loss apply to ONNX models; a model file places its layers with `stage`".into());
+    if !a.pipeline_stages.is_empty() || a.pipeline_ipus.is_some() || a.loss.is_some() || a.no_search
+    {
+        return Err("--pipeline-stages, --pipeline-ipus, --loss and --no-search apply to ONNX models; a model file places its layers with `stage`".into());
     }
     let model = load_model(&a.model.model)?;
     let opts = session_options(&a.model, &model)?;

@@ -123,7 +123,7 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
         }
     };
     let layers = layer_rows(&compiled, &e);
-    let fewest = if e.fits {
+    let fewest = if e.fits || a.no_search {
         None
     } else {
         if !a.json {
