@@ -13,7 +13,12 @@ use crate::program::{Codelet, Region};
 
 pub(super) fn placement(node: &tessera_core::Node, op: &Gather) -> Placement {
     match op {
-        Gather::Rows { .. } | Gather::ScatterAdd { .. } | Gather::OneHot { .. } => {
+        // Looked-up rows are cut into chunks that divide the row, spread over the tiles as
+        // poplibs' multiSlice plans split the embedding dimension: whole rows would put a
+        // sequence's activations (and everything laid out like them) on as many tiles as
+        // it has tokens.
+        Gather::Rows { .. } => Placement::Rows(1),
+        Gather::ScatterAdd { .. } | Gather::OneHot { .. } => {
             Placement::Rows(node.shape().last() as u64)
         }
     }

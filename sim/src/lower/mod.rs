@@ -67,6 +67,10 @@ pub(crate) enum Placement {
     Like(NodeId),
     /// Spread linearly in chunks that are multiples of this many elements.
     Rows(u64),
+    /// Spread linearly as if each element weighed this many bytes: a reduction's outputs by
+    /// the input each reduces, so the work (and the input each tile receives) is spread, not
+    /// only the outputs' own few bytes.
+    Weighted(u64),
     /// Laid out by the family itself (a matmul's plan).
     Own,
     /// No tensor of its own (a view, or an update).
@@ -93,6 +97,8 @@ pub(crate) struct Lowering<'a, S: Storage> {
     summaries: Option<Summaries>,
     /// Which tiles hold which regions, for summaries.
     locality: Locality,
+    /// Each cross-entropy's per-row statistics (by its logits node), which its gradient reads.
+    pub(crate) row_stats: Vec<(NodeId, TensorId)>,
 }
 
 /// Row segments of the rectangle rows `r0..r1` x cols `c0..c1` of a row-major matrix with
@@ -151,10 +157,15 @@ impl<'a, S: Storage> Lowering<'a, S> {
             .div_ceil(u64::from(self.tile_count().max(1)))
             .max(min_chunk);
         let mut grain = grain.max(1);
-        if cols > 1 && grain < cols {
+        // Row alignment matters only with more than one row, and only when a chunk that
+        // divides the row is near the even share: a row of prime-rich length (a vocabulary
+        // of 50,257) would otherwise land on a few tiles in huge chunks.
+        if cols > 1 && grain < cols && elements > cols {
             if per >= cols {
                 grain = cols;
-            } else if let Some(d) = (per..=cols).find(|d| cols % d == 0 && d % grain == 0) {
+            } else if let Some(d) =
+                (per..=cols.min(2 * per)).find(|d| cols % d == 0 && d % grain == 0)
+            {
                 min_chunk = d;
                 grain = d;
             }
@@ -406,8 +417,8 @@ impl<'a, S: Storage> Lowering<'a, S> {
             Op::Gather(g) => gather::placement(node, g),
             Op::Pool(_) | Op::Random(_) => Placement::Rows(1),
             Op::Softmax(s) => softmax::placement(node, s),
-            Op::Loss(l) => loss::placement(node, l),
-            Op::Reduce(_) => Placement::Rows(1),
+            Op::Loss(l) => loss::placement(l),
+            Op::Reduce(r) => reduce::placement(self, node, r),
             Op::Layout(l) => layout::placement(l),
             Op::Update(_) => Placement::Nothing,
             _ => Placement::Rows(1),
@@ -454,6 +465,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
                         self.tensors[self.t(x).index()].mapping.clone()
                     }
                     Placement::Rows(grain) => self.linear(elements, es, grain, cols),
+                    Placement::Weighted(bytes) => self.linear(elements, bytes.max(es), 1, cols),
                     _ => self.linear(elements, es, 1, cols),
                 }
             };
@@ -578,6 +590,7 @@ pub(crate) fn lower_with<S: Storage>(
         offloaded,
         summaries: summarize.then(Summaries::default),
         locality: Locality::default(),
+        row_stats: Vec::new(),
     };
     l.map_graph_tensors();
     for i in graph.ids() {

@@ -23,13 +23,16 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Norm) {
     let kept = tessera_core::ops::reduce::reduced(shape, axes, true);
     let groups = kept.elements() as u64;
     let per_group = (shape.elements() as u64 / groups.max(1)).max(1);
-    // Statistics, two f32 values per group (mean and 1/sd), spread over the tiles.
-    let mapping = l.linear(groups * 2, 4, 2, 1);
+    // Statistics, two f32 values per group (mean and 1/sd), spread over the tiles by the
+    // input each group reduces (as a reduction's output, see `Placement::Weighted`).
+    let per_value = (per_group * dt.size() as u64 / 2).max(4);
+    let mapping = l.linear(groups * 2, per_value, 2, 1);
     let stats = l.temporary(i, "statistics", DType::F32, groups * 2, mapping);
     let mut xs = vec![xt];
     xs.extend(dyt);
-    if reduce::two_stage_pays(groups, per_group) {
-        reduce::two_stage(l, i, &xs, shape, axes, stats, 2, passes);
+    if reduce::two_stage_pays(groups, per_group)
+        && reduce::two_stage(l, i, &xs, shape, axes, stats, 2, passes)
+    {
         normalize(l, i, &xs, stats, kept, passes);
         return;
     }

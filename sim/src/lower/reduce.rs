@@ -6,9 +6,9 @@
 //! operand's elements each output interval needs.
 
 use tessera_core::ops::reduce::Reduce;
-use tessera_core::{DType, NodeId, Shape, Storage};
+use tessera_core::{DType, Node, NodeId, Shape, Storage};
 
-use super::{broadcast_reads, Lowering};
+use super::{broadcast_reads, Lowering, Placement};
 use crate::cost::{self, UnaryKind};
 use crate::program::{compress, Codelet, Interval, Mapping, Region, TensorId, TileId, Vertex};
 
@@ -82,14 +82,19 @@ pub(super) fn reads(
 }
 
 /// Reductions to at most this many outputs, each of at least [`TWO_STAGE_MIN_LENGTH`]
-/// elements, run in two stages, as poplibs' multi-stage reductions do: every tile holding the
-/// input reduces its own elements into partials, then the tiles of the output reduce the
+/// elements, may run in two stages, as poplibs' multi-stage reductions do: every tile holding
+/// the input reduces its own elements into partials, then the tiles of the output reduce the
 /// partials. A one-stage reduction would gather a small output's whole input onto its few
 /// tiles. (Estimates of where poplibs' reduction planner switches.)
 pub(super) const TWO_STAGE_MAX_OUTPUTS: u64 = 4096;
 
 /// See [`TWO_STAGE_MAX_OUTPUTS`].
 pub(super) const TWO_STAGE_MIN_LENGTH: u64 = 64;
+
+/// The least factor by which the first stage must shrink the data (input elements per
+/// partial value, over all tiles) for a two-stage reduction to pay: below it the partials are
+/// as large as the input, and the first stage only adds a compute set and a copy. (Estimate.)
+pub(super) const TWO_STAGE_MIN_FACTOR: u64 = 2;
 
 /// The most partial blocks the last stage of a reduction reduces per output: while there are
 /// more, an intermediate stage reduces groups of this many. poplibs adds an
@@ -103,13 +108,140 @@ pub(super) const INTERMEDIATE_FAN_IN: u64 = 64;
 /// fp32 vectors of the accumulator's width, so vertices' setup stays below their work).
 pub(super) const INTERMEDIATE_GRAIN: u64 = 8;
 
-/// Whether a reduction to `outputs` values of `length` elements each runs in two stages.
+/// The most runs of the innermost axis [`group_hull`] walks before it settles for every group.
+const HULL_RUNS: u64 = 64;
+
+/// The groups (output elements) of a reduction of shape `sx` over `axes` that the input
+/// elements `start .. start + len` belong to, as their hull `g0 .. g1`: exact when the group
+/// index grows with the element index (the reduced axes are the innermost) or when the
+/// elements take at most [`HULL_RUNS`] runs of the innermost axis, else every group.
+pub(super) fn group_hull(
+    sx: Shape,
+    axes: tessera_core::ops::Axes,
+    start: u64,
+    len: u64,
+) -> (u64, u64) {
+    let r = sx.rank();
+    // Strides of each axis in the group (kept axes') index space.
+    let mut gst = vec![0u64; r];
+    let mut acc = 1u64;
+    for a in (0..r).rev() {
+        if !axes.contains(a) {
+            gst[a] = acc;
+            acc *= sx.dim(a) as u64;
+        }
+    }
+    let groups = acc;
+    if len == 0 || r == 0 {
+        return (0, groups.min(1));
+    }
+    let group_of = |e: u64| {
+        let (mut rem, mut g) = (e, 0u64);
+        for a in (0..r).rev() {
+            let d = sx.dim(a) as u64;
+            g += (rem % d) * gst[a];
+            rem /= d;
+        }
+        g
+    };
+    // The innermost axis that is reduced, and whether any kept axis is inside it.
+    let monotonic = {
+        let first_reduced = (0..r).find(|&a| axes.contains(a));
+        first_reduced.is_none_or(|f| (f..r).all(|a| axes.contains(a)))
+    };
+    if monotonic {
+        return (group_of(start), group_of(start + len - 1) + 1);
+    }
+    let last = sx.dim(r - 1) as u64;
+    if len / last.max(1) + 2 > HULL_RUNS {
+        return (0, groups);
+    }
+    let last_kept = !axes.contains(r - 1);
+    let (mut g0, mut g1) = (u64::MAX, 0u64);
+    let mut e = start;
+    while e < start + len {
+        let run = (last - e % last).min(start + len - e);
+        let g = group_of(e);
+        let span = if last_kept { run } else { 1 };
+        g0 = g0.min(g);
+        g1 = g1.max(g + span);
+        e += run;
+    }
+    (g0, g1)
+}
+
+/// Whether a reduction to `outputs` values of `length` elements each is one that may run in
+/// two stages (see [`two_stage`], which also checks that its first stage pays).
 pub(super) fn two_stage_pays(outputs: u64, length: u64) -> bool {
     outputs <= TWO_STAGE_MAX_OUTPUTS && length >= TWO_STAGE_MIN_LENGTH
 }
 
+/// A tile's intervals of a reduction's input and the hulls of the groups they touch.
+type TileHulls<'a> = (&'a [Interval], Vec<(u64, u64)>);
+
+/// A block of partial values: values `v0 .. v1` of the output, at `offset` in its tensor.
+#[derive(Clone, Copy)]
+struct Piece {
+    tensor: TensorId,
+    v0: u64,
+    v1: u64,
+    offset: u64,
+}
+
+impl Piece {
+    /// The part of this piece covering output values `a .. b`, if any.
+    fn overlap(&self, a: u64, b: u64) -> Option<Region> {
+        let (s, e) = (self.v0.max(a), self.v1.min(b));
+        (s < e).then(|| Region::span(self.tensor, self.offset + s - self.v0, e - s))
+    }
+}
+
+/// The most pieces covering any one output value.
+fn max_depth(pieces: &[Piece]) -> u64 {
+    let mut ends: Vec<(u64, i64)> = pieces
+        .iter()
+        .flat_map(|p| [(p.v0, 1), (p.v1, -1)])
+        .collect();
+    ends.sort_unstable();
+    let (mut depth, mut most) = (0i64, 0i64);
+    for (_, d) in ends {
+        depth += d;
+        most = most.max(depth);
+    }
+    most as u64
+}
+
+/// For each of the disjoint ranges `ranges` (sorted by start), the pieces overlapping it,
+/// by a sweep over the pieces sorted by their first value.
+fn overlaps(pieces: &mut [Piece], ranges: &[(u64, u64)]) -> Vec<Vec<Region>> {
+    pieces.sort_by_key(|p| (p.v0, p.v1));
+    let mut next = 0;
+    let mut active: Vec<Piece> = Vec::new();
+    ranges
+        .iter()
+        .map(|&(a, b)| {
+            while next < pieces.len() && pieces[next].v0 < b {
+                active.push(pieces[next]);
+                next += 1;
+            }
+            active.retain(|p| p.v1 > a);
+            active.iter().filter_map(|p| p.overlap(a, b)).collect()
+        })
+        .collect()
+}
+
 /// A two-stage reduction of the tensors `xs` (all of shape `sx`, reduced over `axes`) into
-/// `out`, which holds `values` values per group; `passes` reductions per element.
+/// `out`, which holds `values` values per group; `passes` reductions per element. Returns
+/// `false`, lowering nothing, when its first stage would not pay (see
+/// [`TWO_STAGE_MIN_FACTOR`]).
+///
+/// Each tile holding the input reduces its elements into a partial block covering the hull
+/// of the groups it touches (not every group: a tile holding one row of a layer norm's input
+/// writes that row's partials only). While some output value has more than
+/// [`INTERMEDIATE_FAN_IN`] partials, an intermediate stage reduces the blocks, taken in
+/// order of their first value in groups of that many, into one block per group (its hull),
+/// cut into column chunks spread over the tiles. The last stage reduces, on each tile of the
+/// output, the parts of the blocks covering its values.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn two_stage<S: Storage>(
     l: &mut Lowering<'_, S>,
@@ -120,122 +252,211 @@ pub(super) fn two_stage<S: Storage>(
     out: TensorId,
     values: u64,
     passes: u64,
-) {
+) -> bool {
     let cfg = l.cfg;
     let dt = l.node(i).dtype();
-    let groups = tessera_core::ops::reduce::reduced(sx, axes, true).elements() as u64;
-    let block = groups * values;
-    // Stage 1: per tile holding the input, a partial block of every group's values.
+    // Stage 1: per tile holding the input, partial blocks over the groups it touches (the
+    // hulls of its intervals' groups, merged where they touch).
     let mut ivs: Vec<Interval> = l.tensors[xs[0].index()].mapping.intervals().to_vec();
     ivs.sort_by_key(|iv| (iv.tile, iv.start));
-    let tiles: Vec<Vec<Interval>> = ivs
+    let tiles: Vec<TileHulls<'_>> = ivs
         .chunk_by(|a, b| a.tile == b.tile)
-        .map(<[Interval]>::to_vec)
+        .map(|g| {
+            let mut hulls: Vec<(u64, u64)> = g
+                .iter()
+                .map(|iv| group_hull(sx, axes, iv.start, iv.len))
+                .collect();
+            hulls.sort_unstable();
+            let mut merged: Vec<(u64, u64)> = Vec::with_capacity(hulls.len());
+            for (a, b) in hulls {
+                match merged.last_mut() {
+                    Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                    _ => merged.push((a, b)),
+                }
+            }
+            (g, merged)
+        })
         .collect();
-    let mapping = Mapping::from_intervals(
-        tiles
-            .iter()
-            .enumerate()
-            .map(|(t, g)| Interval {
+    let inputs: u64 = tiles.iter().flat_map(|t| t.0).map(|iv| iv.len).sum();
+    let widths: u64 = tiles
+        .iter()
+        .flat_map(|t| &t.1)
+        .map(|&(g0, g1)| g1 - g0)
+        .sum();
+    if inputs < TWO_STAGE_MIN_FACTOR * widths {
+        return false;
+    }
+    let mut offset = 0;
+    let mut pieces = Vec::new();
+    let mut layout = Vec::new();
+    let mut first_piece = Vec::with_capacity(tiles.len() + 1);
+    for (g, hulls) in &tiles {
+        first_piece.push(pieces.len());
+        for &(g0, g1) in hulls {
+            let w = (g1 - g0) * values;
+            layout.push(Interval {
                 tile: g[0].tile,
-                start: t as u64 * block,
-                len: block,
-            })
-            .collect(),
+                start: offset,
+                len: w,
+            });
+            pieces.push((g0 * values, g1 * values, offset));
+            offset += w;
+        }
+    }
+    first_piece.push(pieces.len());
+    let partials = l.temporary(
+        i,
+        "partials",
+        DType::F32,
+        offset,
+        Mapping::from_intervals(layout),
     );
-    let count = tiles.len() as u64;
-    let partials = l.temporary(i, "partials", DType::F32, count * block, mapping);
     let stage1 = tiles
         .iter()
         .enumerate()
-        .map(|(t, g)| {
+        .map(|(t, (g, hulls))| {
             let n: u64 = g.iter().map(|iv| iv.len).sum();
-            let touched = groups.min(n).max(1);
+            let touched = hulls.iter().map(|&(a, b)| b - a).sum::<u64>().max(1);
+            let mine = &pieces[first_piece[t]..first_piece[t + 1]];
             Vertex {
                 tile: g[0].tile,
                 codelet: Codelet::Reduce,
-                cycles: passes * cost::reduce_cycles(cfg, touched, n.div_ceil(touched), dt),
+                cycles: passes * cost::reduce_cycles(cfg, touched, n.div_ceil(touched), dt)
+                    + super::REGION_OVERHEAD_CYCLES * (mine.len() as u64).saturating_sub(1),
                 reads: xs
                     .iter()
                     .flat_map(|&x| g.iter().map(move |iv| Region::span(x, iv.start, iv.len)))
                     .collect(),
-                writes: vec![Region::span(partials, t as u64 * block, block)],
+                writes: compress(
+                    mine.iter()
+                        .map(|&(v0, v1, off)| Region::span(partials, off, v1 - v0))
+                        .collect(),
+                ),
             }
         })
         .collect();
     l.compute(i, "partials", stage1);
-    // Intermediate stages while the partials are many (more than INTERMEDIATE_FAN_IN per
-    // output): each reduces groups of up to that many partial blocks, its columns spread over
-    // the tiles, into one block per group.
-    let (mut partials, mut count) = (partials, count);
+    let mut pieces: Vec<Piece> = pieces
+        .into_iter()
+        .map(|(v0, v1, offset)| Piece {
+            tensor: partials,
+            v0,
+            v1,
+            offset,
+        })
+        .collect();
+    // Intermediate stages while some value has more than INTERMEDIATE_FAN_IN partials.
     let mut stage = 0;
-    while count > INTERMEDIATE_FAN_IN {
+    while max_depth(&pieces) > INTERMEDIATE_FAN_IN {
         stage += 1;
-        let next = count.div_ceil(INTERMEDIATE_FAN_IN);
+        pieces.sort_by_key(|p| (p.v0, p.v1));
+        let groups: Vec<&[Piece]> = pieces.chunks(INTERMEDIATE_FAN_IN as usize).collect();
         // Column chunks per group: enough pieces to use the tiles, each at least a grain.
-        let grain = INTERMEDIATE_GRAIN.min(block);
-        let chunks = (u64::from(l.tile_count()) / next).clamp(1, block.div_ceil(grain));
-        let width = block.div_ceil(chunks).div_ceil(grain) * grain;
-        let mut pieces = Vec::new();
-        for g in 0..next {
-            let rows = INTERMEDIATE_FAN_IN.min(count - g * INTERMEDIATE_FAN_IN);
-            let mut c0 = 0;
-            while c0 < block {
-                let c1 = (c0 + width).min(block);
-                let tile = TileId::wrapping(pieces.len() as u64, l.tile_count());
-                pieces.push((tile, g, rows, c0, c1));
-                c0 = c1;
+        let chunks_per = (u64::from(l.tile_count()) / groups.len() as u64).max(1);
+        let mut chunks: Vec<(usize, u64, u64)> = Vec::new();
+        let mut hulls = Vec::with_capacity(groups.len());
+        let mut offset = 0;
+        for (k, grp) in groups.iter().enumerate() {
+            let h0 = grp.iter().map(|p| p.v0).min().unwrap_or(0);
+            let h1 = grp.iter().map(|p| p.v1).max().unwrap_or(0);
+            let width = h1 - h0;
+            let grain = INTERMEDIATE_GRAIN.min(width.max(1));
+            let n = chunks_per.clamp(1, width.div_ceil(grain).max(1));
+            let w = width.div_ceil(n).div_ceil(grain) * grain;
+            let mut c = h0;
+            while c < h1 {
+                let e = (c + w).min(h1);
+                chunks.push((k, c, e));
+                c = e;
             }
+            hulls.push((h0, h1, offset));
+            offset += width;
         }
+        let first = l.cursor;
+        let tile_of = |n: usize| TileId::wrapping(u64::from(first) + n as u64, cfg.tiles);
         let mapping = Mapping::from_intervals(
-            pieces
+            chunks
                 .iter()
-                .map(|&(tile, g, _, c0, c1)| Interval {
-                    tile,
-                    start: g * block + c0,
+                .enumerate()
+                .map(|(n, &(k, c0, c1))| Interval {
+                    tile: tile_of(n),
+                    start: hulls[k].2 + c0 - hulls[k].0,
                     len: c1 - c0,
                 })
                 .collect(),
         );
+        l.cursor = tile_of(chunks.len()).0;
         let reduced = l.temporary(
             i,
             &format!("intermediate{stage}"),
             DType::F32,
-            next * block,
+            offset,
             mapping,
         );
-        let vertices = pieces
+        let vertices = chunks
             .iter()
-            .map(|&(tile, g, rows, c0, c1)| Vertex {
-                tile,
-                codelet: Codelet::Reduce,
-                cycles: cost::reduce_cycles(cfg, c1 - c0, rows, DType::F32),
-                reads: vec![Region::strided(
-                    partials,
-                    g * INTERMEDIATE_FAN_IN * block + c0,
-                    c1 - c0,
-                    rows,
-                    block,
-                )],
-                writes: vec![Region::span(reduced, g * block + c0, c1 - c0)],
+            .enumerate()
+            .map(|(n, &(k, c0, c1))| {
+                let reads: Vec<Region> =
+                    groups[k].iter().filter_map(|p| p.overlap(c0, c1)).collect();
+                let read: u64 = reads.iter().map(|r| r.len).sum();
+                let w = c1 - c0;
+                Vertex {
+                    tile: tile_of(n),
+                    codelet: Codelet::Reduce,
+                    cycles: cost::reduce_cycles(cfg, w, read.div_ceil(w.max(1)), DType::F32)
+                        + super::REGION_OVERHEAD_CYCLES * (reads.len() as u64).saturating_sub(1),
+                    reads: compress(reads),
+                    writes: vec![Region::span(reduced, hulls[k].2 + c0 - hulls[k].0, w)],
+                }
             })
             .collect();
         l.compute(i, &format!("intermediate{stage}"), vertices);
-        (partials, count) = (reduced, next);
+        pieces = hulls
+            .iter()
+            .map(|&(v0, v1, offset)| Piece {
+                tensor: reduced,
+                v0,
+                v1,
+                offset,
+            })
+            .collect();
     }
-    // Last stage: each tile of the output reduces its values over the partial blocks.
-    let outs: Vec<Interval> = l.tensors[out.index()].mapping.intervals().to_vec();
+    // Last stage: each tile of the output reduces its values over the pieces covering them.
+    let mut outs: Vec<Interval> = l.tensors[out.index()].mapping.intervals().to_vec();
+    outs.sort_by_key(|iv| iv.start);
+    let ranges: Vec<(u64, u64)> = outs.iter().map(|iv| (iv.start, iv.end())).collect();
+    let reads = overlaps(&mut pieces, &ranges);
     let stage2 = outs
         .iter()
-        .map(|iv| Vertex {
-            tile: iv.tile,
-            codelet: Codelet::Reduce,
-            cycles: cost::reduce_cycles(cfg, iv.len, count, DType::F32),
-            reads: vec![Region::strided(partials, iv.start, iv.len, count, block)],
-            writes: vec![Region::span(out, iv.start, iv.len)],
+        .zip(reads)
+        .map(|(iv, reads)| {
+            let read: u64 = reads.iter().map(|r| r.len).sum();
+            Vertex {
+                tile: iv.tile,
+                codelet: Codelet::Reduce,
+                cycles: cost::reduce_cycles(cfg, iv.len, read.div_ceil(iv.len.max(1)), DType::F32)
+                    + super::REGION_OVERHEAD_CYCLES * (reads.len() as u64).saturating_sub(1),
+                reads: compress(reads),
+                writes: vec![Region::span(out, iv.start, iv.len)],
+            }
         })
         .collect();
     l.compute(i, "reduce", stage2);
+    true
+}
+
+/// A reduction's output is spread by the input each element reduces (see
+/// [`Placement::Weighted`]); a broadcast's like any new tensor.
+pub(super) fn placement<S: Storage>(l: &Lowering<'_, S>, node: &Node, op: &Reduce) -> Placement {
+    match *op {
+        Reduce::Reduce { x, .. } => {
+            let xn = l.node(x);
+            let per_output = (xn.shape().elements() / node.shape().elements().max(1)) as u64;
+            Placement::Weighted(per_output * xn.dtype().size() as u64)
+        }
+        _ => Placement::Rows(1),
+    }
 }
 
 pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Reduce) {
@@ -263,8 +484,9 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Reduce)
         Reduce::Reduce { x, axes, .. } => {
             let (xt, sx) = (l.t(x), l.node(x).shape());
             let per_output = (sx.elements() / so.elements().max(1)) as u64;
-            if two_stage_pays(so.elements() as u64, per_output) {
-                two_stage(l, i, &[xt], sx, axes, out, 1, 1);
+            if two_stage_pays(so.elements() as u64, per_output)
+                && two_stage(l, i, &[xt], sx, axes, out, 1, 1)
+            {
                 return;
             }
             let ivs: Vec<Interval> = l.tensors[out.index()].mapping.intervals().to_vec();
@@ -288,21 +510,26 @@ mod tests {
     use tessera_core::ops::reduce::ReduceKind;
     use tessera_core::{DType, Graph, Plan};
 
-    use super::INTERMEDIATE_FAN_IN;
+    use proptest::prelude::*;
+    use tessera_core::ops::Axes;
+    use tessera_core::Shape;
+
+    use super::{group_hull, INTERMEDIATE_FAN_IN};
     use crate::heap::Heap;
     use crate::lower::{lower, LowerOptions};
     use crate::machine::{IpuConfig, Preset};
     use crate::program::Step;
 
-    /// A reduction whose input is spread over every tile reduces its per-tile partials in
-    /// intermediate stages, so no vertex of a stage reduces more than the fan-in of partial
-    /// blocks, and the program still checks.
+    /// A reduction whose input is spread over every tile, each tile touching every output (a
+    /// column sum), reduces its per-tile partials in intermediate stages, so no vertex after
+    /// the first stage reads more than the fan-in of partial blocks, and the program still
+    /// checks.
     #[test]
     fn many_partials_reduce_in_intermediate_stages() {
         let cfg = IpuConfig::preset(Preset::Mk2);
         let mut g: Graph<Heap> = Graph::new();
-        let x = g.input("x", &[64, 8192], DType::F32).unwrap();
-        g.reduce("mean", x, &[1], false, ReduceKind::Mean).unwrap();
+        let x = g.input("x", &[8192, 64], DType::F32).unwrap();
+        g.reduce("mean", x, &[0], false, ReduceKind::Mean).unwrap();
         let plan = Plan::new(&g).unwrap();
         let p = lower(&plan, &cfg, LowerOptions::default());
         crate::check::check(&p).unwrap();
@@ -331,10 +558,75 @@ mod tests {
             if let Step::Compute(cs) = s {
                 if cs.name != "mean/partials" {
                     for v in &cs.vertices {
-                        assert!(v.reads.iter().all(|r| r.rows <= INTERMEDIATE_FAN_IN));
+                        let runs: u64 = v.reads.iter().map(|r| r.rows).sum();
+                        assert!(runs <= INTERMEDIATE_FAN_IN, "{}: {runs} runs", cs.name);
                     }
                 }
             }
+        }
+    }
+
+    /// A row reduction (each tile holding part of one or two rows) writes partials for the
+    /// rows each tile touches only: a couple of values per tile, not one per output.
+    #[test]
+    fn partials_cover_only_the_groups_a_tile_touches() {
+        let cfg = IpuConfig::preset(Preset::Mk2);
+        let mut g: Graph<Heap> = Graph::new();
+        let x = g.input("x", &[64, 8192], DType::F32).unwrap();
+        g.reduce("sum", x, &[1], false, ReduceKind::Sum).unwrap();
+        let plan = Plan::new(&g).unwrap();
+        let p = lower(&plan, &cfg, LowerOptions::default());
+        crate::check::check(&p).unwrap();
+        let partials = p.tensors.iter().find(|t| t.name == "sum/partials").unwrap();
+        let tiles = p.tensors[0].mapping.tile_count() as u64;
+        assert!(
+            partials.elements <= 2 * tiles,
+            "{} partials",
+            partials.elements
+        );
+        assert!(partials.elements >= tiles);
+    }
+
+    /// The groups of every element of a span, by brute force.
+    fn groups_of(sx: Shape, axes: Axes, start: u64, len: u64) -> Vec<u64> {
+        let r = sx.rank();
+        (start..start + len)
+            .map(|e| {
+                let (mut rem, mut g, mut mul) = (e, 0u64, 1u64);
+                for a in (0..r).rev() {
+                    let d = sx.dim(a) as u64;
+                    if !axes.contains(a) {
+                        g += (rem % d) * mul;
+                        mul *= d;
+                    }
+                    rem /= d;
+                }
+                g
+            })
+            .collect()
+    }
+
+    proptest! {
+        /// The hull holds every group the span's elements belong to, and is tight (its ends
+        /// are groups of the span) unless it is every group.
+        #[test]
+        fn group_hull_covers_the_span(
+            dims in proptest::collection::vec(1u32..6, 1..5),
+            mask in 0u8..16,
+            a in 0u64..10_000,
+            b in 0u64..10_000,
+        ) {
+            let sx = Shape::new(&dims.iter().map(|&d| d as usize).collect::<Vec<_>>()).unwrap();
+            let n = sx.elements() as u64;
+            let axes = Axes(mask & ((1 << dims.len()) - 1));
+            let (start, end) = (a % n, b % n);
+            let (start, len) = (start.min(end), start.max(end) - start.min(end) + 1);
+            let gs = groups_of(sx, axes, start, len);
+            let (g0, g1) = group_hull(sx, axes, start, len);
+            let (lo, hi) = (*gs.iter().min().unwrap(), *gs.iter().max().unwrap());
+            prop_assert!(g0 <= lo && hi < g1, "hull {g0}..{g1}, groups {lo}..={hi}");
+            let groups = tessera_core::ops::reduce::reduced(sx, axes, false).elements() as u64;
+            prop_assert!((g0 == lo && g1 == hi + 1) || (g0 == 0 && g1 == groups));
         }
     }
 }
