@@ -9,7 +9,7 @@ use tessera::core::models::{mnist_mlp, mnist_mlp_pipelined};
 use tessera::core::schedule::Schedule;
 use tessera::core::{Accumulation, Activation, DType, Fixed, Graph, Optimizer, Plan};
 use tessera::sim::runner::PipelineRunner;
-use tessera::sim::{estimate, EstimateOptions, IpuConfig, Preset};
+use tessera::sim::{estimate, estimate_only, EstimateOptions, IpuConfig, Preset};
 
 fn classifier() -> Plan<Fixed<96>> {
     let mut g: Graph<Fixed<96>> = Graph::new();
@@ -141,6 +141,10 @@ fn lower(c: &mut Criterion) {
     };
     group.bench_function("estimate-only without the checker", |b| {
         b.iter(|| estimate(&plan, &mk2, &unchecked).unwrap())
+    });
+    // What sweeps and `tessera estimate` use: exchanges kept as summaries, no transfers.
+    group.bench_function("summaries (estimate_only)", |b| {
+        b.iter(|| estimate_only(&plan, &mk2, &unchecked).unwrap())
     });
     group.finish();
 }

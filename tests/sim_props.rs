@@ -1,6 +1,7 @@
 //! Properties of the lowering on random small graphs: the checker accepts every program the
 //! lowering makes; removing any exchange makes it reject the program; an accepted program's
-//! tiles never exceed their SRAM; the engine's numerics equal the core's.
+//! tiles never exceed their SRAM; the estimate-only path equals the full one; the engine's
+//! numerics equal the core's.
 // Run errors carry node names inline (see the core); closures returning them are fine here.
 #![allow(clippy::result_large_err)]
 
@@ -14,7 +15,7 @@ use tessera::sim::check::{check, CheckError};
 use tessera::sim::lower::{lower, LowerOptions};
 use tessera::sim::program::{Step, TileId};
 use tessera::sim::runner::PipelineRunner;
-use tessera::sim::{estimate, EstimateOptions, IpuConfig, Preset, SimError};
+use tessera::sim::{estimate, estimate_only, EstimateOptions, IpuConfig, Preset, SimError};
 
 /// A small machine so random graphs spread over several tiles and sometimes overflow them.
 fn small_ipu(tiles: u32, sram: u64) -> IpuConfig {
@@ -68,6 +69,28 @@ proptest! {
             }
             Err(other) => prop_assert!(false, "unexpected error {}", other),
         }
+    }
+
+    /// The estimate-only path (exchanges kept as summaries, no transfers) gives exactly the
+    /// estimate of the full lowering, fitting or not.
+    #[test]
+    fn estimate_only_equals_the_full_estimate(
+        rows in 1usize..6, cols in 1usize..40, s in steps(), train in any::<bool>(),
+        tiles in 1u32..24, sram in 2_000u64..200_000, inference in any::<bool>(),
+        chunk in prop_oneof![Just(4u64), Just(16), Just(128)], offload in any::<bool>(),
+    ) {
+        let Some(g) = build(rows, cols, &s, train) else { return Ok(()) };
+        let plan = Plan::new(&g).unwrap();
+        let cfg = small_ipu(tiles, sram);
+        let opts = EstimateOptions {
+            allow_out_of_memory: true,
+            inference,
+            lower: LowerOptions { min_chunk_bytes: chunk, offload_optimizer_state: offload },
+            ..Default::default()
+        };
+        let (_, full) = estimate(&plan, &cfg, &opts).unwrap();
+        let fast = estimate_only(&plan, &cfg, &opts).unwrap();
+        prop_assert_eq!(full, fast);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::cost;
 use crate::exchange::Summaries;
 use crate::lower::{lower, LowerOptions};
 use crate::machine::{IpuConfig, MachineError};
-use crate::memory::{account, check_fits, MemoryReport, OutOfMemory, TileMemory};
+use crate::memory::{account_with, check_fits, MemoryReport, OutOfMemory, TileMemory};
 use crate::program::{Program, Step};
 
 /// Cycles of one step, by phase.
@@ -355,7 +355,17 @@ pub fn estimate_program(
     cfg: &IpuConfig,
     opts: &EstimateOptions,
 ) -> Result<Estimate, SimError> {
-    let report = account(program, cfg.sram_bytes_per_tile);
+    estimate_program_with(program, &Summaries::default(), cfg, opts)
+}
+
+/// [`estimate_program`] of a program whose exchanges may be kept as summaries.
+fn estimate_program_with(
+    program: &Program,
+    summaries: &Summaries,
+    cfg: &IpuConfig,
+    opts: &EstimateOptions,
+) -> Result<Estimate, SimError> {
+    let report = account_with(program, summaries, cfg.sram_bytes_per_tile);
     let oom = check_fits(program, &report).err();
     if let (Some(e), false) = (&oom, opts.allow_out_of_memory) {
         return Err(SimError::OutOfMemory(e.clone()));
@@ -368,7 +378,7 @@ pub fn estimate_program(
     } else {
         program.steps.len()
     };
-    let (cycles, exchanged_bytes, trace) = cost_steps(program, cfg, 0..end);
+    let (cycles, exchanged_bytes, trace) = cost_steps_with(program, summaries, cfg, 0..end);
     let total = cycles.total();
     let seconds = cfg.cycles_to_seconds(total);
     Ok(Estimate {
@@ -410,4 +420,21 @@ pub fn estimate<S: Storage>(
     }
     let e = estimate_program(&program, cfg, opts)?;
     Ok((program, e))
+}
+
+/// The estimate of `plan` on one IPU without the program: lowering keeps only the summaries of
+/// its exchanges (what the estimate needs), not their transfers, and the program is not
+/// checked (`opts.verify` is ignored). Equal to [`estimate`]'s estimate; the path for sweeps.
+///
+/// # Errors
+///
+/// As [`estimate`], less [`SimError::Check`].
+pub fn estimate_only<S: Storage>(
+    plan: &Plan<S>,
+    cfg: &IpuConfig,
+    opts: &EstimateOptions,
+) -> Result<Estimate, SimError> {
+    cfg.validate().map_err(SimError::Machine)?;
+    let (program, summaries) = crate::lower::lower_with(plan, cfg, opts.lower, &|_| true, true);
+    estimate_program_with(&program, &summaries, cfg, opts)
 }

@@ -46,7 +46,7 @@ pub mod runner;
 pub mod system;
 
 pub use cost::UnaryKind;
-pub use estimate::{estimate, Estimate, EstimateOptions, SimError};
+pub use estimate::{estimate, estimate_only, Estimate, EstimateOptions, SimError};
 pub use heap::{Heap, HEAP_CAPACITY};
 pub use machine::{IpuConfig, MachineError, Preset, SystemConfig, UnknownPreset};
 

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use tessera_core::{DType, Fixed, Graph, GraphError, Init, Plan, PlanError};
 
 use crate::cost;
-use crate::estimate::{estimate, EstimateOptions, SimError};
+use crate::estimate::{estimate_only, EstimateOptions, SimError};
 use crate::machine::IpuConfig;
 
 /// The estimate of one op.
@@ -75,7 +75,7 @@ fn run(
         allow_out_of_memory: true,
         ..Default::default()
     };
-    let (_, e) = estimate(&plan, cfg, &opts).map_err(|e| OpError::Sim(Box::new(e)))?;
+    let e = estimate_only(&plan, cfg, &opts).map_err(|e| OpError::Sim(Box::new(e)))?;
     let ipu = &e.ipus[0];
     // The fixed per-tile costs of an otherwise idle tile (stack, control code) are not the op's.
     let idle = |t: &crate::memory::TileMemory| {
