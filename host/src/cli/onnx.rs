@@ -54,8 +54,12 @@ struct ImportFacts {
 struct FewestIpus {
     /// The fewest IPUs an automatic split fits on, if any up to the limit.
     ipus: Option<usize>,
-    /// The most IPUs tried.
+    /// The most IPUs the search would try.
     limit: usize,
+    /// The most IPUs it tried.
+    tried_up_to: usize,
+    /// Why it stopped before the limit without a fit, if it did.
+    stopped: Option<String>,
     boundaries: Vec<String>,
 }
 
@@ -135,9 +139,11 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
         };
         let found = fewest_ipus(&model, &so, &oo, &p)?;
         Some(FewestIpus {
-            ipus: found.as_ref().map(|s| s.info.ipus),
+            ipus: found.split.as_ref().map(|s| s.info.ipus),
             limit: MAX_IPUS,
-            boundaries: found.map(|s| s.info.boundaries).unwrap_or_default(),
+            tried_up_to: found.tried_up_to,
+            stopped: found.stopped,
+            boundaries: found.split.map(|s| s.info.boundaries).unwrap_or_default(),
         })
     };
     let machine = compiled.machine.clone();
@@ -202,8 +208,14 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
                     f.boundaries.join(", ")
                 ),
                 None => eprintln!(
-                    "no automatic split fits on up to {} IPUs (try --dtype f16, --offload-optimizer-state, --recompute or a smaller --batch-size)",
-                    f.limit
+                    "{} (try --dtype f16, --offload-optimizer-state, --recompute or a smaller --batch-size)",
+                    match &f.stopped {
+                        Some(why) => format!(
+                            "no automatic split fits: the search stopped at {} IPUs, as {why}",
+                            f.tried_up_to
+                        ),
+                        None => format!("no automatic split fits on up to {} IPUs", f.limit),
+                    }
                 ),
             }
         }

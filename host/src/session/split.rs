@@ -10,9 +10,10 @@
 //!    optimizer's state unless offloaded). [`partition`] finds the contiguous split that
 //!    minimises the most expensive stage with every stage's memory under a cap (dynamic
 //!    programming, exact; `tests` compares it with an exhaustive search).
-//! 3. The split is estimated for real. If an IPU overflows, the cap shrinks by a fifth and
-//!    the split is redone (activations, stashes and code take what weights leave), up to
-//!    [`RETRIES`] times; the last split is returned either way, with its estimate.
+//! 3. The split is estimated for real. If an IPU overflows while another has room, the cap
+//!    shrinks by a fifth and the split is redone (activations, stashes and code take what
+//!    weights leave), up to [`RETRIES`] times; the last split is returned either way, with its
+//!    estimate.
 //!
 //! The pipeline's own balance (stash depths, idle time) is the estimate's, not the split's:
 //! the split only equalises the stages' cycles.
@@ -299,6 +300,10 @@ pub fn split(
                 .collect()
         };
         let fits = estimate.fits;
+        let room = estimate
+            .ipus
+            .iter()
+            .any(|i| i.max_tile_bytes <= machine.sram_bytes_per_tile);
         let info = SplitInfo {
             ipus: n,
             boundaries,
@@ -312,7 +317,9 @@ pub fn split(
             estimate,
             info,
         });
-        if fits || n == 1 {
+        // A smaller cap moves weights from the IPUs that overflow to those with room: when
+        // none has room, no rebalancing makes the split fit.
+        if fits || n == 1 || !room {
             break;
         }
         cap = cap / 5 * 4;
@@ -320,9 +327,27 @@ pub fn split(
     last.ok_or_else(|| opt_err("--pipeline-ipus", "no attempt was made".into()))
 }
 
+/// The least share by which doubling the IPUs must shrink the fullest tile for the search to
+/// go on doubling: when twice the IPUs leave the fullest tile above this share of what it
+/// was, its peak is in something a pipeline split does not divide (one node's activations or
+/// weights), and more IPUs will not make it fit. (Estimate: a split into twice the stages
+/// halves each stage's weights and stashes; 10% allows for code and buffers that do not.)
+pub const STOP_SHRINK: f64 = 0.9;
+
+/// What the fewest-IPUs search found.
+pub struct FewestIpus {
+    /// The split on the fewest IPUs that fits, if any.
+    pub split: Option<Split>,
+    /// The most IPUs tried.
+    pub tried_up_to: usize,
+    /// Why the search stopped before [`MAX_IPUS`] without a fit, when it did.
+    pub stopped: Option<String>,
+}
+
 /// The fewest IPUs (up to [`MAX_IPUS`]) on which an automatic split fits: doubling, then
-/// bisecting between the last that did not fit and the first that did. `None` when even
-/// [`MAX_IPUS`] does not fit.
+/// bisecting between the last that did not fit and the first that did. The doubling stops
+/// early when twice the IPUs do not shrink the fullest tile below [`STOP_SHRINK`] of what it
+/// was: splitting further would not make the model fit.
 ///
 /// # Errors
 ///
@@ -332,33 +357,56 @@ pub fn fewest_ipus(
     so: &SessionOptions,
     oo: &OnnxOptions,
     profile: &Profile,
-) -> Result<Option<Split>, SessionError> {
-    let try_n = |n: usize| -> Result<Option<Split>, SessionError> {
+) -> Result<FewestIpus, SessionError> {
+    // The split on n IPUs, and its fullest tile's bytes when it was made.
+    let try_n = |n: usize| -> Result<(Option<Split>, Option<u64>), SessionError> {
         let mut so = so.clone();
         // Pipelines need enough micro-batches per update to fill.
         so.gradient_accumulation_count = so.gradient_accumulation_count.max(2 * n);
         match split(model, &so, oo, n, profile) {
-            Ok(s) if s.estimate.fits => Ok(Some(s)),
-            Ok(_) | Err(SessionError::Option { .. }) => Ok(None),
+            Ok(s) => {
+                let worst = s.estimate.ipus.iter().map(|i| i.max_tile_bytes).max();
+                Ok((s.estimate.fits.then_some(s), worst))
+            }
+            Err(SessionError::Option { .. }) => Ok((None, None)),
             Err(e) => Err(e),
         }
     };
-    let (mut lo, mut found) = (1usize, None);
+    let limit = MAX_IPUS.min(profile.costs.len());
+    let (mut lo, mut found, mut tried, mut stopped) = (1usize, None, 1usize, None);
+    let mut previous: Option<(usize, u64)> = None;
     let mut n = 2;
-    while n <= MAX_IPUS.min(profile.costs.len()) {
-        if let Some(s) = try_n(n)? {
+    while n <= limit {
+        tried = n;
+        let (fit, worst) = try_n(n)?;
+        if let Some(s) = fit {
             found = Some((n, s));
             break;
+        }
+        if let (Some((pn, pw)), Some(w)) = (previous, worst) {
+            if w as f64 > STOP_SHRINK * pw as f64 {
+                stopped = Some(format!(
+                    "the fullest tile needs {w} bytes on {n} IPUs against {pw} on {pn}: more IPUs do not shrink it"
+                ));
+                break;
+            }
+        }
+        if let Some(w) = worst {
+            previous = Some((n, w));
         }
         lo = n;
         n *= 2;
     }
     let Some((mut hi, mut best)) = found else {
-        return Ok(None);
+        return Ok(FewestIpus {
+            split: None,
+            tried_up_to: tried,
+            stopped,
+        });
     };
     while hi - lo > 1 {
         let mid = (lo + hi) / 2;
-        match try_n(mid)? {
+        match try_n(mid)?.0 {
             Some(s) => {
                 hi = mid;
                 best = s;
@@ -366,7 +414,11 @@ pub fn fewest_ipus(
             None => lo = mid,
         }
     }
-    Ok(Some(best))
+    Ok(FewestIpus {
+        split: Some(best),
+        tried_up_to: tried,
+        stopped: None,
+    })
 }
 
 #[cfg(test)]
