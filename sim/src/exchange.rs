@@ -179,9 +179,12 @@ pub(crate) fn summarize_vertices(
     // Distinct regions read from elsewhere, and (region, reader) pairs. A tile holding all
     // of a region it reads receives nothing for it, and every piece of it comes from that
     // tile, so whether others read it decides what it sends: such reads are left out.
-    let mut index: HashMap<Region, u32, FastHash> = HashMap::default();
-    let mut regions: Vec<Region> = Vec::new();
-    let mut readers: Vec<(u32, TileId)> = Vec::new();
+    // Sized for every read up front: growing the index rehashed it many times over.
+    let n_reads: usize = vertices.iter().map(|v| v.reads.len()).sum();
+    let mut index: HashMap<Region, u32, FastHash> =
+        HashMap::with_capacity_and_hasher(n_reads, FastHash::default());
+    let mut regions: Vec<Region> = Vec::with_capacity(n_reads);
+    let mut readers: Vec<(u32, TileId)> = Vec::with_capacity(n_reads);
     for v in vertices {
         for r in &v.reads {
             if local.holds(tensors, v.tile, r) {
@@ -213,7 +216,8 @@ pub(crate) fn summarize_vertices(
     let mut bytes = 0u64;
     let mut moved: Vec<TensorId> = Vec::new();
     // Groups sent for more than one read (overlapping reads), with those reads.
-    let mut seen: HashMap<(TileId, Region), u32, FastHash> = HashMap::default();
+    let mut seen: HashMap<(TileId, Region), u32, FastHash> =
+        HashMap::with_capacity_and_hasher(lists.groups.len(), FastHash::default());
     let mut shared: Vec<(TileId, Region, u32)> = Vec::new();
     for (k, rd) in reads.iter().enumerate() {
         if rd.count == 0 {
@@ -405,15 +409,38 @@ impl Summaries {
 #[derive(Default)]
 pub(crate) struct Locality {
     blocks: Vec<Option<Vec<(TileId, Region)>>>,
+    /// Tensors laid out by a copy of another's mapping, with that tensor: they share its
+    /// blocks (optimizer state and accumulators are laid out like their variable).
+    same_as: Vec<Option<TensorId>>,
 }
 
 impl Locality {
+    /// Records that tensor `t`'s mapping is a copy of `source`'s.
+    pub(crate) fn same_mapping(&mut self, t: TensorId, source: TensorId) {
+        if self.same_as.len() <= t.index() {
+            self.same_as.resize(t.index() + 1, None);
+        }
+        let root = self
+            .same_as
+            .get(source.index())
+            .copied()
+            .flatten()
+            .unwrap_or(source);
+        self.same_as[t.index()] = Some(root);
+    }
+
     /// Whether `tile` holds every element of `r` (false when unsure).
     pub(crate) fn holds(&mut self, tensors: &[ProgTensor], tile: TileId, r: &Region) -> bool {
         if r.rows == 0 || r.len == 0 {
             return true;
         }
-        let t = r.tensor.index();
+        let t = self
+            .same_as
+            .get(r.tensor.index())
+            .copied()
+            .flatten()
+            .unwrap_or(r.tensor)
+            .index();
         if self.blocks.len() <= t {
             self.blocks.resize(t + 1, None);
         }

@@ -102,6 +102,12 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Element
             )
         }
     };
+    if operands.iter().all(|&(_, from)| from == shape) {
+        // No broadcast: every operand reads the output's own elements.
+        let reads: Vec<_> = operands.iter().map(|&(t, _)| t).collect();
+        l.per_tile_same(i, "op", out, codelet, cycles, &reads, &[out], &[]);
+        return;
+    }
     l.elementwise(i, out, &[], codelet, cycles, move |s, len| {
         operands
             .iter()

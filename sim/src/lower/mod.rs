@@ -21,7 +21,7 @@ use crate::exchange::{summarize_vertices, Locality, Summaries};
 use crate::machine::IpuConfig;
 use crate::program::{
     compress, exchange_for, Codelet, ComputeSet, Interval, Mapping, ProgTensor, Program, Region,
-    Step, TensorClass, TensorId, TileId, Vertex,
+    RunBuilder, Step, TensorClass, TensorId, TileId, Vertex,
 };
 
 mod conv;
@@ -293,6 +293,64 @@ impl<'a, S: Storage> Lowering<'a, S> {
         self.compute(node, phase, vertices);
     }
 
+    /// [`per_tile`](Self::per_tile) for the common case of vertices reading and writing the
+    /// same elements of several tensors (each interval of `over`'s mapping in each of `reads`
+    /// and `writes`) plus the fixed regions `fixed` (a counter, a step). Gives exactly the
+    /// vertices `per_tile` gives, without making a region per interval and tensor and joining
+    /// them again: each tile's intervals are joined into strided runs once, and every tensor
+    /// reads those runs.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn per_tile_same(
+        &mut self,
+        node: NodeId,
+        phase: &str,
+        over: TensorId,
+        codelet: Codelet,
+        cycles: impl Fn(u64) -> u64,
+        reads: &[TensorId],
+        writes: &[TensorId],
+        fixed: &[Region],
+    ) {
+        let mut ivs: Vec<Interval> = self.tensors[over.index()].mapping.intervals().to_vec();
+        ivs.sort_by_key(|iv| (iv.tile, iv.start));
+        let mut vertices = Vec::new();
+        let mut runs: Vec<Region> = Vec::new();
+        // The regions of `runs` in each of `ts` (each tensor once), sorted.
+        let on = |ts: &[TensorId], runs: &[Region], fixed: &[Region]| {
+            let mut ts = ts.to_vec();
+            ts.sort_unstable();
+            ts.dedup();
+            let mut out: Vec<Region> = Vec::with_capacity(ts.len() * runs.len() + fixed.len());
+            for &t in &ts {
+                out.extend(runs.iter().map(|r| Region { tensor: t, ..*r }));
+            }
+            out.extend_from_slice(fixed);
+            out.sort_unstable();
+            out.dedup();
+            out
+        };
+        for group in ivs.chunk_by(|a, b| a.tile == b.tile) {
+            runs.clear();
+            let mut b = RunBuilder::new(over);
+            for iv in group {
+                if let Some(done) = b.push(iv.start, iv.len) {
+                    runs.push(done);
+                }
+            }
+            runs.extend(b.finish());
+            let elements: u64 = group.iter().map(|iv| iv.len).sum();
+            let extra = REGION_OVERHEAD_CYCLES * (group.len() as u64 - 1);
+            vertices.push(Vertex {
+                tile: group[0].tile,
+                codelet,
+                cycles: cycles(elements) + extra,
+                reads: on(reads, &runs, fixed),
+                writes: on(writes, &runs, &[]),
+            });
+        }
+        self.compute(node, phase, vertices);
+    }
+
     /// A vertex per tile of `out`'s mapping, reading the same elements of the operands in
     /// `same` and the regions `extra` gives for each interval.
     pub(crate) fn elementwise(
@@ -447,6 +505,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
             };
             let es = node.dtype().size() as u64;
             let cols = node.shape().last() as u64;
+            let mut copy_of = None;
             let mapping = if elements == 0 {
                 Mapping::default()
             } else if !self.include[k] {
@@ -455,6 +514,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
             } else if let Some(product) = self.weight_consumer(i) {
                 matmul::b_mapping(self, product)
             } else if let Some(var) = self.state_owner(i) {
+                copy_of = Some(TensorId::of(var));
                 self.tensors[var.index()].mapping.clone()
             } else {
                 match hint {
@@ -462,6 +522,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
                     Placement::Like(x) if self.tensors[self.t(x).index()].elements == elements => {
                         // Laid out like its operand (as poplibs clones it), so the op needs no
                         // exchange and the next op sees the same layout.
+                        copy_of = Some(self.t(x));
                         self.tensors[self.t(x).index()].mapping.clone()
                     }
                     Placement::Rows(grain) => self.linear(elements, es, grain, cols),
@@ -469,7 +530,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
                     _ => self.linear(elements, es, 1, cols),
                 }
             };
-            self.new_tensor(
+            let t = self.new_tensor(
                 node.name().to_string(),
                 i,
                 node.dtype(),
@@ -477,6 +538,9 @@ impl<'a, S: Storage> Lowering<'a, S> {
                 mapping,
                 class,
             );
+            if let Some(source) = copy_of {
+                self.locality.same_mapping(t, source);
+            }
         }
     }
 

@@ -41,24 +41,31 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
                     + UnaryKind::Reciprocal.cycles(cfg, n, dt)
             };
             let (var, m, v, grad, st) = (l.t(var), l.t(m), l.t(v), l.t(grad), l.t(step));
-            l.per_tile(i, "update", var, Codelet::Update, c, |iv| {
-                let reg = |x: TensorId| Region::span(x, iv.start, iv.len);
-                let mut reads: Vec<Region> = [var, m, v, grad].map(reg).to_vec();
-                reads.push(Region::span(st, 0, 1));
-                (reads, [var, m, v].map(reg).to_vec())
-            });
+            l.per_tile_same(
+                i,
+                "update",
+                var,
+                Codelet::Update,
+                c,
+                &[var, m, v, grad],
+                &[var, m, v],
+                &[Region::span(st, 0, 1)],
+            );
         }
         Update::Accumulate {
             acc, grad, counter, ..
         } => {
             let (acc, grad, ct) = (l.t(acc), l.t(grad), l.t(counter));
-            l.per_tile(i, "accumulate", acc, Codelet::Update, scaled_add, |iv| {
-                let reg = |x: TensorId| Region::span(x, iv.start, iv.len);
-                (
-                    vec![reg(acc), reg(grad), Region::span(ct, 0, 1)],
-                    vec![reg(acc)],
-                )
-            });
+            l.per_tile_same(
+                i,
+                "accumulate",
+                acc,
+                Codelet::Update,
+                scaled_add,
+                &[acc, grad],
+                &[acc],
+                &[Region::span(ct, 0, 1)],
+            );
         }
         Update::MovingAverage { x, value, .. } => {
             let (x, value) = (l.t(x), l.t(value));
@@ -67,9 +74,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
         Update::Fill { x, .. } => {
             let x = l.t(x);
             let c = move |n| UnaryKind::Copy.cycles(cfg, n, dt);
-            l.per_tile(i, "fill", x, Codelet::Copy, c, |iv| {
-                (Vec::new(), vec![Region::span(x, iv.start, iv.len)])
-            });
+            l.per_tile_same(i, "fill", x, Codelet::Copy, c, &[], &[x], &[]);
         }
         Update::Increment { counter } => {
             let ct = l.t(counter);
@@ -101,12 +106,18 @@ fn per_variable<S: Storage>(
         .copied()
         .filter(|&x| l.tensors[x.index()].class == TensorClass::AlwaysLive)
         .collect();
-    l.per_tile(i, "update", var, Codelet::Update, cycles, |iv| {
-        let reg = |x: TensorId| Region::span(x, iv.start, iv.len);
-        let mut reads = vec![reg(var)];
-        reads.extend(others.iter().map(|&x| reg(x)));
-        let mut writes = vec![reg(var)];
-        writes.extend(writes_state.iter().map(|&x| reg(x)));
-        (reads, writes)
-    });
+    let mut reads = vec![var];
+    reads.extend_from_slice(others);
+    let mut writes = vec![var];
+    writes.extend(writes_state);
+    l.per_tile_same(
+        i,
+        "update",
+        var,
+        Codelet::Update,
+        cycles,
+        &reads,
+        &writes,
+        &[],
+    );
 }
