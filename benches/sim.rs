@@ -142,7 +142,8 @@ fn lower(c: &mut Criterion) {
     group.bench_function("estimate-only without the checker", |b| {
         b.iter(|| estimate(&plan, &mk2, &unchecked).unwrap())
     });
-    // What sweeps and `tessera estimate` use: exchanges kept as summaries, no transfers.
+    // Exchanges kept as summaries, no transfers: the lowering `tessera estimate` uses (through
+    // the system estimate) and estimate-op uses (through estimate_only).
     group.bench_function("summaries (estimate_only)", |b| {
         b.iter(|| estimate_only(&plan, &mk2, &unchecked).unwrap())
     });

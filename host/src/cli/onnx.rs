@@ -214,7 +214,10 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
                             "no automatic split fits: the search stopped at {} IPUs, as {why}",
                             f.tried_up_to
                         ),
-                        None => format!("no automatic split fits on up to {} IPUs", f.limit),
+                        None => format!(
+                            "no automatic split fits on up to {} IPUs",
+                            f.tried_up_to
+                        ),
                     }
                 ),
             }

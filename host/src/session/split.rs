@@ -12,8 +12,8 @@
 //!    programming, exact; `tests` compares it with an exhaustive search).
 //! 3. The split is estimated for real. If an IPU overflows while another has room, the cap
 //!    shrinks by a fifth and the split is redone (activations, stashes and code take what
-//!    weights leave), up to [`RETRIES`] times; the last split is returned either way, with its
-//!    estimate.
+//!    weights leave), up to [`RETRIES`] times; the split that fits is returned, else the one
+//!    whose fullest tile is smallest, with its estimate.
 //!
 //! The pipeline's own balance (stash depths, idle time) is the estimate's, not the split's:
 //! the split only equalises the stages' cycles.
@@ -123,9 +123,9 @@ pub struct SplitInfo {
     pub stage_cycles: Vec<u64>,
     /// Each stage's weight-state bytes.
     pub stage_weight_bytes: Vec<u64>,
-    /// The memory cap per stage the last attempt used.
+    /// The memory cap per stage this split was made with.
     pub cap_bytes: u64,
-    /// Attempts made (each a full estimate).
+    /// Which attempt made this split (each attempt is a full estimate).
     pub attempts: usize,
 }
 
@@ -236,8 +236,8 @@ fn stages_of(p: &Profile, part: &Partition) -> Vec<usize> {
 /// # Errors
 ///
 /// [`SessionError::Option`] when the model has fewer nodes than stages or no split keeps
-/// its weights under an IPU's memory (when a retry's smaller cap leaves no split, the
-/// previous attempt's split is returned instead); import and estimate errors as
+/// its weights under an IPU's memory (when a retry's smaller cap leaves no split, the best
+/// attempt's split is returned instead); import and estimate errors as
 /// [`compile_onnx`].
 pub fn split(
     model: &OnnxModel,
@@ -260,7 +260,7 @@ pub fn split(
     };
     for attempt in 1..=RETRIES {
         let Some(part) = partition(&profile.costs, &profile.mems, n, cap) else {
-            // A smaller cap left no split: the last attempt's split is the answer.
+            // A smaller cap left no split: the best attempt's split is the answer.
             if let Some(last) = last {
                 return Ok(last);
             }
@@ -312,11 +312,17 @@ pub fn split(
             cap_bytes: cap,
             attempts: attempt,
         };
-        last = Some(Split {
+        let this = Split {
             compiled,
             estimate,
             info,
-        });
+        };
+        // Keep the attempt that fits, else the one whose fullest tile is smallest (a smaller
+        // cap can move weights onto an IPU already full of activations).
+        let fullest = |s: &Split| s.estimate.ipus.iter().map(|i| i.max_tile_bytes).max();
+        if fits || last.as_ref().is_none_or(|l| fullest(&this) < fullest(l)) {
+            last = Some(this);
+        }
         // A smaller cap moves weights from the IPUs that overflow to those with room: when
         // none has room, no rebalancing makes the split fit.
         if fits || n == 1 || !room {
@@ -375,8 +381,8 @@ pub fn fewest_ipus(
     let limit = MAX_IPUS.min(profile.costs.len());
     let (mut lo, mut found, mut tried, mut stopped) = (1usize, None, 1usize, None);
     let mut previous: Option<(usize, u64)> = None;
-    let mut n = 2;
-    while n <= limit {
+    let mut n = 2.min(limit);
+    while n >= 2 && n <= limit {
         tried = n;
         let (fit, worst) = try_n(n)?;
         if let Some(s) = fit {
@@ -395,7 +401,12 @@ pub fn fewest_ipus(
             previous = Some((n, w));
         }
         lo = n;
-        n *= 2;
+        // Doubling, with the limit itself as the last step.
+        n = if n == limit {
+            n + 1
+        } else {
+            (2 * n).min(limit)
+        };
     }
     let Some((mut hi, mut best)) = found else {
         return Ok(FewestIpus {

@@ -2,7 +2,8 @@
 //! holding logits reduces its part of every row to a maximum and a sum of exponentials, each
 //! row's partials are combined into its loss (rows spread over the tiles), and one vertex
 //! takes the mean. Its gradient is element-wise where the logits are, reading each row's
-//! log-sum-exp from the forward pass.
+//! combined partials (its loss stage, which holds the row's log-sum-exp) from the forward
+//! pass.
 
 use tessera_core::ops::loss::Loss;
 use tessera_core::{DType, NodeId, Storage};

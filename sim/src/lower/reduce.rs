@@ -108,55 +108,63 @@ pub(super) const INTERMEDIATE_FAN_IN: u64 = 64;
 /// fp32 vectors of the accumulator's width, so vertices' setup stays below their work).
 pub(super) const INTERMEDIATE_GRAIN: u64 = 8;
 
-/// The most runs of the innermost axis [`group_hull`] walks before it settles for every group.
+/// The most runs of the innermost block of axes [`group_hull`] walks before it settles for
+/// every group.
 const HULL_RUNS: u64 = 64;
 
 /// The groups (output elements) of a reduction of shape `sx` over `axes` that the input
-/// elements `start .. start + len` belong to, as their hull `g0 .. g1`: exact when the group
-/// index grows with the element index (the reduced axes are the innermost) or when the
-/// elements take at most [`HULL_RUNS`] runs of the innermost axis, else every group.
+/// elements `start .. start + len` belong to, as their hull `g0 .. g1`. The axes are taken as
+/// blocks of adjacent axes that are all kept or all reduced (axes of size 1 left out), so a
+/// batch norm's `[N, C, H, W]` over `N, H, W` is `[N] [C] [H*W]`. Exact when the group index
+/// grows with the element index (no reduced block outside a kept one) or when the elements
+/// take at most [`HULL_RUNS`] runs of the innermost block, else every group.
 pub(super) fn group_hull(
     sx: Shape,
     axes: tessera_core::ops::Axes,
     start: u64,
     len: u64,
 ) -> (u64, u64) {
-    let r = sx.rank();
-    // Strides of each axis in the group (kept axes') index space.
-    let mut gst = vec![0u64; r];
-    let mut acc = 1u64;
-    for a in (0..r).rev() {
-        if !axes.contains(a) {
-            gst[a] = acc;
-            acc *= sx.dim(a) as u64;
+    // (size, kept) of each block, outermost first.
+    let mut blocks: Vec<(u64, bool)> = Vec::with_capacity(sx.rank());
+    for a in 0..sx.rank() {
+        let (d, kept) = (sx.dim(a) as u64, !axes.contains(a));
+        if d == 1 {
+            continue;
+        }
+        match blocks.last_mut() {
+            Some(b) if b.1 == kept => b.0 *= d,
+            _ => blocks.push((d, kept)),
         }
     }
-    let groups = acc;
-    if len == 0 || r == 0 {
+    let groups: u64 = blocks.iter().filter(|b| b.1).map(|b| b.0).product();
+    if len == 0 || blocks.is_empty() {
         return (0, groups.min(1));
+    }
+    // Strides of the kept blocks in the group index.
+    let mut gst = vec![0u64; blocks.len()];
+    let mut acc = 1u64;
+    for (k, b) in blocks.iter().enumerate().rev() {
+        if b.1 {
+            gst[k] = acc;
+            acc *= b.0;
+        }
     }
     let group_of = |e: u64| {
         let (mut rem, mut g) = (e, 0u64);
-        for a in (0..r).rev() {
-            let d = sx.dim(a) as u64;
-            g += (rem % d) * gst[a];
-            rem /= d;
+        for (k, b) in blocks.iter().enumerate().rev() {
+            g += (rem % b.0) * gst[k];
+            rem /= b.0;
         }
         g
     };
-    // The innermost axis that is reduced, and whether any kept axis is inside it.
-    let monotonic = {
-        let first_reduced = (0..r).find(|&a| axes.contains(a));
-        first_reduced.is_none_or(|f| (f..r).all(|a| axes.contains(a)))
-    };
+    let monotonic = blocks.windows(2).all(|w| w[0].1 || !w[1].1);
     if monotonic {
         return (group_of(start), group_of(start + len - 1) + 1);
     }
-    let last = sx.dim(r - 1) as u64;
-    if len / last.max(1) + 2 > HULL_RUNS {
+    let (last, last_kept) = blocks[blocks.len() - 1];
+    if len / last + 2 > HULL_RUNS {
         return (0, groups);
     }
-    let last_kept = !axes.contains(r - 1);
     let (mut g0, mut g1) = (u64::MAX, 0u64);
     let mut e = start;
     while e < start + len {
@@ -628,5 +636,21 @@ mod tests {
             let groups = tessera_core::ops::reduce::reduced(sx, axes, false).elements() as u64;
             prop_assert!((g0 == lo && g1 == hi + 1) || (g0 == 0 && g1 == groups));
         }
+    }
+
+    /// A batch norm's statistics over `N, H, W` of NCHW: a tile holding a few rows of a
+    /// channel's plane (many runs of the last axis) touches that channel only.
+    #[test]
+    fn group_hull_sees_channels_through_the_spatial_block() {
+        let sx = Shape::new(&[32, 64, 112, 112]).unwrap();
+        let axes = Axes(0b1101);
+        let plane = 112 * 112;
+        // 17,400 elements from the middle of channel 5 of image 3: channel 5, maybe 6.
+        let start = (3 * 64 + 5) * plane + 100;
+        assert_eq!(group_hull(sx, axes, start, 12_000), (5, 6));
+        assert_eq!(group_hull(sx, axes, start, 17_400), (5, 7));
+        // Axes of size 1 do not break the order: [G, R, 1] over R.
+        let sx = Shape::new(&[6, 50, 1]).unwrap();
+        assert_eq!(group_hull(sx, Axes(0b010), 120, 40), (2, 4));
     }
 }
