@@ -82,11 +82,11 @@ fn spread_relu(cfg: &IpuConfig, elements: u64, tiles: u32) -> (u64, u64, u64) {
             transfers,
         });
     }
-    steps.push(Step::Compute(ComputeSet {
-        name: "y/op".into(),
-        node: NodeId::from_index(1),
+    steps.push(Step::Compute(ComputeSet::new(
+        "y/op".into(),
+        NodeId::from_index(1),
         vertices,
-    }));
+    )));
     let n = steps.len();
     let program = Program {
         tiles: cfg.tiles,

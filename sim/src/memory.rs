@@ -315,10 +315,10 @@ pub(crate) fn account_with(
     for (s, step) in program.steps.iter().enumerate() {
         match step {
             Step::Compute(cs) => {
-                for v in &cs.vertices {
+                for v in &cs.costs {
                     let t = v.tile.index();
                     codelets[t].insert(v.codelet);
-                    tm[t].vertex_state += v.state_bytes();
+                    tm[t].vertex_state += v.state_bytes;
                 }
             }
             Step::Exchange { transfers, .. } => {
@@ -400,8 +400,8 @@ pub fn check_fits(program: &Program, report: &MemoryReport) -> Result<(), Box<Ou
     let mut by_cs: HashMap<&str, u64> = HashMap::new();
     for step in &program.steps {
         if let Step::Compute(cs) = step {
-            for v in cs.vertices.iter().filter(|v| v.tile == tile) {
-                *by_cs.entry(cs.name.as_str()).or_default() += v.state_bytes();
+            for v in cs.costs.iter().filter(|v| v.tile == tile) {
+                *by_cs.entry(cs.name.as_str()).or_default() += v.state_bytes;
             }
         }
     }

@@ -430,6 +430,30 @@ impl Vertex {
     }
 }
 
+/// What estimates need of a vertex: where it runs, its codelet, its cycles and its state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VertexCost {
+    /// The tile it runs on.
+    pub tile: TileId,
+    /// Its codelet.
+    pub codelet: Codelet,
+    /// Worker cycles.
+    pub cycles: u64,
+    /// Bytes of vertex state ([`Vertex::state_bytes`]).
+    pub state_bytes: u64,
+}
+
+impl From<&Vertex> for VertexCost {
+    fn from(v: &Vertex) -> Self {
+        VertexCost {
+            tile: v.tile,
+            codelet: v.codelet,
+            cycles: v.cycles,
+            state_bytes: v.state_bytes(),
+        }
+    }
+}
+
 /// A set of vertices that run in parallel in one compute phase.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ComputeSet {
@@ -437,8 +461,39 @@ pub struct ComputeSet {
     pub name: String,
     /// The graph node it implements.
     pub node: NodeId,
-    /// Its vertices.
+    /// Its vertices: empty when the lowering kept only what estimates need (`costs` and
+    /// `touched`), as estimates of large models do.
     pub vertices: Vec<Vertex>,
+    /// What estimates need of each vertex (made from `vertices` by [`ComputeSet::new`]).
+    pub costs: Vec<VertexCost>,
+    /// The tensors its vertices read or write, sorted, each once.
+    pub touched: Vec<TensorId>,
+}
+
+impl ComputeSet {
+    /// A compute set of `vertices`, with their costs and the tensors they touch.
+    pub fn new(name: String, node: NodeId, vertices: Vec<Vertex>) -> Self {
+        let costs = vertices.iter().map(VertexCost::from).collect();
+        let mut touched: Vec<TensorId> = vertices
+            .iter()
+            .flat_map(|v| v.reads.iter().chain(&v.writes).map(|r| r.tensor))
+            .collect();
+        touched.sort_unstable();
+        touched.dedup();
+        ComputeSet {
+            name,
+            node,
+            vertices,
+            costs,
+            touched,
+        }
+    }
+
+    /// The compute set without its vertices (what estimates need is kept).
+    pub fn without_vertices(mut self) -> Self {
+        self.vertices = Vec::new();
+        self
+    }
 }
 
 /// One transfer of an exchange: elements of a tensor copied from one tile to another.
@@ -521,7 +576,7 @@ impl Program {
         self.steps
             .iter()
             .map(|s| match s {
-                Step::Compute(cs) => cs.vertices.len(),
+                Step::Compute(cs) => cs.costs.len(),
                 _ => 0,
             })
             .sum()
