@@ -420,13 +420,12 @@ impl Locality {
         if self.same_as.len() <= t.index() {
             self.same_as.resize(t.index() + 1, None);
         }
-        let root = self
-            .same_as
-            .get(source.index())
-            .copied()
-            .flatten()
-            .unwrap_or(source);
-        self.same_as[t.index()] = Some(root);
+        self.same_as[t.index()] = Some(self.root(source));
+    }
+
+    /// The tensor whose mapping `t`'s is a copy of (`t` itself when none).
+    fn root(&self, t: TensorId) -> TensorId {
+        self.same_as.get(t.index()).copied().flatten().unwrap_or(t)
     }
 
     /// Whether `tile` holds every element of `r` (false when unsure).
@@ -434,13 +433,7 @@ impl Locality {
         if r.rows == 0 || r.len == 0 {
             return true;
         }
-        let t = self
-            .same_as
-            .get(r.tensor.index())
-            .copied()
-            .flatten()
-            .unwrap_or(r.tensor)
-            .index();
+        let t = self.root(r.tensor).index();
         if self.blocks.len() <= t {
             self.blocks.resize(t + 1, None);
         }

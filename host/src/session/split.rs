@@ -319,8 +319,11 @@ pub fn split(
         };
         // Keep the attempt that fits, else the one whose fullest tile is smallest (a smaller
         // cap can move weights onto an IPU already full of activations).
-        let fullest = |s: &Split| s.estimate.ipus.iter().map(|i| i.max_tile_bytes).max();
-        if fits || last.as_ref().is_none_or(|l| fullest(&this) < fullest(l)) {
+        if fits
+            || last
+                .as_ref()
+                .is_none_or(|l| fullest_tile(&this) < fullest_tile(l))
+        {
             last = Some(this);
         }
         // A smaller cap moves weights from the IPUs that overflow to those with room: when
@@ -331,6 +334,11 @@ pub fn split(
         cap = cap / 5 * 4;
     }
     last.ok_or_else(|| opt_err("--pipeline-ipus", "no attempt was made".into()))
+}
+
+/// The bytes the fullest tile of a split's IPUs needs.
+fn fullest_tile(s: &Split) -> Option<u64> {
+    s.estimate.ipus.iter().map(|i| i.max_tile_bytes).max()
 }
 
 /// The least share by which doubling the IPUs must shrink the fullest tile for the search to
@@ -371,7 +379,7 @@ pub fn fewest_ipus(
         so.gradient_accumulation_count = so.gradient_accumulation_count.max(2 * n);
         match split(model, &so, oo, n, profile) {
             Ok(s) => {
-                let worst = s.estimate.ipus.iter().map(|i| i.max_tile_bytes).max();
+                let worst = fullest_tile(&s);
                 Ok((s.estimate.fits.then_some(s), worst))
             }
             Err(SessionError::Option { .. }) => Ok((None, None)),

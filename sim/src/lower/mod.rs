@@ -258,6 +258,38 @@ impl<'a, S: Storage> Lowering<'a, S> {
         }));
     }
 
+    /// One vertex per tile of `over`'s mapping, covering all the tile's intervals (in order
+    /// of their start): `regions(intervals)` gives the vertex's reads and writes, and the vertex
+    /// costs `cycles(elements)` plus [`REGION_OVERHEAD_CYCLES`] per extra interval.
+    fn per_tile_groups(
+        &mut self,
+        node: NodeId,
+        phase: &str,
+        over: TensorId,
+        codelet: Codelet,
+        cycles: impl Fn(u64) -> u64,
+        mut regions: impl FnMut(&[Interval]) -> (Vec<Region>, Vec<Region>),
+    ) {
+        let mut ivs: Vec<Interval> = self.tensors[over.index()].mapping.intervals().to_vec();
+        ivs.sort_by_key(|iv| (iv.tile, iv.start));
+        let vertices = ivs
+            .chunk_by(|a, b| a.tile == b.tile)
+            .map(|group| {
+                let (reads, writes) = regions(group);
+                let elements: u64 = group.iter().map(|iv| iv.len).sum();
+                let extra = REGION_OVERHEAD_CYCLES * (group.len() as u64 - 1);
+                Vertex {
+                    tile: group[0].tile,
+                    codelet,
+                    cycles: cycles(elements) + extra,
+                    reads,
+                    writes,
+                }
+            })
+            .collect();
+        self.compute(node, phase, vertices);
+    }
+
     /// One vertex per tile of `over`'s mapping, covering all the tile's intervals:
     /// `regions(interval)` gives each interval's reads and writes, and the vertex costs
     /// `cycles(elements)` plus [`REGION_OVERHEAD_CYCLES`] per extra interval.
@@ -270,30 +302,15 @@ impl<'a, S: Storage> Lowering<'a, S> {
         cycles: impl Fn(u64) -> u64,
         regions: impl Fn(&Interval) -> (Vec<Region>, Vec<Region>),
     ) {
-        let mut ivs: Vec<Interval> = self.tensors[over.index()].mapping.intervals().to_vec();
-        ivs.sort_by_key(|iv| (iv.tile, iv.start));
-        let mut vertices = Vec::new();
-        for group in ivs.chunk_by(|a, b| a.tile == b.tile) {
+        self.per_tile_groups(node, phase, over, codelet, cycles, |group| {
             let (mut reads, mut writes) = (Vec::new(), Vec::new());
             for iv in group {
                 let (r, w) = regions(iv);
                 reads.extend(r);
                 writes.extend(w);
             }
-            reads.sort_unstable();
-            reads.dedup();
-            let (reads, writes) = (compress(reads), compress(writes));
-            let elements: u64 = group.iter().map(|iv| iv.len).sum();
-            let extra = REGION_OVERHEAD_CYCLES * (group.len() as u64 - 1);
-            vertices.push(Vertex {
-                tile: group[0].tile,
-                codelet,
-                cycles: cycles(elements) + extra,
-                reads,
-                writes,
-            });
-        }
-        self.compute(node, phase, vertices);
+            (compress(reads), compress(writes))
+        });
     }
 
     /// [`per_tile`](Self::per_tile) for the common case of vertices reading and writing the
@@ -314,17 +331,17 @@ impl<'a, S: Storage> Lowering<'a, S> {
         writes: &[TensorId],
         fixed: &[Region],
     ) {
-        let mut ivs: Vec<Interval> = self.tensors[over.index()].mapping.intervals().to_vec();
-        ivs.sort_by_key(|iv| (iv.tile, iv.start));
-        let mut vertices = Vec::new();
-        let mut runs: Vec<Region> = Vec::new();
-        // The regions of `runs` in each of `ts` (each tensor once), sorted.
-        let on = |ts: &[TensorId], runs: &[Region], fixed: &[Region]| {
+        let once = |ts: &[TensorId]| {
             let mut ts = ts.to_vec();
             ts.sort_unstable();
             ts.dedup();
+            ts
+        };
+        let (reads, writes) = (once(reads), once(writes));
+        // The regions of `runs` in each of `ts`, and `fixed`, sorted.
+        let on = |ts: &[TensorId], runs: &[Region], fixed: &[Region]| {
             let mut out: Vec<Region> = Vec::with_capacity(ts.len() * runs.len() + fixed.len());
-            for &t in &ts {
+            for &t in ts {
                 out.extend(runs.iter().map(|r| Region { tensor: t, ..*r }));
             }
             out.extend_from_slice(fixed);
@@ -332,26 +349,16 @@ impl<'a, S: Storage> Lowering<'a, S> {
             out.dedup();
             out
         };
-        for group in ivs.chunk_by(|a, b| a.tile == b.tile) {
+        let mut runs: Vec<Region> = Vec::new();
+        self.per_tile_groups(node, phase, over, codelet, cycles, |group| {
             runs.clear();
             let mut b = RunBuilder::new(over);
             for iv in group {
-                if let Some(done) = b.push(iv.start, iv.len) {
-                    runs.push(done);
-                }
+                runs.extend(b.push(iv.start, iv.len));
             }
             runs.extend(b.finish());
-            let elements: u64 = group.iter().map(|iv| iv.len).sum();
-            let extra = REGION_OVERHEAD_CYCLES * (group.len() as u64 - 1);
-            vertices.push(Vertex {
-                tile: group[0].tile,
-                codelet,
-                cycles: cycles(elements) + extra,
-                reads: on(reads, &runs, fixed),
-                writes: on(writes, &runs, &[]),
-            });
-        }
-        self.compute(node, phase, vertices);
+            (on(&reads, &runs, fixed), on(&writes, &runs, &[]))
+        });
     }
 
     /// A vertex per tile of `out`'s mapping, reading the same elements of the operands in

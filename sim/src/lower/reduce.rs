@@ -10,6 +10,7 @@ use tessera_core::{DType, Node, NodeId, Shape, Storage};
 
 use super::{broadcast_reads, Lowering, Placement};
 use crate::cost::{self, UnaryKind};
+use crate::machine::IpuConfig;
 use crate::program::{compress, Codelet, Interval, Mapping, Region, TensorId, TileId, Vertex};
 
 /// Row-major strides of a shape.
@@ -238,6 +239,22 @@ fn overlaps(pieces: &mut [Piece], ranges: &[(u64, u64)]) -> Vec<Vec<Region>> {
         .collect()
 }
 
+/// A vertex on `tile` summing the fp32 partial spans `reads` into `write` (of as many values
+/// as each span covers at most): its values times the partials read per value, plus the
+/// region overhead per extra span.
+fn reduce_vertex(cfg: &IpuConfig, tile: TileId, reads: Vec<Region>, write: Region) -> Vertex {
+    let read: u64 = reads.iter().map(|r| r.len).sum();
+    let w = write.len;
+    Vertex {
+        tile,
+        codelet: Codelet::Reduce,
+        cycles: cost::reduce_cycles(cfg, w, read.div_ceil(w.max(1)), DType::F32)
+            + super::REGION_OVERHEAD_CYCLES * (reads.len() as u64).saturating_sub(1),
+        reads: compress(reads),
+        writes: vec![write],
+    }
+}
+
 /// A two-stage reduction of the tensors `xs` (all of shape `sx`, reduced over `axes`) into
 /// `out`, which holds `values` values per group; `passes` reductions per element. Returns
 /// `false`, lowering nothing, when its first stage would not pay (see
@@ -405,18 +422,9 @@ pub(super) fn two_stage<S: Storage>(
             .iter()
             .enumerate()
             .map(|(n, &(k, c0, c1))| {
-                let reads: Vec<Region> =
-                    groups[k].iter().filter_map(|p| p.overlap(c0, c1)).collect();
-                let read: u64 = reads.iter().map(|r| r.len).sum();
-                let w = c1 - c0;
-                Vertex {
-                    tile: tile_of(n),
-                    codelet: Codelet::Reduce,
-                    cycles: cost::reduce_cycles(cfg, w, read.div_ceil(w.max(1)), DType::F32)
-                        + super::REGION_OVERHEAD_CYCLES * (reads.len() as u64).saturating_sub(1),
-                    reads: compress(reads),
-                    writes: vec![Region::span(reduced, hulls[k].2 + c0 - hulls[k].0, w)],
-                }
+                let reads = groups[k].iter().filter_map(|p| p.overlap(c0, c1)).collect();
+                let write = Region::span(reduced, hulls[k].2 + c0 - hulls[k].0, c1 - c0);
+                reduce_vertex(cfg, tile_of(n), reads, write)
             })
             .collect();
         l.compute(i, &format!("intermediate{stage}"), vertices);
@@ -438,17 +446,7 @@ pub(super) fn two_stage<S: Storage>(
     let stage2 = outs
         .iter()
         .zip(reads)
-        .map(|(iv, reads)| {
-            let read: u64 = reads.iter().map(|r| r.len).sum();
-            Vertex {
-                tile: iv.tile,
-                codelet: Codelet::Reduce,
-                cycles: cost::reduce_cycles(cfg, iv.len, read.div_ceil(iv.len.max(1)), DType::F32)
-                    + super::REGION_OVERHEAD_CYCLES * (reads.len() as u64).saturating_sub(1),
-                reads: compress(reads),
-                writes: vec![Region::span(out, iv.start, iv.len)],
-            }
-        })
+        .map(|(iv, reads)| reduce_vertex(cfg, iv.tile, reads, Region::span(out, iv.start, iv.len)))
         .collect();
     l.compute(i, "reduce", stage2);
     true
@@ -528,19 +526,31 @@ mod tests {
     use crate::machine::{IpuConfig, Preset};
     use crate::program::Step;
 
+    /// The checked program of a reduction `name` of an fp32 input `x` of shape `dims` over
+    /// `axis`, on an Mk2.
+    fn lowered_reduction(
+        name: &str,
+        dims: &[usize],
+        axis: isize,
+        kind: ReduceKind,
+    ) -> crate::program::Program {
+        let cfg = IpuConfig::preset(Preset::Mk2);
+        let mut g: Graph<Heap> = Graph::new();
+        let x = g.input("x", dims, DType::F32).unwrap();
+        g.reduce(name, x, &[axis], false, kind).unwrap();
+        let plan = Plan::new(&g).unwrap();
+        let p = lower(&plan, &cfg, LowerOptions::default());
+        crate::check::check(&p).unwrap();
+        p
+    }
+
     /// A reduction whose input is spread over every tile, each tile touching every output (a
     /// column sum), reduces its per-tile partials in intermediate stages, so no vertex after
     /// the first stage reads more than the fan-in of partial blocks, and the program still
     /// checks.
     #[test]
     fn many_partials_reduce_in_intermediate_stages() {
-        let cfg = IpuConfig::preset(Preset::Mk2);
-        let mut g: Graph<Heap> = Graph::new();
-        let x = g.input("x", &[8192, 64], DType::F32).unwrap();
-        g.reduce("mean", x, &[0], false, ReduceKind::Mean).unwrap();
-        let plan = Plan::new(&g).unwrap();
-        let p = lower(&plan, &cfg, LowerOptions::default());
-        crate::check::check(&p).unwrap();
+        let p = lowered_reduction("mean", &[8192, 64], 0, ReduceKind::Mean);
         let names: Vec<&str> = p
             .steps
             .iter()
@@ -578,13 +588,7 @@ mod tests {
     /// rows each tile touches only: a couple of values per tile, not one per output.
     #[test]
     fn partials_cover_only_the_groups_a_tile_touches() {
-        let cfg = IpuConfig::preset(Preset::Mk2);
-        let mut g: Graph<Heap> = Graph::new();
-        let x = g.input("x", &[64, 8192], DType::F32).unwrap();
-        g.reduce("sum", x, &[1], false, ReduceKind::Sum).unwrap();
-        let plan = Plan::new(&g).unwrap();
-        let p = lower(&plan, &cfg, LowerOptions::default());
-        crate::check::check(&p).unwrap();
+        let p = lowered_reduction("sum", &[64, 8192], 1, ReduceKind::Sum);
         let partials = p.tensors.iter().find(|t| t.name == "sum/partials").unwrap();
         let tiles = p.tensors[0].mapping.tile_count() as u64;
         assert!(
