@@ -18,4 +18,5 @@ pub mod report;
 pub mod session;
 pub mod stats;
 pub mod summary;
+pub mod sweep;
 pub mod tensor;

@@ -35,6 +35,7 @@ fn main() -> ExitCode {
         Command::Run(a) => cli::onnx::run_model(a),
         Command::EstimateOp(c) => cli::op::run_op(c),
         Command::DatasetBenchmark(a) => cli::op::run_bench(a),
+        Command::Sweep(a) => cli::sweep::run(a),
         Command::Report { dir } => render_report(&dir)
             .map(|r| {
                 println!("{}", r.summary);

@@ -39,6 +39,10 @@ pub enum Command {
     /// Measure the input pipeline alone, as Graphcore's dataset_benchmark does (JSON).
     #[command(name = "dataset-benchmark")]
     DatasetBenchmark(BenchArgs),
+    /// Estimate many configurations from a TOML spec, in parallel: results as CSV and JSON
+    /// lines (resumable), the best configuration, and a Pareto picture and page; `submit`
+    /// runs it as a Slurm job array, `merge` joins the shards.
+    Sweep(SweepArgs),
     /// Render a report directory written by `--report-dir` (trace, pictures, HTML page).
     Report {
         /// The report directory.
@@ -366,4 +370,101 @@ pub struct BenchArgs {
     /// Shuffle seed.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+}
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct SweepArgs {
+    #[command(subcommand)]
+    pub action: Option<SweepCommand>,
+    #[command(flatten)]
+    pub run: SweepRunArgs,
+}
+
+/// A shard: `I/N`, the I-th (from 0) of N.
+pub fn parse_shard(s: &str) -> Result<(usize, usize), String> {
+    let (i, n) = s
+        .split_once('/')
+        .ok_or_else(|| format!("`{s}`: expected I/N, e.g. 0/4"))?;
+    let (i, n): (usize, usize) = (
+        i.trim()
+            .parse()
+            .map_err(|_| format!("`{s}`: I is not a number"))?,
+        n.trim()
+            .parse()
+            .map_err(|_| format!("`{s}`: N is not a number"))?,
+    );
+    if n == 0 || i >= n {
+        return Err(format!("`{s}`: needs 0 <= I < N"));
+    }
+    Ok((i, n))
+}
+
+#[derive(Args, Debug)]
+pub struct SweepRunArgs {
+    /// The sweep spec (TOML: [base], [grid], [[configs]]; see docs/sweeps.md).
+    #[arg(required = true)]
+    pub spec: Option<PathBuf>,
+    /// Directory for the results (results.jsonl, results.csv, pareto.svg, index.html; a
+    /// shard writes shard-I-of-N.jsonl and .csv) [default: SPEC's stem + "-sweep"].
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Configurations estimated at once [default: the machine's cores].
+    #[arg(long)]
+    pub jobs: Option<usize>,
+    /// Run only shard I of N (every N-th configuration from I, I from 0) [default: from
+    /// SLURM_ARRAY_TASK_ID and SLURM_ARRAY_TASK_COUNT when Slurm sets them].
+    #[arg(long, value_parser = parse_shard)]
+    pub shard: Option<(usize, usize)>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SweepCommand {
+    /// Write a Slurm job-array script that runs the sweep in shards, and submit it (sbatch).
+    Submit(SubmitArgs),
+    /// Join the shards' results in the output directory into results.jsonl and .csv, the
+    /// Pareto picture and the page.
+    Merge(MergeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct SubmitArgs {
+    /// The sweep spec (TOML).
+    pub spec: PathBuf,
+    /// Submit to Slurm (the scheduler this command knows).
+    #[arg(long, required = true)]
+    pub slurm: bool,
+    /// Tasks in the job array: the sweep's shards.
+    #[arg(long, default_value_t = 4)]
+    pub array_size: usize,
+    /// Directory for the results, shared by the tasks [default: SPEC's stem + "-sweep"].
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// CPUs per task, each estimating one configuration at a time.
+    #[arg(long, default_value_t = 1)]
+    pub cpus_per_task: usize,
+    /// Memory per task (sbatch --mem, e.g. 4G).
+    #[arg(long)]
+    pub mem: Option<String>,
+    /// Slurm partition [default: the cluster's].
+    #[arg(long)]
+    pub partition: Option<String>,
+    /// Time limit per task (sbatch --time).
+    #[arg(long)]
+    pub time: Option<String>,
+    /// Write the script but do not submit it.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Wait for the job array to finish (sbatch --wait), then merge.
+    #[arg(long)]
+    pub wait: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct MergeArgs {
+    /// The sweep spec (TOML).
+    pub spec: PathBuf,
+    /// The directory the shards wrote to [default: SPEC's stem + "-sweep"].
+    #[arg(long)]
+    pub output: Option<PathBuf>,
 }

@@ -15,6 +15,43 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
     if is_onnx(&a.model.model) {
         return super::onnx::run(a);
     }
+    let o = estimate(&a)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&o.summary)?);
+    } else {
+        print!("{}", o.model_summary);
+        if a.inference {
+            println!("{}", inference_line(&o.estimate));
+        }
+        print!("{}", o.summary.to_text());
+        if let Some(files) = &o.report_files {
+            println!("report written: {}", files_list(files));
+        }
+    }
+    if let Some(oom) = &o.estimate.out_of_memory {
+        eprintln!(
+            "error: {} does not fit: {}",
+            o.summary.model,
+            one_line(&oom.to_string())
+        );
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// A model file's estimate, as `estimate` prints it.
+pub struct ModelEstimate {
+    /// The summary `--json` prints.
+    pub summary: EstimateSummary,
+    /// The system estimate.
+    pub estimate: SystemEstimate,
+    model_summary: String,
+    report_files: Option<Vec<PathBuf>>,
+}
+
+/// The estimate `run` prints for a model file (not ONNX), without printing it (but with the
+/// report written when `--report-dir` asks for one).
+pub fn estimate(a: &EstimateArgs) -> Result<ModelEstimate, AnyError> {
     if !a.pipeline_stages.is_empty() || a.pipeline_ipus.is_some() || a.loss.is_some() || a.no_search
     {
         return Err("--pipeline-stages, --pipeline-ipus, --loss and --no-search apply to ONNX models; a model file places its layers with `stage`".into());
@@ -38,23 +75,12 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
         )?),
         None => None,
     };
-    if a.json {
-        println!("{}", serde_json::to_string(&summary)?);
-    } else {
-        print!("{}", model.summary());
-        if a.inference {
-            println!("{}", inference_line(&e));
-        }
-        print!("{}", summary.to_text());
-        if let Some(files) = &report_files {
-            println!("report written: {}", files_list(files));
-        }
-    }
-    if let Some(oom) = &e.out_of_memory {
-        eprintln!("error: {name} does not fit: {}", one_line(&oom.to_string()));
-        return Ok(false);
-    }
-    Ok(true)
+    Ok(ModelEstimate {
+        summary,
+        estimate: e,
+        model_summary: model.summary(),
+        report_files,
+    })
 }
 
 /// Whether the model argument names an ONNX file.

@@ -6,6 +6,7 @@ pub mod infer;
 pub mod onnx;
 pub mod op;
 pub mod options;
+pub mod sweep;
 pub mod train;
 
 /// Any error a subcommand returns; `main` prints it with its chain of causes.

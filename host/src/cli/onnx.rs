@@ -63,7 +63,78 @@ struct FewestIpus {
     boundaries: Vec<String>,
 }
 
+/// An ONNX model's estimate with the import's facts, as `estimate` prints it.
+pub struct OnnxEstimate {
+    /// The summary `--json` prints.
+    pub summary: EstimateSummary,
+    facts: ImportFacts,
+    /// The model's name.
+    pub name: String,
+    /// Why it does not fit, on one line.
+    pub out_of_memory: Option<String>,
+    report_files: Option<Vec<std::path::PathBuf>>,
+    inference_line: Option<String>,
+}
+
+impl OnnxEstimate {
+    /// The stage boundaries of an automatic split, if the estimate is of one.
+    pub fn boundaries(&self) -> Option<&[String]> {
+        self.facts.split.as_ref().map(|s| s.boundaries.as_slice())
+    }
+}
+
 pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
+    let o = estimate(&a)?;
+    let (summary, facts, name) = (o.summary, o.facts, o.name);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string(&OnnxSummary {
+                summary,
+                onnx: &facts
+            })?
+        );
+    } else {
+        print!("{}", facts_text(&facts, a.layers));
+        if a.inference {
+            println!("{}", o.inference_line.unwrap_or_default());
+        }
+        print!("{}", summary.to_text());
+        if let Some(files) = &o.report_files {
+            println!("report written: {}", files_list(files));
+        }
+    }
+    if let Some(oom) = &o.out_of_memory {
+        eprintln!("error: {name} does not fit: {oom}");
+        if let Some(f) = &facts.fewest_ipus {
+            match f.ipus {
+                Some(n) => eprintln!(
+                    "an automatic split fits on {n} IPUs: add --pipeline-ipus {n} (stage boundaries after {})",
+                    f.boundaries.join(", ")
+                ),
+                None => eprintln!(
+                    "{} (try --dtype f16, --offload-optimizer-state, --recompute or a smaller --batch-size)",
+                    match &f.stopped {
+                        Some(why) => format!(
+                            "no automatic split fits: the search stopped at {} IPUs, as {why}",
+                            f.tried_up_to
+                        ),
+                        None => format!(
+                            "no automatic split fits on up to {} IPUs",
+                            f.tried_up_to
+                        ),
+                    }
+                ),
+            }
+        }
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// The estimate `run` prints, without printing it (but with the report written when
+/// `--report-dir` asks for one).
+pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
     let start = Instant::now();
     let path = Path::new(&a.model.model);
     let model = OnnxModel::load(path)?;
@@ -181,50 +252,14 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
         layers,
         seconds: start.elapsed().as_secs_f64(),
     };
-    if a.json {
-        println!(
-            "{}",
-            serde_json::to_string(&OnnxSummary {
-                summary,
-                onnx: &facts
-            })?
-        );
-    } else {
-        print!("{}", facts_text(&facts, a.layers));
-        if a.inference {
-            println!("{}", inference_line(&e));
-        }
-        print!("{}", summary.to_text());
-        if let Some(files) = &report_files {
-            println!("report written: {}", files_list(files));
-        }
-    }
-    if let Some(oom) = &e.out_of_memory {
-        eprintln!("error: {name} does not fit: {}", one_line(&oom.to_string()));
-        if let Some(f) = &facts.fewest_ipus {
-            match f.ipus {
-                Some(n) => eprintln!(
-                    "an automatic split fits on {n} IPUs: add --pipeline-ipus {n} (stage boundaries after {})",
-                    f.boundaries.join(", ")
-                ),
-                None => eprintln!(
-                    "{} (try --dtype f16, --offload-optimizer-state, --recompute or a smaller --batch-size)",
-                    match &f.stopped {
-                        Some(why) => format!(
-                            "no automatic split fits: the search stopped at {} IPUs, as {why}",
-                            f.tried_up_to
-                        ),
-                        None => format!(
-                            "no automatic split fits on up to {} IPUs",
-                            f.tried_up_to
-                        ),
-                    }
-                ),
-            }
-        }
-        return Ok(false);
-    }
-    Ok(true)
+    Ok(OnnxEstimate {
+        summary,
+        facts,
+        name,
+        out_of_memory: e.out_of_memory.as_ref().map(|o| one_line(&o.to_string())),
+        inference_line: a.inference.then(|| inference_line(&e)),
+        report_files,
+    })
 }
 
 /// The import's facts and the layer table as text.

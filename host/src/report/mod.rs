@@ -18,6 +18,7 @@ pub mod format;
 mod html;
 mod memory;
 mod svg;
+pub mod sweep;
 mod timeline;
 pub mod trace;
 

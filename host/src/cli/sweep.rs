@@ -1,0 +1,460 @@
+//! `tessera sweep`: many estimates from a spec, in parallel, resumable, sharded over a Slurm
+//! job array when asked.
+
+use std::io::IsTerminal as _;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use rayon::prelude::*;
+use tessera_host::report::format::{decimal, seconds};
+use tessera_host::report::sweep::{pareto_svg, sweep_page, PARETO_FILE};
+use tessera_host::report::INDEX_FILE;
+use tessera_host::sweep::{
+    best, match_rows, merge as merge_rows, pareto_front, read_rows, replace, stem, write_all,
+    Appender, Config, Files, Row, Spec,
+};
+
+use super::args::{parse_shard, SweepRunArgs};
+use super::args::{Cli, Command, EstimateArgs, MergeArgs, SubmitArgs, SweepArgs, SweepCommand};
+use super::estimate::is_onnx;
+use super::{one_line, AnyError};
+use clap::Parser as _;
+
+pub fn run(a: SweepArgs) -> Result<bool, AnyError> {
+    match a.action {
+        Some(SweepCommand::Submit(s)) => submit(s),
+        Some(SweepCommand::Merge(m)) => merge(m),
+        None => run_sweep(a.run),
+    }
+}
+
+/// The output directory: as given, else the spec's stem + `-sweep` in the working directory.
+fn output_dir(spec: &Path, output: Option<&Path>) -> PathBuf {
+    output.map(Path::to_path_buf).unwrap_or_else(|| {
+        let stem = spec
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "sweep".into());
+        PathBuf::from(format!("{stem}-sweep"))
+    })
+}
+
+/// The estimate options of configuration `c`, checked as the command line checks them.
+fn estimate_args(spec: &Spec, index: usize, c: &Config) -> Result<EstimateArgs, AnyError> {
+    let model = spec.model_path(c);
+    let mut argv = vec!["tessera".to_string(), "estimate".into(), model.clone()];
+    argv.extend(c.options());
+    if is_onnx(&model) {
+        // A sweep's configurations are the search: one estimate each.
+        argv.push("--no-search".into());
+    }
+    argv.push("--json".into());
+    match Cli::try_parse_from(&argv) {
+        Ok(Cli {
+            command: Command::Estimate(a),
+        }) => Ok(a),
+        Ok(_) => Err(format!("configuration {index} ({c}): not an estimate").into()),
+        Err(e) => {
+            let text = e.to_string();
+            let kept: Vec<&str> = text
+                .lines()
+                .filter(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+                .collect();
+            let msg = one_line(&kept.join(" "));
+            Err(format!(
+                "{}: configuration {index} ({c}): {}",
+                spec.path.display(),
+                msg.strip_prefix("error: ").unwrap_or(&msg)
+            )
+            .into())
+        }
+    }
+}
+
+/// An error with its causes, on one line.
+fn chain(e: &AnyError) -> String {
+    let mut s = one_line(&e.to_string());
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s.push_str(": ");
+        s.push_str(&one_line(&c.to_string()));
+        cause = c.source();
+    }
+    s
+}
+
+/// Configuration `index`'s row: its estimate, or the error (a panic included) that stopped it.
+fn estimate_row(index: usize, c: &Config, args: &EstimateArgs) -> Row {
+    let result = catch_unwind(AssertUnwindSafe(|| -> Result<Row, AnyError> {
+        if is_onnx(&args.model.model) {
+            let o = super::onnx::estimate(args)?;
+            Ok(Row::estimated(
+                index,
+                c,
+                &o.summary,
+                o.boundaries().map(<[String]>::to_vec),
+            ))
+        } else {
+            let o = super::estimate::estimate(args)?;
+            Ok(Row::estimated(index, c, &o.summary, None))
+        }
+    }));
+    match result {
+        Ok(Ok(row)) => row,
+        Ok(Err(e)) => Row::failed(index, c, &chain(&e)),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Row::failed(index, c, &format!("internal error (a bug): {what}"))
+        }
+    }
+}
+
+/// The shard Slurm gives this task of a job array, if it is one.
+fn slurm_shard() -> Option<(usize, usize)> {
+    let var = |k: &str| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+    };
+    let id = var("SLURM_ARRAY_TASK_ID")?;
+    let min = var("SLURM_ARRAY_TASK_MIN").unwrap_or(0);
+    let count =
+        var("SLURM_ARRAY_TASK_COUNT").or_else(|| Some(var("SLURM_ARRAY_TASK_MAX")? - min + 1))?;
+    parse_shard(&format!("{}/{count}", id.checked_sub(min)?)).ok()
+}
+
+fn run_sweep(a: SweepRunArgs) -> Result<bool, AnyError> {
+    let start = Instant::now();
+    let spec_path = a.spec.clone().unwrap_or_default();
+    let spec = Spec::load(&spec_path)?;
+    // Every configuration is checked before any runs: a typo fails now, not hours in.
+    let args = spec
+        .configs
+        .iter()
+        .enumerate()
+        .map(|(i, c)| estimate_args(&spec, i, c))
+        .collect::<Result<Vec<_>, _>>()?;
+    let shard = a.shard.or_else(slurm_shard);
+    let dir = output_dir(&spec_path, a.output.as_deref());
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let files = Files::new(&dir, &stem(shard));
+    let mut rows = match_rows(&spec, &files.jsonl, read_rows(&files.jsonl)?)?;
+    // Rewritten whole: a row cut short by a kill goes, the CSV matches the JSON lines.
+    write_all(&files, &spec.keys, &rows)?;
+    let mine = match shard {
+        Some((i, n)) => spec.shard(i, n),
+        None => (0..spec.configs.len()).collect(),
+    };
+    let done: std::collections::HashSet<usize> = rows.iter().map(|r| r.index).collect();
+    let todo: Vec<usize> = mine.iter().copied().filter(|i| !done.contains(i)).collect();
+    let jobs = a
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    eprintln!(
+        "{}: {} configurations{}, {} done already, {} to run, {jobs} at a time; rows go to {}",
+        spec.name,
+        mine.len(),
+        shard.map_or(String::new(), |(i, n)| format!(" in shard {i} of {n}")),
+        mine.len() - todo.len(),
+        todo.len(),
+        files.jsonl.display()
+    );
+    let mut appender = Appender::open(&files, &spec.keys)?;
+    let bar = ProgressBar::new(todo.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:40}] {pos}/{len} configurations, {eta} left {msg}",
+        )
+        .map_err(|e| e.to_string())?
+        .progress_chars("=> "),
+    );
+    let plain = !std::io::stderr().is_terminal();
+    let stop = AtomicBool::new(false);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(jobs)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let (tx, rx) = crossbeam_channel::unbounded::<Row>();
+    let mut failure: Option<AnyError> = None;
+    let (mut fits, mut failed) = (0usize, 0usize);
+    std::thread::scope(|scope| {
+        let (todo, args, spec, stop) = (&todo, &args, &spec, &stop);
+        scope.spawn(move || {
+            pool.install(|| {
+                todo.par_iter().for_each_with(tx, |tx, &i| {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let row = estimate_row(i, &spec.configs[i], &args[i]);
+                    if tx.send(row).is_err() {
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                });
+            });
+        });
+        let mut last_line = Instant::now();
+        for row in rx {
+            if let Err(e) = appender.push(&row) {
+                // Nothing more can be kept: stop the workers.
+                stop.store(true, Ordering::Relaxed);
+                failure = Some(e.into());
+                break;
+            }
+            fits += usize::from(row.fits());
+            failed += usize::from(row.error.is_some());
+            rows.push(row);
+            bar.inc(1);
+            bar.set_message(format!("({fits} fit, {failed} failed)"));
+            if plain
+                && (last_line.elapsed() >= Duration::from_secs(10)
+                    || bar.position() == bar.length().unwrap_or(0))
+            {
+                last_line = Instant::now();
+                eprintln!(
+                    "{}/{} configurations ({fits} fit, {failed} failed), {} elapsed, {} left",
+                    bar.position(),
+                    todo.len(),
+                    seconds(start.elapsed().as_secs_f64()),
+                    seconds(bar.eta().as_secs_f64())
+                );
+            }
+        }
+    });
+    bar.finish_and_clear();
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    rows.sort_by_key(|r| r.index);
+    write_all(&files, &spec.keys, &rows)?;
+    eprintln!(
+        "{} configurations estimated in {}",
+        todo.len(),
+        seconds(start.elapsed().as_secs_f64())
+    );
+    match shard {
+        Some((i, n)) => {
+            println!(
+                "shard {i} of {n}: {} rows in {}; when every shard is done: tessera sweep merge {} --output {}",
+                rows.len(),
+                files.jsonl.display(),
+                spec_path.display(),
+                dir.display()
+            );
+            Ok(true)
+        }
+        None => finish(&spec, &dir, &rows, &[]),
+    }
+}
+
+/// Writes the picture and page for `rows` and prints the best configurations.
+fn finish(spec: &Spec, dir: &Path, rows: &[Row], missing: &[usize]) -> Result<bool, AnyError> {
+    let title = format!("Sweep {}", spec.name);
+    let svg = dir.join(PARETO_FILE);
+    replace(&svg, pareto_svg(&title, rows).as_bytes())?;
+    let page = dir.join(INDEX_FILE);
+    replace(
+        &page,
+        sweep_page(
+            &title,
+            &spec.path.display().to_string(),
+            rows,
+            missing.len(),
+        )
+        .as_bytes(),
+    )?;
+    let fits = rows.iter().filter(|r| r.fits()).count();
+    let failed: Vec<&Row> = rows.iter().filter(|r| r.error.is_some()).collect();
+    println!(
+        "{}: {} rows: {fits} fit, {} do not, {} failed",
+        spec.name,
+        rows.len(),
+        rows.len() - fits - failed.len(),
+        failed.len()
+    );
+    if let Some(f) = failed.first() {
+        println!(
+            "first failure: #{} {}: {}",
+            f.index,
+            f.config,
+            f.error.as_deref().unwrap_or("")
+        );
+    }
+    match best(rows) {
+        Some(b) => println!(
+            "best: #{} {}: {} samples/s on {} IPU(s)\n  {}",
+            b.index,
+            b.config,
+            decimal(b.samples_per_second.unwrap_or(0.0)),
+            b.ipus.unwrap_or(0),
+            b.command
+        ),
+        None => println!("best: no configuration fits"),
+    }
+    let front = pareto_front(rows);
+    if !front.is_empty() {
+        println!("Pareto front (the most samples/s for the IPUs):");
+        for r in front {
+            println!(
+                "  {:>4} IPU(s) {:>14} samples/s  #{} {}",
+                r.ipus.unwrap_or(0),
+                decimal(r.samples_per_second.unwrap_or(0.0)),
+                r.index,
+                r.config
+            );
+        }
+    }
+    let files = Files::new(dir, "results");
+    println!(
+        "written: {}, {}, {}, {}",
+        files.jsonl.display(),
+        files.csv.display(),
+        svg.display(),
+        page.display()
+    );
+    if !missing.is_empty() {
+        eprintln!(
+            "error: {} of {} configurations have no row yet (the first: #{} {}); run the missing shards (or the sweep itself, which skips finished rows) and merge again",
+            missing.len(),
+            spec.configs.len(),
+            missing[0],
+            spec.configs[missing[0]]
+        );
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+fn merge(m: MergeArgs) -> Result<bool, AnyError> {
+    let spec = Spec::load(&m.spec)?;
+    let dir = output_dir(&m.spec, m.output.as_deref());
+    let (rows, missing) = merge_rows(&spec, &dir)?;
+    write_all(&Files::new(&dir, "results"), &spec.keys, &rows)?;
+    finish(&spec, &dir, &rows, &missing)
+}
+
+/// A word for a POSIX shell, single-quoted.
+fn sh(w: &str) -> String {
+    format!("'{}'", w.replace('\'', "'\\''"))
+}
+
+fn absolute(p: &Path) -> Result<PathBuf, AnyError> {
+    std::path::absolute(p).map_err(|e| format!("{}: {e}", p.display()).into())
+}
+
+fn submit(s: SubmitArgs) -> Result<bool, AnyError> {
+    let spec = Spec::load(&s.spec)?;
+    for (i, c) in spec.configs.iter().enumerate() {
+        estimate_args(&spec, i, c)?;
+    }
+    if s.array_size == 0 {
+        return Err("--array-size must be at least 1".into());
+    }
+    let n = s.array_size.min(spec.configs.len()).max(1);
+    let dir = absolute(&output_dir(&s.spec, s.output.as_deref()))?;
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let exe = std::env::current_exe().map_err(|e| format!("this program's path: {e}"))?;
+    let spec_abs = absolute(&s.spec)?;
+    let mut script = String::from("#!/bin/sh\n");
+    let name: String = spec
+        .name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    script.push_str(&format!("#SBATCH --job-name=tessera-sweep-{name}\n"));
+    script.push_str(&format!("#SBATCH --array=0-{}\n", n - 1));
+    script.push_str(&format!(
+        "#SBATCH --cpus-per-task={}\n",
+        s.cpus_per_task.max(1)
+    ));
+    script.push_str(&format!(
+        "#SBATCH --output={}\n",
+        dir.join("slurm-%A_%a.out").display()
+    ));
+    if let Some(m) = &s.mem {
+        script.push_str(&format!("#SBATCH --mem={m}\n"));
+    }
+    if let Some(p) = &s.partition {
+        script.push_str(&format!("#SBATCH --partition={p}\n"));
+    }
+    if let Some(t) = &s.time {
+        script.push_str(&format!("#SBATCH --time={t}\n"));
+    }
+    script.push_str(&format!(
+        "# Each task runs shard $SLURM_ARRAY_TASK_ID of {n}; then: tessera sweep merge {} --output {}\n",
+        sh(&spec_abs.display().to_string()),
+        sh(&dir.display().to_string())
+    ));
+    script.push_str(&format!(
+        "exec {} sweep {} --output {} --jobs {} --shard \"$SLURM_ARRAY_TASK_ID/{n}\"\n",
+        sh(&exe.display().to_string()),
+        sh(&spec_abs.display().to_string()),
+        sh(&dir.display().to_string()),
+        s.cpus_per_task.max(1)
+    ));
+    let path = dir.join("sweep.sbatch");
+    replace(&path, script.as_bytes())?;
+    println!(
+        "{}: {} configurations in {n} shards; job script {}",
+        spec.name,
+        spec.configs.len(),
+        path.display()
+    );
+    if s.dry_run {
+        println!("not submitted (--dry-run): sbatch {}", path.display());
+        return Ok(true);
+    }
+    let mut cmd = std::process::Command::new("sbatch");
+    cmd.arg("--parsable");
+    if s.wait {
+        cmd.arg("--wait");
+    }
+    cmd.arg(&path);
+    let out = cmd.output().map_err(|e| {
+        format!(
+            "sbatch: {e} (is Slurm installed and its sbatch on PATH? the script is written: {})",
+            path.display()
+        )
+    })?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let job = stdout.trim().split(';').next().unwrap_or("").to_string();
+    if !out.status.success() {
+        return Err(format!(
+            "sbatch {} failed ({}): {}",
+            path.display(),
+            out.status,
+            one_line(&String::from_utf8_lossy(&out.stderr))
+        )
+        .into());
+    }
+    println!(
+        "submitted job array {job} ({n} tasks); logs {}",
+        dir.join(format!("slurm-{job}_*.out")).display()
+    );
+    if !s.wait {
+        println!(
+            "when it finishes: tessera sweep merge {} --output {}",
+            s.spec.display(),
+            dir.display()
+        );
+        return Ok(true);
+    }
+    println!("job array {job} finished; merging");
+    merge(MergeArgs {
+        spec: s.spec,
+        output: Some(dir),
+    })
+}
