@@ -30,6 +30,7 @@
 // which makes them larger than clippy's default threshold; they are off the hot path.
 #![allow(clippy::result_large_err)]
 
+pub mod cache;
 pub mod check;
 pub mod cost;
 pub mod estimate;

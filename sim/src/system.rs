@@ -322,21 +322,35 @@ where
 
     // Lower each IPU's share, keeping what the estimate needs of its exchanges. The IPUs are
     // independent, so they are lowered in parallel.
-    let (programs, summaries): (Vec<Program>, Vec<Summaries>) = (0..ipus)
+    // With the lowering cache on (sweeps), an IPU's program lowered before is reused.
+    let fingerprint = crate::cache::enabled().then(|| crate::cache::plan_fingerprint(plan));
+    let lowered: Vec<crate::cache::Lowered> = (0..ipus)
         .into_par_iter()
         .map(|d| {
-            lower_with(
-                plan,
-                cfg,
-                opts.lower,
-                &|i| mapping[plan.graph().nodes()[i].stage()] == d,
-                true,
-            )
+            let lower = || {
+                lower_with(
+                    plan,
+                    cfg,
+                    opts.lower,
+                    &|i| mapping[plan.graph().nodes()[i].stage()] == d,
+                    true,
+                )
+            };
+            match fingerprint {
+                Some(f) => {
+                    let stages: Vec<usize> = (0..s).filter(|&k| mapping[k] == d).collect();
+                    let key = crate::cache::key(f, &stages, cfg, opts.lower);
+                    crate::cache::get_or_lower(key, lower)
+                }
+                None => std::sync::Arc::new(lower()),
+            }
         })
-        .unzip();
+        .collect();
+    let programs: Vec<&Program> = lowered.iter().map(|l| &l.0).collect();
+    let summaries: Vec<&Summaries> = lowered.iter().map(|l| &l.1).collect();
     let node_cycles = |d: usize, i: usize| {
         let (a, b) = programs[d].node_steps[i];
-        cost_steps_with(&programs[d], &summaries[d], cfg, a..b)
+        cost_steps_with(programs[d], summaries[d], cfg, a..b)
     };
     let mut costs = vec![StageCost::default(); s];
     let mut phases = vec![(Cycles::default(), Cycles::default()); s];
@@ -473,7 +487,7 @@ where
                 .filter(|t| t.total() > cfg.sram_bytes_per_tile)
             {
                 if worst.as_ref().is_none_or(|w| t.total() > w.needed) {
-                    worst = crate::memory::check_fits(&programs[d], r).err().map(|b| *b);
+                    worst = crate::memory::check_fits(programs[d], r).err().map(|b| *b);
                 }
             }
             let streaming: u64 = programs[d]

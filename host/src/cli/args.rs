@@ -412,10 +412,15 @@ pub struct SweepRunArgs {
     /// Configurations estimated at once [default: the machine's cores].
     #[arg(long)]
     pub jobs: Option<usize>,
-    /// Run only shard I of N (every N-th configuration from I, I from 0) [default: from
+    /// Run only shard I of N (the I-th of N contiguous blocks, I from 0) [default: from
     /// SLURM_ARRAY_TASK_ID and SLURM_ARRAY_TASK_COUNT when Slurm sets them].
     #[arg(long, value_parser = parse_shard)]
     pub shard: Option<(usize, usize)>,
+    /// Lowered IPU programs kept for reuse by later configurations that lower the same
+    /// program (those differing only in M, schedule or replicas, say); 0 turns reuse off.
+    /// Each costs memory: a BERT-Base IPU program is a few hundred MB.
+    #[arg(long, default_value_t = 8)]
+    pub lowering_cache: usize,
 }
 
 #[derive(Subcommand, Debug)]

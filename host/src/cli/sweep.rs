@@ -167,6 +167,7 @@ fn run_sweep(a: SweepRunArgs) -> Result<bool, AnyError> {
         todo.len(),
         files.jsonl.display()
     );
+    tessera_sim::cache::set_lowering_cache(a.lowering_cache);
     let mut appender = Appender::open(&files, &spec.keys)?;
     let bar = ProgressBar::new(todo.len() as u64);
     bar.set_style(
@@ -234,8 +235,9 @@ fn run_sweep(a: SweepRunArgs) -> Result<bool, AnyError> {
     }
     rows.sort_by_key(|r| r.index);
     write_all(&files, &spec.keys, &rows)?;
+    let (hits, misses) = tessera_sim::cache::lowering_cache_stats();
     eprintln!(
-        "{} configurations estimated in {}",
+        "{} configurations estimated in {} ({misses} IPU programs lowered, {hits} reused)",
         todo.len(),
         seconds(start.elapsed().as_secs_f64())
     );

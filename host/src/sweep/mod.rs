@@ -2,12 +2,11 @@
 //!
 //! A [`Spec`] (TOML) expands to configurations; each becomes a [`Row`] (fit, cycles per
 //! step, samples/s, memory per IPU, the fullest tile, or the error). Rows are written as
-//! JSON lines (`<stem>.jsonl`, one object per line, the record [`Results`] reads back) and
+//! JSON lines (`<stem>.jsonl`, one object per line, the record [`read_rows`] reads back) and
 //! CSV (`<stem>.csv`, for spreadsheets), appended as they finish so that nothing finished is
 //! lost when a run is killed; a run that finds rows already there skips their
 //! configurations (matched by the configuration itself, not its place). A sweep can be cut
-//! into shards (`shard-I-of-N.*`, every N-th configuration from I) that [`Results::merge`]
-//! joins. [`pareto_front`] and [`best`] pick the configurations worth a look.
+//! into shards (`shard-I-of-N.*`, contiguous blocks of configurations) that [`merge`] joins. [`pareto_front`] and [`best`] pick the configurations worth a look.
 
 mod spec;
 

@@ -307,12 +307,16 @@ impl Spec {
         m.to_string()
     }
 
-    /// The indices of the configurations shard `shard` of `of` runs: every `of`-th, from
-    /// `shard` (round robin, so heavy neighbours spread over the shards).
+    /// The indices of the configurations shard `shard` of `of` runs: a contiguous block,
+    /// the blocks as even as can be. Neighbours in the grid (differing in the fastest axes,
+    /// often ones that leave the lowered programs unchanged) stay together, so each shard
+    /// reuses its programs.
     pub fn shard(&self, shard: usize, of: usize) -> Vec<usize> {
-        (0..self.configs.len())
-            .filter(|i| of == 0 || i % of == shard)
-            .collect()
+        let n = self.configs.len();
+        if of == 0 {
+            return (0..n).collect();
+        }
+        (shard * n / of..(shard + 1) * n / of).collect()
     }
 }
 
