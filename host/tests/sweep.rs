@@ -385,3 +385,29 @@ fn a_slurm_job_array_merges_to_the_single_run() {
         "the array's merged rows equal the single-machine run's, row for row"
     );
 }
+
+/// Writes the small sweep's picture as PNG (with system fonts) when `TESSERA_REPORT_PNG` names
+/// a directory: for looking at it.
+#[test]
+fn pareto_png_on_request() {
+    let Some(out) = std::env::var_os("TESSERA_REPORT_PNG") else {
+        return;
+    };
+    let out = Path::new(&out);
+    fs::create_dir_all(out).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let spec = spec(dir.path());
+    ok(&tessera(&["sweep", spec.to_str().unwrap()], dir.path()));
+    let svg = fs::read_to_string(dir.path().join("small-sweep/pareto.svg")).unwrap();
+    let mut opts = resvg::usvg::Options::default();
+    opts.fontdb_mut().load_system_fonts();
+    let tree = resvg::usvg::Tree::from_str(&svg, &opts).unwrap();
+    let size = tree.size().to_int_size();
+    let mut pixmap = resvg::tiny_skia::Pixmap::new(size.width(), size.height()).unwrap();
+    resvg::render(
+        &tree,
+        resvg::tiny_skia::Transform::default(),
+        &mut pixmap.as_mut(),
+    );
+    pixmap.save_png(out.join("pareto.png")).unwrap();
+}

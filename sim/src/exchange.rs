@@ -372,6 +372,8 @@ fn pieces_of(tensors: &[ProgTensor], r: &Region, lists: &mut Lists) -> Read {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Summaries {
     by_step: Vec<(usize, ExchangeSummary)>,
+    /// Node lowerings reused from an identical node's (see `lower::memo`).
+    pub(crate) reused: usize,
 }
 impl Summaries {
     /// Records the summary of the exchange at `step` (steps in increasing order).

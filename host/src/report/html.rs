@@ -8,7 +8,8 @@ use tessera_sim::system::SystemEstimate;
 use super::format::{bytes, count, decimal, percent, seconds, short_decimal};
 use super::{Report, ESTIMATE_FILE, MEMORY_FILE, TIMELINE_FILE, TRACE_FILE};
 
-const CSS: &str = "body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,'DejaVu Sans',sans-serif;margin:2em auto;max-width:1440px;padding:0 1em;color:#222;line-height:1.4}\n\
+/// The pages' style sheet (this page's and the sweep page's).
+pub(super) const CSS: &str = "body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,'DejaVu Sans',sans-serif;margin:2em auto;max-width:1440px;padding:0 1em;color:#222;line-height:1.4}\n\
 h1{font-size:1.5em;margin-bottom:.2em}\n\
 h2{font-size:1.15em;margin-top:1.8em;border-bottom:1px solid #ddd;padding-bottom:.2em}\n\
 code{background:#f3f3f3;padding:.1em .3em;border-radius:3px;word-break:break-all}\n\

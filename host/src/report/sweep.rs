@@ -4,6 +4,7 @@
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
 use super::format::{bytes, count, decimal};
+use super::html::CSS;
 use super::svg::{axis_ticks, px, text_width, tick_label, Font, Key, Stroke, Svg};
 use super::svg::{GRID, INK, LIMIT, MUTED};
 use crate::sweep::{best, pareto_front, Row};
@@ -160,18 +161,6 @@ pub fn pareto_svg(title: &str, rows: &[Row]) -> String {
     );
     s.finish(WIDTH, HEIGHT)
 }
-
-const CSS: &str = "body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,'DejaVu Sans',sans-serif;margin:2em auto;max-width:1440px;padding:0 1em;color:#222;line-height:1.4}\n\
-h1{font-size:1.5em;margin-bottom:.2em}\n\
-h2{font-size:1.15em;margin-top:1.8em;border-bottom:1px solid #ddd;padding-bottom:.2em}\n\
-code{background:#f3f3f3;padding:.1em .3em;border-radius:3px;word-break:break-all}\n\
-table{border-collapse:collapse;margin:.5em 0;font-variant-numeric:tabular-nums}\n\
-th,td{border:1px solid #ddd;padding:.25em .7em;text-align:right}\n\
-th{background:#f6f6f6}\n\
-td.k,th.k{text-align:left}\n\
-.fits{color:#1a7f37;font-weight:bold}\n\
-.oom{color:#c62828;font-weight:bold}\n\
-img{max-width:100%;height:auto;border:1px solid #eee}\n";
 
 fn rows_table(rows: &[&Row]) -> Markup {
     html! {

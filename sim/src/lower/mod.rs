@@ -30,6 +30,7 @@ mod gather;
 mod layout;
 mod loss;
 mod matmul;
+mod memo;
 mod norm;
 mod pool;
 mod random;
@@ -86,6 +87,8 @@ pub(crate) struct Lowering<'a, S: Storage> {
     steps: Vec<Step>,
     node_steps: Vec<(usize, usize)>,
     cursor: u32,
+    /// Whether lowering the current node took tiles from the cursor.
+    pub(crate) cursor_used: bool,
     pub(crate) mm: matmul::Plans,
     /// Nodes lowered onto this IPU.
     include: Vec<bool>,
@@ -170,6 +173,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
                 grain = d;
             }
         }
+        self.cursor_used = true;
         let m = Mapping::linear(
             elements,
             grain,
@@ -396,7 +400,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
         })
     }
 
-    fn lower_node(&mut self, i: NodeId) {
+    fn lower_node(&mut self, i: NodeId, memo: Option<&mut memo::Memo>) {
         let node = self.node(i);
         if !self.include[i.index()] {
             if self.remote[i.index()] {
@@ -423,13 +427,32 @@ impl<'a, S: Storage> Lowering<'a, S> {
                 load: true,
             });
         }
-        self.lower_op(i);
+        self.lower_op_reusing(i, memo);
         for &t in &offloaded {
             self.steps.push(Step::RemoteBuffer {
                 tensor: TensorId::of(t),
                 bytes: self.node(t).bytes() as u64,
                 load: false,
             });
+        }
+    }
+
+    /// [`lower_op`](Self::lower_op), or the replay of an identical node's lowering.
+    fn lower_op_reusing(&mut self, i: NodeId, memo: Option<&mut memo::Memo>) {
+        let Some(memo) = memo else {
+            return self.lower_op(i);
+        };
+        let Some((key, refs)) = memo.key(self, i) else {
+            return self.lower_op(i);
+        };
+        if memo.replay(self, key, i, &refs) {
+            return;
+        }
+        let (step0, tensor0) = (self.steps.len(), self.tensors.len());
+        self.cursor_used = false;
+        self.lower_op(i);
+        if !self.cursor_used {
+            memo.record(self, key, i, refs, step0, tensor0);
         }
     }
 
@@ -658,6 +681,7 @@ pub(crate) fn lower_with<S: Storage>(
         steps: Vec::new(),
         node_steps: Vec::with_capacity(n),
         cursor: 0,
+        cursor_used: false,
         mm: matmul::Plans::default(),
         include: inc,
         remote,
@@ -667,10 +691,15 @@ pub(crate) fn lower_with<S: Storage>(
         row_stats: Vec::new(),
     };
     l.map_graph_tensors();
+    // Estimates reuse identical nodes' lowerings.
+    let mut memo = summarize.then(|| memo::Memo::new(&l));
     for i in graph.ids() {
         let start = l.steps.len();
-        l.lower_node(i);
+        l.lower_node(i, memo.as_mut());
         l.node_steps.push((start, l.steps.len()));
+    }
+    if let (Some(m), Some(s)) = (&memo, &mut l.summaries) {
+        s.reused = m.reused;
     }
     liveness(&mut l);
     let program = Program {
@@ -806,8 +835,10 @@ mod tests {
 
     /// Lowering with summaries gives the program lowering with transfers gives, less the
     /// transfers, and each exchange's summary is the summary of its transfers.
-    fn same_both_ways<S: Storage>(plan: &Plan<S>, cfg: &IpuConfig, opts: LowerOptions) {
+    /// Returns how many node lowerings the summarised lowering reused.
+    fn same_both_ways<S: Storage>(plan: &Plan<S>, cfg: &IpuConfig, opts: LowerOptions) -> usize {
         let g = plan.graph();
+        let mut reused = 0;
         for stage in 0..g.stage_count() {
             let include = |i: usize| g.nodes()[i].stage() == stage;
             let (full, none) = lower_with(plan, cfg, opts, &include, false);
@@ -832,6 +863,7 @@ mod tests {
                 }
             }
             assert!(exchanges > 0);
+            reused += summaries.reused;
             let sram = cfg.sram_bytes_per_tile;
             assert_eq!(account(&full, sram), account_with(&lean, &summaries, sram));
             assert_eq!(
@@ -839,6 +871,7 @@ mod tests {
                 crate::estimate::cost_steps_with(&lean, &summaries, cfg, 0..lean.steps.len())
             );
         }
+        reused
     }
 
     #[test]
@@ -864,7 +897,8 @@ mod tests {
                 min_chunk_bytes: 16,
                 offload_optimizer_state: offload,
             };
-            same_both_ways(&plan, &cfg, opts);
+            // The two layers are alike: the second's nodes reuse the first's lowerings.
+            assert!(same_both_ways(&plan, &cfg, opts) > 20);
         }
 
         let mut g: Graph<Heap> = Graph::new();

@@ -398,6 +398,7 @@ pub(super) fn two_stage<S: Storage>(
             offset += width;
         }
         let first = l.cursor;
+        l.cursor_used = true;
         let tile_of = |n: usize| TileId::wrapping(u64::from(first) + n as u64, cfg.tiles);
         let mapping = Mapping::from_intervals(
             chunks

@@ -1,0 +1,354 @@
+//! Reuse of a node's lowering by an identical node: a transformer's layers repeat, and so do
+//! their ops, operands and layouts. Poplar itself reuses the code of identical layers.
+//!
+//! A node's lowering reads its op, its own and its operands' nodes (shapes, types, roles,
+//! whether state, whether a view), their program tensors (elements, type, class, mapping),
+//! which IPU holds them (here, a copy from another, offloaded), and whether the node is the
+//! first reader of an operand; and it writes steps and temporaries. When all it reads equals
+//! what an earlier node read - operand identities aside, but with the operands in the same
+//! order of tensor ids - its steps and temporaries are the earlier node's, with tensor ids,
+//! names and node renamed. The key is a 128-bit hash of those facts (two SipHash passes
+//! with different keys). Nodes whose lowering takes a tile from the running cursor (spread
+//! temporaries) or reads another node's temporaries (a cross-entropy's row statistics) are
+//! not reused: their lowering depends on more than the node.
+//!
+//! Only estimates' lowering (summarised exchanges, compute sets without vertices) reuses.
+//! The unit tests and the `estimate_only` property test compare it with the full lowering.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use tessera_core::{NodeId, Op, Storage};
+
+use super::Lowering;
+use crate::exchange::ExchangeSummary;
+use crate::program::{Mapping, ProgTensor, Step, TensorId};
+
+/// One node's recorded lowering.
+struct Recorded {
+    /// The tensors it read, by place (operands' roots, then the node's own).
+    refs: Vec<TensorId>,
+    /// The first temporary it made.
+    first_temp: u32,
+    /// Its temporaries, with their names less the node's name.
+    temps: Vec<(String, ProgTensor)>,
+    /// Its steps (compute set names less the node's name).
+    steps: Vec<(Option<String>, Step)>,
+    /// The summaries of its exchanges, by offset in `steps`.
+    summaries: Vec<(usize, ExchangeSummary)>,
+}
+
+/// Recorded lowerings and what keys are made of.
+#[derive(Default)]
+pub(super) struct Memo {
+    entries: HashMap<u128, Recorded>,
+    /// Each tensor's mapping hashed, once.
+    mapping_hash: Vec<Option<u64>>,
+    /// Per node: the first included node reading it (as `first_consumer` finds it).
+    first_reader: Vec<Option<NodeId>>,
+    /// Lowerings reused.
+    pub(super) reused: usize,
+}
+
+/// Two hashers fed the same bytes: a 128-bit key.
+struct Two(DefaultHasher, DefaultHasher);
+
+impl Two {
+    fn new() -> Two {
+        let mut b = DefaultHasher::new();
+        b.write_u64(0x9e37_79b9_7f4a_7c15);
+        Two(DefaultHasher::new(), b)
+    }
+    fn u64(&mut self, x: u64) {
+        self.0.write_u64(x);
+        self.1.write_u64(x);
+    }
+    fn str(&mut self, s: &str) {
+        self.0.write(s.as_bytes());
+        self.1.write(s.as_bytes());
+        self.u64(s.len() as u64);
+    }
+    fn finish(&self) -> u128 {
+        (u128::from(self.0.finish()) << 64) | u128::from(self.1.finish())
+    }
+}
+
+fn hash_mapping(m: &Mapping) -> u64 {
+    let mut h = DefaultHasher::new();
+    m.intervals().hash(&mut h);
+    h.finish()
+}
+
+impl Memo {
+    /// A memo for `l`'s graph: who reads each tensor first.
+    pub(super) fn new<S: Storage>(l: &Lowering<'_, S>) -> Memo {
+        let n = l.graph.len();
+        let mut first_reader = vec![None; n];
+        for c in l.graph.ids() {
+            if !l.include[c.index()] {
+                continue;
+            }
+            for &o in l.node(c).op().operands().as_slice() {
+                let r = l.plan.storage_of(o).index();
+                if first_reader[r].is_none() {
+                    first_reader[r] = Some(c);
+                }
+            }
+        }
+        Memo {
+            first_reader,
+            ..Memo::default()
+        }
+    }
+
+    fn mapping_hash(&mut self, tensors: &[ProgTensor], t: TensorId) -> u64 {
+        if self.mapping_hash.len() <= t.index() {
+            self.mapping_hash.resize(t.index() + 1, None);
+        }
+        *self.mapping_hash[t.index()]
+            .get_or_insert_with(|| hash_mapping(&tensors[t.index()].mapping))
+    }
+
+    /// The key of node `i`'s lowering and the tensors it reads, or `None` for a node that
+    /// is never reused.
+    pub(super) fn key<S: Storage>(
+        &mut self,
+        l: &Lowering<'_, S>,
+        i: NodeId,
+    ) -> Option<(u128, Vec<TensorId>)> {
+        let node = l.node(i);
+        if matches!(
+            node.op(),
+            Op::Loss(_) | Op::Input | Op::Variable { .. } | Op::Constant { .. }
+        ) {
+            return None;
+        }
+        let mut nodes: Vec<NodeId> = node.op().operands().as_slice().to_vec();
+        nodes.push(i);
+        let refs: Vec<TensorId> = nodes.iter().map(|&x| l.t(x)).collect();
+        let mut h = Two::new();
+        // The op with its operands by place.
+        let mut op = String::new();
+        let _ = write!(op, "{:?}", node.op());
+        for (k, x) in nodes.iter().enumerate() {
+            op = op.replace(&format!("NodeId({})", x.index()), &format!("#{k}"));
+        }
+        h.str(&op);
+        for (k, (&x, &t)) in nodes.iter().zip(&refs).enumerate() {
+            let n = l.node(x);
+            let mut facts = String::new();
+            let _ = write!(
+                facts,
+                "{:?}|{:?}|{:?}|{}|{}",
+                n.shape(),
+                n.dtype(),
+                n.roles(),
+                n.op().is_state(),
+                n.op().is_update()
+            );
+            h.str(&facts);
+            let root = l.plan.storage_of(x);
+            let first = if root == x {
+                self.first_reader[x.index()]
+            } else {
+                None
+            };
+            for b in [
+                root != x,
+                first == Some(i),
+                l.include[x.index()],
+                l.remote[x.index()],
+                l.offloaded[x.index()],
+                l.include[root.index()],
+                l.remote[root.index()],
+                l.offloaded[root.index()],
+            ] {
+                h.u64(u64::from(b));
+            }
+            let pt = &l.tensors[t.index()];
+            h.u64(pt.elements);
+            h.str(&format!("{:?}{:?}", pt.dtype, pt.class));
+            let mh = self.mapping_hash(&l.tensors, t);
+            h.u64(mh);
+            // The order of the tensors' ids: a reused lowering keeps the same order.
+            let rank = refs.iter().filter(|&&o| o < t).count() as u64;
+            let same = refs[..k]
+                .iter()
+                .position(|&o| o == t)
+                .map_or(0, |p| p as u64 + 1);
+            h.u64(rank);
+            h.u64(same);
+        }
+        Some((h.finish(), refs))
+    }
+
+    /// Replays the lowering recorded under `key` for node `i` reading `refs`; false when
+    /// there is none.
+    pub(super) fn replay<S: Storage>(
+        &mut self,
+        l: &mut Lowering<'_, S>,
+        key: u128,
+        i: NodeId,
+        refs: &[TensorId],
+    ) -> bool {
+        let Some(rec) = self.entries.get(&key) else {
+            return false;
+        };
+        let name = l.node(i).name();
+        let base = l.tensors.len() as u32;
+        let remap = |t: TensorId| -> TensorId {
+            if t.0 >= rec.first_temp {
+                TensorId(base + (t.0 - rec.first_temp))
+            } else {
+                let k = rec
+                    .refs
+                    .iter()
+                    .position(|&r| r == t)
+                    .expect("recorded refs only");
+                refs[k]
+            }
+        };
+        for (suffix, pt) in &rec.temps {
+            l.tensors.push(ProgTensor {
+                name: format!("{name}{suffix}"),
+                node: i,
+                ..pt.clone()
+            });
+        }
+        let step0 = l.steps.len();
+        for (suffix, step) in &rec.steps {
+            let step = match step {
+                Step::Exchange { transfers, .. } => Step::Exchange {
+                    node: i,
+                    transfers: transfers
+                        .iter()
+                        .map(|t| {
+                            let mut t = *t;
+                            t.region.tensor = remap(t.region.tensor);
+                            t
+                        })
+                        .collect(),
+                },
+                Step::Compute(cs) => {
+                    let mut cs = cs.clone();
+                    cs.node = i;
+                    cs.name = format!("{name}{}", suffix.as_deref().unwrap_or(""));
+                    for t in &mut cs.touched {
+                        *t = remap(*t);
+                    }
+                    cs.touched.sort_unstable();
+                    Step::Compute(cs)
+                }
+                Step::HostToDevice { tensor, bytes } => Step::HostToDevice {
+                    tensor: remap(*tensor),
+                    bytes: *bytes,
+                },
+                Step::DeviceToHost { tensor, bytes } => Step::DeviceToHost {
+                    tensor: remap(*tensor),
+                    bytes: *bytes,
+                },
+                Step::LinkReceive { tensor, bytes } => Step::LinkReceive {
+                    tensor: remap(*tensor),
+                    bytes: *bytes,
+                },
+                Step::RemoteBuffer {
+                    tensor,
+                    bytes,
+                    load,
+                } => Step::RemoteBuffer {
+                    tensor: remap(*tensor),
+                    bytes: *bytes,
+                    load: *load,
+                },
+            };
+            l.steps.push(step);
+        }
+        if let Some(summaries) = &mut l.summaries {
+            for (off, s) in &rec.summaries {
+                let mut s = s.clone();
+                for t in &mut s.tensors {
+                    *t = remap(*t);
+                }
+                s.tensors.sort_unstable();
+                summaries.push(step0 + off, s);
+            }
+        }
+        self.reused += 1;
+        true
+    }
+
+    /// Records node `i`'s lowering (the steps from `step0` and the tensors from `tensor0`)
+    /// under `key`, unless it read something other than `refs` and its own temporaries.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn record<S: Storage>(
+        &mut self,
+        l: &Lowering<'_, S>,
+        key: u128,
+        i: NodeId,
+        refs: Vec<TensorId>,
+        step0: usize,
+        tensor0: usize,
+    ) {
+        let name = l.node(i).name();
+        let ok = |t: TensorId| t.index() >= tensor0 || refs.contains(&t);
+        let mut temps = Vec::new();
+        for pt in &l.tensors[tensor0..] {
+            let Some(suffix) = pt.name.strip_prefix(name) else {
+                return;
+            };
+            temps.push((suffix.to_string(), pt.clone()));
+        }
+        let mut steps = Vec::new();
+        for step in &l.steps[step0..] {
+            let suffix = match step {
+                Step::Exchange { transfers, .. } => {
+                    if !transfers.iter().all(|t| ok(t.region.tensor)) {
+                        return;
+                    }
+                    None
+                }
+                Step::Compute(cs) => {
+                    if !cs.vertices.is_empty() || !cs.touched.iter().all(|&t| ok(t)) {
+                        return;
+                    }
+                    let Some(suffix) = cs.name.strip_prefix(name) else {
+                        return;
+                    };
+                    Some(suffix.to_string())
+                }
+                Step::HostToDevice { tensor, .. }
+                | Step::DeviceToHost { tensor, .. }
+                | Step::LinkReceive { tensor, .. }
+                | Step::RemoteBuffer { tensor, .. } => {
+                    if !ok(*tensor) {
+                        return;
+                    }
+                    None
+                }
+            };
+            steps.push((suffix, step.clone()));
+        }
+        let mut summaries = Vec::new();
+        if let Some(all) = &l.summaries {
+            for s in step0..l.steps.len() {
+                if let Some(x) = all.get(s) {
+                    if !x.tensors.iter().all(|&t| ok(t)) {
+                        return;
+                    }
+                    summaries.push((s - step0, x.clone()));
+                }
+            }
+        }
+        self.entries.insert(
+            key,
+            Recorded {
+                refs,
+                first_temp: tensor0 as u32,
+                temps,
+                steps,
+                summaries,
+            },
+        );
+    }
+}
