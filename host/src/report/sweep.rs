@@ -47,7 +47,7 @@ fn tip(r: &Row) -> String {
 /// that do not in grey, the Pareto front of those that fit joined in red. Rows without an
 /// estimate are left out (the caption counts them).
 pub fn pareto_svg(title: &str, rows: &[Row]) -> String {
-    let (left, right, top, bottom) = (90.0, 30.0, 70.0, 70.0);
+    let (left, right, top, bottom) = (110.0, 30.0, 70.0, 70.0);
     let (w, h) = (WIDTH - left - right, HEIGHT - top - bottom);
     let points: Vec<&Row> = rows
         .iter()
@@ -101,7 +101,7 @@ pub fn pareto_svg(title: &str, rows: &[Row]) -> String {
         Font::new(13.0).middle(),
         "IPUs used (replicas x IPUs per replica)",
     );
-    s.vertical_text(24.0, top + h / 2.0, Font::new(13.0), "samples/s");
+    s.vertical_text(20.0, top + h / 2.0, Font::new(13.0), "samples/s");
     for r in points.iter().filter(|r| !r.fits()) {
         let (x, y) = (
             x_of(r.ipus.unwrap_or(1)),
