@@ -13,7 +13,7 @@ use clap::Parser;
 use tessera_host::report::render_report;
 
 use cli::args::{Cli, Command};
-use cli::{one_line, AnyError};
+use cli::{clap_message, one_line, AnyError};
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -56,14 +56,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// clap's message on one line: without its `error:` prefix, usage and help hint.
-fn clap_message(rendered: &str) -> String {
-    let kept: Vec<&str> = rendered
-        .lines()
-        .filter(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
-        .collect();
-    let text = one_line(&kept.join(" "));
-    text.strip_prefix("error: ").unwrap_or(&text).to_string()
 }

@@ -12,7 +12,14 @@ pub mod train;
 /// Any error a subcommand returns; `main` prints it with its chain of causes.
 pub type AnyError = Box<dyn std::error::Error>;
 
-/// Collapses whitespace so that every message is one line.
-pub fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
+pub use tessera_host::report::format::one_line;
+
+/// clap's message on one line: without its `error:` prefix, usage and help hint.
+pub fn clap_message(rendered: &str) -> String {
+    let kept: Vec<&str> = rendered
+        .lines()
+        .filter(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .collect();
+    let text = one_line(&kept.join(" "));
+    text.strip_prefix("error: ").unwrap_or(&text).to_string()
 }

@@ -20,7 +20,7 @@ use tessera_host::sweep::{
 use super::args::{parse_shard, SweepRunArgs};
 use super::args::{Cli, Command, EstimateArgs, MergeArgs, SubmitArgs, SweepArgs, SweepCommand};
 use super::estimate::is_onnx;
-use super::{one_line, AnyError};
+use super::{clap_message, one_line, AnyError};
 use clap::Parser as _;
 
 pub fn run(a: SweepArgs) -> Result<bool, AnyError> {
@@ -57,20 +57,12 @@ fn estimate_args(spec: &Spec, index: usize, c: &Config) -> Result<EstimateArgs, 
             command: Command::Estimate(a),
         }) => Ok(a),
         Ok(_) => Err(format!("configuration {index} ({c}): not an estimate").into()),
-        Err(e) => {
-            let text = e.to_string();
-            let kept: Vec<&str> = text
-                .lines()
-                .filter(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
-                .collect();
-            let msg = one_line(&kept.join(" "));
-            Err(format!(
-                "{}: configuration {index} ({c}): {}",
-                spec.path.display(),
-                msg.strip_prefix("error: ").unwrap_or(&msg)
-            )
-            .into())
-        }
+        Err(e) => Err(format!(
+            "{}: configuration {index} ({c}): {}",
+            spec.path.display(),
+            clap_message(&e.to_string())
+        )
+        .into()),
     }
 }
 

@@ -2,6 +2,8 @@
 //! grouped thousands, bytes in binary units, decimals, percentages and durations.
 //!
 //! Every function gives `n/a` for a float that is not finite.
+//!
+//! [`one_line`] makes any message one line, as every error the crate and the command print is.
 
 /// A count with grouped thousands: `1234567` as `1,234,567`.
 pub fn count(n: u64) -> String {
@@ -77,6 +79,11 @@ pub fn seconds(s: f64) -> String {
     } else {
         format!("{s:.2} s")
     }
+}
+
+/// `s` with its whitespace collapsed: one line.
+pub fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]

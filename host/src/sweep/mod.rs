@@ -20,6 +20,8 @@ use serde_json::Value;
 
 pub use spec::{Config, Kind, Spec, KEYS};
 
+use crate::report::format::one_line;
+
 /// What goes wrong reading or writing a sweep.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -72,10 +74,6 @@ pub enum SweepError {
         /// The other.
         second: PathBuf,
     },
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 fn io_error(path: &Path, e: std::io::Error) -> SweepError {

@@ -202,7 +202,7 @@ impl Spec {
         };
         let doc: toml::Table = text
             .parse()
-            .map_err(|e: toml::de::Error| bad(super::one_line(&e.to_string())))?;
+            .map_err(|e: toml::de::Error| bad(crate::report::format::one_line(&e.to_string())))?;
         let mut name = default_name.to_string();
         let mut base = BTreeMap::new();
         let mut entries: Vec<BTreeMap<String, Value>> = Vec::new();
