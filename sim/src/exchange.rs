@@ -212,6 +212,9 @@ pub(crate) fn summarize_vertices(
         reads.push(rd);
     }
     let who = |rd: &Read| readers[rd.readers.clone()].iter().map(|p| p.1);
+    // Only a group of a region that overlaps another region can be sent for two reads: the
+    // others skip the (sender, group) index, which is most of the work for big reductions.
+    let overlapping = overlapping_regions(&regions);
     let mut tally = vec![Tally::default(); tiles as usize];
     let mut bytes = 0u64;
     let mut moved: Vec<TensorId> = Vec::new();
@@ -247,6 +250,9 @@ pub(crate) fn summarize_vertices(
                 e.sends += c;
                 bytes += b;
             }
+        }
+        if !overlapping[k] {
+            continue;
         }
         let k = k as u32;
         for &(f, g) in groups {
@@ -301,6 +307,117 @@ pub(crate) fn summarize_vertices(
     moved.sort_unstable();
     moved.dedup();
     Some(finish(&tally, bytes, moved))
+}
+
+/// For each region, whether it may share an element with another region of the same tensor:
+/// false means no element of it is in another region. Regions of one tensor that are blocks
+/// of a row-major matrix with one row length (the same stride, no run wrapping past a row) are
+/// compared as rectangles, so column blocks of the same rows are told apart; other regions are
+/// compared by their hulls (first to last element), which may mark a region needlessly but
+/// never misses one.
+fn overlapping_regions(regions: &[Region]) -> Vec<bool> {
+    let mut order: Vec<(TensorId, u32)> = regions
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.rows > 0 && r.len > 0)
+        .map(|(k, r)| (r.tensor, k as u32))
+        .collect();
+    order.sort_unstable();
+    let mut out = vec![false; regions.len()];
+    let mut rects = Vec::new();
+    for same in order.chunk_by(|a, b| a.0 == b.0) {
+        if !mark_rectangles(regions, same, &mut rects, &mut out) {
+            mark_hulls(regions, same, &mut out);
+        }
+    }
+    out
+}
+
+/// Marks the regions `same` (one tensor's) whose hulls meet another's.
+fn mark_hulls(regions: &[Region], same: &[(TensorId, u32)], out: &mut [bool]) {
+    let mut hulls: Vec<(u64, u64, u32)> = same
+        .iter()
+        .map(|&(_, k)| {
+            let r = &regions[k as usize];
+            let end = r.start + (r.rows - 1) * r.stride + r.len;
+            (r.start, end, k)
+        })
+        .collect();
+    hulls.sort_unstable();
+    // Sorted by start: a hull meets a later one exactly when the next one starts before it
+    // ends, and an earlier one when the furthest end so far is past its start.
+    let mut furthest = 0u64;
+    for (i, &(start, end, k)) in hulls.iter().enumerate() {
+        let before = i > 0 && furthest > start;
+        let after = hulls.get(i + 1).is_some_and(|n| n.0 < end);
+        out[k as usize] = before || after;
+        furthest = furthest.max(end);
+    }
+}
+
+/// Marks the regions `same` (one tensor's) that meet another as rectangles of a row-major
+/// matrix, when they all are blocks of one row length; false (nothing marked) when they are
+/// not, or when comparing them would take more than a few comparisons per region.
+fn mark_rectangles(
+    regions: &[Region],
+    same: &[(TensorId, u32)],
+    rects: &mut Vec<(u64, u64, u64, u64, u32)>,
+    out: &mut [bool],
+) -> bool {
+    let mut row = None;
+    for &(_, k) in same {
+        let r = &regions[k as usize];
+        if r.rows > 1 {
+            match row {
+                None => row = Some(r.stride),
+                Some(s) if s == r.stride => {}
+                Some(_) => return false,
+            }
+        }
+    }
+    let Some(w) = row.filter(|&w| w > 0) else {
+        return false;
+    };
+    // (first column, end column, first row, end row) of each region; a span that wraps past
+    // a row is taken as whole rows (a larger rectangle: never misses an overlap).
+    rects.clear();
+    for &(_, k) in same {
+        let r = &regions[k as usize];
+        let (r0, c0) = (r.start / w, r.start % w);
+        if c0 + r.len <= w {
+            rects.push((c0, c0 + r.len, r0, r0 + r.rows, k));
+        } else if r.rows == 1 {
+            rects.push((0, w, r0, (r.start + r.len - 1) / w + 1, k));
+        } else {
+            return false;
+        }
+    }
+    rects.sort_unstable();
+    // Sweep over columns; compare rows with the rectangles whose columns are still open.
+    let budget = 8 * rects.len() + 64;
+    let mut compared = 0;
+    let mut open: Vec<usize> = Vec::new();
+    let mut marks: Vec<u32> = Vec::new();
+    for i in 0..rects.len() {
+        let (c0, _, r0, r1, k) = rects[i];
+        open.retain(|&j| rects[j].1 > c0);
+        for &j in &open {
+            compared += 1;
+            if compared > budget {
+                return false;
+            }
+            let o = rects[j];
+            if o.2 < r1 && r0 < o.3 {
+                marks.push(k);
+                marks.push(o.4);
+            }
+        }
+        open.push(i);
+    }
+    for k in marks {
+        out[k as usize] = true;
+    }
+    true
 }
 
 /// Bytes and regions of a read's groups that `tile` holds.
@@ -605,5 +722,61 @@ mod tests {
             let fast = summarize_vertices(tiles, &tensors, &vertices, &mut Locality::default());
             prop_assert_eq!(fast, exact);
         }
+
+        /// Two regions that share an element are both marked as overlapping.
+        #[test]
+        fn regions_sharing_an_element_are_marked(
+            raw in prop::collection::vec((0u32..2, 0u64..60, 1u64..8, 1u64..4, 0u64..12), 1..12),
+            one_row_length in any::<bool>(),
+        ) {
+            // Either random strides, or blocks of a matrix with rows of 12 (and spans).
+            let regions: Vec<Region> = raw
+                .iter()
+                .map(|&(t, start, len, rows, stride)| {
+                    let stride = if one_row_length { 12 } else { stride.max(len) };
+                    Region::strided(TensorId(t), start, len, rows, stride)
+                })
+                .collect();
+            let elements = |r: &Region| -> Vec<u64> {
+                (0..r.rows)
+                    .flat_map(|i| (0..r.len).map(move |j| r.start + i * r.stride + j))
+                    .collect()
+            };
+            let marked = overlapping_regions(&regions);
+            for (a, ra) in regions.iter().enumerate() {
+                for (b, rb) in regions.iter().enumerate() {
+                    let shared = a != b
+                        && ra.tensor == rb.tensor
+                        && elements(ra).iter().any(|e| elements(rb).contains(e));
+                    if shared {
+                        prop_assert!(marked[a] && marked[b], "{:?} and {:?}", ra, rb);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn disjoint_regions_are_not_marked() {
+        let t = TensorId(0);
+        let regions = [
+            Region::span(t, 0, 4),
+            Region::span(t, 4, 4),
+            Region::span(TensorId(1), 0, 8),
+            Region::span(t, 6, 1),
+        ];
+        assert_eq!(overlapping_regions(&regions), [false, true, false, true]);
+        // Column blocks of the same rows of a 8 x 16 matrix, and a block below them.
+        let blocks = [
+            Region::strided(t, 0, 4, 4, 16),
+            Region::strided(t, 4, 4, 4, 16),
+            Region::strided(t, 8, 8, 4, 16),
+            Region::strided(t, 64, 16, 4, 16),
+            Region::strided(t, 6, 1, 2, 16),
+        ];
+        assert_eq!(
+            overlapping_regions(&blocks),
+            [false, true, false, false, true]
+        );
     }
 }
