@@ -7,6 +7,7 @@ use crate::error::{GraphError, RunError};
 use crate::graph::{Graph, Node, NodeId, NodeRef};
 use crate::kernels as k;
 use crate::op::{Op, Operands};
+use crate::ops::layout::Layout;
 use crate::ops::{broadcast_shapes, broadcast_walk, shape_for};
 use crate::run::Exec;
 use crate::storage::Storage;
@@ -195,6 +196,9 @@ pub(crate) fn backward<S: Storage>(
         };
         contribute_batched(bp, a, g, batch)?;
     }
+    if bp.wants(b) && fold_batch(bp, a, b, ta, tb, dy, batch)? {
+        return Ok(());
+    }
     if bp.wants(b) {
         let g = match (ta, tb) {
             (false, false) => mm(a, dy, true, false),
@@ -205,6 +209,49 @@ pub(crate) fn backward<S: Storage>(
         contribute_batched(bp, b, g, batch)?;
     }
     Ok(())
+}
+
+/// The gradient of a matrix `b` shared by every batch of a batched, untransposed `a` (a dense
+/// layer on a sequence): the batch axes are folded into the contracted axis, `a` and `dy` read
+/// as `[batch x rows, cols]` matrices (views), so one product gives it without a gradient per
+/// batch and their sum (XLA contracts the batch axes of such a dot the same way). Returns
+/// whether it applied.
+fn fold_batch<S: Storage>(
+    bp: &mut Backprop<'_, S>,
+    a: NodeId,
+    b: NodeId,
+    ta: bool,
+    tb: bool,
+    dy: NodeId,
+    batch: Shape,
+) -> Result<bool, GraphError> {
+    let ((sa, da), (sb, db), (sy, dty)) = (bp.meta(a), bp.meta(b), bp.meta(dy));
+    if ta || sb.rank() != 2 || batch.rank() == 0 || batch_of(sa) != batch {
+        return Ok(false);
+    }
+    let folded = batch.elements();
+    if folded <= 1 {
+        return Ok(false);
+    }
+    let (m, k) = matrix(sa, false);
+    let (_, n) = matrix(sy, false);
+    let name = &bp.graph.node(b).name;
+    let (a2, y2) = (
+        shape_for(name, &[folded * m, k])?,
+        shape_for(name, &[folded * m, n])?,
+    );
+    let a2 = bp.node(b, Op::Layout(Layout::Reshape { x: a }), a2, da)?;
+    let y2 = bp.node(b, Op::Layout(Layout::Reshape { x: dy }), y2, dty)?;
+    let (x, y) = if tb { (y2, a2) } else { (a2, y2) };
+    let op = Op::MatMul(MatMul {
+        a: x,
+        b: y,
+        transpose_a: true,
+        transpose_b: false,
+    });
+    let g = bp.node(b, op, sb, db)?;
+    bp.contribute(b, g)?;
+    Ok(true)
 }
 
 /// Pushes `op` (a product giving `x`'s matrix shape over the output's batch) and contributes
