@@ -176,6 +176,25 @@ pub(crate) fn summarize_vertices(
     vertices: &[Vertex],
     local: &mut Locality,
 ) -> Option<ExchangeSummary> {
+    // The lists are kept from one compute set to the next: a large reduction's lists hold
+    // hundreds of thousands of pieces, and growing them afresh each time cost more than
+    // filling them.
+    let mut lists = std::mem::take(&mut local.scratch);
+    lists.pieces.clear();
+    lists.groups.clear();
+    lists.per_tile.clear();
+    let summary = summarize_with(tiles, tensors, vertices, local, &mut lists);
+    local.scratch = lists;
+    summary
+}
+
+fn summarize_with(
+    tiles: u32,
+    tensors: &[ProgTensor],
+    vertices: &[Vertex],
+    local: &mut Locality,
+    lists: &mut Lists,
+) -> Option<ExchangeSummary> {
     // Distinct regions read from elsewhere, and (region, reader) pairs. A tile holding all
     // of a region it reads receives nothing for it, and every piece of it comes from that
     // tile, so whether others read it decides what it sends: such reads are left out.
@@ -202,11 +221,10 @@ pub(crate) fn summarize_vertices(
     }
     readers.sort_unstable();
     readers.dedup();
-    let mut lists = Lists::default();
     let mut reads: Vec<Read> = Vec::with_capacity(regions.len());
     let mut at = 0;
     for group in readers.chunk_by(|a, b| a.0 == b.0) {
-        let mut rd = pieces_of(tensors, &regions[group[0].0 as usize], &mut lists);
+        let mut rd = pieces_of(tensors, &regions[group[0].0 as usize], lists);
         rd.readers = at..at + group.len();
         at += group.len();
         reads.push(rd);
@@ -531,6 +549,8 @@ pub(crate) struct Locality {
     /// Tensors laid out by a copy of another's mapping, with that tensor: they share its
     /// blocks (optimizer state and accumulators are laid out like their variable).
     same_as: Vec<Option<TensorId>>,
+    /// Lists reused by [`summarize_vertices`].
+    scratch: Lists,
 }
 
 impl Locality {
