@@ -7,6 +7,7 @@
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod calibration;
 pub mod dataset;
 pub mod idx;
 pub mod infeed;

@@ -34,6 +34,7 @@ fn main() -> ExitCode {
         Command::Estimate(a) => cli::estimate::run(a),
         Command::Run(a) => cli::onnx::run_model(a),
         Command::EstimateOp(c) => cli::op::run_op(c),
+        Command::Calibrate(a) => cli::op::run_calibrate(a),
         Command::DatasetBenchmark(a) => cli::op::run_bench(a),
         Command::Sweep(a) => cli::sweep::run(a),
         Command::Report { dir } => render_report(&dir)

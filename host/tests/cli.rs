@@ -98,6 +98,7 @@ fn every_subcommand_has_help() {
         vec!["estimate-op", "matmul", "--help"],
         vec!["estimate-op", "fc", "--help"],
         vec!["dataset-benchmark", "--help"],
+        vec!["calibrate", "--help"],
         vec!["report", "--help"],
     ] {
         let o = tessera(&args);
@@ -332,6 +333,55 @@ fn estimate_op_json() {
         "3",
     ]);
     assert_clean_failure(&o, &["3"]);
+}
+
+#[test]
+fn calibrate_prints_the_error_table() {
+    let o = tessera(&["calibrate"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("gemm_1000x256x10000") && out.contains("fc_layer_1_1000_5_float"));
+    assert!(out.contains("44 rows; median |error|: cycles"), "{out}");
+    let o = tessera(&["calibrate", "--json"]);
+    let j = last_json(&o);
+    let rows = j["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 44);
+    // A row's estimate is estimate-op's for the same op.
+    let row = rows
+        .iter()
+        .find(|r| r["target"] == "IpuModel2" && r["benchmark"] == "gemm_200x64x10000")
+        .unwrap();
+    let op = last_json(&tessera(&[
+        "estimate-op",
+        "matmul",
+        "--m",
+        "200",
+        "--k",
+        "64",
+        "--n",
+        "10000",
+        "--data-type",
+        "half",
+        "--ipu",
+        "mk2",
+        "--json",
+    ]));
+    for key in ["cycles", "total_memory_bytes", "max_tile_bytes"] {
+        assert_eq!(row["estimate"][key], op[key], "{key}");
+    }
+    // --check fails exactly when some bound is broken.
+    let broken = !j["breaks"].as_array().unwrap().is_empty();
+    let checked = tessera(&["calibrate", "--check"]);
+    assert_eq!(checked.status.success(), !broken, "{}", stdout(&checked));
+    // A file with a bad row names its line.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = write(
+        dir.path(),
+        "bad.csv",
+        "target,benchmark,cycles,total_memory_bytes,max_tile_bytes\nIpuModel2,conv_7,1,2,3\n",
+    );
+    let o = tessera(&["calibrate", bad.to_str().unwrap()]);
+    assert_clean_failure(&o, &["bad.csv", "line 2", "conv_7"]);
 }
 
 #[test]

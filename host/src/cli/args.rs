@@ -36,6 +36,9 @@ pub enum Command {
     /// Estimate one op (matmul or fully-connected layer) on one IPU.
     #[command(name = "estimate-op", subcommand)]
     EstimateOp(OpCommand),
+    /// Estimate every row of a calibration set of Graphcore's IPU Model figures for single
+    /// ops (the bundled poplibs set by default) and print the error table and its medians.
+    Calibrate(CalibrateArgs),
     /// Measure the input pipeline alone, as Graphcore's dataset_benchmark does (JSON).
     #[command(name = "dataset-benchmark")]
     DatasetBenchmark(BenchArgs),
@@ -354,6 +357,20 @@ pub enum OpCommand {
         #[command(flatten)]
         common: OpCommon,
     },
+}
+
+#[derive(Args, Debug)]
+pub struct CalibrateArgs {
+    /// A calibration CSV (`target,benchmark,cycles,total_memory_bytes,max_tile_bytes`)
+    /// [default: the bundled data/calibration/ipu_model_ops.csv].
+    pub file: Option<PathBuf>,
+    /// Print the rows and the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Exit non-zero unless the median |error| is at most 15% for cycles and total memory and
+    /// 25% for the fullest tile, and no row is more than 2x off in cycles.
+    #[arg(long)]
+    pub check: bool,
 }
 
 #[derive(Args, Debug)]

@@ -3,12 +3,13 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+use tessera_host::calibration::{self, Bounds, Summary, Table};
 use tessera_host::dataset::Dataset;
 use tessera_host::infeed::dataset_benchmark;
 use tessera_sim::machine::IpuConfig;
 use tessera_sim::ops::{fully_connected, matmul, FcPass, OpEstimate};
 
-use super::args::{BenchArgs, OpCommand, OpCommon};
+use super::args::{BenchArgs, CalibrateArgs, OpCommand, OpCommon};
 use super::options::{data_dir, load_data};
 use super::AnyError;
 
@@ -104,6 +105,51 @@ pub fn run_op(c: OpCommand) -> Result<bool, AnyError> {
         println!("total: {} cycles", json.cycles);
     }
     Ok(json.fits)
+}
+
+pub fn run_calibrate(a: CalibrateArgs) -> Result<bool, AnyError> {
+    let text = match &a.file {
+        Some(p) => {
+            std::fs::read_to_string(p).map_err(|e| format!("{}: cannot read: {e}", p.display()))?
+        }
+        None => calibration::BUNDLED.to_string(),
+    };
+    let source = a
+        .file
+        .as_ref()
+        .map_or("the bundled calibration set".to_string(), |p| {
+            p.display().to_string()
+        });
+    let rows = calibration::parse(&text).map_err(|e| format!("{source}: {e}"))?;
+    let compared = calibration::compare(rows).map_err(|e| format!("{source}: {e}"))?;
+    let summary = Summary::of(&compared);
+    let breaks = summary.breaks(&Bounds::default());
+    if a.json {
+        #[derive(Serialize)]
+        struct Out<'a> {
+            rows: &'a [calibration::Compared],
+            summary: Summary,
+            bounds: Bounds,
+            breaks: &'a [String],
+        }
+        let out = Out {
+            rows: &compared,
+            summary,
+            bounds: Bounds::default(),
+            breaks: &breaks,
+        };
+        println!("{}", serde_json::to_string(&out)?);
+    } else {
+        println!("{}", Table(&compared));
+        if breaks.is_empty() {
+            println!("within the bounds (median |error| 15% / 15% / 25%, no row 2x off in cycles)");
+        } else {
+            for b in &breaks {
+                println!("outside the bounds: {b}");
+            }
+        }
+    }
+    Ok(!a.check || breaks.is_empty())
 }
 
 pub fn run_bench(a: BenchArgs) -> Result<bool, AnyError> {
