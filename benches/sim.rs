@@ -1,6 +1,7 @@
 //! The simulator's speed: a simulated training step of the MNIST classifier against the same
 //! step run by the core alone (`sim_step`), and the lowering and estimate-only path on a graph
-//! of more than 100,000 vertices (`lower`, reported as vertices per second).
+//! of more than 100,000 vertices (`lower`, reported as vertices per second), and how that
+//! time grows when the layers double (`lower_doubling`).
 // Run errors carry node names inline (see the core); closures returning them are fine here.
 #![allow(clippy::result_large_err)]
 
@@ -9,7 +10,7 @@ use tessera::core::models::{mnist_mlp, mnist_mlp_pipelined};
 use tessera::core::schedule::Schedule;
 use tessera::core::{Accumulation, Activation, DType, Fixed, Graph, Optimizer, Plan};
 use tessera::sim::runner::PipelineRunner;
-use tessera::sim::{estimate, estimate_only, EstimateOptions, IpuConfig, Preset};
+use tessera::sim::{estimate, estimate_only, EstimateOptions, Heap, IpuConfig, Preset};
 
 fn classifier() -> Plan<Fixed<96>> {
     let mut g: Graph<Fixed<96>> = Graph::new();
@@ -150,5 +151,66 @@ fn lower(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, sim_step, runner_update, lower);
+/// `layers` dense layers of 1024 on a batch of 512 (f16, Adam), on the heap.
+fn mlp_plan(layers: usize) -> Plan<Heap> {
+    let mut g: Graph<Heap> = Graph::new();
+    let x = g.input("x", &[512, 1024], DType::F16).unwrap();
+    let labels = g.input("labels", &[512], DType::I32).unwrap();
+    let mut h = x;
+    for l in 0..layers {
+        h = g
+            .dense(&format!("Dense_{l}"), h, 1024, Activation::Relu, DType::F16)
+            .unwrap();
+    }
+    let logits = g
+        .dense("logits", h, 1000, Activation::Linear, DType::F16)
+        .unwrap();
+    let loss = g
+        .sparse_categorical_crossentropy("loss", logits, labels, true)
+        .unwrap();
+    g.differentiate(loss, Optimizer::adam(1e-3)).unwrap();
+    Plan::new(&g).unwrap()
+}
+
+/// How the estimate's time grows with the model: the same MLP with 8 and with 16 layers
+/// (the target: doubling the layers at most doubles the time, give or take 5%). Prints the
+/// ratio of one timed run of each before criterion's figures.
+fn lower_doubling(c: &mut Criterion) {
+    let mk2 = IpuConfig::preset(Preset::Mk2);
+    let opts = EstimateOptions {
+        batch_size: 512,
+        allow_out_of_memory: true,
+        verify: false,
+        ..Default::default()
+    };
+    let plans = [(8, mlp_plan(8)), (16, mlp_plan(16))];
+    let mut seconds = Vec::new();
+    for (layers, plan) in &plans {
+        estimate_only(plan, &mk2, &opts).unwrap();
+        let t = std::time::Instant::now();
+        for _ in 0..3 {
+            estimate_only(plan, &mk2, &opts).unwrap();
+        }
+        seconds.push(t.elapsed().as_secs_f64() / 3.0);
+        eprintln!(
+            "lower_doubling: {layers} layers, {} nodes, {:.3} s per estimate",
+            plan.graph().len(),
+            seconds[seconds.len() - 1]
+        );
+    }
+    eprintln!(
+        "lower_doubling: 16 layers / 8 layers = {:.2}x",
+        seconds[1] / seconds[0]
+    );
+    let mut group = c.benchmark_group("lower_doubling");
+    group.sample_size(10);
+    for (layers, plan) in &plans {
+        group.bench_function(format!("summaries, {layers}x1024 MLP batch 512"), |b| {
+            b.iter(|| estimate_only(plan, &mk2, &opts).unwrap())
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, sim_step, runner_update, lower, lower_doubling);
 criterion_main!(benches);
