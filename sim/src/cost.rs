@@ -171,11 +171,12 @@ pub fn vector_width(cfg: &IpuConfig, dtype: DType) -> u64 {
     u64::from(vw.max(1))
 }
 
-/// AMP multiply-accumulates per tile cycle for an element type: fp16 uses the fp16 rate,
-/// every other type the fp32 rate (integer types have no AMP path: an estimate).
+/// AMP multiply-accumulates per tile cycle for an element type: fp16 inputs use the rate with
+/// fp32 partial sums (the partials of every matmul and convolution are fp32), every other type
+/// the fp32 rate (integer types have no AMP path: an estimate).
 pub fn amp_macs_per_cycle(cfg: &IpuConfig, dtype: DType) -> u64 {
     let macs = match dtype {
-        DType::F16 => cfg.amp_macs_per_cycle_fp16,
+        DType::F16 => cfg.amp_macs_per_cycle_fp16_fp32_partials,
         DType::F32 | DType::I32 | DType::U8 => cfg.amp_macs_per_cycle_fp32,
     };
     u64::from(macs.max(1))
@@ -464,9 +465,10 @@ mod tests {
     #[test]
     fn amp_blocks_follow_arch_and_peaks() {
         let c = mk2();
-        assert_eq!(amp_cycles_per_block(&c, DType::F16), 4);
+        // fp16 inputs with fp32 partials: 8 conv units on every generation.
+        assert_eq!(amp_cycles_per_block(&c, DType::F16), 8);
         assert_eq!(amp_cycles_per_block(&c, DType::F32), 16);
-        // Mk1's AMP has half Mk2's rate.
+        // Mk1's AMP has half Mk2's fp32 rate and the same fp16-with-fp32-partials rate.
         let mk1 = IpuConfig::preset(Preset::Mk1);
         assert_eq!(amp_cycles_per_block(&mk1, DType::F16), 8);
         assert_eq!(amp_cycles_per_block(&mk1, DType::F32), 32);
@@ -480,7 +482,7 @@ mod tests {
         let weights = (48 * 32 * 2) / 16;
         assert_eq!(
             matmul_amp_cycles(&c, 12, 48, 32, DType::F16),
-            6 * (40 + blocks * 4) + weights
+            6 * (40 + blocks * 8) + weights
         );
     }
 

@@ -95,9 +95,14 @@ pub struct IpuConfig {
     pub clock_hz: f64,
     /// Hardware worker contexts per tile (the barrel scheduler's worker slots).
     pub worker_contexts: u32,
-    /// Accumulating Matrix Product (AMP) multiply-accumulates per tile per cycle, fp16 inputs
-    /// with fp32 accumulation.
+    /// Accumulating Matrix Product (AMP) multiply-accumulates per tile per cycle, fp16 inputs:
+    /// the vendor's fp16 peak, which needs fp16 partial sums (peak FLOP/s are figured from it).
     pub amp_macs_per_cycle_fp16: u32,
+    /// AMP multiply-accumulates per tile per cycle, fp16 inputs with fp32 partial sums: what
+    /// matmuls and convolutions use, as their partials are fp32 (poplibs' default partials
+    /// type). Reports written before the field existed read as 32, every preset's figure.
+    #[serde(default = "fp16_fp32_partials_default")]
+    pub amp_macs_per_cycle_fp16_fp32_partials: u32,
     /// AMP multiply-accumulates per tile per cycle, fp32.
     pub amp_macs_per_cycle_fp32: u32,
     /// fp32 elements per worker vector instruction.
@@ -126,6 +131,11 @@ pub struct IpuConfig {
     pub streaming_memory_bytes_per_second: f64,
 }
 
+/// [`IpuConfig::amp_macs_per_cycle_fp16_fp32_partials`] of a report written without it.
+fn fp16_fp32_partials_default() -> u32 {
+    32
+}
+
 impl Default for IpuConfig {
     /// The default preset's figures ([`Preset::Mk2`]).
     fn default() -> Self {
@@ -150,6 +160,12 @@ impl IpuConfig {
                 amp_macs_per_cycle_fp16: 32,
                 // arithmetic: 31.1 TFLOP/s / (1216 tiles x 1.6 GHz x 2).
                 amp_macs_per_cycle_fp32: 8,
+                // poplibs (SDK 2.0): the 16-conv-unit AMP vertex exists for half -> half and
+                // float -> float only (`hasAssembly`, lib/poplin/codelets/ConvPartial1x1Out.cpp),
+                // so fp16 inputs with fp32 partials use 8 conv units on every generation:
+                // 16 x 8 MACs per 4-cycle pass (lib/poplin/PerformanceEstimation.hpp). Later
+                // poplibs caps these units by the fp32 store bandwidth (tools/single_conv_layer.cpp).
+                amp_macs_per_cycle_fp16_fp32_partials: 32,
                 // vendor: 64-bit data path, 2 x fp32 per instruction (Poplar target summary).
                 vector_width_fp32: 2,
                 // vendor: 64-bit data path, 4 x fp16 per instruction (Poplar target summary).
@@ -189,6 +205,12 @@ impl IpuConfig {
                 amp_macs_per_cycle_fp16: 64,
                 // arithmetic: 62.5 TFLOP/s / (1472 tiles x 1.325 GHz x 2).
                 amp_macs_per_cycle_fp32: 16,
+                // poplibs (SDK 2.0): the 16-conv-unit AMP vertex exists for half -> half and
+                // float -> float only (`hasAssembly`, lib/poplin/codelets/ConvPartial1x1Out.cpp),
+                // so fp16 inputs with fp32 partials use 8 conv units on every generation:
+                // 16 x 8 MACs per 4-cycle pass (lib/poplin/PerformanceEstimation.hpp). Later
+                // poplibs caps these units by the fp32 store bandwidth (tools/single_conv_layer.cpp).
+                amp_macs_per_cycle_fp16_fp32_partials: 32,
                 // vendor: 2 x fp32 per instruction (Poplar target summary).
                 vector_width_fp32: 2,
                 // vendor: 4 x fp16 per instruction (Poplar target summary).
@@ -228,6 +250,12 @@ impl IpuConfig {
                 amp_macs_per_cycle_fp16: 64,
                 // arithmetic: 87.1 TFLOP/s / (1472 tiles x 1.85 GHz x 2).
                 amp_macs_per_cycle_fp32: 16,
+                // poplibs (SDK 2.0): the 16-conv-unit AMP vertex exists for half -> half and
+                // float -> float only (`hasAssembly`, lib/poplin/codelets/ConvPartial1x1Out.cpp),
+                // so fp16 inputs with fp32 partials use 8 conv units on every generation:
+                // 16 x 8 MACs per 4-cycle pass (lib/poplin/PerformanceEstimation.hpp). Later
+                // poplibs caps these units by the fp32 store bandwidth (tools/single_conv_layer.cpp).
+                amp_macs_per_cycle_fp16_fp32_partials: 32,
                 // vendor: 2 x fp32 per instruction (Poplar target summary).
                 vector_width_fp32: 2,
                 // vendor: 4 x fp16 per instruction (Poplar target summary).
@@ -295,13 +323,17 @@ impl IpuConfig {
     /// Checks that every count and size is at least one and every real figure is finite and
     /// positive; the error names the first field that is not.
     pub fn validate(&self) -> Result<(), MachineError> {
-        let counts: [(&'static str, u64); 12] = [
+        let counts: [(&'static str, u64); 13] = [
             ("tiles", self.tiles.into()),
             ("sram_bytes_per_tile", self.sram_bytes_per_tile),
             ("worker_contexts", self.worker_contexts.into()),
             (
                 "amp_macs_per_cycle_fp16",
                 self.amp_macs_per_cycle_fp16.into(),
+            ),
+            (
+                "amp_macs_per_cycle_fp16_fp32_partials",
+                self.amp_macs_per_cycle_fp16_fp32_partials.into(),
             ),
             (
                 "amp_macs_per_cycle_fp32",
@@ -359,7 +391,7 @@ impl IpuConfig {
         self.streaming_memory_bytes_per_second / self.clock_hz
     }
 
-    /// Peak fp16 (fp32-accumulate) FLOP/s: tiles x clock x AMP MACs x 2.
+    /// Peak fp16 FLOP/s (the vendor's figure, fp16 partials): tiles x clock x AMP MACs x 2.
     pub fn peak_flops_fp16(&self) -> f64 {
         f64::from(self.tiles) * self.clock_hz * f64::from(self.amp_macs_per_cycle_fp16) * 2.0
     }
