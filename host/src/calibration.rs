@@ -11,7 +11,7 @@ use std::fmt;
 use serde::Serialize;
 use tessera_core::DType;
 use tessera_sim::machine::{IpuConfig, Preset};
-use tessera_sim::ops::{fully_connected, matmul, FcPass, OpError};
+use tessera_sim::ops::{fully_connected, matmul, FcPass, OpError, OpEstimate};
 
 /// The calibration set shipped with Tessera (poplibs' published IPU Model figures).
 pub const BUNDLED: &str = include_str!("../../data/calibration/ipu_model_ops.csv");
@@ -258,15 +258,23 @@ pub fn estimate(row: &Row) -> Result<Figures, CalibrationError> {
             .collect::<Result<Vec<_>, _>>()
             .map_err(err)?,
     };
-    Ok(Figures {
-        cycles: passes.iter().map(|p| p.cycles).sum(),
-        total_memory_bytes: passes
-            .iter()
-            .map(|p| p.total_memory_bytes)
-            .max()
-            .unwrap_or(0),
-        max_tile_bytes: passes.iter().map(|p| p.max_tile_bytes).max().unwrap_or(0),
-    })
+    Ok(Figures::of_passes(&passes))
+}
+
+impl Figures {
+    /// The figures of an op run as `passes` one after the other: cycles summed, memory the
+    /// largest pass's (as `tessera estimate-op` reports a layer's passes).
+    pub fn of_passes(passes: &[OpEstimate]) -> Figures {
+        Figures {
+            cycles: passes.iter().map(|p| p.cycles).sum(),
+            total_memory_bytes: passes
+                .iter()
+                .map(|p| p.total_memory_bytes)
+                .max()
+                .unwrap_or(0),
+            max_tile_bytes: passes.iter().map(|p| p.max_tile_bytes).max().unwrap_or(0),
+        }
+    }
 }
 
 /// Every row estimated.

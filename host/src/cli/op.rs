@@ -74,14 +74,11 @@ fn estimates(c: OpCommand) -> Result<(OpCommon, Vec<OpEstimate>), AnyError> {
 
 pub fn run_op(c: OpCommand) -> Result<bool, AnyError> {
     let (common, results) = estimates(c)?;
+    let figures = calibration::Figures::of_passes(&results);
     let json = OpJson {
-        cycles: results.iter().map(|r| r.cycles).sum(),
-        total_memory_bytes: results
-            .iter()
-            .map(|r| r.total_memory_bytes)
-            .max()
-            .unwrap_or(0),
-        max_tile_bytes: results.iter().map(|r| r.max_tile_bytes).max().unwrap_or(0),
+        cycles: figures.cycles,
+        total_memory_bytes: figures.total_memory_bytes,
+        max_tile_bytes: figures.max_tile_bytes,
         fits: results.iter().all(|r| r.fits),
         passes: results.iter().map(|r| (r.name.as_str(), r)).collect(),
     };
