@@ -269,6 +269,13 @@ impl<S: Storage> Plan<S> {
         self.check(arena.len(), self.state_bytes)?;
         let (node, slot) = self.input_slot(x, len)?;
         let buf = &mut arena[slot.offset..slot.offset + node.bytes()];
+        if node.dtype == DType::F32 {
+            // The common case, without a type test per element.
+            for (i, o) in buf.chunks_exact_mut(4).enumerate().take(len) {
+                o.copy_from_slice(&f(i).to_le_bytes());
+            }
+            return Ok(());
+        }
         for i in 0..len {
             k::store(buf, node.dtype, i, f(i));
         }
