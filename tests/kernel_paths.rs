@@ -197,3 +197,29 @@ fn reductions_over_leading_axes_match_the_walk() {
         }
     }
 }
+
+#[test]
+fn bulk_copies_give_the_values_iter_gives() {
+    for dtype in [DType::F32, DType::F16, DType::I32, DType::U8] {
+        let mut g: Graph<Heap> = Graph::new();
+        let x = g.input("x", &[3, 7], dtype).unwrap();
+        g.mark_output(x).unwrap();
+        let plan = Plan::new(&g).unwrap();
+        let mut arena = vec![0u8; plan.arena_bytes()];
+        let state = vec![0u8; plan.state_bytes()];
+        plan.fill_input("x", &mut arena, 21, |i| value(i, 3).abs().min(200.0))
+            .unwrap();
+        let view = plan.tensor(x, &arena, &state).unwrap();
+        let want: Vec<f32> = view.iter().collect();
+        let mut all = vec![f32::NAN; 21];
+        assert_eq!(view.copy_to(&mut all), 21);
+        same_bits(&all, &want, &format!("{dtype:?}"));
+        // A shorter buffer takes the first elements; a longer one keeps its tail.
+        let mut some = [f32::NAN; 5];
+        assert_eq!(view.copy_to(&mut some), 5);
+        same_bits(&some, &want[..5], &format!("{dtype:?} first 5"));
+        let mut more = vec![-1.0; 30];
+        assert_eq!(view.copy_to(&mut more), 21);
+        assert!(more[21..].iter().all(|&v| v == -1.0));
+    }
+}
