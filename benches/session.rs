@@ -2,15 +2,19 @@
 //! Sequential MNIST model (two simulated Mk2 IPUs, Grouped schedule, M = 4, batch 32, SGD 0.1)
 //! on the bundled digits with its default outfeeds (the `Dense_128` gradients before they are
 //! applied, every MaybeOutfeed activation) and the per-epoch statistics tables, then the test
-//! evaluation. One iteration is one session: compile, prepare (estimate, taps, infeed), train
-//! for three epochs (744 micro-batches) and evaluate, the callbacks' reports formatted as the
-//! command prints them. Only loading the digits and printing are left out.
+//! evaluation: three epochs, 744 micro-batches.
 //!
 //! The figure is the time per step: one micro-batch of 32 through the forward and the backward
-//! pass, the weight update amortised over M. When Python with JAX is present, the bench also
-//! runs its peer, `benches/jax_mlp_step.py` (a jit-compiled step of the same model with the same
-//! M), before and after measuring the session, and prints both figures and their ratio; without
-//! it the peer is skipped. `PYTHON` names the interpreter (default `python3`).
+//! pass, the weight update amortised over M. It is the time the command reports for training
+//! (`Prepared::run`: the device, the outfeeds, the host's callbacks with their statistics
+//! formatted as the command prints them, the evaluation) divided by the micro-batches. The
+//! ahead-of-time work before it - building and planning the graph, the estimates, the fit
+//! checks - is timed apart and printed per session, as a JAX step leaves out its compilation.
+//!
+//! When Python with JAX is present, the bench also runs its peer, `benches/jax_mlp_step.py` (a
+//! jit-compiled update of the same model with the same M, per micro-batch), before and after
+//! measuring the session, and prints both figures and their ratio; without it the peer is
+//! skipped. `PYTHON` names the interpreter (default `python3`).
 // Run errors carry node names inline (see the core); closures returning them are fine here.
 #![allow(clippy::result_large_err)]
 
@@ -50,15 +54,28 @@ fn options(model: &Model) -> SessionOptions {
     }
 }
 
-/// One session as the command runs it; returns the micro-batches trained and the reports'
-/// length (so that nothing is optimised away).
-fn session(model: &Model, opts: &SessionOptions, data: &Mnist) -> (u64, usize) {
+/// What one session took.
+struct Timed {
+    /// Compile and prepare: the graph, the plan, the estimates and the checks.
+    prepare: Duration,
+    /// Training and evaluation (`Prepared::run`).
+    run: Duration,
+    /// Micro-batches trained.
+    steps: u64,
+}
+
+/// One session as the command runs it; the reports' length goes to `black_box` so that
+/// nothing is optimised away.
+fn session(model: &Model, opts: &SessionOptions, data: &Mnist) -> Timed {
     let train = TrainOptions {
         epochs: model.training.epochs.unwrap_or(3),
         ..TrainOptions::default()
     };
+    let start = Instant::now();
     let compiled = compile(model, opts).expect("the model compiles");
     let prepared = prepare(compiled, data, &train).expect("the run is valid");
+    let prepare = start.elapsed();
+    let start = Instant::now();
     let mut printed = 0usize;
     let report = prepared
         .run(data, |ev| {
@@ -72,7 +89,13 @@ fn session(model: &Model, opts: &SessionOptions, data: &Mnist) -> (u64, usize) {
             }
         })
         .expect("training runs");
-    (report.steps, printed)
+    let run = start.elapsed();
+    std::hint::black_box(printed);
+    Timed {
+        prepare,
+        run,
+        steps: report.steps,
+    }
 }
 
 /// Seconds per step of the JAX peer, or why it was skipped.
@@ -109,9 +132,8 @@ fn train_session(c: &mut Criterion) {
     let data = load_mnist(&dir).expect("the bundled digits");
 
     let before = jax_peer();
-    let (steps, _) = session(&model, &opts, &data);
-    // Every timed session, as (elapsed, steps).
-    let timed = Mutex::new(Vec::<(Duration, u64)>::new());
+    let steps = session(&model, &opts, &data).steps;
+    let timed = Mutex::new(Vec::<Timed>::new());
     let mut group = c.benchmark_group("session");
     group.sample_size(10);
     group.warm_up_time(Duration::from_secs(1));
@@ -121,12 +143,9 @@ fn train_session(c: &mut Criterion) {
         b.iter_custom(|iters| {
             let mut total = Duration::ZERO;
             for _ in 0..iters {
-                let start = Instant::now();
-                let (n, printed) = session(&model, &opts, &data);
-                let t = start.elapsed();
-                std::hint::black_box(printed);
-                total += t;
-                timed.lock().unwrap_or_else(|e| e.into_inner()).push((t, n));
+                let t = session(&model, &opts, &data);
+                total += t.run;
+                timed.lock().unwrap_or_else(|e| e.into_inner()).push(t);
             }
             total
         })
@@ -135,19 +154,23 @@ fn train_session(c: &mut Criterion) {
     let after = jax_peer();
 
     let timed = timed.into_inner().unwrap_or_else(|e| e.into_inner());
-    let mut per_step: Vec<f64> = timed
-        .iter()
-        .map(|(t, n)| t.as_secs_f64() / (*n).max(1) as f64)
-        .collect();
-    per_step.sort_by(f64::total_cmp);
-    let Some(&median) = per_step.get(per_step.len() / 2) else {
+    let median = |f: &dyn Fn(&Timed) -> f64| {
+        let mut v: Vec<f64> = timed.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    };
+    let per_step = median(&|t| t.run.as_secs_f64() / t.steps.max(1) as f64);
+    let prepare = median(&|t| t.prepare.as_secs_f64());
+    let (Some(per_step), Some(prepare)) = (per_step, prepare) else {
         return;
     };
     println!(
-        "session: tessera {} per step (median of {} sessions of {steps} micro-batches of {})",
-        ms(median),
-        per_step.len(),
-        opts.batch_size
+        "session: tessera {} per step (median of {} sessions of {steps} micro-batches of {}); \
+         before them, compile and estimates {} per session",
+        ms(per_step),
+        timed.len(),
+        opts.batch_size,
+        ms(prepare)
     );
     match (before, after) {
         (Ok(b), Ok(a)) => {
@@ -157,7 +180,7 @@ fn train_session(c: &mut Criterion) {
                 ms(jax),
                 ms(b),
                 ms(a),
-                median / jax
+                per_step / jax
             );
         }
         (Err(e), _) | (_, Err(e)) => println!("session: the JAX peer was skipped: {e}"),
