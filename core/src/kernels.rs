@@ -309,14 +309,28 @@ fn matmul_f32_packed<const TA: bool, const TB: bool, const NR: usize>(
         let kc = KC.min(k - p0);
         for j0 in (0..n).step_by(NR) {
             let w = NR.min(n - j0);
-            for (pp, row) in panel[..kc].iter_mut().enumerate() {
-                if !TB && w == NR {
-                    let src = &b[4 * ((p0 + pp) * n + j0)..4 * ((p0 + pp) * n + j0 + NR)];
-                    *row = core::array::from_fn(|jj| f32_of(&src[4 * jj..4 * jj + 4]));
-                } else {
-                    *row = core::array::from_fn(
-                        |jj| if jj < w { b_at(p0 + pp, j0 + jj) } else { 0.0 },
-                    );
+            if TB {
+                // B transposed: each column of the panel is a contiguous run of B.
+                for (jj, src) in (0..NR).map(|jj| (jj, j0 + jj)) {
+                    if jj < w {
+                        let src = &b[4 * (src * k + p0)..4 * (src * k + p0 + kc)];
+                        for (row, v) in panel[..kc].iter_mut().zip(src.chunks_exact(4)) {
+                            row[jj] = f32_of(v);
+                        }
+                    } else {
+                        panel[..kc].iter_mut().for_each(|row| row[jj] = 0.0);
+                    }
+                }
+            } else {
+                for (pp, row) in panel[..kc].iter_mut().enumerate() {
+                    if w == NR {
+                        let src = &b[4 * ((p0 + pp) * n + j0)..4 * ((p0 + pp) * n + j0 + NR)];
+                        *row = core::array::from_fn(|jj| f32_of(&src[4 * jj..4 * jj + 4]));
+                    } else {
+                        *row = core::array::from_fn(
+                            |jj| if jj < w { b_at(p0 + pp, j0 + jj) } else { 0.0 },
+                        );
+                    }
                 }
             }
             let panel = &panel[..kc];
