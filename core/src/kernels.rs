@@ -327,9 +327,10 @@ fn matmul_f32_packed<const TA: bool, const TB: bool, const NR: usize>(
                         let src = &b[4 * ((p0 + pp) * n + j0)..4 * ((p0 + pp) * n + j0 + NR)];
                         *row = core::array::from_fn(|jj| f32_of(&src[4 * jj..4 * jj + 4]));
                     } else {
-                        *row = core::array::from_fn(
-                            |jj| if jj < w { b_at(p0 + pp, j0 + jj) } else { 0.0 },
-                        );
+                        *row =
+                            core::array::from_fn(
+                                |jj| if jj < w { b_at(p0 + pp, j0 + jj) } else { 0.0 },
+                            );
                     }
                 }
             }
