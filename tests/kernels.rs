@@ -3,9 +3,10 @@
 use tessera::core::kernels::{load, matmul, store};
 use tessera::core::DType;
 
-#[test]
-fn avx2_matmul_is_bit_identical_to_the_portable_one() {
-    let (m, k, n) = (37, 53, 71);
+const LAYOUTS: [(bool, bool); 4] = [(false, false), (false, true), (true, false), (true, true)];
+
+/// Operands of an (m, k) x (k, n) product whose sums round differently in any other order.
+fn operands(m: usize, k: usize, n: usize) -> (Vec<u8>, Vec<u8>) {
     let mut a = vec![0u8; 4 * m * k];
     let mut b = vec![0u8; 4 * k * n];
     for i in 0..m * k {
@@ -24,33 +25,42 @@ fn avx2_matmul_is_bit_identical_to_the_portable_one() {
             ((i * 104_729 % 1000) as f32 - 500.0) / 131.0,
         );
     }
-    let run = |ta, tb| {
-        let mut c = vec![0u8; 4 * m * n];
-        let (mm, kk, nn) = (m, k, n);
-        matmul(&a, &b, DType::F32, &mut c, mm, kk, nn, ta, tb);
-        c
-    };
-    // The flag is process-wide; portable results are computed before it is set (other tests
-    // may set it too, which is harmless because both kernels agree - what this test checks).
-    let portable: Vec<Vec<u8>> = [(false, false), (false, true), (true, false), (true, true)]
+    (a, b)
+}
+
+/// C for every layout.
+fn products(m: usize, k: usize, n: usize) -> Vec<Vec<u8>> {
+    let (a, b) = operands(m, k, n);
+    LAYOUTS
         .iter()
-        .map(|&(ta, tb)| run(ta, tb))
-        .collect();
+        .map(|&(ta, tb)| {
+            let mut c = vec![0u8; 4 * m * n];
+            matmul(&a, &b, DType::F32, &mut c, m, k, n, ta, tb);
+            c
+        })
+        .collect()
+}
+
+#[test]
+fn avx2_matmul_is_bit_identical_to_the_portable_one() {
+    // Ragged tiles; and the classifier's shapes: more than one panel of k, n below one tile.
+    let shapes = [(37, 53, 71), (32, 784, 256), (32, 128, 10), (13, 300, 37)];
+    // The flag is process-wide: every portable result is computed before it is set.
+    let portable: Vec<Vec<Vec<u8>>> = shapes.iter().map(|&(m, k, n)| products(m, k, n)).collect();
     if !tessera::sim::use_fast_kernels() {
         eprintln!("no AVX2 on this CPU: nothing to compare");
         return;
     }
-    for (i, &(ta, tb)) in [(false, false), (false, true), (true, false), (true, true)]
-        .iter()
-        .enumerate()
-    {
-        let wide = run(ta, tb);
-        for j in 0..m * n {
-            assert_eq!(
-                load(&wide, DType::F32, j).to_bits(),
-                load(&portable[i], DType::F32, j).to_bits(),
-                "ta={ta} tb={tb} element {j}"
-            );
+    for (&(m, k, n), portable) in shapes.iter().zip(&portable) {
+        let wide = products(m, k, n);
+        for (l, &(ta, tb)) in LAYOUTS.iter().enumerate() {
+            for j in 0..m * n {
+                assert_eq!(
+                    load(&wide[l], DType::F32, j).to_bits(),
+                    load(&portable[l], DType::F32, j).to_bits(),
+                    "({m}, {k}, {n}) ta={ta} tb={tb} element {j}"
+                );
+            }
         }
     }
 }

@@ -49,6 +49,13 @@ pub fn store(buf: &mut [u8], dt: DType, i: usize, v: f32) {
 
 /// `out[i] = f(x[i])`.
 pub fn map(x: &[u8], xt: DType, out: &mut [u8], ot: DType, n: usize, f: impl Fn(f32) -> f32) {
+    if xt == DType::F32 && ot == DType::F32 {
+        // The common case, written so the compiler can vectorise it.
+        for (o, x) in out[..4 * n].chunks_exact_mut(4).zip(x.chunks_exact(4)) {
+            o.copy_from_slice(&f(f32_of(x)).to_le_bytes());
+        }
+        return;
+    }
     for i in 0..n {
         store(out, ot, i, f(load(x, xt, i)));
     }
@@ -154,6 +161,32 @@ fn matmul_f32_layout<const NR: usize>(
     }
 }
 
+/// [`matmul_f32_packed`] for the transposes asked for.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn matmul_f32_packed_layout<const NR: usize>(
+    a: &[u8],
+    b: &[u8],
+    c: &mut [u8],
+    m: usize,
+    k: usize,
+    n: usize,
+    ta: bool,
+    tb: bool,
+) {
+    if k == 0 {
+        // Empty sums: zeros, as the plain loop leaves them.
+        c[..4 * m * n].fill(0);
+        return;
+    }
+    match (ta, tb) {
+        (false, false) => matmul_f32_packed::<false, false, NR>(a, b, c, m, k, n),
+        (false, true) => matmul_f32_packed::<false, true, NR>(a, b, c, m, k, n),
+        (true, false) => matmul_f32_packed::<true, false, NR>(a, b, c, m, k, n),
+        (true, true) => matmul_f32_packed::<true, true, NR>(a, b, c, m, k, n),
+    }
+}
+
 /// Rows of C that [`matmul_f32`] accumulates together in registers.
 const MR: usize = 4;
 /// Columns of C that [`matmul_f32`] accumulates together in registers with 128-bit vectors
@@ -244,6 +277,126 @@ fn matmul_f32<const TA: bool, const TB: bool, const NR: usize>(
     }
 }
 
+/// Rows of B that [`matmul_f32_packed`] copies into one panel (a block of the sum over `p`).
+const KC: usize = 256;
+
+/// [`matmul_f32`] for large operands, in the same order bit for bit: B is copied, `KC` rows
+/// and `NR` columns at a time, into a contiguous panel on the stack (zero-padded past the last
+/// column, gathered once when B is transposed), and every `MR x NR` tile of C sweeps the panel
+/// while it is in the L1 cache. Each output is still summed from `p = 0` upward in `f32`: a
+/// tile's sums go to C after one panel and come back for the next, which rounds nothing (they
+/// are `f32` in registers and in C alike). Rows past `m` and columns past `n` are computed on
+/// zeros and never stored.
+#[inline(always)]
+fn matmul_f32_packed<const TA: bool, const TB: bool, const NR: usize>(
+    a: &[u8],
+    b: &[u8],
+    c: &mut [u8],
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    let a_at = |i: usize, p: usize| {
+        let q = if TA { p * m + i } else { i * k + p };
+        f32_of(&a[4 * q..4 * q + 4])
+    };
+    let b_at = |p: usize, j: usize| {
+        let q = if TB { j * k + p } else { p * n + j };
+        f32_of(&b[4 * q..4 * q + 4])
+    };
+    let mut panel = [[0f32; NR]; KC];
+    for p0 in (0..k).step_by(KC) {
+        let kc = KC.min(k - p0);
+        for j0 in (0..n).step_by(NR) {
+            let w = NR.min(n - j0);
+            if TB {
+                // B transposed: each column of the panel is a contiguous run of B.
+                for (jj, src) in (0..NR).map(|jj| (jj, j0 + jj)) {
+                    if jj < w {
+                        let src = &b[4 * (src * k + p0)..4 * (src * k + p0 + kc)];
+                        for (row, v) in panel[..kc].iter_mut().zip(src.chunks_exact(4)) {
+                            row[jj] = f32_of(v);
+                        }
+                    } else {
+                        panel[..kc].iter_mut().for_each(|row| row[jj] = 0.0);
+                    }
+                }
+            } else {
+                for (pp, row) in panel[..kc].iter_mut().enumerate() {
+                    if w == NR {
+                        let src = &b[4 * ((p0 + pp) * n + j0)..4 * ((p0 + pp) * n + j0 + NR)];
+                        *row = core::array::from_fn(|jj| f32_of(&src[4 * jj..4 * jj + 4]));
+                    } else {
+                        *row =
+                            core::array::from_fn(
+                                |jj| if jj < w { b_at(p0 + pp, j0 + jj) } else { 0.0 },
+                            );
+                    }
+                }
+            }
+            let panel = &panel[..kc];
+            for i0 in (0..m).step_by(MR) {
+                let rows = MR.min(m - i0);
+                let mut acc = [[0f32; NR]; MR];
+                if p0 > 0 {
+                    for (r, acc_row) in acc.iter_mut().enumerate().take(rows) {
+                        let at = 4 * ((i0 + r) * n + j0);
+                        for (jj, s) in acc_row.iter_mut().enumerate().take(w) {
+                            *s = f32_of(&c[at + 4 * jj..at + 4 * jj + 4]);
+                        }
+                    }
+                }
+                // The sweeps take and return the sums by value, so that they stay in registers.
+                let acc = if rows == MR && !TA {
+                    let a_rows: [&[u8]; MR] = core::array::from_fn(|r| {
+                        &a[4 * ((i0 + r) * k + p0)..4 * ((i0 + r) * k + p0 + kc)]
+                    });
+                    sweep(acc, panel, |pp| {
+                        core::array::from_fn(|r| f32_of(&a_rows[r][4 * pp..4 * pp + 4]))
+                    })
+                } else if rows == MR {
+                    let cols = &a[4 * (p0 * m)..4 * ((p0 + kc - 1) * m + i0 + MR)];
+                    sweep(acc, panel, |pp| {
+                        let at = 4 * (pp * m + i0);
+                        let col = &cols[at..at + 4 * MR];
+                        core::array::from_fn(|r| f32_of(&col[4 * r..4 * r + 4]))
+                    })
+                } else {
+                    sweep(acc, panel, |pp| {
+                        core::array::from_fn(|r| if r < rows { a_at(i0 + r, p0 + pp) } else { 0.0 })
+                    })
+                };
+                for (r, acc_row) in acc.iter().enumerate().take(rows) {
+                    let at = 4 * ((i0 + r) * n + j0);
+                    let out = &mut c[at..at + 4 * w];
+                    for (o, s) in out.chunks_exact_mut(4).zip(acc_row) {
+                        o.copy_from_slice(&s.to_le_bytes());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A tile's sums over a panel: term `pp` adds `a(pp)[r] * panel[pp][j]` to `acc[r][j]` (a
+/// multiply, then an add), for `pp` from 0 upward.
+#[inline(always)]
+fn sweep<const NR: usize>(
+    mut acc: [[f32; NR]; MR],
+    panel: &[[f32; NR]],
+    a: impl Fn(usize) -> [f32; MR],
+) -> [[f32; NR]; MR] {
+    for (pp, bv) in panel.iter().enumerate() {
+        let av = a(pp);
+        for (acc_row, &x) in acc.iter_mut().zip(&av) {
+            for (s, &y) in acc_row.iter_mut().zip(bv) {
+                *s += x * y;
+            }
+        }
+    }
+    acc
+}
+
 /// The loop nest of [`matmul`]: for each row `i` of C and block of up to [`BLOCK`] columns
 /// from `j0`, `step(i, p, j0, acc)` adds term `p` to the block's sums, for `p` from 0 upward.
 /// The block's sums proceed side by side in registers, each still in ascending `p`.
@@ -276,9 +429,10 @@ fn blocked(
 /// 256-bit vectors for the `f32` matmul on x86-64 CPUs that have AVX2, chosen at run time.
 ///
 /// The core cannot detect CPU features without `std`, so a host that has detected AVX2 says so
-/// with [`use_avx2`]. The kernel is the same code as the portable one, compiled for AVX2: the
-/// same multiplies and adds in the same order (Rust never fuses them), so results are
-/// bit-identical; only more lanes run at once.
+/// with [`use_avx2`]. The kernel is the portable one with B packed into panels
+/// (`matmul_f32_packed`), compiled for AVX2: the same multiplies and adds in the same order
+/// (Rust never fuses them), so results are bit-identical; only more lanes run at once, on
+/// operands that stay in the cache.
 #[cfg(target_arch = "x86_64")]
 pub mod wide {
     use core::sync::atomic::{AtomicBool, Ordering};
@@ -340,13 +494,13 @@ pub mod wide {
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     fn avx512(a: &[u8], b: &[u8], c: &mut [u8], m: usize, k: usize, n: usize, ta: bool, tb: bool) {
-        super::matmul_f32_layout::<{ 4 * super::NR }>(a, b, c, m, k, n, ta, tb)
+        super::matmul_f32_packed_layout::<{ 4 * super::NR }>(a, b, c, m, k, n, ta, tb)
     }
 
     #[target_feature(enable = "avx2")]
     #[allow(clippy::too_many_arguments)]
     fn avx2(a: &[u8], b: &[u8], c: &mut [u8], m: usize, k: usize, n: usize, ta: bool, tb: bool) {
-        super::matmul_f32_layout::<{ 2 * super::NR }>(a, b, c, m, k, n, ta, tb)
+        super::matmul_f32_packed_layout::<{ 2 * super::NR }>(a, b, c, m, k, n, ta, tb)
     }
 }
 
@@ -383,6 +537,72 @@ mod tests {
             );
             for (i, w) in want.iter().enumerate() {
                 assert_eq!(load(&c, DType::F32, i), *w, "ta={ta} tb={tb}");
+            }
+        }
+    }
+
+    /// The plain loop's output `(i, j)`: summed from `p = 0` upward, starting at zero.
+    fn plain_at(
+        a: &[u8],
+        b: &[u8],
+        (m, k, n): (usize, usize, usize),
+        ta: bool,
+        tb: bool,
+        i: usize,
+        j: usize,
+    ) -> u32 {
+        let mut s = 0f32;
+        for p in 0..k {
+            let av = load(a, DType::F32, if ta { p * m + i } else { i * k + p });
+            let bv = load(b, DType::F32, if tb { j * k + p } else { p * n + j });
+            s += av * bv;
+        }
+        s.to_bits()
+    }
+
+    #[test]
+    fn packed_f32_matmul_is_the_plain_loop_bit_for_bit() {
+        // More than one panel of p (k > KC), ragged rows and columns, n below one tile, k = 0,
+        // values whose sums round differently in any other order, and -0.0 products.
+        let val = |i: usize| ((i * 7919 % 1013) as f32 - 506.0) / 7.3;
+        let mut a = [0u8; 4 * 9600];
+        let mut b = [0u8; 4 * 22200];
+        for (m, k, n) in [
+            (9, 7, 19),
+            (6, 600, 37),
+            (32, 300, 10),
+            (5, 1, 3),
+            (4, 0, 5),
+        ] {
+            for i in 0..m * k {
+                store(&mut a, DType::F32, i, val(i));
+            }
+            for i in 0..k * n {
+                let v = if i % 5 == 0 { -0.0 } else { val(i + 3) * 1e-3 };
+                store(&mut b, DType::F32, i, v);
+            }
+            let (a, b) = (&a[..4 * m * k], &b[..4 * k * n]);
+            for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                let mut c16 = [0xffu8; 4 * 320];
+                matmul_f32_packed_layout::<16>(a, b, &mut c16, m, k, n, ta, tb);
+                let mut c32 = [0xffu8; 4 * 320];
+                matmul_f32_packed_layout::<32>(a, b, &mut c32, m, k, n, ta, tb);
+                for i in 0..m {
+                    for j in 0..n {
+                        let want = plain_at(a, b, (m, k, n), ta, tb, i, j);
+                        let at = |c: &[u8]| load(c, DType::F32, i * n + j).to_bits();
+                        assert_eq!(
+                            at(&c16),
+                            want,
+                            "NR=16 ({m}, {k}, {n}) ta={ta} tb={tb} ({i}, {j})"
+                        );
+                        assert_eq!(
+                            at(&c32),
+                            want,
+                            "NR=32 ({m}, {k}, {n}) ta={ta} tb={tb} ({i}, {j})"
+                        );
+                    }
+                }
             }
         }
     }

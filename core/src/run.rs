@@ -44,6 +44,23 @@ impl<'a> TensorRef<'a> {
         let (data, dtype) = (self.data, self.dtype);
         (0..self.len()).map(move |i| k::load(data, dtype, i))
     }
+    /// Copies the elements, as `f32`, into `out`: the values [`TensorRef::iter`] gives, in
+    /// bulk (an `f32` tensor is one pass over its bytes). Copies the first
+    /// `min(out.len(), self.len())` elements and returns how many that is.
+    pub fn copy_to(&self, out: &mut [f32]) -> usize {
+        let n = out.len().min(self.len());
+        let out = &mut out[..n];
+        if self.dtype == DType::F32 {
+            for (o, b) in out.iter_mut().zip(self.data.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        } else {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = k::load(self.data, self.dtype, i);
+            }
+        }
+        n
+    }
     /// The raw little-endian bytes.
     pub fn bytes(&self) -> &'a [u8] {
         self.data
@@ -269,6 +286,13 @@ impl<S: Storage> Plan<S> {
         self.check(arena.len(), self.state_bytes)?;
         let (node, slot) = self.input_slot(x, len)?;
         let buf = &mut arena[slot.offset..slot.offset + node.bytes()];
+        if node.dtype == DType::F32 {
+            // The common case, without a type test per element.
+            for (i, o) in buf.chunks_exact_mut(4).enumerate().take(len) {
+                o.copy_from_slice(&f(i).to_le_bytes());
+            }
+            return Ok(());
+        }
         for i in 0..len {
             k::store(buf, node.dtype, i, f(i));
         }

@@ -394,8 +394,9 @@ struct Source {
     columns: Vec<Column>,
 }
 
-/// A value transform given to [`Dataset::map`].
-type MapFn = Arc<dyn Fn(f32) -> f32 + Send + Sync>;
+/// A value transform given to [`Dataset::map`], applied to a sample's values at once (one
+/// call per sample; the loop over the values is the closure's own, so `f` is inlined in it).
+type MapFn = Arc<dyn Fn(&mut [f32]) + Send + Sync>;
 
 /// One transformation of a pipeline.
 #[derive(Clone)]
@@ -740,10 +741,23 @@ impl Dataset {
         let i = self.spec.index(field)?;
         let card = self.epoch_len();
         let round_f16 = self.spec.fields[i].dtype == DType::F16;
+        let f: MapFn = if round_f16 {
+            Arc::new(move |values: &mut [f32]| {
+                for v in values {
+                    *v = self::round_f16(f(*v));
+                }
+            })
+        } else {
+            Arc::new(move |values: &mut [f32]| {
+                for v in values {
+                    *v = f(*v);
+                }
+            })
+        };
         Ok(self.push(
             Stage::Map {
                 field: i,
-                f: Arc::new(f),
+                f,
                 round_f16,
             },
             card,
@@ -1057,15 +1071,7 @@ impl Iterator for MapIter {
     fn next(&mut self) -> Option<Elem> {
         let mut elem = self.inner.next()?;
         match &self.stage {
-            Stage::Map {
-                field,
-                f,
-                round_f16: round,
-            } => {
-                for v in &mut elem.values[*field] {
-                    *v = if *round { round_f16(f(*v)) } else { f(*v) };
-                }
-            }
+            Stage::Map { field, f, .. } => f(&mut elem.values[*field]),
             Stage::RoundF16 { field } => {
                 for v in &mut elem.values[*field] {
                     *v = round_f16(*v);

@@ -123,9 +123,14 @@ impl MaybeOutfeedQueue {
 
 /// Stacks what is dequeued from a map-carrying ALL-mode queue, chunk after chunk, into one
 /// tensor per key: `[n, ...]` with `n` the elements over all chunks, oldest first.
+///
+/// A key's buffer starts as large as the key's last [`Collector::take`] needed, so that an
+/// epoch like the one before it stacks its data without growing (and copying) the buffer.
 #[derive(Debug, Default, Clone)]
 pub struct Collector {
     keys: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    /// Values per key at the last `take`.
+    last: BTreeMap<String, usize>,
 }
 
 impl Collector {
@@ -142,10 +147,11 @@ impl Collector {
             Dequeued::Map(m) => m,
         };
         for (k, t) in map {
+            let reserve = self.last.get(&k).copied().unwrap_or(0).max(t.data.len());
             let e = self
                 .keys
                 .entry(k)
-                .or_insert_with(|| (t.shape.clone(), Vec::new()));
+                .or_insert_with(|| (t.shape.clone(), Vec::with_capacity(reserve)));
             if e.1.is_empty() {
                 e.0 = t.shape.clone();
             } else if let Some(n) = t.shape.first() {
@@ -164,7 +170,10 @@ impl Collector {
     pub fn take(&mut self) -> BTreeMap<String, HostTensor> {
         std::mem::take(&mut self.keys)
             .into_iter()
-            .map(|(k, (shape, data))| (k, HostTensor { shape, data }))
+            .map(|(k, (shape, data))| {
+                self.last.insert(k.clone(), data.len());
+                (k, HostTensor { shape, data })
+            })
             .collect()
     }
 }
@@ -220,6 +229,31 @@ mod tests {
             vec![0.0, 1.0, 2.0, 3.0, 4.0]
         );
         assert!(c.is_empty());
+    }
+
+    #[test]
+    fn collector_sizes_an_epoch_like_the_last_one_at_once() {
+        let chunk = |i: usize| {
+            Dequeued::Map(BTreeMap::from([(
+                "a".to_string(),
+                HostTensor::new(vec![1, 3], vec![i as f32; 3]).unwrap(),
+            )]))
+        };
+        let mut c = Collector::new();
+        for i in 0..10 {
+            c.push(chunk(i));
+        }
+        let first = c.take();
+        assert_eq!(first["a"].shape, vec![10, 3]);
+        c.push(chunk(10));
+        c.push(chunk(11));
+        let second = c.take();
+        assert_eq!(second["a"].shape, vec![2, 3]);
+        assert_eq!(second["a"].data, [10.0, 10.0, 10.0, 11.0, 11.0, 11.0]);
+        assert!(
+            second["a"].data.capacity() >= 30,
+            "reserved as the first epoch needed"
+        );
     }
 
     #[test]

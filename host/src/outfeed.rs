@@ -858,9 +858,15 @@ impl OutfeedQueue {
         if self.replicas > 1 {
             lead.push(self.replicas);
         }
-        let stacked = |slot: usize, shape: &[usize]| {
+        let mut entries = entries;
+        let mut stacked = |slot: usize, shape: &[usize]| {
             let mut full = lead.clone();
             full.extend_from_slice(shape);
+            if let [only] = entries.as_mut_slice() {
+                // One element (a host that drains as elements arrive): its data, moved.
+                let data = only.get_mut(slot).map(std::mem::take).unwrap_or_default();
+                return HostTensor { shape: full, data };
+            }
             let mut data = Vec::with_capacity(
                 entries
                     .iter()

@@ -72,10 +72,23 @@ impl TensorStats {
     }
 
     /// The statistics of `values`, as for [`TensorStats::of`].
+    ///
+    /// Two passes over the values: the sum, the extremes and the NaN and infinity flags in
+    /// the first, the squared deviations from the mean in the second (the textbook one-pass
+    /// formula loses everything to cancellation). Both sums add the values in order in `f64`,
+    /// from `-0.0` as `Iterator::sum` does, so the figures are `sum()`'s to the last bit.
     #[must_use]
     pub fn of_values(values: &[f32]) -> Self {
-        let has_nan = values.iter().any(|v| v.is_nan());
-        let has_inf = values.iter().any(|v| v.is_infinite());
+        let (mut sum, mut min, mut max) = (-0.0f64, f64::INFINITY, f64::NEG_INFINITY);
+        let (mut has_nan, mut has_inf) = (false, false);
+        for &v in values {
+            let x = f64::from(v);
+            sum += x;
+            min = min.min(x);
+            max = max.max(x);
+            has_nan |= v.is_nan();
+            has_inf |= v.is_infinite();
+        }
         if values.is_empty() || has_nan {
             return TensorStats {
                 mean: f64::NAN,
@@ -88,8 +101,7 @@ impl TensorStats {
         }
         #[allow(clippy::cast_precision_loss)] // exact below 2^53 elements
         let n = values.len() as f64;
-        let mean = values.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
-        // Two passes: the textbook one-pass formula loses everything to cancellation.
+        let mean = sum / n;
         let var = values
             .iter()
             .map(|&v| {
@@ -98,12 +110,6 @@ impl TensorStats {
             })
             .sum::<f64>()
             / n;
-        let (min, max) = values
-            .iter()
-            .map(|&v| f64::from(v))
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-                (lo.min(v), hi.max(v))
-            });
         TensorStats {
             mean,
             std: var.sqrt(),
@@ -208,6 +214,91 @@ mod tests {
 
     fn t(shape: &[usize], data: &[f32]) -> HostTensor {
         HostTensor::new(shape.to_vec(), data.to_vec()).unwrap()
+    }
+
+    /// The statistics as they were first written: a pass for each figure.
+    fn reference(values: &[f32]) -> TensorStats {
+        let has_nan = values.iter().any(|v| v.is_nan());
+        let has_inf = values.iter().any(|v| v.is_infinite());
+        if values.is_empty() || has_nan {
+            return TensorStats {
+                mean: f64::NAN,
+                std: f64::NAN,
+                min: f64::NAN,
+                max: f64::NAN,
+                has_nan,
+                has_inf,
+            };
+        }
+        let n = values.len() as f64;
+        let mean = values.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+        let var = values
+            .iter()
+            .map(|&v| {
+                let d = f64::from(v) - mean;
+                d * d
+            })
+            .sum::<f64>()
+            / n;
+        let (min, max) = values
+            .iter()
+            .map(|&v| f64::from(v))
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(v), hi.max(v))
+            });
+        TensorStats {
+            mean,
+            std: var.sqrt(),
+            min,
+            max,
+            has_nan,
+            has_inf,
+        }
+    }
+
+    /// Same figures to the bit (NaN equal to NaN).
+    fn assert_same(got: TensorStats, want: TensorStats, what: &str) {
+        let bits = |s: TensorStats| {
+            [s.mean, s.std, s.min, s.max].map(|x| if x.is_nan() { u64::MAX } else { x.to_bits() })
+        };
+        assert_eq!(bits(got), bits(want), "{what}: {got:?} != {want:?}");
+        assert_eq!(
+            (got.has_nan, got.has_inf),
+            (want.has_nan, want.has_inf),
+            "{what}"
+        );
+    }
+
+    #[test]
+    fn two_passes_give_the_first_statistics_to_the_bit() {
+        let spread = |n: usize, scale: f32| -> Vec<f32> {
+            (0..n)
+                .map(|i| {
+                    ((i * 7919 % 1009) as f32 - 504.3) * scale * (1.0 + (i % 13) as f32 * 1e-4)
+                })
+                .collect()
+        };
+        let mut cases: Vec<(&str, Vec<f32>)> = vec![
+            ("empty", vec![]),
+            ("one", vec![0.25]),
+            ("negative zeros", vec![-0.0; 5]),
+            ("zeros of both signs", vec![0.0, -0.0, -0.0]),
+            ("gradients", spread(32_768, 1e-5)),
+            ("activations", spread(40_960, 3e-3)),
+            ("large", spread(1000, 1e30)),
+            ("nan", vec![1.0, f32::NAN, 2.0]),
+            ("nan and inf", vec![f32::NEG_INFINITY, f32::NAN]),
+            ("inf", vec![1.0, f32::INFINITY]),
+            ("both infs", vec![f32::INFINITY, 3.0, f32::NEG_INFINITY]),
+            ("max", vec![f32::MAX, f32::MAX, -f32::MAX]),
+            ("subnormal", vec![1e-45, -1e-45, 3e-45]),
+        ];
+        let mut late_nan = spread(5000, 1.0);
+        late_nan[4999] = f32::NAN;
+        cases.push(("late nan", late_nan));
+        for (what, values) in &cases {
+            assert_same(TensorStats::of_values(values), reference(values), what);
+        }
     }
 
     #[test]

@@ -210,7 +210,8 @@ fn flag(b: bool) -> f32 {
 
 impl UnaryFn {
     /// The function's value at `x`.
-    #[inline]
+    // Always inlined: with `self` a constant, only its own arm is left in a kernel's loop.
+    #[inline(always)]
     pub fn apply(self, x: f32) -> f32 {
         match self {
             UnaryFn::Identity => x,
@@ -256,7 +257,8 @@ impl UnaryFn {
 
 impl BinaryFn {
     /// The function's value at `(a, b)`.
-    #[inline]
+    // Always inlined: with `self` a constant, only its own arm is left in a kernel's loop.
+    #[inline(always)]
     pub fn apply(self, a: f32, b: f32) -> f32 {
         match self {
             BinaryFn::Add => a + b,
@@ -605,6 +607,35 @@ impl<S: Storage> Graph<S> {
     }
 }
 
+/// Runs `$body` with `$g` bound to a closure computing `$f.apply`; for the common functions
+/// the function is a constant in the closure, so that the loops `$body` makes are vectorised.
+macro_rules! with_binary {
+    ($f:expr, |$g:ident| $body:expr) => {
+        match $f {
+            BinaryFn::Add => {
+                let $g = |a, b| BinaryFn::Add.apply(a, b);
+                $body
+            }
+            BinaryFn::Sub => {
+                let $g = |a, b| BinaryFn::Sub.apply(a, b);
+                $body
+            }
+            BinaryFn::Mul => {
+                let $g = |a, b| BinaryFn::Mul.apply(a, b);
+                $body
+            }
+            BinaryFn::ReluGrad => {
+                let $g = |a, b| BinaryFn::ReluGrad.apply(a, b);
+                $body
+            }
+            f => {
+                let $g = |a, b| f.apply(a, b);
+                $body
+            }
+        }
+    };
+}
+
 /// The reference kernel.
 pub(crate) fn run<S: Storage>(
     op: &Elementwise,
@@ -615,15 +646,40 @@ pub(crate) fn run<S: Storage>(
     let ins = &ex.ins;
     match *op {
         Elementwise::Unary { x, f } => {
-            let xt = ins.dtype(x);
-            k::map(ins.bytes(x), xt, ex.out, ot, os.elements(), |v| f.apply(v));
+            let (xt, xb, n) = (ins.dtype(x), ins.bytes(x), os.elements());
+            // The common functions as constants, so that the loop is vectorised.
+            match f {
+                UnaryFn::Relu => k::map(xb, xt, ex.out, ot, n, |v| UnaryFn::Relu.apply(v)),
+                UnaryFn::Identity => {
+                    k::map(xb, xt, ex.out, ot, n, |v| UnaryFn::Identity.apply(v));
+                }
+                UnaryFn::Neg => k::map(xb, xt, ex.out, ot, n, |v| UnaryFn::Neg.apply(v)),
+                UnaryFn::Scale(s) => k::map(xb, xt, ex.out, ot, n, |v| UnaryFn::Scale(s).apply(v)),
+                f => k::map(xb, xt, ex.out, ot, n, |v| f.apply(v)),
+            }
         }
         Elementwise::Binary { a, b, f } => {
             let (xa, xb) = (ins.bytes(a), ins.bytes(b));
             let (ta, tb) = (ins.dtype(a), ins.dtype(b));
             let (sa, sb) = (ins.shape(a), ins.shape(b));
-            if sa == os && sb == os && ta == ot && tb == ot {
-                k::zip(xa, xb, ot, ex.out, os.elements(), |x, y| f.apply(x, y));
+            let same_types = ta == ot && tb == ot;
+            if sa == os && sb == os && same_types {
+                with_binary!(f, |g| k::zip(xa, xb, ot, ex.out, os.elements(), g));
+            } else if same_types && ot == DType::F32 && sa == os && repeats(sb, os) {
+                // `b` repeats along the leading axes (a bias): row after row of `a`.
+                let row = 4 * sb.elements();
+                with_binary!(f, |g| {
+                    for (o, x) in ex.out.chunks_exact_mut(row).zip(xa.chunks_exact(row)) {
+                        k::zip(x, xb, ot, o, row / 4, g);
+                    }
+                });
+            } else if same_types && ot == DType::F32 && sb == os && repeats(sa, os) {
+                let row = 4 * sa.elements();
+                with_binary!(f, |g| {
+                    for (o, y) in ex.out.chunks_exact_mut(row).zip(xb.chunks_exact(row)) {
+                        k::zip(xa, y, ot, o, row / 4, g);
+                    }
+                });
             } else {
                 let out = &mut *ex.out;
                 broadcast_walk(os, [sa, sb], |o, [i, j]| {
@@ -644,6 +700,15 @@ pub(crate) fn run<S: Storage>(
         }
     }
     Ok(())
+}
+
+/// Whether a tensor of shape `small` broadcast to `out` is `small`'s elements repeated one
+/// after another: its dimensions, leading 1s aside, are `out`'s last ones.
+fn repeats(small: Shape, out: Shape) -> bool {
+    let dims = small.dims();
+    let first = dims.iter().position(|&d| d != 1).unwrap_or(dims.len());
+    let (tail, od) = (&dims[first..], out.dims());
+    small.elements() > 0 && tail.len() <= od.len() && od.ends_with(tail)
 }
 
 fn binary(a: NodeId, b: NodeId, f: BinaryFn) -> Op {

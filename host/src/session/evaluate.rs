@@ -18,7 +18,7 @@ use tessera_sim::system::{estimate_system, SystemEstimate, SystemOptions};
 
 use super::checkpoint::load_checkpoint;
 use super::device::feed;
-use super::taps::read;
+use super::taps::read_first;
 use super::{check_fits, check_options, opt_err, placed, Heap, SessionError, SessionOptions};
 use crate::dataset::{Batch, Dataset};
 use crate::idx::Mnist;
@@ -295,12 +295,12 @@ fn run_device(
                     return Ok(());
                 };
                 if let Some(l) = inf.loss.filter(|l| l.index() == node) {
-                    out.loss_sum += f64::from(read(plan, l, arena, state)?.data[0]);
+                    out.loss_sum += f64::from(read_first(plan, l, arena, state)?);
                     out.loss_n += 1;
                 } else if node == output {
-                    let t = read(plan, inf.output, arena, state)?;
-                    let at = (e * per_execution + micro_batch * replicas + replica) * t.data.len();
-                    out.rows[at..at + t.data.len()].copy_from_slice(&t.data);
+                    let t = plan.tensor(inf.output, arena, state)?;
+                    let at = (e * per_execution + micro_batch * replicas + replica) * t.len();
+                    t.copy_to(&mut out.rows[at..at + t.len()]);
                 }
                 Ok::<(), SessionError>(())
             },

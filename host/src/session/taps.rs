@@ -167,7 +167,7 @@ impl Taps {
     }
 }
 
-/// A tensor of the plan, copied to the host.
+/// A tensor of the plan, copied to the host in one pass over its bytes.
 pub(super) fn read(
     plan: &Plan<Heap>,
     id: NodeId,
@@ -176,10 +176,21 @@ pub(super) fn read(
 ) -> Result<HostTensor, SessionError> {
     let view = plan.tensor(id, arena, state)?;
     let shape = view.shape().dims().iter().map(|&d| d as usize).collect();
-    Ok(HostTensor {
-        shape,
-        data: view.iter().collect(),
-    })
+    let mut data = vec![0f32; view.len()];
+    view.copy_to(&mut data);
+    Ok(HostTensor { shape, data })
+}
+
+/// The first element of a tensor of the plan (the loss), without copying the rest.
+pub(super) fn read_first(
+    plan: &Plan<Heap>,
+    id: NodeId,
+    arena: &[u8],
+    state: &[u8],
+) -> Result<f32, SessionError> {
+    let mut first = [f32::NAN];
+    plan.tensor(id, arena, state)?.copy_to(&mut first);
+    Ok(first[0])
 }
 
 /// One weight update's taps in flight, and the loss seen so far.
@@ -212,7 +223,7 @@ impl UpdateTaps<'_> {
             } => match &t.watch[node] {
                 None => Ok(()),
                 Some(Watch::Loss) => {
-                    self.loss_sum += f64::from(read(plan, t.ids[node], arena, state)?.data[0]);
+                    self.loss_sum += f64::from(read_first(plan, t.ids[node], arena, state)?);
                     self.loss_n += 1;
                     Ok(())
                 }
