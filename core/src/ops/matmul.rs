@@ -226,11 +226,9 @@ fn fold_batch<S: Storage>(
     batch: Shape,
 ) -> Result<bool, GraphError> {
     let ((sa, da), (sb, db), (sy, dty)) = (bp.meta(a), bp.meta(b), bp.meta(dy));
-    if ta || sb.rank() != 2 || batch.rank() == 0 || batch_of(sa) != batch {
-        return Ok(false);
-    }
+    // A scalar batch has one element: nothing to fold.
     let folded = batch.elements();
-    if folded <= 1 {
+    if ta || sb.rank() != 2 || folded <= 1 || batch_of(sa) != batch {
         return Ok(false);
     }
     let (m, k) = matrix(sa, false);
