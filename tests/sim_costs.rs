@@ -5,6 +5,7 @@
 use tessera::core::{DType, NodeId};
 use tessera::sim::cost::UnaryKind;
 use tessera::sim::estimate::cost_steps;
+use tessera::sim::memory::{account, MemoryCategory};
 use tessera::sim::ops::{fully_connected, matmul, FcPass};
 use tessera::sim::program::{
     exchange_for, Codelet, ComputeSet, Mapping, ProgTensor, Program, Region, Step, TensorClass,
@@ -54,6 +55,7 @@ fn spread_relu(cfg: &IpuConfig, elements: u64, tiles: u32) -> (u64, u64, u64) {
         mapping,
         class: TensorClass::NotAlwaysLive,
         live: (0, 1),
+        interleaved: false,
     };
     let x = tensor("x", 0, Mapping::single(elements, TileId(0)));
     let y = tensor(
@@ -118,5 +120,82 @@ fn spreading_an_elementwise_op_trades_compute_for_exchange() {
             );
         }
         last = Some((compute, exchange, bytes));
+    }
+}
+
+/// A program of one tensor on tile 0, `bytes` of interleaved data and `other` bytes of other
+/// data, both live at step 0.
+fn interleaved_program(interleaved: u64, other: u64) -> Program {
+    let tensor = |name: &str, node: u32, elements: u64, interleaved: bool| ProgTensor {
+        name: name.into(),
+        node: NodeId::from_index(node),
+        dtype: DType::U8,
+        elements,
+        mapping: Mapping::single(elements, TileId(0)),
+        class: TensorClass::Temporary,
+        live: (0, 0),
+        interleaved,
+    };
+    Program {
+        tiles: 4,
+        tensors: vec![
+            tensor("partials", 0, interleaved, true),
+            tensor("other", 1, other, false),
+        ],
+        steps: vec![],
+        node_steps: vec![(0, 0), (0, 0)],
+        node_names: vec!["partials".into(), "other".into()],
+        forward_nodes: 2,
+    }
+}
+
+#[test]
+fn interleaved_data_leaves_a_gap_below_it() {
+    let mk1 = IpuConfig::preset(Preset::Mk1);
+    let start = mk1.interleaved_region_start_bytes;
+    assert_eq!(start, 131_072);
+    // A few partials on an otherwise small tile: used up to the region's start plus them.
+    let r = account(&interleaved_program(96, 1_000), &mk1);
+    let t = &r.tiles[0];
+    assert_eq!(t.interleaved, 96);
+    assert_eq!(t.total(), start + 96);
+    assert_eq!(t.gaps, t.total() - t.data_bytes());
+    assert_eq!(t.get(MemoryCategory::Gaps), t.gaps);
+    // The gaps are not data: the report's total leaves them out.
+    assert_eq!(
+        r.total_bytes(),
+        r.tiles.iter().map(|t| t.total() - t.gaps).sum::<u64>()
+    );
+    // Other data above the region's start fills the gap: no gap is left.
+    let r = account(&interleaved_program(96, 200_000), &mk1);
+    assert_eq!(r.tiles[0].gaps, 0);
+    // No interleaved data, no gap, even on a tile far below the region.
+    let r = account(&interleaved_program(0, 1_000), &mk1);
+    assert_eq!(r.tiles[0].gaps, 0);
+    // A machine whose whole SRAM is interleaved has no gaps.
+    let mut flat = mk1.clone();
+    flat.interleaved_region_start_bytes = 0;
+    let r = account(&interleaved_program(96, 1_000), &flat);
+    assert_eq!(r.tiles[0].gaps, 0);
+}
+
+#[test]
+fn a_small_amp_product_fills_its_tile_up_to_the_interleaved_region() {
+    // The IPU Model reports about 131 KB (Mk1) and 213 KB (Mk2) on the fullest tile of even
+    // tiny AMP products: their partials sit in the interleaved region.
+    for preset in [Preset::Mk1, Preset::Mk2] {
+        let cfg = IpuConfig::preset(preset);
+        let e = fully_connected(&cfg, 4, 1000, 5, 1, DType::F32, FcPass::Forward).unwrap();
+        let start = cfg.interleaved_region_start_bytes;
+        assert!(
+            e.max_tile_bytes > start && e.max_tile_bytes < start + 4_096,
+            "{preset}: fullest tile {} B",
+            e.max_tile_bytes
+        );
+        // Total memory counts no gaps: far less than a gap per tile used.
+        assert!(
+            e.total_memory_bytes < e.tiles_used as u64 * start / 8,
+            "{preset}: {e:?}"
+        );
     }
 }

@@ -19,9 +19,9 @@ use tessera::sim::{estimate, estimate_only, EstimateOptions, IpuConfig, Preset, 
 
 /// A small machine so random graphs spread over several tiles and sometimes overflow them.
 fn small_ipu(tiles: u32, sram: u64) -> IpuConfig {
-    let mut cfg = IpuConfig::preset(Preset::Mk2).with_tiles(tiles);
-    cfg.sram_bytes_per_tile = sram;
-    cfg
+    IpuConfig::preset(Preset::Mk2)
+        .with_tiles(tiles)
+        .with_sram_bytes_per_tile(sram)
 }
 
 proptest! {

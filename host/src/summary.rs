@@ -24,6 +24,9 @@ pub struct IpuMemorySummary {
     pub tiles_used: usize,
     /// The fullest tile.
     pub max_tile: u32,
+    /// Of the fullest tile's bytes, the gaps below its interleaved data (memory its other data
+    /// does not fill under the AMP partials, which must sit in the interleaved region).
+    pub max_tile_gap_bytes: u64,
     /// SRAM per tile.
     pub tile_bytes_available: u64,
     /// Bytes by category over all tiles.
@@ -120,6 +123,7 @@ impl EstimateSummary {
                     max_tile_bytes: r.max_tile_bytes,
                     tiles_used: r.tiles_used,
                     max_tile: r.fullest_tiles.first().map_or(0, |t| t.tile.0),
+                    max_tile_gap_bytes: r.fullest_tiles.first().map_or(0, |t| t.gaps),
                     tile_bytes_available: machine.sram_bytes_per_tile,
                     categories: c.categories().map(|(k, b)| (k.key(), b)).collect(),
                 }
@@ -201,9 +205,17 @@ impl EstimateSummary {
     fn memory_text(&self, s: &mut String) {
         s.push_str("memory per IPU:\n");
         for i in &self.ipus {
+            let gaps = if i.max_tile_gap_bytes > 0 {
+                format!(
+                    " ({} of it gaps below interleaved data)",
+                    bytes(i.max_tile_gap_bytes)
+                )
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 s,
-                "  IPU {}: {} on {} tiles; fullest tile {} holds {} of {}",
+                "  IPU {}: {} on {} tiles; fullest tile {} holds {} of {}{gaps}",
                 i.ipu,
                 bytes(i.bytes_used),
                 count(i.tiles_used as u64),

@@ -365,7 +365,7 @@ fn estimate_program_with(
     cfg: &IpuConfig,
     opts: &EstimateOptions,
 ) -> Result<Estimate, SimError> {
-    let report = account_with(program, summaries, cfg.sram_bytes_per_tile);
+    let report = account_with(program, summaries, cfg);
     let oom = check_fits(program, &report).err();
     if let (Some(e), false) = (&oom, opts.allow_out_of_memory) {
         return Err(SimError::OutOfMemory(e.clone()));

@@ -663,6 +663,7 @@ mod tests {
             mapping: Mapping::from_intervals(ivs),
             class: TensorClass::NotAlwaysLive,
             live: (0, 0),
+            interleaved: false,
         }
     }
 

@@ -79,6 +79,16 @@ pub enum MachineError {
         /// The offending value.
         value: f64,
     },
+    /// A region of tile memory that starts at or beyond the end of the tile's SRAM.
+    #[error("machine field `{field}` is {value}; it must be below sram_bytes_per_tile ({sram})")]
+    BeyondSram {
+        /// The field's name.
+        field: &'static str,
+        /// The offending value.
+        value: u64,
+        /// SRAM per tile.
+        sram: u64,
+    },
 }
 
 /// One IPU's hardware figures.
@@ -105,6 +115,13 @@ pub struct IpuConfig {
     pub amp_macs_per_cycle_fp16_fp32_partials: u32,
     /// AMP multiply-accumulates per tile per cycle, fp32.
     pub amp_macs_per_cycle_fp32: u32,
+    /// Where a tile's interleaved memory begins, in bytes from the bottom of its SRAM: the
+    /// region from here to the top is interleaved. Data that must be interleaved (the AMP's
+    /// partial sums) sits at or above it, so a tile holding any has a gap below it that its
+    /// other data does not fill. 0 makes the whole SRAM interleaved: no gaps. Machine files and
+    /// reports written without the field read as 0.
+    #[serde(default)]
+    pub interleaved_region_start_bytes: u64,
     /// fp32 elements per worker vector instruction.
     pub vector_width_fp32: u32,
     /// fp16 elements per worker vector instruction.
@@ -166,6 +183,10 @@ impl IpuConfig {
                 // 16 x 8 MACs per 4-cycle pass (lib/poplin/PerformanceEstimation.hpp). Later
                 // poplibs caps these units by the fp32 store bandwidth (tools/single_conv_layer.cpp).
                 amp_macs_per_cycle_fp16_fp32_partials: 32,
+                // data: poplibs' IPU Model benchmarks report a fullest tile of 131,072 B plus a
+                // few partials for tiny AMP layers on Mk1 (docs/cost-model.md, "Interleaved
+                // memory"): the top half of the 256 KiB is interleaved. No public source states it.
+                interleaved_region_start_bytes: 131_072,
                 // vendor: 64-bit data path, 2 x fp32 per instruction (Poplar target summary).
                 vector_width_fp32: 2,
                 // vendor: 64-bit data path, 4 x fp16 per instruction (Poplar target summary).
@@ -211,6 +232,11 @@ impl IpuConfig {
                 // 16 x 8 MACs per 4-cycle pass (lib/poplin/PerformanceEstimation.hpp). Later
                 // poplibs caps these units by the fp32 store bandwidth (tools/single_conv_layer.cpp).
                 amp_macs_per_cycle_fp16_fp32_partials: 32,
+                // data: poplibs' IPU Model benchmarks report a fullest tile of 212,992 B plus a
+                // few partials for tiny AMP layers on Mk2 (docs/cost-model.md, "Interleaved
+                // memory"): the top two thirds of the 624 KiB are interleaved. No public source
+                // states it.
+                interleaved_region_start_bytes: 212_992,
                 // vendor: 2 x fp32 per instruction (Poplar target summary).
                 vector_width_fp32: 2,
                 // vendor: 4 x fp16 per instruction (Poplar target summary).
@@ -256,6 +282,8 @@ impl IpuConfig {
                 // 16 x 8 MACs per 4-cycle pass (lib/poplin/PerformanceEstimation.hpp). Later
                 // poplibs caps these units by the fp32 store bandwidth (tools/single_conv_layer.cpp).
                 amp_macs_per_cycle_fp16_fp32_partials: 32,
+                // inference: the Bow tile is the Mk2 tile (same SRAM), so the same region as Mk2.
+                interleaved_region_start_bytes: 212_992,
                 // vendor: 2 x fp32 per instruction (Poplar target summary).
                 vector_width_fp32: 2,
                 // vendor: 4 x fp16 per instruction (Poplar target summary).
@@ -290,8 +318,14 @@ impl IpuConfig {
         self
     }
 
-    /// Replaces the SRAM per tile, in bytes.
+    /// Replaces the SRAM per tile, in bytes. The interleaved region keeps its share of the
+    /// tile: its start scales with the SRAM.
     pub fn with_sram_bytes_per_tile(mut self, bytes: u64) -> Self {
+        let old = self.sram_bytes_per_tile.max(1);
+        self.interleaved_region_start_bytes = u64::try_from(
+            u128::from(self.interleaved_region_start_bytes) * u128::from(bytes) / u128::from(old),
+        )
+        .unwrap_or(0);
         self.sram_bytes_per_tile = bytes;
         self
     }
@@ -372,6 +406,13 @@ impl IpuConfig {
                 self.streaming_memory_bytes_per_second,
             ),
         ];
+        if self.interleaved_region_start_bytes >= self.sram_bytes_per_tile {
+            return Err(MachineError::BeyondSram {
+                field: "interleaved_region_start_bytes",
+                value: self.interleaved_region_start_bytes,
+                sram: self.sram_bytes_per_tile,
+            });
+        }
         for (field, value) in reals {
             if !(value.is_finite() && value > 0.0) {
                 return Err(MachineError::NotPositiveFinite { field, value });
@@ -633,6 +674,30 @@ mod tests {
         c.validate().unwrap();
         assert_eq!(c.total_sram_bytes(), 4096);
         assert_eq!(c.peak_flops_fp16(), 4.0 * 1e9 * 64.0 * 2.0);
+        // The interleaved region keeps its share (the top two thirds on Mk2).
+        assert_eq!(c.interleaved_region_start_bytes, 1024 / 3);
+    }
+
+    #[test]
+    fn the_interleaved_region_starts_inside_the_tile() {
+        for p in Preset::ALL {
+            let c = IpuConfig::preset(p);
+            assert!(c.interleaved_region_start_bytes < c.sram_bytes_per_tile);
+        }
+        let mut c = IpuConfig::preset(Preset::Mk1);
+        c.interleaved_region_start_bytes = c.sram_bytes_per_tile;
+        let e = c.validate().unwrap_err();
+        assert_eq!(
+            e,
+            MachineError::BeyondSram {
+                field: "interleaved_region_start_bytes",
+                value: 262_144,
+                sram: 262_144
+            }
+        );
+        assert!(e.to_string().contains("interleaved_region_start_bytes"));
+        c.interleaved_region_start_bytes = 0;
+        c.validate().unwrap();
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::exchange::Summaries;
+use crate::machine::IpuConfig;
 use crate::program::{Program, Step, TensorClass, TileId};
 
 /// Control code per program step, on every tile (estimate: a branch and a sync per step).
@@ -46,6 +47,17 @@ pub struct TileMemory {
     pub stack: u64,
     /// Pipeline stash: activations kept for later micro-batches' backward passes.
     pub stash: u64,
+    /// Unused memory below the tile's interleaved data: data that must be interleaved (the
+    /// AMP's partial sums) sits in the interleaved region at the top of the tile, so the tile
+    /// is used up to it even when its other data does not reach it. PopVision counts it in a
+    /// tile's total "including gaps"; the tile fits only if this total does
+    /// ([`TileMemory::settle_gaps`]).
+    #[serde(default)]
+    pub gaps: u64,
+    /// The most bytes of data that must be interleaved live at once on the tile (at any step,
+    /// not only the peak's; informative, as it is counted in `not_always_live` when live then).
+    #[serde(default)]
+    pub interleaved: u64,
     /// Program step of the peak.
     pub peak_step: usize,
 }
@@ -73,11 +85,13 @@ pub enum MemoryCategory {
     ControlCode,
     /// Stack.
     Stack,
+    /// Unused memory below interleaved data (see [`TileMemory::gaps`]).
+    Gaps,
 }
 
 impl MemoryCategory {
     /// Every category, in report order.
-    pub const ALL: [MemoryCategory; 9] = [
+    pub const ALL: [MemoryCategory; 10] = [
         MemoryCategory::AlwaysLive,
         MemoryCategory::NotAlwaysLive,
         MemoryCategory::Stash,
@@ -87,6 +101,7 @@ impl MemoryCategory {
         MemoryCategory::ExchangeBuffers,
         MemoryCategory::ControlCode,
         MemoryCategory::Stack,
+        MemoryCategory::Gaps,
     ];
 
     /// The key in JSON outputs (`always_live`, ...).
@@ -101,6 +116,7 @@ impl MemoryCategory {
             MemoryCategory::ExchangeBuffers => "exchange_buffers",
             MemoryCategory::ControlCode => "control_code",
             MemoryCategory::Stack => "stack",
+            MemoryCategory::Gaps => "gaps",
         }
     }
 
@@ -116,6 +132,7 @@ impl MemoryCategory {
             MemoryCategory::ExchangeBuffers => "exchange buffers",
             MemoryCategory::ControlCode => "control code",
             MemoryCategory::Stack => "stack",
+            MemoryCategory::Gaps => "gaps below interleaved data",
         }
     }
 }
@@ -139,6 +156,7 @@ impl TileMemory {
             MemoryCategory::ExchangeBuffers => self.exchange_buffers,
             MemoryCategory::ControlCode => self.control_code,
             MemoryCategory::Stack => self.stack,
+            MemoryCategory::Gaps => self.gaps,
         }
     }
 
@@ -154,6 +172,7 @@ impl TileMemory {
             MemoryCategory::ExchangeBuffers => &mut self.exchange_buffers,
             MemoryCategory::ControlCode => &mut self.control_code,
             MemoryCategory::Stack => &mut self.stack,
+            MemoryCategory::Gaps => &mut self.gaps,
         }
     }
 
@@ -173,9 +192,28 @@ impl TileMemory {
         t
     }
 
-    /// Bytes in all categories.
+    /// Bytes in all categories: the tile's memory including gaps, which must fit its SRAM.
     pub fn total(&self) -> u64 {
         MemoryCategory::ALL.into_iter().map(|c| self.get(c)).sum()
+    }
+
+    /// Bytes of data, code and buffers: [`TileMemory::total`] without the gaps.
+    pub fn data_bytes(&self) -> u64 {
+        self.total() - self.gaps
+    }
+
+    /// Sets [`TileMemory::gaps`] for an interleaved region starting `interleaved_start` bytes
+    /// up. Interleaved data fills the region from its start; other data fills the tile from the
+    /// bottom, then the region above the interleaved data. At a step with `i > 0` interleaved
+    /// bytes and `d` bytes in all, the tile is used up to `max(d, interleaved_start + i)`; over
+    /// the program that is `max(data peak, interleaved_start + interleaved peak)`, and the gaps
+    /// are what that adds to the data peak.
+    pub fn settle_gaps(&mut self, interleaved_start: u64) {
+        self.gaps = 0;
+        if self.interleaved == 0 {
+            return;
+        }
+        self.gaps = (interleaved_start + self.interleaved).saturating_sub(self.data_bytes());
     }
 }
 
@@ -184,6 +222,9 @@ impl TileMemory {
 pub struct MemoryReport {
     /// SRAM per tile.
     pub sram_bytes_per_tile: u64,
+    /// Where each tile's interleaved region starts ([`IpuConfig::interleaved_region_start_bytes`]).
+    #[serde(default)]
+    pub interleaved_region_start_bytes: u64,
     /// Every tile, by index.
     pub tiles: Vec<TileMemory>,
 }
@@ -197,9 +238,17 @@ impl MemoryReport {
         v
     }
 
-    /// Sum over tiles of each tile's peak.
+    /// Sum over tiles of each tile's peak, gaps not counted (as liveness totals are).
     pub fn total_bytes(&self) -> u64 {
-        self.tiles.iter().map(TileMemory::total).sum()
+        self.tiles.iter().map(TileMemory::data_bytes).sum()
+    }
+
+    /// Recomputes every tile's gaps after categories were added to (the pipeline stash).
+    pub fn settle_gaps(&mut self) {
+        let start = self.interleaved_region_start_bytes;
+        for t in &mut self.tiles {
+            t.settle_gaps(start);
+        }
     }
 
     /// Tiles that hold anything beyond the fixed control code and stack.
@@ -278,17 +327,30 @@ impl fmt::Display for OutOfMemory {
 
 impl std::error::Error for OutOfMemory {}
 
-/// Computes every tile's peak memory over the program.
-pub fn account(program: &Program, sram_bytes_per_tile: u64) -> MemoryReport {
-    account_with(program, &Summaries::default(), sram_bytes_per_tile)
+/// What a not-always-live event counts.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    /// A tensor that may live anywhere in the tile.
+    Tensor,
+    /// A tensor that must live in the interleaved region.
+    Interleaved,
+    /// A receive buffer.
+    Buffer,
+}
+
+/// Computes every tile's peak memory over the program on IPUs of `cfg`.
+pub fn account(program: &Program, cfg: &IpuConfig) -> MemoryReport {
+    account_with(program, &Summaries::default(), cfg)
 }
 
 /// [`account`] of a program whose exchanges may be kept as summaries.
 pub(crate) fn account_with(
     program: &Program,
     summaries: &Summaries,
-    sram_bytes_per_tile: u64,
+    cfg: &IpuConfig,
 ) -> MemoryReport {
+    let sram_bytes_per_tile = cfg.sram_bytes_per_tile;
+    let interleaved_start = cfg.interleaved_region_start_bytes;
     let tiles = program.tiles as usize;
     let mut tm: Vec<TileMemory> = (0..tiles)
         .map(|t| TileMemory {
@@ -296,8 +358,8 @@ pub(crate) fn account_with(
             ..Default::default()
         })
         .collect();
-    // Events (step, +/- bytes, is exchange buffer) per tile for not-always-live data.
-    let mut events: Vec<Vec<(usize, i64, bool)>> = vec![Vec::new(); tiles];
+    // Events (step, +/- bytes, kind) per tile for not-always-live data.
+    let mut events: Vec<Vec<(usize, i64, Kind)>> = vec![Vec::new(); tiles];
     for t in &program.tensors {
         let eb = t.elem_bytes();
         for (tile, n) in t.mapping.elements_per_tile() {
@@ -305,8 +367,13 @@ pub(crate) fn account_with(
             match t.class {
                 TensorClass::AlwaysLive => tm[tile.index()].always_live += bytes,
                 _ => {
-                    events[tile.index()].push((t.live.0, bytes as i64, false));
-                    events[tile.index()].push((t.live.1 + 1, -(bytes as i64), false));
+                    let kind = if t.interleaved {
+                        Kind::Interleaved
+                    } else {
+                        Kind::Tensor
+                    };
+                    events[tile.index()].push((t.live.0, bytes as i64, kind));
+                    events[tile.index()].push((t.live.1 + 1, -(bytes as i64), kind));
                 }
             }
         }
@@ -327,8 +394,8 @@ pub(crate) fn account_with(
                 let summary = summaries.of(s, program.tiles, &program.tensors, transfers);
                 for x in &summary.tiles {
                     if x.receives {
-                        events[x.tile.index()].push((s, x.received as i64, true));
-                        events[x.tile.index()].push((s + 2, -(x.received as i64), true));
+                        events[x.tile.index()].push((s, x.received as i64, Kind::Buffer));
+                        events[x.tile.index()].push((s + 2, -(x.received as i64), Kind::Buffer));
                     }
                     tm[x.tile.index()].exchange_code += x.code;
                 }
@@ -343,29 +410,37 @@ pub(crate) fn account_with(
         mem.stack = STACK_BYTES;
         let ev = &mut events[t];
         ev.sort_unstable_by_key(|e| e.0);
-        let (mut live, mut buf) = (0i64, 0i64);
+        let (mut live, mut buf, mut il) = (0i64, 0i64, 0i64);
         let (mut best, mut best_live, mut best_buf, mut best_step) = (0i64, 0i64, 0i64, 0usize);
+        let mut peak_il = 0i64;
         let mut i = 0;
         while i < ev.len() {
             let step = ev[i].0;
             while i < ev.len() && ev[i].0 == step {
-                if ev[i].2 {
-                    buf += ev[i].1;
-                } else {
-                    live += ev[i].1;
+                match ev[i].2 {
+                    Kind::Tensor => live += ev[i].1,
+                    Kind::Interleaved => {
+                        live += ev[i].1;
+                        il += ev[i].1;
+                    }
+                    Kind::Buffer => buf += ev[i].1,
                 }
                 i += 1;
             }
+            peak_il = peak_il.max(il);
             if live + buf > best {
                 (best, best_live, best_buf, best_step) = (live + buf, live, buf, step);
             }
         }
         mem.not_always_live = best_live.max(0) as u64;
         mem.exchange_buffers = best_buf.max(0) as u64;
+        mem.interleaved = peak_il.max(0) as u64;
         mem.peak_step = best_step;
+        mem.settle_gaps(interleaved_start);
     }
     MemoryReport {
         sram_bytes_per_tile,
+        interleaved_region_start_bytes: interleaved_start,
         tiles: tm,
     }
 }

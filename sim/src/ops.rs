@@ -21,9 +21,9 @@ pub struct OpEstimate {
     /// Exchange cycles alone.
     pub exchange_cycles: u64,
     /// Always-live bytes (operands laid out for the op) plus the peak of everything else,
-    /// summed over tiles.
+    /// summed over tiles (gaps not counted, as liveness totals do not).
     pub total_memory_bytes: u64,
-    /// The fullest tile's bytes.
+    /// The fullest tile's bytes, gaps below its interleaved data included.
     pub max_tile_bytes: u64,
     /// Tiles used.
     pub tiles_used: usize,
@@ -85,7 +85,7 @@ fn run(
         .tiles
         .iter()
         .filter(|t| !idle(t))
-        .map(|t| t.total())
+        .map(|t| t.data_bytes())
         .sum();
     Ok(OpEstimate {
         name: name.to_string(),

@@ -228,6 +228,9 @@ pub struct ProgTensor {
     pub class: TensorClass,
     /// First and last program step at which it holds live data (inclusive).
     pub live: (usize, usize),
+    /// Whether it must live in the tiles' interleaved memory: the AMP writes it (partial
+    /// sums, or a product's output written straight from the AMP).
+    pub interleaved: bool,
 }
 
 impl ProgTensor {

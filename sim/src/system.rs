@@ -402,7 +402,7 @@ where
     let mut reports: Vec<MemoryReport> = programs
         .par_iter()
         .zip(&summaries)
-        .map(|(p, x)| account_with(p, x, cfg.sram_bytes_per_tile))
+        .map(|(p, x)| account_with(p, x, cfg))
         .collect();
     let mut stash_bytes = vec![0u64; ipus];
     if training {
@@ -445,6 +445,10 @@ where
                 }
             }
         }
+    }
+    // The stash is data below any interleaved data: it fills gaps.
+    for r in &mut reports {
+        r.settle_gaps();
     }
 
     // Replicas average their gradients: a ring all-reduce over the links, once per update.

@@ -32,6 +32,7 @@ fn colour(c: MemoryCategory) -> &'static str {
         MemoryCategory::ExchangeBuffers => "#9c755f",
         MemoryCategory::ControlCode => "#bab0ac",
         MemoryCategory::Stack => "#ff9da7",
+        MemoryCategory::Gaps => "#e6e6e6",
     }
 }
 

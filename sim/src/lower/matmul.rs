@@ -196,6 +196,12 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
     plan
 }
 
+/// Whether product `i`'s AMP vertices write its output themselves (its `k` is not split, so
+/// there is no reduction): the output is then AMP partials, which must be interleaved.
+pub(super) fn amp_writes_output<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> bool {
+    product_of(l, i).is_some_and(|p| plan_of(l, i, &p).pk == 1)
+}
+
 /// Whether product `i` can lay out its right-hand operand (a weight).
 pub(super) fn lays_out_b<S: Storage>(l: &Lowering<'_, S>, i: NodeId) -> bool {
     product_of(l, i).is_some_and(|p| p.b.is_some())
@@ -379,8 +385,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
         }
     }
     let tile_of = |b: &Block| tile(b.g, plan.grid(b.im, b.ik, b.i_n), &p, tiles);
-    let amp =
-        |b: &Block| cost::matmul_amp_cycles(cfg, b.m.1 - b.m.0, b.k.1 - b.k.0, b.n.1 - b.n.0, dt);
+    let amp = |b: &Block| plan.amp_cycles(cfg, b.m.1 - b.m.0, b.k.1 - b.k.0, b.n.1 - b.n.0, dt);
     let spans = |t: TensorId, s: Vec<(u64, u64)>| {
         compress(
             s.into_iter()
@@ -423,6 +428,8 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
         total,
         Mapping::from_intervals(iv),
     );
+    // The AMP writes its partial sums to interleaved memory.
+    l.tensors[partials.index()].interleaved = true;
     let vertices = blocks
         .iter()
         .map(|b| Vertex {
@@ -438,41 +445,137 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
         })
         .collect();
     l.compute(i, "partials", vertices);
-    let mut vertices = Vec::new();
-    for b in &blocks {
-        let pk_here = (0..plan.pk)
-            .filter(|&q| offsets.contains_key(&(b.g, b.im, q, b.i_n)))
-            .count() as u64;
-        let (rows, cols) = (b.m.1 - b.m.0, b.n.1 - b.n.0);
-        let pieces = reduce_share(rows, cols, b.ik, pk_here, p.out_m_contiguous);
-        if pieces.is_empty() {
-            continue;
+    // The partial blocks of one output block: `pk_here` of them, on tiles ik = 0.. of the
+    // block's column of the grid. poplin reduces them in up to three stages
+    // (`cost::reduce_stage_factors`); every stage but the last writes intermediate fp32 blocks,
+    // each spread over the tiles of the partials it sums, in even shares of the block's
+    // elements in output memory order. The last stage writes the output, each of the pk tiles
+    // an even share.
+    let pk_here = (0..plan.pk).filter(|&q| q * plan.bk < p.k).count() as u64;
+    let factors = cost::reduce_stage_factors(pk_here);
+    // Output blocks: (g, im, in) with their element counts, from the ik = 0 blocks.
+    let outs: Vec<&Block> = blocks.iter().filter(|b| b.ik == 0).collect();
+    let block_tile = |b: &Block, q: u64| tile(b.g, plan.grid(b.im, q, b.i_n), &p, tiles);
+    // The current stage's source: per output block, the offsets of its blocks in `source`.
+    let mut source = partials;
+    let mut sources: Vec<Vec<u64>> = outs
+        .iter()
+        .map(|b| {
+            (0..pk_here)
+                .map(|q| offsets[&(b.g, b.im, q, b.i_n)])
+                .collect()
+        })
+        .collect();
+    // Tiles per source block so far.
+    let mut spread = 1u64;
+    for (stage, &f) in factors.iter().enumerate() {
+        let last = stage + 1 == factors.len();
+        let depth = sources.first().map_or(0, Vec::len) as u64;
+        let next_depth = depth.div_ceil(f.max(1));
+        let group_tiles = spread * f;
+        let mut vertices = Vec::new();
+        if last {
+            for (b, offs) in outs.iter().zip(&sources) {
+                let (rows, cols) = (b.m.1 - b.m.0, b.n.1 - b.n.0);
+                for q in 0..pk_here {
+                    let pieces = reduce_share(rows, cols, q, pk_here, p.out_m_contiguous);
+                    if pieces.is_empty() {
+                        continue;
+                    }
+                    // Partial blocks are kept in the output's memory order, so this tile's
+                    // share of each is one span: the same one in every partial block.
+                    let (first, end) = share_span(rows * cols, q, pk_here);
+                    let reads: Vec<Region> = offs
+                        .iter()
+                        .map(|&off| Region::span(source, off + first, end - first))
+                        .collect();
+                    let mut writes = Vec::new();
+                    for &(r0, r1, c0, c1) in &pieces {
+                        writes.extend((p.out)(
+                            b.g,
+                            (b.m.0 + r0, b.m.0 + r1),
+                            (b.n.0 + c0, b.n.0 + c1),
+                        ));
+                    }
+                    vertices.push(Vertex {
+                        tile: block_tile(b, q),
+                        codelet: Codelet::Reduce,
+                        cycles: cost::partials_reduce_cycles(cfg, end - first, depth, dt),
+                        reads: compress(reads),
+                        writes: spans(out, writes),
+                    });
+                }
+            }
+            let phase = if factors.len() == 1 {
+                "reduce".to_string()
+            } else {
+                format!("reduce{}", stage + 1)
+            };
+            l.compute(i, &phase, vertices);
+            break;
         }
-        // Partial blocks are kept in the output's memory order, so this tile's share of each
-        // is one span: the same one in every partial block of this output block.
-        let (first, end) = share_span(rows * cols, b.ik, pk_here);
-        let reads: Vec<Region> = (0..plan.pk)
-            .filter_map(|q| offsets.get(&(b.g, b.im, q, b.i_n)))
-            .map(|&off| Region::span(partials, off + first, end - first))
-            .collect();
-        let mut writes = Vec::new();
-        for &(r0, r1, c0, c1) in &pieces {
-            writes.extend((p.out)(
-                b.g,
-                (b.m.0 + r0, b.m.0 + r1),
-                (b.n.0 + c0, b.n.0 + c1),
-            ));
+        // An intermediate stage: block j of the next depth sums source blocks
+        // j*f .. (j+1)*f and lives on their tiles.
+        let mut iv = Vec::new();
+        let mut next_sources = Vec::with_capacity(outs.len());
+        let mut total = 0u64;
+        let mut pending = Vec::new();
+        for (b, offs) in outs.iter().zip(&sources) {
+            let elements = (b.m.1 - b.m.0) * (b.n.1 - b.n.0);
+            let mut next = Vec::with_capacity(next_depth as usize);
+            for j in 0..next_depth {
+                let first_tile = j * group_tiles;
+                let holders = (pk_here - first_tile).min(group_tiles);
+                let summed: Vec<u64> =
+                    offs[(j * f) as usize..((j + 1) * f).min(depth) as usize].to_vec();
+                for r in 0..holders {
+                    let (first, end) = share_span(elements, r, holders);
+                    if first >= end {
+                        continue;
+                    }
+                    let tile = block_tile(b, first_tile + r);
+                    iv.push(Interval {
+                        tile,
+                        start: total + first,
+                        len: end - first,
+                    });
+                    pending.push((tile, total, first, end, summed.clone()));
+                }
+                next.push(total);
+                total += elements;
+            }
+            next_sources.push(next);
         }
-        let elements = end - first;
-        vertices.push(Vertex {
-            tile: tile_of(b),
-            codelet: Codelet::Reduce,
-            cycles: cost::reduce_cycles(cfg, elements, pk_here, DType::F32),
-            reads: compress(reads),
-            writes: spans(out, writes),
-        });
+        let inter = l.temporary(
+            i,
+            &format!("partials{}", stage + 1),
+            DType::F32,
+            total,
+            Mapping::from_intervals(iv),
+        );
+        for (tile, base, first, end, summed) in pending {
+            let reads: Vec<Region> = summed
+                .iter()
+                .map(|&off| Region::span(source, off + first, end - first))
+                .collect();
+            vertices.push(Vertex {
+                tile,
+                codelet: Codelet::Reduce,
+                cycles: cost::partials_reduce_cycles(
+                    cfg,
+                    end - first,
+                    summed.len() as u64,
+                    DType::F32,
+                ),
+                reads: compress(reads),
+                writes: vec![Region::span(inter, base + first, end - first)],
+            });
+        }
+        l.compute(i, &format!("reduce{}", stage + 1), vertices);
+        source = inter;
+        sources = next_sources;
+        spread = group_tiles;
     }
-    l.compute(i, "reduce", vertices);
 }
 
 #[cfg(test)]

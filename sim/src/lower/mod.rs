@@ -204,6 +204,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
             mapping,
             class,
             live: (0, 0),
+            interleaved: false,
         });
         TensorId((self.tensors.len() - 1) as u32)
     }
@@ -571,6 +572,10 @@ impl<'a, S: Storage> Lowering<'a, S> {
                 mapping,
                 class,
             );
+            // A product written straight from the AMP (no reduction) is interleaved.
+            self.tensors[t.index()].interleaved = elements > 0
+                && matches!(hint, Placement::Own)
+                && matmul::amp_writes_output(self, i);
             if let Some(source) = copy_of {
                 self.locality.same_mapping(t, source);
             }
@@ -864,8 +869,7 @@ mod tests {
             }
             assert!(exchanges > 0);
             reused += summaries.reused;
-            let sram = cfg.sram_bytes_per_tile;
-            assert_eq!(account(&full, sram), account_with(&lean, &summaries, sram));
+            assert_eq!(account(&full, cfg), account_with(&lean, &summaries, cfg));
             assert_eq!(
                 crate::estimate::cost_steps_with(&full, &none, cfg, 0..full.steps.len()),
                 crate::estimate::cost_steps_with(&lean, &summaries, cfg, 0..lean.steps.len())
