@@ -256,9 +256,12 @@ fn reduce_vertex(cfg: &IpuConfig, tile: TileId, reads: Vec<Region>, write: Regio
 }
 
 /// A two-stage reduction of the tensors `xs` (all of shape `sx`, reduced over `axes`) into
-/// `out`, which holds `values` values per group; `passes` reductions per element. Returns
-/// `false`, lowering nothing, when its first stage would not pay (see
-/// [`TWO_STAGE_MIN_FACTOR`]).
+/// `out`, which holds `values` values per group; `passes` reductions per element. When its
+/// first stage would not pay (see [`TWO_STAGE_MIN_FACTOR`]) and the input is one tensor
+/// reduced over its leading axes with more rows than [`INTERMEDIATE_FAN_IN`] (a bias or
+/// layer-norm gradient over a sequence laid out a row per tile), the input's rows are the
+/// partial blocks and the intermediate stages start from them; otherwise it returns `false`,
+/// lowering nothing.
 ///
 /// Each tile holding the input reduces its elements into a partial block covering the hull
 /// of the groups it touches (not every group: a tile holding one row of a layer norm's input
@@ -278,8 +281,6 @@ pub(super) fn two_stage<S: Storage>(
     values: u64,
     passes: u64,
 ) -> bool {
-    let cfg = l.cfg;
-    let dt = l.node(i).dtype();
     // Stage 1: per tile holding the input, partial blocks over the groups it touches (the
     // hulls of its intervals' groups, merged where they touch).
     let mut ivs: Vec<Interval> = l.tensors[xs[0].index()].mapping.intervals().to_vec();
@@ -308,14 +309,72 @@ pub(super) fn two_stage<S: Storage>(
         .flat_map(|t| &t.1)
         .map(|&(g0, g1)| g1 - g0)
         .sum();
-    if inputs < TWO_STAGE_MIN_FACTOR * widths {
-        return false;
+    let mut pieces: Vec<Piece> = if inputs < TWO_STAGE_MIN_FACTOR * widths {
+        // A first stage would only copy. When the reduced axes lead (`[rows, outputs]` in
+        // memory), each input row already is a partial block over the outputs: with more rows
+        // than the fan-in, the intermediate stages reduce the input's rows themselves.
+        match input_rows(l, xs, sx, axes, values, passes) {
+            Some(rows) if max_depth(&rows) > INTERMEDIATE_FAN_IN => rows,
+            _ => return false,
+        }
+    } else {
+        first_stage(l, i, xs, &tiles, values, passes)
+    };
+    intermediate_and_last(l, i, out, &mut pieces);
+    true
+}
+
+/// The input's rows as partial blocks, when `xs` is one tensor reduced over its leading axes
+/// into one value per output: each interval of the input cut at row ends.
+fn input_rows<S: Storage>(
+    l: &Lowering<'_, S>,
+    xs: &[TensorId],
+    sx: Shape,
+    axes: tessera_core::ops::Axes,
+    values: u64,
+    passes: u64,
+) -> Option<Vec<Piece>> {
+    let k = axes.end();
+    let leading = u16::from(axes.0) == (1u16 << k) - 1;
+    if xs.len() != 1 || values != 1 || passes != 1 || !leading || k == 0 || k >= sx.rank() {
+        return None;
     }
+    let cols: u64 = sx.dims()[k..].iter().map(|&d| u64::from(d)).product();
+    let x = xs[0];
+    let mut rows = Vec::new();
+    for iv in l.tensors[x.index()].mapping.intervals() {
+        let mut at = iv.start;
+        while at < iv.end() {
+            let v0 = at % cols;
+            let len = (cols - v0).min(iv.end() - at);
+            rows.push(Piece {
+                tensor: x,
+                v0,
+                v1: v0 + len,
+                offset: at,
+            });
+            at += len;
+        }
+    }
+    Some(rows)
+}
+
+/// Stage 1 of [`two_stage`]: per tile holding the input, its partial blocks.
+fn first_stage<S: Storage>(
+    l: &mut Lowering<'_, S>,
+    i: NodeId,
+    xs: &[TensorId],
+    tiles: &[TileHulls<'_>],
+    values: u64,
+    passes: u64,
+) -> Vec<Piece> {
+    let cfg = l.cfg;
+    let dt = l.node(i).dtype();
     let mut offset = 0;
     let mut pieces = Vec::new();
     let mut layout = Vec::new();
     let mut first_piece = Vec::with_capacity(tiles.len() + 1);
-    for (g, hulls) in &tiles {
+    for (g, hulls) in tiles {
         first_piece.push(pieces.len());
         for &(g0, g1) in hulls {
             let w = (g1 - g0) * values;
@@ -361,7 +420,7 @@ pub(super) fn two_stage<S: Storage>(
         })
         .collect();
     l.compute(i, "partials", stage1);
-    let mut pieces: Vec<Piece> = pieces
+    pieces
         .into_iter()
         .map(|(v0, v1, offset)| Piece {
             tensor: partials,
@@ -369,7 +428,18 @@ pub(super) fn two_stage<S: Storage>(
             v1,
             offset,
         })
-        .collect();
+        .collect()
+}
+
+/// The intermediate stages of [`two_stage`] while some value has more than
+/// [`INTERMEDIATE_FAN_IN`] partial blocks, then the last stage into `out`.
+fn intermediate_and_last<S: Storage>(
+    l: &mut Lowering<'_, S>,
+    i: NodeId,
+    out: TensorId,
+    pieces: &mut Vec<Piece>,
+) {
+    let cfg = l.cfg;
     // Intermediate stages while some value has more than INTERMEDIATE_FAN_IN partials.
     let mut stage = 0;
     while max_depth(&pieces) > INTERMEDIATE_FAN_IN {
@@ -429,7 +499,7 @@ pub(super) fn two_stage<S: Storage>(
             })
             .collect();
         l.compute(i, &format!("intermediate{stage}"), vertices);
-        pieces = hulls
+        *pieces = hulls
             .iter()
             .map(|&(v0, v1, offset)| Piece {
                 tensor: reduced,
@@ -443,14 +513,13 @@ pub(super) fn two_stage<S: Storage>(
     let mut outs: Vec<Interval> = l.tensors[out.index()].mapping.intervals().to_vec();
     outs.sort_by_key(|iv| iv.start);
     let ranges: Vec<(u64, u64)> = outs.iter().map(|iv| (iv.start, iv.end())).collect();
-    let reads = overlaps(&mut pieces, &ranges);
+    let reads = overlaps(pieces, &ranges);
     let stage2 = outs
         .iter()
         .zip(reads)
         .map(|(iv, reads)| reduce_vertex(cfg, iv.tile, reads, Region::span(out, iv.start, iv.len)))
         .collect();
     l.compute(i, "reduce", stage2);
-    true
 }
 
 /// A reduction's output is spread by the input each element reduces (see
@@ -580,6 +649,31 @@ mod tests {
                         let runs: u64 = v.reads.iter().map(|r| r.rows).sum();
                         assert!(runs <= INTERMEDIATE_FAN_IN, "{}: {runs} runs", cs.name);
                     }
+                }
+            }
+        }
+    }
+
+    /// A column sum whose input holds less than a row per tile (a bias gradient over a
+    /// sequence) has no first stage to pay for: the input's rows are the partial blocks, and
+    /// intermediate stages reduce them, so no vertex reads more than the fan-in of rows.
+    #[test]
+    fn input_rows_are_the_partials_when_a_tile_holds_less_than_a_row() {
+        let p = lowered_reduction("sum", &[1024, 768], 0, ReduceKind::Sum);
+        let names: Vec<&str> = p
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Compute(cs) => Some(cs.name.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, ["sum/intermediate1", "sum/reduce"]);
+        for s in &p.steps {
+            if let Step::Compute(cs) = s {
+                for v in &cs.vertices {
+                    let runs: u64 = v.reads.iter().map(|r| r.rows).sum();
+                    assert!(runs <= INTERMEDIATE_FAN_IN, "{}: {runs} runs", cs.name);
                 }
             }
         }
