@@ -442,7 +442,7 @@ fn intermediate_and_last<S: Storage>(
     let cfg = l.cfg;
     // Intermediate stages while some value has more than INTERMEDIATE_FAN_IN partials.
     let mut stage = 0;
-    while max_depth(&pieces) > INTERMEDIATE_FAN_IN {
+    while max_depth(pieces) > INTERMEDIATE_FAN_IN {
         stage += 1;
         pieces.sort_by_key(|p| (p.v0, p.v1));
         let groups: Vec<&[Piece]> = pieces.chunks(INTERMEDIATE_FAN_IN as usize).collect();
