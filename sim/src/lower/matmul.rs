@@ -58,6 +58,10 @@ pub(crate) struct Product {
 /// Plans made so far, by node.
 pub(crate) type Plans = HashMap<NodeId, MatMulPlan>;
 
+/// Plans made so far, by what the planner reads: `m`, `k`, `n`, element type, whether the
+/// right operand is laid out by the plan, and tiles.
+pub(crate) type PlansByShape = HashMap<(u64, u64, u64, DType, bool, u64), MatMulPlan>;
+
 /// The batch axes of a rank >= 2 shape, as dims.
 fn batch_dims(s: Shape) -> Vec<u64> {
     s.dims()[..s.rank() - 2]
@@ -183,15 +187,13 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
     if let Some(plan) = l.mm.get(&i) {
         return *plan;
     }
-    let plan = plan_matmul(
-        l.cfg,
-        p.m,
-        p.k,
-        p.n,
-        l.node(i).dtype(),
-        p.b_resident,
-        p.tiles_per_group,
-    );
+    let dtype = l.node(i).dtype();
+    let key = (p.m, p.k, p.n, dtype, p.b_resident, p.tiles_per_group);
+    let cfg = l.cfg;
+    let plan = *l
+        .plans_by_shape
+        .entry(key)
+        .or_insert_with(|| plan_matmul(cfg, p.m, p.k, p.n, dtype, p.b_resident, p.tiles_per_group));
     l.mm.insert(i, plan);
     plan
 }

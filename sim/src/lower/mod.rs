@@ -90,6 +90,8 @@ pub(crate) struct Lowering<'a, S: Storage> {
     /// Whether lowering the current node took tiles from the cursor.
     pub(crate) cursor_used: bool,
     pub(crate) mm: matmul::Plans,
+    /// Plans by product shape: identical layers' products are planned once.
+    pub(crate) plans_by_shape: matmul::PlansByShape,
     /// Nodes lowered onto this IPU.
     include: Vec<bool>,
     /// Nodes of other IPUs whose tensors this IPU reads: copies arrive over the IPU-Links.
@@ -688,6 +690,7 @@ pub(crate) fn lower_with<S: Storage>(
         cursor: 0,
         cursor_used: false,
         mm: matmul::Plans::default(),
+        plans_by_shape: matmul::PlansByShape::default(),
         include: inc,
         remote,
         offloaded,
