@@ -321,3 +321,54 @@ fn concat_gradients_match_finite_differences() {
         }
     }
 }
+
+/// The convolution-gradient builders make the ops autodiff makes: same op, operands'
+/// shapes, geometry, output shape and type (the kernels are shared, so their numbers are too).
+#[test]
+fn conv_gradient_builders_match_autodiff() {
+    use tessera::core::ops::conv::{Conv, ConvParams, DataLayout, Padding};
+    use tessera::core::{Init, Op};
+    let p = ConvParams::new(DataLayout::Nchw)
+        .stride(2, 1)
+        .pads([1, 0, 1, 2])
+        .groups(2);
+    let (xs, ws) = ([2usize, 4, 7, 6], [6usize, 2, 3, 3]);
+    let mut g: Graph<Fixed<32>> = Graph::new();
+    let x = g.variable("x", &xs, DType::F32, Init::Zeros).unwrap();
+    let w = g.variable("w", &ws, DType::F32, Init::Zeros).unwrap();
+    let y = g.conv2d("y", x, w, p, Padding::Explicit(p.pads)).unwrap();
+    let loss = g.reduce_sum("loss", y, None).unwrap();
+    g.differentiate(loss, Optimizer::sgd(0.1)).unwrap();
+    let found = |want: &str| {
+        let n = g.nodes().iter().find(|n| n.op().name() == want).unwrap();
+        (n.shape(), n.dtype(), *n.op())
+    };
+    let (dx_shape, dx_type, dx_op) = found("ConvGradInput");
+    let (dw_shape, dw_type, dw_op) = found("ConvGradWeight");
+    let dy_shape = g.node(y).shape();
+
+    let mut h: Graph<Fixed<8>> = Graph::new();
+    let x2 = h.input("x", &xs, DType::F32).unwrap();
+    let w2 = h.input("w", &ws, DType::F32).unwrap();
+    let dims: Vec<usize> = dy_shape.dims().iter().map(|&d| d as usize).collect();
+    let dy = h.input("dy", &dims, DType::F32).unwrap();
+    let dx = h.conv2d_grad_input("dx", dy, w2, p, &xs).unwrap();
+    let dw = h.conv2d_grad_weight("dw", x2, dy, p, &ws).unwrap();
+    assert_eq!(
+        (h.node(dx).shape(), h.node(dx).dtype()),
+        (dx_shape, dx_type)
+    );
+    assert_eq!(
+        (h.node(dw).shape(), h.node(dw).dtype()),
+        (dw_shape, dw_type)
+    );
+    assert!(matches!((dx_op, *h.node(dx).op()),
+        (Op::Conv(Conv::GradInput { p: a, .. }), Op::Conv(Conv::GradInput { p: b, .. })) if a == b));
+    assert!(matches!((dw_op, *h.node(dw).op()),
+        (Op::Conv(Conv::GradWeight { p: a, .. }), Op::Conv(Conv::GradWeight { p: b, .. })) if a == b));
+    // An output gradient of the wrong shape is a typed error naming the node.
+    let bad = h.input("bad", &[2, 6, 3, 3], DType::F32).unwrap();
+    let e = h.conv2d_grad_input("dx2", bad, w2, p, &xs).unwrap_err();
+    assert!(e.to_string().contains("dx2"), "{e}");
+    assert!(h.conv2d_grad_weight("dw2", x2, bad, p, &ws).is_err());
+}

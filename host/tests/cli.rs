@@ -97,6 +97,7 @@ fn every_subcommand_has_help() {
         vec!["estimate-op", "--help"],
         vec!["estimate-op", "matmul", "--help"],
         vec!["estimate-op", "fc", "--help"],
+        vec!["estimate-op", "conv", "--help"],
         vec!["dataset-benchmark", "--help"],
         vec!["calibrate", "--help"],
         vec!["report", "--help"],
@@ -333,6 +334,102 @@ fn estimate_op_json() {
         "3",
     ]);
     assert_clean_failure(&o, &["3"]);
+}
+
+/// `estimate-op conv` takes poplibs' single_conv_layer option names and shape syntax, and
+/// names what is wrong with a layer.
+#[test]
+fn estimate_op_conv_takes_single_conv_layer_options() {
+    let args = |extra: &[&str]| {
+        let mut v = vec![
+            "estimate-op",
+            "conv",
+            "--field",
+            "{28,28}",
+            "--kernel-size",
+            "3",
+            "--input-channels",
+            "16",
+            "--output-channels",
+            "32",
+            "--padding",
+            "1",
+            "--batch-size",
+            "2",
+            "--json",
+        ];
+        v.extend_from_slice(extra);
+        tessera(&v)
+    };
+    let o = args(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j = last_json(&o);
+    for pass in ["conv forward", "conv backward", "conv weight update"] {
+        let p = &j["passes"][pass];
+        assert!(p["cycles"].as_u64().unwrap() > 0, "{pass}: {j}");
+        // 2 x 32 x 28 x 28 outputs, 16 x 3 x 3 MACs each, 2 flops per MAC.
+        assert_eq!(
+            p["flops"].as_u64().unwrap(),
+            2 * 2 * 32 * 28 * 28 * 16 * 9,
+            "{pass}"
+        );
+    }
+    let fwd = last_json(&args(&["--inference-only"]));
+    assert_eq!(fwd["passes"].as_object().unwrap().len(), 1);
+    // Stride 2 has a quarter of the outputs.
+    let strided = last_json(&args(&["--stride", "2", "--inference-only"]));
+    assert_eq!(
+        strided["passes"]["conv forward"]["flops"].as_u64().unwrap() * 4,
+        fwd["passes"]["conv forward"]["flops"].as_u64().unwrap()
+    );
+    // A 1-D field is a 2-D one of height 1.
+    let one_d = last_json(&tessera(&[
+        "estimate-op",
+        "conv",
+        "--field",
+        "100",
+        "--kernel-size",
+        "5",
+        "--input-channels",
+        "8",
+        "--output-channels",
+        "8",
+        "--json",
+    ]));
+    let flat = last_json(&tessera(&[
+        "estimate-op",
+        "conv",
+        "--field",
+        "1,100",
+        "--kernel-size",
+        "1,5",
+        "--input-channels",
+        "8",
+        "--output-channels",
+        "8",
+        "--json",
+    ]));
+    assert_eq!(one_d, flat);
+    let too_big = tessera(&[
+        "estimate-op",
+        "conv",
+        "--field",
+        "{7,7}",
+        "--kernel-size",
+        "9",
+        "--input-channels",
+        "4",
+        "--output-channels",
+        "4",
+    ]);
+    assert_clean_failure(&too_big, &["larger than the padded input"]);
+    for (bad, named) in [
+        (vec!["--conv-groups", "0"], "groups"),
+        (vec!["--stride", "1,2,3"], "--stride"),
+        (vec!["--bias", "maybe"], "--bias"),
+    ] {
+        assert_clean_failure(&args(&bad), &[named]);
+    }
 }
 
 #[test]

@@ -3,7 +3,9 @@
 //! (always-live plus peak temporary) and its fullest tile.
 
 use serde::{Deserialize, Serialize};
-use tessera_core::{DType, Fixed, Graph, GraphError, Init, Plan, PlanError};
+use tessera_core::ops::conv::{ConvDims, ConvParams, DataLayout, Padding};
+use tessera_core::ops::reduce::ReduceKind;
+use tessera_core::{DType, Fixed, Graph, GraphError, Init, Plan, PlanError, Shape};
 
 use crate::cost;
 use crate::estimate::{estimate_only, EstimateOptions, SimError};
@@ -46,6 +48,10 @@ pub enum OpError {
     /// Estimation failed.
     #[error(transparent)]
     Sim(Box<SimError>),
+    /// A convolution whose sizes do not make a convolution (a zero size, a kernel larger than
+    /// the padded field).
+    #[error("convolution: {0}")]
+    Conv(&'static str),
     /// A grouped layer whose sizes are not multiples of the group count.
     #[error("{what} {value} is not a multiple of the {groups} groups")]
     Groups {
@@ -190,23 +196,169 @@ pub fn fully_connected(
     };
     let mut est = run(name, &g, &sub, 2 * (batch * i * o) as u64)?;
     if pass == FcPass::WeightUpdate {
-        // The update runs in place where dW lives (poplibs lays W out like dW): a scaled add
-        // over the fullest tile's share, a sync, and W's bytes as always-live memory.
-        let per_tile = ((i * o) as u64).div_ceil(u64::from(sub.tiles).min((i * o) as u64).max(1));
-        est.cycles += cost::scaled_add_cycles(&sub, per_tile, dtype)
-            + cost::compute_set_overhead_cycles()
-            + sub.sync_cycles;
-        est.compute_cycles +=
-            cost::scaled_add_cycles(&sub, per_tile, dtype) + cost::compute_set_overhead_cycles();
-        est.total_memory_bytes += (i * o * dtype.size()) as u64;
-        est.max_tile_bytes += per_tile * dtype.size() as u64;
-        est.fits = est.fits && est.max_tile_bytes <= cfg.sram_bytes_per_tile;
+        add_update(&mut est, &sub, (i * o) as u64, dtype);
     }
     // All groups: the same cycles side by side, memory times the groups.
     est.total_memory_bytes *= groups as u64;
     est.tiles_used *= groups;
     est.flops *= groups as u64;
     Ok(est)
+}
+
+/// A 2-D convolution layer as poplibs' `single_conv_layer` describes it: sizes per group,
+/// symmetric padding, NCHW activations and OIHW weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConvLayer {
+    /// Images.
+    pub batch: usize,
+    /// Input channels per group.
+    pub in_channels: usize,
+    /// Output channels per group.
+    pub out_channels: usize,
+    /// Groups.
+    pub groups: usize,
+    /// Input height and width.
+    pub field: [usize; 2],
+    /// Kernel height and width.
+    pub kernel: [usize; 2],
+    /// Vertical and horizontal stride.
+    pub stride: [usize; 2],
+    /// Zero padding at both ends of each spatial axis.
+    pub padding: [usize; 2],
+    /// Whether a bias is added to each output channel (poplibs' default).
+    pub bias: bool,
+}
+
+impl ConvLayer {
+    fn params(&self) -> Result<ConvParams, OpError> {
+        let u = |v: usize| u32::try_from(v).map_err(|_| OpError::Conv("a size is too large"));
+        let [ph, pw] = [u(self.padding[0])?, u(self.padding[1])?];
+        Ok(ConvParams::new(DataLayout::Nchw)
+            .stride(u(self.stride[0])?, u(self.stride[1])?)
+            .pads([ph, pw, ph, pw])
+            .groups(u(self.groups.max(1))?))
+    }
+
+    /// The input, weight and output shapes, checked.
+    fn shapes(&self) -> Result<[[usize; 4]; 3], OpError> {
+        let sizes = [
+            (self.batch, "the batch size must be at least 1"),
+            (self.in_channels, "input channels must be at least 1"),
+            (self.out_channels, "output channels must be at least 1"),
+            (self.groups, "convolution groups must be at least 1"),
+            (
+                self.field[0].min(self.field[1]),
+                "the field's sizes must be at least 1",
+            ),
+            (
+                self.kernel[0].min(self.kernel[1]),
+                "the kernel's sizes must be at least 1",
+            ),
+            (
+                self.stride[0].min(self.stride[1]),
+                "strides must be at least 1",
+            ),
+        ];
+        if let Some(&(_, why)) = sizes.iter().find(|(v, _)| *v == 0) {
+            return Err(OpError::Conv(why));
+        }
+        let g = self.groups;
+        let x = [
+            self.batch,
+            self.in_channels * g,
+            self.field[0],
+            self.field[1],
+        ];
+        let w = [
+            self.out_channels * g,
+            self.in_channels,
+            self.kernel[0],
+            self.kernel[1],
+        ];
+        let shape = |d: &[usize; 4]| {
+            Shape::new(d).map_err(|_| OpError::Conv("every size must be at least 1"))
+        };
+        let p = self.params()?;
+        let dims = ConvDims::of(shape(&x)?, shape(&w)?, &p).map_err(OpError::Conv)?;
+        Ok([x, w, dims.output(DataLayout::Nchw)])
+    }
+}
+
+/// The pass of a convolution layer to estimate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ConvPass {
+    /// `y = conv(x, w)` (plus the bias).
+    Forward,
+    /// The input gradient, a transposed convolution of `dy`.
+    Backward,
+    /// The weight gradient (and the bias gradient), and the update `w -= lr . dw`.
+    WeightUpdate,
+}
+
+/// One pass of a convolution layer on one IPU, its operands laid out for it, as poplibs'
+/// `single_conv_layer` runs it.
+pub fn convolution(
+    cfg: &IpuConfig,
+    layer: &ConvLayer,
+    dtype: DType,
+    pass: ConvPass,
+) -> Result<OpEstimate, OpError> {
+    let [xs, ws, ys] = layer.shapes()?;
+    let p = layer.params()?;
+    let macs = {
+        let [n, o, oh, ow] = ys;
+        (n * o * oh * ow) as u64 * (layer.in_channels * layer.kernel[0] * layer.kernel[1]) as u64
+    };
+    let mut g: Graph<Fixed<8>> = Graph::new();
+    let e = |r: Result<tessera_core::NodeId, GraphError>| r.map_err(OpError::shape);
+    let name = match pass {
+        ConvPass::Forward => {
+            let x = e(g.variable("X", &xs, dtype, Init::Zeros))?;
+            let w = e(g.variable("W", &ws, dtype, Init::Zeros))?;
+            let y = e(g.conv2d("Y", x, w, p, Padding::Explicit(p.pads)))?;
+            if layer.bias {
+                let b = e(g.variable("B", &[1, ys[1], 1, 1], dtype, Init::Zeros))?;
+                e(g.add("Y+B", y, b))?;
+            }
+            "conv forward"
+        }
+        ConvPass::Backward => {
+            let dy = e(g.variable("dY", &ys, dtype, Init::Zeros))?;
+            let w = e(g.variable("W", &ws, dtype, Init::Zeros))?;
+            e(g.conv2d_grad_input("dX", dy, w, p, &xs))?;
+            "conv backward"
+        }
+        ConvPass::WeightUpdate => {
+            let x = e(g.variable("X", &xs, dtype, Init::Zeros))?;
+            let dy = e(g.variable("dY", &ys, dtype, Init::Zeros))?;
+            e(g.conv2d_grad_weight("dW", x, dy, p, &ws))?;
+            if layer.bias {
+                e(g.reduce("dB", dy, &[0, 2, 3], false, ReduceKind::Sum))?;
+            }
+            "conv weight update"
+        }
+    };
+    let flops = 2 * macs;
+    let mut est = run(name, &g, cfg, flops)?;
+    if pass == ConvPass::WeightUpdate {
+        let weights = ws.iter().product::<usize>() + if layer.bias { ys[1] } else { 0 };
+        add_update(&mut est, cfg, weights as u64, dtype);
+    }
+    Ok(est)
+}
+
+/// Adds the update `w -= lr . dw` of `elements` weights, run in place where `dw` lives
+/// (poplibs lays `w` out like `dw`): a scaled add over the fullest tile's share, a sync, and
+/// the weights' bytes as always-live memory.
+fn add_update(est: &mut OpEstimate, cfg: &IpuConfig, elements: u64, dtype: DType) {
+    let per_tile = elements.div_ceil(u64::from(cfg.tiles).min(elements).max(1));
+    let compute =
+        cost::scaled_add_cycles(cfg, per_tile, dtype) + cost::compute_set_overhead_cycles();
+    est.cycles += compute + cfg.sync_cycles;
+    est.compute_cycles += compute;
+    est.total_memory_bytes += elements * dtype.size() as u64;
+    est.max_tile_bytes += per_tile * dtype.size() as u64;
+    est.fits = est.fits && est.max_tile_bytes <= cfg.sram_bytes_per_tile;
 }
 
 #[cfg(test)]
@@ -229,6 +381,49 @@ mod tests {
         }
         let t = matmul(&cfg, 256, 128, 64, DType::F32, true, true).unwrap();
         assert!(t.cycles > 0);
+    }
+
+    #[test]
+    fn conv_passes_estimate_and_bad_layers_are_errors() {
+        let cfg = IpuConfig::preset(Preset::Mk2);
+        let layer = ConvLayer {
+            batch: 2,
+            in_channels: 8,
+            out_channels: 16,
+            groups: 2,
+            field: [12, 10],
+            kernel: [3, 3],
+            stride: [1, 2],
+            padding: [1, 1],
+            bias: true,
+        };
+        // Output 12 x 5 (stride 2 over 10 + 2 padding with a kernel of 3).
+        let macs = 2 * (16 * 2) * 12 * 5 * 8 * 9;
+        for pass in [
+            ConvPass::Forward,
+            ConvPass::Backward,
+            ConvPass::WeightUpdate,
+        ] {
+            let e = convolution(&cfg, &layer, DType::F16, pass).unwrap();
+            assert!(
+                e.cycles > 0 && e.fits && e.total_memory_bytes > 0,
+                "{pass:?}: {e:?}"
+            );
+            assert_eq!(e.flops, 2 * macs, "{pass:?}");
+        }
+        let bad = ConvLayer {
+            kernel: [20, 3],
+            ..layer
+        };
+        assert!(matches!(
+            convolution(&cfg, &bad, DType::F16, ConvPass::Forward),
+            Err(OpError::Conv(_))
+        ));
+        let no_groups = ConvLayer { groups: 0, ..layer };
+        assert!(matches!(
+            convolution(&cfg, &no_groups, DType::F16, ConvPass::Backward),
+            Err(OpError::Conv(_))
+        ));
     }
 
     #[test]

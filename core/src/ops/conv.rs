@@ -9,7 +9,7 @@
 //! order, so both give bit-identical results.
 
 use crate::autodiff::Backprop;
-use crate::error::{GraphError, RunError};
+use crate::error::{GraphError, Name, RunError};
 use crate::graph::{Graph, Node, NodeId, NodeRef};
 use crate::kernels as k;
 use crate::op::{Op, Operands};
@@ -327,6 +327,93 @@ impl<S: Storage> Graph<S> {
             Roles::ACTIVATION,
         )
     }
+}
+
+/// Builders of a convolution's gradients on their own (autodiff makes them from the forward
+/// convolution; op-level estimates build each pass alone, as poplibs' benchmark tools do).
+impl<S: Storage> Graph<S> {
+    /// The gradient of a convolution with geometry `params` (pads explicit) with respect to its
+    /// input, of shape `x_shape`, from the output gradient `dy` and the weights `w`.
+    pub fn conv2d_grad_input(
+        &mut self,
+        name: &str,
+        dy: impl NodeRef,
+        w: impl NodeRef,
+        params: ConvParams,
+        x_shape: &[usize],
+    ) -> Result<NodeId, GraphError> {
+        let (dy, w) = (dy.resolve(self)?, w.resolve(self)?);
+        let n = self.check_name(name)?;
+        self.float_operand(&n, "ConvGradInput", dy)?;
+        let dtype = self.same_dtype(&n, "ConvGradInput", dy, w)?;
+        let sx = shape_for(name, x_shape)?;
+        let (sdy, sw) = (self.node(dy).shape, self.node(w).shape);
+        check_gradient_shapes(&n, "ConvGradInput", sx, sw, sdy, &params)?;
+        self.push(
+            n,
+            Op::Conv(Conv::GradInput { dy, w, p: params }),
+            sx,
+            dtype,
+            Roles::ACTIVATION,
+        )
+    }
+
+    /// The gradient of a convolution with geometry `params` (pads explicit) with respect to its
+    /// weights, of shape `w_shape`, from the forward input `x` and the output gradient `dy`.
+    pub fn conv2d_grad_weight(
+        &mut self,
+        name: &str,
+        x: impl NodeRef,
+        dy: impl NodeRef,
+        params: ConvParams,
+        w_shape: &[usize],
+    ) -> Result<NodeId, GraphError> {
+        let (x, dy) = (x.resolve(self)?, dy.resolve(self)?);
+        let n = self.check_name(name)?;
+        self.float_operand(&n, "ConvGradWeight", x)?;
+        let dtype = self.same_dtype(&n, "ConvGradWeight", x, dy)?;
+        let sw = shape_for(name, w_shape)?;
+        let (sx, sdy) = (self.node(x).shape, self.node(dy).shape);
+        check_gradient_shapes(&n, "ConvGradWeight", sx, sw, sdy, &params)?;
+        self.push(
+            n,
+            Op::Conv(Conv::GradWeight { x, dy, p: params }),
+            sw,
+            dtype,
+            Roles::ACTIVATION,
+        )
+    }
+}
+
+/// That a convolution of an input of shape `sx` with weights of shape `sw` gives `sdy`.
+fn check_gradient_shapes(
+    node: &Name,
+    op: &'static str,
+    sx: Shape,
+    sw: Shape,
+    sdy: Shape,
+    p: &ConvParams,
+) -> Result<(), GraphError> {
+    let mismatch = |rule| GraphError::ShapeMismatch {
+        node: node.clone(),
+        op,
+        rule,
+        left: sx,
+        right: sw,
+    };
+    let dims = ConvDims::of(sx, sw, p).map_err(mismatch)?;
+    let out = dims.output(p.layout);
+    if sdy
+        .dims()
+        .iter()
+        .map(|&d| d as usize)
+        .ne(out.iter().copied())
+    {
+        return Err(mismatch(
+            "the output gradient must have the forward convolution's output shape",
+        ));
+    }
+    Ok(())
 }
 
 /// Bytes of workspace a convolution's kernel uses: one image-group's unfolded patches, and

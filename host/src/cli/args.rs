@@ -357,6 +357,79 @@ pub enum OpCommand {
         #[command(flatten)]
         common: OpCommon,
     },
+    /// A 2-D convolution layer, as poplibs' single_conv_layer: forward, backward and
+    /// weight-update passes, NCHW activations. Sizes take poplibs' shape syntax: `{56,56}`,
+    /// `56,56`, or one value for every dimension; a one-dimensional `--field` is a field of
+    /// height 1.
+    Conv {
+        /// Input height and width (`{H,W}`), or the length of a 1-D field.
+        #[arg(long, value_parser = parse_shape)]
+        field: ShapeArg,
+        /// Kernel height and width, or one size for both.
+        #[arg(long, value_parser = parse_shape, default_value = "1")]
+        kernel_size: ShapeArg,
+        /// Input channels per group.
+        #[arg(long)]
+        input_channels: usize,
+        /// Output channels per group.
+        #[arg(long)]
+        output_channels: usize,
+        /// Stride, per dimension or one for both.
+        #[arg(long, value_parser = parse_shape, default_value = "1")]
+        stride: ShapeArg,
+        /// Zero padding at both ends of each dimension, or one amount for both.
+        #[arg(long, value_parser = parse_shape, default_value = "0")]
+        padding: ShapeArg,
+        /// Convolution groups.
+        #[arg(long, default_value_t = 1)]
+        conv_groups: usize,
+        /// Images.
+        #[arg(long, default_value_t = 1)]
+        batch_size: usize,
+        /// Add a bias to each output channel (`--bias 0` leaves it out).
+        #[arg(long, default_value = "1", value_parser = parse_bool, action = clap::ArgAction::Set)]
+        bias: bool,
+        /// Only the forward pass.
+        #[arg(long)]
+        inference_only: bool,
+        #[command(flatten)]
+        common: OpCommon,
+    },
+}
+
+/// A size per dimension, as poplibs' tools write it: `{a,b}`, `a,b`, or `a`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShapeArg(pub Vec<usize>);
+
+/// Parses [`ShapeArg`].
+pub fn parse_shape(s: &str) -> Result<ShapeArg, String> {
+    let inner = s.trim();
+    let inner = inner
+        .strip_prefix('{')
+        .and_then(|t| t.strip_suffix('}'))
+        .unwrap_or(inner);
+    let dims: Result<Vec<usize>, _> = inner
+        .split(',')
+        .map(|d| d.trim().parse::<usize>())
+        .collect();
+    match dims {
+        Ok(d) if !d.is_empty() && d.len() <= 2 => Ok(ShapeArg(d)),
+        Ok(_) => Err(format!(
+            "`{s}`: give one or two sizes (convolutions are 1-D or 2-D)"
+        )),
+        Err(_) => Err(format!(
+            "`{s}`: expected sizes such as `{{56,56}}`, `56,56` or `3`"
+        )),
+    }
+}
+
+/// Parses a boolean as poplibs' tools take one: `1`, `0`, `true`, `false`.
+pub fn parse_bool(s: &str) -> Result<bool, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(format!("`{s}`: expected 1 or 0 (true or false)")),
+    }
 }
 
 #[derive(Args, Debug)]

@@ -7,9 +7,11 @@ use tessera_host::calibration::{self, Bounds, Summary, Table};
 use tessera_host::dataset::Dataset;
 use tessera_host::infeed::dataset_benchmark;
 use tessera_sim::machine::IpuConfig;
-use tessera_sim::ops::{fully_connected, matmul, FcPass, OpEstimate};
+use tessera_sim::ops::{
+    convolution, fully_connected, matmul, ConvLayer, ConvPass, FcPass, OpEstimate,
+};
 
-use super::args::{BenchArgs, CalibrateArgs, OpCommand, OpCommon};
+use super::args::{BenchArgs, CalibrateArgs, OpCommand, OpCommon, ShapeArg};
 use super::options::{data_dir, load_data};
 use super::AnyError;
 
@@ -69,6 +71,83 @@ fn estimates(c: OpCommand) -> Result<(OpCommon, Vec<OpEstimate>), AnyError> {
                 .collect::<Result<Vec<_>, _>>()?;
             (common, rs)
         }
+        OpCommand::Conv {
+            field,
+            kernel_size,
+            input_channels,
+            output_channels,
+            stride,
+            padding,
+            conv_groups,
+            batch_size,
+            bias,
+            inference_only,
+            common,
+        } => {
+            let layer = conv_layer(
+                &field,
+                &kernel_size,
+                &stride,
+                &padding,
+                [input_channels, output_channels, conv_groups, batch_size],
+                bias,
+            )?;
+            let cfg = IpuConfig::preset(common.ipu.preset());
+            let passes: &[ConvPass] = if inference_only {
+                &[ConvPass::Forward]
+            } else {
+                &[
+                    ConvPass::Forward,
+                    ConvPass::Backward,
+                    ConvPass::WeightUpdate,
+                ]
+            };
+            let dtype = common.data_type.dtype();
+            let rs = passes
+                .iter()
+                .map(|&p| convolution(&cfg, &layer, dtype, p))
+                .collect::<Result<Vec<_>, _>>()?;
+            (common, rs)
+        }
+    })
+}
+
+/// The layer the `conv` options describe. A 1-D field is a 2-D one of height 1 (its kernel,
+/// stride and padding given for the width; a single value applies to both dimensions).
+fn conv_layer(
+    field: &ShapeArg,
+    kernel: &ShapeArg,
+    stride: &ShapeArg,
+    padding: &ShapeArg,
+    [in_channels, out_channels, groups, batch]: [usize; 4],
+    bias: bool,
+) -> Result<ConvLayer, AnyError> {
+    let one_d = field.0.len() == 1;
+    let two = |what: &str, s: &ShapeArg, flat: usize| -> Result<[usize; 2], AnyError> {
+        Ok(match (s.0.as_slice(), one_d) {
+            (&[v], true) => [flat, v],
+            (&[v], false) => [v, v],
+            (&[a, b], false) => [a, b],
+            _ => {
+                return Err(format!(
+                    "--{what} has {} sizes but --field has {}",
+                    s.0.len(),
+                    field.0.len()
+                )
+                .into())
+            }
+        })
+    };
+    Ok(ConvLayer {
+        batch,
+        in_channels,
+        out_channels,
+        groups,
+        field: two("field", field, 1)?,
+        kernel: two("kernel-size", kernel, 1)?,
+        stride: two("stride", stride, 1)?,
+        padding: two("padding", padding, 0)?,
+        bias,
     })
 }
 
