@@ -223,8 +223,10 @@ impl EstimateSummary {
                 bytes(i.max_tile_bytes),
                 bytes(i.tile_bytes_available)
             );
+            // Gaps summed over tiles are not memory in use: the fullest tile's are named above.
             let categories: Vec<String> = MemoryCategory::ALL
                 .into_iter()
+                .filter(|&c| c != MemoryCategory::Gaps)
                 .filter_map(|c| match i.categories.get(c.key()) {
                     Some(&b) if b > 0 => Some(format!("{} {}", c.key(), bytes(b))),
                     _ => None,
