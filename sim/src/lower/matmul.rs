@@ -198,12 +198,6 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
     plan
 }
 
-/// Whether product `i`'s AMP vertices write its output themselves (its `k` is not split, so
-/// there is no reduction): the output is then AMP partials, which must be interleaved.
-pub(super) fn amp_writes_output<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> bool {
-    product_of(l, i).is_some_and(|p| plan_of(l, i, &p).pk == 1)
-}
-
 /// Whether product `i` can lay out its right-hand operand (a weight).
 pub(super) fn lays_out_b<S: Storage>(l: &Lowering<'_, S>, i: NodeId) -> bool {
     product_of(l, i).is_some_and(|p| p.b.is_some())
@@ -317,10 +311,12 @@ fn output_shares(p: &Product, plan: &MatMulPlan) -> Vec<(usize, u64, u64, Range,
     v
 }
 
-/// The mapping of product `i`'s output: where its final values are written.
-pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> Mapping {
+/// The mapping of product `i`'s output (where its final values are written), and whether the
+/// AMP vertices write it themselves (its `k` is not split, so there is no reduction): the
+/// output is then AMP partials, which must be interleaved.
+pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> (Mapping, bool) {
     let Some(p) = product_of(l, i) else {
-        return Mapping::default();
+        return (Mapping::default(), false);
     };
     let plan = plan_of(l, i, &p);
     let mut iv = Vec::new();
@@ -336,7 +332,7 @@ pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> 
             }
         }
     }
-    Mapping::from_intervals(iv)
+    (Mapping::from_intervals(iv), plan.pk == 1)
 }
 
 /// One block of the grid: group, (im, ik, in) and its element ranges.
@@ -470,52 +466,12 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
         .collect();
     // Tiles per source block so far.
     let mut spread = 1u64;
-    for (stage, &f) in factors.iter().enumerate() {
-        let last = stage + 1 == factors.len();
+    let stages = factors.len();
+    for (stage, &f) in factors.iter().enumerate().take(stages.saturating_sub(1)) {
         let depth = sources.first().map_or(0, Vec::len) as u64;
         let next_depth = depth.div_ceil(f.max(1));
         let group_tiles = spread * f;
         let mut vertices = Vec::new();
-        if last {
-            for (b, offs) in outs.iter().zip(&sources) {
-                let (rows, cols) = (b.m.1 - b.m.0, b.n.1 - b.n.0);
-                for q in 0..pk_here {
-                    let pieces = reduce_share(rows, cols, q, pk_here, p.out_m_contiguous);
-                    if pieces.is_empty() {
-                        continue;
-                    }
-                    // Partial blocks are kept in the output's memory order, so this tile's
-                    // share of each is one span: the same one in every partial block.
-                    let (first, end) = share_span(rows * cols, q, pk_here);
-                    let reads: Vec<Region> = offs
-                        .iter()
-                        .map(|&off| Region::span(source, off + first, end - first))
-                        .collect();
-                    let mut writes = Vec::new();
-                    for &(r0, r1, c0, c1) in &pieces {
-                        writes.extend((p.out)(
-                            b.g,
-                            (b.m.0 + r0, b.m.0 + r1),
-                            (b.n.0 + c0, b.n.0 + c1),
-                        ));
-                    }
-                    vertices.push(Vertex {
-                        tile: block_tile(b, q),
-                        codelet: Codelet::Reduce,
-                        cycles: cost::partials_reduce_cycles(cfg, end - first, depth, dt),
-                        reads: compress(reads),
-                        writes: spans(out, writes),
-                    });
-                }
-            }
-            let phase = if factors.len() == 1 {
-                "reduce".to_string()
-            } else {
-                format!("reduce{}", stage + 1)
-            };
-            l.compute(i, &phase, vertices);
-            break;
-        }
         // An intermediate stage: block j of the next depth sums source blocks
         // j*f .. (j+1)*f and lives on their tiles.
         let mut iv = Vec::new();
@@ -578,6 +534,46 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
         sources = next_sources;
         spread = group_tiles;
     }
+    // The last stage: each of the pk tiles writes its share of the output.
+    let depth = sources.first().map_or(0, Vec::len) as u64;
+    let mut vertices = Vec::new();
+    for (b, offs) in outs.iter().zip(&sources) {
+        let (rows, cols) = (b.m.1 - b.m.0, b.n.1 - b.n.0);
+        for q in 0..pk_here {
+            let pieces = reduce_share(rows, cols, q, pk_here, p.out_m_contiguous);
+            if pieces.is_empty() {
+                continue;
+            }
+            // Partial blocks are kept in the output's memory order, so this tile's
+            // share of each is one span: the same one in every partial block.
+            let (first, end) = share_span(rows * cols, q, pk_here);
+            let reads: Vec<Region> = offs
+                .iter()
+                .map(|&off| Region::span(source, off + first, end - first))
+                .collect();
+            let mut writes = Vec::new();
+            for &(r0, r1, c0, c1) in &pieces {
+                writes.extend((p.out)(
+                    b.g,
+                    (b.m.0 + r0, b.m.0 + r1),
+                    (b.n.0 + c0, b.n.0 + c1),
+                ));
+            }
+            vertices.push(Vertex {
+                tile: block_tile(b, q),
+                codelet: Codelet::Reduce,
+                cycles: cost::partials_reduce_cycles(cfg, end - first, depth, dt),
+                reads: compress(reads),
+                writes: spans(out, writes),
+            });
+        }
+    }
+    let phase = if stages == 1 {
+        "reduce".to_string()
+    } else {
+        format!("reduce{stages}")
+    };
+    l.compute(i, &phase, vertices);
 }
 
 #[cfg(test)]

@@ -542,6 +542,8 @@ impl<'a, S: Storage> Lowering<'a, S> {
             let es = node.dtype().size() as u64;
             let cols = node.shape().last() as u64;
             let mut copy_of = None;
+            // A product written straight from the AMP (no reduction) is interleaved.
+            let mut interleaved = false;
             let mapping = if elements == 0 {
                 Mapping::default()
             } else if !self.include[k] {
@@ -554,7 +556,11 @@ impl<'a, S: Storage> Lowering<'a, S> {
                 self.tensors[var.index()].mapping.clone()
             } else {
                 match hint {
-                    Placement::Own => matmul::output_mapping(self, i),
+                    Placement::Own => {
+                        let (mapping, amp_written) = matmul::output_mapping(self, i);
+                        interleaved = amp_written;
+                        mapping
+                    }
                     Placement::Like(x) if self.tensors[self.t(x).index()].elements == elements => {
                         // Laid out like its operand (as poplibs clones it), so the op needs no
                         // exchange and the next op sees the same layout.
@@ -574,10 +580,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
                 mapping,
                 class,
             );
-            // A product written straight from the AMP (no reduction) is interleaved.
-            self.tensors[t.index()].interleaved = elements > 0
-                && matches!(hint, Placement::Own)
-                && matmul::amp_writes_output(self, i);
+            self.tensors[t.index()].interleaved = interleaved;
             if let Some(source) = copy_of {
                 self.locality.same_mapping(t, source);
             }

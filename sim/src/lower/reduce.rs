@@ -614,6 +614,31 @@ mod tests {
         p
     }
 
+    /// The names of `p`'s compute sets, in order.
+    fn compute_set_names(p: &crate::program::Program) -> Vec<&str> {
+        p.steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Compute(cs) => Some(cs.name.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// That no vertex of `p` outside compute set `except` reads more than the fan-in of runs.
+    fn assert_fan_in(p: &crate::program::Program, except: &str) {
+        for s in &p.steps {
+            if let Step::Compute(cs) = s {
+                if cs.name != except {
+                    for v in &cs.vertices {
+                        let runs: u64 = v.reads.iter().map(|r| r.rows).sum();
+                        assert!(runs <= INTERMEDIATE_FAN_IN, "{}: {runs} runs", cs.name);
+                    }
+                }
+            }
+        }
+    }
+
     /// A reduction whose input is spread over every tile, each tile touching every output (a
     /// column sum), reduces its per-tile partials in intermediate stages, so no vertex after
     /// the first stage reads more than the fan-in of partial blocks, and the program still
@@ -621,14 +646,7 @@ mod tests {
     #[test]
     fn many_partials_reduce_in_intermediate_stages() {
         let p = lowered_reduction("mean", &[8192, 64], 0, ReduceKind::Mean);
-        let names: Vec<&str> = p
-            .steps
-            .iter()
-            .filter_map(|s| match s {
-                Step::Compute(cs) => Some(cs.name.as_str()),
-                _ => None,
-            })
-            .collect();
+        let names = compute_set_names(&p);
         // One partial block per tile holding x, then stages dividing them by the fan-in.
         let mut count = p.tensors[0].mapping.tile_count() as u64;
         let mut want = vec!["mean/partials".to_string()];
@@ -642,16 +660,7 @@ mod tests {
             "x should be on more than {INTERMEDIATE_FAN_IN} tiles"
         );
         assert_eq!(names, want);
-        for s in &p.steps {
-            if let Step::Compute(cs) = s {
-                if cs.name != "mean/partials" {
-                    for v in &cs.vertices {
-                        let runs: u64 = v.reads.iter().map(|r| r.rows).sum();
-                        assert!(runs <= INTERMEDIATE_FAN_IN, "{}: {runs} runs", cs.name);
-                    }
-                }
-            }
-        }
+        assert_fan_in(&p, "mean/partials");
     }
 
     /// A column sum whose input holds less than a row per tile (a bias gradient over a
@@ -660,23 +669,9 @@ mod tests {
     #[test]
     fn input_rows_are_the_partials_when_a_tile_holds_less_than_a_row() {
         let p = lowered_reduction("sum", &[1024, 768], 0, ReduceKind::Sum);
-        let names: Vec<&str> = p
-            .steps
-            .iter()
-            .filter_map(|s| match s {
-                Step::Compute(cs) => Some(cs.name.as_str()),
-                _ => None,
-            })
-            .collect();
+        let names = compute_set_names(&p);
         assert_eq!(names, ["sum/intermediate1", "sum/reduce"]);
-        for s in &p.steps {
-            if let Step::Compute(cs) = s {
-                for v in &cs.vertices {
-                    let runs: u64 = v.reads.iter().map(|r| r.rows).sum();
-                    assert!(runs <= INTERMEDIATE_FAN_IN, "{}: {runs} runs", cs.name);
-                }
-            }
-        }
+        assert_fan_in(&p, "");
     }
 
     /// A row reduction (each tile holding part of one or two rows) writes partials for the
