@@ -372,3 +372,26 @@ fn conv_gradient_builders_match_autodiff() {
     assert!(e.to_string().contains("dx2"), "{e}");
     assert!(h.conv2d_grad_weight("dw2", x2, bad, p, &ws).is_err());
 }
+
+#[test]
+fn a_hand_written_sgd_update_checks_its_operands() {
+    use tessera::core::{GraphError, Init};
+    let mut g: Graph<Fixed<8>> = Graph::new();
+    let w = g.variable("w", &[3, 2], DType::F32, Init::Zeros).unwrap();
+    let dw = g.variable("dw", &[3, 2], DType::F32, Init::Zeros).unwrap();
+    let wrong = g
+        .variable("wrong", &[2, 3], DType::F32, Init::Zeros)
+        .unwrap();
+    let sum = g.add("sum", dw, dw).unwrap();
+    let u = g.apply_sgd("w/update", w, sum, 0.1).unwrap();
+    assert_eq!(g.node(u).op().name(), "ApplySgd");
+    assert!(matches!(
+        g.apply_sgd("u2", w, wrong, 0.1),
+        Err(GraphError::ShapeMismatch { .. })
+    ));
+    assert!(matches!(
+        g.apply_sgd("u3", sum, dw, 0.1),
+        Err(GraphError::BadAttribute { .. })
+    ));
+    assert!(Plan::new(&g).is_ok());
+}

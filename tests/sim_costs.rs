@@ -6,7 +6,7 @@ use tessera::core::{DType, NodeId};
 use tessera::sim::cost::UnaryKind;
 use tessera::sim::estimate::cost_steps;
 use tessera::sim::memory::{account, MemoryCategory};
-use tessera::sim::ops::{fully_connected, matmul, FcPass};
+use tessera::sim::ops::{fully_connected, fully_connected_training, matmul, FcPass};
 use tessera::sim::program::{
     exchange_for, Codelet, ComputeSet, Mapping, ProgTensor, Program, Region, Step, TensorClass,
     TensorId, TileId, Vertex,
@@ -177,6 +177,33 @@ fn interleaved_data_leaves_a_gap_below_it() {
     flat.interleaved_region_start_bytes = 0;
     let r = account(&interleaved_program(96, 1_000), &flat);
     assert_eq!(r.tiles[0].gaps, 0);
+}
+
+#[test]
+fn a_trained_layer_planned_jointly_keeps_its_passes_on_the_weights_tiles() {
+    // 1 x 1000 -> 5: planned alone, the weight update spreads its 5,000 products over hundreds
+    // of tiles (each with its code and stack) and moves the gradient to the weights; planned
+    // with its layer it runs on the forward's tiles and writes the gradient beside them.
+    let mk1 = IpuConfig::preset(Preset::Mk1);
+    let alone = fully_connected(&mk1, 1, 1000, 5, 1, DType::F32, FcPass::WeightUpdate).unwrap();
+    let layer = fully_connected_training(&mk1, 1, 1000, 5, 1, DType::F32).unwrap();
+    let names: Vec<&str> = layer.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["fc forward", "fc backward", "fc weight update"]);
+    for pass in &layer {
+        assert!(pass.cycles > 0 && pass.fits, "{pass:?}");
+        // One program: the layer's memory, the same in every pass.
+        assert_eq!(pass.total_memory_bytes, layer[0].total_memory_bytes);
+        assert_eq!(pass.tiles_used, layer[0].tiles_used);
+        let by_category: u64 = pass.memory_by_category.values().sum();
+        assert_eq!(by_category, pass.total_memory_bytes);
+    }
+    assert!(
+        layer[0].tiles_used * 3 < alone.tiles_used,
+        "{} tiles for the layer, {} for its weight update alone",
+        layer[0].tiles_used,
+        alone.tiles_used
+    );
+    assert!(layer[0].total_memory_bytes < alone.total_memory_bytes);
 }
 
 #[test]

@@ -11,7 +11,7 @@ use std::fmt;
 use serde::Serialize;
 use tessera_core::DType;
 use tessera_sim::machine::{IpuConfig, Preset};
-use tessera_sim::ops::{fully_connected, matmul, FcPass, OpError, OpEstimate};
+use tessera_sim::ops::{fully_connected_training, matmul, OpError, OpEstimate};
 
 /// The calibration set shipped with Tessera (poplibs' published IPU Model figures).
 pub const BUNDLED: &str = include_str!("../../data/calibration/ipu_model_ops.csv");
@@ -252,11 +252,7 @@ pub fn estimate(row: &Row) -> Result<Figures, CalibrationError> {
             batch,
             input,
             output,
-        } => [FcPass::Forward, FcPass::Backward, FcPass::WeightUpdate]
-            .iter()
-            .map(|&p| fully_connected(&cfg, batch, input, output, 1, DType::F32, p))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(err)?,
+        } => fully_connected_training(&cfg, batch, input, output, 1, DType::F32).map_err(err)?,
     };
     Ok(Figures::of_passes(&passes))
 }

@@ -30,6 +30,27 @@ pub struct MatMulPlan {
     /// ways for matmuls (`swapOperands`, lib/poplin/ConvPlan.cpp).
     #[serde(default)]
     pub swapped: bool,
+    /// How blocks are laid on tiles: a pass of a jointly planned fully-connected layer puts
+    /// each block on the tile of the forward block holding the same weights.
+    #[serde(default)]
+    pub order: GridOrder,
+}
+
+/// The order in which a plan's blocks `(im, ik, in)` are laid on tiles.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GridOrder {
+    /// `(im x pk + ik) x pn + in`.
+    #[default]
+    Standard,
+    /// The input-gradient pass of a joint plan, `dX = dY . W^T`: its `k` is the forward's `n`
+    /// and its `n` the forward's `k`, so block `(im, ik, in)` sits on the forward's tile
+    /// `(im, in, ik)`: `(im x pn + in) x pk + ik` (poplin's `FC_BWD_AS_CONV` tile order).
+    FcBackward,
+    /// The weight-update pass of a joint plan, `dW = X^T . dY`: its `m` is the forward's `k`
+    /// and its `k` the forward's `m`, so block `(im, ik, in)` sits on the forward's tile
+    /// `(ik, im, in)`: `(ik x pm + im) x pn + in` (poplin's `FC_WU` tile order).
+    FcWeightUpdate,
 }
 
 impl MatMulPlan {
@@ -49,7 +70,11 @@ impl MatMulPlan {
 
     /// Grid index of block (im, ik, in): the tile it runs on, counted from the first tile.
     pub fn grid(&self, im: u64, ik: u64, i_n: u64) -> u64 {
-        (im * self.pk + ik) * self.pn + i_n
+        match self.order {
+            GridOrder::Standard => (im * self.pk + ik) * self.pn + i_n,
+            GridOrder::FcBackward => (im * self.pn + i_n) * self.pk + ik,
+            GridOrder::FcWeightUpdate => (ik * self.pm + im) * self.pn + i_n,
+        }
     }
 }
 
@@ -80,6 +105,120 @@ fn splits(d: u64, cap: u64, grain: u64) -> Vec<u64> {
     out
 }
 
+/// Which orientations of the AMP a plan may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Orientation {
+    /// The cheaper of straight and transposed.
+    Either,
+    /// Transposed (`C^T = B^T A^T`), as a joint plan's passes are.
+    Swapped,
+}
+
+/// Operand bytes each tile receives: its block of `a`, and of `b` unless `b` is laid out by
+/// the plan, in which case the tile already holds `1 / pm` of its block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Resident {
+    /// Neither operand is laid out by the plan.
+    No,
+    /// `b` is a weight spread over the `pm` tiles of its grid column.
+    B,
+}
+
+/// Prices the plan `pm x pk x pn` of `[m, k] x [k, n]`: (breaks the memory rule, plan).
+#[allow(clippy::too_many_arguments)]
+fn price(
+    cfg: &IpuConfig,
+    [m, k, n]: [u64; 3],
+    [pm, pk, pn]: [u64; 3],
+    dtype: DType,
+    resident: Resident,
+    orientation: Orientation,
+    order: GridOrder,
+) -> (bool, MatMulPlan) {
+    let s = dtype.size() as u64;
+    let sync = cfg.sync_cycles;
+    let (bm, bk, bn) = (m.div_ceil(pm), k.div_ceil(pk), n.div_ceil(pn));
+    let transposed = cost::matmul_amp_cycles(cfg, bn, bk, bm, dtype);
+    let (swapped, amp) = match orientation {
+        Orientation::Swapped => (true, transposed),
+        Orientation::Either => {
+            let straight = cost::matmul_amp_cycles(cfg, bm, bk, bn, dtype);
+            (transposed < straight, straight.min(transposed))
+        }
+    };
+    let compute = amp + cost::compute_set_overhead_cycles();
+    // A weight laid out by the plan is spread over the tiles of its column of the grid (each
+    // holds 1/pm of the block): each receives the rest.
+    let received = bm * bk * s
+        + match resident {
+            Resident::B => bk * bn * s * (pm - 1) / pm,
+            Resident::No => bk * bn * s,
+        };
+    // Operands, received copies and the output block must leave room on the tile for
+    // everything else: plans using more than half its SRAM are a last resort.
+    let block_bytes = bm * bk * s + bk * bn * s + bm * bn * if pk > 1 { 4 } else { s };
+    let too_big = block_bytes > cfg.sram_bytes_per_tile / 2;
+    let mut total = compute + cost::exchange_cycles(cfg, received, false) + sync;
+    // The partials' reduction, stage by stage as poplin plans it: a stage summing f blocks
+    // spreads each result over the f x (tiles so far) tiles holding them.
+    let mut spread = 1;
+    let factors = cost::reduce_stage_factors(pk);
+    for (st, &f) in factors.iter().enumerate() {
+        let last = st + 1 == factors.len();
+        let holders = if last { pk } else { (spread * f).min(pk) };
+        let share = (bm * bn).div_ceil(holders);
+        let out = if last { dtype } else { DType::F32 };
+        total += cost::exchange_cycles(cfg, share * (f - 1) * 4, false)
+            + cost::partials_reduce_cycles(cfg, share, f, out)
+            + cost::compute_set_overhead_cycles()
+            + sync;
+        spread *= f;
+    }
+    let plan = MatMulPlan {
+        pm,
+        pk,
+        pn,
+        bm,
+        bk,
+        bn,
+        planned_cycles: total,
+        swapped,
+        order,
+    };
+    (too_big, plan)
+}
+
+/// Every candidate grid `(pm, pk, pn)` of `[m, k] x [k, n]` on up to `tiles` tiles.
+fn candidates(cfg: &IpuConfig, [m, k, n]: [u64; 3], dtype: DType, tiles: u64) -> Vec<[u64; 3]> {
+    let tiles = tiles.max(1);
+    // Either m or n (whichever the AMP takes as output channels) groups by conv units.
+    let (k_grain, out_grain) = (cost::amp_in_group(dtype), cost::amp_conv_units(cfg, dtype));
+    let mut out = Vec::new();
+    for &pm in &splits(m, tiles, out_grain) {
+        for &pn in &splits(n, tiles / pm, out_grain) {
+            for &pk in &splits(k, tiles / (pm * pn), k_grain) {
+                out.push([pm, pk, pn]);
+            }
+        }
+    }
+    out
+}
+
+/// The plan used when a dimension is empty of candidates (never, as `splits` offers 1).
+fn whole(m: u64, k: u64, n: u64) -> MatMulPlan {
+    MatMulPlan {
+        pm: 1,
+        pk: 1,
+        pn: 1,
+        bm: m,
+        bk: k,
+        bn: n,
+        planned_cycles: u64::MAX,
+        swapped: false,
+        order: GridOrder::Standard,
+    }
+}
+
 /// The cheapest plan for `[m, k] x [k, n]` in `dtype` on up to `tiles` tiles. With
 /// `b_resident`, the right-hand operand is laid out by the plan (as weights are) and costs no
 /// exchange.
@@ -92,83 +231,140 @@ pub fn plan_matmul(
     b_resident: bool,
     tiles: u64,
 ) -> MatMulPlan {
-    let s = dtype.size() as u64;
-    let sync = cfg.sync_cycles;
+    let resident = if b_resident {
+        Resident::B
+    } else {
+        Resident::No
+    };
     let mut best: Option<((bool, u64, u64), MatMulPlan)> = None;
-    let tiles = tiles.max(1);
-    // Either m or n (whichever the AMP takes as output channels) groups by conv units.
-    let (k_grain, out_grain) = (cost::amp_in_group(dtype), cost::amp_conv_units(cfg, dtype));
-    for &pm in &splits(m, tiles, out_grain) {
-        for &pn in &splits(n, tiles / pm, out_grain) {
-            for &pk in &splits(k, tiles / (pm * pn), k_grain) {
-                let (bm, bk, bn) = (m.div_ceil(pm), k.div_ceil(pk), n.div_ceil(pn));
-                let straight = cost::matmul_amp_cycles(cfg, bm, bk, bn, dtype);
-                let transposed = cost::matmul_amp_cycles(cfg, bn, bk, bm, dtype);
-                let swapped = transposed < straight;
-                let compute = straight.min(transposed) + cost::compute_set_overhead_cycles();
-                // A weight laid out by the plan is spread over the tiles of its column of the
-                // grid (each holds 1/pm of the block): each receives the rest.
-                let received = bm * bk * s
-                    + if b_resident {
-                        bk * bn * s * (pm - 1) / pm
-                    } else {
-                        bk * bn * s
-                    };
-                // Operands, received copies and the output block must leave room on the tile
-                // for everything else: plans using more than half its SRAM are a last resort.
-                let block_bytes = bm * bk * s + bk * bn * s + bm * bn * if pk > 1 { 4 } else { s };
-                let too_big = block_bytes > cfg.sram_bytes_per_tile / 2;
-                let mut total = compute + cost::exchange_cycles(cfg, received, false) + sync;
-                // The partials' reduction, stage by stage as poplin plans it: a stage summing
-                // f blocks spreads each result over the f x (tiles so far) tiles holding them.
-                let mut spread = 1;
-                let factors = cost::reduce_stage_factors(pk);
-                for (s, &f) in factors.iter().enumerate() {
-                    let holders = if s + 1 == factors.len() {
-                        pk
-                    } else {
-                        (spread * f).min(pk)
-                    };
-                    let share = (bm * bn).div_ceil(holders);
-                    let out = if s + 1 == factors.len() {
-                        dtype
-                    } else {
-                        DType::F32
-                    };
-                    total += cost::exchange_cycles(cfg, share * (f - 1) * 4, false)
-                        + cost::partials_reduce_cycles(cfg, share, f, out)
-                        + cost::compute_set_overhead_cycles()
-                        + sync;
-                    spread *= f;
-                }
-                let plan = MatMulPlan {
-                    pm,
-                    pk,
-                    pn,
-                    bm,
-                    bk,
-                    bn,
-                    planned_cycles: total,
-                    swapped,
-                };
-                let key = (too_big, total, plan.tiles());
-                if best.as_ref().is_none_or(|(k, _)| key < *k) {
-                    best = Some((key, plan));
-                }
-            }
+    for grid in candidates(cfg, [m, k, n], dtype, tiles) {
+        let (too_big, plan) = price(
+            cfg,
+            [m, k, n],
+            grid,
+            dtype,
+            resident,
+            Orientation::Either,
+            GridOrder::Standard,
+        );
+        let key = (too_big, plan.planned_cycles, plan.tiles());
+        if best.as_ref().is_none_or(|(k, _)| key < *k) {
+            best = Some((key, plan));
         }
     }
-    // `splits` always offers 1, so there is always a plan.
-    best.map(|(_, p)| p).unwrap_or(MatMulPlan {
-        pm: 1,
-        pk: 1,
-        pn: 1,
-        bm: m,
-        bk: k,
-        bn: n,
-        planned_cycles: u64::MAX,
-        swapped: false,
-    })
+    best.map(|(_, p)| p).unwrap_or_else(|| whole(m, k, n))
+}
+
+/// The plans of the three passes of a fully-connected layer trained on the IPU, `Y = X . W`
+/// with `X` batch x input and `W` input x output: forward, input gradient `dX = dY . W^T` and
+/// weight gradient `dW = X^T . dY`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FcPlans {
+    /// `[batch, input] x [input, output]`.
+    pub forward: MatMulPlan,
+    /// `[batch, output] x [output, input]`.
+    pub backward: MatMulPlan,
+    /// `[input, batch] x [batch, output]`.
+    pub weight_update: MatMulPlan,
+    /// Whether the three share one partition (a joint plan).
+    pub joint: bool,
+}
+
+impl FcPlans {
+    /// Planned cycles of the three passes.
+    pub fn planned_cycles(&self) -> u64 {
+        [self.forward, self.backward, self.weight_update]
+            .iter()
+            .map(|p| p.planned_cycles)
+            .fold(0u64, u64::saturating_add)
+    }
+}
+
+/// Plans a fully-connected layer's three training passes as poplin does for
+/// `fullyConnectedPass = TRAINING_FWD` (`runPlanner`, `lib/poplin/ConvPlan.cpp`): the cheapest
+/// joint plan, where the forward's partition `pm x pk x pn` (batch, input, output) is reused by
+/// the input gradient as `pm x pn x pk` and by the weight update as `pk x pm x pn`, each block
+/// on the tile of the forward block holding the same weights, so the weights never move; and
+/// the three passes planned separately. The joint plan minimises the sum of the three passes'
+/// cycles (`e.totalCycles = sum(fwd, bwd, wu)` in `lib/poplin/ConvModel.cpp`), with the operands
+/// swapped in every pass (poplin's joint plans assume `swapOperands`, T12885). The separate
+/// plans are taken when they are cheaper in all, as poplin compares the two; their cost also
+/// counts moving the weight gradient to the weights' tiles for the update, which the joint
+/// plan avoids (the lowering does both).
+pub fn plan_fc(
+    cfg: &IpuConfig,
+    batch: u64,
+    input: u64,
+    output: u64,
+    dtype: DType,
+    tiles: u64,
+) -> FcPlans {
+    let separate = FcPlans {
+        forward: plan_matmul(cfg, batch, input, output, dtype, true, tiles),
+        backward: plan_matmul(cfg, batch, output, input, dtype, false, tiles),
+        weight_update: plan_matmul(cfg, input, batch, output, dtype, false, tiles),
+        joint: false,
+    };
+    // Separately planned, the weight gradient is not where the weights are: the update first
+    // brings each tile its weights' share of it (the forward's weight block over its pm tiles).
+    // A joint plan's weight update writes each gradient block on the tiles holding its weights.
+    let f = separate.forward;
+    let gradient_move = cost::exchange_cycles(
+        cfg,
+        (f.bk * f.bn).div_ceil(f.pm) * dtype.size() as u64,
+        false,
+    );
+    let separate_cycles = separate.planned_cycles().saturating_add(gradient_move);
+    let mut best: Option<((bool, u64, u64), FcPlans)> = None;
+    for [pm, pk, pn] in candidates(cfg, [batch, input, output], dtype, tiles) {
+        let (big_f, forward) = price(
+            cfg,
+            [batch, input, output],
+            [pm, pk, pn],
+            dtype,
+            Resident::B,
+            Orientation::Swapped,
+            GridOrder::Standard,
+        );
+        // The weights stay where the forward laid them: each tile of the input gradient
+        // receives the rest of its block, as the forward's tiles do.
+        let (big_b, backward) = price(
+            cfg,
+            [batch, output, input],
+            [pm, pn, pk],
+            dtype,
+            Resident::B,
+            Orientation::Swapped,
+            GridOrder::FcBackward,
+        );
+        let (big_w, weight_update) = price(
+            cfg,
+            [input, batch, output],
+            [pk, pm, pn],
+            dtype,
+            Resident::No,
+            Orientation::Swapped,
+            GridOrder::FcWeightUpdate,
+        );
+        let plans = FcPlans {
+            forward,
+            backward,
+            weight_update,
+            joint: true,
+        };
+        let key = (
+            big_f || big_b || big_w,
+            plans.planned_cycles(),
+            forward.tiles(),
+        );
+        if best.as_ref().is_none_or(|(k, _)| key < *k) {
+            best = Some((key, plans));
+        }
+    }
+    match best {
+        Some(((false, cycles, _), joint)) if cycles <= separate_cycles => joint,
+        _ => separate,
+    }
 }
 
 #[cfg(test)]
@@ -193,6 +389,80 @@ mod tests {
         let s = splits(10_000, 1216, 8);
         for p in [417, 313] {
             assert!(s.contains(&p), "{p} missing");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn grid_orders_lay_each_pass_on_the_forward_tiles_of_its_weights(
+            pm in 1u64..12, pk in 1u64..12, pn in 1u64..12,
+        ) {
+            grid_orders_agree(pm, pk, pn);
+        }
+    }
+
+    fn grid_orders_agree(pm: u64, pk: u64, pn: u64) {
+        {
+            let plan = |pm, pk, pn, order| MatMulPlan {
+                pm,
+                pk,
+                pn,
+                bm: 1,
+                bk: 1,
+                bn: 1,
+                planned_cycles: 0,
+                swapped: true,
+                order,
+            };
+            let f = plan(pm, pk, pn, GridOrder::Standard);
+            let b = plan(pm, pn, pk, GridOrder::FcBackward);
+            let w = plan(pk, pm, pn, GridOrder::FcWeightUpdate);
+            // Each order is a bijection of the blocks onto the tiles: with the equalities
+            // below, every tile is met once.
+            let mut seen = vec![false; (pm * pk * pn) as usize];
+            for im in 0..pm {
+                for ik in 0..pk {
+                    for i_n in 0..pn {
+                        let t = f.grid(im, ik, i_n);
+                        // dX's block (batch im, output in, input ik) reads W's block (ik, in);
+                        // dW's block (input ik, batch im, output in) writes it.
+                        assert_eq!(b.grid(im, i_n, ik), t);
+                        assert_eq!(w.grid(ik, im, i_n), t);
+                        assert!(!seen[t as usize], "tile {t} twice");
+                        seen[t as usize] = true;
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&x| x));
+        }
+    }
+
+    #[test]
+    fn a_small_layer_is_planned_jointly_and_a_joint_plan_is_consistent() {
+        // 1 x 1000 -> 5 (fp32, Mk1): planned alone, the weight update would spread its 5,000
+        // products over hundreds of tiles and then move the gradient to the weights.
+        let cfg = IpuConfig::preset(Preset::Mk1);
+        let p = plan_fc(&cfg, 1, 1000, 5, DType::F32, 1216);
+        assert!(p.joint, "{p:?}");
+        let (f, b, w) = (p.forward, p.backward, p.weight_update);
+        assert_eq!((b.pm, b.pk, b.pn), (f.pm, f.pn, f.pk));
+        assert_eq!((w.pm, w.pk, w.pn), (f.pk, f.pm, f.pn));
+        assert!(f.swapped && b.swapped && w.swapped);
+        assert_eq!(
+            (f.order, b.order, w.order),
+            (
+                GridOrder::Standard,
+                GridOrder::FcBackward,
+                GridOrder::FcWeightUpdate
+            )
+        );
+        assert!(w.tiles() == f.tiles() && f.tiles() < 300, "{p:?}");
+        // Never dearer than the separate plans, whichever is taken.
+        for (batch, input, output) in [(16, 1000, 5), (16, 1000, 1000), (32, 784, 256)] {
+            let p = plan_fc(&cfg, batch, input, output, DType::F32, 1216);
+            let alone = plan_matmul(&cfg, batch, input, output, DType::F32, true, 1216);
+            assert!(p.joint || p.forward == alone, "{p:?}");
+            assert!(p.planned_cycles() > 0);
         }
     }
 

@@ -2,14 +2,17 @@
 //! `fully_connected_layer`) give them: one op on a whole IPU, its cycles, its total memory
 //! (always-live plus peak temporary) and its fullest tile.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use tessera_core::ops::conv::{ConvDims, ConvParams, DataLayout, Padding};
 use tessera_core::ops::reduce::ReduceKind;
 use tessera_core::{DType, Fixed, Graph, GraphError, Init, Plan, PlanError, Shape};
 
 use crate::cost;
-use crate::estimate::{estimate_only, EstimateOptions, SimError};
+use crate::estimate::{estimate_only, Estimate, EstimateOptions, Phase, SimError};
 use crate::machine::IpuConfig;
+use crate::memory::{MemoryCategory, TileMemory};
 
 /// The estimate of one op.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -33,6 +36,10 @@ pub struct OpEstimate {
     pub fits: bool,
     /// Floating-point operations (2 per multiply-accumulate).
     pub flops: u64,
+    /// `total_memory_bytes` by memory category (PopVision's names, gaps left out), summed
+    /// over the tiles the op uses: where the op's memory goes.
+    #[serde(default)]
+    pub memory_by_category: BTreeMap<MemoryCategory, u64>,
 }
 
 /// Why an op cannot be estimated.
@@ -76,24 +83,33 @@ fn run(
     cfg: &IpuConfig,
     flops: u64,
 ) -> Result<OpEstimate, OpError> {
+    Ok(figures(name, &run_estimate(g, cfg)?, flops))
+}
+
+/// The estimate of graph `g` on one IPU, out of memory allowed (the figures say so).
+fn run_estimate(g: &Graph<Fixed<8>>, cfg: &IpuConfig) -> Result<Estimate, OpError> {
     let plan = Plan::new(g).map_err(|e| OpError::Plan(Box::new(e)))?;
     let opts = EstimateOptions {
         allow_out_of_memory: true,
         ..Default::default()
     };
-    let e = estimate_only(&plan, cfg, &opts).map_err(|e| OpError::Sim(Box::new(e)))?;
+    estimate_only(&plan, cfg, &opts).map_err(|e| OpError::Sim(Box::new(e)))
+}
+
+/// An op's figures from the estimate of its graph.
+fn figures(name: &str, e: &Estimate, flops: u64) -> OpEstimate {
     let ipu = &e.ipus[0];
     // The fixed per-tile costs of an otherwise idle tile (stack, control code) are not the op's.
-    let idle = |t: &crate::memory::TileMemory| {
+    let idle = |t: &TileMemory| {
         t.always_live + t.not_always_live + t.vertex_state + t.exchange_buffers == 0
     };
-    let op_bytes: u64 = ipu
-        .tiles
-        .iter()
-        .filter(|t| !idle(t))
-        .map(|t| t.data_bytes())
-        .sum();
-    Ok(OpEstimate {
+    let used = TileMemory::sum(ipu.tiles.iter().filter(|t| !idle(t)));
+    let op_bytes = used.data_bytes();
+    let memory_by_category = used
+        .categories()
+        .filter(|&(c, b)| c != MemoryCategory::Gaps && b > 0)
+        .collect();
+    OpEstimate {
         name: name.to_string(),
         cycles: e.cycles.compute + e.cycles.exchange + e.cycles.sync,
         compute_cycles: e.cycles.compute,
@@ -103,7 +119,8 @@ fn run(
         tiles_used: ipu.tiles_used,
         fits: e.fits,
         flops,
-    })
+        memory_by_category,
+    }
 }
 
 /// `C = op(A) . op(B) + C` with `op(A)` m x k and `op(B)` k x n, operands laid out for the op
@@ -149,7 +166,9 @@ pub enum FcPass {
 }
 
 /// One pass of a fully-connected layer (batch x input -> output) in `groups` independent
-/// groups. Groups run side by side, each on `tiles / groups` tiles.
+/// groups, alone in its program and planned alone (as an inference layer's forward pass is).
+/// Groups run side by side, each on `tiles / groups` tiles. A trained layer's passes are one
+/// program: [`fully_connected_training`].
 pub fn fully_connected(
     cfg: &IpuConfig,
     batch: usize,
@@ -159,19 +178,7 @@ pub fn fully_connected(
     dtype: DType,
     pass: FcPass,
 ) -> Result<OpEstimate, OpError> {
-    let groups = groups.max(1);
-    for (what, value) in [("input size", input), ("output size", output)] {
-        if value % groups != 0 {
-            return Err(OpError::Groups {
-                what,
-                value,
-                groups,
-            });
-        }
-    }
-    let (i, o) = (input / groups, output / groups);
-    let mut sub = cfg.clone();
-    sub.tiles = (cfg.tiles / u32::try_from(groups).unwrap_or(u32::MAX)).max(1);
+    let (sub, i, o) = fc_groups(cfg, input, output, groups)?;
     let mut g: Graph<Fixed<8>> = Graph::new();
     let e = |r: Result<tessera_core::NodeId, GraphError>| r.map_err(OpError::shape);
     let name = match pass {
@@ -198,11 +205,107 @@ pub fn fully_connected(
     if pass == FcPass::WeightUpdate {
         add_update(&mut est, &sub, (i * o) as u64, dtype);
     }
-    // All groups: the same cycles side by side, memory times the groups.
-    est.total_memory_bytes *= groups as u64;
-    est.tiles_used *= groups;
-    est.flops *= groups as u64;
+    scale_groups(&mut est, groups);
     Ok(est)
+}
+
+/// A fully-connected layer (batch x input -> output, in `groups` independent groups) trained
+/// on one IPU, as poplibs' `fully_connected_layer` runs it: one program of the forward pass
+/// `Y = X . W`, the input gradient `dX = dY . W^T`, the weight gradient `dW = X^T . dY` and the
+/// update `W -= lr . dW`, so the three products are planned as one layer (jointly, when that
+/// is cheaper: [`crate::matmul::plan_fc`]). Each pass's cycles are its supersteps' (the
+/// update's with the weight update); the memory figures are the layer's, the same in every
+/// pass: one program holds them all.
+pub fn fully_connected_training(
+    cfg: &IpuConfig,
+    batch: usize,
+    input: usize,
+    output: usize,
+    groups: usize,
+    dtype: DType,
+) -> Result<Vec<OpEstimate>, OpError> {
+    let (sub, i, o) = fc_groups(cfg, input, output, groups)?;
+    let mut g: Graph<Fixed<16>> = Graph::new();
+    let e = |r: Result<tessera_core::NodeId, GraphError>| r.map_err(OpError::shape);
+    let x = e(g.variable("X", &[batch, i], dtype, Init::Zeros))?;
+    let w = e(g.variable("W", &[i, o], dtype, Init::Zeros))?;
+    let dy = e(g.variable("dY", &[batch, o], dtype, Init::Zeros))?;
+    e(g.matmul("Y", x, w))?;
+    e(g.matmul_t("dX", dy, w, false, true))?;
+    let dw = e(g.matmul_t("dW", x, dy, true, false))?;
+    e(g.apply_sgd("W/update", w, dw, 0.01))?;
+    let est = {
+        let plan = Plan::new(&g).map_err(|e| OpError::Plan(Box::new(e)))?;
+        let opts = EstimateOptions {
+            allow_out_of_memory: true,
+            ..Default::default()
+        };
+        estimate_only(&plan, &sub, &opts).map_err(|e| OpError::Sim(Box::new(e)))?
+    };
+    let flops = 2 * (batch * i * o) as u64;
+    let layer = figures("fc layer", &est, flops);
+    let passes: [(&str, &[&str]); 3] = [
+        ("fc forward", &["Y"]),
+        ("fc backward", &["dX"]),
+        ("fc weight update", &["dW", "W/update"]),
+    ];
+    Ok(passes
+        .iter()
+        .map(|&(name, ops)| {
+            let (mut compute, mut exchange, mut sync) = (0, 0, 0);
+            for ev in est.trace.iter().filter(|ev| ops.contains(&ev.op.as_str())) {
+                match ev.phase {
+                    Phase::Compute => compute += ev.cycles,
+                    Phase::Sync => sync += ev.cycles,
+                    _ => exchange += ev.cycles,
+                }
+            }
+            let mut pass = OpEstimate {
+                name: name.to_string(),
+                cycles: compute + exchange + sync,
+                compute_cycles: compute,
+                exchange_cycles: exchange,
+                ..layer.clone()
+            };
+            // All groups: the same cycles side by side, memory times the groups.
+            scale_groups(&mut pass, groups);
+            pass
+        })
+        .collect())
+}
+
+/// The sub-IPU each of `groups` groups runs on, and each group's input and output sizes.
+fn fc_groups(
+    cfg: &IpuConfig,
+    input: usize,
+    output: usize,
+    groups: usize,
+) -> Result<(IpuConfig, usize, usize), OpError> {
+    let groups = groups.max(1);
+    for (what, value) in [("input size", input), ("output size", output)] {
+        if value % groups != 0 {
+            return Err(OpError::Groups {
+                what,
+                value,
+                groups,
+            });
+        }
+    }
+    let mut sub = cfg.clone();
+    sub.tiles = (cfg.tiles / u32::try_from(groups).unwrap_or(u32::MAX)).max(1);
+    Ok((sub, input / groups, output / groups))
+}
+
+/// Scales one group's figures to `groups` groups side by side: the same cycles, memory and
+/// tiles times the groups.
+fn scale_groups(est: &mut OpEstimate, groups: usize) {
+    let groups = groups.max(1) as u64;
+    est.total_memory_bytes *= groups;
+    est.tiles_used *= groups as usize;
+    est.flops *= groups;
+    for b in est.memory_by_category.values_mut() {
+        *b *= groups;
+    }
 }
 
 /// A 2-D convolution layer as poplibs' `single_conv_layer` describes it: sizes per group,

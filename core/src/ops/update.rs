@@ -1,11 +1,13 @@
 //! In-place updates of state: optimizers (SGD, momentum, Adam in Keras' forms), step counters,
 //! gradient accumulators and resets. They produce no tensor; autodiff emits them.
 
-use crate::error::RunError;
-use crate::graph::NodeId;
+use crate::error::{GraphError, RunError};
+use crate::graph::{Graph, NodeId, NodeRef};
 use crate::kernels as k;
-use crate::op::Operands;
+use crate::op::{Op, Operands};
 use crate::plan::{Place, Plan};
+use crate::roles::Roles;
+use crate::shape::Shape;
 use crate::storage::Storage;
 use crate::{AccumulationMethod, DType};
 
@@ -147,6 +149,47 @@ impl Update {
             Update::Accumulate { acc, .. } => Operands::of(&[acc]),
             Update::Fill { x, .. } | Update::MovingAverage { x, .. } => Operands::of(&[x]),
         }
+    }
+}
+
+impl<S: Storage> Graph<S> {
+    /// `var -= lr * grad`: an SGD update of the variable `var` by `grad` (same shape and
+    /// element type), for a training step written by hand, as op-level estimates write a
+    /// layer's passes (autodiff emits its own updates). It produces no tensor.
+    pub fn apply_sgd(
+        &mut self,
+        name: &str,
+        var: impl NodeRef,
+        grad: impl NodeRef,
+        lr: f32,
+    ) -> Result<NodeId, GraphError> {
+        let (var, grad) = (var.resolve(self)?, grad.resolve(self)?);
+        let n = self.check_name(name)?;
+        let dtype = self.same_dtype(&n, "ApplySgd", var, grad)?;
+        let (sv, sg) = (self.node(var).shape, self.node(grad).shape);
+        if !matches!(self.node(var).op, Op::Variable { .. }) {
+            return Err(GraphError::BadAttribute {
+                node: n,
+                op: "ApplySgd",
+                rule: "the updated operand must be a variable",
+            });
+        }
+        if sv != sg {
+            return Err(GraphError::ShapeMismatch {
+                node: n,
+                op: "ApplySgd",
+                rule: "the gradient has the variable's shape",
+                left: sv,
+                right: sg,
+            });
+        }
+        self.push(
+            n,
+            Op::Update(Update::Sgd { var, grad, lr }),
+            Shape::scalar(),
+            dtype,
+            Roles::UPDATE,
+        )
     }
 }
 

@@ -8,7 +8,8 @@ use tessera_host::dataset::Dataset;
 use tessera_host::infeed::dataset_benchmark;
 use tessera_sim::machine::IpuConfig;
 use tessera_sim::ops::{
-    convolution, fully_connected, matmul, ConvLayer, ConvPass, FcPass, OpEstimate,
+    convolution, fully_connected, fully_connected_training, matmul, ConvLayer, ConvPass, FcPass,
+    OpEstimate,
 };
 
 use super::args::{BenchArgs, CalibrateArgs, OpCommand, OpCommon, ShapeArg};
@@ -49,26 +50,13 @@ fn estimates(c: OpCommand) -> Result<(OpCommon, Vec<OpEstimate>), AnyError> {
             common,
         } => {
             let cfg = IpuConfig::preset(common.ipu.preset());
-            let passes: &[FcPass] = if inference_only {
-                &[FcPass::Forward]
-            } else {
-                &[FcPass::Forward, FcPass::Backward, FcPass::WeightUpdate]
-            };
             let dtype = common.data_type.dtype();
-            let rs = passes
-                .iter()
-                .map(|&p| {
-                    fully_connected(
-                        &cfg,
-                        batch_size,
-                        input_size,
-                        output_size,
-                        num_groups,
-                        dtype,
-                        p,
-                    )
-                })
-                .collect::<Result<Vec<_>, _>>()?;
+            let (b, i, o, g) = (batch_size, input_size, output_size, num_groups);
+            let rs = if inference_only {
+                vec![fully_connected(&cfg, b, i, o, g, dtype, FcPass::Forward)?]
+            } else {
+                fully_connected_training(&cfg, b, i, o, g, dtype)?
+            };
             (common, rs)
         }
         OpCommand::Conv {
@@ -177,6 +165,12 @@ pub fn run_op(c: OpCommand) -> Result<bool, AnyError> {
                 r.tiles_used,
                 if r.fits { "" } else { " (DOES NOT FIT)" }
             );
+            let by_category: Vec<String> = r
+                .memory_by_category
+                .iter()
+                .map(|(c, b)| format!("{c} {b}"))
+                .collect();
+            println!("  memory by category: {}", by_category.join(", "));
         }
         println!("total: {} cycles", json.cycles);
     }

@@ -12,11 +12,12 @@
 use std::collections::HashMap;
 
 use tessera_core::ops::matmul::MatMul;
-use tessera_core::{DType, NodeId, Op, Shape, Storage};
+use tessera_core::ops::update::Update;
+use tessera_core::{DType, Graph, NodeId, Op, Roles, Shape, Storage};
 
 use super::{rect, Lowering};
 use crate::cost;
-use crate::matmul::{plan_matmul, MatMulPlan};
+use crate::matmul::{plan_fc, plan_matmul, FcPlans, MatMulPlan};
 use crate::program::{compress, Codelet, Interval, Mapping, Region, TensorId, TileId, Vertex};
 
 /// Element ranges `[start, end)`.
@@ -61,6 +62,101 @@ pub(crate) type Plans = HashMap<NodeId, MatMulPlan>;
 /// Plans made so far, by what the planner reads: `m`, `k`, `n`, element type, whether the
 /// right operand is laid out by the plan, and tiles.
 pub(crate) type PlansByShape = HashMap<(u64, u64, u64, DType, bool, u64), MatMulPlan>;
+
+/// Joint plans of fully-connected layers, by batch, input, output, element type and tiles.
+pub(crate) type FcPlansByShape = HashMap<(u64, u64, u64, DType, u64), FcPlans>;
+
+/// A fully-connected layer trained on this IPU, as `(batch, input, output, element type)`:
+/// its forward product `[batch, input] x [input, output]`.
+pub(crate) type FcLayer = (u64, u64, u64, DType);
+
+/// The pass of a trained fully-connected layer a matmul is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FcPass {
+    Forward,
+    Backward,
+    WeightUpdate,
+}
+
+/// `m` and `k` of a single-group matmul `op(a) . b` with `b` a matrix and `a` not transposed
+/// (a batch folds into `m`), and `n`; `None` when it has several groups.
+fn single_product(sa: Shape, sb: Shape, ta: bool, tb: bool) -> Option<[u64; 3]> {
+    let (a_rows, a_cols) = (sa.dim(sa.rank() - 2) as u64, sa.last() as u64);
+    let (b_rows, b_cols) = (sb.dim(sb.rank() - 2) as u64, sb.last() as u64);
+    let n = if tb { b_rows } else { b_cols };
+    let batch: u64 =
+        batch_dims(sa).iter().product::<u64>() * batch_dims(sb).iter().product::<u64>();
+    if sb.rank() == 2 && !ta {
+        Some([a_rows * batch, a_cols, n])
+    } else if batch == 1 {
+        Some(if ta {
+            [a_cols, a_rows, n]
+        } else {
+            [a_rows, a_cols, n]
+        })
+    } else {
+        None
+    }
+}
+
+/// The fully-connected layers trained by the included nodes: forward matmuls `X . W` of a
+/// trainable weight that an included optimizer update (SGD, momentum, Adam) writes. poplibs
+/// plans such a layer's three passes together (`fullyConnectedPass = TRAINING_FWD`, which
+/// TensorFlow's IPU backend sets for a dense layer's forward matmul when it trains).
+pub(crate) fn trained_fc_layers<S: Storage>(
+    graph: &Graph<S>,
+    include: &[bool],
+) -> std::collections::HashSet<FcLayer> {
+    let mut updated = vec![false; graph.len()];
+    for (i, node) in graph.nodes().iter().enumerate() {
+        if let (
+            true,
+            Op::Update(
+                Update::Sgd { var, .. } | Update::Momentum { var, .. } | Update::Adam { var, .. },
+            ),
+        ) = (include[i], node.op())
+        {
+            updated[var.index()] = true;
+        }
+    }
+    let mut out = std::collections::HashSet::new();
+    for (i, node) in graph.nodes().iter().enumerate() {
+        let Op::MatMul(op) = *node.op() else { continue };
+        if !include[i] || op.transpose_a || op.transpose_b || !updated[op.b.index()] {
+            continue;
+        }
+        let w = graph.node(op.b);
+        if !w.op().is_state() || !w.roles().contains(Roles::TRAINABLE) {
+            continue;
+        }
+        if let Some([m, k, n]) = single_product(graph.node(op.a).shape(), w.shape(), false, false) {
+            out.insert((m, k, n, node.dtype()));
+        }
+    }
+    out
+}
+
+/// Which pass of a trained fully-connected layer matmul `i` (as product `p`) is, and the
+/// layer: the forward `X . W`, the input gradient `dY . W^T` (both reading the trainable
+/// weight) or the weight gradient `X^T . dY`, matched to a trained layer by shape.
+fn fc_pass<S: Storage>(l: &Lowering<'_, S>, i: NodeId, p: &Product) -> Option<(FcPass, FcLayer)> {
+    let Op::MatMul(op) = *l.node(i).op() else {
+        return None;
+    };
+    if p.groups != 1 || l.fc_layers.is_empty() {
+        return None;
+    }
+    let dtype = l.node(i).dtype();
+    let b = l.node(op.b);
+    let weight = b.op().is_state() && b.roles().contains(Roles::TRAINABLE);
+    let (pass, layer) = match (op.transpose_a, op.transpose_b) {
+        (false, false) if weight => (FcPass::Forward, (p.m, p.k, p.n, dtype)),
+        (false, true) if weight => (FcPass::Backward, (p.m, p.n, p.k, dtype)),
+        (true, false) => (FcPass::WeightUpdate, (p.k, p.m, p.n, dtype)),
+        _ => return None,
+    };
+    l.fc_layers.contains(&layer).then_some((pass, layer))
+}
 
 /// The batch axes of a rank >= 2 shape, as dims.
 fn batch_dims(s: Shape) -> Vec<u64> {
@@ -188,8 +284,24 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
         return *plan;
     }
     let dtype = l.node(i).dtype();
-    let key = (p.m, p.k, p.n, dtype, p.b_resident, p.tiles_per_group);
     let cfg = l.cfg;
+    if let Some((pass, (b, input, output, dt))) = fc_pass(l, i, p) {
+        let tiles = p.tiles_per_group;
+        let plans = *l
+            .fc_plans
+            .entry((b, input, output, dt, tiles))
+            .or_insert_with(|| plan_fc(cfg, b, input, output, dt, tiles));
+        if plans.joint {
+            let plan = match pass {
+                FcPass::Forward => plans.forward,
+                FcPass::Backward => plans.backward,
+                FcPass::WeightUpdate => plans.weight_update,
+            };
+            l.mm.insert(i, plan);
+            return plan;
+        }
+    }
+    let key = (p.m, p.k, p.n, dtype, p.b_resident, p.tiles_per_group);
     let plan = *l
         .plans_by_shape
         .entry(key)

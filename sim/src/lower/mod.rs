@@ -92,6 +92,10 @@ pub(crate) struct Lowering<'a, S: Storage> {
     pub(crate) mm: matmul::Plans,
     /// Plans by product shape: identical layers' products are planned once.
     pub(crate) plans_by_shape: matmul::PlansByShape,
+    /// The fully-connected layers trained here, whose passes are planned jointly.
+    pub(crate) fc_layers: std::collections::HashSet<matmul::FcLayer>,
+    /// Their plans.
+    pub(crate) fc_plans: matmul::FcPlansByShape,
     /// Nodes lowered onto this IPU.
     include: Vec<bool>,
     /// Nodes of other IPUs whose tensors this IPU reads: copies arrive over the IPU-Links.
@@ -694,6 +698,8 @@ pub(crate) fn lower_with<S: Storage>(
         cursor_used: false,
         mm: matmul::Plans::default(),
         plans_by_shape: matmul::PlansByShape::default(),
+        fc_layers: matmul::trained_fc_layers(graph, &inc),
+        fc_plans: matmul::FcPlansByShape::default(),
         include: inc,
         remote,
         offloaded,
