@@ -208,7 +208,14 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
             Some(p) => p,
             None => profile(&model, &so, &oo)?,
         };
-        let found = fewest_ipus(&model, &so, &oo, &p)?;
+        // The estimate just made is where the search starts when it was of one IPU or of an
+        // automatic split.
+        let known = match a.pipeline_ipus {
+            Some(n) => Some(n),
+            None => (a.pipeline_stages.is_empty() && e.ipus.len() == 1).then_some(1),
+        }
+        .zip(e.ipus.iter().map(|i| i.max_tile_bytes).max());
+        let found = fewest_ipus(&model, &so, &oo, &p, known)?;
         Some(FewestIpus {
             ipus: found.split.as_ref().map(|s| s.info.ipus),
             limit: MAX_IPUS,
@@ -284,13 +291,14 @@ fn facts_text(f: &ImportFacts, all_layers: bool) -> String {
     if let Some(sp) = &f.split {
         let _ = writeln!(
             s,
-            "automatic split into {} stages after {}: stage cycles (one-IPU estimate) {:?}, weight state {} (cap {} per stage, {} attempt(s))",
+            "automatic split into {} stages after {}: stage cycles (one-IPU estimate) {:?}, weight state {} (cap {} per stage, attempt {} of {})",
             sp.ipus,
             sp.boundaries.join(", "),
             sp.stage_cycles,
             sp.stage_weight_bytes.iter().map(|&b| bytes(b)).collect::<Vec<_>>().join(" / "),
             bytes(sp.cap_bytes),
-            sp.attempts
+            sp.attempts,
+            sp.tried
         );
     }
     let mut rows: Vec<&LayerRow> = f.layers.iter().collect();

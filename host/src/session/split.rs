@@ -11,9 +11,11 @@
 //!    minimises the most expensive stage with every stage's memory under a cap (dynamic
 //!    programming, exact; `tests` compares it with an exhaustive search).
 //! 3. The split is estimated for real. If an IPU overflows while another has room, the cap
-//!    shrinks by a fifth and the split is redone (activations, stashes and code take what
-//!    weights leave), up to [`RETRIES`] times; the split that fits is returned, else the one
-//!    whose fullest tile is smallest, with its estimate.
+//!    shrinks by a fifth (from the heaviest stage's weights when they are under it, so that
+//!    the split changes) and the split is redone (activations, stashes and code take what
+//!    weights leave), up to [`RETRIES`] times, stopping when the split comes out the same;
+//!    the split that fits is returned, else the one whose fullest tile is smallest, with its
+//!    estimate.
 //!
 //! The pipeline's own balance (stash depths, idle time) is the estimate's, not the split's:
 //! the split only equalises the stages' cycles.
@@ -127,6 +129,8 @@ pub struct SplitInfo {
     pub cap_bytes: u64,
     /// Which attempt made this split (each attempt is a full estimate).
     pub attempts: usize,
+    /// Attempts made in all.
+    pub tried: usize,
 }
 
 /// The cost and memory of every ONNX node, from a one-IPU estimate.
@@ -253,6 +257,8 @@ pub fn split(
     let sram = machine.sram_bytes_per_tile * u64::from(machine.tiles);
     let mut cap = sram;
     let mut last: Option<Split> = None;
+    let mut previous: Option<Vec<usize>> = None;
+    let mut tried = 0;
     let what = if oo.inference {
         "weights"
     } else {
@@ -261,7 +267,8 @@ pub fn split(
     for attempt in 1..=RETRIES {
         let Some(part) = partition(&profile.costs, &profile.mems, n, cap) else {
             // A smaller cap left no split: the best attempt's split is the answer.
-            if let Some(last) = last {
+            if let Some(mut last) = last {
+                last.info.tried = tried;
                 return Ok(last);
             }
             return Err(opt_err(
@@ -278,6 +285,11 @@ pub fn split(
                 },
             ));
         };
+        if previous.as_ref() == Some(&part.starts) {
+            // The same split as the last attempt's: the same estimate.
+            break;
+        }
+        previous = Some(part.starts.clone());
         let stages = stages_of(profile, &part);
         let per = OnnxOptions {
             stages: Stages::PerNode(stages),
@@ -304,13 +316,17 @@ pub fn split(
             .ipus
             .iter()
             .any(|i| i.max_tile_bytes <= machine.sram_bytes_per_tile);
+        tried = attempt;
+        let stage_weight_bytes = sums(&profile.mems);
+        let heaviest = stage_weight_bytes.iter().copied().max().unwrap_or(0);
         let info = SplitInfo {
             ipus: n,
             boundaries,
             stage_cycles: sums(&profile.costs),
-            stage_weight_bytes: sums(&profile.mems),
+            stage_weight_bytes,
             cap_bytes: cap,
             attempts: attempt,
+            tried: attempt,
         };
         let this = Split {
             compiled,
@@ -331,9 +347,15 @@ pub fn split(
         if fits || n == 1 || !room {
             break;
         }
-        cap = cap / 5 * 4;
+        // A fifth below the cap, or below the heaviest stage's weights when they are under
+        // it, so that the next split differs.
+        cap = cap.min(heaviest) / 5 * 4;
     }
-    last.ok_or_else(|| opt_err("--pipeline-ipus", "no attempt was made".into()))
+    last.map(|mut s| {
+        s.info.tried = tried;
+        s
+    })
+    .ok_or_else(|| opt_err("--pipeline-ipus", "no attempt was made".into()))
 }
 
 /// The bytes the fullest tile of a split's IPUs needs.
@@ -363,6 +385,10 @@ pub struct FewestIpus {
 /// early when twice the IPUs do not shrink the fullest tile below [`STOP_SHRINK`] of what it
 /// was: splitting further would not make the model fit.
 ///
+/// `known` is an estimate already made that did not fit: its IPUs (one, or an automatic split
+/// on that many) and its fullest tile's bytes. The doubling starts from it instead of from one
+/// IPU, as the bisection already takes fewer IPUs never to fit where more do not.
+///
 /// # Errors
 ///
 /// As [`split`], except that splits that cannot be made count as not fitting.
@@ -371,6 +397,7 @@ pub fn fewest_ipus(
     so: &SessionOptions,
     oo: &OnnxOptions,
     profile: &Profile,
+    known: Option<(usize, u64)>,
 ) -> Result<FewestIpus, SessionError> {
     // The split on n IPUs, and its fullest tile's bytes when it was made.
     let try_n = |n: usize| -> Result<(Option<Split>, Option<u64>), SessionError> {
@@ -387,9 +414,11 @@ pub fn fewest_ipus(
         }
     };
     let limit = MAX_IPUS.min(profile.costs.len());
-    let (mut lo, mut found, mut tried, mut stopped) = (1usize, None, 1usize, None);
-    let mut previous: Option<(usize, u64)> = None;
-    let mut n = 2.min(limit);
+    let known = known.filter(|&(n, _)| n >= 1 && n < limit);
+    let first = known.map_or(1, |(n, _)| n);
+    let (mut lo, mut found, mut tried, mut stopped) = (first, None, first, None);
+    let mut previous: Option<(usize, u64)> = known;
+    let mut n = (2 * first).min(limit);
     while n >= 2 && n <= limit {
         tried = n;
         let (fit, worst) = try_n(n)?;
