@@ -108,6 +108,9 @@ fn an_oversized_batch_is_out_of_memory_naming_the_tile() {
             );
             assert!(oom.needed > oom.available);
             assert!(!oom.largest_tensors.is_empty());
+            // The exchanges named account for the tile's receive buffers.
+            let received: u64 = oom.receiving.iter().map(|r| r.1).sum();
+            assert_eq!(received, oom.memory.exchange_buffers, "{msg}");
         }
         other => panic!(
             "expected out of memory, got {:?}",

@@ -9,7 +9,7 @@ use crate::cost;
 use crate::exchange::Summaries;
 use crate::lower::{lower, LowerOptions};
 use crate::machine::{IpuConfig, MachineError};
-use crate::memory::{account_with, check_fits, MemoryReport, OutOfMemory, TileMemory};
+use crate::memory::{account_with, check_fits_with, MemoryReport, OutOfMemory, TileMemory};
 use crate::program::{Program, Step};
 
 /// Cycles of one step, by phase.
@@ -366,7 +366,7 @@ fn estimate_program_with(
     opts: &EstimateOptions,
 ) -> Result<Estimate, SimError> {
     let report = account_with(program, summaries, cfg);
-    let oom = check_fits(program, &report).err();
+    let oom = check_fits_with(program, summaries, &report).err();
     if let (Some(e), false) = (&oom, opts.allow_out_of_memory) {
         return Err(SimError::OutOfMemory(e.clone()));
     }

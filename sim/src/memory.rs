@@ -282,6 +282,10 @@ pub struct OutOfMemory {
     pub largest_tensors: Vec<(String, u64)>,
     /// The compute sets with the most vertex state on it.
     pub largest_vertices: Vec<(String, u64)>,
+    /// The exchanges whose receive buffers are live on it at its peak (by the node they
+    /// serve), with the bytes it receives in each: its exchange buffers.
+    #[serde(default)]
+    pub receiving: Vec<(String, u64)>,
     /// Its memory by category.
     pub memory: TileMemory,
 }
@@ -315,6 +319,15 @@ impl fmt::Display for OutOfMemory {
         if !self.largest_vertices.is_empty() {
             f.write_str("; largest vertex state: ")?;
             for (i, (n, b)) in self.largest_vertices.iter().enumerate() {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                write!(f, "`{n}` {b} B")?;
+            }
+        }
+        if !self.receiving.is_empty() {
+            f.write_str("; exchange buffers for: ")?;
+            for (i, (n, b)) in self.receiving.iter().enumerate() {
                 if i > 0 {
                     f.write_str(", ")?;
                 }
@@ -448,6 +461,15 @@ pub(crate) fn account_with(
 /// Checks the report against SRAM: the typed error names the fullest tile, how far over it
 /// is, and the largest tensors and vertices on it.
 pub fn check_fits(program: &Program, report: &MemoryReport) -> Result<(), Box<OutOfMemory>> {
+    check_fits_with(program, &Summaries::default(), report)
+}
+
+/// [`check_fits`] of a program whose exchanges may be kept as summaries.
+pub(crate) fn check_fits_with(
+    program: &Program,
+    summaries: &Summaries,
+    report: &MemoryReport,
+) -> Result<(), Box<OutOfMemory>> {
     let Some(worst) = report.over_limit() else {
         return Ok(());
     };
@@ -484,6 +506,17 @@ pub fn check_fits(program: &Program, report: &MemoryReport) -> Result<(), Box<Ou
         by_cs.into_iter().map(|(n, b)| (n.to_string(), b)).collect();
     vertices.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     vertices.truncate(3);
+    // Receive buffers live through their exchange and the compute set after it (`account`).
+    let mut receiving: Vec<(String, u64)> = Vec::new();
+    for s in step.saturating_sub(1)..=step {
+        if let Some(Step::Exchange { node, transfers }) = program.steps.get(s) {
+            let summary = summaries.of(s, program.tiles, &program.tensors, transfers);
+            if let Some(x) = summary.tiles.iter().find(|x| x.tile == tile && x.receives) {
+                receiving.push((program.node_names[node.index()].clone(), x.received));
+            }
+        }
+    }
+    receiving.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     Err(Box::new(OutOfMemory {
         tile,
         needed: worst.total(),
@@ -495,6 +528,7 @@ pub fn check_fits(program: &Program, report: &MemoryReport) -> Result<(), Box<Ou
             .count(),
         largest_tensors: tensors,
         largest_vertices: vertices,
+        receiving,
         memory: worst.clone(),
     }))
 }

@@ -491,7 +491,9 @@ where
                 .filter(|t| t.total() > cfg.sram_bytes_per_tile)
             {
                 if worst.as_ref().is_none_or(|w| t.total() > w.needed) {
-                    worst = crate::memory::check_fits(programs[d], r).err().map(|b| *b);
+                    worst = crate::memory::check_fits_with(programs[d], summaries[d], r)
+                        .err()
+                        .map(|b| *b);
                 }
             }
             let streaming: u64 = programs[d]
