@@ -34,7 +34,26 @@ pub struct MatMulPlan {
     /// each block on the tile of the forward block holding the same weights.
     #[serde(default)]
     pub order: GridOrder,
+    /// Serial steps over each block's `k` range (poplin's serial input-channel split): each
+    /// step brings and multiplies `1 / serial` of the block's operands and accumulates into
+    /// the same partial sums, so a block whose operands would not fit in its tile's share of
+    /// memory runs in several steps. 1 when the block runs at once.
+    #[serde(default = "one")]
+    pub serial: u64,
 }
+
+fn one() -> u64 {
+    1
+}
+
+/// The share of a tile's memory a product's temporary memory (operand copies and partial
+/// sums) may take: poplibs' `availableMemoryProportion` default (`lib/poplin/ConvOptions.hpp`,
+/// `MatMul.cpp`: 0.6).
+pub const AVAILABLE_MEMORY_PROPORTION: f64 = 0.6;
+
+/// The most serial steps the planner gives a block (an estimate: poplin's serial splits are
+/// a handful; each step costs a sync, an exchange and the AMP's per-call overheads).
+pub const MAX_SERIAL_STEPS: u64 = 64;
 
 /// The order in which a plan's blocks `(im, ik, in)` are laid on tiles.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -57,6 +76,14 @@ impl MatMulPlan {
     /// Tiles the plan uses.
     pub fn tiles(&self) -> u64 {
         self.pm * self.pk * self.pn
+    }
+
+    /// The `k` range of serial step `s` of a block whose `k` range is `k`: the block's range
+    /// cut into `serial` nearly equal parts (empty when the block has fewer elements).
+    pub fn serial_range(&self, k: (u64, u64), s: u64) -> (u64, u64) {
+        let len = k.1 - k.0;
+        let step = len.div_ceil(self.serial.max(1));
+        ((k.0 + s * step).min(k.1), (k.0 + (s + 1) * step).min(k.1))
     }
 
     /// Tile cycles of the AMP vertex of one block of `m x k x n` in this plan's orientation.
@@ -146,19 +173,48 @@ fn price(
             (transposed < straight, straight.min(transposed))
         }
     };
-    let compute = amp + cost::compute_set_overhead_cycles();
     // A weight laid out by the plan is spread over the tiles of its column of the grid (each
     // holds 1/pm of the block): each receives the rest.
-    let received = bm * bk * s
-        + match resident {
-            Resident::B => bk * bn * s * (pm - 1) / pm,
-            Resident::No => bk * bn * s,
-        };
-    // Operands, received copies and the output block must leave room on the tile for
-    // everything else: plans using more than half its SRAM are a last resort.
-    let block_bytes = bm * bk * s + bk * bn * s + bm * bn * if pk > 1 { 4 } else { s };
-    let too_big = block_bytes > cfg.sram_bytes_per_tile / 2;
-    let mut total = compute + cost::exchange_cycles(cfg, received, false) + sync;
+    let received_of = |bk: u64| {
+        bm * bk * s
+            + match resident {
+                Resident::B => bk * bn * s * (pm - 1) / pm,
+                Resident::No => bk * bn * s,
+            }
+    };
+    // The plan's temporary memory on a tile (the operand copies it receives and its fp32
+    // partial sums) may take `AVAILABLE_MEMORY_PROPORTION` of the tile, as poplibs' planner
+    // bounds it; plans over that are a last resort. A block over it runs in serial steps over
+    // k, each bringing its share of the operands, when some number of steps (of at least one
+    // AMP input group each) brings it under.
+    let bound = (cfg.sram_bytes_per_tile as f64 * AVAILABLE_MEMORY_PROPORTION) as u64;
+    let block_bytes =
+        |bk: u64, serial: u64| received_of(bk) + if pk > 1 || serial > 1 { bm * bn * 4 } else { 0 };
+    let most = bk
+        .div_ceil(cost::amp_in_group(dtype))
+        .clamp(1, MAX_SERIAL_STEPS);
+    let serial = (1..=most)
+        .find(|&st| block_bytes(bk.div_ceil(st), st) <= bound)
+        .unwrap_or(1);
+    let too_big = block_bytes(bk.div_ceil(serial), serial) > bound;
+    let step_k = bk.div_ceil(serial);
+    let (step_amp, swapped) = if serial == 1 {
+        (amp, swapped)
+    } else {
+        let transposed = cost::matmul_amp_cycles(cfg, bn, step_k, bm, dtype);
+        match orientation {
+            Orientation::Swapped => (transposed, true),
+            Orientation::Either => {
+                let straight = cost::matmul_amp_cycles(cfg, bm, step_k, bn, dtype);
+                (straight.min(transposed), transposed < straight)
+            }
+        }
+    };
+    let mut total = serial
+        * (step_amp
+            + cost::compute_set_overhead_cycles()
+            + cost::exchange_cycles(cfg, received_of(step_k), false)
+            + sync);
     // The partials' reduction, stage by stage as poplin plans it: a stage summing f blocks
     // spreads each result over the f x (tiles so far) tiles holding them.
     let mut spread = 1;
@@ -184,6 +240,7 @@ fn price(
         planned_cycles: total,
         swapped,
         order,
+        serial,
     };
     (too_big, plan)
 }
@@ -216,6 +273,7 @@ fn whole(m: u64, k: u64, n: u64) -> MatMulPlan {
         planned_cycles: u64::MAX,
         swapped: false,
         order: GridOrder::Standard,
+        serial: 1,
     }
 }
 
@@ -413,6 +471,7 @@ mod tests {
                 planned_cycles: 0,
                 swapped: true,
                 order,
+                serial: 1,
             };
             let f = plan(pm, pk, pn, GridOrder::Standard);
             let b = plan(pm, pn, pk, GridOrder::FcBackward);
@@ -464,6 +523,31 @@ mod tests {
             assert!(p.joint || p.forward == alone, "{p:?}");
             assert!(p.planned_cycles() > 0);
         }
+    }
+
+    #[test]
+    fn serial_steps_bring_a_block_under_the_memory_bound() {
+        let cfg = IpuConfig::preset(Preset::Mk2)
+            .with_tiles(16)
+            .with_sram_bytes_per_tile(48 * 1024);
+        let bound = (cfg.sram_bytes_per_tile as f64 * AVAILABLE_MEMORY_PROPORTION) as u64;
+        let p = plan_matmul(&cfg, 64, 4096, 64, DType::F32, false, 16);
+        assert!(p.serial > 1, "{p:?}");
+        let step_k = p.bk.div_ceil(p.serial);
+        let temp = (p.bm * step_k + step_k * p.bn) * 4 + p.bm * p.bn * 4;
+        assert!(temp <= bound, "{p:?}: {temp} B");
+        // The steps cover the block's k range exactly.
+        let k = (0, p.bk);
+        let covered: u64 = (0..p.serial)
+            .map(|s| {
+                let r = p.serial_range(k, s);
+                r.1 - r.0
+            })
+            .sum();
+        assert_eq!(covered, p.bk);
+        // A product that fits at once runs at once.
+        let small = plan_matmul(&cfg, 16, 64, 16, DType::F32, false, 16);
+        assert_eq!(small.serial, 1);
     }
 
     #[test]

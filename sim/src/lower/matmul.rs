@@ -503,18 +503,33 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
                 .collect(),
         )
     };
+    // Serial steps over each block's k range: each step a compute set (and the exchange
+    // bringing its share of the operands), accumulating into the same outputs.
+    let steps = plan.serial.max(1);
+    let phase = |name: &str, s: u64| {
+        if steps == 1 {
+            name.to_string()
+        } else {
+            format!("{name} {}/{steps}", s + 1)
+        }
+    };
     if plan.pk == 1 {
-        let vertices = blocks
-            .iter()
-            .map(|b| Vertex {
-                tile: tile_of(b),
-                codelet: Codelet::MatMulPartial,
-                cycles: amp(b),
-                reads: compress((p.reads)(b.g, b.m, b.k, b.n)),
-                writes: spans(out, (p.out)(b.g, b.m, b.n)),
-            })
-            .collect();
-        l.compute(i, "matmul", vertices);
+        for s in 0..steps {
+            let vertices = blocks
+                .iter()
+                .filter_map(|b| {
+                    let k = plan.serial_range(b.k, s);
+                    (k.0 < k.1).then(|| Vertex {
+                        tile: tile_of(b),
+                        codelet: Codelet::MatMulPartial,
+                        cycles: amp(&Block { k, ..*b }),
+                        reads: compress((p.reads)(b.g, b.m, k, b.n)),
+                        writes: spans(out, (p.out)(b.g, b.m, b.n)),
+                    })
+                })
+                .collect();
+            l.compute(i, &phase("matmul", s), vertices);
+        }
         return;
     }
     // Partial sums (fp32) block by block, then each block reduced by its pk tiles.
@@ -540,21 +555,26 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
     );
     // The AMP writes its partial sums to interleaved memory.
     l.tensors[partials.index()].interleaved = true;
-    let vertices = blocks
-        .iter()
-        .map(|b| Vertex {
-            tile: tile_of(b),
-            codelet: Codelet::MatMulPartial,
-            cycles: amp(b),
-            reads: compress((p.reads)(b.g, b.m, b.k, b.n)),
-            writes: vec![Region::span(
-                partials,
-                offsets[&(b.g, b.im, b.ik, b.i_n)],
-                (b.m.1 - b.m.0) * (b.n.1 - b.n.0),
-            )],
-        })
-        .collect();
-    l.compute(i, "partials", vertices);
+    for s in 0..steps {
+        let vertices = blocks
+            .iter()
+            .filter_map(|b| {
+                let k = plan.serial_range(b.k, s);
+                (k.0 < k.1).then(|| Vertex {
+                    tile: tile_of(b),
+                    codelet: Codelet::MatMulPartial,
+                    cycles: amp(&Block { k, ..*b }),
+                    reads: compress((p.reads)(b.g, b.m, k, b.n)),
+                    writes: vec![Region::span(
+                        partials,
+                        offsets[&(b.g, b.im, b.ik, b.i_n)],
+                        (b.m.1 - b.m.0) * (b.n.1 - b.n.0),
+                    )],
+                })
+            })
+            .collect();
+        l.compute(i, &phase("partials", s), vertices);
+    }
     // The partial blocks of one output block: `pk_here` of them, on tiles ik = 0.. of the
     // block's column of the grid. poplin reduces them in up to three stages
     // (`cost::reduce_stage_factors`); every stage but the last writes intermediate fp32 blocks,
