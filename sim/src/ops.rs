@@ -87,7 +87,7 @@ fn run(
 }
 
 /// The estimate of graph `g` on one IPU, out of memory allowed (the figures say so).
-fn run_estimate(g: &Graph<Fixed<8>>, cfg: &IpuConfig) -> Result<Estimate, OpError> {
+fn run_estimate<const N: usize>(g: &Graph<Fixed<N>>, cfg: &IpuConfig) -> Result<Estimate, OpError> {
     let plan = Plan::new(g).map_err(|e| OpError::Plan(Box::new(e)))?;
     let opts = EstimateOptions {
         allow_out_of_memory: true,
@@ -234,14 +234,7 @@ pub fn fully_connected_training(
     e(g.matmul_t("dX", dy, w, false, true))?;
     let dw = e(g.matmul_t("dW", x, dy, true, false))?;
     e(g.apply_sgd("W/update", w, dw, 0.01))?;
-    let est = {
-        let plan = Plan::new(&g).map_err(|e| OpError::Plan(Box::new(e)))?;
-        let opts = EstimateOptions {
-            allow_out_of_memory: true,
-            ..Default::default()
-        };
-        estimate_only(&plan, &sub, &opts).map_err(|e| OpError::Sim(Box::new(e)))?
-    };
+    let est = run_estimate(&g, &sub)?;
     let flops = 2 * (batch * i * o) as u64;
     let layer = figures("fc layer", &est, flops);
     let passes: [(&str, &[&str]); 3] = [

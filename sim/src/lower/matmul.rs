@@ -513,21 +513,25 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
             format!("{name} {}/{steps}", s + 1)
         }
     };
+    // Serial step `s` of every block: its share of k, writing where `writes` says.
+    let step = |s: u64, writes: &dyn Fn(&Block) -> Vec<Region>| -> Vec<Vertex> {
+        blocks
+            .iter()
+            .filter_map(|b| {
+                let k = plan.serial_range(b.k, s);
+                (k.0 < k.1).then(|| Vertex {
+                    tile: tile_of(b),
+                    codelet: Codelet::MatMulPartial,
+                    cycles: amp(&Block { k, ..*b }),
+                    reads: compress((p.reads)(b.g, b.m, k, b.n)),
+                    writes: writes(b),
+                })
+            })
+            .collect()
+    };
     if plan.pk == 1 {
         for s in 0..steps {
-            let vertices = blocks
-                .iter()
-                .filter_map(|b| {
-                    let k = plan.serial_range(b.k, s);
-                    (k.0 < k.1).then(|| Vertex {
-                        tile: tile_of(b),
-                        codelet: Codelet::MatMulPartial,
-                        cycles: amp(&Block { k, ..*b }),
-                        reads: compress((p.reads)(b.g, b.m, k, b.n)),
-                        writes: spans(out, (p.out)(b.g, b.m, b.n)),
-                    })
-                })
-                .collect();
+            let vertices = step(s, &|b| spans(out, (p.out)(b.g, b.m, b.n)));
             l.compute(i, &phase("matmul", s), vertices);
         }
         return;
@@ -556,23 +560,13 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
     // The AMP writes its partial sums to interleaved memory.
     l.tensors[partials.index()].interleaved = true;
     for s in 0..steps {
-        let vertices = blocks
-            .iter()
-            .filter_map(|b| {
-                let k = plan.serial_range(b.k, s);
-                (k.0 < k.1).then(|| Vertex {
-                    tile: tile_of(b),
-                    codelet: Codelet::MatMulPartial,
-                    cycles: amp(&Block { k, ..*b }),
-                    reads: compress((p.reads)(b.g, b.m, k, b.n)),
-                    writes: vec![Region::span(
-                        partials,
-                        offsets[&(b.g, b.im, b.ik, b.i_n)],
-                        (b.m.1 - b.m.0) * (b.n.1 - b.n.0),
-                    )],
-                })
-            })
-            .collect();
+        let vertices = step(s, &|b| {
+            vec![Region::span(
+                partials,
+                offsets[&(b.g, b.im, b.ik, b.i_n)],
+                (b.m.1 - b.m.0) * (b.n.1 - b.n.0),
+            )]
+        });
         l.compute(i, &phase("partials", s), vertices);
     }
     // The partial blocks of one output block: `pk_here` of them, on tiles ik = 0.. of the
