@@ -16,6 +16,9 @@ use cli::args::{Cli, Command};
 use cli::{clap_message, one_line, AnyError};
 
 fn main() -> ExitCode {
+    // A closed pipe downstream (`tessera ... | head`) ends the process as it ends other
+    // command-line tools, instead of a panic in `println!`.
+    sigpipe::reset();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
