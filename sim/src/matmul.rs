@@ -165,14 +165,6 @@ fn price(
     let s = dtype.size() as u64;
     let sync = cfg.sync_cycles;
     let (bm, bk, bn) = (m.div_ceil(pm), k.div_ceil(pk), n.div_ceil(pn));
-    let transposed = cost::matmul_amp_cycles(cfg, bn, bk, bm, dtype);
-    let (swapped, amp) = match orientation {
-        Orientation::Swapped => (true, transposed),
-        Orientation::Either => {
-            let straight = cost::matmul_amp_cycles(cfg, bm, bk, bn, dtype);
-            (transposed < straight, straight.min(transposed))
-        }
-    };
     // A weight laid out by the plan is spread over the tiles of its column of the grid (each
     // holds 1/pm of the block): each receives the rest.
     let received_of = |bk: u64| {
@@ -197,17 +189,15 @@ fn price(
         .find(|&st| block_bytes(bk.div_ceil(st), st) <= bound)
         .unwrap_or(1);
     let too_big = block_bytes(bk.div_ceil(serial), serial) > bound;
+    // The AMP's cost of one step (the whole block when it runs at once), in the orientation
+    // allowed, the cheaper when both are.
     let step_k = bk.div_ceil(serial);
-    let (step_amp, swapped) = if serial == 1 {
-        (amp, swapped)
-    } else {
-        let transposed = cost::matmul_amp_cycles(cfg, bn, step_k, bm, dtype);
-        match orientation {
-            Orientation::Swapped => (transposed, true),
-            Orientation::Either => {
-                let straight = cost::matmul_amp_cycles(cfg, bm, step_k, bn, dtype);
-                (straight.min(transposed), transposed < straight)
-            }
+    let transposed = cost::matmul_amp_cycles(cfg, bn, step_k, bm, dtype);
+    let (step_amp, swapped) = match orientation {
+        Orientation::Swapped => (transposed, true),
+        Orientation::Either => {
+            let straight = cost::matmul_amp_cycles(cfg, bm, step_k, bn, dtype);
+            (straight.min(transposed), transposed < straight)
         }
     };
     let mut total = serial

@@ -307,27 +307,16 @@ impl fmt::Display for OutOfMemory {
             let sep = if i == 0 { " " } else { ", " };
             write!(f, "{sep}{c} {b} B")?;
         }
-        if !self.largest_tensors.is_empty() {
-            f.write_str("; largest tensors there: ")?;
-            for (i, (n, b)) in self.largest_tensors.iter().enumerate() {
-                if i > 0 {
-                    f.write_str(", ")?;
-                }
-                write!(f, "`{n}` {b} B")?;
+        for (label, list) in [
+            ("largest tensors there", &self.largest_tensors),
+            ("largest vertex state", &self.largest_vertices),
+            ("exchange buffers for", &self.receiving),
+        ] {
+            if list.is_empty() {
+                continue;
             }
-        }
-        if !self.largest_vertices.is_empty() {
-            f.write_str("; largest vertex state: ")?;
-            for (i, (n, b)) in self.largest_vertices.iter().enumerate() {
-                if i > 0 {
-                    f.write_str(", ")?;
-                }
-                write!(f, "`{n}` {b} B")?;
-            }
-        }
-        if !self.receiving.is_empty() {
-            f.write_str("; exchange buffers for: ")?;
-            for (i, (n, b)) in self.receiving.iter().enumerate() {
+            write!(f, "; {label}: ")?;
+            for (i, (n, b)) in list.iter().enumerate() {
                 if i > 0 {
                     f.write_str(", ")?;
                 }

@@ -12,10 +12,9 @@
 //!    programming, exact; `tests` compares it with an exhaustive search).
 //! 3. The split is estimated for real. If an IPU overflows while another has room, the cap
 //!    shrinks by a fifth (from the heaviest stage's weights when they are under it, so that
-//!    the split changes) and the split is redone (activations, stashes and code take what
-//!    weights leave), up to [`RETRIES`] times, stopping when the split comes out the same;
-//!    the split that fits is returned, else the one whose fullest tile is smallest, with its
-//!    estimate.
+//!    the heaviest stage must change) and the split is redone (activations, stashes and code
+//!    take what weights leave), up to [`RETRIES`] times; the split that fits is returned,
+//!    else the one whose fullest tile is smallest, with its estimate.
 //!
 //! The pipeline's own balance (stash depths, idle time) is the estimate's, not the split's:
 //! the split only equalises the stages' cycles.
@@ -257,7 +256,6 @@ pub fn split(
     let sram = machine.sram_bytes_per_tile * u64::from(machine.tiles);
     let mut cap = sram;
     let mut last: Option<Split> = None;
-    let mut previous: Option<Vec<usize>> = None;
     let mut tried = 0;
     let what = if oo.inference {
         "weights"
@@ -285,11 +283,6 @@ pub fn split(
                 },
             ));
         };
-        if previous.as_ref() == Some(&part.starts) {
-            // The same split as the last attempt's: the same estimate.
-            break;
-        }
-        previous = Some(part.starts.clone());
         let stages = stages_of(profile, &part);
         let per = OnnxOptions {
             stages: Stages::PerNode(stages),
@@ -348,7 +341,7 @@ pub fn split(
             break;
         }
         // A fifth below the cap, or below the heaviest stage's weights when they are under
-        // it, so that the next split differs.
+        // it: that stage no longer fits the cap, so the next split differs.
         cap = cap.min(heaviest) / 5 * 4;
     }
     last.map(|mut s| {

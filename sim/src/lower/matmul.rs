@@ -287,10 +287,25 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
     let cfg = l.cfg;
     if let Some((pass, (b, input, output, dt))) = fc_pass(l, i, p) {
         let tiles = p.tiles_per_group;
-        let plans = *l
-            .fc_plans
-            .entry((b, input, output, dt, tiles))
-            .or_insert_with(|| plan_fc(cfg, b, input, output, dt, tiles));
+        let plans = match l.fc_plans.get(&(b, input, output, dt, tiles)) {
+            Some(plans) => *plans,
+            None => {
+                let plans = plan_fc(cfg, b, input, output, dt, tiles);
+                l.fc_plans.insert((b, input, output, dt, tiles), plans);
+                if !plans.joint {
+                    // The separate plans are plan_matmul's for these shapes (the forward's
+                    // weight laid out by it, the other passes' operands not): keep them.
+                    for (key, plan) in [
+                        ((b, input, output, dt, true, tiles), plans.forward),
+                        ((b, output, input, dt, false, tiles), plans.backward),
+                        ((input, b, output, dt, false, tiles), plans.weight_update),
+                    ] {
+                        l.plans_by_shape.entry(key).or_insert(plan);
+                    }
+                }
+                plans
+            }
+        };
         if plans.joint {
             let plan = match pass {
                 FcPass::Forward => plans.forward,
