@@ -8,6 +8,13 @@
 //! the summary from the distinct regions the vertices read (each region's pieces are found
 //! once) and the tiles that read each, without listing the transfers; [`summarize`] computes
 //! it from a list of transfers. Both give the same summary.
+//!
+//! Two tiles share an exchange bus (a "supertile": tiles `2j` and `2j + 1`), and data sent to
+//! both tiles of a pair is received by both in the same cycles (ARCH.md; poplin's
+//! `ExchangeEstimator` prices a broadcast to a pair at twice the rate,
+//! `Target::getTilesPerSharedExchangeBus`). A summary counts, per tile, the bytes it receives
+//! that its pair partner also receives from the same sender in the same exchange; those take
+//! half the time.
 
 use std::collections::HashMap;
 
@@ -57,6 +64,9 @@ pub(crate) struct ExchangeTile {
     pub receives: bool,
     /// Bytes it receives.
     pub received: u64,
+    /// Of those, the bytes its pair partner (the other tile of its exchange bus) receives too,
+    /// from the same sender: they arrive at twice the rate.
+    pub paired: u64,
     /// Bytes of exchange code it needs for this exchange.
     pub code: u64,
 }
@@ -66,7 +76,8 @@ pub(crate) struct ExchangeTile {
 pub(crate) struct ExchangeSummary {
     /// Bytes moved between tiles (a region sent to several tiles counted once).
     pub bytes: u64,
-    /// The busiest tile's larger direction: the bytes it receives or sends.
+    /// The busiest tile's larger direction, in bytes at one tile's rate: the bytes it sends,
+    /// or the bytes it receives with those its pair partner receives too counted half.
     pub busiest: u64,
     /// The lowest and highest tile taking part.
     pub tiles_range: (u32, u32),
@@ -80,6 +91,7 @@ pub(crate) struct ExchangeSummary {
 #[derive(Clone, Copy, Default)]
 struct Tally {
     received: u64,
+    paired: u64,
     receives: u64,
     sent: u64,
     sends: u64,
@@ -94,6 +106,7 @@ fn finish(tally: &[Tally], bytes: u64, tensors: Vec<TensorId>) -> ExchangeSummar
             tile: TileId(tile as u32),
             receives: t.receives > 0,
             received: t.received,
+            paired: t.paired,
             code: EXCHANGE_CODE_BYTES
                 + EXCHANGE_CODE_PER_RECEIVE_BYTES * t.receives
                 + EXCHANGE_CODE_PER_SEND_BYTES * t.sends,
@@ -101,7 +114,7 @@ fn finish(tally: &[Tally], bytes: u64, tensors: Vec<TensorId>) -> ExchangeSummar
         .collect();
     let busiest = tally
         .iter()
-        .map(|t| t.received.max(t.sent))
+        .map(|t| (t.received - t.paired / 2).max(t.sent))
         .max()
         .unwrap_or(0);
     let tiles_range = tiles.iter().fold((u32::MAX, 0), |(l, h), t| {
@@ -125,25 +138,38 @@ pub(crate) fn summarize(
 ) -> ExchangeSummary {
     let mut tally = vec![Tally::default(); tiles as usize];
     let mut bytes = 0;
-    let mut last: Option<(TileId, Region)> = None;
     let mut moved: Vec<TensorId> = Vec::new();
-    for tr in transfers {
-        let b = tr.region.elements() * tensors[tr.region.tensor.index()].elem_bytes();
-        let to = &mut tally[tr.to.index()];
-        to.received += b;
-        to.receives += 1;
-        if last != Some((tr.from, tr.region)) {
-            let from = &mut tally[tr.from.index()];
-            from.sent += b;
-            from.sends += 1;
-            bytes += b;
-            last = Some((tr.from, tr.region));
+    // The transfers of one (sender, region) are together: one send to all their receivers.
+    for same in transfers.chunk_by(|a, b| (a.from, a.region) == (b.from, b.region)) {
+        let (from, region) = (same[0].from, same[0].region);
+        let b = region.elements() * tensors[region.tensor.index()].elem_bytes();
+        for tr in same {
+            let to = &mut tally[tr.to.index()];
+            to.received += b;
+            to.receives += 1;
+            if same.iter().any(|o| o.to == partner(tr.to)) {
+                to.paired += b;
+            }
         }
-        moved.push(tr.region.tensor);
+        let f = &mut tally[from.index()];
+        f.sent += b;
+        f.sends += 1;
+        bytes += b;
+        moved.push(region.tensor);
     }
     moved.sort_unstable();
     moved.dedup();
     finish(&tally, bytes, moved)
+}
+
+/// The other tile of `t`'s exchange bus.
+fn partner(t: TileId) -> TileId {
+    TileId(t.0 ^ 1)
+}
+
+/// Whether `t` is in `sorted`.
+fn among(sorted: &[TileId], t: TileId) -> bool {
+    sorted.binary_search(&t).is_ok()
 }
 
 /// A distinct region the vertices read: its pieces on each tile, joined as
@@ -229,7 +255,8 @@ fn summarize_with(
         at += group.len();
         reads.push(rd);
     }
-    let who = |rd: &Read| readers[rd.readers.clone()].iter().map(|p| p.1);
+    let reader_tiles: Vec<TileId> = readers.iter().map(|p| p.1).collect();
+    let who = |rd: &Read| reader_tiles[rd.readers.clone()].iter().copied();
     // Only a group of a region that overlaps another region can be sent for two reads: the
     // others skip the (sender, group) index, which is most of the work for big reductions.
     let overlapping = overlapping_regions(&regions);
@@ -246,12 +273,18 @@ fn summarize_with(
         }
         let per_tile = &lists.per_tile[rd.per_tile.clone()];
         let mut any = false;
-        for t in who(rd) {
+        let tiles_reading = &reader_tiles[rd.readers.clone()];
+        for &t in tiles_reading {
             let (fb, fc) = from_tile(per_tile, t);
             if rd.count > fc {
                 let e = &mut tally[t.index()];
                 e.received += rd.bytes - fb;
                 e.receives += rd.count - fc;
+                // What neither it nor its partner holds goes to both when both read it.
+                let p = partner(t);
+                if among(tiles_reading, p) {
+                    e.paired += (rd.bytes - fb).saturating_sub(from_tile(per_tile, p).0);
+                }
                 any = true;
             }
         }
@@ -310,6 +343,22 @@ fn summarize_with(
                 e.received -= extra * b;
                 e.receives -= extra;
             }
+        }
+        // Each read counted the group as paired for a reader whose partner read it too (and
+        // neither is its sender); it is paired once when the partner receives it at all.
+        receivers.dedup();
+        for &t in &receivers {
+            let p = partner(t);
+            let counted = same
+                .iter()
+                .filter(|&&(_, _, k)| {
+                    let tiles_reading = &reader_tiles[reads[k as usize].readers.clone()];
+                    p != f && among(tiles_reading, t) && among(tiles_reading, p)
+                })
+                .count() as u64;
+            let once = u64::from(among(&receivers, p));
+            let e = &mut tally[t.index()];
+            e.paired = e.paired + once * b - counted * b;
         }
         let senders = same
             .iter()
@@ -774,6 +823,36 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_broadcast_to_both_tiles_of_a_pair_takes_half_the_time() {
+        // 200 f32 elements, half on tile 0 and half on tile 1, read whole by two tiles.
+        let t = tensor(200, &[(0, 0), (100, 1)], DType::F32);
+        let tensors = [t];
+        let read_on = |tiles: [u32; 2]| -> Vec<Vertex> {
+            tiles
+                .iter()
+                .map(|&tile| Vertex {
+                    tile: TileId(tile),
+                    codelet: Codelet::Copy,
+                    cycles: 1,
+                    reads: vec![Region::span(TensorId(0), 0, 200)],
+                    writes: Vec::new(),
+                })
+                .collect()
+        };
+        for (tiles, paired, busiest) in [([2, 3], 800, 400), ([2, 4], 0, 800), ([3, 4], 0, 800)] {
+            let vertices = read_on(tiles);
+            let s = summarize_vertices(4 + 2, &tensors, &vertices, &mut Locality::default())
+                .expect("moves data");
+            let exact = summarize(6, &tensors, &exchange_for(&tensors, &vertices));
+            assert_eq!(s, exact);
+            for r in s.tiles.iter().filter(|x| x.receives) {
+                assert_eq!((r.received, r.paired), (800, paired), "{tiles:?}");
+            }
+            assert_eq!(s.busiest, busiest, "{tiles:?}");
         }
     }
 

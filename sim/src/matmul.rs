@@ -95,6 +95,34 @@ impl MatMulPlan {
         }
     }
 
+    /// The operand whose blocks neighbouring tiles share, so that both tiles of an exchange
+    /// bus (tiles `2j`, `2j + 1`) receive the same block and it arrives at twice the rate:
+    /// the block the grid's innermost split (of more than one block) does not index, when that
+    /// split is even. Standard order runs `n` innermost, so tiles `in`, `in + 1` read the same
+    /// block of `a`: poplin lays output channels innermost for this reason (its
+    /// `ExchangeEstimator`, `linearizeConvIndices`).
+    pub fn paired_operand(&self) -> Option<Operand> {
+        let inner: &[(u64, Option<Operand>)] = match self.order {
+            GridOrder::Standard => &[
+                (self.pn, Some(Operand::A)),
+                (self.pk, None),
+                (self.pm, Some(Operand::B)),
+            ],
+            GridOrder::FcBackward => &[
+                (self.pk, None),
+                (self.pn, Some(Operand::A)),
+                (self.pm, Some(Operand::B)),
+            ],
+            GridOrder::FcWeightUpdate => &[
+                (self.pn, Some(Operand::A)),
+                (self.pm, Some(Operand::B)),
+                (self.pk, None),
+            ],
+        };
+        let &(split, operand) = inner.iter().find(|(split, _)| *split > 1)?;
+        operand.filter(|_| split % 2 == 0)
+    }
+
     /// Grid index of block (im, ik, in): the tile it runs on, counted from the first tile.
     pub fn grid(&self, im: u64, ik: u64, i_n: u64) -> u64 {
         match self.order {
@@ -132,6 +160,33 @@ fn splits(d: u64, cap: u64, grain: u64) -> Vec<u64> {
     out
 }
 
+/// An operand of `a . b`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operand {
+    /// The left-hand operand (`m x k`).
+    A,
+    /// The right-hand operand (`k x n`).
+    B,
+}
+
+/// Which operands of a product are laid out by its plan (each block spread over the tiles
+/// that read it, so each of those already holds its share), as poplibs lays out tensors it
+/// creates for an op (`createMatMulInputLHS` / `RHS`) and weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LaidOut {
+    /// `a`'s block `(im, ik)` is spread over its `pn` tiles.
+    pub a: bool,
+    /// `b`'s block `(ik, in)` is spread over its `pm` tiles.
+    pub b: bool,
+}
+
+impl LaidOut {
+    /// Neither operand.
+    pub const NONE: LaidOut = LaidOut { a: false, b: false };
+    /// The right-hand operand (a weight).
+    pub const B: LaidOut = LaidOut { a: false, b: true };
+}
+
 /// Which orientations of the AMP a plan may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Orientation {
@@ -141,16 +196,6 @@ enum Orientation {
     Swapped,
 }
 
-/// Operand bytes each tile receives: its block of `a`, and of `b` unless `b` is laid out by
-/// the plan, in which case the tile already holds `1 / pm` of its block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Resident {
-    /// Neither operand is laid out by the plan.
-    No,
-    /// `b` is a weight spread over the `pm` tiles of its grid column.
-    B,
-}
-
 /// Prices the plan `pm x pk x pn` of `[m, k] x [k, n]`: (breaks the memory rule, plan).
 #[allow(clippy::too_many_arguments)]
 fn price(
@@ -158,22 +203,27 @@ fn price(
     [m, k, n]: [u64; 3],
     [pm, pk, pn]: [u64; 3],
     dtype: DType,
-    resident: Resident,
+    laid_out: LaidOut,
     orientation: Orientation,
     order: GridOrder,
 ) -> (bool, MatMulPlan) {
     let s = dtype.size() as u64;
     let sync = cfg.sync_cycles;
     let (bm, bk, bn) = (m.div_ceil(pm), k.div_ceil(pk), n.div_ceil(pn));
-    // A weight laid out by the plan is spread over the tiles of its column of the grid (each
-    // holds 1/pm of the block): each receives the rest.
-    let received_of = |bk: u64| {
-        bm * bk * s
-            + match resident {
-                Resident::B => bk * bn * s * (pm - 1) / pm,
-                Resident::No => bk * bn * s,
-            }
+    // An operand laid out by the plan is spread over the tiles that read each block (each
+    // holds 1/pn of its block of a, 1/pm of its block of b): each receives the rest.
+    let share = |bytes: u64, over: u64, laid_out: bool| {
+        if laid_out {
+            bytes * (over - 1) / over
+        } else {
+            bytes
+        }
     };
+    let (a_of, b_of) = (
+        |bk: u64| share(bm * bk * s, pn, laid_out.a),
+        |bk: u64| share(bk * bn * s, pm, laid_out.b),
+    );
+    let received_of = |bk: u64| a_of(bk) + b_of(bk);
     // The plan's temporary memory on a tile (the operand copies it receives and its fp32
     // partial sums) may take `AVAILABLE_MEMORY_PROPORTION` of the tile, as poplibs' planner
     // bounds it; plans over that are a last resort. A block over it runs in serial steps over
@@ -200,10 +250,24 @@ fn price(
             (straight.min(transposed), transposed < straight)
         }
     };
+    // The block both tiles of an exchange bus read arrives at twice the rate.
+    let paired = MatMulPlan {
+        pm,
+        pk,
+        pn,
+        order,
+        ..whole(m, k, n)
+    }
+    .paired_operand();
+    let exchange_time = match paired {
+        Some(Operand::A) => a_of(step_k).div_ceil(2) + b_of(step_k),
+        Some(Operand::B) => a_of(step_k) + b_of(step_k).div_ceil(2),
+        None => received_of(step_k),
+    };
     let mut total = serial
         * (step_amp
             + cost::compute_set_overhead_cycles()
-            + cost::exchange_cycles(cfg, received_of(step_k), false)
+            + cost::exchange_cycles(cfg, exchange_time, false)
             + sync);
     // The partials' reduction, stage by stage as poplin plans it: a stage summing f blocks
     // spreads each result over the f x (tiles so far) tiles holding them.
@@ -267,23 +331,18 @@ fn whole(m: u64, k: u64, n: u64) -> MatMulPlan {
     }
 }
 
-/// The cheapest plan for `[m, k] x [k, n]` in `dtype` on up to `tiles` tiles. With
-/// `b_resident`, the right-hand operand is laid out by the plan (as weights are) and costs no
-/// exchange.
+/// The cheapest plan for `[m, k] x [k, n]` in `dtype` on up to `tiles` tiles, with the
+/// operands `laid_out` by the plan (as weights, and tensors created for the op, are) already
+/// partly on the tiles that read them.
 pub fn plan_matmul(
     cfg: &IpuConfig,
     m: u64,
     k: u64,
     n: u64,
     dtype: DType,
-    b_resident: bool,
+    laid_out: LaidOut,
     tiles: u64,
 ) -> MatMulPlan {
-    let resident = if b_resident {
-        Resident::B
-    } else {
-        Resident::No
-    };
     let mut best: Option<((bool, u64, u64), MatMulPlan)> = None;
     for grid in candidates(cfg, [m, k, n], dtype, tiles) {
         let (too_big, plan) = price(
@@ -291,7 +350,7 @@ pub fn plan_matmul(
             [m, k, n],
             grid,
             dtype,
-            resident,
+            laid_out,
             Orientation::Either,
             GridOrder::Standard,
         );
@@ -348,9 +407,9 @@ pub fn plan_fc(
     tiles: u64,
 ) -> FcPlans {
     let separate = FcPlans {
-        forward: plan_matmul(cfg, batch, input, output, dtype, true, tiles),
-        backward: plan_matmul(cfg, batch, output, input, dtype, false, tiles),
-        weight_update: plan_matmul(cfg, input, batch, output, dtype, false, tiles),
+        forward: plan_matmul(cfg, batch, input, output, dtype, LaidOut::B, tiles),
+        backward: plan_matmul(cfg, batch, output, input, dtype, LaidOut::NONE, tiles),
+        weight_update: plan_matmul(cfg, input, batch, output, dtype, LaidOut::NONE, tiles),
         joint: false,
     };
     // Separately planned, the weight gradient is not where the weights are: the update first
@@ -370,7 +429,7 @@ pub fn plan_fc(
             [batch, input, output],
             [pm, pk, pn],
             dtype,
-            Resident::B,
+            LaidOut::B,
             Orientation::Swapped,
             GridOrder::Standard,
         );
@@ -381,7 +440,7 @@ pub fn plan_fc(
             [batch, output, input],
             [pm, pn, pk],
             dtype,
-            Resident::B,
+            LaidOut::B,
             Orientation::Swapped,
             GridOrder::FcBackward,
         );
@@ -390,7 +449,7 @@ pub fn plan_fc(
             [input, batch, output],
             [pk, pm, pn],
             dtype,
-            Resident::No,
+            LaidOut::NONE,
             Orientation::Swapped,
             GridOrder::FcWeightUpdate,
         );
@@ -509,9 +568,63 @@ mod tests {
         // Never dearer than the separate plans, whichever is taken.
         for (batch, input, output) in [(16, 1000, 5), (16, 1000, 1000), (32, 784, 256)] {
             let p = plan_fc(&cfg, batch, input, output, DType::F32, 1216);
-            let alone = plan_matmul(&cfg, batch, input, output, DType::F32, true, 1216);
+            let alone = plan_matmul(&cfg, batch, input, output, DType::F32, LaidOut::B, 1216);
             assert!(p.joint || p.forward == alone, "{p:?}");
             assert!(p.planned_cycles() > 0);
+        }
+    }
+
+    #[test]
+    fn the_operand_neighbouring_tiles_share_follows_the_grid_order() {
+        let grid = |[pm, pk, pn]: [u64; 3], order| MatMulPlan {
+            pm,
+            pk,
+            pn,
+            order,
+            ..whole(64, 64, 64)
+        };
+        let (s, b, w) = (
+            GridOrder::Standard,
+            GridOrder::FcBackward,
+            GridOrder::FcWeightUpdate,
+        );
+        for (split, order, want) in [
+            ([2, 3, 4], s, Some(Operand::A)),
+            ([2, 3, 5], s, None),
+            ([2, 3, 1], s, None),
+            ([4, 1, 1], s, Some(Operand::B)),
+            ([3, 1, 1], s, None),
+            ([1, 1, 1], s, None),
+            ([2, 4, 2], b, None),
+            ([2, 1, 2], b, Some(Operand::A)),
+            ([2, 3, 1], b, None),
+            ([2, 3, 4], w, Some(Operand::A)),
+            ([2, 3, 1], w, Some(Operand::B)),
+        ] {
+            let p = grid(split, order);
+            assert_eq!(p.paired_operand(), want, "{split:?} {order:?}");
+            // Whatever it says, neighbours (2j, 2j + 1) of the grid do read the same block.
+            if let Some(op) = want {
+                let blocks = |t: u64| {
+                    let mut found = None;
+                    for im in 0..p.pm {
+                        for ik in 0..p.pk {
+                            for i_n in 0..p.pn {
+                                if p.grid(im, ik, i_n) == t {
+                                    found = Some(match op {
+                                        Operand::A => (im, ik),
+                                        Operand::B => (ik, i_n),
+                                    });
+                                }
+                            }
+                        }
+                    }
+                    found.unwrap()
+                };
+                for j in 0..p.tiles() / 2 {
+                    assert_eq!(blocks(2 * j), blocks(2 * j + 1), "{split:?} {order:?}");
+                }
+            }
         }
     }
 
@@ -521,7 +634,7 @@ mod tests {
             .with_tiles(16)
             .with_sram_bytes_per_tile(48 * 1024);
         let bound = (cfg.sram_bytes_per_tile as f64 * AVAILABLE_MEMORY_PROPORTION) as u64;
-        let p = plan_matmul(&cfg, 64, 4096, 64, DType::F32, false, 16);
+        let p = plan_matmul(&cfg, 64, 4096, 64, DType::F32, LaidOut::NONE, 16);
         assert!(p.serial > 1, "{p:?}");
         let step_k = p.bk.div_ceil(p.serial);
         let temp = (p.bm * step_k + step_k * p.bn) * 4 + p.bm * p.bn * 4;
@@ -536,17 +649,17 @@ mod tests {
             .sum();
         assert_eq!(covered, p.bk);
         // A product that fits at once runs at once.
-        let small = plan_matmul(&cfg, 16, 64, 16, DType::F32, false, 16);
+        let small = plan_matmul(&cfg, 16, 64, 16, DType::F32, LaidOut::NONE, 16);
         assert_eq!(small.serial, 1);
     }
 
     #[test]
     fn plans_fit_the_tiles_and_use_many_of_them() {
         let cfg = IpuConfig::preset(Preset::Mk2);
-        let p = plan_matmul(&cfg, 32, 784, 256, DType::F32, true, 1472);
+        let p = plan_matmul(&cfg, 32, 784, 256, DType::F32, LaidOut::B, 1472);
         assert!(p.tiles() <= 1472);
         assert!(p.tiles() >= 64, "{p:?}");
-        let big = plan_matmul(&cfg, 2048, 2048, 2048, DType::F16, false, 1472);
+        let big = plan_matmul(&cfg, 2048, 2048, 2048, DType::F16, LaidOut::NONE, 1472);
         assert!(big.tiles() > 1000, "{big:?}");
     }
 }

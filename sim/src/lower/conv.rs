@@ -14,6 +14,7 @@ use tessera_core::{NodeId, Storage};
 
 use super::matmul::{Product, Range};
 use super::Lowering;
+use crate::matmul::LaidOut;
 use crate::program::{Region, TensorId};
 
 /// Index helpers for an activation of `n x c x h x w` in `layout`.
@@ -164,7 +165,8 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
             k: 0,
             n: 0,
             tiles_per_group: tiles,
-            b_resident: false,
+            laid_out: LaidOut::NONE,
+            a: None,
             reads: Box::new(|_, _, _, _| Vec::new()),
             out: Box::new(|_, _, _| Vec::new()),
             b: None,
@@ -203,7 +205,11 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
                 k: cg * area,
                 n: og,
                 tiles_per_group: per_group,
-                b_resident: l.node(w).op().is_state() && l.first_consumer(w) == Some(i),
+                laid_out: LaidOut {
+                    a: false,
+                    b: l.node(w).op().is_state() && l.first_consumer(w) == Some(i),
+                },
+                a: None,
                 reads: Box::new(move |g, rm, rk, rn| {
                     let g = g as u64;
                     let ch = patch_channels(&d, p.layout, g, rk);
@@ -240,7 +246,8 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
                 k: og * area,
                 n: cg,
                 tiles_per_group: per_group,
-                b_resident: false,
+                laid_out: LaidOut::NONE,
+                a: None,
                 reads: Box::new(move |g, rm, rk, rn| {
                     let g = g as u64;
                     let oc = grad_channels(&d, rk);
@@ -281,7 +288,8 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
                 k: positions(&output),
                 n: cg * area,
                 tiles_per_group: per_group,
-                b_resident: false,
+                laid_out: LaidOut::NONE,
+                a: None,
                 reads: Box::new(move |g, rm, rk, rn| {
                     let g = g as u64;
                     let ch = patch_channels(&d, p.layout, g, rn);

@@ -17,7 +17,7 @@ use tessera_core::{DType, Graph, NodeId, Op, Roles, Shape, Storage};
 
 use super::{rect, Lowering};
 use crate::cost;
-use crate::matmul::{plan_fc, plan_matmul, FcPlans, MatMulPlan};
+use crate::matmul::{plan_fc, plan_matmul, FcPlans, LaidOut, MatMulPlan};
 use crate::program::{compress, Codelet, Interval, Mapping, Region, TensorId, TileId, Vertex};
 
 /// Element ranges `[start, end)`.
@@ -41,8 +41,9 @@ pub(crate) struct Product {
     pub n: u64,
     /// Tiles each group's plan uses.
     pub tiles_per_group: u64,
-    /// Whether the right-hand operand is a weight laid out by the plan.
-    pub b_resident: bool,
+    /// Which operands are laid out by the plan: a weight as the right-hand operand, a state
+    /// tensor first read here as the left-hand one.
+    pub laid_out: LaidOut,
     /// The regions a block (group, rows, reduction range, columns) reads.
     pub reads: BlockReads,
     /// Output element spans of (group, rows, columns).
@@ -50,6 +51,9 @@ pub(crate) struct Product {
     /// Right-hand operand element spans of (group, reduction range, columns), when it can be
     /// laid out by the plan.
     pub b: Option<BlockSpans>,
+    /// Left-hand operand element spans of (group, rows, reduction range), when it can be laid
+    /// out by the plan.
+    pub a: Option<BlockSpans>,
     /// Whether the output is contiguous along rows (`m`) rather than columns (`n`): an NCHW
     /// activation holds each channel's positions together. The tiles reducing a block take
     /// shares that are contiguous in memory, as popops' reductions partition their output.
@@ -59,9 +63,9 @@ pub(crate) struct Product {
 /// Plans made so far, by node.
 pub(crate) type Plans = HashMap<NodeId, MatMulPlan>;
 
-/// Plans made so far, by what the planner reads: `m`, `k`, `n`, element type, whether the
-/// right operand is laid out by the plan, and tiles.
-pub(crate) type PlansByShape = HashMap<(u64, u64, u64, DType, bool, u64), MatMulPlan>;
+/// Plans made so far, by what the planner reads: `m`, `k`, `n`, element type, the operands
+/// laid out by the plan, and tiles.
+pub(crate) type PlansByShape = HashMap<(u64, u64, u64, DType, LaidOut, u64), MatMulPlan>;
 
 /// Joint plans of fully-connected layers, by batch, input, output, element type and tiles.
 pub(crate) type FcPlansByShape = HashMap<(u64, u64, u64, DType, u64), FcPlans>;
@@ -235,7 +239,13 @@ fn matmul_product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &MatMul) -> Pr
         } else {
             (tiles / groups_total.max(1)).max(1)
         },
-        b_resident: single && l.node(op.b).op().is_state() && l.first_consumer(op.b) == Some(i),
+        laid_out: LaidOut {
+            a: single
+                && op.a != op.b
+                && l.node(op.a).op().is_state()
+                && l.first_consumer(op.a) == Some(i),
+            b: single && l.node(op.b).op().is_state() && l.first_consumer(op.b) == Some(i),
+        },
         reads: Box::new(move |g, rm, rk, rn| {
             let (abase, bbase, _) = g1[g];
             let a = if ta {
@@ -263,6 +273,15 @@ fn matmul_product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &MatMul) -> Pr
                     rect(rn.0, rn.1, rk.0, rk.1, b_cols).collect()
                 } else {
                     rect(rk.0, rk.1, rn.0, rn.1, b_cols).collect()
+                }
+            }) as BlockSpans
+        }),
+        a: single.then(|| {
+            Box::new(move |_: usize, rm: Range, rk: Range| {
+                if ta {
+                    rect(rk.0, rk.1, rm.0, rm.1, a_cols).collect()
+                } else {
+                    rect(rm.0, rm.1, rk.0, rk.1, a_cols).collect()
                 }
             }) as BlockSpans
         }),
@@ -296,9 +315,12 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
                     // The separate plans are plan_matmul's for these shapes (the forward's
                     // weight laid out by it, the other passes' operands not): keep them.
                     for (key, plan) in [
-                        ((b, input, output, dt, true, tiles), plans.forward),
-                        ((b, output, input, dt, false, tiles), plans.backward),
-                        ((input, b, output, dt, false, tiles), plans.weight_update),
+                        ((b, input, output, dt, LaidOut::B, tiles), plans.forward),
+                        ((b, output, input, dt, LaidOut::NONE, tiles), plans.backward),
+                        (
+                            (input, b, output, dt, LaidOut::NONE, tiles),
+                            plans.weight_update,
+                        ),
                     ] {
                         l.plans_by_shape.entry(key).or_insert(plan);
                     }
@@ -316,11 +338,11 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
             return plan;
         }
     }
-    let key = (p.m, p.k, p.n, dtype, p.b_resident, p.tiles_per_group);
+    let key = (p.m, p.k, p.n, dtype, p.laid_out, p.tiles_per_group);
     let plan = *l
         .plans_by_shape
         .entry(key)
-        .or_insert_with(|| plan_matmul(cfg, p.m, p.k, p.n, dtype, p.b_resident, p.tiles_per_group));
+        .or_insert_with(|| plan_matmul(cfg, p.m, p.k, p.n, dtype, p.laid_out, p.tiles_per_group));
     l.mm.insert(i, plan);
     plan
 }
@@ -340,10 +362,9 @@ fn range(i: u64, block: u64, len: u64) -> Range {
 }
 
 /// The mapping of the right-hand operand of product `i` by its plan: block (ik, in) of every
-/// group spread over the tiles that read it, the grid's (im, ik, in) for every im, its rows
-/// shared out evenly in order; a tile gets none when there are fewer rows than tiles (poplibs
-/// spread "groups of weights equally across the tiles that read them": popconv's
-/// `calculateWeightMapping`, 2017; poplin's `mapWeights` now maps weights by use).
+/// group spread over the tiles that read it, the grid's (im, ik, in) for every im, in shares
+/// of at least [`MIN_WEIGHT_BYTES_PER_TILE`] (poplin's `mapWeights` maps weights by use,
+/// `mapActivationsOrWeights` in `lib/poplin/Convolution.cpp`).
 pub(super) fn b_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> Mapping {
     let Some(p) = product_of(l, i) else {
         return Mapping::default();
@@ -352,6 +373,11 @@ pub(super) fn b_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> Mappi
     let Some(spans) = &p.b else {
         return Mapping::default();
     };
+    let dtype = l.node(i).dtype();
+    let es = dtype.size() as u64;
+    let min_b = MIN_WEIGHT_BYTES_PER_TILE.div_ceil(es);
+    let grain_b = cost::amp_in_group(dtype) * cost::amp_conv_units(l.cfg, dtype);
+    let tiles = l.tile_count();
     let mut iv = Vec::new();
     for g in 0..p.groups {
         for ik in 0..plan.pk {
@@ -360,17 +386,90 @@ pub(super) fn b_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> Mappi
                 if rk.0 >= rk.1 || rn.0 >= rn.1 {
                     continue;
                 }
-                let rows = spans(g, rk, rn);
-                let (count, readers) = (rows.len() as u64, plan.pm.max(1));
-                for im in 0..readers {
-                    let tile = tile(g, plan.grid(im, ik, i_n), &p, l.tile_count());
-                    let (a, b) = (im * count / readers, (im + 1) * count / readers);
-                    iv.extend(
-                        rows[a as usize..b as usize]
-                            .iter()
-                            .map(|&(start, len)| Interval { tile, start, len }),
-                    );
+                let runs = spans(g, rk, rn);
+                spread(&runs, plan.pm, min_b, grain_b, |im, start, len| {
+                    let tile = tile(g, plan.grid(im, ik, i_n), &p, tiles);
+                    iv.push(Interval { tile, start, len });
+                });
+            }
+        }
+    }
+    Mapping::from_intervals(iv)
+}
+
+/// The fewest bytes of an activation operand a tile is given when it is spread over the tiles
+/// that read it (poplin's `mapActivationsOrWeights`, `lib/poplin/Convolution.cpp`: a limit
+/// on exchange code "chosen experimentally" by Graphcore).
+pub const MIN_ACTIVATION_BYTES_PER_TILE: u64 = 128;
+
+/// The fewest bytes of a weight operand a tile is given when it is spread over the tiles that
+/// read it (poplin's `mapActivationsOrWeights`, as [`MIN_ACTIVATION_BYTES_PER_TILE`]).
+pub const MIN_WEIGHT_BYTES_PER_TILE: u64 = 256;
+
+/// Spreads the elements of `runs` (in order) over up to `readers` readers, as poplibs' tensor
+/// use tracker maps a tensor by use: even shares, each a whole number of `grain` elements and
+/// at least `min` elements, so a small block goes to fewer readers. Calls `place(reader,
+/// start, len)` for each piece.
+fn spread(
+    runs: &[(u64, u64)],
+    readers: u64,
+    min: u64,
+    grain: u64,
+    mut place: impl FnMut(u64, u64, u64),
+) {
+    let total: u64 = runs.iter().map(|r| r.1).sum();
+    let share = total
+        .div_ceil(readers.max(1))
+        .next_multiple_of(grain.max(1))
+        .max(min)
+        .max(1);
+    let mut done = 0u64;
+    for &(start, len) in runs {
+        let mut off = 0;
+        while off < len {
+            let reader = done / share;
+            let take = (len - off).min((reader + 1) * share - done);
+            place(reader, start + off, take);
+            off += take;
+            done += take;
+        }
+    }
+}
+
+/// Whether product `i` can lay out its left-hand operand.
+pub(super) fn lays_out_a<S: Storage>(l: &Lowering<'_, S>, i: NodeId) -> bool {
+    product_of(l, i).is_some_and(|p| p.a.is_some())
+}
+
+/// The mapping of the left-hand operand of product `i` by its plan (as poplibs'
+/// `createMatMulInputLHS` lays it out): block (im, ik) spread over the `pn` tiles that read
+/// it, the grid's (im, ik, in) for every in, in shares of at least
+/// [`MIN_ACTIVATION_BYTES_PER_TILE`] in order.
+pub(super) fn a_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> Mapping {
+    let Some(p) = product_of(l, i) else {
+        return Mapping::default();
+    };
+    let plan = plan_of(l, i, &p);
+    let Some(spans) = &p.a else {
+        return Mapping::default();
+    };
+    let dtype = l.node(i).dtype();
+    let min_a = MIN_ACTIVATION_BYTES_PER_TILE.div_ceil(dtype.size() as u64);
+    let grain_a = cost::amp_in_group(dtype);
+    let tiles = l.tile_count();
+    let mut iv = Vec::new();
+    for g in 0..p.groups {
+        for im in 0..plan.pm {
+            for ik in 0..plan.pk {
+                let (rm, rk) = (range(im, plan.bm, p.m), range(ik, plan.bk, p.k));
+                if rm.0 >= rm.1 || rk.0 >= rk.1 {
+                    continue;
                 }
+                let runs = spans(g, rm, rk);
+                spread(&runs, plan.pn, min_a, grain_a, |i_n, start, len| {
+                    let tile = tile(g, plan.grid(im, ik, i_n), &p, tiles);
+                    iv.push(Interval { tile, start, len });
+                });
             }
         }
     }

@@ -553,11 +553,22 @@ impl<'a, S: Storage> Lowering<'a, S> {
             } else if !self.include[k] {
                 // A copy of another IPU's tensor, spread like any new tensor.
                 self.linear(elements, es, 1, cols)
-            } else if let Some(product) = self.weight_consumer(i) {
-                matmul::b_mapping(self, product)
+            } else if let Some((product, right_hand)) = self.laying_out_consumer(i) {
+                if right_hand {
+                    matmul::b_mapping(self, product)
+                } else {
+                    matmul::a_mapping(self, product)
+                }
             } else if let Some(var) = self.state_owner(i) {
                 copy_of = Some(TensorId::of(var));
                 self.tensors[var.index()].mapping.clone()
+            } else if let Some(x) = self.elementwise_partner(i, elements) {
+                if x.index() < k {
+                    copy_of = Some(self.t(x));
+                    self.tensors[self.t(x).index()].mapping.clone()
+                } else {
+                    matmul::output_mapping(self, x).0
+                }
             } else {
                 match hint {
                     Placement::Own => {
@@ -591,18 +602,44 @@ impl<'a, S: Storage> Lowering<'a, S> {
         }
     }
 
-    /// The matmul that uses state tensor `i` as its right-hand operand first, if any.
-    fn weight_consumer(&mut self, i: NodeId) -> Option<NodeId> {
+    /// The product that reads state tensor `i` first and lays it out, and whether `i` is
+    /// its right-hand operand (a weight) or its left-hand one.
+    fn laying_out_consumer(&mut self, i: NodeId) -> Option<(NodeId, bool)> {
         if !self.node(i).op().is_state() {
             return None;
         }
         let c = self.first_consumer(i)?;
-        let right_hand = match self.node(c).op() {
-            Op::MatMul(m) => m.b == i,
-            Op::Conv(tessera_core::ops::conv::Conv::Forward { w, .. }) => *w == i,
-            _ => false,
+        match self.node(c).op() {
+            Op::MatMul(m) if m.b == i => matmul::lays_out_b(self, c).then_some((c, true)),
+            Op::MatMul(m) if m.a == i => matmul::lays_out_a(self, c).then_some((c, false)),
+            Op::Conv(tessera_core::ops::conv::Conv::Forward { w, .. }) if *w == i => {
+                matmul::lays_out_b(self, c).then_some((c, true))
+            }
+            _ => None,
+        }
+    }
+
+    /// The operand that state tensor `i` (of `elements` elements) is laid out like: its first
+    /// reader is an elementwise op whose other operand has as many elements and is already
+    /// laid out, or is a product's output (laid out by its plan). poplibs clones such an
+    /// operand's layout (`graph.clone`, as `general_matrix_multiply` makes `C` for
+    /// `C += A . B`), so the op needs no exchange.
+    fn elementwise_partner(&mut self, i: NodeId, elements: u64) -> Option<NodeId> {
+        if !self.node(i).op().is_state() {
+            return None;
+        }
+        let c = self.first_consumer(i)?;
+        let Op::Elementwise(e) = self.node(c).op() else {
+            return None;
         };
-        (right_hand && matmul::lays_out_b(self, c)).then_some(c)
+        let x = *e.operands().as_slice().iter().find(|&&x| x != i)?;
+        if self.node(x).shape().elements() as u64 != elements || !self.include[x.index()] {
+            return None;
+        }
+        if x.index() < i.index() {
+            return (self.tensors[self.t(x).index()].elements == elements).then_some(x);
+        }
+        matches!(self.node(x).op(), Op::MatMul(_) | Op::Conv(_)).then_some(x)
     }
 
     /// The variable whose update uses optimizer-state or accumulator tensor `i`, if any.
@@ -927,6 +964,63 @@ mod tests {
         g.differentiate(loss, Optimizer::momentum(0.1, 0.9))
             .unwrap();
         let plan = Plan::new(&g).unwrap();
+        same_both_ways(&plan, &cfg, LowerOptions::default());
+    }
+
+    #[test]
+    fn operands_created_for_a_product_are_laid_out_by_its_plan_and_pairs_share_broadcasts() {
+        // C = A . B + C with all three variables, as poplibs' general_matrix_multiply.
+        let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(64);
+        let (m, k, n) = (64u64, 256u64, 512u64);
+        let mut g: Graph<Heap> = Graph::new();
+        let z = tessera_core::Init::Zeros;
+        let a = g.variable("A", &[64, 256], DType::F16, z).unwrap();
+        let b = g.variable("B", &[256, 512], DType::F16, z).unwrap();
+        let c = g.variable("C", &[64, 512], DType::F16, z).unwrap();
+        let ab = g.matmul("A.B", a, b).unwrap();
+        g.add("A.B+C", ab, c).unwrap();
+        let plan = Plan::new(&g).unwrap();
+        let laid_out = crate::matmul::LaidOut { a: true, b: true };
+        let p = crate::matmul::plan_matmul(&cfg, m, k, n, DType::F16, laid_out, 64);
+        assert_eq!(p.paired_operand(), Some(crate::matmul::Operand::A), "{p:?}");
+        let program = lower(&plan, &cfg, LowerOptions::default());
+        // Every element of A is on a tile reading its block: (im, ik, in) for some in.
+        for iv in program.tensors[a.index()].mapping.intervals() {
+            for e in [iv.start, iv.start + iv.len - 1] {
+                let (im, ik) = (e / k / p.bm, e % k / p.bk);
+                let readers: Vec<u64> = (0..p.pn).map(|i_n| p.grid(im, ik, i_n)).collect();
+                assert!(
+                    readers.contains(&u64::from(iv.tile.0)),
+                    "element {e}: {iv:?}"
+                );
+            }
+        }
+        // C is laid out like A . B: the add moves nothing.
+        assert_eq!(
+            program.tensors[c.index()].mapping,
+            program.tensors[ab.index()].mapping
+        );
+        let add_first = program.node_steps[g.len() - 1].0;
+        assert!(!program.steps[add_first..]
+            .iter()
+            .any(|s| matches!(s, Step::Exchange { .. })));
+        // The product's exchange: both tiles of each pair receive A's block together.
+        let transfers = program
+            .steps
+            .iter()
+            .find_map(|s| match s {
+                Step::Exchange { transfers, .. } => Some(transfers),
+                _ => None,
+            })
+            .unwrap();
+        let x = summarize(cfg.tiles, &program.tensors, transfers);
+        let receivers: Vec<_> = x.tiles.iter().filter(|t| t.receives).collect();
+        assert!(!receivers.is_empty());
+        for t in &receivers {
+            assert!(t.paired > 0 && t.paired <= t.received, "{t:?}");
+        }
+        let most = receivers.iter().map(|t| t.received).max().unwrap();
+        assert!(x.busiest < most, "{x:?}");
         same_both_ways(&plan, &cfg, LowerOptions::default());
     }
 
