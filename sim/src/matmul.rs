@@ -250,20 +250,12 @@ fn price(
             (straight.min(transposed), transposed < straight)
         }
     };
-    // The block both tiles of an exchange bus read arrives at twice the rate.
-    let paired = MatMulPlan {
-        pm,
-        pk,
-        pn,
-        order,
-        ..whole(m, k, n)
-    }
-    .paired_operand();
-    let exchange_time = match paired {
-        Some(Operand::A) => a_of(step_k).div_ceil(2) + b_of(step_k),
-        Some(Operand::B) => a_of(step_k) + b_of(step_k).div_ceil(2),
-        None => received_of(step_k),
-    };
+    // The planner prices no exchange-bus pair discount (poplin's does, for its input when the
+    // output-channel split is even): in Tessera's element-order layouts the plans it favours,
+    // with many narrow column blocks, cut every downstream tensor into a region per row of a
+    // block, which costs region overheads and exchange code the planner does not see. The
+    // exchanges of the lowered program count what pairs do share.
+    let exchange_time = received_of(step_k);
     let mut total = serial
         * (step_amp
             + cost::compute_set_overhead_cycles()
