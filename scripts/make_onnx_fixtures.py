@@ -982,10 +982,53 @@ def check_stripped(model):
         path = Path(tmp) / "stripped.onnx"
         path.write_bytes(model.SerializeToString())
         onnx.checker.check_model(str(path), full_check=True)
-    # Shape inference needs no weight bytes: the logits come out as cnn.onnx's.
+    # Shape inference needs no weight bytes: the output comes out as declared (for
+    # stripped.onnx, cnn.onnx's logits).
     inferred = shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
-    if elem_dims(inferred.graph.output[0])[1] != [2, 10]:
-        raise AssertionError("stripped: logits shape")
+    if elem_dims(inferred.graph.output[0])[1] != elem_dims(model.graph.output[0])[1]:
+        raise AssertionError(f"{model.graph.name}: output shape")
+
+
+WIDE_MLP_WIDTH = 2048
+WIDE_MLP_LAYERS = 17
+
+
+def wide_mlp_model():
+    """A weight-free MLP too big to train on one IPU: 17 Gemm layers (2048 wide,
+    the last to 10 classes) with ReLU between, 63 M parameters whose bytes are
+    stripped as in stripped.onnx (every initializer external and absent). Trained
+    with Adam at batch 8 it does not fit on one Mk1 IPU, and split automatically
+    (pipelined, with the optimizer state offloaded as TensorFlow does by default)
+    it needs three: the fewest-IPUs search of `tessera estimate` has something to
+    find, past the first doubling."""
+    width, layers, classes = WIDE_MLP_WIDTH, WIDE_MLP_LAYERS, 10
+    nodes, inits = [], []
+    x = "x"
+    for i in range(layers):
+        out = classes if i == layers - 1 else width
+        for name, dims in ((f"dense_{i}.weight", [width, out]), (f"dense_{i}.bias", [out])):
+            t = TensorProto()
+            t.name, t.data_type = name, TensorProto.FLOAT
+            t.dims.extend(dims)
+            t.raw_data = b"\0"  # stripped below: data_location EXTERNAL, no bytes
+            strip_tensor(t, 0)
+            inits.append(t)
+        nodes.append(helper.make_node("Gemm", [x, f"dense_{i}.weight", f"dense_{i}.bias"],
+                                      [f"dense_{i}"], name=f"dense_{i}"))
+        x = f"dense_{i}"
+        if i < layers - 1:
+            nodes.append(helper.make_node("Relu", [x], [f"relu_{i}"], name=f"relu_{i}"))
+            x = f"relu_{i}"
+    graph = helper.make_graph(nodes, "wide_mlp", [value_info("x", F32, [1, width])],
+                              [value_info(x, F32, [1, classes])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=IR_VERSION, producer_name=PRODUCER)
+    model.doc_string = (f"A {layers}-layer MLP {width} wide (weights stripped, location "
+                        "__stripped__ absent), too big to train with Adam on one IPU.")
+    inferred = shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    if elem_dims(inferred.graph.output[0])[1] != [1, classes]:
+        raise AssertionError("wide_mlp: output shape")
+    return model
 
 
 def light_cnn_model():
@@ -1168,6 +1211,13 @@ def other_fixtures():
     emit("stripped", model,
          {"error": "no_weights_for_numerics", "stripped_tensors": count,
           "note": "imports for estimates (shapes as cnn.onnx); running numerics fails"},
+         stripped=True)
+
+    model = wide_mlp_model()
+    emit("wide_mlp", model,
+         {"error": "no_weights_for_numerics",
+          "note": "imports for estimates; training it with Adam at batch 8 needs more than "
+                  "one IPU (tessera estimate's fewest-IPUs search)"},
          stripped=True)
 
     model = light_cnn_model()

@@ -799,6 +799,59 @@ fn onnx_estimates_print_fit_memory_cycles_and_layers() {
     }
 }
 
+/// A model too big to train on one IPU: the out-of-memory report names the fullest tile and
+/// the largest tensors by ONNX name, the exit is non-zero, and the search finds the fewest
+/// IPUs an automatic split fits on. They are the fewest: the split on them fits, and the
+/// automatic split on one IPU fewer does not.
+#[test]
+fn onnx_search_finds_the_fewest_ipus_a_split_fits_on() {
+    let model = fixture("wide_mlp.onnx");
+    let common = [
+        "estimate",
+        &model,
+        "--ipu",
+        "mk1",
+        "--batch-size",
+        "8",
+        "--optimizer",
+        "adam",
+        "--json",
+    ];
+    let o = tessera(&common);
+    assert!(!o.status.success());
+    let j = last_json(&o);
+    assert_eq!(j["fits"], false);
+    let err = stderr(&o);
+    assert!(
+        err.contains("out of memory: tile") && err.contains("`dense_"),
+        "{err}"
+    );
+    let found = &j["onnx"]["fewest_ipus"];
+    let ipus = found["ipus"].as_u64().expect("a split fits") as usize;
+    assert!(ipus > 1, "{found}");
+    let boundaries = found["boundaries"].as_array().unwrap();
+    assert_eq!(boundaries.len(), ipus - 1, "{found}");
+    assert!(
+        err.contains(&format!(
+            "an automatic split fits on {ipus} IPUs: add --pipeline-ipus {ipus}"
+        )),
+        "{err}"
+    );
+    // The split it names fits; the automatic split on one IPU fewer does not.
+    for (n, fits) in [(ipus, true), (ipus - 1, false)] {
+        let n = n.to_string();
+        let mut args = common.to_vec();
+        args.extend_from_slice(&["--pipeline-ipus", &n, "--no-search"]);
+        let o = tessera(&args);
+        let j = last_json(&o);
+        assert_eq!(j["fits"], fits, "{n} IPUs: {}", stderr(&o));
+        assert_eq!(o.status.success(), fits, "{n} IPUs");
+        if fits {
+            assert_eq!(j["onnx"]["split"]["boundaries"], found["boundaries"]);
+        }
+    }
+}
+
 /// A model that does not fit, with `--no-search`: the estimate and its out-of-memory report,
 /// a non-zero exit, and no search for the fewest IPUs.
 #[test]

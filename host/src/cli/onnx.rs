@@ -17,7 +17,7 @@ use tessera_host::session::onnx::{
 use tessera_host::session::split::{
     fewest_ipus, is_profile_estimate, profile, profile_of, split, SplitInfo, MAX_IPUS,
 };
-use tessera_host::session::EstimateSummary;
+use tessera_host::session::{EstimateSummary, SessionOptions};
 
 use super::args::{EstimateArgs, RunArgs};
 use super::estimate::{files_list, inference_line, make_report};
@@ -173,12 +173,17 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
         (Stages::After(v), None) => v.len() + 1,
         _ => 1,
     };
-    let mut so = options_with(&a.model, &defaults, &name, stage_guess)?;
-    if a.model.gradient_accumulation_count.is_none() && stage_guess > 1 {
-        // A pipeline needs enough micro-batches per update to fill: the schedule's least.
-        so.gradient_accumulation_count =
-            overlap_length(so.schedule, stage_guess, !a.inference).max(1);
-    }
+    // The options of a run on `stages` stages: the defaults depend on them.
+    let options_for = |stages: usize| -> Result<SessionOptions, AnyError> {
+        let mut so = options_with(&a.model, &defaults, &name, stages)?;
+        if a.model.gradient_accumulation_count.is_none() && stages > 1 {
+            // A pipeline needs enough micro-batches per update to fill: the schedule's least.
+            so.gradient_accumulation_count =
+                overlap_length(so.schedule, stages, !a.inference).max(1);
+        }
+        Ok(so)
+    };
+    let so = options_for(stage_guess)?;
     // The one-IPU profile the automatic split balances on: made once, and read from the
     // estimate itself when that is a one-IPU estimate.
     let mut prof = None;
@@ -192,7 +197,7 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
             let c = compile_onnx(&model, &so, &oo)?;
             let e = c.estimate()?;
             if !e.fits && is_profile_estimate(&so, &oo) {
-                prof = Some(profile_of(&c, &e, &so, &oo));
+                prof = Some(profile_of(&c, &e));
             }
             (c, e, None)
         }
@@ -215,7 +220,17 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
             None => (a.pipeline_stages.is_empty() && e.ipus.len() == 1).then_some(1),
         }
         .zip(e.ipus.iter().map(|i| i.max_tile_bytes).max());
-        let found = fewest_ipus(&model, &so, &oo, &p, known)?;
+        // The search's split on n IPUs is the run `--pipeline-ipus n` makes, with its options.
+        let by_stages = (0..=MAX_IPUS)
+            .map(|n| options_for(n.max(1)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let found = fewest_ipus(
+            &model,
+            &|n| by_stages[n.min(MAX_IPUS)].clone(),
+            &oo,
+            &p,
+            known,
+        )?;
         Some(FewestIpus {
             ipus: found.split.as_ref().map(|s| s.info.ipus),
             limit: MAX_IPUS,

@@ -138,8 +138,32 @@ pub struct Profile {
     /// Index of each node that made graph nodes.
     units: Vec<usize>,
     costs: Vec<u64>,
-    mems: Vec<u64>,
+    /// Bytes of each unit's weights.
+    weights: Vec<u64>,
     nodes: usize,
+}
+
+impl Profile {
+    /// Bytes each unit's weights take on the IPU with their training state under `so` and
+    /// `oo`: the weight and its gradient (or accumulator), plus the optimizer's state unless
+    /// it is offloaded; the weight alone for inference.
+    fn state_bytes(&self, so: &SessionOptions, oo: &OnnxOptions) -> Vec<u64> {
+        let copies = if oo.inference {
+            1
+        } else {
+            let state = if so.offload_optimizer_state {
+                0
+            } else {
+                match so.optimizer {
+                    super::OptimizerKind::Sgd => 0,
+                    super::OptimizerKind::Momentum => 1,
+                    super::OptimizerKind::Adam => 2,
+                }
+            };
+            2 + state
+        };
+        self.weights.iter().map(|w| w * copies).collect()
+    }
 }
 
 /// Estimates `model` on one IPU and reads every node's cycles and weight bytes.
@@ -160,7 +184,7 @@ pub fn profile(
     so1.replicas = 1;
     let c = compile_onnx(model, &so1, &one)?;
     let e = c.estimate()?;
-    Ok(profile_of(&c, &e, so, oo))
+    Ok(profile_of(&c, &e))
 }
 
 /// Whether an estimate made with `so` and `oo` is the one-IPU estimate [`profile`] makes, so
@@ -171,41 +195,20 @@ pub fn is_profile_estimate(so: &SessionOptions, oo: &OnnxOptions) -> bool {
 
 /// The profile read from a one-IPU estimate `e` of `c` (made with [`profile`]'s options: see
 /// [`is_profile_estimate`]).
-pub fn profile_of(
-    c: &OnnxCompiled,
-    e: &SystemEstimate,
-    so: &SessionOptions,
-    oo: &OnnxOptions,
-) -> Profile {
+pub fn profile_of(c: &OnnxCompiled, e: &SystemEstimate) -> Profile {
     let rows = layer_rows(c, e);
-    // Copies of each weight training keeps on the IPU: the weight and its gradient (or
-    // accumulator), plus the optimizer's state unless it is offloaded.
-    let copies = if oo.inference {
-        1
-    } else {
-        let state = if so.offload_optimizer_state {
-            0
-        } else {
-            match so.optimizer {
-                super::OptimizerKind::Sgd => 0,
-                super::OptimizerKind::Momentum => 1,
-                super::OptimizerKind::Adam => 2,
-            }
-        };
-        2 + state
-    };
     let mut p = Profile {
         names: rows.iter().map(|r| r.name.clone()).collect(),
         units: Vec::new(),
         costs: Vec::new(),
-        mems: Vec::new(),
+        weights: Vec::new(),
         nodes: rows.len(),
     };
     for (i, (r, l)) in rows.iter().zip(&c.imported.layers).enumerate() {
         if l.end > l.first {
             p.units.push(i);
             p.costs.push(r.forward_cycles + r.backward_cycles);
-            p.mems.push(r.weight_bytes * copies);
+            p.weights.push(r.weight_bytes);
         }
     }
     p
@@ -262,8 +265,9 @@ pub fn split(
     } else {
         "weights and their training state"
     };
+    let mems = profile.state_bytes(so, oo);
     for attempt in 1..=RETRIES {
-        let Some(part) = partition(&profile.costs, &profile.mems, n, cap) else {
+        let Some(part) = partition(&profile.costs, &mems, n, cap) else {
             // A smaller cap left no split: the best attempt's split is the answer.
             if let Some(mut last) = last {
                 last.info.tried = tried;
@@ -310,7 +314,7 @@ pub fn split(
             .iter()
             .any(|i| i.max_tile_bytes <= machine.sram_bytes_per_tile);
         tried = attempt;
-        let stage_weight_bytes = sums(&profile.mems);
+        let stage_weight_bytes = sums(&mems);
         let heaviest = stage_weight_bytes.iter().copied().max().unwrap_or(0);
         let info = SplitInfo {
             ipus: n,
@@ -378,6 +382,11 @@ pub struct FewestIpus {
 /// early when twice the IPUs do not shrink the fullest tile below [`STOP_SHRINK`] of what it
 /// was: splitting further would not make the model fit.
 ///
+/// `options_for(n)` gives the session options of a split on `n` IPUs: those the same command
+/// with `--pipeline-ipus n` would use (its defaults can depend on the stages: micro-batches
+/// enough to fill the pipeline, optimizer state offloaded), so that the split found is the
+/// one the user gets by asking for it.
+///
 /// `known` is an estimate already made that did not fit: its IPUs (one, or an automatic split
 /// on that many) and its fullest tile's bytes. The doubling starts from it instead of from one
 /// IPU, as the bisection already takes fewer IPUs never to fit where more do not.
@@ -387,17 +396,14 @@ pub struct FewestIpus {
 /// As [`split`], except that splits that cannot be made count as not fitting.
 pub fn fewest_ipus(
     model: &OnnxModel,
-    so: &SessionOptions,
+    options_for: &dyn Fn(usize) -> SessionOptions,
     oo: &OnnxOptions,
     profile: &Profile,
     known: Option<(usize, u64)>,
 ) -> Result<FewestIpus, SessionError> {
     // The split on n IPUs, and its fullest tile's bytes when it was made.
     let try_n = |n: usize| -> Result<(Option<Split>, Option<u64>), SessionError> {
-        let mut so = so.clone();
-        // Pipelines need enough micro-batches per update to fill.
-        so.gradient_accumulation_count = so.gradient_accumulation_count.max(2 * n);
-        match split(model, &so, oo, n, profile) {
+        match split(model, &options_for(n), oo, n, profile) {
             Ok(s) => {
                 let worst = fullest_tile(&s);
                 Ok((s.estimate.fits.then_some(s), worst))
