@@ -182,6 +182,20 @@ impl Mapping {
 
     /// Elements held by each tile, as (tile, elements), sorted by tile.
     pub fn elements_per_tile(&self) -> Vec<(TileId, u64)> {
+        // Many intervals on few tiles (a product's output holds a row of a block per
+        // interval): sum them by tile in a table rather than sorting them.
+        let most = self.intervals.iter().map(|i| i.tile.0).max().unwrap_or(0) as usize;
+        if self.intervals.len() > 64 && self.intervals.len() > most / 4 {
+            let mut sums: Vec<Option<u64>> = vec![None; most + 1];
+            for i in &self.intervals {
+                *sums[i.tile.index()].get_or_insert(0) += i.len;
+            }
+            return sums
+                .iter()
+                .enumerate()
+                .filter_map(|(t, n)| n.map(|n| (TileId(t as u32), n)))
+                .collect();
+        }
         let mut v: Vec<(TileId, u64)> = self.intervals.iter().map(|i| (i.tile, i.len)).collect();
         v.sort_unstable();
         let mut out: Vec<(TileId, u64)> = Vec::with_capacity(v.len());
@@ -628,4 +642,38 @@ pub fn exchange_for(tensors: &[ProgTensor], vertices: &[Vertex]) -> Vec<Transfer
     transfers.sort_unstable();
     transfers.dedup();
     transfers
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Summing by tile in a table (many intervals) and by sorting (few) agree.
+        #[test]
+        fn elements_per_tile_sums_each_tiles_intervals(
+            ivs in prop::collection::vec((0u32..300, 0u64..50), 0..400),
+        ) {
+            let mut start = 0;
+            let intervals: Vec<Interval> = ivs
+                .iter()
+                .map(|&(tile, len)| {
+                    let iv = Interval { tile: TileId(tile), start, len };
+                    start += len;
+                    iv
+                })
+                .collect();
+            let mut want: Vec<(TileId, u64)> = Vec::new();
+            let mut tiles: Vec<u32> = ivs.iter().map(|x| x.0).collect();
+            tiles.sort_unstable();
+            tiles.dedup();
+            for t in tiles {
+                let n = ivs.iter().filter(|x| x.0 == t).map(|x| x.1).sum();
+                want.push((TileId(t), n));
+            }
+            prop_assert_eq!(Mapping::from_intervals(intervals).elements_per_tile(), want);
+        }
+    }
 }
