@@ -446,29 +446,35 @@ pub fn reduce_stage_factors(depth: u64) -> Vec<u64> {
     } else {
         1
     };
-    // Intermediate depths, as poplin plans them (messages per tile as the cost).
-    fn plan(depth: u64, stages: u32) -> (Vec<u64>, f64) {
+    // Intermediate depths, as poplin plans them (messages per tile as the cost): for each
+    // stage but the last, about depth^((s-1)/s), rounded down or up, whichever costs less.
+    // (At most two intermediate depths, kept in an array: this runs for every plan the
+    // planner prices.)
+    fn plan(depth: u64, stages: u32) -> ([u64; 2], usize, f64) {
         if stages == 1 {
-            return (Vec::new(), depth as f64);
+            return ([0; 2], 0, depth as f64);
         }
         let down =
             ((depth as f64).powf((f64::from(stages) - 1.0) / f64::from(stages)) as u64).max(1);
         let try_depth = |next: u64| {
-            let (mut p, c) = plan(next, stages - 1);
-            p.insert(0, next);
-            (p, c + depth as f64 / next as f64)
+            let (rest, n, c) = plan(next, stages - 1);
+            let mut p = [0; 2];
+            p[0] = next;
+            p[1..=n].copy_from_slice(&rest[..n]);
+            (p, n + 1, c + depth as f64 / next as f64)
         };
         let (a, b) = (try_depth(down), try_depth(down + 1));
-        if a.1 < b.1 {
+        if a.2 < b.2 {
             a
         } else {
             b
         }
     }
-    let (intermediate, _) = plan(depth, stages);
-    let mut factors = Vec::new();
+    let (depths, n, _) = plan(depth, stages);
+    let intermediate = &depths[..n];
+    let mut factors = Vec::with_capacity(3);
     let mut remaining = depth;
-    for d in intermediate {
+    for &d in intermediate {
         let f = remaining.div_ceil(d.max(1)).max(1);
         remaining = remaining.div_ceil(f);
         factors.push(f);

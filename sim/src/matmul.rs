@@ -425,6 +425,15 @@ pub fn plan_fc(
             Orientation::Swapped,
             GridOrder::Standard,
         );
+        // A candidate whose passes so far already cost as much as the best joint plan that
+        // keeps the memory rule cannot beat it (every pass costs something): skip the rest.
+        let beaten = |so_far: u64| {
+            best.as_ref()
+                .is_some_and(|((big, cycles, _), _)| !*big && so_far >= *cycles)
+        };
+        if beaten(forward.planned_cycles) {
+            continue;
+        }
         // The weights stay where the forward laid them: each tile of the input gradient
         // receives the rest of its block, as the forward's tiles do.
         let (big_b, backward) = price(
@@ -436,6 +445,13 @@ pub fn plan_fc(
             Orientation::Swapped,
             GridOrder::FcBackward,
         );
+        if beaten(
+            forward
+                .planned_cycles
+                .saturating_add(backward.planned_cycles),
+        ) {
+            continue;
+        }
         let (big_w, weight_update) = price(
             cfg,
             [input, batch, output],
