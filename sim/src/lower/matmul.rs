@@ -17,7 +17,7 @@ use tessera_core::{DType, Graph, NodeId, Op, Roles, Shape, Storage};
 
 use super::{rect, Lowering};
 use crate::cost;
-use crate::matmul::{plan_fc, plan_matmul, FcPlans, LaidOut, MatMulPlan};
+use crate::matmul::{plan_fc, plan_matmul, FcPlans, LaidOut, MatMulPlan, Operand};
 use crate::program::{compress, Codelet, Interval, Mapping, Region, TensorId, TileId, Vertex};
 
 /// Element ranges `[start, end)`.
@@ -347,11 +347,6 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
     plan
 }
 
-/// Whether product `i` can lay out its right-hand operand (a weight).
-pub(super) fn lays_out_b<S: Storage>(l: &Lowering<'_, S>, i: NodeId) -> bool {
-    product_of(l, i).is_some_and(|p| p.b.is_some())
-}
-
 /// The tile of block `grid` of group `g`.
 fn tile(g: usize, grid: u64, p: &Product, tiles: u32) -> TileId {
     TileId::wrapping(g as u64 * p.tiles_per_group + grid, tiles)
@@ -359,42 +354,6 @@ fn tile(g: usize, grid: u64, p: &Product, tiles: u32) -> TileId {
 
 fn range(i: u64, block: u64, len: u64) -> Range {
     (i * block, ((i + 1) * block).min(len))
-}
-
-/// The mapping of the right-hand operand of product `i` by its plan: block (ik, in) of every
-/// group spread over the tiles that read it, the grid's (im, ik, in) for every im, in shares
-/// of at least [`MIN_WEIGHT_BYTES_PER_TILE`] (poplin's `mapWeights` maps weights by use,
-/// `mapActivationsOrWeights` in `lib/poplin/Convolution.cpp`).
-pub(super) fn b_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> Mapping {
-    let Some(p) = product_of(l, i) else {
-        return Mapping::default();
-    };
-    let plan = plan_of(l, i, &p);
-    let Some(spans) = &p.b else {
-        return Mapping::default();
-    };
-    let dtype = l.node(i).dtype();
-    let es = dtype.size() as u64;
-    let min_b = MIN_WEIGHT_BYTES_PER_TILE.div_ceil(es);
-    let grain_b = cost::amp_in_group(dtype) * cost::amp_conv_units(l.cfg, dtype);
-    let tiles = l.tile_count();
-    let mut iv = Vec::new();
-    for g in 0..p.groups {
-        for ik in 0..plan.pk {
-            for i_n in 0..plan.pn {
-                let (rk, rn) = (range(ik, plan.bk, p.k), range(i_n, plan.bn, p.n));
-                if rk.0 >= rk.1 || rn.0 >= rn.1 {
-                    continue;
-                }
-                let runs = spans(g, rk, rn);
-                spread(&runs, plan.pm, min_b, grain_b, |im, start, len| {
-                    let tile = tile(g, plan.grid(im, ik, i_n), &p, tiles);
-                    iv.push(Interval { tile, start, len });
-                });
-            }
-        }
-    }
-    Mapping::from_intervals(iv)
 }
 
 /// The fewest bytes of an activation operand a tile is given when it is spread over the tiles
@@ -436,37 +395,72 @@ fn spread(
     }
 }
 
-/// Whether product `i` can lay out its left-hand operand.
-pub(super) fn lays_out_a<S: Storage>(l: &Lowering<'_, S>, i: NodeId) -> bool {
-    product_of(l, i).is_some_and(|p| p.a.is_some())
+/// Whether product `i` can lay out its operand `op`.
+pub(super) fn lays_out<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: Operand) -> bool {
+    product_of(l, i).is_some_and(|p| match op {
+        Operand::A => p.a.is_some(),
+        Operand::B => p.b.is_some(),
+    })
 }
 
-/// The mapping of the left-hand operand of product `i` by its plan (as poplibs'
-/// `createMatMulInputLHS` lays it out): block (im, ik) spread over the `pn` tiles that read
-/// it, the grid's (im, ik, in) for every in, in shares of at least
-/// [`MIN_ACTIVATION_BYTES_PER_TILE`] in order.
-pub(super) fn a_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> Mapping {
+/// The mapping of operand `op` of product `i` by its plan, in shares spread over the tiles
+/// that read each block, in order (poplin's `mapActivationsOrWeights`,
+/// `lib/poplin/Convolution.cpp`):
+///
+/// - the right-hand operand (a weight, as poplin's `mapWeights` maps it by use): block
+///   (ik, in) over the grid's (im, ik, in) for every im, in grains of the AMP's input group
+///   times its conv units and at least [`MIN_WEIGHT_BYTES_PER_TILE`];
+/// - the left-hand operand (as poplibs' `createMatMulInputLHS` lays it out): block (im, ik)
+///   over the grid's (im, ik, in) for every in, in grains of the AMP's input group and at least
+///   [`MIN_ACTIVATION_BYTES_PER_TILE`].
+pub(super) fn operand_mapping<S: Storage>(
+    l: &mut Lowering<'_, S>,
+    i: NodeId,
+    op: Operand,
+) -> Mapping {
     let Some(p) = product_of(l, i) else {
         return Mapping::default();
     };
     let plan = plan_of(l, i, &p);
-    let Some(spans) = &p.a else {
+    let dtype = l.node(i).dtype();
+    let group = cost::amp_in_group(dtype);
+    // The block's two dimensions (splits, block size, length), its readers and their shares.
+    let (spans, x, y, readers, min_bytes, grain) = match op {
+        Operand::A => (
+            &p.a,
+            (plan.pm, plan.bm, p.m),
+            (plan.pk, plan.bk, p.k),
+            plan.pn,
+            MIN_ACTIVATION_BYTES_PER_TILE,
+            group,
+        ),
+        Operand::B => (
+            &p.b,
+            (plan.pk, plan.bk, p.k),
+            (plan.pn, plan.bn, p.n),
+            plan.pm,
+            MIN_WEIGHT_BYTES_PER_TILE,
+            group * cost::amp_conv_units(l.cfg, dtype),
+        ),
+    };
+    let Some(spans) = spans else {
         return Mapping::default();
     };
-    let dtype = l.node(i).dtype();
-    let min_a = MIN_ACTIVATION_BYTES_PER_TILE.div_ceil(dtype.size() as u64);
-    let grain_a = cost::amp_in_group(dtype);
+    let min = min_bytes.div_ceil(dtype.size() as u64);
     let tiles = l.tile_count();
     let mut iv = Vec::new();
     for g in 0..p.groups {
-        for im in 0..plan.pm {
-            for ik in 0..plan.pk {
-                let (rm, rk) = (range(im, plan.bm, p.m), range(ik, plan.bk, p.k));
-                if rm.0 >= rm.1 || rk.0 >= rk.1 {
+        for ix in 0..x.0 {
+            for iy in 0..y.0 {
+                let (rx, ry) = (range(ix, x.1, x.2), range(iy, y.1, y.2));
+                if rx.0 >= rx.1 || ry.0 >= ry.1 {
                     continue;
                 }
-                let runs = spans(g, rm, rk);
-                spread(&runs, plan.pn, min_a, grain_a, |i_n, start, len| {
+                spread(&spans(g, rx, ry), readers, min, grain, |r, start, len| {
+                    let (im, ik, i_n) = match op {
+                        Operand::A => (ix, iy, r),
+                        Operand::B => (r, ix, iy),
+                    };
                     let tile = tile(g, plan.grid(im, ik, i_n), &p, tiles);
                     iv.push(Interval { tile, start, len });
                 });

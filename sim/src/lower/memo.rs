@@ -45,8 +45,6 @@ pub(super) struct Memo {
     entries: HashMap<u128, Recorded>,
     /// Each tensor's mapping hashed, once.
     mapping_hash: Vec<Option<u64>>,
-    /// Per node: the first included node reading it (as `first_consumer` finds it).
-    first_reader: Vec<Option<NodeId>>,
     /// Lowerings reused.
     pub(super) reused: usize,
 }
@@ -89,27 +87,6 @@ fn hash_mapping(m: &Mapping) -> u64 {
 }
 
 impl Memo {
-    /// A memo for `l`'s graph: who reads each tensor first.
-    pub(super) fn new<S: Storage>(l: &Lowering<'_, S>) -> Memo {
-        let n = l.graph.len();
-        let mut first_reader = vec![None; n];
-        for c in l.graph.ids() {
-            if !l.include[c.index()] {
-                continue;
-            }
-            for &o in l.node(c).op().operands().as_slice() {
-                let r = l.plan.storage_of(o).index();
-                if first_reader[r].is_none() {
-                    first_reader[r] = Some(c);
-                }
-            }
-        }
-        Memo {
-            first_reader,
-            ..Memo::default()
-        }
-    }
-
     fn mapping_hash(&mut self, tensors: &[ProgTensor], t: TensorId) -> u64 {
         if self.mapping_hash.len() <= t.index() {
             self.mapping_hash.resize(t.index() + 1, None);
@@ -157,11 +134,7 @@ impl Memo {
             );
             h.str(&facts);
             let root = l.plan.storage_of(x);
-            let first = if root == x {
-                self.first_reader[x.index()]
-            } else {
-                None
-            };
+            let first = if root == x { l.first_consumer(x) } else { None };
             for b in [
                 root != x,
                 first == Some(i),

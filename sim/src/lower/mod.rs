@@ -19,6 +19,7 @@ use tessera_core::{DType, Graph, Node, NodeId, Op, Place, Plan, Roles, Storage};
 
 use crate::exchange::{summarize_vertices, Locality, Summaries};
 use crate::machine::IpuConfig;
+use crate::matmul::Operand;
 use crate::program::{
     compress, exchange_for, Codelet, ComputeSet, Interval, Mapping, ProgTensor, Program, Region,
     RunBuilder, Step, TensorClass, TensorId, TileId, Vertex,
@@ -98,6 +99,8 @@ pub(crate) struct Lowering<'a, S: Storage> {
     pub(crate) fc_plans: matmul::FcPlansByShape,
     /// Nodes lowered onto this IPU.
     include: Vec<bool>,
+    /// Per storage root: the first included node that reads it (or a view of it).
+    first_readers: Vec<Option<NodeId>>,
     /// Nodes of other IPUs whose tensors this IPU reads: copies arrive over the IPU-Links.
     remote: Vec<bool>,
     /// State tensors kept in streaming memory between weight updates.
@@ -393,18 +396,10 @@ impl<'a, S: Storage> Lowering<'a, S> {
         });
     }
 
-    /// The first node on this IPU that reads `x` (or a view of it).
+    /// The first node on this IPU that reads `x` (or a view of it); `None` for a view
+    /// itself, whose readers read its root.
     pub(crate) fn first_consumer(&self, x: NodeId) -> Option<NodeId> {
-        self.graph.ids().find(|&c| {
-            self.include[c.index()]
-                && self
-                    .node(c)
-                    .op()
-                    .operands()
-                    .as_slice()
-                    .iter()
-                    .any(|&o| self.plan.storage_of(o) == x)
-        })
+        self.first_readers[x.index()]
     }
 
     fn lower_node(&mut self, i: NodeId, memo: Option<&mut memo::Memo>) {
@@ -553,12 +548,8 @@ impl<'a, S: Storage> Lowering<'a, S> {
             } else if !self.include[k] {
                 // A copy of another IPU's tensor, spread like any new tensor.
                 self.linear(elements, es, 1, cols)
-            } else if let Some((product, right_hand)) = self.laying_out_consumer(i) {
-                if right_hand {
-                    matmul::b_mapping(self, product)
-                } else {
-                    matmul::a_mapping(self, product)
-                }
+            } else if let Some((product, operand)) = self.laying_out_consumer(i) {
+                matmul::operand_mapping(self, product, operand)
             } else if let Some(var) = self.state_owner(i) {
                 copy_of = Some(TensorId::of(var));
                 self.tensors[var.index()].mapping.clone()
@@ -602,21 +593,20 @@ impl<'a, S: Storage> Lowering<'a, S> {
         }
     }
 
-    /// The product that reads state tensor `i` first and lays it out, and whether `i` is
-    /// its right-hand operand (a weight) or its left-hand one.
-    fn laying_out_consumer(&mut self, i: NodeId) -> Option<(NodeId, bool)> {
+    /// The product that reads state tensor `i` first and lays it out, and which of its
+    /// operands `i` is.
+    fn laying_out_consumer(&mut self, i: NodeId) -> Option<(NodeId, Operand)> {
         if !self.node(i).op().is_state() {
             return None;
         }
         let c = self.first_consumer(i)?;
-        match self.node(c).op() {
-            Op::MatMul(m) if m.b == i => matmul::lays_out_b(self, c).then_some((c, true)),
-            Op::MatMul(m) if m.a == i => matmul::lays_out_a(self, c).then_some((c, false)),
-            Op::Conv(tessera_core::ops::conv::Conv::Forward { w, .. }) if *w == i => {
-                matmul::lays_out_b(self, c).then_some((c, true))
-            }
-            _ => None,
-        }
+        let operand = match self.node(c).op() {
+            Op::MatMul(m) if m.b == i => Operand::B,
+            Op::MatMul(m) if m.a == i => Operand::A,
+            Op::Conv(tessera_core::ops::conv::Conv::Forward { w, .. }) if *w == i => Operand::B,
+            _ => return None,
+        };
+        matmul::lays_out(self, c, operand).then_some((c, operand))
     }
 
     /// The operand that state tensor `i` (of `elements` elements) is laid out like: its first
@@ -723,6 +713,17 @@ pub(crate) fn lower_with<S: Storage>(
                 && graph.nodes()[i].shape().rank() > 0
         })
         .collect();
+    // Each storage root's first included reader, found once: the lowering asks for it for
+    // every state tensor and product.
+    let mut first_readers = vec![None; n];
+    for (c, node) in graph.nodes().iter().enumerate() {
+        if inc[c] {
+            for &o in node.op().operands().as_slice() {
+                first_readers[plan.storage_of(o).index()]
+                    .get_or_insert(NodeId::from_index(c as u32));
+            }
+        }
+    }
     let mut l = Lowering {
         cfg,
         plan,
@@ -738,6 +739,7 @@ pub(crate) fn lower_with<S: Storage>(
         fc_layers: matmul::trained_fc_layers(graph, &inc),
         fc_plans: matmul::FcPlansByShape::default(),
         include: inc,
+        first_readers,
         remote,
         offloaded,
         summaries: summarize.then(Summaries::default),
@@ -746,7 +748,7 @@ pub(crate) fn lower_with<S: Storage>(
     };
     l.map_graph_tensors();
     // Estimates reuse identical nodes' lowerings.
-    let mut memo = summarize.then(|| memo::Memo::new(&l));
+    let mut memo = summarize.then(memo::Memo::default);
     for i in graph.ids() {
         let start = l.steps.len();
         l.lower_node(i, memo.as_mut());
