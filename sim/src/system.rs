@@ -48,6 +48,10 @@ pub struct SystemOptions {
     pub steps_per_execution: Option<usize>,
     /// Weight updates per execution (the on-device loop's repeat count R).
     pub repeat_count: Option<usize>,
+    /// Account every tile's memory (the fit, the categories, the stash). Without, the
+    /// estimate is of cycles only: the IPU rows' memory figures are zero and `fits` is true
+    /// (the cycle profile the automatic pipeline split balances on needs no more).
+    pub memory: bool,
 }
 
 impl Default for SystemOptions {
@@ -64,6 +68,7 @@ impl Default for SystemOptions {
             allow_out_of_memory: false,
             steps_per_execution: None,
             repeat_count: None,
+            memory: true,
         }
     }
 }
@@ -399,11 +404,21 @@ where
 
     // Stash: what each stage's backward reads of its forward (or, recomputing, of its inputs).
     let mut stash_entry = vec![0u64; s];
-    let mut reports: Vec<MemoryReport> = programs
-        .par_iter()
-        .zip(&summaries)
-        .map(|(p, x)| account_with(p, x, cfg))
-        .collect();
+    let mut reports: Vec<MemoryReport> = if opts.memory {
+        programs
+            .par_iter()
+            .zip(&summaries)
+            .map(|(p, x)| account_with(p, x, cfg))
+            .collect()
+    } else {
+        (0..ipus)
+            .map(|_| MemoryReport {
+                sram_bytes_per_tile: cfg.sram_bytes_per_tile,
+                interleaved_region_start_bytes: cfg.interleaved_region_start_bytes,
+                tiles: Vec::new(),
+            })
+            .collect()
+    };
     let mut stash_bytes = vec![0u64; ipus];
     if training {
         // Per stage and tensor (root): whether the stage's nodes read it, and whether its
@@ -436,6 +451,9 @@ where
                 }
                 let depth = pipeline.stash_depth(positions[k]) as u64;
                 stash_entry[k] += node.bytes() as u64;
+                if !opts.memory {
+                    continue;
+                }
                 let d = mapping[k];
                 let tensor = &programs[d].tensors[t];
                 for (tile, n) in tensor.mapping.elements_per_tile() {

@@ -539,6 +539,29 @@ pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> 
         return (Mapping::default(), false);
     };
     let plan = plan_of(l, i, &p);
+    // Identical products (a model's repeated layers) have one layout: made once.
+    let node = l.node(i);
+    let mut op = format!("{:?}", node.op());
+    for (k, x) in node.op().operands().as_slice().iter().enumerate() {
+        op = op.replace(&format!("NodeId({})", x.index()), &format!("#{k}"));
+    }
+    let mut key = format!(
+        "{:?}|{:?}|{op}|{plan:?}|{}|{}|{}|{}|{}|{}",
+        node.shape(),
+        node.dtype(),
+        p.groups,
+        p.m,
+        p.k,
+        p.n,
+        p.tiles_per_group,
+        p.out_m_contiguous
+    );
+    for &o in node.op().operands().as_slice() {
+        key.push_str(&format!("|{:?}", l.node(o).shape()));
+    }
+    if let Some(m) = l.output_mappings.get(&key) {
+        return (m.clone(), plan.pk == 1);
+    }
     let mut iv = Vec::new();
     for (g, im, i_n, rm, rn, pk_here) in output_shares(&p, &plan) {
         for ik in 0..pk_here {
@@ -552,7 +575,9 @@ pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> 
             }
         }
     }
-    (Mapping::from_intervals(iv), plan.pk == 1)
+    let m = Mapping::from_intervals(iv);
+    l.output_mappings.insert(key, m.clone());
+    (m, plan.pk == 1)
 }
 
 /// One block of the grid: group, (im, ik, in) and its element ranges.

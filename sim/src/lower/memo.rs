@@ -8,9 +8,14 @@
 //! what an earlier node read - operand identities aside, but with the operands in the same
 //! order of tensor ids - its steps and temporaries are the earlier node's, with tensor ids,
 //! names and node renamed. The key is a 128-bit hash of those facts (two SipHash passes
-//! with different keys). Nodes whose lowering takes a tile from the running cursor (spread
-//! temporaries) or reads another node's temporaries (a cross-entropy's row statistics) are
-//! not reused: their lowering depends on more than the node.
+//! with different keys). Nodes whose lowering reads another node's temporaries (a
+//! cross-entropy's row statistics) are not reused: their lowering depends on more than the
+//! node.
+//!
+//! Identical nodes are outlined, in every lowering: a node identical to an earlier one
+//! spreads its temporaries from where the cursor was for the first (and leaves the cursor
+//! where it was), as PopART grows an outlined subgraph once and each repeat of a layer runs
+//! on its layout. So a node's lowering depends on its key alone, spread temporaries and all.
 //!
 //! Only estimates' lowering (summarised exchanges, compute sets without vertices) reuses.
 //! The unit tests and the `estimate_only` property test compare it with the full lowering.
@@ -47,6 +52,8 @@ pub(super) struct Memo {
     mapping_hash: Vec<Option<u64>>,
     /// Lowerings reused.
     pub(super) reused: usize,
+    /// Where the cursor was when each key was first lowered.
+    cursors: HashMap<u128, u32>,
 }
 
 /// Two hashers fed the same bytes: a 128-bit key.
@@ -162,6 +169,18 @@ impl Memo {
             h.u64(same);
         }
         Some((h.finish(), refs))
+    }
+
+    /// Where the cursor was when a node with `key` was first lowered, or `None` (and
+    /// `cursor` noted as that place) when this is the first.
+    pub(super) fn outlined_cursor(&mut self, key: u128, cursor: u32) -> Option<u32> {
+        match self.cursors.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => Some(*e.get()),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(cursor);
+                None
+            }
+        }
     }
 
     /// Replays the lowering recorded under `key` for node `i` reading `refs`; false when

@@ -13,7 +13,10 @@
 //! - views (reshapes) have no tensor of their own: they read their root's;
 //! - every other tensor is spread linearly in chunks of at least
 //!   [`LowerOptions::min_chunk_bytes`] (whole on one tile when smaller), row-aligned for
-//!   row-wise ops, starting where the last tensor ended so small tensors spread over the tiles.
+//!   row-wise ops, starting where the last tensor ended so small tensors spread over the tiles;
+//! - a node identical to an earlier one (op, shapes, operands' layouts) is laid out, and spreads
+//!   its temporaries, like the earlier one: repeated layers share layouts, as PopART's
+//!   outlining grows a repeated layer once (see `Outlined` and `memo`).
 
 use tessera_core::{DType, Graph, Node, NodeId, Op, Place, Plan, Roles, Storage};
 
@@ -79,6 +82,65 @@ pub(crate) enum Placement {
     Nothing,
 }
 
+/// Identical nodes' tensors spread from the cursor, for laying out a later identical node's
+/// tensor like the first's. PopART outlines the repeated layers of a model into one subgraph
+/// (its `enableOutlining` option, on by default) and grows that subgraph once: the layers'
+/// tensors are laid out once, and each layer runs the same code on the same layout. Nodes are
+/// identical when their ops, shapes and types are and their operands are laid out alike; state
+/// and inputs (no operands) are never alike, as each layer has its own weights.
+#[derive(Default)]
+struct Outlined {
+    /// The first tensor of each kind of node.
+    first: std::collections::HashMap<u128, TensorId>,
+    /// Each tensor's mapping hashed, once.
+    digests: Vec<Option<u64>>,
+}
+
+impl Outlined {
+    /// The kind of node `i`, or `None` for a node without operands.
+    fn key<S: Storage>(&mut self, l: &Lowering<'_, S>, i: NodeId) -> Option<u128> {
+        use std::hash::{DefaultHasher, Hash, Hasher};
+        let node = l.node(i);
+        let operands = node.op().operands();
+        let operands = operands.as_slice();
+        if operands.is_empty() {
+            return None;
+        }
+        let mut op = format!("{:?}", node.op());
+        for (k, x) in operands.iter().enumerate() {
+            op = op.replace(&format!("NodeId({})", x.index()), &format!("#{k}"));
+        }
+        let (mut a, mut b) = (DefaultHasher::new(), DefaultHasher::new());
+        b.write_u64(0x9e37_79b9_7f4a_7c15);
+        let mut facts = format!(
+            "{op}|{:?}|{:?}|{:?}",
+            node.shape(),
+            node.dtype(),
+            node.roles()
+        );
+        for &x in operands {
+            let t = l.t(x);
+            if self.digests.len() <= t.index() {
+                self.digests.resize(t.index() + 1, None);
+            }
+            let digest = *self.digests[t.index()].get_or_insert_with(|| {
+                let mut h = DefaultHasher::new();
+                l.tensors[t.index()].mapping.intervals().hash(&mut h);
+                h.finish()
+            });
+            let n = l.node(x);
+            let pt = &l.tensors[t.index()];
+            let _ = std::fmt::Write::write_fmt(
+                &mut facts,
+                format_args!("|{:?}{:?}{}{digest}", n.shape(), pt.dtype, pt.elements),
+            );
+        }
+        facts.hash(&mut a);
+        facts.hash(&mut b);
+        Some((u128::from(a.finish()) << 64) | u128::from(b.finish()))
+    }
+}
+
 pub(crate) struct Lowering<'a, S: Storage> {
     pub(crate) cfg: &'a IpuConfig,
     pub(crate) plan: &'a Plan<S>,
@@ -87,9 +149,8 @@ pub(crate) struct Lowering<'a, S: Storage> {
     pub(crate) tensors: Vec<ProgTensor>,
     steps: Vec<Step>,
     node_steps: Vec<(usize, usize)>,
+    /// The tile where the next tensor spread linearly starts.
     cursor: u32,
-    /// Whether lowering the current node took tiles from the cursor.
-    pub(crate) cursor_used: bool,
     pub(crate) mm: matmul::Plans,
     /// Plans by product shape: identical layers' products are planned once.
     pub(crate) plans_by_shape: matmul::PlansByShape,
@@ -97,6 +158,8 @@ pub(crate) struct Lowering<'a, S: Storage> {
     pub(crate) fc_layers: std::collections::HashSet<matmul::FcLayer>,
     /// Their plans.
     pub(crate) fc_plans: matmul::FcPlansByShape,
+    /// Products' output layouts, by what makes them (see `matmul::output_mapping`).
+    pub(crate) output_mappings: std::collections::HashMap<String, Mapping>,
     /// Nodes lowered onto this IPU.
     include: Vec<bool>,
     /// Per storage root: the first included node that reads it (or a view of it).
@@ -182,7 +245,6 @@ impl<'a, S: Storage> Lowering<'a, S> {
                 grain = d;
             }
         }
-        self.cursor_used = true;
         let m = Mapping::linear(
             elements,
             grain,
@@ -402,7 +464,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
         self.first_readers[x.index()]
     }
 
-    fn lower_node(&mut self, i: NodeId, memo: Option<&mut memo::Memo>) {
+    fn lower_node(&mut self, i: NodeId, memo: &mut memo::Memo) {
         let node = self.node(i);
         if !self.include[i.index()] {
             if self.remote[i.index()] {
@@ -439,22 +501,29 @@ impl<'a, S: Storage> Lowering<'a, S> {
         }
     }
 
-    /// [`lower_op`](Self::lower_op), or the replay of an identical node's lowering.
-    fn lower_op_reusing(&mut self, i: NodeId, memo: Option<&mut memo::Memo>) {
-        let Some(memo) = memo else {
-            return self.lower_op(i);
-        };
+    /// [`lower_op`](Self::lower_op), or (estimates) the replay of an identical node's
+    /// lowering. A node identical to an earlier one (see [`memo`]) takes the tiles it spreads
+    /// temporaries over from where the first one's started, and leaves the cursor where it
+    /// was: PopART grows an outlined subgraph once, so the repeats of a layer share its
+    /// layouts.
+    fn lower_op_reusing(&mut self, i: NodeId, memo: &mut memo::Memo) {
         let Some((key, refs)) = memo.key(self, i) else {
             return self.lower_op(i);
         };
-        if memo.replay(self, key, i, &refs) {
-            return;
+        let first = memo.outlined_cursor(key, self.cursor);
+        let saved = self.cursor;
+        if let Some(c) = first {
+            self.cursor = c;
         }
-        let (step0, tensor0) = (self.steps.len(), self.tensors.len());
-        self.cursor_used = false;
-        self.lower_op(i);
-        if !self.cursor_used {
-            memo.record(self, key, i, refs, step0, tensor0);
+        if !(self.summaries.is_some() && memo.replay(self, key, i, &refs)) {
+            let (step0, tensor0) = (self.steps.len(), self.tensors.len());
+            self.lower_op(i);
+            if self.summaries.is_some() {
+                memo.record(self, key, i, refs, step0, tensor0);
+            }
+        }
+        if first.is_some() {
+            self.cursor = saved;
         }
     }
 
@@ -519,6 +588,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
     }
 
     fn map_graph_tensors(&mut self) {
+        let mut outlined = Outlined::default();
         for i in self.graph.ids() {
             let node = self.node(i);
             let k = i.index();
@@ -573,9 +643,28 @@ impl<'a, S: Storage> Lowering<'a, S> {
                         copy_of = Some(self.t(x));
                         self.tensors[self.t(x).index()].mapping.clone()
                     }
-                    Placement::Rows(grain) => self.linear(elements, es, grain, cols),
-                    Placement::Weighted(bytes) => self.linear(elements, bytes.max(es), 1, cols),
-                    _ => self.linear(elements, es, 1, cols),
+                    _ => {
+                        let (grain, weight) = match hint {
+                            Placement::Rows(grain) => (grain, es),
+                            Placement::Weighted(bytes) => (1, bytes.max(es)),
+                            _ => (1, es),
+                        };
+                        match outlined.key(self, i) {
+                            Some(key) => match outlined.first.get(&key) {
+                                Some(&like) => {
+                                    copy_of = Some(like);
+                                    self.tensors[like.index()].mapping.clone()
+                                }
+                                None => {
+                                    outlined
+                                        .first
+                                        .insert(key, TensorId(self.tensors.len() as u32));
+                                    self.linear(elements, weight, grain, cols)
+                                }
+                            },
+                            None => self.linear(elements, weight, grain, cols),
+                        }
+                    }
                 }
             };
             let t = self.new_tensor(
@@ -733,11 +822,11 @@ pub(crate) fn lower_with<S: Storage>(
         steps: Vec::new(),
         node_steps: Vec::with_capacity(n),
         cursor: 0,
-        cursor_used: false,
         mm: matmul::Plans::default(),
         plans_by_shape: matmul::PlansByShape::default(),
         fc_layers: matmul::trained_fc_layers(graph, &inc),
         fc_plans: matmul::FcPlansByShape::default(),
+        output_mappings: Default::default(),
         include: inc,
         first_readers,
         remote,
@@ -748,14 +837,14 @@ pub(crate) fn lower_with<S: Storage>(
     };
     l.map_graph_tensors();
     // Estimates reuse identical nodes' lowerings.
-    let mut memo = summarize.then(memo::Memo::default);
+    let mut memo = memo::Memo::default();
     for i in graph.ids() {
         let start = l.steps.len();
-        l.lower_node(i, memo.as_mut());
+        l.lower_node(i, &mut memo);
         l.node_steps.push((start, l.steps.len()));
     }
-    if let (Some(m), Some(s)) = (&memo, &mut l.summaries) {
-        s.reused = m.reused;
+    if let Some(s) = &mut l.summaries {
+        s.reused = memo.reused;
     }
     liveness(&mut l);
     let program = Program {
@@ -967,6 +1056,34 @@ mod tests {
             .unwrap();
         let plan = Plan::new(&g).unwrap();
         same_both_ways(&plan, &cfg, LowerOptions::default());
+    }
+
+    #[test]
+    fn identical_nodes_share_a_layout_and_leave_the_running_start() {
+        // Two transposes of one input are identical: the second is laid out like the first
+        // (an outlined subgraph's tensors are laid out once), and the next tensor spread
+        // starts where the first ended. A transpose of another input is not identical.
+        let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(64);
+        let mut g: Graph<Heap> = Graph::new();
+        let x = g.input("x", &[16, 24], DType::F32).unwrap();
+        let y = g.input("y", &[16, 24], DType::F32).unwrap();
+        let a = g.transpose("a", x, &[1, 0]).unwrap();
+        let b = g.transpose("b", x, &[1, 0]).unwrap();
+        let c = g.transpose("c", y, &[1, 0]).unwrap();
+        g.add("a+b", a, b).unwrap();
+        g.add("a+c", a, c).unwrap();
+        let plan = Plan::new(&g).unwrap();
+        let opts = LowerOptions::default();
+        let program = lower(&plan, &cfg, opts);
+        let m = |n: NodeId| &program.tensors[n.index()].mapping;
+        assert_eq!(m(a), m(b));
+        assert_ne!(m(a), m(c));
+        let after = |t: &Mapping| {
+            let last = t.intervals().iter().max_by_key(|iv| iv.start).unwrap().tile;
+            TileId::wrapping(u64::from(last.0) + 1, cfg.tiles)
+        };
+        assert_eq!(m(c).intervals()[0].tile, after(m(a)));
+        same_both_ways(&plan, &cfg, opts);
     }
 
     #[test]
