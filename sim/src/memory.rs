@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::exchange::Summaries;
+use crate::exchange::{ExchangeSummary, Summaries};
 use crate::machine::IpuConfig;
 use crate::program::{Program, Step, TensorClass, TileId};
 
@@ -329,17 +329,6 @@ impl fmt::Display for OutOfMemory {
 
 impl std::error::Error for OutOfMemory {}
 
-/// What a not-always-live event counts.
-#[derive(Clone, Copy, Debug)]
-enum Kind {
-    /// A tensor that may live anywhere in the tile.
-    Tensor,
-    /// A tensor that must live in the interleaved region.
-    Interleaved,
-    /// A receive buffer.
-    Buffer,
-}
-
 /// Computes every tile's peak memory over the program on IPUs of `cfg`.
 pub fn account(program: &Program, cfg: &IpuConfig) -> MemoryReport {
     account_with(program, &Summaries::default(), cfg)
@@ -360,27 +349,31 @@ pub(crate) fn account_with(
             ..Default::default()
         })
         .collect();
-    // Events (step, +/- bytes, kind) per tile for not-always-live data.
-    let mut events: Vec<Vec<(usize, i64, Kind)>> = vec![Vec::new(); tiles];
-    for t in &program.tensors {
-        let eb = t.elem_bytes();
-        for (tile, n) in t.mapping.elements_per_tile() {
-            let bytes = n * eb;
-            match t.class {
-                TensorClass::AlwaysLive => tm[tile.index()].always_live += bytes,
-                _ => {
-                    let kind = if t.interleaved {
-                        Kind::Interleaved
-                    } else {
-                        Kind::Tensor
-                    };
-                    events[tile.index()].push((t.live.0, bytes as i64, kind));
-                    events[tile.index()].push((t.live.1 + 1, -(bytes as i64), kind));
-                }
+    // Not-always-live data arrives and leaves at steps: (step, what), where `what` is a tensor
+    // (its bytes on each tile) or an exchange's receive buffers (each receiving tile's bytes).
+    // The steps are swept in order with each tile's running total, and a tile's peak is
+    // looked at after all of a step's changes to it: no per-tile lists of events are kept.
+    #[derive(Clone, Copy)]
+    enum What {
+        Arrives(u32),
+        Leaves(u32),
+        BufferIn(u32),
+        BufferOut(u32),
+    }
+    let mut changes: Vec<(usize, What)> = Vec::new();
+    for (i, t) in program.tensors.iter().enumerate() {
+        if t.class == TensorClass::AlwaysLive {
+            let eb = t.elem_bytes();
+            for (tile, n) in t.mapping.elements_per_tile() {
+                tm[tile.index()].always_live += n * eb;
             }
+        } else if t.elements > 0 {
+            changes.push((t.live.0, What::Arrives(i as u32)));
+            changes.push((t.live.1 + 1, What::Leaves(i as u32)));
         }
     }
     let mut codelets: Vec<BTreeSet<crate::program::Codelet>> = vec![BTreeSet::new(); tiles];
+    let mut buffers: Vec<std::borrow::Cow<'_, ExchangeSummary>> = Vec::new();
     for (s, step) in program.steps.iter().enumerate() {
         match step {
             Step::Compute(cs) => {
@@ -395,14 +388,71 @@ pub(crate) fn account_with(
                 // exchange and the compute set after it.
                 let summary = summaries.of(s, program.tiles, &program.tensors, transfers);
                 for x in &summary.tiles {
-                    if x.receives {
-                        events[x.tile.index()].push((s, x.received as i64, Kind::Buffer));
-                        events[x.tile.index()].push((s + 2, -(x.received as i64), Kind::Buffer));
-                    }
                     tm[x.tile.index()].exchange_code += x.code;
                 }
+                let b = buffers.len() as u32;
+                changes.push((s, What::BufferIn(b)));
+                changes.push((s + 2, What::BufferOut(b)));
+                buffers.push(summary);
             }
             _ => {}
+        }
+    }
+    changes.sort_by_key(|c| c.0);
+    let (mut live, mut buf, mut il) = (vec![0i64; tiles], vec![0i64; tiles], vec![0i64; tiles]);
+    let mut peak_il = vec![0i64; tiles];
+    // Per tile: (live + buffers, live, buffers, step) at its peak.
+    let mut best = vec![(0i64, 0i64, 0i64, 0usize); tiles];
+    let mut touched = vec![false; tiles];
+    let mut touched_list: Vec<usize> = Vec::new();
+    for same in changes.chunk_by(|a, b| a.0 == b.0) {
+        let step = same[0].0;
+        for &(_, what) in same {
+            let mut touch = |k: usize| {
+                if !touched[k] {
+                    touched[k] = true;
+                    touched_list.push(k);
+                }
+            };
+            match what {
+                What::Arrives(i) | What::Leaves(i) => {
+                    let sign = if matches!(what, What::Arrives(_)) {
+                        1
+                    } else {
+                        -1
+                    };
+                    let t = &program.tensors[i as usize];
+                    let eb = t.elem_bytes() as i64;
+                    for (tile, n) in t.mapping.elements_per_tile() {
+                        let k = tile.index();
+                        let bytes = sign * n as i64 * eb;
+                        live[k] += bytes;
+                        if t.interleaved {
+                            il[k] += bytes;
+                        }
+                        touch(k);
+                    }
+                }
+                What::BufferIn(b) | What::BufferOut(b) => {
+                    let sign = if matches!(what, What::BufferIn(_)) {
+                        1
+                    } else {
+                        -1
+                    };
+                    for x in buffers[b as usize].tiles.iter().filter(|x| x.receives) {
+                        let k = x.tile.index();
+                        buf[k] += sign * x.received as i64;
+                        touch(k);
+                    }
+                }
+            }
+        }
+        for k in touched_list.drain(..) {
+            touched[k] = false;
+            peak_il[k] = peak_il[k].max(il[k]);
+            if live[k] + buf[k] > best[k].0 {
+                best[k] = (live[k] + buf[k], live[k], buf[k], step);
+            }
         }
     }
     let control = program.steps.len() as u64 * CONTROL_BYTES_PER_STEP;
@@ -410,33 +460,10 @@ pub(crate) fn account_with(
         mem.vertex_code = codelets[t].iter().map(|c| c.code_bytes()).sum();
         mem.control_code = control;
         mem.stack = STACK_BYTES;
-        let ev = &mut events[t];
-        ev.sort_unstable_by_key(|e| e.0);
-        let (mut live, mut buf, mut il) = (0i64, 0i64, 0i64);
-        let (mut best, mut best_live, mut best_buf, mut best_step) = (0i64, 0i64, 0i64, 0usize);
-        let mut peak_il = 0i64;
-        let mut i = 0;
-        while i < ev.len() {
-            let step = ev[i].0;
-            while i < ev.len() && ev[i].0 == step {
-                match ev[i].2 {
-                    Kind::Tensor => live += ev[i].1,
-                    Kind::Interleaved => {
-                        live += ev[i].1;
-                        il += ev[i].1;
-                    }
-                    Kind::Buffer => buf += ev[i].1,
-                }
-                i += 1;
-            }
-            peak_il = peak_il.max(il);
-            if live + buf > best {
-                (best, best_live, best_buf, best_step) = (live + buf, live, buf, step);
-            }
-        }
+        let (_, best_live, best_buf, best_step) = best[t];
         mem.not_always_live = best_live.max(0) as u64;
         mem.exchange_buffers = best_buf.max(0) as u64;
-        mem.interleaved = peak_il.max(0) as u64;
+        mem.interleaved = peak_il[t].max(0) as u64;
         mem.peak_step = best_step;
         mem.settle_gaps(interleaved_start);
     }

@@ -77,9 +77,13 @@ impl Interval {
 
 /// Where every element of a tensor lives: intervals sorted by `start`, disjoint, covering
 /// `0..elements`.
+///
+/// Copies share the intervals: identical layers' tensors, optimizer state and accumulators
+/// are laid out like another tensor, and a large model's mappings would otherwise be most of
+/// an estimate's memory.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Mapping {
-    intervals: Vec<Interval>,
+    intervals: std::sync::Arc<[Interval]>,
 }
 
 impl Mapping {
@@ -87,17 +91,32 @@ impl Mapping {
     /// the tensor (the checker verifies it).
     pub fn from_intervals(mut intervals: Vec<Interval>) -> Self {
         intervals.sort_by_key(|i| i.start);
-        Mapping { intervals }
+        Mapping {
+            intervals: intervals.into(),
+        }
+    }
+
+    /// A 128-bit hash of the intervals (XXH3): equal mappings have equal digests, and
+    /// different ones differ but with negligible chance.
+    pub fn digest(&self) -> u128 {
+        let mut bytes = Vec::with_capacity(self.intervals.len() * 20);
+        for iv in self.intervals.iter() {
+            bytes.extend_from_slice(&iv.tile.0.to_le_bytes());
+            bytes.extend_from_slice(&iv.start.to_le_bytes());
+            bytes.extend_from_slice(&iv.len.to_le_bytes());
+        }
+        xxhash_rust::xxh3::xxh3_128(&bytes)
     }
 
     /// The whole tensor on one tile.
     pub fn single(elements: u64, tile: TileId) -> Self {
         Mapping {
-            intervals: vec![Interval {
+            intervals: [Interval {
                 tile,
                 start: 0,
                 len: elements,
-            }],
+            }]
+            .into(),
         }
     }
 
@@ -127,7 +146,9 @@ impl Mapping {
             start += len;
             k += 1;
         }
-        Mapping { intervals }
+        Mapping {
+            intervals: intervals.into(),
+        }
     }
 
     /// The intervals, sorted by start.
@@ -187,7 +208,7 @@ impl Mapping {
         let most = self.intervals.iter().map(|i| i.tile.0).max().unwrap_or(0) as usize;
         if self.intervals.len() > 64 && self.intervals.len() > most / 4 {
             let mut sums: Vec<Option<u64>> = vec![None; most + 1];
-            for i in &self.intervals {
+            for i in self.intervals.iter() {
                 *sums[i.tile.index()].get_or_insert(0) += i.len;
             }
             return sums

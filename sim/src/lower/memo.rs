@@ -28,7 +28,7 @@ use tessera_core::{NodeId, Op, Storage};
 
 use super::Lowering;
 use crate::exchange::ExchangeSummary;
-use crate::program::{Mapping, ProgTensor, Step, TensorId};
+use crate::program::{ProgTensor, Step, TensorId};
 
 /// One node's recorded lowering.
 struct Recorded {
@@ -49,7 +49,7 @@ struct Recorded {
 pub(super) struct Memo {
     entries: HashMap<u128, Recorded>,
     /// Each tensor's mapping hashed, once.
-    mapping_hash: Vec<Option<u64>>,
+    mapping_hash: Vec<Option<u128>>,
     /// Lowerings reused.
     pub(super) reused: usize,
     /// Where the cursor was when each key was first lowered.
@@ -79,27 +79,12 @@ impl Two {
     }
 }
 
-fn hash_mapping(m: &Mapping) -> u64 {
-    // One pass over the intervals' bytes: SipHash takes a long slice much faster than a
-    // call per field.
-    let mut bytes = Vec::with_capacity(m.intervals().len() * 20);
-    for iv in m.intervals() {
-        bytes.extend_from_slice(&iv.tile.0.to_le_bytes());
-        bytes.extend_from_slice(&iv.start.to_le_bytes());
-        bytes.extend_from_slice(&iv.len.to_le_bytes());
-    }
-    let mut h = DefaultHasher::new();
-    h.write(&bytes);
-    h.finish()
-}
-
 impl Memo {
-    fn mapping_hash(&mut self, tensors: &[ProgTensor], t: TensorId) -> u64 {
+    fn mapping_hash(&mut self, tensors: &[ProgTensor], t: TensorId) -> u128 {
         if self.mapping_hash.len() <= t.index() {
             self.mapping_hash.resize(t.index() + 1, None);
         }
-        *self.mapping_hash[t.index()]
-            .get_or_insert_with(|| hash_mapping(&tensors[t.index()].mapping))
+        *self.mapping_hash[t.index()].get_or_insert_with(|| tensors[t.index()].mapping.digest())
     }
 
     /// The key of node `i`'s lowering and the tensors it reads, or `None` for a node that
@@ -158,7 +143,8 @@ impl Memo {
             h.u64(pt.elements);
             h.str(&format!("{:?}{:?}", pt.dtype, pt.class));
             let mh = self.mapping_hash(&l.tensors, t);
-            h.u64(mh);
+            h.u64(mh as u64);
+            h.u64((mh >> 64) as u64);
             // The order of the tensors' ids: a reused lowering keeps the same order.
             let rank = refs.iter().filter(|&&o| o < t).count() as u64;
             let same = refs[..k]

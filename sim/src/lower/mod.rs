@@ -93,7 +93,7 @@ struct Outlined {
     /// The first tensor of each kind of node.
     first: std::collections::HashMap<u128, TensorId>,
     /// Each tensor's mapping hashed, once.
-    digests: Vec<Option<u64>>,
+    digests: Vec<Option<u128>>,
 }
 
 impl Outlined {
@@ -123,11 +123,8 @@ impl Outlined {
             if self.digests.len() <= t.index() {
                 self.digests.resize(t.index() + 1, None);
             }
-            let digest = *self.digests[t.index()].get_or_insert_with(|| {
-                let mut h = DefaultHasher::new();
-                l.tensors[t.index()].mapping.intervals().hash(&mut h);
-                h.finish()
-            });
+            let digest = *self.digests[t.index()]
+                .get_or_insert_with(|| l.tensors[t.index()].mapping.digest());
             let n = l.node(x);
             let pt = &l.tensors[t.index()];
             let _ = std::fmt::Write::write_fmt(
