@@ -2,6 +2,8 @@
 //! grid of `pm x pk x pn` tiles, each computing a block's partial product on its AMP; when `k`
 //! is split, the partial sums are exchanged and reduced.
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
 use tessera_core::DType;
 
@@ -321,6 +323,68 @@ fn whole(m: u64, k: u64, n: u64) -> MatMulPlan {
         order: GridOrder::Standard,
         serial: 1,
     }
+}
+
+/// A machine's identity for the plan caches: a hash of its description.
+pub(crate) fn machine_key(cfg: &IpuConfig) -> u128 {
+    xxhash_rust::xxh3::xxh3_128(format!("{cfg:?}").as_bytes())
+}
+
+/// A key of [`plan_matmul`]'s arguments (the machine by [`machine_key`]).
+type MatMulKey = (u128, u64, u64, u64, DType, LaidOut, u64);
+/// A key of [`plan_fc`]'s arguments.
+type FcKey = (u128, u64, u64, u64, DType, u64);
+
+/// Plans made in this process. Planning is a function of its arguments alone, and a pipeline
+/// split, its search for the fewest IPUs and a sweep plan the same layers many times.
+static MATMUL_PLANS: std::sync::LazyLock<std::sync::Mutex<HashMap<MatMulKey, MatMulPlan>>> =
+    std::sync::LazyLock::new(Default::default);
+static FC_PLANS: std::sync::LazyLock<std::sync::Mutex<HashMap<FcKey, FcPlans>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// [`plan_matmul`], made once per process for each machine (`machine` is its
+/// [`machine_key`]) and arguments.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn plan_matmul_cached(
+    cfg: &IpuConfig,
+    machine: u128,
+    m: u64,
+    k: u64,
+    n: u64,
+    dtype: DType,
+    laid_out: LaidOut,
+    tiles: u64,
+) -> MatMulPlan {
+    let key = (machine, m, k, n, dtype, laid_out, tiles);
+    if let Some(p) = MATMUL_PLANS.lock().ok().and_then(|c| c.get(&key).copied()) {
+        return p;
+    }
+    let p = plan_matmul(cfg, m, k, n, dtype, laid_out, tiles);
+    if let Ok(mut c) = MATMUL_PLANS.lock() {
+        c.insert(key, p);
+    }
+    p
+}
+
+/// [`plan_fc`], made once per process for each machine and arguments.
+pub(crate) fn plan_fc_cached(
+    cfg: &IpuConfig,
+    machine: u128,
+    batch: u64,
+    input: u64,
+    output: u64,
+    dtype: DType,
+    tiles: u64,
+) -> FcPlans {
+    let key = (machine, batch, input, output, dtype, tiles);
+    if let Some(p) = FC_PLANS.lock().ok().and_then(|c| c.get(&key).copied()) {
+        return p;
+    }
+    let p = plan_fc(cfg, batch, input, output, dtype, tiles);
+    if let Ok(mut c) = FC_PLANS.lock() {
+        c.insert(key, p);
+    }
+    p
 }
 
 /// The cheapest plan for `[m, k] x [k, n]` in `dtype` on up to `tiles` tiles, with the

@@ -17,7 +17,7 @@ use tessera_core::{DType, Graph, NodeId, Op, Roles, Shape, Storage};
 
 use super::{rect, Lowering};
 use crate::cost;
-use crate::matmul::{plan_fc, plan_matmul, FcPlans, LaidOut, MatMulPlan, Operand};
+use crate::matmul::{plan_fc_cached, plan_matmul_cached, FcPlans, LaidOut, MatMulPlan, Operand};
 use crate::program::{compress, Codelet, Interval, Mapping, Region, TensorId, TileId, Vertex};
 
 /// Element ranges `[start, end)`.
@@ -309,7 +309,7 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
         let plans = match l.fc_plans.get(&(b, input, output, dt, tiles)) {
             Some(plans) => *plans,
             None => {
-                let plans = plan_fc(cfg, b, input, output, dt, tiles);
+                let plans = plan_fc_cached(cfg, l.machine, b, input, output, dt, tiles);
                 l.fc_plans.insert((b, input, output, dt, tiles), plans);
                 if !plans.joint {
                     // The separate plans are plan_matmul's for these shapes (the forward's
@@ -339,10 +339,19 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
         }
     }
     let key = (p.m, p.k, p.n, dtype, p.laid_out, p.tiles_per_group);
-    let plan = *l
-        .plans_by_shape
-        .entry(key)
-        .or_insert_with(|| plan_matmul(cfg, p.m, p.k, p.n, dtype, p.laid_out, p.tiles_per_group));
+    let machine = l.machine;
+    let plan = *l.plans_by_shape.entry(key).or_insert_with(|| {
+        plan_matmul_cached(
+            cfg,
+            machine,
+            p.m,
+            p.k,
+            p.n,
+            dtype,
+            p.laid_out,
+            p.tiles_per_group,
+        )
+    });
     l.mm.insert(i, plan);
     plan
 }

@@ -48,8 +48,8 @@ struct Recorded {
 #[derive(Default)]
 pub(super) struct Memo {
     entries: HashMap<u128, Recorded>,
-    /// Each tensor's mapping hashed, once.
-    mapping_hash: Vec<Option<u128>>,
+    /// Mappings' digests.
+    digests: super::Digests,
     /// Lowerings reused.
     pub(super) reused: usize,
     /// Where the cursor was when each key was first lowered.
@@ -80,13 +80,6 @@ impl Two {
 }
 
 impl Memo {
-    fn mapping_hash(&mut self, tensors: &[ProgTensor], t: TensorId) -> u128 {
-        if self.mapping_hash.len() <= t.index() {
-            self.mapping_hash.resize(t.index() + 1, None);
-        }
-        *self.mapping_hash[t.index()].get_or_insert_with(|| tensors[t.index()].mapping.digest())
-    }
-
     /// The key of node `i`'s lowering and the tensors it reads, or `None` for a node that
     /// is never reused.
     pub(super) fn key<S: Storage>(
@@ -142,7 +135,7 @@ impl Memo {
             let pt = &l.tensors[t.index()];
             h.u64(pt.elements);
             h.str(&format!("{:?}{:?}", pt.dtype, pt.class));
-            let mh = self.mapping_hash(&l.tensors, t);
+            let mh = self.digests.of(&pt.mapping);
             h.u64(mh as u64);
             h.u64((mh >> 64) as u64);
             // The order of the tensors' ids: a reused lowering keeps the same order.

@@ -82,6 +82,19 @@ pub(crate) enum Placement {
     Nothing,
 }
 
+/// Mappings' digests, each made once: by the intervals' allocation, which the copies of a
+/// mapping share (the lowering keeps every tensor, so an allocation is not reused).
+#[derive(Default)]
+pub(crate) struct Digests(std::collections::HashMap<(usize, usize), u128>);
+
+impl Digests {
+    /// The digest of `m`.
+    pub(crate) fn of(&mut self, m: &Mapping) -> u128 {
+        let key = (m.intervals().as_ptr() as usize, m.intervals().len());
+        *self.0.entry(key).or_insert_with(|| m.digest())
+    }
+}
+
 /// Identical nodes' tensors spread from the cursor, for laying out a later identical node's
 /// tensor like the first's. PopART outlines the repeated layers of a model into one subgraph
 /// (its `enableOutlining` option, on by default) and grows that subgraph once: the layers'
@@ -92,8 +105,8 @@ pub(crate) enum Placement {
 struct Outlined {
     /// The first tensor of each kind of node.
     first: std::collections::HashMap<u128, TensorId>,
-    /// Each tensor's mapping hashed, once.
-    digests: Vec<Option<u128>>,
+    /// Mappings' digests.
+    digests: Digests,
 }
 
 impl Outlined {
@@ -120,11 +133,7 @@ impl Outlined {
         );
         for &x in operands {
             let t = l.t(x);
-            if self.digests.len() <= t.index() {
-                self.digests.resize(t.index() + 1, None);
-            }
-            let digest = *self.digests[t.index()]
-                .get_or_insert_with(|| l.tensors[t.index()].mapping.digest());
+            let digest = self.digests.of(&l.tensors[t.index()].mapping);
             let n = l.node(x);
             let pt = &l.tensors[t.index()];
             let _ = std::fmt::Write::write_fmt(
@@ -155,6 +164,8 @@ pub(crate) struct Lowering<'a, S: Storage> {
     pub(crate) fc_layers: std::collections::HashSet<matmul::FcLayer>,
     /// Their plans.
     pub(crate) fc_plans: matmul::FcPlansByShape,
+    /// The machine's key for the process's plan caches.
+    pub(crate) machine: u128,
     /// Products' output layouts, by what makes them (see `matmul::output_mapping`).
     pub(crate) output_mappings: std::collections::HashMap<String, Mapping>,
     /// Nodes lowered onto this IPU.
@@ -824,6 +835,7 @@ pub(crate) fn lower_with<S: Storage>(
         fc_layers: matmul::trained_fc_layers(graph, &inc),
         fc_plans: matmul::FcPlansByShape::default(),
         output_mappings: Default::default(),
+        machine: crate::matmul::machine_key(cfg),
         include: inc,
         first_readers,
         remote,
