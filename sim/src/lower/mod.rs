@@ -954,9 +954,8 @@ pub(crate) fn broadcast_reads(
         s *= d;
     }
     let cols = to.last() as u64;
-    let mut out: Vec<Region> = Vec::new();
-    for (row, c0, c1) in row_segments(start, len, cols) {
-        // The operand offset of (row, c0).
+    // The operand offset of (row, c0).
+    let offset = |row: u64, c0: u64| {
         let mut rem = row;
         let mut off = c0 * strides[rank - 1];
         for i in (0..rank - 1).rev() {
@@ -964,14 +963,41 @@ pub(crate) fn broadcast_reads(
             off += (rem % d) * strides[i];
             rem /= d;
         }
-        let r = if strides[rank - 1] == 0 {
-            Region::span(t, off, 1)
-        } else {
-            Region::span(t, off, c1 - c0)
-        };
+        off
+    };
+    let mut out: Vec<Region> = Vec::new();
+    if len == 0 || cols == 0 {
+        return out;
+    }
+    if strides[rank - 1] == 0 {
+        // Each row reads one element; rows that differ only along broadcast axes just above
+        // the last (a channel's positions) read the same one: step over them.
+        let same_rows: u64 = (0..rank - 1)
+            .rev()
+            .take_while(|&i| strides[i] == 0 || to.dim(i) == 1)
+            .map(|i| to.dim(i) as u64)
+            .product();
+        let same_rows = same_rows.max(1);
+        let (first, last) = (start / cols, (start + len - 1) / cols);
+        let mut row = first;
+        while row <= last {
+            let r = Region::span(t, offset(row, 0), 1);
+            if out.last() != Some(&r) {
+                out.push(r);
+            }
+            row = (row / same_rows + 1) * same_rows;
+        }
+        return out;
+    }
+    let mut i = start;
+    while i < start + len {
+        let (row, c0) = (i / cols, i % cols);
+        let c1 = cols.min(c0 + (start + len - i));
+        let r = Region::span(t, offset(row, c0), c1 - c0);
         if out.last() != Some(&r) {
             out.push(r);
         }
+        i += c1 - c0;
     }
     out
 }
@@ -1065,6 +1091,61 @@ mod tests {
             .unwrap();
         let plan = Plan::new(&g).unwrap();
         same_both_ways(&plan, &cfg, LowerOptions::default());
+    }
+
+    proptest::proptest! {
+        /// The broadcast regions are those of reading every row segment on its own, with
+        /// repeats of the previous region dropped.
+        #[test]
+        fn broadcast_reads_are_each_row_segments(
+            dims in proptest::collection::vec(1usize..5, 1..5),
+            keep in proptest::collection::vec(proptest::bool::ANY, 5),
+            start in 0u64..600,
+            len in 1u64..300,
+        ) {
+            let to = tessera_core::Shape::new(&dims).unwrap();
+            let from_dims: Vec<usize> =
+                dims.iter().zip(&keep).map(|(&d, &k)| if k { d } else { 1 }).collect();
+            let from = tessera_core::Shape::new(&from_dims).unwrap();
+            let n = to.elements() as u64;
+            let start = start % n;
+            let len = len.min(n - start);
+            let rank = to.rank();
+            let mut strides = vec![0u64; rank];
+            let mut s = 1u64;
+            for i in (0..rank).rev() {
+                let d = from.dim(i) as u64;
+                strides[i] = if d == 1 && to.dim(i) != 1 { 0 } else { s };
+                s *= d;
+            }
+            let t = TensorId(0);
+            let mut want: Vec<Region> = Vec::new();
+            for (row, c0, c1) in row_segments(start, len, to.last() as u64) {
+                let mut rem = row;
+                let mut off = c0 * strides[rank - 1];
+                for i in (0..rank - 1).rev() {
+                    let d = to.dim(i) as u64;
+                    off += (rem % d) * strides[i];
+                    rem /= d;
+                }
+                let r = if strides[rank - 1] == 0 {
+                    Region::span(t, off, 1)
+                } else {
+                    Region::span(t, off, c1 - c0)
+                };
+                if want.last() != Some(&r) {
+                    want.push(r);
+                }
+            }
+            let got = if from == to {
+                vec![Region::span(t, start, len)]
+            } else if from.elements() == 1 {
+                vec![Region::span(t, 0, 1)]
+            } else {
+                want.clone()
+            };
+            proptest::prop_assert_eq!(broadcast_reads(t, from, to, start, len), got);
+        }
     }
 
     #[test]
