@@ -31,6 +31,8 @@ pub struct IpuMemorySummary {
     pub tile_bytes_available: u64,
     /// Bytes by category over all tiles.
     pub categories: BTreeMap<&'static str, u64>,
+    /// Vertices of its program.
+    pub vertices: usize,
 }
 
 /// One pipeline stage, as the JSON outputs give it.
@@ -126,6 +128,7 @@ impl EstimateSummary {
                     max_tile_gap_bytes: r.fullest_tiles.first().map_or(0, |t| t.gaps),
                     tile_bytes_available: machine.sram_bytes_per_tile,
                     categories: c.categories().map(|(k, b)| (k.key(), b)).collect(),
+                    vertices: r.vertices,
                 }
             })
             .collect();

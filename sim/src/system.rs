@@ -203,6 +203,9 @@ pub struct IpuRow {
     pub tiles: Vec<TileMemory>,
     /// The supersteps of its weight update, starts from the update's start.
     pub update_trace: Vec<TraceEvent>,
+    /// Vertices of its program: every compute set's, a node lowered once and replayed for
+    /// identical nodes counted each time.
+    pub vertices: usize,
 }
 
 /// The estimate of a multi-IPU run.
@@ -541,6 +544,7 @@ where
                 categories: TileMemory::sum(&r.tiles),
                 tiles: r.tiles.clone(),
                 update_trace: std::mem::take(&mut update_traces[d]),
+                vertices: programs[d].vertex_count(),
             }
         })
         .collect();
