@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::exchange::{ExchangeSummary, Summaries};
+use crate::exchange::Summaries;
 use crate::machine::IpuConfig;
 use crate::program::{Program, Step, TensorClass, TileId};
 
@@ -373,7 +373,8 @@ pub(crate) fn account_with(
         }
     }
     let mut codelets: Vec<BTreeSet<crate::program::Codelet>> = vec![BTreeSet::new(); tiles];
-    let mut buffers: Vec<std::borrow::Cow<'_, ExchangeSummary>> = Vec::new();
+    // Each exchange's receiving tiles and the bytes each receives.
+    let mut buffers: Vec<Vec<(usize, i64)>> = Vec::new();
     for (s, step) in program.steps.iter().enumerate() {
         match step {
             Step::Compute(cs) => {
@@ -393,7 +394,14 @@ pub(crate) fn account_with(
                 let b = buffers.len() as u32;
                 changes.push((s, What::BufferIn(b)));
                 changes.push((s + 2, What::BufferOut(b)));
-                buffers.push(summary);
+                buffers.push(
+                    summary
+                        .tiles
+                        .iter()
+                        .filter(|x| x.receives)
+                        .map(|x| (x.tile.index(), x.received as i64))
+                        .collect(),
+                );
             }
             _ => {}
         }
@@ -439,9 +447,8 @@ pub(crate) fn account_with(
                     } else {
                         -1
                     };
-                    for x in buffers[b as usize].tiles.iter().filter(|x| x.receives) {
-                        let k = x.tile.index();
-                        buf[k] += sign * x.received as i64;
+                    for &(k, received) in &buffers[b as usize] {
+                        buf[k] += sign * received;
                         touch(k);
                     }
                 }

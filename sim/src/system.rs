@@ -199,12 +199,13 @@ pub struct IpuRow {
     pub fullest_tiles: Vec<TileMemory>,
     /// Bytes over all tiles by category.
     pub categories: TileMemory,
-    /// Every tile's memory at its peak, tile order.
+    /// Every tile's memory at its peak, tile order (empty without memory accounting).
     pub tiles: Vec<TileMemory>,
     /// The supersteps of its weight update, starts from the update's start.
     pub update_trace: Vec<TraceEvent>,
     /// Vertices of its program: every compute set's, a node lowered once and replayed for
     /// identical nodes counted each time.
+    #[serde(default)]
     pub vertices: usize,
 }
 
@@ -221,7 +222,8 @@ pub struct SystemEstimate {
     pub replicas: usize,
     /// IPUs in all (replicas x IPUs per replica rounded up to a power of two).
     pub ipus_total: usize,
-    /// Whether every tile of every IPU fits.
+    /// Whether every tile of every IPU fits (always true for an estimate made without memory
+    /// accounting, [`SystemOptions::memory`] off).
     pub fits: bool,
     /// The worst out-of-memory tile, when one does not fit.
     pub out_of_memory: Option<OutOfMemory>,

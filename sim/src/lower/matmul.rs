@@ -550,10 +550,7 @@ pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> 
     let plan = plan_of(l, i, &p);
     // Identical products (a model's repeated layers) have one layout: made once.
     let node = l.node(i);
-    let mut op = format!("{:?}", node.op());
-    for (k, x) in node.op().operands().as_slice().iter().enumerate() {
-        op = op.replace(&format!("NodeId({})", x.index()), &format!("#{k}"));
-    }
+    let op = super::op_by_place(node.op(), node.op().operands().as_slice());
     let mut key = format!(
         "{:?}|{:?}|{op}|{plan:?}|{}|{}|{}|{}|{}|{}",
         node.shape(),

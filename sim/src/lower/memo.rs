@@ -99,12 +99,7 @@ impl Memo {
         let refs: Vec<TensorId> = nodes.iter().map(|&x| l.t(x)).collect();
         let mut h = Two::new();
         // The op with its operands by place.
-        let mut op = String::new();
-        let _ = write!(op, "{:?}", node.op());
-        for (k, x) in nodes.iter().enumerate() {
-            op = op.replace(&format!("NodeId({})", x.index()), &format!("#{k}"));
-        }
-        h.str(&op);
+        h.str(&super::op_by_place(node.op(), &nodes));
         for (k, (&x, &t)) in nodes.iter().zip(&refs).enumerate() {
             let n = l.node(x);
             let mut facts = String::new();

@@ -82,16 +82,30 @@ pub(crate) enum Placement {
     Nothing,
 }
 
+/// `op` written out with its operands by place (`#0`, `#1`, ...) instead of by node id:
+/// identical ops of different nodes read the same.
+pub(crate) fn op_by_place(op: &Op, nodes: &[NodeId]) -> String {
+    let mut s = format!("{op:?}");
+    for (k, x) in nodes.iter().enumerate() {
+        s = s.replace(&format!("NodeId({})", x.index()), &format!("#{k}"));
+    }
+    s
+}
+
 /// Mappings' digests, each made once: by the intervals' allocation, which the copies of a
 /// mapping share (the lowering keeps every tensor, so an allocation is not reused).
+/// Each entry keeps its mapping, so the allocation cannot be freed and its address reused.
 #[derive(Default)]
-pub(crate) struct Digests(std::collections::HashMap<(usize, usize), u128>);
+pub(crate) struct Digests(std::collections::HashMap<(usize, usize), (u128, Mapping)>);
 
 impl Digests {
     /// The digest of `m`.
     pub(crate) fn of(&mut self, m: &Mapping) -> u128 {
         let key = (m.intervals().as_ptr() as usize, m.intervals().len());
-        *self.0.entry(key).or_insert_with(|| m.digest())
+        self.0
+            .entry(key)
+            .or_insert_with(|| (m.digest(), m.clone()))
+            .0
     }
 }
 
@@ -112,19 +126,13 @@ struct Outlined {
 impl Outlined {
     /// The kind of node `i`, or `None` for a node without operands.
     fn key<S: Storage>(&mut self, l: &Lowering<'_, S>, i: NodeId) -> Option<u128> {
-        use std::hash::{DefaultHasher, Hash, Hasher};
         let node = l.node(i);
         let operands = node.op().operands();
         let operands = operands.as_slice();
         if operands.is_empty() {
             return None;
         }
-        let mut op = format!("{:?}", node.op());
-        for (k, x) in operands.iter().enumerate() {
-            op = op.replace(&format!("NodeId({})", x.index()), &format!("#{k}"));
-        }
-        let (mut a, mut b) = (DefaultHasher::new(), DefaultHasher::new());
-        b.write_u64(0x9e37_79b9_7f4a_7c15);
+        let op = op_by_place(node.op(), operands);
         let mut facts = format!(
             "{op}|{:?}|{:?}|{:?}",
             node.shape(),
@@ -141,9 +149,7 @@ impl Outlined {
                 format_args!("|{:?}{:?}{}{digest}", n.shape(), pt.dtype, pt.elements),
             );
         }
-        facts.hash(&mut a);
-        facts.hash(&mut b);
-        Some((u128::from(a.finish()) << 64) | u128::from(b.finish()))
+        Some(xxhash_rust::xxh3::xxh3_128(facts.as_bytes()))
     }
 }
 
