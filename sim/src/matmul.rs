@@ -356,14 +356,26 @@ pub(crate) fn plan_matmul_cached(
     tiles: u64,
 ) -> MatMulPlan {
     let key = (machine, m, k, n, dtype, laid_out, tiles);
-    if let Some(p) = MATMUL_PLANS.lock().ok().and_then(|c| c.get(&key).copied()) {
-        return p;
+    cached(&MATMUL_PLANS, key, || {
+        plan_matmul(cfg, m, k, n, dtype, laid_out, tiles)
+    })
+}
+
+/// The value of `key` in `cache`, made by `make` (outside the lock) when absent. A poisoned
+/// lock only loses the cache: the value is made again.
+fn cached<K: std::hash::Hash + Eq, V: Copy>(
+    cache: &std::sync::Mutex<HashMap<K, V>>,
+    key: K,
+    make: impl FnOnce() -> V,
+) -> V {
+    if let Some(v) = cache.lock().ok().and_then(|c| c.get(&key).copied()) {
+        return v;
     }
-    let p = plan_matmul(cfg, m, k, n, dtype, laid_out, tiles);
-    if let Ok(mut c) = MATMUL_PLANS.lock() {
-        c.insert(key, p);
+    let v = make();
+    if let Ok(mut c) = cache.lock() {
+        c.insert(key, v);
     }
-    p
+    v
 }
 
 /// [`plan_fc`], made once per process for each machine and arguments.
@@ -377,14 +389,9 @@ pub(crate) fn plan_fc_cached(
     tiles: u64,
 ) -> FcPlans {
     let key = (machine, batch, input, output, dtype, tiles);
-    if let Some(p) = FC_PLANS.lock().ok().and_then(|c| c.get(&key).copied()) {
-        return p;
-    }
-    let p = plan_fc(cfg, batch, input, output, dtype, tiles);
-    if let Ok(mut c) = FC_PLANS.lock() {
-        c.insert(key, p);
-    }
-    p
+    cached(&FC_PLANS, key, || {
+        plan_fc(cfg, batch, input, output, dtype, tiles)
+    })
 }
 
 /// The cheapest plan for `[m, k] x [k, n]` in `dtype` on up to `tiles` tiles, with the
