@@ -72,15 +72,28 @@ proptest! {
     }
 
     /// The estimate-only path (exchanges kept as summaries, no transfers) gives exactly the
-    /// estimate of the full lowering, fitting or not.
+    /// estimate of the full lowering, fitting or not; also after an estimate of another graph
+    /// on the same machine, whose recorded lowerings it may replay.
     #[test]
     fn estimate_only_equals_the_full_estimate(
         rows in 1usize..6, cols in 1usize..40, s in steps(), train in any::<bool>(),
         tiles in 1u32..24, sram in 2_000u64..200_000, inference in any::<bool>(),
         chunk in prop_oneof![Just(4u64), Just(16), Just(128)], offload in any::<bool>(),
+        before in steps(), before_rows in 1usize..6,
     ) {
         let Some(g) = build(rows, cols, &s, train) else { return Ok(()) };
         let plan = Plan::new(&g).unwrap();
+        if let Some(other) = build(before_rows, cols, &before, train) {
+            let other = Plan::new(&other).unwrap();
+            let cfg = small_ipu(tiles, sram);
+            let opts = EstimateOptions {
+                allow_out_of_memory: true,
+                inference,
+                lower: LowerOptions { min_chunk_bytes: chunk, offload_optimizer_state: offload },
+                ..Default::default()
+            };
+            estimate_only(&other, &cfg, &opts).unwrap();
+        }
         let cfg = small_ipu(tiles, sram);
         let opts = EstimateOptions {
             allow_out_of_memory: true,

@@ -162,6 +162,12 @@ fn fc_pass<S: Storage>(l: &Lowering<'_, S>, i: NodeId, p: &Product) -> Option<(F
     l.fc_layers.contains(&layer).then_some((pass, layer))
 }
 
+/// Whether matmul `i` is a pass of a fully-connected layer this IPU trains (its plan is then
+/// made with the layer's other passes).
+pub(crate) fn trains_fc_layer<S: Storage>(l: &Lowering<'_, S>, i: NodeId) -> bool {
+    !l.fc_layers.is_empty() && product_of(l, i).is_some_and(|p| fc_pass(l, i, &p).is_some())
+}
+
 /// The batch axes of a rank >= 2 shape, as dims.
 fn batch_dims(s: Shape) -> Vec<u64> {
     s.dims()[..s.rank() - 2]

@@ -17,18 +17,79 @@
 //! where it was), as PopART grows an outlined subgraph once and each repeat of a layer runs
 //! on its layout. So a node's lowering depends on its key alone, spread temporaries and all.
 //!
+//! Recorded lowerings are also kept for later lowerings in the same process ([`SHARED`]):
+//! a pipeline split's stages, the split's retries, the fewest-IPUs search and a sweep lower
+//! the same layers over and over. Across lowerings the key also holds what is constant within
+//! one: the machine and the lowering options (`context`), and, for matmuls, whether the IPU
+//! trains the fully-connected layer the matmul is a pass of (poplibs plans a trained layer's
+//! passes together). A lowering that spread temporaries from the cursor is kept under the
+//! cursor it started from too, and its replay leaves the cursor where the lowering did.
+//!
 //! Only estimates' lowering (summarised exchanges, compute sets without vertices) reuses.
 //! The unit tests and the `estimate_only` property test compare it with the full lowering.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::{DefaultHasher, Hasher};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use tessera_core::{NodeId, Op, Storage};
 
 use super::Lowering;
-use crate::exchange::ExchangeSummary;
-use crate::program::{ProgTensor, Step, TensorId};
+use crate::exchange::{ExchangeSummary, ExchangeTile};
+use crate::program::{ProgTensor, Step, TensorId, VertexCost};
+
+/// Bytes of recorded lowerings this process keeps for later lowerings (estimate: a few
+/// times what one BERT-Large estimate records, a small part of its peak memory). When a
+/// record would pass it, the records kept so far are dropped: a sweep over many models
+/// then keeps recording without growing.
+pub const SHARED_MEMO_BYTES: usize = 256 << 20;
+
+/// Recorded lowerings kept for every lowering in this process.
+static SHARED: LazyLock<Mutex<Shared>> = LazyLock::new(Default::default);
+
+/// Drops the recorded lowerings this process keeps for later lowerings: the next lowering
+/// starts from nothing, as the first of a process does (benches time it so). Estimates are
+/// the same either way.
+pub fn clear_shared_records() {
+    *SHARED.lock().unwrap_or_else(|e| e.into_inner()) = Shared::default();
+}
+
+/// Recorded lowerings kept for every lowering: by key when the lowering did not read the
+/// cursor, else by key and the cursor it started from.
+#[derive(Default)]
+struct Shared {
+    free: HashMap<u128, Arc<Recorded>>,
+    at: HashMap<(u128, u32), Arc<Recorded>>,
+    /// Their bytes ([`Recorded::bytes`]).
+    bytes: usize,
+}
+
+impl Shared {
+    fn get(&self, key: u128, cursor: u32) -> Option<Arc<Recorded>> {
+        self.free
+            .get(&key)
+            .or_else(|| self.at.get(&(key, cursor)))
+            .cloned()
+    }
+
+    fn insert(&mut self, key: u128, rec: &Arc<Recorded>) {
+        if rec.bytes > SHARED_MEMO_BYTES {
+            return;
+        }
+        if self.bytes + rec.bytes > SHARED_MEMO_BYTES {
+            *self = Shared::default();
+        }
+        let old = match rec.cursor {
+            None => self.free.insert(key, Arc::clone(rec)),
+            Some((start, _)) => self.at.insert((key, start), Arc::clone(rec)),
+        };
+        self.bytes += rec.bytes;
+        if let Some(old) = old {
+            self.bytes -= old.bytes;
+        }
+    }
+}
 
 /// One node's recorded lowering.
 struct Recorded {
@@ -42,12 +103,59 @@ struct Recorded {
     steps: Vec<(Option<String>, Step)>,
     /// The summaries of its exchanges, by offset in `steps`.
     summaries: Vec<(usize, ExchangeSummary)>,
+    /// Where the cursor was before and after, when the lowering read it.
+    cursor: Option<(u32, u32)>,
+    /// About how many bytes it holds.
+    bytes: usize,
+}
+
+impl Recorded {
+    /// About how many bytes the record holds (its own and its tensors' mappings).
+    fn size(&self) -> usize {
+        use std::mem::size_of;
+        let temps: usize = self
+            .temps
+            .iter()
+            .map(|(n, t)| {
+                size_of::<(String, ProgTensor)>()
+                    + n.len()
+                    + std::mem::size_of_val(t.mapping.intervals())
+            })
+            .sum();
+        let steps: usize = self
+            .steps
+            .iter()
+            .map(|(n, s)| {
+                size_of::<(Option<String>, Step)>()
+                    + n.as_ref().map_or(0, String::len)
+                    + match s {
+                        Step::Compute(cs) => {
+                            cs.name.len()
+                                + cs.costs.len() * size_of::<VertexCost>()
+                                + cs.touched.len() * size_of::<TensorId>()
+                        }
+                        _ => 0,
+                    }
+            })
+            .sum();
+        let summaries: usize = self
+            .summaries
+            .iter()
+            .map(|(_, x)| {
+                size_of::<(usize, ExchangeSummary)>()
+                    + x.tiles.len() * size_of::<ExchangeTile>()
+                    + x.tensors.len() * size_of::<TensorId>()
+            })
+            .sum();
+        size_of::<Recorded>() + self.refs.len() * size_of::<TensorId>() + temps + steps + summaries
+    }
 }
 
 /// Recorded lowerings and what keys are made of.
-#[derive(Default)]
 pub(super) struct Memo {
-    entries: HashMap<u128, Recorded>,
+    /// The machine and the lowering options, a part of every key.
+    context: u128,
+    entries: HashMap<u128, Arc<Recorded>>,
     /// Mappings' digests.
     digests: super::Digests,
     /// Lowerings reused.
@@ -80,6 +188,17 @@ impl Two {
 }
 
 impl Memo {
+    /// A memo for a lowering whose machine and options hash to `context`.
+    pub(super) fn new(context: u128) -> Memo {
+        Memo {
+            context,
+            entries: HashMap::new(),
+            digests: super::Digests::default(),
+            reused: 0,
+            cursors: HashMap::new(),
+        }
+    }
+
     /// The key of node `i`'s lowering and the tensors it reads, or `None` for a node that
     /// is never reused.
     pub(super) fn key<S: Storage>(
@@ -98,8 +217,13 @@ impl Memo {
         nodes.push(i);
         let refs: Vec<TensorId> = nodes.iter().map(|&x| l.t(x)).collect();
         let mut h = Two::new();
+        h.u64(self.context as u64);
+        h.u64((self.context >> 64) as u64);
         // The op with its operands by place.
         h.str(&super::op_by_place(node.op(), &nodes));
+        if matches!(node.op(), Op::MatMul(_)) {
+            h.u64(u64::from(super::matmul::trains_fc_layer(l, i)));
+        }
         for (k, (&x, &t)) in nodes.iter().zip(&refs).enumerate() {
             let n = l.node(x);
             let mut facts = String::new();
@@ -166,8 +290,17 @@ impl Memo {
         i: NodeId,
         refs: &[TensorId],
     ) -> bool {
-        let Some(rec) = self.entries.get(&key) else {
-            return false;
+        let rec = match self.entries.get(&key) {
+            Some(rec) => Arc::clone(rec),
+            None => {
+                let shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(rec) = shared.get(key, l.cursor) else {
+                    return false;
+                };
+                drop(shared);
+                self.entries.insert(key, Arc::clone(&rec));
+                rec
+            }
         };
         let name = l.node(i).name();
         let base = l.tensors.len() as u32;
@@ -248,12 +381,16 @@ impl Memo {
                 summaries.push(step0 + off, s);
             }
         }
+        if let Some((_, end)) = rec.cursor {
+            l.cursor = end;
+        }
         self.reused += 1;
         true
     }
 
     /// Records node `i`'s lowering (the steps from `step0` and the tensors from `tensor0`)
-    /// under `key`, unless it read something other than `refs` and its own temporaries.
+    /// under `key`, unless it read something other than `refs` and its own temporaries;
+    /// `cursor` is where the cursor was before and after, when the lowering read it.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn record<S: Storage>(
         &mut self,
@@ -263,6 +400,7 @@ impl Memo {
         refs: Vec<TensorId>,
         step0: usize,
         tensor0: usize,
+        cursor: Option<(u32, u32)>,
     ) {
         let name = l.node(i).name();
         let ok = |t: TensorId| t.index() >= tensor0 || refs.contains(&t);
@@ -314,15 +452,21 @@ impl Memo {
                 }
             }
         }
-        self.entries.insert(
-            key,
-            Recorded {
-                refs,
-                first_temp: tensor0 as u32,
-                temps,
-                steps,
-                summaries,
-            },
-        );
+        let mut rec = Recorded {
+            refs,
+            first_temp: tensor0 as u32,
+            temps,
+            steps,
+            summaries,
+            cursor,
+            bytes: 0,
+        };
+        rec.bytes = rec.size();
+        let rec = Arc::new(rec);
+        SHARED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, &rec);
+        self.entries.insert(key, rec);
     }
 }

@@ -42,6 +42,8 @@ mod reduce;
 mod softmax;
 mod update;
 
+pub use memo::{clear_shared_records, SHARED_MEMO_BYTES};
+
 /// Knobs of the lowering.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LowerOptions {
@@ -163,6 +165,9 @@ pub(crate) struct Lowering<'a, S: Storage> {
     node_steps: Vec<(usize, usize)>,
     /// The tile where the next tensor spread linearly starts.
     cursor: u32,
+    /// How many times the lowering has read the cursor (a node's lowering that reads it
+    /// depends on where it was).
+    cursor_reads: u64,
     pub(crate) mm: matmul::Plans,
     /// Plans by product shape: identical layers' products are planned once.
     pub(crate) plans_by_shape: matmul::PlansByShape,
@@ -267,6 +272,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
             self.tile_count(),
             self.tile_count(),
         );
+        self.cursor_reads += 1;
         let used = m.intervals().len() as u64;
         self.cursor = TileId::wrapping(u64::from(self.cursor) + used, self.tile_count()).0;
         m
@@ -531,9 +537,11 @@ impl<'a, S: Storage> Lowering<'a, S> {
         }
         if !(self.summaries.is_some() && memo.replay(self, key, i, &refs)) {
             let (step0, tensor0) = (self.steps.len(), self.tensors.len());
+            let (start, reads) = (self.cursor, self.cursor_reads);
             self.lower_op(i);
             if self.summaries.is_some() {
-                memo.record(self, key, i, refs, step0, tensor0);
+                let cursor = (self.cursor_reads != reads).then_some((start, self.cursor));
+                memo.record(self, key, i, refs, step0, tensor0, cursor);
             }
         }
         if first.is_some() {
@@ -836,6 +844,7 @@ pub(crate) fn lower_with<S: Storage>(
         steps: Vec::new(),
         node_steps: Vec::with_capacity(n),
         cursor: 0,
+        cursor_reads: 0,
         mm: matmul::Plans::default(),
         plans_by_shape: matmul::PlansByShape::default(),
         fc_layers: matmul::trained_fc_layers(graph, &inc),
@@ -852,7 +861,8 @@ pub(crate) fn lower_with<S: Storage>(
     };
     l.map_graph_tensors();
     // Estimates reuse identical nodes' lowerings.
-    let mut memo = memo::Memo::default();
+    let context = xxhash_rust::xxh3::xxh3_128(format!("{cfg:?}{opts:?}").as_bytes());
+    let mut memo = memo::Memo::new(context);
     for i in graph.ids() {
         let start = l.steps.len();
         l.lower_node(i, &mut memo);
@@ -1097,6 +1107,50 @@ mod tests {
             .unwrap();
         let plan = Plan::new(&g).unwrap();
         same_both_ways(&plan, &cfg, LowerOptions::default());
+    }
+
+    #[test]
+    fn later_lowerings_replay_earlier_ones_exactly() {
+        // A machine of its own, so that no other test's records are replayed here.
+        let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(53);
+        let model = |stages: usize| {
+            let c = Bert {
+                layers: 2,
+                hidden: 32,
+                heads: 4,
+                intermediate: 64,
+                sequence: 8,
+                batch: 2,
+                vocabulary: 40,
+                stages,
+            };
+            let mut g: Graph<Heap> = Graph::new();
+            let n = bert(&mut g, &c, DType::F32).unwrap();
+            g.differentiate(n.loss, Optimizer::adam(1e-3)).unwrap();
+            g
+        };
+        let opts = LowerOptions {
+            min_chunk_bytes: 16,
+            offload_optimizer_state: false,
+        };
+        let (one, two) = (model(1), model(2));
+        let (one, two) = (Plan::new(&one).unwrap(), Plan::new(&two).unwrap());
+        // The first lowering reuses within itself; the same lowering again replays all it
+        // can from the first; another split's stages (their tensors spread from other
+        // places) replay what does not depend on where the spreading started, exactly.
+        let first = same_both_ways(&two, &cfg, opts);
+        let again = same_both_ways(&two, &cfg, opts);
+        assert!(
+            again > first,
+            "{again} reused the second time, {first} the first"
+        );
+        same_both_ways(&one, &cfg, opts);
+        // Other options are another context: nothing recorded under these is replayed.
+        let other = LowerOptions {
+            min_chunk_bytes: 32,
+            ..opts
+        };
+        same_both_ways(&one, &cfg, other);
     }
 
     proptest::proptest! {
