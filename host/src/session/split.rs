@@ -14,7 +14,10 @@
 //!    shrinks by a fifth (from the heaviest stage's weights when they are under it, so that
 //!    the heaviest stage must change) and the split is redone (activations, stashes and code
 //!    take what weights leave), up to [`RETRIES`] times; the split that fits is returned,
-//!    else the one whose fullest tile is smallest, with its estimate.
+//!    else the one whose fullest tile is smallest, with its estimate. A smaller cap only moves
+//!    weights and their training state (a tile's always-live bytes) between stages, so the
+//!    split is not redone when an overflowing IPU's fullest tile is over even without its
+//!    always-live bytes (a first stage's stashed activations, say): no cap makes that fit.
 //!
 //! The pipeline's own balance (stash depths, idle time) is the estimate's, not the split's:
 //! the split only equalises the stages' cycles.
@@ -315,6 +318,17 @@ pub fn split(
             .ipus
             .iter()
             .any(|i| i.max_tile_bytes <= machine.sram_bytes_per_tile);
+        // Whether moving weights could make every IPU fit: each overflowing IPU's fullest tile
+        // is within the SRAM without its always-live bytes.
+        let movable = estimate
+            .ipus
+            .iter()
+            .filter(|i| i.max_tile_bytes > machine.sram_bytes_per_tile)
+            .all(|i| {
+                i.fullest_tiles.first().is_none_or(|t| {
+                    t.total().saturating_sub(t.always_live) <= machine.sram_bytes_per_tile
+                })
+            });
         tried = attempt;
         let stage_weight_bytes = sums(&mems);
         let heaviest = stage_weight_bytes.iter().copied().max().unwrap_or(0);
@@ -342,8 +356,9 @@ pub fn split(
             last = Some(this);
         }
         // A smaller cap moves weights from the IPUs that overflow to those with room: when
-        // none has room, no rebalancing makes the split fit.
-        if fits || n == 1 || !room {
+        // none has room, or an IPU overflows without its weights, no rebalancing makes the
+        // split fit.
+        if fits || n == 1 || !room || !movable {
             break;
         }
         // A fifth below the cap, or below the heaviest stage's weights when they are under
