@@ -52,7 +52,8 @@ static SHARED: LazyLock<Mutex<Shared>> = LazyLock::new(Default::default);
 /// starts from nothing, as the first of a process does (benches time it so). Estimates are
 /// the same either way.
 pub fn clear_shared_records() {
-    *SHARED.lock().unwrap_or_else(|e| e.into_inner()) = Shared::default();
+    let dropped = std::mem::take(&mut *SHARED.lock().unwrap_or_else(|e| e.into_inner()));
+    drop(dropped);
 }
 
 /// Recorded lowerings kept for every lowering: by key when the lowering did not read the
@@ -73,21 +74,26 @@ impl Shared {
             .cloned()
     }
 
-    fn insert(&mut self, key: u128, rec: &Arc<Recorded>) {
+    /// Keeps `rec` under `key`; returns the records dropped to make room (the caller drops
+    /// them after releasing the lock).
+    fn insert(&mut self, key: u128, rec: &Arc<Recorded>) -> Option<Shared> {
         if rec.bytes > SHARED_MEMO_BYTES {
-            return;
-        }
-        if self.bytes + rec.bytes > SHARED_MEMO_BYTES {
-            *self = Shared::default();
+            return None;
         }
         let old = match rec.cursor {
+            None => self.free.remove(&key),
+            Some((start, _)) => self.at.remove(&(key, start)),
+        };
+        if let Some(old) = old {
+            self.bytes -= old.bytes;
+        }
+        let dropped = (self.bytes + rec.bytes > SHARED_MEMO_BYTES).then(|| std::mem::take(self));
+        match rec.cursor {
             None => self.free.insert(key, Arc::clone(rec)),
             Some((start, _)) => self.at.insert((key, start), Arc::clone(rec)),
         };
         self.bytes += rec.bytes;
-        if let Some(old) = old {
-            self.bytes -= old.bytes;
-        }
+        dropped
     }
 }
 
@@ -463,10 +469,12 @@ impl Memo {
         };
         rec.bytes = rec.size();
         let rec = Arc::new(rec);
-        SHARED
+        let dropped = SHARED
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(key, &rec);
+        // Outside the lock: freeing many records takes a while.
+        drop(dropped);
         self.entries.insert(key, rec);
     }
 }

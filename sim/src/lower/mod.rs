@@ -1038,6 +1038,22 @@ mod tests {
         let mut reused = 0;
         for stage in 0..g.stage_count() {
             let include = |i: usize| g.nodes()[i].stage() == stage;
+            let (r, exchanges) = same_both_ways_on(plan, cfg, opts, &include);
+            assert!(exchanges > 0);
+            reused += r;
+        }
+        reused
+    }
+
+    /// [`same_both_ways`] for the nodes `include` takes; returns the lowerings reused and
+    /// the exchanges.
+    fn same_both_ways_on<S: Storage>(
+        plan: &Plan<S>,
+        cfg: &IpuConfig,
+        opts: LowerOptions,
+        include: &dyn Fn(usize) -> bool,
+    ) -> (usize, usize) {
+        {
             let (full, none) = lower_with(plan, cfg, opts, &include, false);
             let (lean, summaries) = lower_with(plan, cfg, opts, &include, true);
             assert_eq!(full.tensors, lean.tensors);
@@ -1059,15 +1075,13 @@ mod tests {
                     _ => assert_eq!(a, b),
                 }
             }
-            assert!(exchanges > 0);
-            reused += summaries.reused;
             assert_eq!(account(&full, cfg), account_with(&lean, &summaries, cfg));
             assert_eq!(
                 crate::estimate::cost_steps_with(&full, &none, cfg, 0..full.steps.len()),
                 crate::estimate::cost_steps_with(&lean, &summaries, cfg, 0..lean.steps.len())
             );
+            (summaries.reused, exchanges)
         }
-        reused
     }
 
     #[test]
@@ -1151,6 +1165,80 @@ mod tests {
             ..opts
         };
         same_both_ways(&one, &cfg, other);
+    }
+
+    #[test]
+    fn records_replay_exactly_in_lowerings_of_any_nodes() {
+        // Lowerings of contiguous and scattered node sets of one training graph, one after
+        // the other: a forward matmul without its weight's update, an update without its
+        // forward, tensors spread from other starts. Each replays what the earlier ones
+        // recorded and equals its full lowering.
+        let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(47);
+        let c = Bert {
+            layers: 2,
+            hidden: 32,
+            heads: 4,
+            intermediate: 64,
+            sequence: 8,
+            batch: 2,
+            vocabulary: 40,
+            stages: 1,
+        };
+        let mut g: Graph<Heap> = Graph::new();
+        let n = bert(&mut g, &c, DType::F32).unwrap();
+        g.differentiate(n.loss, Optimizer::adam(1e-3)).unwrap();
+        let plan = Plan::new(&g).unwrap();
+        let len = g.len();
+        let opts = LowerOptions {
+            min_chunk_bytes: 16,
+            offload_optimizer_state: false,
+        };
+        let mut reused = 0;
+        // Every node but those of one residue modulo m; then the first and the last q/8.
+        for m in 2..=7 {
+            for r in 0..m {
+                reused += same_both_ways_on(&plan, &cfg, opts, &|i| i % m != r).0;
+            }
+        }
+        for q in 1..8 {
+            let cut = len * q / 8;
+            reused += same_both_ways_on(&plan, &cfg, opts, &|i| i < cut).0;
+            reused += same_both_ways_on(&plan, &cfg, opts, &|i| i >= cut).0;
+        }
+        assert!(reused > 100, "{reused} reused");
+    }
+
+    #[test]
+    fn a_layer_without_its_update_is_lowered_exactly_after_one_with_it() {
+        // 1 x 1000 -> 5 is planned jointly when the IPU trains it (forward, input gradient and
+        // weight update together), alone when the weight's update is on another IPU; a
+        // lowering without the update, after one with it, equals its full lowering.
+        let cfg = IpuConfig::preset(Preset::Mk1);
+        let mut g: Graph<Heap> = Graph::new();
+        let x = g.input("x", &[1, 1000], DType::F32).unwrap();
+        let labels = g.input("labels", &[1], DType::I32).unwrap();
+        let logits = g
+            .dense("fc", x, 5, tessera_core::Activation::Linear, DType::F32)
+            .unwrap();
+        let loss = g
+            .sparse_categorical_crossentropy("loss", logits, labels, true)
+            .unwrap();
+        g.differentiate(loss, Optimizer::sgd(0.1)).unwrap();
+        let plan = Plan::new(&g).unwrap();
+        let update = g
+            .nodes()
+            .iter()
+            .position(|n| matches!(n.op(), Op::Update(_)) && n.name().contains("kernel"))
+            .expect("the kernel's update");
+        let trained = |include: &dyn Fn(usize) -> bool| {
+            let inc: Vec<bool> = (0..g.len()).map(include).collect();
+            matmul::trained_fc_layers(&g, &inc).len()
+        };
+        assert_eq!((trained(&|_| true), trained(&|i| i != update)), (1, 0));
+        assert!(crate::matmul::plan_fc(&cfg, 1, 1000, 5, DType::F32, cfg.tiles.into()).joint);
+        let opts = LowerOptions::default();
+        same_both_ways_on(&plan, &cfg, opts, &|_| true);
+        same_both_ways_on(&plan, &cfg, opts, &|i| i != update);
     }
 
     proptest::proptest! {
