@@ -14,10 +14,15 @@
 //!    shrinks by a fifth (from the heaviest stage's weights when they are under it, so that
 //!    the heaviest stage must change) and the split is redone (activations, stashes and code
 //!    take what weights leave), up to [`RETRIES`] times; the split that fits is returned,
-//!    else the one whose fullest tile is smallest, with its estimate. A smaller cap only moves
-//!    weights and their training state (a tile's always-live bytes) between stages, so the
-//!    split is not redone when an overflowing IPU's fullest tile is over even without its
-//!    always-live bytes (a first stage's stashed activations, say): no cap makes that fit.
+//!    else the one whose fullest tile is smallest, with its estimate. The cap bounds weights and
+//!    their training state (a tile's always-live bytes), so the split is not redone when an
+//!    overflowing IPU's fullest tile is over even without its always-live bytes (a first
+//!    stage's stashed activations, say). This is a heuristic: a new cap also moves
+//!    boundaries, and the layers that move take their activations and stashes along, which
+//!    now and then brings such a tile under (measured: GPT-2 at batch 3 over 4 IPUs with Adam,
+//!    where a second attempt fits the first IPU but not the others). On the shipped models it
+//!    saves estimates that made the overflow worse (ResNet-50 and MobileNetV2 at batch 8,
+//!    whose first stage's stashes grew with each smaller cap).
 //!
 //! The pipeline's own balance (stash depths, idle time) is the estimate's, not the split's:
 //! the split only equalises the stages' cycles.
@@ -318,8 +323,9 @@ pub fn split(
             .ipus
             .iter()
             .any(|i| i.max_tile_bytes <= machine.sram_bytes_per_tile);
-        // Whether moving weights could make every IPU fit: each overflowing IPU's fullest tile
-        // is within the SRAM without its always-live bytes.
+        // Whether moving weights alone could make every IPU fit: each overflowing IPU's
+        // fullest tile is within the SRAM without its always-live bytes (a heuristic, see the
+        // module's documentation).
         let movable = estimate
             .ipus
             .iter()
@@ -356,8 +362,8 @@ pub fn split(
             last = Some(this);
         }
         // A smaller cap moves weights from the IPUs that overflow to those with room: when
-        // none has room, or an IPU overflows without its weights, no rebalancing makes the
-        // split fit.
+        // none has room no rebalancing makes the split fit, and when an IPU overflows without
+        // its weights a rebalancing rarely does.
         if fits || n == 1 || !room || !movable {
             break;
         }
