@@ -353,12 +353,11 @@ pub(crate) fn account_with(
     // (its bytes on each tile) or an exchange's receive buffers (each receiving tile's bytes).
     // The steps are swept in order with each tile's running total, and a tile's peak is
     // looked at after all of a step's changes to it: no per-tile lists of events are kept.
+    // A tensor's or a buffer's index, and +1 when it arrives or -1 when it leaves.
     #[derive(Clone, Copy)]
     enum What {
-        Arrives(u32),
-        Leaves(u32),
-        BufferIn(u32),
-        BufferOut(u32),
+        Tensor(u32, i64),
+        Buffer(u32, i64),
     }
     let mut changes: Vec<(usize, What)> = Vec::new();
     for (i, t) in program.tensors.iter().enumerate() {
@@ -368,8 +367,8 @@ pub(crate) fn account_with(
                 tm[tile.index()].always_live += n * eb;
             }
         } else if t.elements > 0 {
-            changes.push((t.live.0, What::Arrives(i as u32)));
-            changes.push((t.live.1 + 1, What::Leaves(i as u32)));
+            changes.push((t.live.0, What::Tensor(i as u32, 1)));
+            changes.push((t.live.1 + 1, What::Tensor(i as u32, -1)));
         }
     }
     let mut codelets: Vec<BTreeSet<crate::program::Codelet>> = vec![BTreeSet::new(); tiles];
@@ -392,8 +391,8 @@ pub(crate) fn account_with(
                     tm[x.tile.index()].exchange_code += x.code;
                 }
                 let b = buffers.len() as u32;
-                changes.push((s, What::BufferIn(b)));
-                changes.push((s + 2, What::BufferOut(b)));
+                changes.push((s, What::Buffer(b, 1)));
+                changes.push((s + 2, What::Buffer(b, -1)));
                 buffers.push(
                     summary
                         .tiles
@@ -413,6 +412,7 @@ pub(crate) fn account_with(
     let mut best = vec![(0i64, 0i64, 0i64, 0usize); tiles];
     let mut touched = vec![false; tiles];
     let mut touched_list: Vec<usize> = Vec::new();
+    let mut held: Vec<Option<Vec<(usize, i64)>>> = vec![None; program.tensors.len()];
     for same in changes.chunk_by(|a, b| a.0 == b.0) {
         let step = same[0].0;
         for &(_, what) in same {
@@ -423,30 +423,35 @@ pub(crate) fn account_with(
                 }
             };
             match what {
-                What::Arrives(i) | What::Leaves(i) => {
-                    let sign = if matches!(what, What::Arrives(_)) {
-                        1
-                    } else {
-                        -1
-                    };
+                What::Tensor(i, sign) => {
+                    // Each tile's bytes, made when the tensor's first change comes and kept
+                    // for its second.
                     let t = &program.tensors[i as usize];
-                    let eb = t.elem_bytes() as i64;
-                    for (tile, n) in t.mapping.elements_per_tile() {
-                        let k = tile.index();
-                        let bytes = sign * n as i64 * eb;
-                        live[k] += bytes;
+                    let (per_tile, first) = match held[i as usize].take() {
+                        Some(p) => (p, false),
+                        None => {
+                            let eb = t.elem_bytes() as i64;
+                            let p = t
+                                .mapping
+                                .elements_per_tile()
+                                .into_iter()
+                                .map(|(tile, n)| (tile.index(), n as i64 * eb))
+                                .collect();
+                            (p, true)
+                        }
+                    };
+                    for &(k, bytes) in &per_tile {
+                        live[k] += sign * bytes;
                         if t.interleaved {
-                            il[k] += bytes;
+                            il[k] += sign * bytes;
                         }
                         touch(k);
                     }
+                    if first {
+                        held[i as usize] = Some(per_tile);
+                    }
                 }
-                What::BufferIn(b) | What::BufferOut(b) => {
-                    let sign = if matches!(what, What::BufferIn(_)) {
-                        1
-                    } else {
-                        -1
-                    };
+                What::Buffer(b, sign) => {
                     for &(k, received) in &buffers[b as usize] {
                         buf[k] += sign * received;
                         touch(k);

@@ -52,6 +52,7 @@ static SHARED: LazyLock<Mutex<Shared>> = LazyLock::new(Default::default);
 /// starts from nothing, as the first of a process does (benches time it so). Estimates are
 /// the same either way.
 pub fn clear_shared_records() {
+    // Taken under the lock (released at the end of the statement), freed after it.
     let dropped = std::mem::take(&mut *SHARED.lock().unwrap_or_else(|e| e.into_inner()));
     drop(dropped);
 }
@@ -194,12 +195,13 @@ impl Two {
 }
 
 impl Memo {
-    /// A memo for a lowering whose machine and options hash to `context`.
-    pub(super) fn new(context: u128) -> Memo {
+    /// A memo for a lowering whose machine and options hash to `context`, with the digests
+    /// its mappings already have.
+    pub(super) fn new(context: u128, digests: super::Digests) -> Memo {
         Memo {
             context,
             entries: HashMap::new(),
-            digests: super::Digests::default(),
+            digests,
             reused: 0,
             cursors: HashMap::new(),
         }

@@ -609,7 +609,9 @@ impl<'a, S: Storage> Lowering<'a, S> {
         }
     }
 
-    fn map_graph_tensors(&mut self) {
+    /// Lays out every graph tensor of this IPU; returns the mapping digests made on the way
+    /// (outlining's), for the memo to go on with.
+    fn map_graph_tensors(&mut self) -> Digests {
         let mut outlined = Outlined::default();
         for i in self.graph.ids() {
             let node = self.node(i);
@@ -702,6 +704,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
                 self.locality.same_mapping(t, source);
             }
         }
+        outlined.digests
     }
 
     /// The product that reads state tensor `i` first and lays it out, and which of its
@@ -859,10 +862,10 @@ pub(crate) fn lower_with<S: Storage>(
         locality: Locality::default(),
         row_stats: Vec::new(),
     };
-    l.map_graph_tensors();
+    let digests = l.map_graph_tensors();
     // Estimates reuse identical nodes' lowerings.
-    let context = xxhash_rust::xxh3::xxh3_128(format!("{cfg:?}{opts:?}").as_bytes());
-    let mut memo = memo::Memo::new(context);
+    let context = xxhash_rust::xxh3::xxh3_128(format!("{:x}{opts:?}", l.machine).as_bytes());
+    let mut memo = memo::Memo::new(context, digests);
     for i in graph.ids() {
         let start = l.steps.len();
         l.lower_node(i, &mut memo);
@@ -1053,40 +1056,37 @@ mod tests {
         opts: LowerOptions,
         include: &dyn Fn(usize) -> bool,
     ) -> (usize, usize) {
-        {
-            let (full, none) = lower_with(plan, cfg, opts, &include, false);
-            let (lean, summaries) = lower_with(plan, cfg, opts, &include, true);
-            assert_eq!(full.tensors, lean.tensors);
-            assert_eq!(full.node_steps, lean.node_steps);
-            assert_eq!(full.steps.len(), lean.steps.len());
-            let mut exchanges = 0;
-            for (s, (a, b)) in full.steps.iter().zip(&lean.steps).enumerate() {
-                match (a, b) {
-                    (Step::Exchange { node, transfers }, Step::Exchange { node: n2, .. }) => {
-                        assert_eq!(node, n2);
-                        let want = summarize(cfg.tiles, &full.tensors, transfers);
-                        assert_eq!(summaries.get(s), Some(&want), "step {s}");
-                        exchanges += 1;
-                    }
-                    (Step::Compute(x), Step::Compute(y)) => {
-                        assert!(y.vertices.is_empty(), "step {s} kept its vertices");
-                        assert_eq!(x.clone().without_vertices(), *y, "step {s}");
-                    }
-                    _ => assert_eq!(a, b),
+        let (full, none) = lower_with(plan, cfg, opts, &include, false);
+        let (lean, summaries) = lower_with(plan, cfg, opts, &include, true);
+        assert_eq!(full.tensors, lean.tensors);
+        assert_eq!(full.node_steps, lean.node_steps);
+        assert_eq!(full.steps.len(), lean.steps.len());
+        let mut exchanges = 0;
+        for (s, (a, b)) in full.steps.iter().zip(&lean.steps).enumerate() {
+            match (a, b) {
+                (Step::Exchange { node, transfers }, Step::Exchange { node: n2, .. }) => {
+                    assert_eq!(node, n2);
+                    let want = summarize(cfg.tiles, &full.tensors, transfers);
+                    assert_eq!(summaries.get(s), Some(&want), "step {s}");
+                    exchanges += 1;
                 }
+                (Step::Compute(x), Step::Compute(y)) => {
+                    assert!(y.vertices.is_empty(), "step {s} kept its vertices");
+                    assert_eq!(x.clone().without_vertices(), *y, "step {s}");
+                }
+                _ => assert_eq!(a, b),
             }
-            assert_eq!(account(&full, cfg), account_with(&lean, &summaries, cfg));
-            assert_eq!(
-                crate::estimate::cost_steps_with(&full, &none, cfg, 0..full.steps.len()),
-                crate::estimate::cost_steps_with(&lean, &summaries, cfg, 0..lean.steps.len())
-            );
-            (summaries.reused, exchanges)
         }
+        assert_eq!(account(&full, cfg), account_with(&lean, &summaries, cfg));
+        assert_eq!(
+            crate::estimate::cost_steps_with(&full, &none, cfg, 0..full.steps.len()),
+            crate::estimate::cost_steps_with(&lean, &summaries, cfg, 0..lean.steps.len())
+        );
+        (summaries.reused, exchanges)
     }
 
-    #[test]
-    fn summarized_lowering_equals_lowering_with_transfers() {
-        let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(64);
+    /// A two-layer BERT small enough for full lowerings, on `stages` stages, untrained.
+    fn tiny_bert(stages: usize, dtype: DType) -> (Graph<Heap>, NodeId) {
         let c = Bert {
             layers: 2,
             hidden: 32,
@@ -1095,11 +1095,18 @@ mod tests {
             sequence: 8,
             batch: 2,
             vocabulary: 40,
-            stages: 2,
+            stages,
         };
         let mut g: Graph<Heap> = Graph::new();
-        let n = bert(&mut g, &c, DType::F16).unwrap();
-        g.differentiate_accumulating(n.loss, Optimizer::adam(1e-3), Accumulation::new(4))
+        let loss = bert(&mut g, &c, dtype).unwrap().loss;
+        (g, loss)
+    }
+
+    #[test]
+    fn summarized_lowering_equals_lowering_with_transfers() {
+        let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(64);
+        let (mut g, loss) = tiny_bert(2, DType::F16);
+        g.differentiate_accumulating(loss, Optimizer::adam(1e-3), Accumulation::new(4))
             .unwrap();
         let plan = Plan::new(&g).unwrap();
         for offload in [false, true] {
@@ -1128,19 +1135,8 @@ mod tests {
         // A machine of its own, so that no other test's records are replayed here.
         let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(53);
         let model = |stages: usize| {
-            let c = Bert {
-                layers: 2,
-                hidden: 32,
-                heads: 4,
-                intermediate: 64,
-                sequence: 8,
-                batch: 2,
-                vocabulary: 40,
-                stages,
-            };
-            let mut g: Graph<Heap> = Graph::new();
-            let n = bert(&mut g, &c, DType::F32).unwrap();
-            g.differentiate(n.loss, Optimizer::adam(1e-3)).unwrap();
+            let (mut g, loss) = tiny_bert(stages, DType::F32);
+            g.differentiate(loss, Optimizer::adam(1e-3)).unwrap();
             g
         };
         let opts = LowerOptions {
@@ -1174,19 +1170,8 @@ mod tests {
         // forward, tensors spread from other starts. Each replays what the earlier ones
         // recorded and equals its full lowering.
         let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(47);
-        let c = Bert {
-            layers: 2,
-            hidden: 32,
-            heads: 4,
-            intermediate: 64,
-            sequence: 8,
-            batch: 2,
-            vocabulary: 40,
-            stages: 1,
-        };
-        let mut g: Graph<Heap> = Graph::new();
-        let n = bert(&mut g, &c, DType::F32).unwrap();
-        g.differentiate(n.loss, Optimizer::adam(1e-3)).unwrap();
+        let (mut g, loss) = tiny_bert(1, DType::F32);
+        g.differentiate(loss, Optimizer::adam(1e-3)).unwrap();
         let plan = Plan::new(&g).unwrap();
         let len = g.len();
         let opts = LowerOptions {
