@@ -53,6 +53,17 @@ fn one() -> u64 {
 /// `MatMul.cpp`: 0.6).
 pub const AVAILABLE_MEMORY_PROPORTION: f64 = 0.6;
 
+/// Whether a product in `dtype` with reduction length `k` and a kernel of `kernel_area`
+/// positions keeps fp32 partial sums even when its `k` is not split, so that a compute set of
+/// casts makes its output. poplin lets the AMP write an output narrower than its partials only
+/// when every input channel fits one conv unit's weights and the kernel is 1 x 1
+/// (`getConvVertexAMPCandidates`, `lib/poplin/ConvVertexType.cpp`); otherwise its vertices write
+/// fp32 partials and `convolutionImpl` casts them (`popops::cast` in a `Cast` compute set,
+/// `lib/poplin/Convolution.cpp`). A matmul is a 1 x 1 convolution with `k` input channels.
+pub fn fp32_partials(k: u64, kernel_area: u64, dtype: DType) -> bool {
+    dtype.size() < DType::F32.size() && !(kernel_area == 1 && k <= cost::amp_in_group(dtype))
+}
+
 /// The most serial steps the planner gives a block (an estimate: poplin's serial splits are
 /// a handful; each step costs a sync, an exchange and the AMP's per-call overheads).
 pub const MAX_SERIAL_STEPS: u64 = 64;
@@ -232,8 +243,17 @@ fn price(
     // k, each bringing its share of the operands, when some number of steps (of at least one
     // AMP input group each) brings it under.
     let bound = (cfg.sram_bytes_per_tile as f64 * AVAILABLE_MEMORY_PROPORTION) as u64;
-    let block_bytes =
-        |bk: u64, serial: u64| received_of(bk) + if pk > 1 || serial > 1 { bm * bn * 4 } else { 0 };
+    // Partial sums are fp32 when k is split (over tiles or serially) and when the output is
+    // narrower but poplin's AMP cannot write it (`fp32_partials`): a cast then makes it.
+    let casts = fp32_partials(k, 1, dtype);
+    let block_bytes = |bk: u64, serial: u64| {
+        received_of(bk)
+            + if pk > 1 || serial > 1 || casts {
+                bm * bn * 4
+            } else {
+                0
+            }
+    };
     let most = bk
         .div_ceil(cost::amp_in_group(dtype))
         .clamp(1, MAX_SERIAL_STEPS);
@@ -277,6 +297,10 @@ fn price(
             + cost::compute_set_overhead_cycles()
             + sync;
         spread *= f;
+    }
+    if pk == 1 && casts {
+        // Each tile casts its block's partials to the output.
+        total += cost::cast_cycles(cfg, bm * bn) + cost::compute_set_overhead_cycles() + sync;
     }
     let plan = MatMulPlan {
         pm,

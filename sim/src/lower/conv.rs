@@ -171,6 +171,7 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
             out: Box::new(|_, _, _| Vec::new()),
             b: None,
             out_m_contiguous: false,
+            kernel_area: 1,
         };
     };
     let groups = d.g as u64;
@@ -236,6 +237,7 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
                     weight_spans(&d, p.layout, g as u64, rn, rk)
                 })),
                 out_m_contiguous: p.layout == DataLayout::Nchw,
+                kernel_area: area,
             }
         }
         Conv::GradInput { dy, w, .. } => {
@@ -278,6 +280,7 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
                 }),
                 b: None,
                 out_m_contiguous: p.layout == DataLayout::Nchw,
+                kernel_area: area,
             }
         }
         Conv::GradWeight { x, dy, .. } => {
@@ -309,6 +312,8 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
                 b: None,
                 // HWIO weights hold each patch element's output channels together.
                 out_m_contiguous: p.layout == DataLayout::Nhwc,
+                // poplin's weight-update convolution takes the output field as its kernel.
+                kernel_area: oh * d.ow as u64,
             }
         }
     }

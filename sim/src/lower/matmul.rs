@@ -17,7 +17,9 @@ use tessera_core::{DType, Graph, NodeId, Op, Roles, Shape, Storage};
 
 use super::{rect, Lowering};
 use crate::cost;
-use crate::matmul::{plan_fc_cached, plan_matmul_cached, FcPlans, LaidOut, MatMulPlan, Operand};
+use crate::matmul::{
+    fp32_partials, plan_fc_cached, plan_matmul_cached, FcPlans, LaidOut, MatMulPlan, Operand,
+};
 use crate::program::{compress, Codelet, Interval, Mapping, Region, TensorId, TileId, Vertex};
 
 /// Element ranges `[start, end)`.
@@ -58,6 +60,11 @@ pub(crate) struct Product {
     /// activation holds each channel's positions together. The tiles reducing a block take
     /// shares that are contiguous in memory, as popops' reductions partition their output.
     pub out_m_contiguous: bool,
+    /// Positions of the kernel in poplin's view of the product: 1 for a matmul, the kernel's
+    /// for a convolution's forward and input-gradient passes, the output field's for its
+    /// weight update. With `k`, it decides whether the AMP can write a narrow output
+    /// (`crate::matmul::fp32_partials`).
+    pub kernel_area: u64,
 }
 
 /// Plans made so far, by node.
@@ -273,6 +280,7 @@ fn matmul_product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &MatMul) -> Pr
                 .collect()
         }),
         out_m_contiguous: false,
+        kernel_area: 1,
         b: single.then(|| {
             Box::new(move |_: usize, rk: Range, rn: Range| {
                 if tb {
@@ -547,8 +555,9 @@ fn output_shares(p: &Product, plan: &MatMulPlan) -> Vec<(usize, u64, u64, Range,
 }
 
 /// The mapping of product `i`'s output (where its final values are written), and whether the
-/// AMP vertices write it themselves (its `k` is not split, so there is no reduction): the
-/// output is then AMP partials, which must be interleaved.
+/// AMP vertices write it themselves (its `k` is not split, so there is no reduction, and its
+/// partials need no cast, `fp32_partials`): the output is then AMP partials, which must be
+/// interleaved.
 pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> (Mapping, bool) {
     let Some(p) = product_of(l, i) else {
         return (Mapping::default(), false);
@@ -571,8 +580,9 @@ pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> 
     for &o in node.op().operands().as_slice() {
         key.push_str(&format!("|{:?}", l.node(o).shape()));
     }
+    let amp_written = plan.pk == 1 && !fp32_partials(p.k, p.kernel_area, node.dtype());
     if let Some(m) = l.output_mappings.get(&key) {
-        return (m.clone(), plan.pk == 1);
+        return (m.clone(), amp_written);
     }
     let mut iv = Vec::new();
     for (g, im, i_n, rm, rn, pk_here) in output_shares(&p, &plan) {
@@ -589,7 +599,7 @@ pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> 
     }
     let m = Mapping::from_intervals(iv);
     l.output_mappings.insert(key, m.clone());
-    (m, plan.pk == 1)
+    (m, amp_written)
 }
 
 /// One block of the grid: group, (im, ik, in) and its element ranges.
@@ -604,7 +614,8 @@ struct Block {
     n: Range,
 }
 
-/// Lowers product `i`: partial products on the AMP, then (when `k` is split) the reduction.
+/// Lowers product `i`: partial products on the AMP, then (when `k` is split) the reduction,
+/// or (when it is not, but the AMP cannot write the output's type) a cast.
 pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
     let Some(p) = product_of(l, i) else {
         return;
@@ -674,14 +685,16 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
             })
             .collect()
     };
-    if plan.pk == 1 {
+    let casts = fp32_partials(p.k, p.kernel_area, dt);
+    if plan.pk == 1 && !casts {
         for s in 0..steps {
             let vertices = step(s, &|b| spans(out, (p.out)(b.g, b.m, b.n)));
             l.compute(i, &phase("matmul", s), vertices);
         }
         return;
     }
-    // Partial sums (fp32) block by block, then each block reduced by its pk tiles.
+    // Partial sums (fp32) block by block, then each block reduced by its pk tiles (or, when k
+    // is not split, cast to the output on its tile).
     let mut offsets = HashMap::new();
     let mut total = 0u64;
     let mut iv = Vec::new();
@@ -713,6 +726,29 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
             )]
         });
         l.compute(i, &phase("partials", s), vertices);
+    }
+    if plan.pk == 1 {
+        // poplin's `Cast` compute set: each tile casts its block's partials to the output,
+        // which is mapped like them (`output_mapping`).
+        let vertices = blocks
+            .iter()
+            .map(|b| {
+                let elements = (b.m.1 - b.m.0) * (b.n.1 - b.n.0);
+                Vertex {
+                    tile: tile_of(b),
+                    codelet: Codelet::Cast,
+                    cycles: cost::cast_cycles(cfg, elements),
+                    reads: vec![Region::span(
+                        partials,
+                        offsets[&(b.g, b.im, b.ik, b.i_n)],
+                        elements,
+                    )],
+                    writes: spans(out, (p.out)(b.g, b.m, b.n)),
+                }
+            })
+            .collect();
+        l.compute(i, "cast", vertices);
+        return;
     }
     // The partial blocks of one output block: `pk_here` of them, on tiles ik = 0.. of the
     // block's column of the grid. poplin reduces them in up to three stages

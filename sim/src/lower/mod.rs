@@ -1367,6 +1367,64 @@ mod tests {
     }
 
     #[test]
+    fn an_fp16_product_writes_its_output_from_the_amp_only_when_one_input_group_covers_k() {
+        // poplin's rule: fp16 products keep fp32 partials (cast or reduced to the output)
+        // unless k fits one AMP input group; fp32 products have fp32 partials anyway.
+        let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(64);
+        for (dtype, k, amp_may_write) in [
+            (DType::F16, 64, false),
+            (DType::F16, 300, false),
+            (DType::F16, 16, true),
+            (DType::F32, 64, true),
+        ] {
+            let mut g: Graph<Heap> = Graph::new();
+            let a = g
+                .variable("a", &[96, k], dtype, tessera_core::Init::Zeros)
+                .unwrap();
+            let b = g.input("b", &[k, 200], dtype).unwrap();
+            let c = g.matmul("c", a, b).unwrap();
+            let plan = Plan::new(&g).unwrap();
+            let program = lower(&plan, &cfg, LowerOptions::default());
+            let out = TensorId::of(plan.storage_of(c));
+            let writers: Vec<Codelet> = program
+                .steps
+                .iter()
+                .filter_map(|s| match s {
+                    Step::Compute(cs) => Some(cs),
+                    _ => None,
+                })
+                .flat_map(|cs| &cs.vertices)
+                .filter(|v| v.writes.iter().any(|r| r.tensor == out))
+                .map(|v| v.codelet)
+                .collect();
+            let case = format!("{dtype:?}, k = {k}: {writers:?}");
+            assert!(!writers.is_empty(), "{case}");
+            let from_amp = writers.iter().all(|&w| w == Codelet::MatMulPartial);
+            let from_stage = writers
+                .iter()
+                .all(|&w| matches!(w, Codelet::Cast | Codelet::Reduce));
+            assert!(from_amp || from_stage, "{case}");
+            if !amp_may_write {
+                assert!(from_stage, "{case}");
+            }
+            // The AMP's outputs live in interleaved memory; a cast's or reduction's do not.
+            assert_eq!(program.tensors[out.index()].interleaved, from_amp, "{case}");
+            if writers.contains(&Codelet::Cast) {
+                // A cast reads fp32 partials of the whole output.
+                let partials = program
+                    .tensors
+                    .iter()
+                    .find(|t| t.name == "c/partials")
+                    .unwrap_or_else(|| panic!("{case}"));
+                assert_eq!(partials.dtype, DType::F32, "{case}");
+                assert_eq!(partials.elements, 96 * 200, "{case}");
+                assert!(partials.interleaved, "{case}");
+            }
+            same_both_ways(&plan, &cfg, LowerOptions::default());
+        }
+    }
+
+    #[test]
     fn a_product_too_big_for_its_tiles_runs_in_serial_steps_under_the_bound() {
         // [64, 4096] x [4096, 64] in fp32 on 16 tiles of 48 KiB: the operands alone are 2 MiB,
         // 128 KiB a tile, far over 0.6 of a tile at once.
