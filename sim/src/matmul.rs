@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use tessera_core::DType;
 
-use crate::cost;
+use crate::cost::{self, UnaryKind};
 use crate::machine::IpuConfig;
 
 /// How a matmul is split across tiles, and its planned cost.
@@ -42,6 +42,13 @@ pub struct MatMulPlan {
     /// memory runs in several steps. 1 when the block runs at once.
     #[serde(default = "one")]
     pub serial: u64,
+    /// Serial steps over each block's `n` range (poplin's serial output-channel split): each
+    /// step brings the block's share of `a` and `1 / serial_n` of its columns of `b`, and makes
+    /// that share of the output in full, so a block whose partial sums would not fit runs in
+    /// several steps. 1 when the block runs at once; at most one of `serial` and `serial_n` is
+    /// over 1.
+    #[serde(default = "one")]
+    pub serial_n: u64,
 }
 
 fn one() -> u64 {
@@ -97,6 +104,14 @@ impl MatMulPlan {
         let len = k.1 - k.0;
         let step = len.div_ceil(self.serial.max(1));
         ((k.0 + s * step).min(k.1), (k.0 + (s + 1) * step).min(k.1))
+    }
+
+    /// The `n` range of serial output step `s` of a block whose `n` range is `n`, as
+    /// [`MatMulPlan::serial_range`] cuts `k`.
+    pub fn serial_n_range(&self, n: (u64, u64), s: u64) -> (u64, u64) {
+        let len = n.1 - n.0;
+        let step = len.div_ceil(self.serial_n.max(1));
+        ((n.0 + s * step).min(n.1), (n.0 + (s + 1) * step).min(n.1))
     }
 
     /// Tile cycles of the AMP vertex of one block of `m x k x n` in this plan's orientation.
@@ -209,7 +224,17 @@ enum Orientation {
     Swapped,
 }
 
-/// Prices the plan `pm x pk x pn` of `[m, k] x [k, n]`: (breaks the memory rule, plan).
+/// How far a plan's temporary memory is over the bound: 0 within it, `l` when within `2^l`
+/// times it (poplin's planner, when no plan meets its bound, plans again with the bound
+/// doubled until it reaches twice the tile's bytes: `minimizeMemory` in `runPlanner`,
+/// `lib/poplin/ConvPlan.cpp`), and `OVER_EVERY_BOUND` beyond that (poplin then plans for
+/// cycles alone).
+pub type BoundLevel = u32;
+
+/// The level of a plan within none of the doubled bounds.
+pub const OVER_EVERY_BOUND: BoundLevel = BoundLevel::MAX;
+
+/// Prices the plan `pm x pk x pn` of `[m, k] x [k, n]`: (its bound level, plan).
 #[allow(clippy::too_many_arguments)]
 fn price(
     cfg: &IpuConfig,
@@ -219,7 +244,7 @@ fn price(
     laid_out: LaidOut,
     orientation: Orientation,
     order: GridOrder,
-) -> (bool, MatMulPlan) {
+) -> (BoundLevel, MatMulPlan) {
     let s = dtype.size() as u64;
     let sync = cfg.sync_cycles;
     let (bm, bk, bn) = (m.div_ceil(pm), k.div_ceil(pk), n.div_ceil(pn));
@@ -232,76 +257,134 @@ fn price(
             bytes
         }
     };
-    let (a_of, b_of) = (
-        |bk: u64| share(bm * bk * s, pn, laid_out.a),
-        |bk: u64| share(bk * bn * s, pm, laid_out.b),
-    );
-    let received_of = |bk: u64| a_of(bk) + b_of(bk);
+    // The operand bytes a tile receives for a step over `bk` of k and `bn` of n.
+    let received_of =
+        |bk: u64, bn: u64| share(bm * bk * s, pn, laid_out.a) + share(bk * bn * s, pm, laid_out.b);
     // The plan's temporary memory on a tile (the operand copies it receives and its fp32
     // partial sums) may take `AVAILABLE_MEMORY_PROPORTION` of the tile, as poplibs' planner
-    // bounds it; plans over that are a last resort. A block over it runs in serial steps over
-    // k, each bringing its share of the operands, when some number of steps (of at least one
-    // AMP input group each) brings it under.
+    // bounds it; plans over that are a last resort, ranked by the doubled bound they meet
+    // (`BoundLevel`). A block over the bound runs in serial steps, over k (each step bringing
+    // its share of both operands, its partials added into an accumulator) or over n (each
+    // bringing the whole block of a and its share of b's columns, and making its share of the
+    // output in full): the fewest steps of either kind that bring it under the lowest bound
+    // some number of steps meets, the cheaper kind when both do.
     let bound = (cfg.sram_bytes_per_tile as f64 * AVAILABLE_MEMORY_PROPORTION) as u64;
     // Partial sums are fp32 when k is split (over tiles or serially) and when the output is
     // narrower but poplin's AMP cannot write it (`fp32_partials`): a cast then makes it.
     let casts = fp32_partials(k, 1, dtype);
-    let block_bytes = |bk: u64, serial: u64| {
-        received_of(bk)
-            + if pk > 1 || serial > 1 || casts {
-                bm * bn * 4
+    // In serial steps over k (poplin's loop) each step's fresh partials are added into an fp32
+    // accumulator of the tile's share of the output (and, when k is split, first reduced into
+    // an fp32 sum of the same share).
+    let out_share = (bm * bn).div_ceil(pk);
+    // Temporary bytes of `sk` steps over k or `sn` steps over n (one of them 1).
+    let block_bytes = |sk: u64, sn: u64| {
+        let bn_s = bn.div_ceil(sn);
+        received_of(bk.div_ceil(sk), bn_s)
+            + if sk > 1 {
+                bm * bn * 4 + out_share * 4 * if pk > 1 { 2 } else { 1 }
+            } else if pk > 1 || casts {
+                bm * bn_s * 4
             } else {
                 0
             }
     };
-    let most = bk
+    let superstep = cost::compute_set_overhead_cycles() + sync;
+    // The partials' reduction of blocks `bn` wide into `out`, stage by stage as poplin plans
+    // it: a stage summing f blocks spreads each result over the f x (tiles so far) tiles
+    // holding them.
+    let reduction = |out: DType, bn: u64| {
+        let mut spread = 1;
+        let mut cycles = 0;
+        let factors = cost::reduce_stage_factors(pk);
+        for (st, &f) in factors.iter().enumerate() {
+            let last = st + 1 == factors.len();
+            let holders = if last { pk } else { (spread * f).min(pk) };
+            let share = (bm * bn).div_ceil(holders);
+            let out = if last { out } else { DType::F32 };
+            cycles += cost::exchange_cycles(cfg, share * (f - 1) * 4, false)
+                + cost::partials_reduce_cycles(cfg, share, f, out)
+                + superstep;
+            spread *= f;
+        }
+        cycles
+    };
+    // Cycles of `sk` steps over k or `sn` steps over n, and whether the AMP runs transposed.
+    let cycles_of = |sk: u64, sn: u64| {
+        let (bk_s, bn_s) = (bk.div_ceil(sk), bn.div_ceil(sn));
+        // The AMP's cost of one step (the whole block when it runs at once), in the
+        // orientation allowed, the cheaper when both are.
+        let transposed = cost::matmul_amp_cycles(cfg, bn_s, bk_s, bm, dtype);
+        let (step_amp, swapped) = match orientation {
+            Orientation::Swapped => (transposed, true),
+            Orientation::Either => {
+                let straight = cost::matmul_amp_cycles(cfg, bm, bk_s, bn_s, dtype);
+                (straight.min(transposed), transposed < straight)
+            }
+        };
+        // The planner prices no exchange-bus pair discount (poplin's does, for its input when
+        // the output-channel split is even): in Tessera's element-order layouts the plans it
+        // favours, with many narrow column blocks, cut every downstream tensor into a region
+        // per row of a block, which costs region overheads and exchange code the planner does
+        // not see. The exchanges of the lowered program count what pairs do share.
+        let mut total = sk
+            * sn
+            * (step_amp + cost::exchange_cycles(cfg, received_of(bk_s, bn_s), false) + superstep);
+        // Each tile casts its share of fp32 results to the output.
+        let cast = |n: u64| cost::cast_cycles(cfg, n) + superstep;
+        if sk > 1 {
+            // poplin's serial loop over k: every step reduces its partials to fp32 and copies
+            // (the first) or adds them into the accumulator, which is cast to the output after
+            // the loop.
+            total += sk * (reduction(DType::F32, bn) + superstep)
+                + UnaryKind::Copy.cycles(cfg, out_share, DType::F32)
+                + (sk - 1) * cost::elementwise_binary_cycles(cfg, out_share, DType::F32);
+            if dtype != DType::F32 {
+                total += cast(out_share);
+            }
+        } else {
+            total += sn * reduction(dtype, bn_s);
+            if pk == 1 && casts {
+                total += sn * cast(bm * bn_s);
+            }
+        }
+        (total, swapped)
+    };
+    let most_k = bk
         .div_ceil(cost::amp_in_group(dtype))
         .clamp(1, MAX_SERIAL_STEPS);
-    let serial = (1..=most)
-        .find(|&st| block_bytes(bk.div_ceil(st), st) <= bound)
-        .unwrap_or(1);
-    let too_big = block_bytes(bk.div_ceil(serial), serial) > bound;
-    // The AMP's cost of one step (the whole block when it runs at once), in the orientation
-    // allowed, the cheaper when both are.
-    let step_k = bk.div_ceil(serial);
-    let transposed = cost::matmul_amp_cycles(cfg, bn, step_k, bm, dtype);
-    let (step_amp, swapped) = match orientation {
-        Orientation::Swapped => (transposed, true),
-        Orientation::Either => {
-            let straight = cost::matmul_amp_cycles(cfg, bm, step_k, bn, dtype);
-            (straight.min(transposed), transposed < straight)
+    let most_n = bn
+        .div_ceil(cost::amp_conv_units(cfg, dtype))
+        .clamp(1, MAX_SERIAL_STEPS);
+    let (level, (sk, sn)) = {
+        let mut level = 0;
+        let mut bound = bound;
+        loop {
+            let over_k = (1..=most_k).find(|&st| block_bytes(st, 1) <= bound);
+            let over_n = (2..=most_n).find(|&st| block_bytes(1, st) <= bound);
+            let steps = match (over_k, over_n) {
+                (Some(1), _) => Some((1, 1)),
+                (Some(st_k), Some(st_n)) => {
+                    if cycles_of(1, st_n).0 < cycles_of(st_k, 1).0 {
+                        Some((1, st_n))
+                    } else {
+                        Some((st_k, 1))
+                    }
+                }
+                (Some(st_k), None) => Some((st_k, 1)),
+                (None, Some(st_n)) => Some((1, st_n)),
+                (None, None) => None,
+            };
+            if let Some(steps) = steps {
+                break (level, steps);
+            }
+            if bound >= 2 * cfg.sram_bytes_per_tile {
+                break (OVER_EVERY_BOUND, (1, 1));
+            }
+            level += 1;
+            bound = bound.saturating_mul(2);
         }
     };
-    // The planner prices no exchange-bus pair discount (poplin's does, for its input when the
-    // output-channel split is even): in Tessera's element-order layouts the plans it favours,
-    // with many narrow column blocks, cut every downstream tensor into a region per row of a
-    // block, which costs region overheads and exchange code the planner does not see. The
-    // exchanges of the lowered program count what pairs do share.
-    let exchange_time = received_of(step_k);
-    let mut total = serial
-        * (step_amp
-            + cost::compute_set_overhead_cycles()
-            + cost::exchange_cycles(cfg, exchange_time, false)
-            + sync);
-    // The partials' reduction, stage by stage as poplin plans it: a stage summing f blocks
-    // spreads each result over the f x (tiles so far) tiles holding them.
-    let mut spread = 1;
-    let factors = cost::reduce_stage_factors(pk);
-    for (st, &f) in factors.iter().enumerate() {
-        let last = st + 1 == factors.len();
-        let holders = if last { pk } else { (spread * f).min(pk) };
-        let share = (bm * bn).div_ceil(holders);
-        let out = if last { dtype } else { DType::F32 };
-        total += cost::exchange_cycles(cfg, share * (f - 1) * 4, false)
-            + cost::partials_reduce_cycles(cfg, share, f, out)
-            + cost::compute_set_overhead_cycles()
-            + sync;
-        spread *= f;
-    }
-    if pk == 1 && casts {
-        // Each tile casts its block's partials to the output.
-        total += cost::cast_cycles(cfg, bm * bn) + cost::compute_set_overhead_cycles() + sync;
-    }
+    let (total, swapped) = cycles_of(sk, sn);
     let plan = MatMulPlan {
         pm,
         pk,
@@ -312,9 +395,10 @@ fn price(
         planned_cycles: total,
         swapped,
         order,
-        serial,
+        serial: sk,
+        serial_n: sn,
     };
-    (too_big, plan)
+    (level, plan)
 }
 
 /// Every candidate grid `(pm, pk, pn)` of `[m, k] x [k, n]` on up to `tiles` tiles.
@@ -346,6 +430,7 @@ fn whole(m: u64, k: u64, n: u64) -> MatMulPlan {
         swapped: false,
         order: GridOrder::Standard,
         serial: 1,
+        serial_n: 1,
     }
 }
 
@@ -430,9 +515,9 @@ pub fn plan_matmul(
     laid_out: LaidOut,
     tiles: u64,
 ) -> MatMulPlan {
-    let mut best: Option<((bool, u64, u64), MatMulPlan)> = None;
+    let mut best: Option<((BoundLevel, u64, u64), MatMulPlan)> = None;
     for grid in candidates(cfg, [m, k, n], dtype, tiles) {
-        let (too_big, plan) = price(
+        let (level, plan) = price(
             cfg,
             [m, k, n],
             grid,
@@ -441,7 +526,7 @@ pub fn plan_matmul(
             Orientation::Either,
             GridOrder::Standard,
         );
-        let key = (too_big, plan.planned_cycles, plan.tiles());
+        let key = (level, plan.planned_cycles, plan.tiles());
         if best.as_ref().is_none_or(|(k, _)| key < *k) {
             best = Some((key, plan));
         }
@@ -509,7 +594,7 @@ pub fn plan_fc(
         false,
     );
     let separate_cycles = separate.planned_cycles().saturating_add(gradient_move);
-    let mut best: Option<((bool, u64, u64), FcPlans)> = None;
+    let mut best: Option<((BoundLevel, u64, u64), FcPlans)> = None;
     for [pm, pk, pn] in candidates(cfg, [batch, input, output], dtype, tiles) {
         let (big_f, forward) = price(
             cfg,
@@ -524,7 +609,7 @@ pub fn plan_fc(
         // keeps the memory rule cannot beat it (every pass costs something): skip the rest.
         let beaten = |so_far: u64| {
             best.as_ref()
-                .is_some_and(|((big, cycles, _), _)| !*big && so_far >= *cycles)
+                .is_some_and(|((level, cycles, _), _)| *level == 0 && so_far >= *cycles)
         };
         if beaten(forward.planned_cycles) {
             continue;
@@ -563,7 +648,7 @@ pub fn plan_fc(
             joint: true,
         };
         let key = (
-            big_f || big_b || big_w,
+            big_f.max(big_b).max(big_w),
             plans.planned_cycles(),
             forward.tiles(),
         );
@@ -572,7 +657,7 @@ pub fn plan_fc(
         }
     }
     match best {
-        Some(((false, cycles, _), joint)) if cycles <= separate_cycles => joint,
+        Some(((0, cycles, _), joint)) if cycles <= separate_cycles => joint,
         _ => separate,
     }
 }
@@ -624,6 +709,7 @@ mod tests {
                 swapped: true,
                 order,
                 serial: 1,
+                serial_n: 1,
             };
             let f = plan(pm, pk, pn, GridOrder::Standard);
             let b = plan(pm, pn, pk, GridOrder::FcBackward);
@@ -738,9 +824,12 @@ mod tests {
             .with_sram_bytes_per_tile(48 * 1024);
         let bound = (cfg.sram_bytes_per_tile as f64 * AVAILABLE_MEMORY_PROPORTION) as u64;
         let p = plan_matmul(&cfg, 64, 4096, 64, DType::F32, LaidOut::NONE, 16);
-        assert!(p.serial > 1, "{p:?}");
+        assert!(p.serial > 1 && p.serial_n == 1, "{p:?}");
         let step_k = p.bk.div_ceil(p.serial);
-        let temp = (p.bm * step_k + step_k * p.bn) * 4 + p.bm * p.bn * 4;
+        // A step's operands, its partial sums and the accumulator of the tile's share.
+        let partials = p.bm * p.bn * 4;
+        let accumulator = (p.bm * p.bn).div_ceil(p.pk) * 4 * if p.pk > 1 { 2 } else { 1 };
+        let temp = (p.bm * step_k + step_k * p.bn) * 4 + partials + accumulator;
         assert!(temp <= bound, "{p:?}: {temp} B");
         // The steps cover the block's k range exactly.
         let k = (0, p.bk);
@@ -753,7 +842,32 @@ mod tests {
         assert_eq!(covered, p.bk);
         // A product that fits at once runs at once.
         let small = plan_matmul(&cfg, 16, 64, 16, DType::F32, LaidOut::NONE, 16);
-        assert_eq!(small.serial, 1);
+        assert_eq!((small.serial, small.serial_n), (1, 1));
+    }
+
+    #[test]
+    fn serial_steps_over_n_bring_a_wide_output_under_the_memory_bound() {
+        // [64, 64] x [64, 4096] in fp32 on 16 tiles of 48 KiB: a tile's share of b alone is
+        // 64 KiB. Steps over k would not help (their accumulator holds the tile's whole
+        // output block); steps over n bring a share of b's columns and make that share.
+        let cfg = IpuConfig::preset(Preset::Mk2)
+            .with_tiles(16)
+            .with_sram_bytes_per_tile(48 * 1024);
+        let bound = (cfg.sram_bytes_per_tile as f64 * AVAILABLE_MEMORY_PROPORTION) as u64;
+        let p = plan_matmul(&cfg, 64, 64, 4096, DType::F32, LaidOut::NONE, 16);
+        assert!(p.serial == 1 && p.serial_n > 1, "{p:?}");
+        let step_n = p.bn.div_ceil(p.serial_n);
+        let partials = if p.pk > 1 { p.bm * step_n * 4 } else { 0 };
+        let temp = (p.bm * p.bk + p.bk * step_n) * 4 + partials;
+        assert!(temp <= bound, "{p:?}: {temp} B");
+        let n = (3, 3 + p.bn);
+        let covered: Vec<u64> = (0..p.serial_n)
+            .flat_map(|s| {
+                let r = p.serial_n_range(n, s);
+                r.0..r.1
+            })
+            .collect();
+        assert_eq!(covered, (n.0..n.1).collect::<Vec<_>>());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use tessera_core::ops::update::Update;
 use tessera_core::{DType, Graph, NodeId, Op, Roles, Shape, Storage};
 
 use super::{rect, Lowering};
-use crate::cost;
+use crate::cost::{self, UnaryKind};
 use crate::matmul::{
     fp32_partials, plan_fc_cached, plan_matmul_cached, FcPlans, LaidOut, MatMulPlan, Operand,
 };
@@ -555,9 +555,9 @@ fn output_shares(p: &Product, plan: &MatMulPlan) -> Vec<(usize, u64, u64, Range,
 }
 
 /// The mapping of product `i`'s output (where its final values are written), and whether the
-/// AMP vertices write it themselves (its `k` is not split, so there is no reduction, and its
-/// partials need no cast, `fp32_partials`): the output is then AMP partials, which must be
-/// interleaved.
+/// AMP vertices write it themselves (its `k` is not split, over tiles or in serial steps, so
+/// there is no reduction or accumulation, and its partials need no cast, `fp32_partials`): the
+/// output is then AMP partials, which must be interleaved.
 pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> (Mapping, bool) {
     let Some(p) = product_of(l, i) else {
         return (Mapping::default(), false);
@@ -580,7 +580,8 @@ pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> 
     for &o in node.op().operands().as_slice() {
         key.push_str(&format!("|{:?}", l.node(o).shape()));
     }
-    let amp_written = plan.pk == 1 && !fp32_partials(p.k, p.kernel_area, node.dtype());
+    let amp_written =
+        plan.pk == 1 && plan.serial <= 1 && !fp32_partials(p.k, p.kernel_area, node.dtype());
     if let Some(m) = l.output_mappings.get(&key) {
         return (m.clone(), amp_written);
     }
@@ -602,6 +603,10 @@ pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> 
     (m, amp_written)
 }
 
+/// A tile's share of finishing an output block: the tile, the output element spans it
+/// writes and, when `k` is not split, the block's span in the partial sums.
+type Share = (TileId, Vec<(u64, u64)>, Option<(u64, u64)>);
+
 /// One block of the grid: group, (im, ik, in) and its element ranges.
 #[derive(Clone, Copy)]
 struct Block {
@@ -620,11 +625,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
     let Some(p) = product_of(l, i) else {
         return;
     };
-    let cfg = l.cfg;
     let plan = plan_of(l, i, &p);
-    let dt = l.node(i).dtype();
-    let tiles = l.tile_count();
-    let out = l.t(i);
     let mut blocks = Vec::new();
     for g in 0..p.groups {
         for im in 0..plan.pm {
@@ -650,7 +651,46 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
             }
         }
     }
-    let tile_of = |b: &Block| tile(b.g, plan.grid(b.im, b.ik, b.i_n), &p, tiles);
+    if plan.serial_n > 1 {
+        // poplin's serial output-channel split: each step computes every block's share of its
+        // columns in full (its own compute sets), writing that share of the output.
+        for s in 0..plan.serial_n {
+            let sub: Vec<Block> = blocks
+                .iter()
+                .filter_map(|b| {
+                    let n = plan.serial_n_range(b.n, s);
+                    (n.0 < n.1).then_some(Block { n, ..*b })
+                })
+                .collect();
+            lower_blocks(
+                l,
+                i,
+                &p,
+                &plan,
+                &sub,
+                &format!(" {}/{}", s + 1, plan.serial_n),
+            );
+        }
+    } else {
+        lower_blocks(l, i, &p, &plan, &blocks, "");
+    }
+}
+
+/// Lowers `blocks` of product `i` (all of them, or one serial output step's share of each),
+/// naming its compute sets with `suffix`.
+fn lower_blocks<S: Storage>(
+    l: &mut Lowering<'_, S>,
+    i: NodeId,
+    p: &Product,
+    plan: &MatMulPlan,
+    blocks: &[Block],
+    suffix: &str,
+) {
+    let cfg = l.cfg;
+    let dt = l.node(i).dtype();
+    let tiles = l.tile_count();
+    let out = l.t(i);
+    let tile_of = |b: &Block| tile(b.g, plan.grid(b.im, b.ik, b.i_n), p, tiles);
     let amp = |b: &Block| plan.amp_cycles(cfg, b.m.1 - b.m.0, b.k.1 - b.k.0, b.n.1 - b.n.0, dt);
     let spans = |t: TensorId, s: Vec<(u64, u64)>| {
         compress(
@@ -660,15 +700,8 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
         )
     };
     // Serial steps over each block's k range: each step a compute set (and the exchange
-    // bringing its share of the operands), accumulating into the same outputs.
+    // bringing its share of the operands).
     let steps = plan.serial.max(1);
-    let phase = |name: &str, s: u64| {
-        if steps == 1 {
-            name.to_string()
-        } else {
-            format!("{name} {}/{steps}", s + 1)
-        }
-    };
     // Serial step `s` of every block: its share of k, writing where `writes` says.
     let step = |s: u64, writes: &dyn Fn(&Block) -> Vec<Region>| -> Vec<Vertex> {
         blocks
@@ -686,19 +719,16 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
             .collect()
     };
     let casts = fp32_partials(p.k, p.kernel_area, dt);
-    if plan.pk == 1 && !casts {
-        for s in 0..steps {
-            let vertices = step(s, &|b| spans(out, (p.out)(b.g, b.m, b.n)));
-            l.compute(i, &phase("matmul", s), vertices);
-        }
+    if steps == 1 && plan.pk == 1 && !casts {
+        let vertices = step(0, &|b| spans(out, (p.out)(b.g, b.m, b.n)));
+        l.compute(i, &format!("matmul{suffix}"), vertices);
         return;
     }
-    // Partial sums (fp32) block by block, then each block reduced by its pk tiles (or, when k
-    // is not split, cast to the output on its tile).
+    // Partial sums (fp32) block by block.
     let mut offsets = HashMap::new();
     let mut total = 0u64;
     let mut iv = Vec::new();
-    for b in &blocks {
+    for b in blocks {
         offsets.insert((b.g, b.im, b.ik, b.i_n), total);
         let size = (b.m.1 - b.m.0) * (b.n.1 - b.n.0);
         iv.push(Interval {
@@ -708,16 +738,134 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
         });
         total += size;
     }
-    let partials = l.temporary(
-        i,
-        "partials",
-        DType::F32,
-        total,
-        Mapping::from_intervals(iv),
-    );
-    // The AMP writes its partial sums to interleaved memory.
-    l.tensors[partials.index()].interleaved = true;
+    let partials_mapping = Mapping::from_intervals(iv);
+    let pk_here = (0..plan.pk).filter(|&q| q * plan.bk < p.k).count() as u64;
+    // Output blocks: (g, im, in) with their element counts, from the ik = 0 blocks.
+    let outs: Vec<Block> = blocks.iter().filter(|b| b.ik == 0).copied().collect();
+    // Where each output element is finished: per output block, its tiles' shares (the block's
+    // own tile when k is not split, else each of its pk tiles an even share in output memory
+    // order), with the output spans of each share and, when k is not split, the block's
+    // span in the partials.
+    let mut shares: Vec<Share> = Vec::new();
+    for b in &outs {
+        if plan.pk == 1 {
+            let elements = (b.m.1 - b.m.0) * (b.n.1 - b.n.0);
+            let off = offsets[&(b.g, b.im, b.ik, b.i_n)];
+            shares.push((tile_of(b), (p.out)(b.g, b.m, b.n), Some((off, elements))));
+            continue;
+        }
+        let (rows, cols) = (b.m.1 - b.m.0, b.n.1 - b.n.0);
+        for q in 0..pk_here {
+            let pieces = reduce_share(rows, cols, q, pk_here, p.out_m_contiguous);
+            if pieces.is_empty() {
+                continue;
+            }
+            let mut out_spans = Vec::new();
+            for &(r0, r1, c0, c1) in &pieces {
+                out_spans.extend((p.out)(
+                    b.g,
+                    (b.m.0 + r0, b.m.0 + r1),
+                    (b.n.0 + c0, b.n.0 + c1),
+                ));
+            }
+            shares.push((
+                tile(b.g, plan.grid(b.im, q, b.i_n), p, tiles),
+                out_spans,
+                None,
+            ));
+        }
+    }
+    // A compute set over the shares: each reads `from` (the share's block of partial sums when
+    // `from` is partials and k is not split, else `from`'s output spans) and writes `to`'s
+    // output spans, also reading them when it accumulates into them.
+    let over_shares =
+        |from: TensorId, from_partials: bool, to: TensorId, codelet: Codelet, accumulate: bool| {
+            shares
+                .iter()
+                .map(|(tile, out_spans, block)| {
+                    let elements: u64 = out_spans.iter().map(|&(_, len)| len).sum();
+                    let mut reads = match (*block, from_partials) {
+                        (Some((off, len)), true) => vec![Region::span(from, off, len)],
+                        _ => spans(from, out_spans.clone()),
+                    };
+                    let writes = spans(to, out_spans.clone());
+                    if accumulate {
+                        reads.extend(writes.iter().copied());
+                    }
+                    let cycles = match codelet {
+                        Codelet::Binary => {
+                            cost::elementwise_binary_cycles(cfg, elements, DType::F32)
+                        }
+                        Codelet::Copy => UnaryKind::Copy.cycles(cfg, elements, DType::F32),
+                        _ => cost::cast_cycles(cfg, elements),
+                    };
+                    Vertex {
+                        tile: *tile,
+                        codelet,
+                        cycles,
+                        reads: compress(reads),
+                        writes,
+                    }
+                })
+                .collect::<Vec<_>>()
+        };
+    let reduce =
+        |l: &mut Lowering<'_, S>, partials: TensorId, to: TensorId, to_dt: DType, suffix: &str| {
+            reduce_blocks(
+                l, i, p, plan, &outs, &offsets, pk_here, partials, to, to_dt, suffix,
+            );
+        };
+    if steps == 1 {
+        let partials = l.temporary(
+            i,
+            &format!("partials{suffix}"),
+            DType::F32,
+            total,
+            partials_mapping,
+        );
+        // The AMP writes its partial sums to interleaved memory.
+        l.tensors[partials.index()].interleaved = true;
+        let vertices = step(0, &|b| {
+            vec![Region::span(
+                partials,
+                offsets[&(b.g, b.im, b.ik, b.i_n)],
+                (b.m.1 - b.m.0) * (b.n.1 - b.n.0),
+            )]
+        });
+        l.compute(i, &format!("partials{suffix}"), vertices);
+        if plan.pk == 1 {
+            // poplin's `Cast` compute set: each tile casts its block's partials to the output,
+            // which is mapped like them (`output_mapping`).
+            let vertices = over_shares(partials, true, out, Codelet::Cast, false);
+            l.compute(i, &format!("cast{suffix}"), vertices);
+        } else {
+            reduce(l, partials, out, dt, suffix);
+        }
+        return;
+    }
+    // poplin's serial loop (`convolutionImpl`, `lib/poplin/Convolution.cpp`): every step makes
+    // its partial sums afresh, reduces them to fp32 when k is split across tiles, and adds them
+    // into an fp32 accumulator (the first step copies them in). After the loop the accumulator
+    // is cast to the output, unless the output is fp32 and is the accumulator itself.
+    let acc = if dt == DType::F32 {
+        out
+    } else {
+        let (elements, mapping) = {
+            let t = &l.tensors[out.index()];
+            (t.elements, t.mapping.clone())
+        };
+        l.temporary(i, "accumulator", DType::F32, elements, mapping)
+    };
     for s in 0..steps {
+        let suffix = format!(" {}/{steps}", s + 1);
+        let partials = l.temporary(
+            i,
+            &format!("partials{suffix}"),
+            DType::F32,
+            total,
+            partials_mapping.clone(),
+        );
+        l.tensors[partials.index()].interleaved = true;
         let vertices = step(s, &|b| {
             vec![Region::span(
                 partials,
@@ -725,42 +873,56 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
                 (b.m.1 - b.m.0) * (b.n.1 - b.n.0),
             )]
         });
-        l.compute(i, &phase("partials", s), vertices);
+        l.compute(i, &format!("partials{suffix}"), vertices);
+        let result = if plan.pk == 1 {
+            partials
+        } else {
+            let (elements, mapping) = {
+                let t = &l.tensors[acc.index()];
+                (t.elements, t.mapping.clone())
+            };
+            let sum = l.temporary(i, &format!("sum{suffix}"), DType::F32, elements, mapping);
+            reduce(l, partials, sum, DType::F32, &suffix);
+            sum
+        };
+        let vertices = if s == 0 {
+            over_shares(result, plan.pk == 1, acc, Codelet::Copy, false)
+        } else {
+            over_shares(result, plan.pk == 1, acc, Codelet::Binary, true)
+        };
+        l.compute(i, &format!("accumulate{suffix}"), vertices);
     }
-    if plan.pk == 1 {
-        // poplin's `Cast` compute set: each tile casts its block's partials to the output,
-        // which is mapped like them (`output_mapping`).
-        let vertices = blocks
-            .iter()
-            .map(|b| {
-                let elements = (b.m.1 - b.m.0) * (b.n.1 - b.n.0);
-                Vertex {
-                    tile: tile_of(b),
-                    codelet: Codelet::Cast,
-                    cycles: cost::cast_cycles(cfg, elements),
-                    reads: vec![Region::span(
-                        partials,
-                        offsets[&(b.g, b.im, b.ik, b.i_n)],
-                        elements,
-                    )],
-                    writes: spans(out, (p.out)(b.g, b.m, b.n)),
-                }
-            })
-            .collect();
+    if acc != out {
+        let vertices = over_shares(acc, false, out, Codelet::Cast, false);
         l.compute(i, "cast", vertices);
-        return;
     }
-    // The partial blocks of one output block: `pk_here` of them, on tiles ik = 0.. of the
-    // block's column of the grid. poplin reduces them in up to three stages
-    // (`cost::reduce_stage_factors`); every stage but the last writes intermediate fp32 blocks,
-    // each spread over the tiles of the partials it sums, in even shares of the block's
-    // elements in output memory order. The last stage writes the output, each of the pk tiles
-    // an even share.
-    let pk_here = (0..plan.pk).filter(|&q| q * plan.bk < p.k).count() as u64;
+}
+
+/// Reduces product `i`'s partial blocks (`partials`, block `(g, im, ik, in)` at `offsets`) into
+/// `to` (indexed like the product's output) as `to_dt`. The partial blocks of one output block
+/// are `pk_here`, on tiles ik = 0.. of the block's column of the grid. poplin reduces them in up
+/// to three stages (`cost::reduce_stage_factors`); every stage but the last writes intermediate
+/// fp32 blocks, each spread over the tiles of the partials it sums, in even shares of the
+/// block's elements in output memory order. The last stage writes `to`, each of the pk tiles
+/// an even share. Compute sets are named with `suffix` (a serial step's).
+#[allow(clippy::too_many_arguments)]
+fn reduce_blocks<S: Storage>(
+    l: &mut Lowering<'_, S>,
+    i: NodeId,
+    p: &Product,
+    plan: &MatMulPlan,
+    outs: &[Block],
+    offsets: &HashMap<(usize, u64, u64, u64), u64>,
+    pk_here: u64,
+    partials: TensorId,
+    to: TensorId,
+    to_dt: DType,
+    suffix: &str,
+) {
+    let cfg = l.cfg;
+    let tiles = l.tile_count();
     let factors = cost::reduce_stage_factors(pk_here);
-    // Output blocks: (g, im, in) with their element counts, from the ik = 0 blocks.
-    let outs: Vec<&Block> = blocks.iter().filter(|b| b.ik == 0).collect();
-    let block_tile = |b: &Block, q: u64| tile(b.g, plan.grid(b.im, q, b.i_n), &p, tiles);
+    let block_tile = |b: &Block, q: u64| tile(b.g, plan.grid(b.im, q, b.i_n), p, tiles);
     // The current stage's source: per output block, the offsets of its blocks in `source`.
     let mut source = partials;
     let mut sources: Vec<Vec<u64>> = outs
@@ -813,7 +975,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
         }
         let inter = l.temporary(
             i,
-            &format!("partials{}", stage + 1),
+            &format!("partials{}{suffix}", stage + 1),
             DType::F32,
             total,
             Mapping::from_intervals(iv),
@@ -836,7 +998,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
                 writes: vec![Region::span(inter, base + first, end - first)],
             });
         }
-        l.compute(i, &format!("reduce{}", stage + 1), vertices);
+        l.compute(i, &format!("reduce{}{suffix}", stage + 1), vertices);
         source = inter;
         sources = next_sources;
         spread = group_tiles;
@@ -869,16 +1031,21 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
             vertices.push(Vertex {
                 tile: block_tile(b, q),
                 codelet: Codelet::Reduce,
-                cycles: cost::partials_reduce_cycles(cfg, end - first, depth, dt),
+                cycles: cost::partials_reduce_cycles(cfg, end - first, depth, to_dt),
                 reads: compress(reads),
-                writes: spans(out, writes),
+                writes: compress(
+                    writes
+                        .into_iter()
+                        .map(|(a, len)| Region::span(to, a, len))
+                        .collect(),
+                ),
             });
         }
     }
     let phase = if stages == 1 {
-        "reduce".to_string()
+        format!("reduce{suffix}")
     } else {
-        format!("reduce{stages}")
+        format!("reduce{stages}{suffix}")
     };
     l.compute(i, &phase, vertices);
 }
