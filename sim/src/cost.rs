@@ -291,6 +291,164 @@ pub fn scaled_add_cycles(cfg: &IpuConfig, n: u64, dtype: DType) -> u64 {
     )
 }
 
+/// Fixed worker cycles of a 4-byte `Transpose2D` vertex's fast path (poplibs
+/// `lib/popops/popopsCycleEstimators.cpp` before commit 18ee6463, 2022, when the transposition
+/// estimators moved into Poplar): `27 + matrices x (11 + rows / 2 x (6 + 3 x (columns / 2 -
+/// 1)))`.
+pub const TRANSPOSE_FP32_FIXED_CYCLES: u64 = 27;
+/// Per matrix of a 4-byte `Transpose2D` (the 11 above).
+pub const TRANSPOSE_FP32_MATRIX_CYCLES: u64 = 11;
+/// Per pair of rows of a 4-byte `Transpose2D` (the 6 above).
+pub const TRANSPOSE_FP32_ROW_PAIR_CYCLES: u64 = 6;
+/// Per pair of columns after the first, per pair of rows (the 3 above).
+pub const TRANSPOSE_FP32_COLUMN_PAIR_CYCLES: u64 = 3;
+/// Fixed worker cycles of the fp16 `Transpose1D` worker (poplibs `TransposeWorkerCycles`, as
+/// above): `29 + matrices x (18 + rows / 4 x (12 + 4 x (columns / 4 - 2)))`.
+pub const TRANSPOSE_FP16_FIXED_CYCLES: u64 = 29;
+/// Per matrix of the fp16 `Transpose1D` worker (the 18 above).
+pub const TRANSPOSE_FP16_MATRIX_CYCLES: u64 = 18;
+/// Per four rows of the fp16 `Transpose1D` worker (the 12 above).
+pub const TRANSPOSE_FP16_ROW_QUAD_CYCLES: u64 = 12;
+/// Per four columns beyond eight, per four rows (the 4 above).
+pub const TRANSPOSE_FP16_COLUMN_QUAD_CYCLES: u64 = 4;
+
+/// Fixed worker cycles of a 4-byte `Transpose2D` vertex's slow path (poplibs, as above): `13 +
+/// matrices x (8 + columns x (5 + rows x 4 / 2))`, taken when a block's rows are odd or its
+/// strides exceed the fast path's (`rows x (columns - 2) / 2 >= 512`, `rows >= 512`).
+pub const TRANSPOSE_FP32_SLOW_FIXED_CYCLES: u64 = 13;
+/// Per matrix of the slow path (the 8 above).
+pub const TRANSPOSE_FP32_SLOW_MATRIX_CYCLES: u64 = 8;
+/// Per column of the slow path (the 5 above).
+pub const TRANSPOSE_FP32_SLOW_COLUMN_CYCLES: u64 = 5;
+/// Per row per column of the slow path (the 4 / 2 above).
+pub const TRANSPOSE_FP32_SLOW_ELEMENT_CYCLES: u64 = 2;
+
+/// Tile cycles of transposing `n` elements of a weight on one tile in `rows x columns` blocks, as
+/// poplin's `fullyConnectedWeightTranspose` does before a fully-connected layer's
+/// input-gradient pass (`addTransposeVertices` with the forward and backward plans' channel
+/// groups, `lib/poplin/Convolution.cpp`): the blocks shared among the workers, each worker's time
+/// by poplibs' transposition estimators (`Transpose2D` for 4-byte types, fast or slow path, the
+/// `Transpose1D` worker for fp16).
+pub fn weight_transpose_cycles(cfg: &IpuConfig, n: u64, dtype: DType, rows: u64, cols: u64) -> u64 {
+    let (rows, cols) = (rows.max(1), cols.max(1));
+    let w = workers(cfg);
+    let matrices = n.div_ceil(rows * cols).div_ceil(w);
+    let worker = if dtype.size() < 4 {
+        TRANSPOSE_FP16_FIXED_CYCLES
+            + matrices
+                * (TRANSPOSE_FP16_MATRIX_CYCLES
+                    + (rows / 4).max(1)
+                        * (TRANSPOSE_FP16_ROW_QUAD_CYCLES
+                            + TRANSPOSE_FP16_COLUMN_QUAD_CYCLES * (cols / 4).saturating_sub(2)))
+    } else if rows % 2 == 0 && cols % 2 == 0 && rows * (cols - 2) / 2 < 512 && rows < 512 {
+        TRANSPOSE_FP32_FIXED_CYCLES
+            + matrices
+                * (TRANSPOSE_FP32_MATRIX_CYCLES
+                    + rows / 2
+                        * (TRANSPOSE_FP32_ROW_PAIR_CYCLES
+                            + TRANSPOSE_FP32_COLUMN_PAIR_CYCLES * (cols / 2).saturating_sub(1)))
+    } else {
+        TRANSPOSE_FP32_SLOW_FIXED_CYCLES
+            + matrices
+                * (TRANSPOSE_FP32_SLOW_MATRIX_CYCLES
+                    + cols
+                        * (TRANSPOSE_FP32_SLOW_COLUMN_CYCLES
+                            + rows * TRANSPOSE_FP32_SLOW_ELEMENT_CYCLES))
+    };
+    w * worker
+}
+
+/// Supervisor overhead of poplin's fp32 `ConvPartialHorizontalMac` vertex
+/// (`convHorizontalMacOverhead`, `lib/poplin/PerformanceEstimation.hpp`).
+pub const HMAC_FP32_OVERHEAD_CYCLES: u64 = 58;
+/// Per worker, the zeroing retention saving the HMAC supervisor adds back
+/// (`zeroPartialsRetentionSavings` for fp32 partials, as above).
+pub const HMAC_ZERO_RETENTION_CYCLES: u64 = 9;
+/// Per convolution group of the HMAC supervisor (`getConvPartialHorizontalMacSupervisor
+/// OuterLoopCycleEstimate`, as above).
+pub const HMAC_CONV_GROUP_CYCLES: u64 = 23;
+/// Per input-channel group of the HMAC supervisor (as above).
+pub const HMAC_IN_GROUP_CYCLES: u64 = 15;
+/// Per output group of the HMAC supervisor (as above).
+pub const HMAC_OUT_GROUP_CYCLES: u64 = 10;
+/// A worker's fixed cycles in an HMAC pass: 16 in `getConvPartialHorizontalMacCycleEstimate`
+/// and the 16 of `workerNonLoopOverhead` (as above).
+pub const HMAC_WORKER_FIXED_CYCLES: u64 = 32;
+/// Per run of outputs a worker computes (the 19 of a non-empty `convSize`, as above).
+pub const HMAC_RUN_CYCLES: u64 = 19;
+/// Per output position, before its dot products (the 7 of `convSize x (7 + ...)`, as above).
+pub const HMAC_POSITION_CYCLES: u64 = 7;
+/// A worker with no outputs (the 7 of an empty `convSize`, as above).
+pub const HMAC_EMPTY_RUN_CYCLES: u64 = 7;
+/// Fixed cycles of one dense dot product, fp32 (`getDenseDotProductCycles`: rpt and wind down 3,
+/// sum with the previous partial 3, branch 1).
+pub const DOT_PRODUCT_FIXED_CYCLES: u64 = 7;
+/// Fixed worker cycles of zeroing fp32 partials (`getZeroSupervisorVertexCycleEstimate`: 14 less
+/// the retention saving of 9).
+pub const ZERO_PARTIALS_WORKER_CYCLES: u64 = 5;
+
+/// Tile cycles of poplin's fp32 `ConvPartialHorizontalMac` vertex (HMAC) over a block of
+/// `field` output positions, `in_chans` input channels in groups of `group` and `out_chans`
+/// output channels (one per group, as fp32 partials have), with the zeroing of its partials
+/// (`getConvPartialHorizontalMacSupervisorCycleEstimate`, `estimateZeroSupervisorCycles`,
+/// `lib/poplin/PerformanceEstimation.hpp`, as poplin's planner prices it in
+/// `lib/poplin/ConvModel.cpp`). The field is one row: each worker takes a sixth of it.
+pub fn hmac_cycles(cfg: &IpuConfig, field: u64, in_chans: u64, out_chans: u64, group: u64) -> u64 {
+    let w = workers(cfg);
+    let group = group.max(1);
+    let per_worker = field.div_ceil(w);
+    // fp32 dot products run two elements a cycle when the group is even, else one per two
+    // cycles with a cycle more to start.
+    let dot = if group % 2 == 0 {
+        DOT_PRODUCT_FIXED_CYCLES + group / 2
+    } else {
+        DOT_PRODUCT_FIXED_CYCLES + 1 + 2 * group
+    };
+    let worker = HMAC_WORKER_FIXED_CYCLES
+        + if per_worker > 0 {
+            HMAC_RUN_CYCLES + per_worker * (HMAC_POSITION_CYCLES + dot)
+        } else {
+            HMAC_EMPTY_RUN_CYCLES
+        };
+    let inner = w * worker;
+    let in_groups = in_chans.div_ceil(group).max(1);
+    let out_groups = out_chans.max(1);
+    let outer = HMAC_FP32_OVERHEAD_CYCLES
+        + w * HMAC_ZERO_RETENTION_CYCLES
+        + HMAC_CONV_GROUP_CYCLES
+        + in_groups * (HMAC_IN_GROUP_CYCLES + out_groups * (HMAC_OUT_GROUP_CYCLES + inner));
+    let zero = (per_worker.div_ceil(2) + ZERO_PARTIALS_WORKER_CYCLES) * w * out_groups;
+    outer + zero
+}
+
+/// Fixed worker cycles of poplin's `OuterProduct` vertex (`getOuterProductCycleEstimate`,
+/// `lib/poplin/PerformanceEstimation.hpp`): `25 + groups x (11 + width x (6 + (group - 6) / 2))`
+/// on the fp32 fast path (an even group of at least 6), `25 + groups x (11 + width x (10 + 2 x
+/// group))` otherwise.
+pub const OUTER_PRODUCT_FIXED_CYCLES: u64 = 25;
+/// Per channel group of an outer product (the 11 above).
+pub const OUTER_PRODUCT_GROUP_CYCLES: u64 = 11;
+/// Per output position per group on the fast path, before its channels (the 6 above).
+pub const OUTER_PRODUCT_FAST_POSITION_CYCLES: u64 = 6;
+/// Per output position per group on the slow path (the 10 above).
+pub const OUTER_PRODUCT_SLOW_POSITION_CYCLES: u64 = 10;
+
+/// Tile cycles of poplin's fp32 `OuterProduct` vertices (a weight update with one input
+/// channel) over `field` positions and `out_chans` channels in groups of `group`: each worker
+/// takes a sixth of the field (as poplin's planner prices it, `ConvModel.cpp`).
+pub fn outer_product_cycles(cfg: &IpuConfig, field: u64, out_chans: u64, group: u64) -> u64 {
+    let w = workers(cfg);
+    let group = group.max(1);
+    let width = field.div_ceil(w);
+    let groups = out_chans.div_ceil(group);
+    let per_position = if group >= 6 && group % 2 == 0 {
+        OUTER_PRODUCT_FAST_POSITION_CYCLES + (group - 6) / 2
+    } else {
+        OUTER_PRODUCT_SLOW_POSITION_CYCLES + 2 * group
+    };
+    w * (OUTER_PRODUCT_FIXED_CYCLES + groups * (OUTER_PRODUCT_GROUP_CYCLES + width * per_position))
+}
+
 /// Tile cycles of a cast between fp32 and fp16 over `n` elements, either direction (ARCH.md:
 /// about `12 + W x (37 + 2 per vector of 4)`).
 pub fn cast_cycles(cfg: &IpuConfig, n: u64) -> u64 {
@@ -584,6 +742,59 @@ mod tests {
 
     fn near(got: f64, want: f64, tol: f64) -> bool {
         (got - want).abs() <= tol * want
+    }
+
+    #[test]
+    fn hmac_outer_product_and_transposes_match_poplibs_formulas() {
+        let c = IpuConfig::preset(Preset::Mk1);
+        // HMAC over 40 positions and 40 input channels in one group of 40, one output channel:
+        // 7 positions a worker, dot products of 7 + 40 / 2; outer loop 58 + 6 x 9 + 23 + (15 +
+        // 10 + inner); zeroing (ceil(7 / 2) + 5) x 6.
+        let inner = 6 * (32 + 19 + 7 * (7 + (7 + 20)));
+        assert_eq!(
+            hmac_cycles(&c, 40, 40, 1, 40),
+            58 + 6 * 9 + 23 + (15 + (10 + inner)) + (4 + 5) * 6
+        );
+        // Two input groups and two output channels: the inner loop runs four times.
+        assert_eq!(
+            hmac_cycles(&c, 40, 80, 2, 40),
+            58 + 6 * 9 + 23 + 2 * (15 + 2 * (10 + inner)) + (4 + 5) * 6 * 2
+        );
+        // An odd group takes the slow dot product: 7 + 1 + 2 per channel.
+        let odd = 6 * (32 + 19 + 7 * (7 + (8 + 2 * 5)));
+        assert_eq!(
+            hmac_cycles(&c, 40, 5, 1, 5),
+            58 + 6 * 9 + 23 + (15 + (10 + odd)) + (4 + 5) * 6
+        );
+        // Outer products, fast path (even group of at least 6) and slow path.
+        assert_eq!(
+            outer_product_cycles(&c, 40, 80, 40),
+            6 * (25 + 2 * (11 + 7 * (6 + 17)))
+        );
+        assert_eq!(
+            outer_product_cycles(&c, 40, 5, 5),
+            6 * (25 + (11 + 7 * (10 + 10)))
+        );
+        // Transpositions of fp32 blocks: 8 x 8 on the fast path, 40 x 40 on the slow one (its
+        // strides are too long), one block a worker here.
+        assert_eq!(
+            weight_transpose_cycles(&c, 64, DType::F32, 8, 8),
+            6 * (27 + (11 + 4 * (6 + 3 * 3)))
+        );
+        assert_eq!(
+            weight_transpose_cycles(&c, 1600, DType::F32, 40, 40),
+            6 * (13 + (8 + 40 * (5 + 40 * 2)))
+        );
+        // fp16 in 16 x 8 blocks: 29 + (18 + 4 x 12) per block.
+        assert_eq!(
+            weight_transpose_cycles(&c, 128, DType::F16, 16, 8),
+            6 * (29 + (18 + 4 * 12))
+        );
+        // Thirteen blocks over six workers: the busiest does three.
+        assert_eq!(
+            weight_transpose_cycles(&c, 13 * 64, DType::F32, 8, 8),
+            6 * (27 + 3 * (11 + 4 * (6 + 3 * 3)))
+        );
     }
 
     #[test]

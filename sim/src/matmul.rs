@@ -49,6 +49,32 @@ pub struct MatMulPlan {
     /// over 1.
     #[serde(default = "one")]
     pub serial_n: u64,
+    /// The vertices that make the partial sums.
+    #[serde(default)]
+    pub method: Method,
+}
+
+/// How a plan's blocks are multiplied: poplin's convolution methods (`Plan::Method`,
+/// `lib/poplin/ConvPlanTypes.hpp`) that Tessera models.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    /// The AMP (`ConvPartial1x1Out`): the default, and every plan but the ones below.
+    #[default]
+    Amp,
+    /// Horizontal MACs (`ConvPartialHorizontalMac`): dot products over input-channel groups of
+    /// `group`, one output channel per group. A batch-1 fp32 layer's forward and input-gradient
+    /// passes, planned jointly.
+    Hmac {
+        /// Input channels per group.
+        group: u64,
+    },
+    /// Outer products (`OuterProduct`): a weight update with one input channel (a batch of 1),
+    /// output channels in groups of `group`.
+    OuterProduct {
+        /// Output channels per group.
+        group: u64,
+    },
 }
 
 fn one() -> u64 {
@@ -114,12 +140,31 @@ impl MatMulPlan {
         ((n.0 + s * step).min(n.1), (n.0 + (s + 1) * step).min(n.1))
     }
 
-    /// Tile cycles of the AMP vertex of one block of `m x k x n` in this plan's orientation.
+    /// Tile cycles of the vertex making one block's partial sums, `m x k x n`, in this plan's
+    /// method and orientation (transposed, the columns are the field and the rows the output
+    /// channels).
     pub fn amp_cycles(&self, cfg: &IpuConfig, m: u64, k: u64, n: u64, dtype: DType) -> u64 {
-        if self.swapped {
-            cost::matmul_amp_cycles(cfg, n, k, m, dtype)
-        } else {
-            cost::matmul_amp_cycles(cfg, m, k, n, dtype)
+        let (field, out) = if self.swapped { (n, m) } else { (m, n) };
+        match self.method {
+            Method::Amp => cost::matmul_amp_cycles(cfg, field, k, out, dtype),
+            Method::Hmac { group } => cost::hmac_cycles(cfg, field, k, out, group),
+            Method::OuterProduct { group } => cost::outer_product_cycles(cfg, field, out, group),
+        }
+    }
+
+    /// Whether the AMP makes the partial sums (they then live in interleaved memory).
+    pub fn on_amp(&self) -> bool {
+        self.method == Method::Amp
+    }
+
+    /// The blocks (rows x columns) poplin transposes a weight in before the input-gradient pass
+    /// of a layer this plan's pass belongs to: the passes' channel groups (`getGroupSizes` in
+    /// `lib/poplin/Convolution.cpp`), the AMP's input group by its conv units, or an HMAC
+    /// plan's group both ways.
+    pub fn transpose_block(&self, cfg: &IpuConfig, dtype: DType) -> (u64, u64) {
+        match self.method {
+            Method::Hmac { group } | Method::OuterProduct { group } => (group, group),
+            Method::Amp => (cost::amp_in_group(dtype), cost::amp_conv_units(cfg, dtype)),
         }
     }
 
@@ -244,6 +289,7 @@ fn price(
     laid_out: LaidOut,
     orientation: Orientation,
     order: GridOrder,
+    method: Method,
 ) -> (BoundLevel, MatMulPlan) {
     let s = dtype.size() as u64;
     let sync = cfg.sync_cycles;
@@ -313,11 +359,16 @@ fn price(
         let (bk_s, bn_s) = (bk.div_ceil(sk), bn.div_ceil(sn));
         // The AMP's cost of one step (the whole block when it runs at once), in the
         // orientation allowed, the cheaper when both are.
-        let transposed = cost::matmul_amp_cycles(cfg, bn_s, bk_s, bm, dtype);
+        let vertex = |field: u64, k: u64, out: u64| match method {
+            Method::Amp => cost::matmul_amp_cycles(cfg, field, k, out, dtype),
+            Method::Hmac { group } => cost::hmac_cycles(cfg, field, k, out, group),
+            Method::OuterProduct { group } => cost::outer_product_cycles(cfg, field, out, group),
+        };
+        let transposed = vertex(bn_s, bk_s, bm);
         let (step_amp, swapped) = match orientation {
             Orientation::Swapped => (transposed, true),
             Orientation::Either => {
-                let straight = cost::matmul_amp_cycles(cfg, bm, bk_s, bn_s, dtype);
+                let straight = vertex(bm, bk_s, bn_s);
                 (straight.min(transposed), transposed < straight)
             }
         };
@@ -397,6 +448,7 @@ fn price(
         order,
         serial: sk,
         serial_n: sn,
+        method,
     };
     (level, plan)
 }
@@ -431,6 +483,7 @@ fn whole(m: u64, k: u64, n: u64) -> MatMulPlan {
         order: GridOrder::Standard,
         serial: 1,
         serial_n: 1,
+        method: Method::Amp,
     }
 }
 
@@ -525,6 +578,7 @@ pub fn plan_matmul(
             laid_out,
             Orientation::Either,
             GridOrder::Standard,
+            Method::Amp,
         );
         let key = (level, plan.planned_cycles, plan.tiles());
         if best.as_ref().is_none_or(|(k, _)| key < *k) {
@@ -604,6 +658,7 @@ pub fn plan_fc(
             LaidOut::B,
             Orientation::Swapped,
             GridOrder::Standard,
+            Method::Amp,
         );
         // A candidate whose passes so far already cost as much as the best joint plan that
         // keeps the memory rule cannot beat it (every pass costs something): skip the rest.
@@ -624,6 +679,7 @@ pub fn plan_fc(
             LaidOut::B,
             Orientation::Swapped,
             GridOrder::FcBackward,
+            Method::Amp,
         );
         if beaten(
             forward
@@ -640,6 +696,7 @@ pub fn plan_fc(
             LaidOut::NONE,
             Orientation::Swapped,
             GridOrder::FcWeightUpdate,
+            Method::Amp,
         );
         let plans = FcPlans {
             forward,
@@ -656,10 +713,89 @@ pub fn plan_fc(
             best = Some((key, plans));
         }
     }
+    // A batch-1 fp32 layer can also be planned on horizontal MACs, as poplin's joint planner
+    // may (its candidates in `lib/poplin/ConvVertexType.cpp`): the forward and input gradient
+    // on HMAC vertices over input-channel groups of `g`, the weight update on outer products.
+    // Joint plans do not split the batch (`outChanSplit.parallel` is 1, `ConvModel.cpp`) and
+    // split the other two dimensions in whole groups (the field grain is `g`).
+    if batch == 1 && dtype == DType::F32 {
+        for g in hmac_groups(input, output) {
+            let divisors = |n: u64| (1..=n).filter(move |d| n % d == 0);
+            for cs in divisors(input / g) {
+                for fs in divisors(output / g).take_while(|&fs| cs * fs <= tiles) {
+                    let plans = hmac_joint(cfg, input, output, g, cs, fs, dtype);
+                    let key = (plans.0, plans.1.planned_cycles(), cs * fs);
+                    if best.as_ref().is_none_or(|(k, _)| key < *k) {
+                        best = Some((key, plans.1));
+                    }
+                }
+            }
+        }
+    }
     match best {
         Some(((0, cycles, _), joint)) if cycles <= separate_cycles => joint,
         _ => separate,
     }
+}
+
+/// The HMAC groups poplin's planner may give a batch-1 layer of `input -> output`: 1 and the
+/// multiples of 4 (`getConvVertexHMACCandidates`, `lib/poplin/ConvVertexType.cpp`), here only
+/// those dividing both sizes (poplin pads the others, at a cost Tessera does not model).
+fn hmac_groups(input: u64, output: u64) -> impl Iterator<Item = u64> {
+    (1..=input.min(output))
+        .filter(move |&g| (g == 1 || g % 4 == 0) && input % g == 0 && output % g == 0)
+}
+
+/// The joint HMAC plan of a batch-1 layer `input -> output` in groups of `g`, the input split
+/// `cs` ways and the output `fs` ways: its bound level and plans.
+fn hmac_joint(
+    cfg: &IpuConfig,
+    input: u64,
+    output: u64,
+    g: u64,
+    cs: u64,
+    fs: u64,
+    dtype: DType,
+) -> (BoundLevel, FcPlans) {
+    let (lf, forward) = price(
+        cfg,
+        [1, input, output],
+        [1, cs, fs],
+        dtype,
+        LaidOut::B,
+        Orientation::Swapped,
+        GridOrder::Standard,
+        Method::Hmac { group: g },
+    );
+    let (lb, backward) = price(
+        cfg,
+        [1, output, input],
+        [1, fs, cs],
+        dtype,
+        LaidOut::B,
+        Orientation::Swapped,
+        GridOrder::FcBackward,
+        Method::Hmac { group: g },
+    );
+    let (lw, weight_update) = price(
+        cfg,
+        [input, 1, output],
+        [cs, 1, fs],
+        dtype,
+        LaidOut::NONE,
+        Orientation::Swapped,
+        GridOrder::FcWeightUpdate,
+        Method::OuterProduct { group: g },
+    );
+    (
+        lf.max(lb).max(lw),
+        FcPlans {
+            forward,
+            backward,
+            weight_update,
+            joint: true,
+        },
+    )
 }
 
 #[cfg(test)]
@@ -710,6 +846,7 @@ mod tests {
                 order,
                 serial: 1,
                 serial_n: 1,
+                method: Method::Amp,
             };
             let f = plan(pm, pk, pn, GridOrder::Standard);
             let b = plan(pm, pn, pk, GridOrder::FcBackward);
@@ -731,6 +868,42 @@ mod tests {
                 }
             }
             assert!(seen.iter().all(|&x| x));
+        }
+    }
+
+    #[test]
+    fn a_batch_1_fp32_layer_is_planned_on_horizontal_macs_in_whole_groups() {
+        // poplin's joint plan for 1 x 1000 -> 1000 in fp32 on Mk1: HMAC forward and input
+        // gradient, outer-product weight update, every split in whole groups of a common group
+        // dividing both sizes, the batch not split.
+        let cfg = IpuConfig::preset(Preset::Mk1);
+        let p = plan_fc(&cfg, 1, 1000, 1000, DType::F32, cfg.tiles.into());
+        assert!(p.joint, "{p:?}");
+        let Method::Hmac { group } = p.forward.method else {
+            panic!("{p:?}");
+        };
+        assert!(group == 1 || (group % 4 == 0 && 1000 % group == 0), "{p:?}");
+        assert_eq!(p.backward.method, Method::Hmac { group });
+        assert_eq!(p.weight_update.method, Method::OuterProduct { group });
+        let f = p.forward;
+        assert_eq!(f.pm, 1);
+        assert!(f.bk % group == 0 && f.bn % group == 0, "{p:?}");
+        assert_eq!((p.backward.pk, p.backward.pn), (f.pn, f.pk));
+        assert_eq!(
+            (p.weight_update.pm, p.weight_update.pk, p.weight_update.pn),
+            (f.pk, 1, f.pn)
+        );
+        // poplin's groups cap the grid at (1000 / g)^2 tiles.
+        assert!(f.tiles() <= (1000 / group).pow(2), "{p:?}");
+        // A larger batch, or fp16, keeps the AMP.
+        for (batch, dtype) in [(4, DType::F32), (1, DType::F16)] {
+            let p = plan_fc(&cfg, batch, 1000, 1000, dtype, cfg.tiles.into());
+            assert!(
+                [p.forward, p.backward, p.weight_update]
+                    .iter()
+                    .all(|q| q.method == Method::Amp),
+                "{batch} {dtype:?}: {p:?}"
+            );
         }
     }
 

@@ -580,8 +580,10 @@ pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> 
     for &o in node.op().operands().as_slice() {
         key.push_str(&format!("|{:?}", l.node(o).shape()));
     }
-    let amp_written =
-        plan.pk == 1 && plan.serial <= 1 && !fp32_partials(p.k, p.kernel_area, node.dtype());
+    let amp_written = plan.on_amp()
+        && plan.pk == 1
+        && plan.serial <= 1
+        && !fp32_partials(p.k, p.kernel_area, node.dtype());
     if let Some(m) = l.output_mappings.get(&key) {
         return (m.clone(), amp_written);
     }
@@ -651,6 +653,16 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
             }
         }
     }
+    // A trained layer's input-gradient pass reads its weights transposed (poplin's
+    // `fullyConnectedWeightTranspose` for `fullyConnectedPass = TRAINING_BWD`,
+    // `lib/poplin/MatMul.cpp`): a compute set of transpositions makes them first.
+    let remap = match (fc_pass(l, i, &p), *l.node(i).op()) {
+        (Some((FcPass::Backward, _)), Op::MatMul(op)) => {
+            let block = plan.transpose_block(l.cfg, l.node(op.b).dtype());
+            Some(transpose_weights(l, i, op.b, block))
+        }
+        _ => None,
+    };
     if plan.serial_n > 1 {
         // poplin's serial output-channel split: each step computes every block's share of its
         // columns in full (its own compute sets), writing that share of the output.
@@ -662,28 +674,72 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) {
                     (n.0 < n.1).then_some(Block { n, ..*b })
                 })
                 .collect();
-            lower_blocks(
-                l,
-                i,
-                &p,
-                &plan,
-                &sub,
-                &format!(" {}/{}", s + 1, plan.serial_n),
-            );
+            let suffix = format!(" {}/{}", s + 1, plan.serial_n);
+            lower_blocks(l, i, &p, &plan, &sub, remap, &suffix);
         }
     } else {
-        lower_blocks(l, i, &p, &plan, &blocks, "");
+        lower_blocks(l, i, &p, &plan, &blocks, remap, "");
     }
 }
 
+/// Makes the transposed copy of weight `w` that input-gradient pass `i` reads: a temporary
+/// laid out like the weight (the transpositions run on the tiles holding the forward's
+/// weight blocks, `addTransposeVertices` on their tile mapping), made by one compute set of
+/// transpositions in `block`s (rows x columns). Returns (the weight, its transposed copy).
+fn transpose_weights<S: Storage>(
+    l: &mut Lowering<'_, S>,
+    i: NodeId,
+    w: NodeId,
+    (rows, cols): (u64, u64),
+) -> (TensorId, TensorId) {
+    let (cfg, dt) = (l.cfg, l.node(w).dtype());
+    let weight = l.t(w);
+    let (elements, mapping) = {
+        let t = &l.tensors[weight.index()];
+        (t.elements, t.mapping.clone())
+    };
+    let transposed = l.temporary(i, "weights transposed", dt, elements, mapping.clone());
+    let mut on_tile: std::collections::BTreeMap<TileId, Vec<Region>> = Default::default();
+    for iv in mapping.intervals() {
+        on_tile
+            .entry(iv.tile)
+            .or_default()
+            .push(Region::span(weight, iv.start, iv.len));
+    }
+    let vertices = on_tile
+        .into_iter()
+        .map(|(tile, reads)| {
+            let n: u64 = reads.iter().map(|r| r.elements()).sum();
+            let writes = reads
+                .iter()
+                .map(|r| Region {
+                    tensor: transposed,
+                    ..*r
+                })
+                .collect();
+            Vertex {
+                tile,
+                codelet: Codelet::Copy,
+                cycles: cost::weight_transpose_cycles(cfg, n, dt, rows, cols),
+                reads,
+                writes,
+            }
+        })
+        .collect();
+    l.compute(i, "weight transpose", vertices);
+    (weight, transposed)
+}
+
 /// Lowers `blocks` of product `i` (all of them, or one serial output step's share of each),
-/// naming its compute sets with `suffix`.
+/// naming its compute sets with `suffix`; with `remap` = (weight, copy) its vertices read the
+/// weight's transposed copy instead of the weight.
 fn lower_blocks<S: Storage>(
     l: &mut Lowering<'_, S>,
     i: NodeId,
     p: &Product,
     plan: &MatMulPlan,
     blocks: &[Block],
+    remap: Option<(TensorId, TensorId)>,
     suffix: &str,
 ) {
     let cfg = l.cfg;
@@ -712,7 +768,15 @@ fn lower_blocks<S: Storage>(
                     tile: tile_of(b),
                     codelet: Codelet::MatMulPartial,
                     cycles: amp(&Block { k, ..*b }),
-                    reads: compress((p.reads)(b.g, b.m, k, b.n)),
+                    reads: compress(
+                        (p.reads)(b.g, b.m, k, b.n)
+                            .into_iter()
+                            .map(|r| match remap {
+                                Some((from, to)) if r.tensor == from => Region { tensor: to, ..r },
+                                _ => r,
+                            })
+                            .collect(),
+                    ),
                     writes: writes(b),
                 })
             })
@@ -824,7 +888,7 @@ fn lower_blocks<S: Storage>(
             partials_mapping,
         );
         // The AMP writes its partial sums to interleaved memory.
-        l.tensors[partials.index()].interleaved = true;
+        l.tensors[partials.index()].interleaved = plan.on_amp();
         let vertices = step(0, &|b| {
             vec![Region::span(
                 partials,
@@ -865,7 +929,7 @@ fn lower_blocks<S: Storage>(
             total,
             partials_mapping.clone(),
         );
-        l.tensors[partials.index()].interleaved = true;
+        l.tensors[partials.index()].interleaved = plan.on_amp();
         let vertices = step(s, &|b| {
             vec![Region::span(
                 partials,

@@ -1194,6 +1194,144 @@ mod tests {
     }
 
     #[test]
+    fn a_trained_layers_input_gradient_reads_its_weights_transposed_on_their_tiles() {
+        // Two dense layers: the second's input gradient (dY . W^T) exists, the first's not.
+        let cfg = IpuConfig::preset(Preset::Mk1).with_tiles(64);
+        let build = |train: bool| {
+            let mut g: Graph<Heap> = Graph::new();
+            let x = g.input("x", &[8, 64], DType::F32).unwrap();
+            let labels = g.input("labels", &[8], DType::I32).unwrap();
+            let h = g
+                .dense("fc1", x, 48, tessera_core::Activation::Relu, DType::F32)
+                .unwrap();
+            let logits = g
+                .dense("fc2", h, 10, tessera_core::Activation::Linear, DType::F32)
+                .unwrap();
+            let loss = g
+                .sparse_categorical_crossentropy("loss", logits, labels, true)
+                .unwrap();
+            if train {
+                g.differentiate(loss, Optimizer::sgd(0.1)).unwrap();
+            }
+            g
+        };
+        let g = build(true);
+        let plan = Plan::new(&g).unwrap();
+        let program = lower(&plan, &cfg, LowerOptions::default());
+        let sets: Vec<&ComputeSet> = program
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Compute(cs) => Some(cs),
+                _ => None,
+            })
+            .collect();
+        let transposes: Vec<&&ComputeSet> = sets
+            .iter()
+            .filter(|cs| cs.name.ends_with("/weight transpose"))
+            .collect();
+        assert_eq!(
+            transposes.len(),
+            1,
+            "{:?}",
+            sets.iter().map(|c| &c.name).collect::<Vec<_>>()
+        );
+        let cs = transposes[0];
+        let weight = cs.vertices[0].reads[0].tensor;
+        assert!(
+            program.tensors[weight.index()].name.starts_with("fc2"),
+            "{}",
+            program.tensors[weight.index()].name
+        );
+        let copy = cs.vertices[0].writes[0].tensor;
+        let (w, t) = (
+            &program.tensors[weight.index()],
+            &program.tensors[copy.index()],
+        );
+        assert!(t.name.ends_with("/weights transposed"));
+        assert_eq!(
+            (t.elements, t.dtype, &t.mapping),
+            (w.elements, w.dtype, &w.mapping)
+        );
+        // Every element is transposed once, on the tile that holds it.
+        let mut seen = vec![0u32; w.elements as usize];
+        for v in &cs.vertices {
+            assert_eq!(v.codelet, Codelet::Copy);
+            assert_eq!(v.reads.len(), v.writes.len());
+            for (r, o) in v.reads.iter().zip(&v.writes) {
+                assert_eq!(
+                    (r.tensor, o.tensor, r.start, r.len),
+                    (weight, copy, o.start, o.len)
+                );
+                w.mapping.for_each_piece(r.start, r.len, |tile, s, len| {
+                    assert_eq!(tile, v.tile);
+                    for e in s..s + len {
+                        seen[e as usize] += 1;
+                    }
+                });
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1));
+        // The input-gradient product reads the copy, never the weight.
+        let product: Vec<&&ComputeSet> = sets
+            .iter()
+            .filter(|c| c.node == t.node && !c.name.ends_with("/weight transpose"))
+            .collect();
+        assert!(!product.is_empty());
+        for c in product {
+            for v in &c.vertices {
+                assert!(v.reads.iter().all(|r| r.tensor != weight), "{}", c.name);
+            }
+            assert!(c
+                .vertices
+                .iter()
+                .any(|v| v.reads.iter().any(|r| r.tensor == copy)));
+        }
+        same_both_ways(&plan, &cfg, LowerOptions::default());
+        // Inference transposes nothing.
+        let g = build(false);
+        let plan = Plan::new(&g).unwrap();
+        let program = lower(&plan, &cfg, LowerOptions::default());
+        assert!(program
+            .steps
+            .iter()
+            .all(|s| !matches!(s, Step::Compute(cs) if cs.name.ends_with("weight transpose"))));
+    }
+
+    #[test]
+    fn a_batch_1_layer_on_horizontal_macs_keeps_nothing_in_interleaved_memory() {
+        // 1 x 1000 -> 1000 in fp32, trained: planned on HMAC and outer-product vertices, whose
+        // outputs need no interleaved memory, so no tile has the AMP's gap below its data.
+        let cfg = IpuConfig::preset(Preset::Mk1);
+        let mut g: Graph<Heap> = Graph::new();
+        let x = g.input("x", &[1, 1000], DType::F32).unwrap();
+        let labels = g.input("labels", &[1], DType::I32).unwrap();
+        let h = g
+            .dense("fc1", x, 1000, tessera_core::Activation::Relu, DType::F32)
+            .unwrap();
+        let logits = g
+            .dense("fc2", h, 1000, tessera_core::Activation::Linear, DType::F32)
+            .unwrap();
+        let loss = g
+            .sparse_categorical_crossentropy("loss", logits, labels, true)
+            .unwrap();
+        g.differentiate(loss, Optimizer::sgd(0.1)).unwrap();
+        let plan = Plan::new(&g).unwrap();
+        let program = lower(&plan, &cfg, LowerOptions::default());
+        assert!(program
+            .tensors
+            .iter()
+            .all(|t| !(t.interleaved && t.name.starts_with("fc"))));
+        let report = account(&program, &cfg);
+        assert!(
+            report.tiles.iter().all(|t| t.gaps == 0),
+            "{:?}",
+            report.tiles.iter().find(|t| t.gaps > 0)
+        );
+        same_both_ways(&plan, &cfg, LowerOptions::default());
+    }
+
+    #[test]
     fn a_layer_without_its_update_is_lowered_exactly_after_one_with_it() {
         // 1 x 1000 -> 5 is planned jointly when the IPU trains it (forward, input gradient and
         // weight update together), alone when the weight's update is on another IPU; a
