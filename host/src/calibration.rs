@@ -453,6 +453,10 @@ mod tests {
         let s = Summary::of(&compared);
         assert_eq!(s.rows, 44);
         assert!(s.worst_cycles_factor >= 1.0);
+        // The model stays within the default bounds on the bundled set (median |error| 15%
+        // for cycles and total memory, 25% for the fullest tile, no row 2x off in cycles).
+        let breaks = s.breaks(&Bounds::default());
+        assert!(breaks.is_empty(), "{breaks:?}: {s:?}");
     }
 
     #[test]
