@@ -390,6 +390,10 @@ fn fullest_tile(s: &Split) -> Option<u64> {
 /// halves each stage's weights and stashes; 10% allows for code and buffers that do not.)
 pub const STOP_SHRINK: f64 = 0.9;
 
+/// How many more IPUs than the fullest tile's trend predicts the search's growing steps try, so
+/// that the step most likely fits and the narrowing that follows is short (an estimate).
+pub const GROWTH_MARGIN: f64 = 1.1;
+
 /// What the fewest-IPUs search found.
 pub struct FewestIpus {
     /// The split on the fewest IPUs that fits, if any.
@@ -400,10 +404,16 @@ pub struct FewestIpus {
     pub stopped: Option<String>,
 }
 
-/// The fewest IPUs (up to [`MAX_IPUS`]) on which an automatic split fits: doubling, then
-/// bisecting between the last that did not fit and the first that did. The doubling stops
-/// early when twice the IPUs do not shrink the fullest tile below [`STOP_SHRINK`] of what it
-/// was: splitting further would not make the model fit.
+/// The fewest IPUs (up to [`MAX_IPUS`]) on which an automatic split fits: growing, then
+/// narrowing between the last that did not fit and the first that did. Each growing step
+/// doubles the IPUs, or takes fewer when the fullest tile's shrink over the last two steps,
+/// modelled as `a + b / n` bytes, reaches the tile's SRAM sooner ([`GROWTH_MARGIN`] beyond
+/// that); each narrowing step probes where that model meets the SRAM between the two ends,
+/// or the midpoint after a probe that left more than half. The result is the same as
+/// bisection's (the fewest IPUs that fit, as fitting is taken to hold for more IPUs), in
+/// fewer estimates. The growing stops early when twice the IPUs do not shrink the fullest
+/// tile below [`STOP_SHRINK`] of what it was (a smaller step by as much in proportion):
+/// splitting further would not make the model fit.
 ///
 /// `options_for(n)` gives the session options of a split on `n` IPUs: those the same command
 /// with `--pipeline-ipus n` would use (its defaults can depend on the stages: micro-batches
@@ -436,6 +446,7 @@ pub fn fewest_ipus(
         }
     };
     let limit = MAX_IPUS.min(profile.costs.len());
+    let sram = tessera_sim::machine::IpuConfig::preset(options_for(1).ipu).sram_bytes_per_tile;
     let known = known.filter(|&(n, _)| n >= 1 && n < limit);
     let first = known.map_or(1, |(n, _)| n);
     let (mut lo, mut found, mut tried, mut stopped) = (first, None, first, None);
@@ -448,24 +459,29 @@ pub fn fewest_ipus(
             found = Some((n, s));
             break;
         }
+        // The next step: doubling, or fewer IPUs when the fullest tile's shrink so far, modelled
+        // as `a + b / n`, says fewer fit (with `GROWTH_MARGIN` to spare).
+        let mut next = 2 * n;
         if let (Some((pn, pw)), Some(w)) = (previous, worst) {
-            if w as f64 > STOP_SHRINK * pw as f64 {
+            // Twice the IPUs must shrink it below STOP_SHRINK of what it was (a smaller step,
+            // by as much in proportion: STOP_SHRINK ^ log2(n / pn)).
+            let expected = STOP_SHRINK.powf((n as f64 / pn as f64).log2());
+            if w as f64 > expected * pw as f64 {
                 stopped = Some(format!(
                     "the fullest tile needs {w} bytes on {n} IPUs against {pw} on {pn}: more IPUs do not shrink it"
                 ));
                 break;
+            }
+            if let Some(m) = interpolate_ipus((pn, pw), (n, w), sram) {
+                next = ((m as f64 * GROWTH_MARGIN).ceil() as usize).clamp(n + 1, 2 * n);
             }
         }
         if let Some(w) = worst {
             previous = Some((n, w));
         }
         lo = n;
-        // Doubling, with the limit itself as the last step.
-        n = if n == limit {
-            n + 1
-        } else {
-            (2 * n).min(limit)
-        };
+        // The limit itself is the last step.
+        n = if n == limit { n + 1 } else { next.min(limit) };
     }
     let Some((mut hi, mut best)) = found else {
         return Ok(FewestIpus {
@@ -474,15 +490,34 @@ pub fn fewest_ipus(
             stopped,
         });
     };
+    // Narrowing (lo never fits, hi does): each probe is where the fullest tile, modelled as
+    // `a + b / n` through the two ends, meets the tile's SRAM; a probe that leaves more than
+    // half the interval is followed by a midpoint, so it takes at most twice bisection's probes.
+    let mut worst_lo = previous.filter(|&(n, _)| n == lo).map(|(_, w)| w);
+    let mut worst_hi = fullest_tile(&best);
+    let mut halve = false;
     while hi - lo > 1 {
         let mid = (lo + hi) / 2;
-        match try_n(mid)?.0 {
+        let probe = match (worst_lo, worst_hi) {
+            (Some(wl), Some(wh)) if !halve => {
+                interpolate_ipus((lo, wl), (hi, wh), sram).map_or(mid, |n| n.clamp(lo + 1, hi - 1))
+            }
+            _ => mid,
+        };
+        let width = hi - lo;
+        let (fit, worst) = try_n(probe)?;
+        match fit {
             Some(s) => {
-                hi = mid;
+                hi = probe;
+                worst_hi = worst;
                 best = s;
             }
-            None => lo = mid,
+            None => {
+                lo = probe;
+                worst_lo = worst;
+            }
         }
+        halve = !halve && 2 * (hi - lo) > width;
     }
     Ok(FewestIpus {
         split: Some(best),
@@ -491,9 +526,39 @@ pub fn fewest_ipus(
     })
 }
 
+/// The IPUs at which a fullest tile modelled as `a + b / n` through `(n0, w0)` and `(n1, w1)`
+/// (`n0 < n1`, `w0 > w1`) comes down to `sram` bytes, rounded up; `None` when the two points
+/// do not describe such a curve.
+fn interpolate_ipus((n0, w0): (usize, u64), (n1, w1): (usize, u64), sram: u64) -> Option<usize> {
+    if n0 >= n1 || w0 <= w1 || w0 <= sram {
+        return None;
+    }
+    let (n0, n1, w0, w1, sram) = (n0 as f64, n1 as f64, w0 as f64, w1 as f64, sram as f64);
+    // w0 - w1 = b (1/n0 - 1/n1); a = w1 - b / n1.
+    let b = (w0 - w1) / (1.0 / n0 - 1.0 / n1);
+    let a = w1 - b / n1;
+    if sram <= a {
+        return None;
+    }
+    let n = (b / (sram - a)).ceil();
+    (n.is_finite() && n >= 1.0).then_some(n as usize)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn interpolation_finds_where_a_tile_falls_under_its_sram() {
+        // a = 100, b = 1600: 200 at 16 IPUs, 150 at 32; 180 is reached at 20.
+        assert_eq!(interpolate_ipus((16, 200), (32, 150), 180), Some(20));
+        // Exactly on a point.
+        assert_eq!(interpolate_ipus((16, 200), (32, 150), 150), Some(32));
+        // No such curve: growing tiles, an end already under, or a floor above the SRAM.
+        assert_eq!(interpolate_ipus((16, 150), (32, 200), 180), None);
+        assert_eq!(interpolate_ipus((16, 170), (32, 150), 180), None);
+        assert_eq!(interpolate_ipus((16, 200), (32, 190), 170), None);
+    }
 
     #[test]
     fn balances_and_respects_the_cap() {
