@@ -81,6 +81,14 @@ fn one() -> u64 {
     1
 }
 
+/// Part `s` of `parts` nearly equal parts of the range `r` (sizes differing by at most one, in
+/// order; empty only when the range is shorter than `parts`).
+fn even_part(r: (u64, u64), s: u64, parts: u64) -> (u64, u64) {
+    let (len, parts) = (r.1 - r.0, parts.max(1));
+    let at = |i: u64| r.0 + (u128::from(len) * u128::from(i.min(parts)) / u128::from(parts)) as u64;
+    (at(s), at(s + 1))
+}
+
 /// The share of a tile's memory a product's temporary memory (operand copies and partial
 /// sums) may take: poplibs' `availableMemoryProportion` default (`lib/poplin/ConvOptions.hpp`,
 /// `MatMul.cpp`: 0.6).
@@ -94,7 +102,7 @@ pub const AVAILABLE_MEMORY_PROPORTION: f64 = 0.6;
 /// fp32 partials and `convolutionImpl` casts them (`popops::cast` in a `Cast` compute set,
 /// `lib/poplin/Convolution.cpp`). A matmul is a 1 x 1 convolution with `k` input channels.
 pub fn fp32_partials(k: u64, kernel_area: u64, dtype: DType) -> bool {
-    dtype.size() < DType::F32.size() && !(kernel_area == 1 && k <= cost::amp_in_group(dtype))
+    dtype == DType::F16 && !(kernel_area == 1 && k <= cost::amp_in_group(dtype))
 }
 
 /// The most serial steps the planner gives a block (an estimate: poplin's serial splits are
@@ -127,17 +135,13 @@ impl MatMulPlan {
     /// The `k` range of serial step `s` of a block whose `k` range is `k`: the block's range
     /// cut into `serial` nearly equal parts (empty when the block has fewer elements).
     pub fn serial_range(&self, k: (u64, u64), s: u64) -> (u64, u64) {
-        let len = k.1 - k.0;
-        let step = len.div_ceil(self.serial.max(1));
-        ((k.0 + s * step).min(k.1), (k.0 + (s + 1) * step).min(k.1))
+        even_part(k, s, self.serial)
     }
 
     /// The `n` range of serial output step `s` of a block whose `n` range is `n`, as
     /// [`MatMulPlan::serial_range`] cuts `k`.
     pub fn serial_n_range(&self, n: (u64, u64), s: u64) -> (u64, u64) {
-        let len = n.1 - n.0;
-        let step = len.div_ceil(self.serial_n.max(1));
-        ((n.0 + s * step).min(n.1), (n.0 + (s + 1) * step).min(n.1))
+        even_part(n, s, self.serial_n)
     }
 
     /// Tile cycles of the vertex making one block's partial sums, `m x k x n`, in this plan's
@@ -323,11 +327,13 @@ fn price(
     // an fp32 sum of the same share).
     let out_share = (bm * bn).div_ceil(pk);
     // Temporary bytes of `sk` steps over k or `sn` steps over n (one of them 1).
+    // An fp32 output is its own accumulator (only a reduced step's sum is temporary).
+    let accumulators = u64::from(pk > 1) + u64::from(dtype != DType::F32);
     let block_bytes = |sk: u64, sn: u64| {
         let bn_s = bn.div_ceil(sn);
         received_of(bk.div_ceil(sk), bn_s)
             + if sk > 1 {
-                bm * bn * 4 + out_share * 4 * if pk > 1 { 2 } else { 1 }
+                bm * bn * 4 + out_share * 4 * accumulators
             } else if pk > 1 || casts {
                 bm * bn_s * 4
             } else {
@@ -411,7 +417,13 @@ fn price(
         let mut bound = bound;
         loop {
             let over_k = (1..=most_k).find(|&st| block_bytes(st, 1) <= bound);
-            let over_n = (2..=most_n).find(|&st| block_bytes(1, st) <= bound);
+            // Steps over n are taken only when k is not split across tiles (each step's
+            // reduction would share out a narrower block than the output's layout).
+            let over_n = if pk == 1 {
+                (2..=most_n).find(|&st| block_bytes(1, st) <= bound)
+            } else {
+                None
+            };
             let steps = match (over_k, over_n) {
                 (Some(1), _) => Some((1, 1)),
                 (Some(st_k), Some(st_n)) => {
@@ -999,9 +1011,10 @@ mod tests {
         let p = plan_matmul(&cfg, 64, 4096, 64, DType::F32, LaidOut::NONE, 16);
         assert!(p.serial > 1 && p.serial_n == 1, "{p:?}");
         let step_k = p.bk.div_ceil(p.serial);
-        // A step's operands, its partial sums and the accumulator of the tile's share.
+        // A step's operands, its partial sums and, with k split across tiles, the reduced sum of
+        // the tile's share (the fp32 output is its own accumulator).
         let partials = p.bm * p.bn * 4;
-        let accumulator = (p.bm * p.bn).div_ceil(p.pk) * 4 * if p.pk > 1 { 2 } else { 1 };
+        let accumulator = (p.bm * p.bn).div_ceil(p.pk) * 4 * u64::from(p.pk > 1);
         let temp = (p.bm * step_k + step_k * p.bn) * 4 + partials + accumulator;
         assert!(temp <= bound, "{p:?}: {temp} B");
         // The steps cover the block's k range exactly.

@@ -394,6 +394,10 @@ pub const STOP_SHRINK: f64 = 0.9;
 /// that the step most likely fits and the narrowing that follows is short (an estimate).
 pub const GROWTH_MARGIN: f64 = 1.1;
 
+/// The least a growing step multiplies the IPUs by (an estimate: short steps would make many
+/// estimates where the fullest tile's trend is a poor guide).
+pub const MIN_GROWTH: f64 = 1.25;
+
 /// What the fewest-IPUs search found.
 pub struct FewestIpus {
     /// The split on the fewest IPUs that fits, if any.
@@ -406,13 +410,13 @@ pub struct FewestIpus {
 
 /// The fewest IPUs (up to [`MAX_IPUS`]) on which an automatic split fits: growing, then
 /// narrowing between the last that did not fit and the first that did. Each growing step
-/// doubles the IPUs, or takes fewer when the fullest tile's shrink over the last two steps,
-/// modelled as `a + b / n` bytes, reaches the tile's SRAM sooner ([`GROWTH_MARGIN`] beyond
-/// that); each narrowing step probes where that model meets the SRAM between the two ends,
+/// doubles the IPUs, or takes fewer (at least [`MIN_GROWTH`] times as many) when the fullest
+/// tile's shrink over the last two steps, modelled as `a + b / n` bytes, reaches the tile's
+/// SRAM sooner ([`GROWTH_MARGIN`] beyond that); each narrowing step probes where that model meets the SRAM between the two ends,
 /// or the midpoint after a probe that left more than half. The result is the same as
 /// bisection's (the fewest IPUs that fit, as fitting is taken to hold for more IPUs), in
-/// fewer estimates. The growing stops early when twice the IPUs do not shrink the fullest
-/// tile below [`STOP_SHRINK`] of what it was (a smaller step by as much in proportion):
+/// fewer estimates. The growing stops early when, against the latest estimate on at most half
+/// the IPUs, the fullest tile has not shrunk below [`STOP_SHRINK`] of what it was per doubling:
 /// splitting further would not make the model fit.
 ///
 /// `options_for(n)` gives the session options of a split on `n` IPUs: those the same command
@@ -421,8 +425,8 @@ pub struct FewestIpus {
 /// one the user gets by asking for it.
 ///
 /// `known` is an estimate already made that did not fit: its IPUs (one, or an automatic split
-/// on that many) and its fullest tile's bytes. The doubling starts from it instead of from one
-/// IPU, as the bisection already takes fewer IPUs never to fit where more do not.
+/// on that many) and its fullest tile's bytes. The growing starts from it instead of from one
+/// IPU, as the narrowing already takes fewer IPUs never to fit where more do not.
 ///
 /// # Errors
 ///
@@ -447,10 +451,36 @@ pub fn fewest_ipus(
     };
     let limit = MAX_IPUS.min(profile.costs.len());
     let sram = tessera_sim::machine::IpuConfig::preset(options_for(1).ipu).sram_bytes_per_tile;
+    let (split, tried_up_to, stopped) =
+        search::<Split, SessionError>(limit, sram, known, &mut |n| try_n(n))?;
+    Ok(FewestIpus {
+        split,
+        tried_up_to,
+        stopped,
+    })
+}
+
+/// What [`search`] returns: the fitting result on the fewest IPUs if any, the most IPUs
+/// tried, and why the growing stopped early.
+type Searched<T> = (Option<T>, usize, Option<String>);
+
+/// The search of [`fewest_ipus`] over IPU counts up to `limit`, with `try_n(n)` giving the
+/// result on `n` IPUs when it fits and its fullest tile's bytes when known.
+fn search<T, E>(
+    limit: usize,
+    sram: u64,
+    known: Option<(usize, u64)>,
+    try_n: &mut dyn FnMut(usize) -> Result<(Option<T>, Option<u64>), E>,
+) -> Result<Searched<T>, E>
+where
+    T: FullestTile,
+{
     let known = known.filter(|&(n, _)| n >= 1 && n < limit);
     let first = known.map_or(1, |(n, _)| n);
     let (mut lo, mut found, mut tried, mut stopped) = (first, None, first, None);
     let mut previous: Option<(usize, u64)> = known;
+    // Every estimate made so far that did not fit, with its fullest tile.
+    let mut tried_points: Vec<(usize, u64)> = known.into_iter().collect();
     let mut n = (2 * first).min(limit);
     while n >= 2 && n <= limit {
         tried = n;
@@ -462,39 +492,42 @@ pub fn fewest_ipus(
         // The next step: doubling, or fewer IPUs when the fullest tile's shrink so far, modelled
         // as `a + b / n`, says fewer fit (with `GROWTH_MARGIN` to spare).
         let mut next = 2 * n;
-        if let (Some((pn, pw)), Some(w)) = (previous, worst) {
-            // Twice the IPUs must shrink it below STOP_SHRINK of what it was (a smaller step,
-            // by as much in proportion: STOP_SHRINK ^ log2(n / pn)).
-            let expected = STOP_SHRINK.powf((n as f64 / pn as f64).log2());
-            if w as f64 > expected * pw as f64 {
-                stopped = Some(format!(
-                    "the fullest tile needs {w} bytes on {n} IPUs against {pw} on {pn}: more IPUs do not shrink it"
-                ));
-                break;
-            }
-            if let Some(m) = interpolate_ipus((pn, pw), (n, w), sram) {
-                next = ((m as f64 * GROWTH_MARGIN).ceil() as usize).clamp(n + 1, 2 * n);
-            }
-        }
         if let Some(w) = worst {
+            // Against the latest estimate on at most half the IPUs: twice the IPUs (or more)
+            // must shrink the fullest tile below STOP_SHRINK of what it was, by as much in
+            // proportion (STOP_SHRINK ^ log2(n / pn)). Comparing across a doubling, not a
+            // shorter step, keeps a split's plateaus (the same layers per stage on a few more
+            // IPUs) from stopping the search.
+            if let Some(&(pn, pw)) = tried_points.iter().rev().find(|&&(pn, _)| 2 * pn <= n) {
+                let expected = STOP_SHRINK.powf((n as f64 / pn as f64).log2());
+                if w as f64 > expected * pw as f64 {
+                    stopped = Some(format!(
+                        "the fullest tile needs {w} bytes on {n} IPUs against {pw} on {pn}: more IPUs do not shrink it"
+                    ));
+                    break;
+                }
+            }
+            if let Some((pn, pw)) = previous {
+                if let Some(m) = interpolate_ipus((pn, pw), (n, w), sram) {
+                    let least = (n + 1).max((n as f64 * MIN_GROWTH).ceil() as usize);
+                    next = ((m as f64 * GROWTH_MARGIN).ceil() as usize).clamp(least, 2 * n);
+                }
+            }
             previous = Some((n, w));
+            tried_points.push((n, w));
         }
         lo = n;
         // The limit itself is the last step.
         n = if n == limit { n + 1 } else { next.min(limit) };
     }
     let Some((mut hi, mut best)) = found else {
-        return Ok(FewestIpus {
-            split: None,
-            tried_up_to: tried,
-            stopped,
-        });
+        return Ok((None, tried, stopped));
     };
     // Narrowing (lo never fits, hi does): each probe is where the fullest tile, modelled as
     // `a + b / n` through the two ends, meets the tile's SRAM; a probe that leaves more than
     // half the interval is followed by a midpoint, so it takes at most twice bisection's probes.
     let mut worst_lo = previous.filter(|&(n, _)| n == lo).map(|(_, w)| w);
-    let mut worst_hi = fullest_tile(&best);
+    let mut worst_hi = best.fullest_tile();
     let mut halve = false;
     while hi - lo > 1 {
         let mid = (lo + hi) / 2;
@@ -519,11 +552,18 @@ pub fn fewest_ipus(
         }
         halve = !halve && 2 * (hi - lo) > width;
     }
-    Ok(FewestIpus {
-        split: Some(best),
-        tried_up_to: tried,
-        stopped: None,
-    })
+    Ok((Some(best), tried, None))
+}
+
+/// A search result's fullest tile, when it has one.
+trait FullestTile {
+    fn fullest_tile(&self) -> Option<u64>;
+}
+
+impl FullestTile for Split {
+    fn fullest_tile(&self) -> Option<u64> {
+        fullest_tile(self)
+    }
 }
 
 /// The IPUs at which a fullest tile modelled as `a + b / n` through `(n0, w0)` and `(n1, w1)`
@@ -547,6 +587,77 @@ fn interpolate_ipus((n0, w0): (usize, u64), (n1, w1): (usize, u64), sram: u64) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A search result that is only its IPU count and fullest tile.
+    #[derive(Debug)]
+    struct Fit(usize, u64);
+
+    impl FullestTile for Fit {
+        fn fullest_tile(&self) -> Option<u64> {
+            Some(self.1)
+        }
+    }
+
+    /// The search as it was: doubling (with the same stop rule, across doublings), then
+    /// bisecting. The reference the faster search must agree with.
+    fn doubling_then_bisecting(limit: usize, sram: u64, f: &dyn Fn(usize) -> u64) -> Option<usize> {
+        let (mut lo, mut prev, mut n) = (1, f(1), 2);
+        let mut hi = None;
+        while n <= limit {
+            let w = f(n);
+            if w <= sram {
+                hi = Some(n);
+                break;
+            }
+            if w as f64 > STOP_SHRINK * prev as f64 {
+                return None;
+            }
+            (lo, prev) = (n, w);
+            n = if n == limit {
+                n + 1
+            } else {
+                (2 * n).min(limit)
+            };
+        }
+        let mut hi = hi?;
+        while hi - lo > 1 {
+            let mid = (lo + hi) / 2;
+            if f(mid) <= sram {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        Some(hi)
+    }
+
+    proptest::proptest! {
+        /// On fullest tiles that fall in steps as the IPUs grow (a split's plateaus: `a + b x
+        /// ceil(layers / n)`), the search finds the fewest IPUs the doubling-and-bisecting
+        /// search found, starting from one IPU that did not fit.
+        #[test]
+        fn the_search_finds_what_doubling_and_bisecting_found(
+            a in 0u64..400,
+            b in 1u64..400,
+            layers in 1usize..120,
+            sram in 100u64..2000,
+            limit in 2usize..64,
+        ) {
+            let f = |n: usize| a + b * layers.div_ceil(n) as u64;
+            proptest::prop_assume!(f(1) > sram);
+            let want = doubling_then_bisecting(limit, sram, &f);
+            let mut tries = 0;
+            let got = search::<Fit, ()>(limit, sram, Some((1, f(1))), &mut |n| {
+                tries += 1;
+                let w = f(n);
+                Ok(((w <= sram).then_some(Fit(n, w)), Some(w)))
+            })
+            .unwrap();
+            proptest::prop_assert_eq!(got.0.map(|Fit(n, _)| n), want);
+            // At most a few more estimates than bisection over the limit would make.
+            proptest::prop_assert!(tries <= 4 * (usize::BITS - limit.leading_zeros()) as usize + 4, "{tries}");
+        }
+    }
 
     #[test]
     fn interpolation_finds_where_a_tile_falls_under_its_sram() {

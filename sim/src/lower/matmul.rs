@@ -930,13 +930,35 @@ fn lower_blocks<S: Storage>(
             partials_mapping.clone(),
         );
         l.tensors[partials.index()].interleaved = plan.on_amp();
-        let vertices = step(s, &|b| {
+        let span = |b: &Block| {
             vec![Region::span(
                 partials,
                 offsets[&(b.g, b.im, b.ik, b.i_n)],
                 (b.m.1 - b.m.0) * (b.n.1 - b.n.0),
             )]
-        });
+        };
+        let mut vertices = step(s, &span);
+        // A block shorter than the steps (the last along k) has nothing to multiply in some:
+        // its partial sums there are zeros (a fill, priced as a copy), as the step's sum and
+        // accumulation read every block.
+        vertices.extend(
+            blocks
+                .iter()
+                .filter(|b| {
+                    let k = plan.serial_range(b.k, s);
+                    k.0 >= k.1
+                })
+                .map(|b| {
+                    let writes = span(b);
+                    Vertex {
+                        tile: tile_of(b),
+                        codelet: Codelet::Copy,
+                        cycles: UnaryKind::Copy.cycles(cfg, writes[0].elements(), DType::F32),
+                        reads: Vec::new(),
+                        writes,
+                    }
+                }),
+        );
         l.compute(i, &format!("partials{suffix}"), vertices);
         let result = if plan.pk == 1 {
             partials

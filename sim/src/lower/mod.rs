@@ -1642,6 +1642,49 @@ mod tests {
     }
 
     #[test]
+    fn products_in_serial_steps_pass_the_checker() {
+        // Products too big for small tiles, split over k across tiles and in serial steps,
+        // with blocks of uneven k (the last shorter than the steps): every step's partials are
+        // written before they are reduced or accumulated, and every vertex writes its tile.
+        let cfg = IpuConfig::preset(Preset::Mk2)
+            .with_tiles(16)
+            .with_sram_bytes_per_tile(24 * 1024);
+        for (m, k, n, dtype) in [
+            (1, 10930, 200, DType::F32),
+            (4, 6000, 700, DType::F16),
+            (8, 3000, 4000, DType::F16),
+            (16, 4000, 48, DType::F16),
+        ] {
+            let mut g: Graph<Heap> = Graph::new();
+            let a = g
+                .variable("a", &[m, k], dtype, tessera_core::Init::Zeros)
+                .unwrap();
+            let b = g.input("b", &[k, n], dtype).unwrap();
+            g.matmul("c", a, b).unwrap();
+            let plan = Plan::new(&g).unwrap();
+            let program = lower(&plan, &cfg, LowerOptions::default());
+            crate::check::check(&program).unwrap_or_else(|e| panic!("{m}x{k}x{n} {dtype:?}: {e}"));
+            let steps = compute_sets_of(&program, "c")
+                .iter()
+                .filter(|(n, _)| n.starts_with("partials ") || n.starts_with("matmul "))
+                .count();
+            assert!(steps > 1, "{m}x{k}x{n} {dtype:?} runs at once");
+            if (m, k) == (1, 10930) {
+                // Split over k across tiles and in steps, the last block shorter.
+                let names: Vec<&str> = compute_sets_of(&program, "c")
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect();
+                assert!(names.iter().any(|n| n.starts_with("reduce")), "{names:?}");
+                assert!(
+                    names.iter().any(|n| n.starts_with("accumulate")),
+                    "{names:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn serial_steps_over_n_write_each_output_element_once() {
         // [64, 64] x [64, 4096] in fp32 on 16 tiles of 48 KiB: steps over the columns.
         let cfg = IpuConfig::preset(Preset::Mk2)
