@@ -879,24 +879,50 @@ fn lower_blocks<S: Storage>(
                 l, i, p, plan, &outs, &offsets, pk_here, partials, to, to_dt, suffix,
             );
         };
-    if steps == 1 {
+    // Serial step `s`'s partial sums, afresh: an fp32 temporary (interleaved when the AMP
+    // writes it) and the compute set making it, named with `suffix`. A block shorter than the
+    // steps (the last along k) has nothing to multiply in some: its partial sums there are
+    // zeros (a fill, priced as a copy), as the step's sum and accumulation read every block.
+    let make_partials = |l: &mut Lowering<'_, S>, s: u64, suffix: &str| {
         let partials = l.temporary(
             i,
             &format!("partials{suffix}"),
             DType::F32,
             total,
-            partials_mapping,
+            partials_mapping.clone(),
         );
-        // The AMP writes its partial sums to interleaved memory.
         l.tensors[partials.index()].interleaved = plan.on_amp();
-        let vertices = step(0, &|b| {
+        let span = |b: &Block| {
             vec![Region::span(
                 partials,
                 offsets[&(b.g, b.im, b.ik, b.i_n)],
                 (b.m.1 - b.m.0) * (b.n.1 - b.n.0),
             )]
-        });
+        };
+        let mut vertices = step(s, &span);
+        vertices.extend(
+            blocks
+                .iter()
+                .filter(|b| {
+                    let k = plan.serial_range(b.k, s);
+                    k.0 >= k.1
+                })
+                .map(|b| {
+                    let writes = span(b);
+                    Vertex {
+                        tile: tile_of(b),
+                        codelet: Codelet::Copy,
+                        cycles: UnaryKind::Copy.cycles(cfg, writes[0].elements(), DType::F32),
+                        reads: Vec::new(),
+                        writes,
+                    }
+                }),
+        );
         l.compute(i, &format!("partials{suffix}"), vertices);
+        partials
+    };
+    if steps == 1 {
+        let partials = make_partials(l, 0, suffix);
         if plan.pk == 1 {
             // poplin's `Cast` compute set: each tile casts its block's partials to the output,
             // which is mapped like them (`output_mapping`).
@@ -922,44 +948,7 @@ fn lower_blocks<S: Storage>(
     };
     for s in 0..steps {
         let suffix = format!(" {}/{steps}", s + 1);
-        let partials = l.temporary(
-            i,
-            &format!("partials{suffix}"),
-            DType::F32,
-            total,
-            partials_mapping.clone(),
-        );
-        l.tensors[partials.index()].interleaved = plan.on_amp();
-        let span = |b: &Block| {
-            vec![Region::span(
-                partials,
-                offsets[&(b.g, b.im, b.ik, b.i_n)],
-                (b.m.1 - b.m.0) * (b.n.1 - b.n.0),
-            )]
-        };
-        let mut vertices = step(s, &span);
-        // A block shorter than the steps (the last along k) has nothing to multiply in some:
-        // its partial sums there are zeros (a fill, priced as a copy), as the step's sum and
-        // accumulation read every block.
-        vertices.extend(
-            blocks
-                .iter()
-                .filter(|b| {
-                    let k = plan.serial_range(b.k, s);
-                    k.0 >= k.1
-                })
-                .map(|b| {
-                    let writes = span(b);
-                    Vertex {
-                        tile: tile_of(b),
-                        codelet: Codelet::Copy,
-                        cycles: UnaryKind::Copy.cycles(cfg, writes[0].elements(), DType::F32),
-                        reads: Vec::new(),
-                        writes,
-                    }
-                }),
-        );
-        l.compute(i, &format!("partials{suffix}"), vertices);
+        let partials = make_partials(l, s, &suffix);
         let result = if plan.pk == 1 {
             partials
         } else {

@@ -1197,24 +1197,7 @@ mod tests {
     fn a_trained_layers_input_gradient_reads_its_weights_transposed_on_their_tiles() {
         // Two dense layers: the second's input gradient (dY . W^T) exists, the first's not.
         let cfg = IpuConfig::preset(Preset::Mk1).with_tiles(64);
-        let build = |train: bool| {
-            let mut g: Graph<Heap> = Graph::new();
-            let x = g.input("x", &[8, 64], DType::F32).unwrap();
-            let labels = g.input("labels", &[8], DType::I32).unwrap();
-            let h = g
-                .dense("fc1", x, 48, tessera_core::Activation::Relu, DType::F32)
-                .unwrap();
-            let logits = g
-                .dense("fc2", h, 10, tessera_core::Activation::Linear, DType::F32)
-                .unwrap();
-            let loss = g
-                .sparse_categorical_crossentropy("loss", logits, labels, true)
-                .unwrap();
-            if train {
-                g.differentiate(loss, Optimizer::sgd(0.1)).unwrap();
-            }
-            g
-        };
+        let build = |train: bool| dense_net(8, 64, &[48, 10], train);
         let g = build(true);
         let plan = Plan::new(&g).unwrap();
         let program = lower(&plan, &cfg, LowerOptions::default());
@@ -1303,19 +1286,7 @@ mod tests {
         // 1 x 1000 -> 1000 in fp32, trained: planned on HMAC and outer-product vertices, whose
         // outputs need no interleaved memory, so no tile has the AMP's gap below its data.
         let cfg = IpuConfig::preset(Preset::Mk1);
-        let mut g: Graph<Heap> = Graph::new();
-        let x = g.input("x", &[1, 1000], DType::F32).unwrap();
-        let labels = g.input("labels", &[1], DType::I32).unwrap();
-        let h = g
-            .dense("fc1", x, 1000, tessera_core::Activation::Relu, DType::F32)
-            .unwrap();
-        let logits = g
-            .dense("fc2", h, 1000, tessera_core::Activation::Linear, DType::F32)
-            .unwrap();
-        let loss = g
-            .sparse_categorical_crossentropy("loss", logits, labels, true)
-            .unwrap();
-        g.differentiate(loss, Optimizer::sgd(0.1)).unwrap();
+        let g = dense_net(1, 1000, &[1000, 1000], true);
         let plan = Plan::new(&g).unwrap();
         let program = lower(&plan, &cfg, LowerOptions::default());
         assert!(program
@@ -1337,16 +1308,7 @@ mod tests {
         // weight update together), alone when the weight's update is on another IPU; a
         // lowering without the update, after one with it, equals its full lowering.
         let cfg = IpuConfig::preset(Preset::Mk1);
-        let mut g: Graph<Heap> = Graph::new();
-        let x = g.input("x", &[1, 1000], DType::F32).unwrap();
-        let labels = g.input("labels", &[1], DType::I32).unwrap();
-        let logits = g
-            .dense("fc", x, 5, tessera_core::Activation::Linear, DType::F32)
-            .unwrap();
-        let loss = g
-            .sparse_categorical_crossentropy("loss", logits, labels, true)
-            .unwrap();
-        g.differentiate(loss, Optimizer::sgd(0.1)).unwrap();
+        let g = dense_net(1, 1000, &[5], true);
         let plan = Plan::new(&g).unwrap();
         let update = g
             .nodes()
@@ -1560,6 +1522,31 @@ mod tests {
             }
             same_both_ways(&plan, &cfg, LowerOptions::default());
         }
+    }
+
+    /// A classifier of dense layers `fc1`, `fc2`, ... of `widths` on `batch` fp32 inputs of
+    /// `input` values (ReLU between, linear last), trained with SGD when `train`.
+    fn dense_net(batch: usize, input: usize, widths: &[usize], train: bool) -> Graph<Heap> {
+        let mut g: Graph<Heap> = Graph::new();
+        let mut h = g.input("x", &[batch, input], DType::F32).unwrap();
+        let labels = g.input("labels", &[batch], DType::I32).unwrap();
+        for (j, &w) in widths.iter().enumerate() {
+            let act = if j + 1 == widths.len() {
+                tessera_core::Activation::Linear
+            } else {
+                tessera_core::Activation::Relu
+            };
+            h = g
+                .dense(&format!("fc{}", j + 1), h, w, act, DType::F32)
+                .unwrap();
+        }
+        let loss = g
+            .sparse_categorical_crossentropy("loss", h, labels, true)
+            .unwrap();
+        if train {
+            g.differentiate(loss, Optimizer::sgd(0.1)).unwrap();
+        }
+        g
     }
 
     /// The compute sets of node `c` (name after `c/`) with their vertices.
