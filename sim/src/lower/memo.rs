@@ -12,18 +12,19 @@
 //! cross-entropy's row statistics) are not reused: their lowering depends on more than the
 //! node.
 //!
-//! Identical nodes are outlined, in every lowering: a node identical to an earlier one
-//! spreads its temporaries from where the cursor was for the first (and leaves the cursor
-//! where it was), as PopART grows an outlined subgraph once and each repeat of a layer runs
-//! on its layout. So a node's lowering depends on its key alone, spread temporaries and all.
+//! Identical nodes are outlined, in every lowering: a node's temporaries spread from a tile
+//! its key picks (`Lowering::start_tile`), so identical nodes share their layouts, as PopART
+//! grows an outlined subgraph once and each repeat of a layer runs on its layout. So a
+//! node's lowering depends on its key alone, spread temporaries and all.
 //!
 //! Recorded lowerings are also kept for later lowerings in the same process ([`SHARED`]):
 //! a pipeline split's stages, the split's retries, the fewest-IPUs search and a sweep lower
 //! the same layers over and over. Across lowerings the key also holds what is constant within
 //! one: the machine and the lowering options (`context`), and, for matmuls, whether the IPU
 //! trains the fully-connected layer the matmul is a pass of (poplibs plans a trained layer's
-//! passes together). A lowering that spread temporaries from the cursor is kept under the
-//! cursor it started from too, and its replay leaves the cursor where the lowering did.
+//! passes together). Graph tensors spread linearly start at a tile their name or kind
+//! picks, not where the last tensor ended, so a layer's operands are laid out alike in
+//! every lowering that holds it and its record serves them all.
 //!
 //! Only estimates' lowering (summarised exchanges, compute sets without vertices) reuses.
 //! The unit tests and the `estimate_only` property test compare it with the full lowering.
@@ -57,22 +58,17 @@ pub fn clear_shared_records() {
     drop(dropped);
 }
 
-/// Recorded lowerings kept for every lowering: by key when the lowering did not read the
-/// cursor, else by key and the cursor it started from.
+/// Recorded lowerings kept for every lowering, by key.
 #[derive(Default)]
 struct Shared {
-    free: HashMap<u128, Arc<Recorded>>,
-    at: HashMap<(u128, u32), Arc<Recorded>>,
+    records: HashMap<u128, Arc<Recorded>>,
     /// Their bytes ([`Recorded::bytes`]).
     bytes: usize,
 }
 
 impl Shared {
-    fn get(&self, key: u128, cursor: u32) -> Option<Arc<Recorded>> {
-        self.free
-            .get(&key)
-            .or_else(|| self.at.get(&(key, cursor)))
-            .cloned()
+    fn get(&self, key: u128) -> Option<Arc<Recorded>> {
+        self.records.get(&key).cloned()
     }
 
     /// Keeps `rec` under `key`; returns the records dropped to make room (the caller drops
@@ -81,18 +77,11 @@ impl Shared {
         if rec.bytes > SHARED_MEMO_BYTES {
             return None;
         }
-        let old = match rec.cursor {
-            None => self.free.remove(&key),
-            Some((start, _)) => self.at.remove(&(key, start)),
-        };
-        if let Some(old) = old {
+        if let Some(old) = self.records.remove(&key) {
             self.bytes -= old.bytes;
         }
         let dropped = (self.bytes + rec.bytes > SHARED_MEMO_BYTES).then(|| std::mem::take(self));
-        match rec.cursor {
-            None => self.free.insert(key, Arc::clone(rec)),
-            Some((start, _)) => self.at.insert((key, start), Arc::clone(rec)),
-        };
+        self.records.insert(key, Arc::clone(rec));
         self.bytes += rec.bytes;
         dropped
     }
@@ -110,8 +99,6 @@ struct Recorded {
     steps: Vec<(Option<String>, Step)>,
     /// The summaries of its exchanges, by offset in `steps`.
     summaries: Vec<(usize, ExchangeSummary)>,
-    /// Where the cursor was before and after, when the lowering read it.
-    cursor: Option<(u32, u32)>,
     /// About how many bytes it holds.
     bytes: usize,
 }
@@ -167,8 +154,6 @@ pub(super) struct Memo {
     digests: super::Digests,
     /// Lowerings reused.
     pub(super) reused: usize,
-    /// Where the cursor was when each key was first lowered.
-    cursors: HashMap<u128, u32>,
 }
 
 /// Two hashers fed the same bytes: a 128-bit key.
@@ -203,7 +188,6 @@ impl Memo {
             entries: HashMap::new(),
             digests,
             reused: 0,
-            cursors: HashMap::new(),
         }
     }
 
@@ -277,18 +261,6 @@ impl Memo {
         Some((h.finish(), refs))
     }
 
-    /// Where the cursor was when a node with `key` was first lowered, or `None` (and
-    /// `cursor` noted as that place) when this is the first.
-    pub(super) fn outlined_cursor(&mut self, key: u128, cursor: u32) -> Option<u32> {
-        match self.cursors.entry(key) {
-            std::collections::hash_map::Entry::Occupied(e) => Some(*e.get()),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(cursor);
-                None
-            }
-        }
-    }
-
     /// Replays the lowering recorded under `key` for node `i` reading `refs`; false when
     /// there is none.
     pub(super) fn replay<S: Storage>(
@@ -302,7 +274,7 @@ impl Memo {
             Some(rec) => Arc::clone(rec),
             None => {
                 let shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-                let Some(rec) = shared.get(key, l.cursor) else {
+                let Some(rec) = shared.get(key) else {
                     return false;
                 };
                 drop(shared);
@@ -389,17 +361,12 @@ impl Memo {
                 summaries.push(step0 + off, s);
             }
         }
-        if let Some((_, end)) = rec.cursor {
-            l.cursor = end;
-        }
         self.reused += 1;
         true
     }
 
     /// Records node `i`'s lowering (the steps from `step0` and the tensors from `tensor0`)
-    /// under `key`, unless it read something other than `refs` and its own temporaries;
-    /// `cursor` is where the cursor was before and after, when the lowering read it.
-    #[allow(clippy::too_many_arguments)]
+    /// under `key`, unless it read something other than `refs` and its own temporaries.
     pub(super) fn record<S: Storage>(
         &mut self,
         l: &Lowering<'_, S>,
@@ -408,7 +375,6 @@ impl Memo {
         refs: Vec<TensorId>,
         step0: usize,
         tensor0: usize,
-        cursor: Option<(u32, u32)>,
     ) {
         let name = l.node(i).name();
         let ok = |t: TensorId| t.index() >= tensor0 || refs.contains(&t);
@@ -466,7 +432,6 @@ impl Memo {
             temps,
             steps,
             summaries,
-            cursor,
             bytes: 0,
         };
         rec.bytes = rec.size();

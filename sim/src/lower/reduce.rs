@@ -468,7 +468,6 @@ fn intermediate_and_last<S: Storage>(
             offset += width;
         }
         let first = l.cursor;
-        l.cursor_reads += 1;
         let tile_of = |n: usize| TileId::wrapping(u64::from(first) + n as u64, cfg.tiles);
         let mapping = Mapping::from_intervals(
             chunks
