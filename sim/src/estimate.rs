@@ -412,7 +412,11 @@ pub fn estimate<S: Storage>(
     plan: &Plan<S>,
     cfg: &IpuConfig,
     opts: &EstimateOptions,
-) -> Result<(Program, Estimate), SimError> {
+) -> Result<(Program, Estimate), SimError>
+where
+    Plan<S>: Sync,
+    tessera_core::Graph<S>: Sync,
+{
     cfg.validate().map_err(SimError::Machine)?;
     let program = lower(plan, cfg, opts.lower);
     if opts.verify {
@@ -433,7 +437,11 @@ pub fn estimate_only<S: Storage>(
     plan: &Plan<S>,
     cfg: &IpuConfig,
     opts: &EstimateOptions,
-) -> Result<Estimate, SimError> {
+) -> Result<Estimate, SimError>
+where
+    Plan<S>: Sync,
+    tessera_core::Graph<S>: Sync,
+{
     cfg.validate().map_err(SimError::Machine)?;
     let (program, summaries) = crate::lower::lower_with(plan, cfg, opts.lower, &|_| true, true);
     estimate_program_with(&program, &summaries, cfg, opts)

@@ -558,6 +558,8 @@ pub(crate) struct Summaries {
     by_step: Vec<(usize, ExchangeSummary)>,
     /// Node lowerings reused from an identical node's (see `lower::memo`).
     pub(crate) reused: usize,
+    /// Node lowerings made and recorded afresh (no record held them yet).
+    pub(crate) lowered: usize,
 }
 impl Summaries {
     /// Records the summary of the exchange at `step` (steps in increasing order).
@@ -603,6 +605,26 @@ pub(crate) struct Locality {
 }
 
 impl Locality {
+    /// What another lowering of the same first `tensors` tensors starts from: which of them
+    /// are laid out by a copy of another's mapping, and the blocks found so far.
+    pub(crate) fn fork(&self, tensors: usize) -> Locality {
+        let mut blocks = self.blocks.clone();
+        blocks.truncate(tensors);
+        let mut same_as = self.same_as.clone();
+        same_as.truncate(tensors);
+        Locality {
+            blocks,
+            same_as,
+            scratch: Lists::default(),
+        }
+    }
+
+    /// Forgets the tensors from `first` on (temporaries whose ids a later lowering reuses).
+    pub(crate) fn forget_from(&mut self, first: usize) {
+        self.blocks.truncate(first);
+        self.same_as.truncate(first);
+    }
+
     /// Records that tensor `t`'s mapping is a copy of `source`'s.
     pub(crate) fn same_mapping(&mut self, t: TensorId, source: TensorId) {
         if self.same_as.len() <= t.index() {

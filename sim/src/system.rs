@@ -271,6 +271,7 @@ pub fn estimate_system<S: Storage>(
 ) -> Result<SystemEstimate, SystemError>
 where
     Plan<S>: Sync,
+    tessera_core::Graph<S>: Sync,
 {
     cfg.validate()
         .map_err(|e| SystemError::Sim(SimError::Machine(e)))?;

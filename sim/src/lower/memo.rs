@@ -154,6 +154,10 @@ pub(super) struct Memo {
     digests: super::Digests,
     /// Lowerings reused.
     pub(super) reused: usize,
+    /// Lowerings made and recorded afresh.
+    pub(super) lowered: usize,
+    /// Each node's key and the tensors it reads (see [`find_keys`](Self::find_keys)).
+    keys: Vec<Option<(u128, Vec<TensorId>)>>,
 }
 
 /// Two hashers fed the same bytes: a 128-bit key.
@@ -188,6 +192,8 @@ impl Memo {
             entries: HashMap::new(),
             digests,
             reused: 0,
+            lowered: 0,
+            keys: Vec::new(),
         }
     }
 
@@ -365,6 +371,87 @@ impl Memo {
         true
     }
 
+    /// Finds every included node's key and the tensors it reads, before any node is
+    /// lowered: keys read only graph tensors, whose layouts are made before lowering.
+    pub(super) fn find_keys<S: Storage>(&mut self, l: &Lowering<'_, S>) {
+        self.keys = l
+            .graph
+            .ids()
+            .map(|i| {
+                if l.include[i.index()] {
+                    self.key(l, i)
+                } else {
+                    None
+                }
+            })
+            .collect();
+    }
+
+    /// Node `i`'s key and the tensors it reads (from [`find_keys`](Self::find_keys)), or
+    /// `None` for a node that is never reused.
+    pub(super) fn take_key(&mut self, i: NodeId) -> Option<(u128, Vec<TensorId>)> {
+        self.keys.get_mut(i.index()).and_then(Option::take)
+    }
+
+    /// Lowers one node of each key that no record holds yet, on all cores, and records
+    /// them: the lowering's own pass then replays every keyed node. A node's lowering
+    /// depends on its key alone (its temporaries' start tile too), so lowering it apart, in
+    /// a fork of the lowering that holds only the graph tensors, records what the pass
+    /// would have. A node whose lowering reads more than its operands (its own temporaries
+    /// aside) is not recorded, and the pass lowers it in place.
+    pub(super) fn prelower<S: Storage>(&mut self, l: &Lowering<'_, S>)
+    where
+        tessera_core::Plan<S>: Sync,
+        tessera_core::Graph<S>: Sync,
+    {
+        use rayon::prelude::*;
+        let mut todo: Vec<(NodeId, u128, &[TensorId])> = Vec::new();
+        {
+            let shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+            let mut seen = std::collections::HashSet::new();
+            for (i, k) in self.keys.iter().enumerate() {
+                let Some((key, refs)) = k else { continue };
+                if seen.insert(*key) && !self.entries.contains_key(key) {
+                    match shared.get(*key) {
+                        Some(rec) => {
+                            self.entries.insert(*key, rec);
+                        }
+                        None => todo.push((NodeId::from_index(i as u32), *key, refs)),
+                    }
+                }
+            }
+        }
+        if todo.len() < 2 {
+            return;
+        }
+        let graph_tensors = l.tensors.len();
+        let recorded: Vec<(u128, Option<Recorded>)> = todo
+            .par_iter()
+            .map_init(
+                || l.fork(),
+                |w, &(i, key, refs)| {
+                    w.forget_from(graph_tensors);
+                    w.cursor = w.start_tile(key);
+                    w.lower_op(i);
+                    (key, Recorded::of(w, i, refs.to_vec(), 0, graph_tensors))
+                },
+            )
+            .collect();
+        let mut dropped = Vec::new();
+        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        for (key, rec) in recorded {
+            if let Some(rec) = rec {
+                self.lowered += 1;
+                let rec = Arc::new(rec);
+                dropped.extend(shared.insert(key, &rec));
+                self.entries.insert(key, rec);
+            }
+        }
+        drop(shared);
+        // Outside the lock: freeing many records takes a while.
+        drop(dropped);
+    }
+
     /// Records node `i`'s lowering (the steps from `step0` and the tensors from `tensor0`)
     /// under `key`, unless it read something other than `refs` and its own temporaries.
     pub(super) fn record<S: Storage>(
@@ -376,13 +463,36 @@ impl Memo {
         step0: usize,
         tensor0: usize,
     ) {
+        let Some(rec) = Recorded::of(l, i, refs, step0, tensor0) else {
+            return;
+        };
+        self.lowered += 1;
+        let rec = Arc::new(rec);
+        let dropped = SHARED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, &rec);
+        // Outside the lock: freeing many records takes a while.
+        drop(dropped);
+        self.entries.insert(key, rec);
+    }
+}
+
+impl Recorded {
+    /// Node `i`'s lowering in `l` (the steps from `step0` and the tensors from `tensor0`),
+    /// or `None` when it read something other than `refs` and its own temporaries.
+    fn of<S: Storage>(
+        l: &Lowering<'_, S>,
+        i: NodeId,
+        refs: Vec<TensorId>,
+        step0: usize,
+        tensor0: usize,
+    ) -> Option<Recorded> {
         let name = l.node(i).name();
         let ok = |t: TensorId| t.index() >= tensor0 || refs.contains(&t);
         let mut temps = Vec::new();
         for pt in &l.tensors[tensor0..] {
-            let Some(suffix) = pt.name.strip_prefix(name) else {
-                return;
-            };
+            let suffix = pt.name.strip_prefix(name)?;
             temps.push((suffix.to_string(), pt.clone()));
         }
         let mut steps = Vec::new();
@@ -390,17 +500,15 @@ impl Memo {
             let suffix = match step {
                 Step::Exchange { transfers, .. } => {
                     if !transfers.iter().all(|t| ok(t.region.tensor)) {
-                        return;
+                        return None;
                     }
                     None
                 }
                 Step::Compute(cs) => {
                     if !cs.vertices.is_empty() || !cs.touched.iter().all(|&t| ok(t)) {
-                        return;
+                        return None;
                     }
-                    let Some(suffix) = cs.name.strip_prefix(name) else {
-                        return;
-                    };
+                    let suffix = cs.name.strip_prefix(name)?;
                     Some(suffix.to_string())
                 }
                 Step::HostToDevice { tensor, .. }
@@ -408,7 +516,7 @@ impl Memo {
                 | Step::LinkReceive { tensor, .. }
                 | Step::RemoteBuffer { tensor, .. } => {
                     if !ok(*tensor) {
-                        return;
+                        return None;
                     }
                     None
                 }
@@ -420,7 +528,7 @@ impl Memo {
             for s in step0..l.steps.len() {
                 if let Some(x) = all.get(s) {
                     if !x.tensors.iter().all(|&t| ok(t)) {
-                        return;
+                        return None;
                     }
                     summaries.push((s - step0, x.clone()));
                 }
@@ -435,13 +543,6 @@ impl Memo {
             bytes: 0,
         };
         rec.bytes = rec.size();
-        let rec = Arc::new(rec);
-        let dropped = SHARED
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, &rec);
-        // Outside the lock: freeing many records takes a while.
-        drop(dropped);
-        self.entries.insert(key, rec);
+        Some(rec)
     }
 }

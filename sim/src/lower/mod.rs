@@ -545,7 +545,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
     /// grows an outlined subgraph once, so the repeats of a layer share its layouts. Nodes
     /// that are never reused spread from a tile their name picks.
     fn lower_op_reusing(&mut self, i: NodeId, memo: &mut memo::Memo) {
-        let Some((key, refs)) = memo.key(self, i) else {
+        let Some((key, refs)) = memo.take_key(i) else {
             self.cursor = self.start_tile_of_name(self.node(i).name());
             return self.lower_op(i);
         };
@@ -557,6 +557,43 @@ impl<'a, S: Storage> Lowering<'a, S> {
                 memo.record(self, key, i, refs, step0, tensor0);
             }
         }
+    }
+
+    /// A lowering of the same graph tensors with no steps or temporaries yet, for lowering
+    /// single nodes apart ([`memo::Memo::prelower`]).
+    fn fork(&self) -> Lowering<'a, S> {
+        Lowering {
+            cfg: self.cfg,
+            plan: self.plan,
+            graph: self.graph,
+            opts: self.opts,
+            tensors: self.tensors.clone(),
+            steps: Vec::new(),
+            node_steps: Vec::new(),
+            cursor: 0,
+            mm: self.mm.clone(),
+            plans_by_shape: self.plans_by_shape.clone(),
+            fc_layers: self.fc_layers.clone(),
+            fc_plans: self.fc_plans.clone(),
+            output_mappings: self.output_mappings.clone(),
+            machine: self.machine,
+            include: self.include.clone(),
+            first_readers: self.first_readers.clone(),
+            remote: self.remote.clone(),
+            offloaded: self.offloaded.clone(),
+            summaries: Some(Summaries::default()),
+            locality: self.locality.fork(self.tensors.len()),
+            row_stats: Vec::new(),
+        }
+    }
+
+    /// Drops what a fork's last node made: its steps, temporaries and what is known of them.
+    fn forget_from(&mut self, tensors: usize) {
+        self.tensors.truncate(tensors);
+        self.steps.clear();
+        self.summaries = Some(Summaries::default());
+        self.locality.forget_from(tensors);
+        self.row_stats.clear();
     }
 
     /// The one place lowering dispatches to the families.
@@ -784,7 +821,11 @@ impl<'a, S: Storage> Lowering<'a, S> {
 }
 
 /// Lowers `plan` onto one IPU described by `cfg`.
-pub fn lower<S: Storage>(plan: &Plan<S>, cfg: &IpuConfig, opts: LowerOptions) -> Program {
+pub fn lower<S: Storage>(plan: &Plan<S>, cfg: &IpuConfig, opts: LowerOptions) -> Program
+where
+    Plan<S>: Sync,
+    Graph<S>: Sync,
+{
     lower_subset(plan, cfg, opts, &|_| true)
 }
 
@@ -796,7 +837,11 @@ pub fn lower_subset<S: Storage>(
     cfg: &IpuConfig,
     opts: LowerOptions,
     include: &dyn Fn(usize) -> bool,
-) -> Program {
+) -> Program
+where
+    Plan<S>: Sync,
+    Graph<S>: Sync,
+{
     lower_with(plan, cfg, opts, include, false).0
 }
 
@@ -808,7 +853,11 @@ pub(crate) fn lower_with<S: Storage>(
     opts: LowerOptions,
     include: &dyn Fn(usize) -> bool,
     summarize: bool,
-) -> (Program, Summaries) {
+) -> (Program, Summaries)
+where
+    Plan<S>: Sync,
+    Graph<S>: Sync,
+{
     let graph = plan.graph();
     let n = graph.len();
     let mut inc: Vec<bool> = (0..n).map(include).collect();
@@ -880,6 +929,10 @@ pub(crate) fn lower_with<S: Storage>(
     // Estimates reuse identical nodes' lowerings.
     let context = xxhash_rust::xxh3::xxh3_128(format!("{:x}{opts:?}", l.machine).as_bytes());
     let mut memo = memo::Memo::new(context, digests);
+    memo.find_keys(&l);
+    if l.summaries.is_some() {
+        memo.prelower(&l);
+    }
     for i in graph.ids() {
         let start = l.steps.len();
         l.lower_node(i, &mut memo);
@@ -887,6 +940,7 @@ pub(crate) fn lower_with<S: Storage>(
     }
     if let Some(s) = &mut l.summaries {
         s.reused = memo.reused;
+        s.lowered = memo.lowered;
     }
     liveness(&mut l);
     let program = Program {
@@ -1049,27 +1103,41 @@ mod tests {
 
     /// Lowering with summaries gives the program lowering with transfers gives, less the
     /// transfers, and each exchange's summary is the summary of its transfers.
-    /// Returns how many node lowerings the summarised lowering reused.
-    fn same_both_ways<S: Storage>(plan: &Plan<S>, cfg: &IpuConfig, opts: LowerOptions) -> usize {
+    /// Returns how many node lowerings the summarised lowering reused, and how many it made
+    /// and recorded afresh.
+    fn same_both_ways<S: Storage>(
+        plan: &Plan<S>,
+        cfg: &IpuConfig,
+        opts: LowerOptions,
+    ) -> (usize, usize)
+    where
+        Plan<S>: Sync,
+        Graph<S>: Sync,
+    {
         let g = plan.graph();
-        let mut reused = 0;
+        let (mut reused, mut lowered) = (0, 0);
         for stage in 0..g.stage_count() {
             let include = |i: usize| g.nodes()[i].stage() == stage;
-            let (r, exchanges) = same_both_ways_on(plan, cfg, opts, &include);
+            let (r, exchanges, fresh) = same_both_ways_on(plan, cfg, opts, &include);
             assert!(exchanges > 0);
             reused += r;
+            lowered += fresh;
         }
-        reused
+        (reused, lowered)
     }
 
-    /// [`same_both_ways`] for the nodes `include` takes; returns the lowerings reused and
-    /// the exchanges.
+    /// [`same_both_ways`] for the nodes `include` takes; returns the lowerings reused, the
+    /// exchanges and the lowerings made afresh.
     fn same_both_ways_on<S: Storage>(
         plan: &Plan<S>,
         cfg: &IpuConfig,
         opts: LowerOptions,
         include: &dyn Fn(usize) -> bool,
-    ) -> (usize, usize) {
+    ) -> (usize, usize, usize)
+    where
+        Plan<S>: Sync,
+        Graph<S>: Sync,
+    {
         let (full, none) = lower_with(plan, cfg, opts, &include, false);
         let (lean, summaries) = lower_with(plan, cfg, opts, &include, true);
         assert_eq!(full.tensors, lean.tensors);
@@ -1096,7 +1164,7 @@ mod tests {
             crate::estimate::cost_steps_with(&full, &none, cfg, 0..full.steps.len()),
             crate::estimate::cost_steps_with(&lean, &summaries, cfg, 0..lean.steps.len())
         );
-        (summaries.reused, exchanges)
+        (summaries.reused, exchanges, summaries.lowered)
     }
 
     /// A two-layer BERT small enough for full lowerings, on `stages` stages, untrained.
@@ -1129,7 +1197,7 @@ mod tests {
                 offload_optimizer_state: offload,
             };
             // The two layers are alike: the second's nodes reuse the first's lowerings.
-            assert!(same_both_ways(&plan, &cfg, opts) > 20);
+            assert!(same_both_ways(&plan, &cfg, opts).0 > 20);
         }
 
         let mut g: Graph<Heap> = Graph::new();
@@ -1159,16 +1227,20 @@ mod tests {
         };
         let (one, two) = (model(1), model(2));
         let (one, two) = (Plan::new(&one).unwrap(), Plan::new(&two).unwrap());
-        // The first lowering reuses within itself; the same lowering again replays all it
-        // can from the first; another split's stages (their tensors spread from other
-        // places) replay what does not depend on where the spreading started, exactly.
-        let first = same_both_ways(&two, &cfg, opts);
-        let again = same_both_ways(&two, &cfg, opts);
+        // The first lowering makes each kind of node once and replays it for every node of
+        // that kind; the same lowering again makes nothing afresh and replays as much; the
+        // one-stage split's IPU (its layers' tensors laid out as in the two stages) makes
+        // only what differs at the stages' boundary (copies from the other IPU, first
+        // readers) and replays the rest, exactly.
+        let (first, made) = same_both_ways(&two, &cfg, opts);
+        assert!(made > 0 && first > made, "{first} reused, {made} made");
+        let (again, made_again) = same_both_ways(&two, &cfg, opts);
+        assert_eq!((again, made_again), (first, 0));
+        let (whole, made_whole) = same_both_ways(&one, &cfg, opts);
         assert!(
-            again > first,
-            "{again} reused the second time, {first} the first"
+            made_whole < made && whole > first / 2,
+            "one stage: {whole} reused, {made_whole} made; two stages: {first}, {made}"
         );
-        same_both_ways(&one, &cfg, opts);
         // Other options are another context: nothing recorded under these is replayed.
         let other = LowerOptions {
             min_chunk_bytes: 32,
