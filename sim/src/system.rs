@@ -332,11 +332,14 @@ where
     let forward_len = g.forward_len();
 
     // Lower each IPU's share, keeping what the estimate needs of its exchanges. The IPUs are
-    // independent, so they are lowered in parallel.
+    // independent, so they are lowered in parallel, the last first: it holds the loss and,
+    // in a language model, the output head, whose nodes no other IPU's lowering shares, so
+    // it tends to take longest (the results do not depend on the order).
     // With the lowering cache on (sweeps), an IPU's program lowered before is reused.
     let fingerprint = crate::cache::enabled().then(|| crate::cache::plan_fingerprint(plan));
-    let lowered: Vec<crate::cache::Lowered> = (0..ipus)
+    let mut lowered: Vec<crate::cache::Lowered> = (0..ipus)
         .into_par_iter()
+        .rev()
         .map(|d| {
             let lower = || {
                 lower_with(
@@ -357,6 +360,7 @@ where
             }
         })
         .collect();
+    lowered.reverse();
     let programs: Vec<&Program> = lowered.iter().map(|l| &l.0).collect();
     let summaries: Vec<&Summaries> = lowered.iter().map(|l| &l.1).collect();
     let node_cycles = |d: usize, i: usize| {

@@ -490,7 +490,8 @@ pub(super) fn operand_mapping<S: Storage>(
             }
         }
     }
-    Mapping::from_intervals(iv)
+    // Blocks and shares are disjoint and non-empty (`spread` places no empty piece).
+    Mapping::from_disjoint_intervals(iv)
 }
 
 /// The q-th of `pk` even shares of `n` elements, as `[start, end)` (empty past the end).

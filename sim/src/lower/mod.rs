@@ -240,6 +240,26 @@ impl<'a, S: Storage> Lowering<'a, S> {
         ((folded % even_tiles) * 2) as u32
     }
 
+    /// The identity whose [`start_tile`](Self::start_tile) a graph tensor without operands
+    /// (a weight, an input, optimizer state) spreads from: its name, so that each layer's
+    /// weights spread from their own tile; but a scalar's kind (type, roles, whether state),
+    /// so that the copies each pipeline stage holds of one (its micro-batch counter) sit
+    /// alike and the stages' nodes that read them lower alike.
+    fn identity(&self, i: NodeId) -> u128 {
+        let node = self.node(i);
+        if node.shape().elements() == 1 {
+            let kind = format!(
+                "scalar|{:?}|{:?}|{}",
+                node.dtype(),
+                node.roles(),
+                node.op().is_state()
+            );
+            xxhash_rust::xxh3::xxh3_128(kind.as_bytes())
+        } else {
+            xxhash_rust::xxh3::xxh3_128(node.name().as_bytes())
+        }
+    }
+
     /// [`start_tile`](Self::start_tile) for a thing known by `name`.
     fn start_tile_of_name(&self, name: &str) -> u32 {
         self.start_tile(xxhash_rust::xxh3::xxh3_128(name.as_bytes()))
@@ -736,7 +756,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
                                 }
                             },
                             None => {
-                                self.cursor = self.start_tile_of_name(node.name());
+                                self.cursor = self.start_tile(self.identity(i));
                                 self.linear(elements, weight, grain, cols)
                             }
                         }
