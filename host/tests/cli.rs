@@ -852,6 +852,45 @@ fn onnx_search_finds_the_fewest_ipus_a_split_fits_on() {
     }
 }
 
+/// A model too big for one IPU with an accumulation count too short for any pipeline
+/// (Grouped needs a multiple of twice the stages): the search counts splits that cannot run
+/// as not fitting and says why, instead of ending on the first one's schedule error; the
+/// out-of-memory report of the estimate asked for comes first.
+#[test]
+fn onnx_search_reports_splits_that_cannot_run() {
+    let model = fixture("wide_mlp.onnx");
+    let o = tessera(&[
+        "estimate",
+        &model,
+        "--ipu",
+        "mk1",
+        "--batch-size",
+        "8",
+        "--optimizer",
+        "adam",
+        "--gradient-accumulation-count",
+        "2",
+        "--json",
+    ]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("out of memory: tile"), "{err}");
+    assert!(
+        err.contains("no automatic split fits")
+            && err.contains("the split on 2 IPUs cannot run: gradient accumulation count 2"),
+        "{err}"
+    );
+    let j = last_json(&o);
+    let found = &j["onnx"]["fewest_ipus"];
+    assert!(found["ipus"].is_null(), "{found}");
+    assert!(
+        found["unrunnable"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("the split on 2 IPUs cannot run")),
+        "{found}"
+    );
+}
+
 /// A model that does not fit, with `--no-search`: the estimate and its out-of-memory report,
 /// a non-zero exit, and no search for the fewest IPUs.
 #[test]

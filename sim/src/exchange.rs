@@ -245,8 +245,7 @@ fn summarize_with(
     if readers.is_empty() {
         return None;
     }
-    readers.sort_unstable();
-    readers.dedup();
+    let readers = group_readers(readers, regions.len());
     let mut reads: Vec<Read> = Vec::with_capacity(regions.len());
     let mut at = 0;
     for group in readers.chunk_by(|a, b| a.0 == b.0) {
@@ -374,6 +373,39 @@ fn summarize_with(
     moved.sort_unstable();
     moved.dedup();
     Some(finish(&tally, bytes, moved))
+}
+
+/// `readers` (region, tile) sorted and without repeats, for regions numbered below
+/// `regions`: a counting sort on the region (the bulk of the work, in linear time), then each
+/// region's tiles sorted (they mostly come in tile order already) and deduplicated.
+fn group_readers(readers: Vec<(u32, TileId)>, regions: usize) -> Vec<(u32, TileId)> {
+    let mut at = vec![0usize; regions + 1];
+    for &(k, _) in &readers {
+        at[k as usize + 1] += 1;
+    }
+    for k in 0..regions {
+        at[k + 1] += at[k];
+    }
+    let mut tiles = vec![TileId(0); readers.len()];
+    let mut next = at.clone();
+    for &(k, t) in &readers {
+        tiles[next[k as usize]] = t;
+        next[k as usize] += 1;
+    }
+    let mut out = Vec::with_capacity(readers.len());
+    for k in 0..regions {
+        let group = &mut tiles[at[k]..at[k + 1]];
+        if !group.is_sorted() {
+            group.sort_unstable();
+        }
+        let first = out.len();
+        for &t in group.iter() {
+            if out.len() == first || out.last() != Some(&(k as u32, t)) {
+                out.push((k as u32, t));
+            }
+        }
+    }
+    out
 }
 
 /// For each region, whether it may share an element with another region of the same tensor:

@@ -60,6 +60,9 @@ struct FewestIpus {
     tried_up_to: usize,
     /// Why it stopped before the limit without a fit, if it did.
     stopped: Option<String>,
+    /// When splits on some IPU counts could not run (counted as not fitting): the fewest
+    /// such, with why.
+    unrunnable: Option<String>,
     boundaries: Vec<String>,
 }
 
@@ -113,7 +116,7 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
                     f.boundaries.join(", ")
                 ),
                 None => eprintln!(
-                    "{} (try --dtype f16, --offload-optimizer-state, --recompute or a smaller --batch-size)",
+                    "{}{} (try --dtype f16, --offload-optimizer-state, --recompute or a smaller --batch-size)",
                     match &f.stopped {
                         Some(why) => format!(
                             "no automatic split fits: the search stopped at {} IPUs, as {why}",
@@ -123,6 +126,12 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
                             "no automatic split fits on up to {} IPUs",
                             f.tried_up_to
                         ),
+                    },
+                    match &f.unrunnable {
+                        Some(why) => format!(
+                            "; splits that cannot run count as not fitting ({why}: a larger --gradient-accumulation-count may let more IPUs run)"
+                        ),
+                        None => String::new(),
                     }
                 ),
             }
@@ -236,6 +245,9 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
             limit: MAX_IPUS,
             tried_up_to: found.tried_up_to,
             stopped: found.stopped,
+            unrunnable: found
+                .unrunnable
+                .map(|(n, why)| format!("the split on {n} IPUs cannot run: {why}")),
             boundaries: found.split.map(|s| s.info.boundaries).unwrap_or_default(),
         })
     };

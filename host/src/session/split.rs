@@ -406,6 +406,9 @@ pub struct FewestIpus {
     pub tried_up_to: usize,
     /// Why the search stopped before [`MAX_IPUS`] without a fit, when it did.
     pub stopped: Option<String>,
+    /// When splits on some IPU counts could not run (the accumulation count asked for is
+    /// not a multiple of their schedule's overlap): the fewest such IPUs, and why.
+    pub unrunnable: Option<(usize, String)>,
 }
 
 /// The fewest IPUs (up to [`MAX_IPUS`]) on which an automatic split fits: growing, then
@@ -430,7 +433,9 @@ pub struct FewestIpus {
 ///
 /// # Errors
 ///
-/// As [`split`], except that splits that cannot be made count as not fitting.
+/// As [`split`], except that splits that cannot be made (an option out of range on that
+/// many IPUs, or an accumulation count too small for that many stages) count as not
+/// fitting.
 pub fn fewest_ipus(
     model: &OnnxModel,
     options_for: &dyn Fn(usize) -> SessionOptions,
@@ -438,6 +443,8 @@ pub fn fewest_ipus(
     profile: &Profile,
     known: Option<(usize, u64)>,
 ) -> Result<FewestIpus, SessionError> {
+    // The fewest IPUs whose split's schedule could not be made, with why.
+    let unmade: std::cell::RefCell<Option<(usize, String)>> = Default::default();
     // The split on n IPUs, and its fullest tile's bytes when it was made.
     let try_n = |n: usize| -> Result<(Option<Split>, Option<u64>), SessionError> {
         match split(model, &options_for(n), oo, n, profile) {
@@ -446,6 +453,17 @@ pub fn fewest_ipus(
                 Ok((s.estimate.fits.then_some(s), worst))
             }
             Err(SessionError::Option { .. }) => Ok((None, None)),
+            // A schedule the split's stages cannot run (the accumulation count asked for is
+            // too small for that many stages): that split cannot be made.
+            Err(SessionError::System(e))
+                if matches!(*e, tessera_sim::system::SystemError::Schedule(_)) =>
+            {
+                let mut u = unmade.borrow_mut();
+                if u.as_ref().is_none_or(|(m, _)| n < *m) {
+                    *u = Some((n, e.to_string()));
+                }
+                Ok((None, None))
+            }
             Err(e) => Err(e),
         }
     };
@@ -457,6 +475,7 @@ pub fn fewest_ipus(
         split,
         tried_up_to,
         stopped,
+        unrunnable: unmade.into_inner(),
     })
 }
 
