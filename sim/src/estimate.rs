@@ -443,6 +443,7 @@ where
     tessera_core::Graph<S>: Sync,
 {
     cfg.validate().map_err(SimError::Machine)?;
-    let (program, summaries) = crate::lower::lower_with(plan, cfg, opts.lower, &|_| true, true);
+    let (program, summaries) =
+        crate::lower::lower_with(plan, cfg, opts.lower, &|_| true, true, None);
     estimate_program_with(&program, &summaries, cfg, opts)
 }

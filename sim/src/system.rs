@@ -337,6 +337,8 @@ where
     // it tends to take longest (the results do not depend on the order).
     // With the lowering cache on (sweeps), an IPU's program lowered before is reused.
     let fingerprint = crate::cache::enabled().then(|| crate::cache::plan_fingerprint(plan));
+    // The layouts copies of other IPUs' tensors keep, made once for all the IPUs that lower.
+    let layouts = std::sync::OnceLock::new();
     let mut lowered: Vec<crate::cache::Lowered> = (0..ipus)
         .into_par_iter()
         .rev()
@@ -348,6 +350,11 @@ where
                     opts.lower,
                     &|i| mapping[plan.graph().nodes()[i].stage()] == d,
                     true,
+                    (ipus > 1).then(|| {
+                        std::sync::Arc::clone(layouts.get_or_init(|| {
+                            crate::lower::whole_graph_layouts(plan, cfg, opts.lower)
+                        }))
+                    }),
                 )
             };
             match fingerprint {

@@ -3,8 +3,10 @@
 //!
 //! A node's lowering reads its op, its own and its operands' nodes (shapes, types, roles,
 //! whether state, whether a view), their program tensors (elements, type, class, mapping),
-//! which IPU holds them (here, a copy from another, offloaded), and whether the node is the
-//! first reader of an operand; and it writes steps and temporaries. When all it reads equals
+//! whether they are offloaded, and whether the node is the first reader of an operand; and it
+//! writes steps and temporaries. Whether an operand is made here or is a copy from another
+//! IPU does not matter beyond its layout and class (a copy keeps the layout its tensor has
+//! where it is made). When all it reads equals
 //! what an earlier node read - operand identities aside, but with the operands in the same
 //! order of tensor ids - its steps and temporaries are the earlier node's, with tensor ids,
 //! names and node renamed. The key is a 128-bit hash of those facts (two SipHash passes
@@ -237,14 +239,12 @@ impl Memo {
             h.str(&facts);
             let root = l.plan.storage_of(x);
             let first = if root == x { l.first_consumer(x) } else { None };
+            // Whether an operand is here or a copy from another IPU does not matter beyond
+            // its layout and class (a copy is laid out as its tensor is where it is made).
             for b in [
                 root != x,
                 first == Some(i),
-                l.include[x.index()],
-                l.remote[x.index()],
                 l.offloaded[x.index()],
-                l.include[root.index()],
-                l.remote[root.index()],
                 l.offloaded[root.index()],
             ] {
                 h.u64(u64::from(b));

@@ -19,6 +19,8 @@
 //!   its temporaries, like the earlier one: repeated layers share layouts, as PopART's
 //!   outlining grows a repeated layer once (see `Outlined` and `memo`).
 
+use std::sync::Arc;
+
 use tessera_core::{DType, Graph, Node, NodeId, Op, Place, Plan, Roles, Storage};
 
 use crate::exchange::{summarize_vertices, Locality, Summaries};
@@ -193,6 +195,9 @@ pub(crate) struct Lowering<'a, S: Storage> {
     locality: Locality,
     /// Each cross-entropy's per-row statistics (by its logits node), which its gradient reads.
     pub(crate) row_stats: Vec<(NodeId, TensorId)>,
+    /// Every graph tensor's layout with every node on one IPU, which copies of other IPUs'
+    /// tensors keep (set when there are such copies).
+    layouts: Option<Arc<[Mapping]>>,
 }
 
 /// Row segments of the rectangle rows `r0..r1` x cols `c0..c1` of a row-major matrix with
@@ -604,6 +609,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
             summaries: Some(Summaries::default()),
             locality: self.locality.fork(self.tensors.len()),
             row_stats: Vec::new(),
+            layouts: self.layouts.clone(),
         }
     }
 
@@ -707,9 +713,14 @@ impl<'a, S: Storage> Lowering<'a, S> {
             let mapping = if elements == 0 {
                 Mapping::default()
             } else if !self.include[k] {
-                // A copy of another IPU's tensor, spread like any new tensor.
-                self.cursor = self.start_tile_of_name(node.name());
-                self.linear(elements, es, 1, cols)
+                // A copy of another IPU's tensor, laid out as its tensor is there.
+                match &self.layouts {
+                    Some(layouts) => layouts[k].clone(),
+                    None => {
+                        self.cursor = self.start_tile_of_name(node.name());
+                        self.linear(elements, es, 1, cols)
+                    }
+                }
             } else if let Some((product, operand)) = self.laying_out_consumer(i) {
                 matmul::operand_mapping(self, product, operand)
             } else if let Some(var) = self.state_owner(i) {
@@ -862,89 +873,126 @@ where
     Plan<S>: Sync,
     Graph<S>: Sync,
 {
-    lower_with(plan, cfg, opts, include, false).0
+    lower_with(plan, cfg, opts, include, false, None).0
+}
+
+impl<'a, S: Storage> Lowering<'a, S> {
+    /// A lowering of the nodes `include` selects, with the state they read, before any
+    /// tensor is laid out.
+    fn new(
+        plan: &'a Plan<S>,
+        cfg: &'a IpuConfig,
+        opts: LowerOptions,
+        include: &dyn Fn(usize) -> bool,
+        summarize: bool,
+    ) -> Lowering<'a, S> {
+        let graph = plan.graph();
+        let n = graph.len();
+        let mut inc: Vec<bool> = (0..n).map(include).collect();
+        // Which tensors (roots) the included nodes read.
+        let reads = |inc: &[bool]| {
+            let mut read = vec![false; n];
+            for (c, node) in graph.nodes().iter().enumerate() {
+                if inc[c] {
+                    for &o in node.op().operands().as_slice() {
+                        read[plan.storage_of(o).index()] = true;
+                    }
+                }
+            }
+            read
+        };
+        let read = reads(&inc);
+        for i in 0..n {
+            if !inc[i] && graph.nodes()[i].op().is_state() && read[i] {
+                inc[i] = true;
+            }
+        }
+        let read = reads(&inc);
+        let remote: Vec<bool> = (0..n)
+            .map(|i| !inc[i] && !graph.nodes()[i].op().is_update() && read[i])
+            .collect();
+        let offloaded: Vec<bool> = (0..n)
+            .map(|i| {
+                opts.offload_optimizer_state
+                    && inc[i]
+                    && graph.nodes()[i].roles().contains(Roles::OPTIMIZER_STATE)
+                    && graph.nodes()[i].shape().rank() > 0
+            })
+            .collect();
+        // Each storage root's first included reader, found once: the lowering asks for it for
+        // every state tensor and product.
+        let mut first_readers = vec![None; n];
+        for (c, node) in graph.nodes().iter().enumerate() {
+            if inc[c] {
+                for &o in node.op().operands().as_slice() {
+                    first_readers[plan.storage_of(o).index()]
+                        .get_or_insert(NodeId::from_index(c as u32));
+                }
+            }
+        }
+        Lowering {
+            cfg,
+            plan,
+            graph,
+            opts,
+            tensors: Vec::with_capacity(n * 2),
+            steps: Vec::new(),
+            node_steps: Vec::with_capacity(n),
+            cursor: 0,
+            mm: matmul::Plans::default(),
+            plans_by_shape: matmul::PlansByShape::default(),
+            fc_layers: matmul::trained_fc_layers(graph, &inc),
+            fc_plans: matmul::FcPlansByShape::default(),
+            output_mappings: Default::default(),
+            machine: crate::matmul::machine_key(cfg),
+            include: inc,
+            first_readers,
+            remote,
+            offloaded,
+            summaries: summarize.then(Summaries::default),
+            locality: Locality::default(),
+            row_stats: Vec::new(),
+            layouts: None,
+        }
+    }
+}
+
+/// Every graph tensor's layout when every node is on one IPU. A tensor sent to another IPU
+/// keeps its layout there, tile for tile, as poputil's `copyToIpu` (which PopART's IPU copies
+/// use) maps the copy like its source: so a copy is laid out as its tensor is where it is
+/// made, and the nodes that read it lower as they do where it is made.
+pub(crate) fn whole_graph_layouts<S: Storage>(
+    plan: &Plan<S>,
+    cfg: &IpuConfig,
+    opts: LowerOptions,
+) -> Arc<[Mapping]> {
+    let n = plan.graph().len();
+    let mut l = Lowering::new(plan, cfg, opts, &|_| true, false);
+    l.map_graph_tensors();
+    l.tensors[..n].iter().map(|t| t.mapping.clone()).collect()
 }
 
 /// [`lower_subset`], keeping only the summaries of the exchanges (what estimates need) when
-/// `summarize` is set: the program's exchange steps then have no transfers.
+/// `summarize` is set: the program's exchange steps then have no transfers. `layouts` are
+/// the tensors' layouts with every node on one IPU ([`whole_graph_layouts`]), which copies
+/// of other IPUs' tensors keep; made here when needed and not given.
 pub(crate) fn lower_with<S: Storage>(
     plan: &Plan<S>,
     cfg: &IpuConfig,
     opts: LowerOptions,
     include: &dyn Fn(usize) -> bool,
     summarize: bool,
+    layouts: Option<Arc<[Mapping]>>,
 ) -> (Program, Summaries)
 where
     Plan<S>: Sync,
     Graph<S>: Sync,
 {
     let graph = plan.graph();
-    let n = graph.len();
-    let mut inc: Vec<bool> = (0..n).map(include).collect();
-    // Which tensors (roots) the included nodes read.
-    let reads = |inc: &[bool]| {
-        let mut read = vec![false; n];
-        for (c, node) in graph.nodes().iter().enumerate() {
-            if inc[c] {
-                for &o in node.op().operands().as_slice() {
-                    read[plan.storage_of(o).index()] = true;
-                }
-            }
-        }
-        read
-    };
-    let read = reads(&inc);
-    for i in 0..n {
-        if !inc[i] && graph.nodes()[i].op().is_state() && read[i] {
-            inc[i] = true;
-        }
+    let mut l = Lowering::new(plan, cfg, opts, include, summarize);
+    if l.remote.iter().any(|&r| r) {
+        l.layouts = Some(layouts.unwrap_or_else(|| whole_graph_layouts(plan, cfg, opts)));
     }
-    let read = reads(&inc);
-    let remote: Vec<bool> = (0..n)
-        .map(|i| !inc[i] && !graph.nodes()[i].op().is_update() && read[i])
-        .collect();
-    let offloaded: Vec<bool> = (0..n)
-        .map(|i| {
-            opts.offload_optimizer_state
-                && inc[i]
-                && graph.nodes()[i].roles().contains(Roles::OPTIMIZER_STATE)
-                && graph.nodes()[i].shape().rank() > 0
-        })
-        .collect();
-    // Each storage root's first included reader, found once: the lowering asks for it for
-    // every state tensor and product.
-    let mut first_readers = vec![None; n];
-    for (c, node) in graph.nodes().iter().enumerate() {
-        if inc[c] {
-            for &o in node.op().operands().as_slice() {
-                first_readers[plan.storage_of(o).index()]
-                    .get_or_insert(NodeId::from_index(c as u32));
-            }
-        }
-    }
-    let mut l = Lowering {
-        cfg,
-        plan,
-        graph,
-        opts,
-        tensors: Vec::with_capacity(n * 2),
-        steps: Vec::new(),
-        node_steps: Vec::with_capacity(n),
-        cursor: 0,
-        mm: matmul::Plans::default(),
-        plans_by_shape: matmul::PlansByShape::default(),
-        fc_layers: matmul::trained_fc_layers(graph, &inc),
-        fc_plans: matmul::FcPlansByShape::default(),
-        output_mappings: Default::default(),
-        machine: crate::matmul::machine_key(cfg),
-        include: inc,
-        first_readers,
-        remote,
-        offloaded,
-        summaries: summarize.then(Summaries::default),
-        locality: Locality::default(),
-        row_stats: Vec::new(),
-    };
     let digests = l.map_graph_tensors();
     // Estimates reuse identical nodes' lowerings.
     let context = xxhash_rust::xxh3::xxh3_128(format!("{:x}{opts:?}", l.machine).as_bytes());
@@ -1158,8 +1206,8 @@ mod tests {
         Plan<S>: Sync,
         Graph<S>: Sync,
     {
-        let (full, none) = lower_with(plan, cfg, opts, &include, false);
-        let (lean, summaries) = lower_with(plan, cfg, opts, &include, true);
+        let (full, none) = lower_with(plan, cfg, opts, &include, false, None);
+        let (lean, summaries) = lower_with(plan, cfg, opts, &include, true, None);
         assert_eq!(full.tensors, lean.tensors);
         assert_eq!(full.node_steps, lean.node_steps);
         assert_eq!(full.steps.len(), lean.steps.len());
