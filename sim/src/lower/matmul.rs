@@ -471,27 +471,34 @@ pub(super) fn operand_mapping<S: Storage>(
     };
     let min = min_bytes.div_ceil(dtype.size() as u64);
     let tiles = l.tile_count();
-    let mut iv = Vec::new();
-    for g in 0..p.groups {
-        for ix in 0..x.0 {
-            for iy in 0..y.0 {
-                let (rx, ry) = (range(ix, x.1, x.2), range(iy, y.1, y.2));
-                if rx.0 >= rx.1 || ry.0 >= ry.1 {
-                    continue;
+    let which = match op {
+        Operand::A => 1,
+        Operand::B => 2,
+    };
+    let key = layout_key(l, i, &p, &plan);
+    product_layout(&key, which, || {
+        let mut iv = Vec::new();
+        for g in 0..p.groups {
+            for ix in 0..x.0 {
+                for iy in 0..y.0 {
+                    let (rx, ry) = (range(ix, x.1, x.2), range(iy, y.1, y.2));
+                    if rx.0 >= rx.1 || ry.0 >= ry.1 {
+                        continue;
+                    }
+                    spread(&spans(g, rx, ry), readers, min, grain, |r, start, len| {
+                        let (im, ik, i_n) = match op {
+                            Operand::A => (ix, iy, r),
+                            Operand::B => (r, ix, iy),
+                        };
+                        let tile = tile(g, plan.grid(im, ik, i_n), &p, tiles);
+                        iv.push(Interval { tile, start, len });
+                    });
                 }
-                spread(&spans(g, rx, ry), readers, min, grain, |r, start, len| {
-                    let (im, ik, i_n) = match op {
-                        Operand::A => (ix, iy, r),
-                        Operand::B => (r, ix, iy),
-                    };
-                    let tile = tile(g, plan.grid(im, ik, i_n), &p, tiles);
-                    iv.push(Interval { tile, start, len });
-                });
             }
         }
-    }
-    // Blocks and shares are disjoint and non-empty (`spread` places no empty piece).
-    Mapping::from_disjoint_intervals(iv)
+        // Blocks and shares are disjoint and non-empty (`spread` places no empty piece).
+        Mapping::from_disjoint_intervals(iv)
+    })
 }
 
 /// The q-th of `pk` even shares of `n` elements, as `[start, end)` (empty past the end).
@@ -559,16 +566,19 @@ fn output_shares(p: &Product, plan: &MatMulPlan) -> Vec<(usize, u64, u64, Range,
 /// AMP vertices write it themselves (its `k` is not split, over tiles or in serial steps, so
 /// there is no reduction or accumulation, and its partials need no cast, `fp32_partials`): the
 /// output is then AMP partials, which must be interleaved.
-pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> (Mapping, bool) {
-    let Some(p) = product_of(l, i) else {
-        return (Mapping::default(), false);
-    };
-    let plan = plan_of(l, i, &p);
-    // Identical products (a model's repeated layers) have one layout: made once.
+/// Everything a product's layouts of its output and operands are made from: its op, shapes,
+/// type, plan and shape of product, with the machine (the tiles).
+fn layout_key<S: Storage>(
+    l: &Lowering<'_, S>,
+    i: NodeId,
+    p: &Product,
+    plan: &MatMulPlan,
+) -> String {
     let node = l.node(i);
     let op = super::op_by_place(node.op(), node.op().operands().as_slice());
     let mut key = format!(
-        "{:?}|{:?}|{op}|{plan:?}|{}|{}|{}|{}|{}|{}",
+        "{:x}|{:?}|{:?}|{op}|{plan:?}|{}|{}|{}|{}|{}|{}",
+        l.machine,
         node.shape(),
         node.dtype(),
         p.groups,
@@ -581,28 +591,70 @@ pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> 
     for &o in node.op().operands().as_slice() {
         key.push_str(&format!("|{:?}", l.node(o).shape()));
     }
+    key
+}
+
+/// Most product layouts this process keeps ([`LAYOUTS`]); past it, the kept ones are dropped
+/// (an estimate: a few models' worth of distinct products).
+const LAYOUTS_KEPT: usize = 4096;
+
+/// Product layouts made so far in this process, by [`layout_key`] and which tensor: identical
+/// products (a model's repeated layers, and the same layers in every stage, split and sweep
+/// configuration) have one layout, made once.
+static LAYOUTS: std::sync::LazyLock<std::sync::Mutex<HashMap<(String, u8), Mapping>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// Drops the product layouts this process keeps ([`LAYOUTS`]).
+pub(super) fn clear_product_layouts() {
+    let dropped = LAYOUTS.lock().map(|mut c| std::mem::take(&mut *c));
+    drop(dropped);
+}
+
+/// The layout of `which` (0 the output, 1 and 2 the operands) of the product with `key`,
+/// made by `make` (outside the lock) when this process has not made it yet.
+fn product_layout(key: &str, which: u8, make: impl FnOnce() -> Mapping) -> Mapping {
+    let k = (key.to_string(), which);
+    if let Some(m) = LAYOUTS.lock().ok().and_then(|c| c.get(&k).cloned()) {
+        return m;
+    }
+    let m = make();
+    if let Ok(mut c) = LAYOUTS.lock() {
+        if c.len() >= LAYOUTS_KEPT {
+            c.clear();
+        }
+        c.insert(k, m.clone());
+    }
+    m
+}
+
+pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> (Mapping, bool) {
+    let Some(p) = product_of(l, i) else {
+        return (Mapping::default(), false);
+    };
+    let plan = plan_of(l, i, &p);
+    let node = l.node(i);
     let amp_written = plan.on_amp()
         && plan.pk == 1
         && plan.serial <= 1
         && !fp32_partials(p.k, p.kernel_area, node.dtype());
-    if let Some(m) = l.output_mappings.get(&key) {
-        return (m.clone(), amp_written);
-    }
-    let mut iv = Vec::new();
-    for (g, im, i_n, rm, rn, pk_here) in output_shares(&p, &plan) {
-        for ik in 0..pk_here {
-            let tile = tile(g, plan.grid(im, ik, i_n), &p, l.tile_count());
-            for (r0, r1, c0, c1) in
-                reduce_share(rm.1 - rm.0, rn.1 - rn.0, ik, pk_here, p.out_m_contiguous)
-            {
-                for (start, len) in (p.out)(g, (rm.0 + r0, rm.0 + r1), (rn.0 + c0, rn.0 + c1)) {
-                    iv.push(Interval { tile, start, len });
+    let key = layout_key(l, i, &p, &plan);
+    let tiles = l.tile_count();
+    let m = product_layout(&key, 0, || {
+        let mut iv = Vec::new();
+        for (g, im, i_n, rm, rn, pk_here) in output_shares(&p, &plan) {
+            for ik in 0..pk_here {
+                let tile = tile(g, plan.grid(im, ik, i_n), &p, tiles);
+                for (r0, r1, c0, c1) in
+                    reduce_share(rm.1 - rm.0, rn.1 - rn.0, ik, pk_here, p.out_m_contiguous)
+                {
+                    for (start, len) in (p.out)(g, (rm.0 + r0, rm.0 + r1), (rn.0 + c0, rn.0 + c1)) {
+                        iv.push(Interval { tile, start, len });
+                    }
                 }
             }
         }
-    }
-    let m = Mapping::from_intervals(iv);
-    l.output_mappings.insert(key, m.clone());
+        Mapping::from_intervals(iv)
+    });
     (m, amp_written)
 }
 

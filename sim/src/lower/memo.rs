@@ -51,13 +51,14 @@ pub const SHARED_MEMO_BYTES: usize = 256 << 20;
 /// Recorded lowerings kept for every lowering in this process.
 static SHARED: LazyLock<Mutex<Shared>> = LazyLock::new(Default::default);
 
-/// Drops the recorded lowerings this process keeps for later lowerings: the next lowering
-/// starts from nothing, as the first of a process does (benches time it so). Estimates are
-/// the same either way.
+/// Drops the recorded lowerings and product layouts this process keeps for later lowerings:
+/// the next lowering starts from nothing, as the first of a process does (benches time it
+/// so). Estimates are the same either way.
 pub fn clear_shared_records() {
     // Taken under the lock (released at the end of the statement), freed after it.
     let dropped = std::mem::take(&mut *SHARED.lock().unwrap_or_else(|e| e.into_inner()));
     drop(dropped);
+    super::matmul::clear_product_layouts();
 }
 
 /// Recorded lowerings kept for every lowering, by key.

@@ -179,8 +179,6 @@ pub(crate) struct Lowering<'a, S: Storage> {
     pub(crate) fc_plans: matmul::FcPlansByShape,
     /// The machine's key for the process's plan caches.
     pub(crate) machine: u128,
-    /// Products' output layouts, by what makes them (see `matmul::output_mapping`).
-    pub(crate) output_mappings: std::collections::HashMap<String, Mapping>,
     /// Nodes lowered onto this IPU.
     include: Vec<bool>,
     /// Per storage root: the first included node that reads it (or a view of it).
@@ -600,7 +598,6 @@ impl<'a, S: Storage> Lowering<'a, S> {
             plans_by_shape: self.plans_by_shape.clone(),
             fc_layers: self.fc_layers.clone(),
             fc_plans: self.fc_plans.clone(),
-            output_mappings: self.output_mappings.clone(),
             machine: self.machine,
             include: self.include.clone(),
             first_readers: self.first_readers.clone(),
@@ -943,7 +940,6 @@ impl<'a, S: Storage> Lowering<'a, S> {
             plans_by_shape: matmul::PlansByShape::default(),
             fc_layers: matmul::trained_fc_layers(graph, &inc),
             fc_plans: matmul::FcPlansByShape::default(),
-            output_mappings: Default::default(),
             machine: crate::matmul::machine_key(cfg),
             include: inc,
             first_readers,
