@@ -852,43 +852,54 @@ fn onnx_search_finds_the_fewest_ipus_a_split_fits_on() {
     }
 }
 
-/// A model too big for one IPU with an accumulation count too short for any pipeline
-/// (Grouped needs a multiple of twice the stages): the search counts splits that cannot run
-/// as not fitting and says why, instead of ending on the first one's schedule error; the
-/// out-of-memory report of the estimate asked for comes first.
+/// A model too big for one IPU (an automatic split fits on 3, see the test above) with the
+/// accumulation count given: splits whose schedule cannot take it (Grouped needs a multiple
+/// of twice the stages) cannot run, and the search finds the fewest IPUs among those that
+/// can, saying which could not, instead of ending on the first one's schedule error. M = 2
+/// lets no split run; M = 8 lets 2 and 4 IPUs run, not 3 (so the search, which takes more
+/// IPUs to fit when fewer do, must not step over 4); M = 12 lets 3 run again.
 #[test]
-fn onnx_search_reports_splits_that_cannot_run() {
+fn onnx_search_skips_splits_that_cannot_run() {
     let model = fixture("wide_mlp.onnx");
-    let o = tessera(&[
-        "estimate",
-        &model,
-        "--ipu",
-        "mk1",
-        "--batch-size",
-        "8",
-        "--optimizer",
-        "adam",
-        "--gradient-accumulation-count",
-        "2",
-        "--json",
-    ]);
-    assert!(!o.status.success());
-    let err = stderr(&o);
-    assert!(err.contains("out of memory: tile"), "{err}");
-    assert!(
-        err.contains("no automatic split fits")
-            && err.contains("the split on 2 IPUs cannot run: gradient accumulation count 2"),
-        "{err}"
-    );
-    let j = last_json(&o);
-    let found = &j["onnx"]["fewest_ipus"];
-    assert!(found["ipus"].is_null(), "{found}");
-    assert!(
-        found["unrunnable"]
-            .as_str()
-            .is_some_and(|s| s.starts_with("the split on 2 IPUs cannot run")),
-        "{found}"
-    );
+    for (m, ipus, unrunnable) in [("2", None, 2), ("8", Some(4), 3), ("12", Some(3), 4)] {
+        let o = tessera(&[
+            "estimate",
+            &model,
+            "--ipu",
+            "mk1",
+            "--batch-size",
+            "8",
+            "--optimizer",
+            "adam",
+            "--gradient-accumulation-count",
+            m,
+            "--json",
+        ]);
+        assert!(!o.status.success());
+        let err = stderr(&o);
+        assert!(err.contains("out of memory: tile"), "M = {m}: {err}");
+        let j = last_json(&o);
+        let found = &j["onnx"]["fewest_ipus"];
+        assert_eq!(found["ipus"].as_u64(), ipus, "M = {m}: {found}");
+        let why =
+            format!("the split on {unrunnable} IPUs cannot run: gradient accumulation count {m}");
+        assert!(
+            found["unrunnable"]
+                .as_str()
+                .is_some_and(|s| s.starts_with(&why)),
+            "M = {m}: {found}"
+        );
+        match ipus {
+            Some(n) => assert!(
+                err.contains(&format!("an automatic split fits on {n} IPUs")),
+                "M = {m}: {err}"
+            ),
+            None => assert!(
+                err.contains("no automatic split can run") && err.contains(&why),
+                "M = {m}: {err}"
+            ),
+        }
+    }
 }
 
 /// A model that does not fit, with `--no-search`: the estimate and its out-of-memory report,

@@ -112,8 +112,9 @@ pub(crate) fn key(plan: (u64, u64), stages: &[usize], cfg: &IpuConfig, opts: Low
 }
 
 /// The program under `key`, lowering it with `lower` when the cache does not have it. An
-/// estimate asking for a program another is lowering waits for it rather than lowering it
-/// twice.
+/// estimate asking for a program another is still lowering lowers it too (the same program)
+/// rather than wait: a lowering runs work on the thread pool, and a thread waiting for it can
+/// take up the very estimate that waits, which would then wait for itself.
 pub(crate) fn get_or_lower(key: u128, lower: impl FnOnce() -> (Program, Summaries)) -> Lowered {
     let slot = {
         let mut guard = CACHE.lock().unwrap_or_else(|e| e.into_inner());
@@ -140,6 +141,11 @@ pub(crate) fn get_or_lower(key: u128, lower: impl FnOnce() -> (Program, Summarie
             }
         }
     };
-    // Lowered outside the lock: other estimates go on meanwhile.
-    Arc::clone(slot.get_or_init(|| Arc::new(lower())))
+    if let Some(done) = slot.get() {
+        return Arc::clone(done);
+    }
+    // Lowered outside the lock and outside the slot's initialisation: other estimates go on
+    // meanwhile, and none waits on this thread.
+    let lowered = Arc::new(lower());
+    Arc::clone(slot.get_or_init(|| lowered))
 }

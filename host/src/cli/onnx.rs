@@ -115,25 +115,28 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
                     "an automatic split fits on {n} IPUs: add --pipeline-ipus {n} (stage boundaries after {})",
                     f.boundaries.join(", ")
                 ),
-                None => eprintln!(
-                    "{}{} (try --dtype f16, --offload-optimizer-state, --recompute or a smaller --batch-size)",
-                    match &f.stopped {
-                        Some(why) => format!(
+                None => {
+                    let why = match (&f.stopped, &f.unrunnable) {
+                        (Some(why), _) => format!(
                             "no automatic split fits: the search stopped at {} IPUs, as {why}",
                             f.tried_up_to
                         ),
-                        None => format!(
+                        (None, Some(why)) if f.tried_up_to < 2 => format!(
+                            "no automatic split can run ({why}: a larger --gradient-accumulation-count lets more IPUs run)"
+                        ),
+                        (None, Some(why)) => format!(
+                            "no automatic split fits on up to {} IPUs among those that can run ({why}: a larger --gradient-accumulation-count lets more IPUs run)",
+                            f.tried_up_to
+                        ),
+                        (None, None) => format!(
                             "no automatic split fits on up to {} IPUs",
                             f.tried_up_to
                         ),
-                    },
-                    match &f.unrunnable {
-                        Some(why) => format!(
-                            "; splits that cannot run count as not fitting ({why}: a larger --gradient-accumulation-count may let more IPUs run)"
-                        ),
-                        None => String::new(),
-                    }
-                ),
+                    };
+                    eprintln!(
+                        "{why} (try --dtype f16, --offload-optimizer-state, --recompute or a smaller --batch-size)"
+                    )
+                }
             }
         }
         return Ok(false);

@@ -431,11 +431,14 @@ pub struct FewestIpus {
 /// on that many) and its fullest tile's bytes. The growing starts from it instead of from one
 /// IPU, as the narrowing already takes fewer IPUs never to fit where more do not.
 ///
+/// When the accumulation count asked for does not suit every IPU count's schedule, the fewest
+/// IPUs that fit are found by bisection over the counts whose schedule takes it (which
+/// ones can run is not monotone in the IPUs), and the first that cannot is reported.
+///
 /// # Errors
 ///
 /// As [`split`], except that splits that cannot be made (an option out of range on that
-/// many IPUs, or an accumulation count too small for that many stages) count as not
-/// fitting.
+/// many IPUs, or an accumulation count their schedule cannot take) count as not fitting.
 pub fn fewest_ipus(
     model: &OnnxModel,
     options_for: &dyn Fn(usize) -> SessionOptions,
@@ -469,14 +472,65 @@ pub fn fewest_ipus(
     };
     let limit = MAX_IPUS.min(profile.costs.len());
     let sram = tessera_sim::machine::IpuConfig::preset(options_for(1).ipu).sram_bytes_per_tile;
-    let (split, tried_up_to, stopped) =
-        search::<Split, SessionError>(limit, sram, known, &mut |n| try_n(n))?;
+    // A split on n IPUs runs only when its schedule takes the accumulation count (Grouped
+    // needs a multiple of twice the stages). That is not monotone in n (M = 32 runs on 2, 4,
+    // 8 and 16 IPUs, not on 3), which the search assumes of fitting: when some counts cannot
+    // run, the fewest that fit is found by bisection over the counts that can.
+    let runs = |n: usize| -> Result<(), String> {
+        let so = options_for(n);
+        tessera_core::schedule::Pipeline::new(
+            n,
+            so.gradient_accumulation_count,
+            so.schedule,
+            !oo.inference,
+        )
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+    };
+    let first_unrunnable = (2..=limit).find_map(|n| runs(n).err().map(|why| (n, why)));
+    let (split, tried_up_to, stopped) = if first_unrunnable.is_some() {
+        let counts: Vec<usize> = (2..=limit)
+            .filter(|&n| runs(n).is_ok() && known.is_none_or(|(k, _)| n > k))
+            .collect();
+        bisect(&counts, &mut |n| try_n(n).map(|r| r.0))?
+    } else {
+        search::<Split, SessionError>(limit, sram, known, &mut |n| try_n(n))?
+    };
     Ok(FewestIpus {
         split,
         tried_up_to,
         stopped,
-        unrunnable: unmade.into_inner(),
+        unrunnable: first_unrunnable.or(unmade.into_inner()),
     })
+}
+
+/// The fitting result on the fewest of `counts` (IPU counts, increasing), by bisection, with
+/// `try_n(n)` giving the result on `n` IPUs when it fits: the largest is tried first, and
+/// when it does not fit, none is taken to. Returns it, the most IPUs tried, and no reason
+/// to stop early.
+fn bisect<T, E>(
+    counts: &[usize],
+    try_n: &mut dyn FnMut(usize) -> Result<Option<T>, E>,
+) -> Result<Searched<T>, E> {
+    let Some(&top) = counts.last() else {
+        return Ok((None, 0, None));
+    };
+    let Some(mut best) = try_n(top)? else {
+        return Ok((None, top, None));
+    };
+    // counts[hi] fits; every count before `lo` (exclusive) was found not to, or not tried.
+    let (mut lo, mut hi) = (0usize, counts.len() - 1);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        match try_n(counts[mid])? {
+            Some(s) => {
+                best = s;
+                hi = mid;
+            }
+            None => lo = mid + 1,
+        }
+    }
+    Ok((Some(best), top, None))
 }
 
 /// What [`search`] returns: the fitting result on the fewest IPUs if any, the most IPUs

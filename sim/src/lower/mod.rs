@@ -114,8 +114,8 @@ impl Digests {
     }
 }
 
-/// Identical nodes' tensors spread from the cursor, for laying out a later identical node's
-/// tensor like the first's. PopART outlines the repeated layers of a model into one subgraph
+/// Identical nodes' tensors spread linearly (from a start tile their kind picks), for laying
+/// out a later identical node's tensor like the first's. PopART outlines the repeated layers of a model into one subgraph
 /// (its `enableOutlining` option, on by default) and grows that subgraph once: the layers'
 /// tensors are laid out once, and each layer runs the same code on the same layout. Nodes are
 /// identical when their ops, shapes and types are and their operands are laid out alike; state
