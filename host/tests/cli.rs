@@ -799,6 +799,24 @@ fn onnx_estimates_print_fit_memory_cycles_and_layers() {
     }
 }
 
+/// `estimate` of the wide MLP fixture on a Mk1 at batch 8 with Adam, as JSON: too big for one
+/// IPU, an automatic split fits on 3 (the next test). `extra` goes before `--json`.
+fn wide_mlp_estimate<'a>(model: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "estimate",
+        model,
+        "--ipu",
+        "mk1",
+        "--batch-size",
+        "8",
+        "--optimizer",
+        "adam",
+    ];
+    args.extend_from_slice(extra);
+    args.push("--json");
+    args
+}
+
 /// A model too big to train on one IPU: the out-of-memory report names the fullest tile and
 /// the largest tensors by ONNX name, the exit is non-zero, and the search finds the fewest
 /// IPUs an automatic split fits on. They are the fewest: the split on them fits, and the
@@ -806,17 +824,7 @@ fn onnx_estimates_print_fit_memory_cycles_and_layers() {
 #[test]
 fn onnx_search_finds_the_fewest_ipus_a_split_fits_on() {
     let model = fixture("wide_mlp.onnx");
-    let common = [
-        "estimate",
-        &model,
-        "--ipu",
-        "mk1",
-        "--batch-size",
-        "8",
-        "--optimizer",
-        "adam",
-        "--json",
-    ];
+    let common = wide_mlp_estimate(&model, &[]);
     let o = tessera(&common);
     assert!(!o.status.success());
     let j = last_json(&o);
@@ -862,19 +870,10 @@ fn onnx_search_finds_the_fewest_ipus_a_split_fits_on() {
 fn onnx_search_skips_splits_that_cannot_run() {
     let model = fixture("wide_mlp.onnx");
     for (m, ipus, unrunnable) in [("2", None, 2), ("8", Some(4), 3), ("12", Some(3), 4)] {
-        let o = tessera(&[
-            "estimate",
+        let o = tessera(&wide_mlp_estimate(
             &model,
-            "--ipu",
-            "mk1",
-            "--batch-size",
-            "8",
-            "--optimizer",
-            "adam",
-            "--gradient-accumulation-count",
-            m,
-            "--json",
-        ]);
+            &["--gradient-accumulation-count", m],
+        ));
         assert!(!o.status.success());
         let err = stderr(&o);
         assert!(err.contains("out of memory: tile"), "M = {m}: {err}");

@@ -640,13 +640,9 @@ impl Locality {
     /// What another lowering of the same first `tensors` tensors starts from: which of them
     /// are laid out by a copy of another's mapping, and the blocks found so far.
     pub(crate) fn fork(&self, tensors: usize) -> Locality {
-        let mut blocks = self.blocks.clone();
-        blocks.truncate(tensors);
-        let mut same_as = self.same_as.clone();
-        same_as.truncate(tensors);
         Locality {
-            blocks,
-            same_as,
+            blocks: self.blocks[..tensors.min(self.blocks.len())].to_vec(),
+            same_as: self.same_as[..tensors.min(self.same_as.len())].to_vec(),
             scratch: Lists::default(),
         }
     }

@@ -438,7 +438,7 @@ pub struct FewestIpus {
 /// # Errors
 ///
 /// As [`split`], except that splits that cannot be made (an option out of range on that
-/// many IPUs, or an accumulation count their schedule cannot take) count as not fitting.
+/// many IPUs) count as not fitting.
 pub fn fewest_ipus(
     model: &OnnxModel,
     options_for: &dyn Fn(usize) -> SessionOptions,
@@ -446,8 +446,6 @@ pub fn fewest_ipus(
     profile: &Profile,
     known: Option<(usize, u64)>,
 ) -> Result<FewestIpus, SessionError> {
-    // The fewest IPUs whose split's schedule could not be made, with why.
-    let unmade: std::cell::RefCell<Option<(usize, String)>> = Default::default();
     // The split on n IPUs, and its fullest tile's bytes when it was made.
     let try_n = |n: usize| -> Result<(Option<Split>, Option<u64>), SessionError> {
         match split(model, &options_for(n), oo, n, profile) {
@@ -456,17 +454,6 @@ pub fn fewest_ipus(
                 Ok((s.estimate.fits.then_some(s), worst))
             }
             Err(SessionError::Option { .. }) => Ok((None, None)),
-            // A schedule the split's stages cannot run (the accumulation count asked for is
-            // too small for that many stages): that split cannot be made.
-            Err(SessionError::System(e))
-                if matches!(*e, tessera_sim::system::SystemError::Schedule(_)) =>
-            {
-                let mut u = unmade.borrow_mut();
-                if u.as_ref().is_none_or(|(m, _)| n < *m) {
-                    *u = Some((n, e.to_string()));
-                }
-                Ok((None, None))
-            }
             Err(e) => Err(e),
         }
     };
@@ -476,21 +463,28 @@ pub fn fewest_ipus(
     // needs a multiple of twice the stages). That is not monotone in n (M = 32 runs on 2, 4,
     // 8 and 16 IPUs, not on 3), which the search assumes of fitting: when some counts cannot
     // run, the fewest that fit is found by bisection over the counts that can.
-    let runs = |n: usize| -> Result<(), String> {
-        let so = options_for(n);
-        tessera_core::schedule::Pipeline::new(
-            n,
-            so.gradient_accumulation_count,
-            so.schedule,
-            !oo.inference,
-        )
-        .map(|_| ())
-        .map_err(|e| e.to_string())
-    };
-    let first_unrunnable = (2..=limit).find_map(|n| runs(n).err().map(|why| (n, why)));
+    // The same check the system estimate makes of the split's n stages: only counts it
+    // passes are estimated.
+    let runs: Vec<(usize, Result<(), String>)> = (2..=limit)
+        .map(|n| {
+            let so = options_for(n);
+            let check = tessera_core::schedule::Pipeline::new(
+                n,
+                so.gradient_accumulation_count,
+                so.schedule,
+                !oo.inference,
+            );
+            (n, check.map(|_| ()).map_err(|e| e.to_string()))
+        })
+        .collect();
+    let first_unrunnable = runs
+        .iter()
+        .find_map(|(n, r)| r.as_ref().err().map(|why| (*n, why.clone())));
     let (split, tried_up_to, stopped) = if first_unrunnable.is_some() {
-        let counts: Vec<usize> = (2..=limit)
-            .filter(|&n| runs(n).is_ok() && known.is_none_or(|(k, _)| n > k))
+        let counts: Vec<usize> = runs
+            .iter()
+            .filter(|(n, r)| r.is_ok() && known.is_none_or(|(k, _)| *n > k))
+            .map(|&(n, _)| n)
             .collect();
         bisect(&counts, &mut |n| try_n(n).map(|r| r.0))?
     } else {
@@ -500,7 +494,7 @@ pub fn fewest_ipus(
         split,
         tried_up_to,
         stopped,
-        unrunnable: first_unrunnable.or(unmade.into_inner()),
+        unrunnable: first_unrunnable,
     })
 }
 

@@ -711,13 +711,10 @@ impl<'a, S: Storage> Lowering<'a, S> {
                 Mapping::default()
             } else if !self.include[k] {
                 // A copy of another IPU's tensor, laid out as its tensor is there.
-                match &self.layouts {
-                    Some(layouts) => layouts[k].clone(),
-                    None => {
-                        self.cursor = self.start_tile_of_name(node.name());
-                        self.linear(elements, es, 1, cols)
-                    }
-                }
+                self.layouts
+                    .as_ref()
+                    .expect("`lower_with` gives the layouts when there are copies")[k]
+                    .clone()
             } else if let Some((product, operand)) = self.laying_out_consumer(i) {
                 matmul::operand_mapping(self, product, operand)
             } else if let Some(var) = self.state_owner(i) {
