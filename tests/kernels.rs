@@ -43,8 +43,17 @@ fn products(m: usize, k: usize, n: usize) -> Vec<Vec<u8>> {
 
 #[test]
 fn avx2_matmul_is_bit_identical_to_the_portable_one() {
-    // Ragged tiles; and the classifier's shapes: more than one panel of k, n below one tile.
-    let shapes = [(37, 53, 71), (32, 784, 256), (32, 128, 10), (13, 300, 37)];
+    // Ragged tiles; and the classifier's shapes: more than one panel of k, n below one tile;
+    // and each width of tile the AVX-512 kernel picks from n (16: 71, 10, 37; 32: 96; 64:
+    // 256, 192).
+    let shapes = [
+        (37, 53, 71),
+        (32, 784, 256),
+        (32, 128, 10),
+        (13, 300, 37),
+        (19, 70, 96),
+        (70, 33, 192),
+    ];
     // The flag is process-wide: every portable result is computed before it is set.
     let portable: Vec<Vec<Vec<u8>>> = shapes.iter().map(|&(m, k, n)| products(m, k, n)).collect();
     if !tessera::sim::use_fast_kernels() {

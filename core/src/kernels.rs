@@ -304,7 +304,8 @@ fn matmul_f32_packed<const TA: bool, const TB: bool, const NR: usize>(
         let q = if TB { j * k + p } else { p * n + j };
         f32_of(&b[4 * q..4 * q + 4])
     };
-    let mut panel = [[0f32; NR]; KC];
+    let mut panel = Aligned([[0f32; NR]; KC]);
+    let panel_buf = &mut panel.0;
     for p0 in (0..k).step_by(KC) {
         let kc = KC.min(k - p0);
         for j0 in (0..n).step_by(NR) {
@@ -314,15 +315,15 @@ fn matmul_f32_packed<const TA: bool, const TB: bool, const NR: usize>(
                 for (jj, src) in (0..NR).map(|jj| (jj, j0 + jj)) {
                     if jj < w {
                         let src = &b[4 * (src * k + p0)..4 * (src * k + p0 + kc)];
-                        for (row, v) in panel[..kc].iter_mut().zip(src.chunks_exact(4)) {
+                        for (row, v) in panel_buf[..kc].iter_mut().zip(src.chunks_exact(4)) {
                             row[jj] = f32_of(v);
                         }
                     } else {
-                        panel[..kc].iter_mut().for_each(|row| row[jj] = 0.0);
+                        panel_buf[..kc].iter_mut().for_each(|row| row[jj] = 0.0);
                     }
                 }
             } else {
-                for (pp, row) in panel[..kc].iter_mut().enumerate() {
+                for (pp, row) in panel_buf[..kc].iter_mut().enumerate() {
                     if w == NR {
                         let src = &b[4 * ((p0 + pp) * n + j0)..4 * ((p0 + pp) * n + j0 + NR)];
                         *row = core::array::from_fn(|jj| f32_of(&src[4 * jj..4 * jj + 4]));
@@ -334,7 +335,7 @@ fn matmul_f32_packed<const TA: bool, const TB: bool, const NR: usize>(
                     }
                 }
             }
-            let panel = &panel[..kc];
+            let panel = &panel_buf[..kc];
             for i0 in (0..m).step_by(MR) {
                 let rows = MR.min(m - i0);
                 let mut acc = [[0f32; NR]; MR];
@@ -377,6 +378,23 @@ fn matmul_f32_packed<const TA: bool, const TB: bool, const NR: usize>(
         }
     }
 }
+
+/// Of the tile widths `widths` (widest first), the widest whose padding of `n` columns up to
+/// a whole number of tiles is no more than the narrowest's.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn tile_columns(n: usize, widths: &[usize]) -> usize {
+    let pad = |w: usize| n.div_ceil(w) * w - n;
+    let least = widths.iter().map(|&w| pad(w)).min().unwrap_or(0);
+    widths
+        .iter()
+        .copied()
+        .find(|&w| pad(w) == least)
+        .unwrap_or(1)
+}
+
+/// A panel of packed B on a cache line's boundary, so that no vector load of it spans two lines.
+#[repr(align(64))]
+struct Aligned<T>(T);
 
 /// A tile's sums over a panel: term `pp` adds `a(pp)[r] * panel[pp][j]` to `acc[r][j]` (a
 /// multiply, then an add), for `pp` from 0 upward.
@@ -426,7 +444,8 @@ fn blocked(
     }
 }
 
-/// 256-bit vectors for the `f32` matmul on x86-64 CPUs that have AVX2, chosen at run time.
+/// 256-bit vectors for the `f32` matmul on x86-64 CPUs that have AVX2, and 512-bit ones on
+/// those that have AVX-512F, chosen at run time.
 ///
 /// The core cannot detect CPU features without `std`, so a host that has detected AVX2 says so
 /// with [`use_avx2`]. The kernel is the portable one with B packed into panels
@@ -494,7 +513,14 @@ pub mod wide {
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     fn avx512(a: &[u8], b: &[u8], c: &mut [u8], m: usize, k: usize, n: usize, ta: bool, tb: bool) {
-        super::matmul_f32_packed_layout::<{ 4 * super::NR }>(a, b, c, m, k, n, ta, tb)
+        // Tiles one, two or four vectors wide: the widest that pads `n` no more than a
+        // narrower one would (wider tiles load fewer operands per multiply; padded columns are
+        // computed on zeros and thrown away).
+        match super::tile_columns(n, &[64, 32, 16]) {
+            64 => super::matmul_f32_packed_layout::<64>(a, b, c, m, k, n, ta, tb),
+            32 => super::matmul_f32_packed_layout::<32>(a, b, c, m, k, n, ta, tb),
+            _ => super::matmul_f32_packed_layout::<16>(a, b, c, m, k, n, ta, tb),
+        }
     }
 
     #[target_feature(enable = "avx2")]
@@ -510,6 +536,17 @@ mod tests {
 
     fn bytes<const K: usize>(v: [f32; K]) -> [[u8; 4]; K] {
         v.map(f32::to_le_bytes)
+    }
+
+    #[test]
+    fn tile_columns_takes_the_widest_tile_that_pads_least() {
+        let widths = [64, 32, 16];
+        assert_eq!(tile_columns(256, &widths), 64);
+        assert_eq!(tile_columns(100, &widths), 16); // pads 28, 28, 12
+        assert_eq!(tile_columns(96, &widths), 32); // pads 32, 0, 0
+        assert_eq!(tile_columns(10, &widths), 16);
+        assert_eq!(tile_columns(0, &widths), 64);
+        assert_eq!(tile_columns(7, &[]), 1);
     }
 
     #[test]
