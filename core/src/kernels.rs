@@ -117,16 +117,116 @@ pub fn matmul(
     ta: bool,
     tb: bool,
 ) {
+    matmul_strided(a, if ta { m } else { k }, b, t, c, m, k, n, ta, tb);
+}
+
+/// A way to run a kernel's independent pieces, perhaps several at once: a host with threads
+/// passes one that spreads them over its cores ([`Serial`] runs them one after another).
+///
+/// Kernels cut only work whose pieces write disjoint bytes and read nothing another piece
+/// writes, each piece computed exactly as it would be alone: results are the same bit for bit
+/// however the pieces are run.
+pub trait Parallel: Sync {
+    /// How many pieces are worth making: the threads that can run them (1: no cutting).
+    fn threads(&self) -> usize;
+
+    /// Calls `job(index, piece)` once for each piece of `out` - its consecutive runs of
+    /// `piece` bytes, the last perhaps shorter - in any order and perhaps at once. `piece` is
+    /// at least 1.
+    fn for_each_piece(&self, out: &mut [u8], piece: usize, job: &(dyn Fn(usize, &mut [u8]) + Sync));
+}
+
+/// Runs every piece in turn on the calling thread.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Serial;
+
+impl Parallel for Serial {
+    fn threads(&self) -> usize {
+        1
+    }
+
+    fn for_each_piece(
+        &self,
+        out: &mut [u8],
+        piece: usize,
+        job: &(dyn Fn(usize, &mut [u8]) + Sync),
+    ) {
+        for (i, p) in out.chunks_mut(piece.max(1)).enumerate() {
+            job(i, p);
+        }
+    }
+}
+
+/// The fewest multiply-adds in a piece of a product cut by [`matmul_on`]: about 2 us of the
+/// AVX-512 kernel, against well under a microsecond to hand a piece over (a measured order of
+/// magnitude on a 2-core host, not a tuned figure). Smaller products are not cut.
+pub const PIECE_MIN_MACS: usize = 1 << 17;
+
+/// [`matmul`], its rows of C cut into blocks (whole register tiles, at least
+/// [`PIECE_MIN_MACS`] each) run as pieces by `par`. Up to four pieces per thread, so that
+/// threads that start late still take a share; one per thread when B is transposed, since
+/// every piece then copies all of B into panels. Each output is summed as [`matmul`] sums it,
+/// so the result is the same bit for bit.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_on(
+    par: &dyn Parallel,
+    a: &[u8],
+    b: &[u8],
+    t: DType,
+    c: &mut [u8],
+    m: usize,
+    k: usize,
+    n: usize,
+    ta: bool,
+    tb: bool,
+) {
+    let threads = par.threads();
+    let most = if tb { threads } else { 4 * threads };
+    let pieces = (m * k * n / PIECE_MIN_MACS).min(most).min(m / MR);
+    if threads < 2 || pieces < 2 {
+        matmul(a, b, t, c, m, k, n, ta, tb);
+        return;
+    }
+    let es = t.size();
+    let rows = m.div_ceil(pieces).div_ceil(MR) * MR;
+    par.for_each_piece(&mut c[..m * n * es], rows * n * es, &|i, piece| {
+        let (r0, len) = (i * rows, piece.len() / (n * es));
+        if ta {
+            // Stored (k, m): the block's rows of op(A) are columns r0.. of every stored row.
+            matmul_strided(&a[r0 * es..], m, b, t, piece, len, k, n, true, tb);
+        } else {
+            let a = &a[r0 * k * es..(r0 + len) * k * es];
+            matmul_strided(a, k, b, t, piece, len, k, n, false, tb);
+        }
+    });
+}
+
+/// [`matmul`] with `lda` elements between the starts of A's stored rows: `op(A)[i][p]` is
+/// element `i * lda + p` of `a`, or `p * lda + i` when `ta`. A block of rows of a transposed
+/// A is then the stored matrix from its first column on, with the whole matrix's row length.
+#[allow(clippy::too_many_arguments)]
+fn matmul_strided(
+    a: &[u8],
+    lda: usize,
+    b: &[u8],
+    t: DType,
+    c: &mut [u8],
+    m: usize,
+    k: usize,
+    n: usize,
+    ta: bool,
+    tb: bool,
+) {
     if t == DType::F32 {
         #[cfg(target_arch = "x86_64")]
         if wide::enabled() {
-            wide::matmul_f32(a, b, c, m, k, n, ta, tb);
+            wide::matmul_f32(a, lda, b, c, m, k, n, ta, tb);
             return;
         }
-        matmul_f32_layout::<NR>(a, b, c, m, k, n, ta, tb);
+        matmul_f32_layout::<NR>(a, lda, b, c, m, k, n, ta, tb);
         return;
     }
-    let ai = |i: usize, p: usize| if ta { p * m + i } else { i * k + p };
+    let ai = |i: usize, p: usize| if ta { p * lda + i } else { i * lda + p };
     blocked(c, t, m, n, k, |i, p, j0, acc| {
         let av = load(a, t, ai(i, p));
         for (jj, s) in acc.iter_mut().enumerate() {
@@ -145,6 +245,7 @@ pub fn matmul(
 #[allow(clippy::too_many_arguments)]
 fn matmul_f32_layout<const NR: usize>(
     a: &[u8],
+    lda: usize,
     b: &[u8],
     c: &mut [u8],
     m: usize,
@@ -154,10 +255,10 @@ fn matmul_f32_layout<const NR: usize>(
     tb: bool,
 ) {
     match (ta, tb) {
-        (false, false) => matmul_f32::<false, false, NR>(a, b, c, m, k, n),
-        (false, true) => matmul_f32::<false, true, NR>(a, b, c, m, k, n),
-        (true, false) => matmul_f32::<true, false, NR>(a, b, c, m, k, n),
-        (true, true) => matmul_f32::<true, true, NR>(a, b, c, m, k, n),
+        (false, false) => matmul_f32::<false, false, NR>(a, lda, b, c, m, k, n),
+        (false, true) => matmul_f32::<false, true, NR>(a, lda, b, c, m, k, n),
+        (true, false) => matmul_f32::<true, false, NR>(a, lda, b, c, m, k, n),
+        (true, true) => matmul_f32::<true, true, NR>(a, lda, b, c, m, k, n),
     }
 }
 
@@ -166,6 +267,7 @@ fn matmul_f32_layout<const NR: usize>(
 #[allow(clippy::too_many_arguments)]
 fn matmul_f32_packed_layout<const NR: usize>(
     a: &[u8],
+    lda: usize,
     b: &[u8],
     c: &mut [u8],
     m: usize,
@@ -180,10 +282,10 @@ fn matmul_f32_packed_layout<const NR: usize>(
         return;
     }
     match (ta, tb) {
-        (false, false) => matmul_f32_packed::<false, false, NR>(a, b, c, m, k, n),
-        (false, true) => matmul_f32_packed::<false, true, NR>(a, b, c, m, k, n),
-        (true, false) => matmul_f32_packed::<true, false, NR>(a, b, c, m, k, n),
-        (true, true) => matmul_f32_packed::<true, true, NR>(a, b, c, m, k, n),
+        (false, false) => matmul_f32_packed::<false, false, NR>(a, lda, b, c, m, k, n),
+        (false, true) => matmul_f32_packed::<false, true, NR>(a, lda, b, c, m, k, n),
+        (true, false) => matmul_f32_packed::<true, false, NR>(a, lda, b, c, m, k, n),
+        (true, true) => matmul_f32_packed::<true, true, NR>(a, lda, b, c, m, k, n),
     }
 }
 
@@ -204,6 +306,7 @@ fn f32_of(bytes: &[u8]) -> f32 {
 #[inline(always)]
 fn matmul_f32<const TA: bool, const TB: bool, const NR: usize>(
     a: &[u8],
+    lda: usize,
     b: &[u8],
     c: &mut [u8],
     m: usize,
@@ -211,7 +314,7 @@ fn matmul_f32<const TA: bool, const TB: bool, const NR: usize>(
     n: usize,
 ) {
     let a_at = |i: usize, p: usize| {
-        let q = if TA { p * m + i } else { i * k + p };
+        let q = if TA { p * lda + i } else { i * lda + p };
         f32_of(&a[4 * q..4 * q + 4])
     };
     let b_at = |p: usize, j: usize| {
@@ -225,7 +328,7 @@ fn matmul_f32<const TA: bool, const TB: bool, const NR: usize>(
             if TA {
                 &a[..0]
             } else {
-                &a[4 * (i0 + r) * k..4 * (i0 + r + 1) * k]
+                &a[4 * (i0 + r) * lda..4 * ((i0 + r) * lda + k)]
             }
         });
         for j0 in (0..n_full).step_by(NR) {
@@ -238,7 +341,7 @@ fn matmul_f32<const TA: bool, const TB: bool, const NR: usize>(
                     core::array::from_fn(|jj| f32_of(&row[4 * jj..4 * jj + 4]))
                 };
                 let av: [f32; MR] = if TA {
-                    let col = &a[4 * (p * m + i0)..4 * (p * m + i0 + MR)];
+                    let col = &a[4 * (p * lda + i0)..4 * (p * lda + i0 + MR)];
                     core::array::from_fn(|r| f32_of(&col[4 * r..4 * r + 4]))
                 } else {
                     core::array::from_fn(|r| f32_of(&a_rows[r][4 * p..4 * p + 4]))
@@ -290,26 +393,36 @@ const KC: usize = 256;
 #[inline(always)]
 fn matmul_f32_packed<const TA: bool, const TB: bool, const NR: usize>(
     a: &[u8],
+    lda: usize,
     b: &[u8],
     c: &mut [u8],
     m: usize,
     k: usize,
     n: usize,
 ) {
-    let a_at = |i: usize, p: usize| {
-        let q = if TA { p * m + i } else { i * k + p };
-        f32_of(&a[4 * q..4 * q + 4])
-    };
     let b_at = |p: usize, j: usize| {
         let q = if TB { j * k + p } else { p * n + j };
         f32_of(&b[4 * q..4 * q + 4])
     };
-    let mut panel = Aligned([[0f32; NR]; KC]);
-    let panel_buf = &mut panel.0;
+    // Made (and zeroed: 64 KiB for the widest tiles) only when B must be copied.
+    let mut panel: Option<Aligned<[[f32; NR]; KC]>> = None;
     for p0 in (0..k).step_by(KC) {
         let kc = KC.min(k - p0);
         for j0 in (0..n).step_by(NR) {
             let w = NR.min(n - j0);
+            if !TB && w == NR {
+                // Whole tiles of B in place: its rows are read where they are, no copy.
+                let rows = &b[4 * (p0 * n + j0)..4 * ((p0 + kc - 1) * n + j0 + NR)];
+                tile_rows::<TA, NR>(a, lda, c, m, n, p0, kc, j0, w, |pp| {
+                    let at = 4 * pp * n;
+                    let row = &rows[at..at + 4 * NR];
+                    core::array::from_fn(|jj| f32_of(&row[4 * jj..4 * jj + 4]))
+                });
+                continue;
+            }
+            // Lazily: an eager `get_or_insert` would build (and zero) the panel every time.
+            #[allow(clippy::unnecessary_lazy_evaluations)]
+            let panel_buf = &mut panel.get_or_insert_with(|| Aligned([[0f32; NR]; KC])).0;
             if TB {
                 // B transposed: each column of the panel is a contiguous run of B.
                 for (jj, src) in (0..NR).map(|jj| (jj, j0 + jj)) {
@@ -324,55 +437,80 @@ fn matmul_f32_packed<const TA: bool, const TB: bool, const NR: usize>(
                 }
             } else {
                 for (pp, row) in panel_buf[..kc].iter_mut().enumerate() {
-                    if w == NR {
-                        let src = &b[4 * ((p0 + pp) * n + j0)..4 * ((p0 + pp) * n + j0 + NR)];
-                        *row = core::array::from_fn(|jj| f32_of(&src[4 * jj..4 * jj + 4]));
-                    } else {
-                        *row =
-                            core::array::from_fn(
-                                |jj| if jj < w { b_at(p0 + pp, j0 + jj) } else { 0.0 },
-                            );
-                    }
+                    *row = core::array::from_fn(
+                        |jj| if jj < w { b_at(p0 + pp, j0 + jj) } else { 0.0 },
+                    );
                 }
             }
             let panel = &panel_buf[..kc];
-            for i0 in (0..m).step_by(MR) {
-                let rows = MR.min(m - i0);
-                let mut acc = [[0f32; NR]; MR];
-                if p0 > 0 {
-                    for (r, acc_row) in acc.iter_mut().enumerate().take(rows) {
-                        let at = 4 * ((i0 + r) * n + j0);
-                        for (jj, s) in acc_row.iter_mut().enumerate().take(w) {
-                            *s = f32_of(&c[at + 4 * jj..at + 4 * jj + 4]);
-                        }
-                    }
+            tile_rows::<TA, NR>(a, lda, c, m, n, p0, kc, j0, w, |pp| panel[pp]);
+        }
+    }
+}
+
+/// Every `MR x NR` tile of C in columns `j0..j0 + w` (`w <= NR`) adds the terms `p0..p0 + kc`
+/// of its sums, `b_row(pp)` giving row `p0 + pp` of op(B) from column `j0` (zeros past `w`).
+/// C holds the sums of the earlier terms when `p0 > 0`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn tile_rows<const TA: bool, const NR: usize>(
+    a: &[u8],
+    lda: usize,
+    c: &mut [u8],
+    m: usize,
+    n: usize,
+    p0: usize,
+    kc: usize,
+    j0: usize,
+    w: usize,
+    b_row: impl Fn(usize) -> [f32; NR],
+) {
+    let a_at = |i: usize, p: usize| {
+        let q = if TA { p * lda + i } else { i * lda + p };
+        f32_of(&a[4 * q..4 * q + 4])
+    };
+    for i0 in (0..m).step_by(MR) {
+        let rows = MR.min(m - i0);
+        let mut acc = [[0f32; NR]; MR];
+        if p0 > 0 {
+            for (r, acc_row) in acc.iter_mut().enumerate().take(rows) {
+                let at = 4 * ((i0 + r) * n + j0);
+                for (jj, s) in acc_row.iter_mut().enumerate().take(w) {
+                    *s = f32_of(&c[at + 4 * jj..at + 4 * jj + 4]);
                 }
-                // The sweeps take and return the sums by value, so that they stay in registers.
-                let acc = if rows == MR && !TA {
-                    let a_rows: [&[u8]; MR] = core::array::from_fn(|r| {
-                        &a[4 * ((i0 + r) * k + p0)..4 * ((i0 + r) * k + p0 + kc)]
-                    });
-                    sweep(acc, panel, |pp| {
-                        core::array::from_fn(|r| f32_of(&a_rows[r][4 * pp..4 * pp + 4]))
-                    })
-                } else if rows == MR {
-                    let cols = &a[4 * (p0 * m)..4 * ((p0 + kc - 1) * m + i0 + MR)];
-                    sweep(acc, panel, |pp| {
-                        let at = 4 * (pp * m + i0);
-                        let col = &cols[at..at + 4 * MR];
-                        core::array::from_fn(|r| f32_of(&col[4 * r..4 * r + 4]))
-                    })
-                } else {
-                    sweep(acc, panel, |pp| {
-                        core::array::from_fn(|r| if r < rows { a_at(i0 + r, p0 + pp) } else { 0.0 })
-                    })
-                };
-                for (r, acc_row) in acc.iter().enumerate().take(rows) {
-                    let at = 4 * ((i0 + r) * n + j0);
-                    let out = &mut c[at..at + 4 * w];
-                    for (o, s) in out.chunks_exact_mut(4).zip(acc_row) {
-                        o.copy_from_slice(&s.to_le_bytes());
-                    }
+            }
+        }
+        // The sweeps take and return the sums by value, so that they stay in registers.
+        let acc = if rows == MR && !TA {
+            let a_rows: [&[u8]; MR] = core::array::from_fn(|r| {
+                &a[4 * ((i0 + r) * lda + p0)..4 * ((i0 + r) * lda + p0 + kc)]
+            });
+            sweep(acc, kc, &b_row, |pp| {
+                core::array::from_fn(|r| f32_of(&a_rows[r][4 * pp..4 * pp + 4]))
+            })
+        } else if rows == MR {
+            let cols = &a[4 * (p0 * lda)..4 * ((p0 + kc - 1) * lda + i0 + MR)];
+            sweep(acc, kc, &b_row, |pp| {
+                let at = 4 * (pp * lda + i0);
+                let col = &cols[at..at + 4 * MR];
+                core::array::from_fn(|r| f32_of(&col[4 * r..4 * r + 4]))
+            })
+        } else {
+            sweep(acc, kc, &b_row, |pp| {
+                core::array::from_fn(|r| if r < rows { a_at(i0 + r, p0 + pp) } else { 0.0 })
+            })
+        };
+        for (r, acc_row) in acc.iter().enumerate().take(rows) {
+            let at = 4 * ((i0 + r) * n + j0);
+            if w == NR {
+                // A whole row of the tile: one copy of a known size, which the compiler
+                // turns into vector stores.
+                let bytes = acc_row.map(f32::to_le_bytes);
+                c[at..at + 4 * NR].copy_from_slice(bytes.as_flattened());
+            } else {
+                let out = &mut c[at..at + 4 * w];
+                for (o, s) in out.chunks_exact_mut(4).zip(acc_row) {
+                    o.copy_from_slice(&s.to_le_bytes());
                 }
             }
         }
@@ -396,18 +534,19 @@ fn tile_columns(n: usize, widths: &[usize]) -> usize {
 #[repr(align(64))]
 struct Aligned<T>(T);
 
-/// A tile's sums over a panel: term `pp` adds `a(pp)[r] * panel[pp][j]` to `acc[r][j]` (a
+/// A tile's sums over `kc` terms: term `pp` adds `a(pp)[r] * b(pp)[j]` to `acc[r][j]` (a
 /// multiply, then an add), for `pp` from 0 upward.
 #[inline(always)]
 fn sweep<const NR: usize>(
     mut acc: [[f32; NR]; MR],
-    panel: &[[f32; NR]],
+    kc: usize,
+    b: impl Fn(usize) -> [f32; NR],
     a: impl Fn(usize) -> [f32; MR],
 ) -> [[f32; NR]; MR] {
-    for (pp, bv) in panel.iter().enumerate() {
-        let av = a(pp);
+    for pp in 0..kc {
+        let (av, bv) = (a(pp), b(pp));
         for (acc_row, &x) in acc.iter_mut().zip(&av) {
-            for (s, &y) in acc_row.iter_mut().zip(bv) {
+            for (s, &y) in acc_row.iter_mut().zip(&bv) {
                 *s += x * y;
             }
         }
@@ -489,6 +628,7 @@ pub mod wide {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn matmul_f32(
         a: &[u8],
+        lda: usize,
         b: &[u8],
         c: &mut [u8],
         m: usize,
@@ -503,30 +643,38 @@ pub mod wide {
         // SAFETY: `AVX2` is only set by `use_avx2`, whose caller guarantees AVX2 support.
         unsafe {
             if AVX512.load(Ordering::Relaxed) {
-                avx512(a, b, c, m, k, n, ta, tb)
+                avx512(a, lda, b, c, m, k, n, ta, tb)
             } else {
-                avx2(a, b, c, m, k, n, ta, tb)
+                avx2(a, lda, b, c, m, k, n, ta, tb)
             }
         }
     }
 
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
-    fn avx512(a: &[u8], b: &[u8], c: &mut [u8], m: usize, k: usize, n: usize, ta: bool, tb: bool) {
+    #[rustfmt::skip]
+    fn avx512(
+        a: &[u8], lda: usize, b: &[u8], c: &mut [u8], m: usize, k: usize, n: usize, ta: bool,
+        tb: bool,
+    ) {
         // Tiles one, two or four vectors wide: the widest that pads `n` no more than a
         // narrower one would (wider tiles load fewer operands per multiply; padded columns are
         // computed on zeros and thrown away).
         match super::tile_columns(n, &[64, 32, 16]) {
-            64 => super::matmul_f32_packed_layout::<64>(a, b, c, m, k, n, ta, tb),
-            32 => super::matmul_f32_packed_layout::<32>(a, b, c, m, k, n, ta, tb),
-            _ => super::matmul_f32_packed_layout::<16>(a, b, c, m, k, n, ta, tb),
+            64 => super::matmul_f32_packed_layout::<64>(a, lda, b, c, m, k, n, ta, tb),
+            32 => super::matmul_f32_packed_layout::<32>(a, lda, b, c, m, k, n, ta, tb),
+            _ => super::matmul_f32_packed_layout::<16>(a, lda, b, c, m, k, n, ta, tb),
         }
     }
 
     #[target_feature(enable = "avx2")]
     #[allow(clippy::too_many_arguments)]
-    fn avx2(a: &[u8], b: &[u8], c: &mut [u8], m: usize, k: usize, n: usize, ta: bool, tb: bool) {
-        super::matmul_f32_packed_layout::<{ 2 * super::NR }>(a, b, c, m, k, n, ta, tb)
+    #[rustfmt::skip]
+    fn avx2(
+        a: &[u8], lda: usize, b: &[u8], c: &mut [u8], m: usize, k: usize, n: usize, ta: bool,
+        tb: bool,
+    ) {
+        super::matmul_f32_packed_layout::<{ 2 * super::NR }>(a, lda, b, c, m, k, n, ta, tb)
     }
 }
 
@@ -610,6 +758,9 @@ mod tests {
             (32, 300, 10),
             (5, 1, 3),
             (4, 0, 5),
+            // Whole tiles of 64 columns, read from B in place; k > KC.
+            (6, 300, 64),
+            (10, 260, 64),
         ] {
             for i in 0..m * k {
                 store(&mut a, DType::F32, i, val(i));
@@ -620,25 +771,82 @@ mod tests {
             }
             let (a, b) = (&a[..4 * m * k], &b[..4 * k * n]);
             for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
-                let mut c16 = [0xffu8; 4 * 320];
-                matmul_f32_packed_layout::<16>(a, b, &mut c16, m, k, n, ta, tb);
-                let mut c32 = [0xffu8; 4 * 320];
-                matmul_f32_packed_layout::<32>(a, b, &mut c32, m, k, n, ta, tb);
+                let lda = if ta { m } else { k };
+                let mut c16 = [0xffu8; 4 * 640];
+                matmul_f32_packed_layout::<16>(a, lda, b, &mut c16, m, k, n, ta, tb);
+                let mut c32 = [0xffu8; 4 * 640];
+                matmul_f32_packed_layout::<32>(a, lda, b, &mut c32, m, k, n, ta, tb);
+                let mut c64 = [0xffu8; 4 * 640];
+                matmul_f32_packed_layout::<64>(a, lda, b, &mut c64, m, k, n, ta, tb);
                 for i in 0..m {
                     for j in 0..n {
                         let want = plain_at(a, b, (m, k, n), ta, tb, i, j);
                         let at = |c: &[u8]| load(c, DType::F32, i * n + j).to_bits();
-                        assert_eq!(
-                            at(&c16),
-                            want,
-                            "NR=16 ({m}, {k}, {n}) ta={ta} tb={tb} ({i}, {j})"
-                        );
-                        assert_eq!(
-                            at(&c32),
-                            want,
-                            "NR=32 ({m}, {k}, {n}) ta={ta} tb={tb} ({i}, {j})"
-                        );
+                        for (nr, c) in [(16, &c16), (32, &c32), (64, &c64)] {
+                            assert_eq!(
+                                at(c),
+                                want,
+                                "NR={nr} ({m}, {k}, {n}) ta={ta} tb={tb} ({i}, {j})"
+                            );
+                        }
                     }
+                }
+            }
+        }
+    }
+
+    /// Claims three threads and runs the pieces last first, as a pool may.
+    struct Backwards;
+
+    impl Parallel for Backwards {
+        fn threads(&self) -> usize {
+            3
+        }
+
+        fn for_each_piece(
+            &self,
+            out: &mut [u8],
+            piece: usize,
+            job: &(dyn Fn(usize, &mut [u8]) + Sync),
+        ) {
+            for (i, p) in out.chunks_mut(piece).enumerate().rev() {
+                job(i, p);
+            }
+        }
+    }
+
+    #[test]
+    fn products_cut_into_pieces_are_the_whole_products_bit_for_bit() {
+        // Rows that are not a multiple of the pieces or of the register tile; f32 (the tiled
+        // kernels) and f16 (the generic loop).
+        let val = |i: usize| ((i * 7919 % 1013) as f32 - 506.0) / 7.3;
+        let mut a = [0u8; 4 * 24_000];
+        let mut b = [0u8; 4 * 36_000];
+        for (m, k, n) in [(41, 120, 70), (13, 220, 96), (8, 3000, 12)] {
+            for t in [DType::F32, DType::F16] {
+                for i in 0..m * k {
+                    store(&mut a, t, i, val(i) * 1e-2);
+                }
+                for i in 0..k * n {
+                    store(&mut b, t, i, val(i + 3) * 1e-2);
+                }
+                assert!(m * k * n >= 2 * PIECE_MIN_MACS, "({m}, {k}, {n}) is cut");
+                for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                    let mut whole = [0u8; 4 * 3000];
+                    matmul(&a, &b, t, &mut whole, m, k, n, ta, tb);
+                    let mut cut = [0xffu8; 4 * 3000];
+                    matmul_on(&Backwards, &a, &b, t, &mut cut, m, k, n, ta, tb);
+                    let len = m * n * t.size();
+                    assert!(
+                        whole[..len] == cut[..len],
+                        "{t:?} ({m}, {k}, {n}) ta={ta} tb={tb}"
+                    );
+                    let mut serial = [0xffu8; 4 * 3000];
+                    matmul_on(&Serial, &a, &b, t, &mut serial, m, k, n, ta, tb);
+                    assert!(
+                        whole[..len] == serial[..len],
+                        "{t:?} ({m}, {k}, {n}) serial"
+                    );
                 }
             }
         }

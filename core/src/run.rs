@@ -3,7 +3,7 @@
 
 use crate::error::{Name, RunError};
 use crate::graph::{Init, Node, NodeId, NodeRef};
-use crate::kernels as k;
+use crate::kernels::{self as k, Parallel, Serial};
 use crate::op::Op;
 use crate::plan::{Place, Plan, Slot};
 use crate::rng::SplitMix64;
@@ -138,6 +138,8 @@ pub(crate) struct Exec<'a, S: Storage> {
     /// The node's workspace ([`crate::Slot::workspace_bytes`]); convolutions lay out
     /// unfolded patches there.
     pub(crate) work: &'a mut [u8],
+    /// How the kernel may run its independent pieces.
+    pub(crate) par: &'a dyn Parallel,
 }
 
 /// Splits `arena` around `[a, a + la)` and `[b, b + lb)` (disjoint; either may be empty).
@@ -175,6 +177,7 @@ impl<S: Storage> Plan<S> {
         i: usize,
         arena: &mut [u8],
         state: &mut StateBuf<'_>,
+        par: &dyn Parallel,
     ) -> Result<(), RunError> {
         let node = &self.graph.nodes()[i];
         if let Op::Update(u) = node.op {
@@ -202,6 +205,7 @@ impl<S: Storage> Plan<S> {
             },
             out,
             work,
+            par,
         };
         crate::ops::run(node, &mut ex)
     }
@@ -399,7 +403,7 @@ impl<S: Storage> Plan<S> {
         self.check(arena.len(), state.len())?;
         let mut st = StateBuf::Ref(state);
         for i in 0..self.graph.forward_len() {
-            self.exec(i, arena, &mut st)?;
+            self.exec(i, arena, &mut st, &Serial)?;
         }
         Ok(())
     }
@@ -415,14 +419,14 @@ impl<S: Storage> Plan<S> {
         let Some((counter, count)) = self.graph.accumulation else {
             let mut st = StateBuf::Mut(state);
             for i in 0..self.graph.len() {
-                self.exec(i, arena, &mut st)?;
+                self.exec(i, arena, &mut st, &Serial)?;
             }
             return Ok(());
         };
         let mut st = StateBuf::Mut(state);
         for (i, n) in self.graph.nodes().iter().enumerate() {
             if !n.roles.contains(Roles::UPDATE) {
-                self.exec(i, arena, &mut st)?;
+                self.exec(i, arena, &mut st, &Serial)?;
             }
         }
         let seen = k::load_int(
@@ -440,7 +444,7 @@ impl<S: Storage> Plan<S> {
     fn apply_update(&self, arena: &mut [u8], st: &mut StateBuf<'_>) -> Result<(), RunError> {
         for (i, n) in self.graph.nodes().iter().enumerate() {
             if n.roles.contains(Roles::UPDATE) {
-                self.exec(i, arena, st)?;
+                self.exec(i, arena, st, &Serial)?;
             }
         }
         Ok(())
@@ -450,8 +454,20 @@ impl<S: Storage> Plan<S> {
     /// order; this is the building block of [`Plan::infer`] and [`Plan::train_step`] for
     /// executors that interleave their own work between nodes.
     pub fn run_node(&self, i: usize, arena: &mut [u8], state: &mut [u8]) -> Result<(), RunError> {
+        self.run_node_on(i, arena, state, &Serial)
+    }
+
+    /// [`Plan::run_node`], the kernel's independent pieces run by `par` (on a host's threads,
+    /// say). Results are the same bit for bit whatever `par` is.
+    pub fn run_node_on(
+        &self,
+        i: usize,
+        arena: &mut [u8],
+        state: &mut [u8],
+        par: &dyn Parallel,
+    ) -> Result<(), RunError> {
         self.check(arena.len(), state.len())?;
-        self.exec(i, arena, &mut StateBuf::Mut(state))
+        self.exec(i, arena, &mut StateBuf::Mut(state), par)
     }
 }
 

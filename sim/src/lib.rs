@@ -45,6 +45,7 @@ pub mod pipeline;
 pub mod program;
 pub mod runner;
 pub mod system;
+pub mod threads;
 
 pub use cost::UnaryKind;
 pub use estimate::{estimate, estimate_only, Estimate, EstimateOptions, SimError};

@@ -9,11 +9,13 @@
 //! A plain (non-accumulating) training plan on one stage and one replica runs every node in
 //! plan order, updates included: the one-stage engine of a single IPU.
 
+use tessera_core::kernels::{Parallel, Serial};
 use tessera_core::ops::update::Update;
 use tessera_core::schedule::{Pipeline, Schedule, Slot};
 use tessera_core::{NodeId, Op, Plan, Roles, RunError, Storage};
 
 use crate::system::SystemError;
+use crate::threads::{with_helpers_awake, Threads};
 
 /// A point in a weight update where [`PipelineRunner::run_update_observed`] lets the caller
 /// look at tensors.
@@ -53,6 +55,7 @@ pub struct PipelineRunner<S: Storage> {
     update: Vec<usize>,
     accumulators: Vec<NodeId>,
     stash_observed: Vec<usize>,
+    threads: bool,
 }
 
 impl<S: Storage> PipelineRunner<S> {
@@ -176,6 +179,7 @@ impl<S: Storage> PipelineRunner<S> {
             update,
             accumulators,
             stash_observed: vec![0; s],
+            threads: false,
         })
     }
 
@@ -217,6 +221,14 @@ impl<S: Storage> PipelineRunner<S> {
         &mut self.replicas[replica].state
     }
 
+    /// Whether kernels cut large products into pieces run on the current rayon pool's threads
+    /// ([`Threads`]; off by default). Results are the same bit for bit either way. Run the
+    /// updates on a worker of the pool (`ThreadPool::install`) so that the calling thread
+    /// takes a piece too.
+    pub fn use_threads(&mut self, on: bool) {
+        self.threads = on;
+    }
+
     /// The highest stash occupancy observed per stage.
     pub fn stash_observed(&self) -> &[usize] {
         &self.stash_observed
@@ -237,10 +249,24 @@ impl<S: Storage> PipelineRunner<S> {
     /// `BeforeUpdate`): how outfeeds read tapped activations, predictions and gradients. `feed` and `observe` may fail with the caller's own error type.
     pub fn run_update_observed<E: From<RunError>>(
         &mut self,
+        feed: impl FnMut(usize, usize, &Plan<S>, &mut [u8]) -> Result<(), E>,
+        observe: impl FnMut(Observe, &Plan<S>, &[u8], &[u8]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        if self.threads {
+            // An update is a burst of products to share: the pool's workers stay awake for it.
+            with_helpers_awake(|| self.update_observed(feed, observe))
+        } else {
+            self.update_observed(feed, observe)
+        }
+    }
+
+    fn update_observed<E: From<RunError>>(
+        &mut self,
         mut feed: impl FnMut(usize, usize, &Plan<S>, &mut [u8]) -> Result<(), E>,
         mut observe: impl FnMut(Observe, &Plan<S>, &[u8], &[u8]) -> Result<(), E>,
     ) -> Result<(), E> {
         let plan = &self.plan;
+        let par: &dyn Parallel = if self.threads { &Threads } else { &Serial };
         let mut stash: Vec<usize> = vec![0; self.pipeline.stages()];
         let mut events: Vec<(usize, Slot, usize)> = self.pipeline.events().collect();
         // Backward before forward within a step, as the timeline runs them.
@@ -259,7 +285,7 @@ impl<S: Storage> PipelineRunner<S> {
                     Slot::Backward(_) => &self.backward[k],
                 };
                 for &i in nodes {
-                    plan.run_node(i, arena, &mut r.state)?;
+                    plan.run_node_on(i, arena, &mut r.state, par)?;
                     observe(
                         Observe::Node {
                             replica: ri,
@@ -294,7 +320,7 @@ impl<S: Storage> PipelineRunner<S> {
             )?;
             let arena = &mut r.arenas[0];
             for &i in &self.update {
-                self.plan.run_node(i, arena, &mut r.state)?;
+                self.plan.run_node_on(i, arena, &mut r.state, par)?;
             }
         }
         Ok(())

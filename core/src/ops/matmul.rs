@@ -148,8 +148,10 @@ pub(crate) fn run<S: Storage>(
         m * n,
     );
     let out = &mut *ex.out;
+    let par = ex.par;
     broadcast_walk(batch_of(so), [batch_of(sa), batch_of(sb)], |o, [i, j]| {
-        k::matmul(
+        k::matmul_on(
+            par,
             &xa[i * ma * es..(i + 1) * ma * es],
             &xb[j * mb * es..(j + 1) * mb * es],
             dt,

@@ -275,36 +275,46 @@ fn run_device(
         width,
     };
     let output = inf.output.index();
-    for e in 0..executions {
-        let batches = (0..per_execution)
-            .map(|_| {
-                infeed
-                    .next_batch()?
-                    .ok_or_else(|| SessionError::Data("the test infeed ran dry".into()))
-            })
-            .collect::<Result<Vec<Batch>, SessionError>>()?;
-        runner.run_update_observed(
-            |r, mb, plan, arena| feed(plan, arena, &batches[mb * replicas + r], input_name),
-            |point, plan, arena, state| {
-                let Observe::Node {
-                    replica,
-                    micro_batch,
-                    node,
-                } = point
-                else {
-                    return Ok(());
-                };
-                if let Some(l) = inf.loss.filter(|l| l.index() == node) {
-                    out.loss_sum += f64::from(read_first(plan, l, arena, state)?);
-                    out.loss_n += 1;
-                } else if node == output {
-                    let t = plan.tensor(inf.output, arena, state)?;
-                    let at = (e * per_execution + micro_batch * replicas + replica) * t.len();
-                    t.copy_to(&mut out.rows[at..at + t.len()]);
-                }
-                Ok::<(), SessionError>(())
-            },
-        )?;
+    // The device's large products run on every core.
+    let pool = super::device_pool();
+    runner.use_threads(pool.is_some());
+    let mut executions_run = || {
+        for e in 0..executions {
+            let batches = (0..per_execution)
+                .map(|_| {
+                    infeed
+                        .next_batch()?
+                        .ok_or_else(|| SessionError::Data("the test infeed ran dry".into()))
+                })
+                .collect::<Result<Vec<Batch>, SessionError>>()?;
+            runner.run_update_observed(
+                |r, mb, plan, arena| feed(plan, arena, &batches[mb * replicas + r], input_name),
+                |point, plan, arena, state| {
+                    let Observe::Node {
+                        replica,
+                        micro_batch,
+                        node,
+                    } = point
+                    else {
+                        return Ok(());
+                    };
+                    if let Some(l) = inf.loss.filter(|l| l.index() == node) {
+                        out.loss_sum += f64::from(read_first(plan, l, arena, state)?);
+                        out.loss_n += 1;
+                    } else if node == output {
+                        let t = plan.tensor(inf.output, arena, state)?;
+                        let at = (e * per_execution + micro_batch * replicas + replica) * t.len();
+                        t.copy_to(&mut out.rows[at..at + t.len()]);
+                    }
+                    Ok::<(), SessionError>(())
+                },
+            )?;
+        }
+        Ok::<(), SessionError>(())
+    };
+    match &pool {
+        Some(pool) => pool.install(executions_run)?,
+        None => executions_run()?,
     }
     Ok(out)
 }

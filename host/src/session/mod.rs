@@ -238,6 +238,17 @@ pub struct Compiled {
     pub system: SystemOptions,
 }
 
+/// A rayon pool for the device's kernels, one thread per core (or `RAYON_NUM_THREADS`): the
+/// device runs on one of its workers (`ThreadPool::install`) and its large products are cut
+/// into pieces the workers share. `None` when threads cannot be started; the device then runs
+/// on the calling thread alone, with the same results bit for bit.
+fn device_pool() -> Option<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .thread_name(|i| format!("device-{i}"))
+        .build()
+        .ok()
+}
+
 fn opt_err(option: &'static str, message: String) -> SessionError {
     SessionError::Option { option, message }
 }

@@ -369,9 +369,15 @@ impl Prepared {
             to_host,
             acks: ack_rx,
         };
+        // The device's large products run on every core.
+        let pool = super::device_pool();
+        runner.use_threads(pool.is_some());
         let (losses, device_result) = std::thread::scope(|scope| {
             let runner = &mut runner;
-            let handle = scope.spawn(move || device.run(runner));
+            let handle = scope.spawn(move || match &pool {
+                Some(pool) => pool.install(|| device.run(runner)),
+                None => device.run(runner),
+            });
             let losses = host_loop(&taps, &subscriptions, &from_device, &ack_tx, &mut on_event);
             let result = handle
                 .join()
