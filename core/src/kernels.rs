@@ -163,10 +163,9 @@ impl Parallel for Serial {
 pub const PIECE_MIN_MACS: usize = 1 << 17;
 
 /// [`matmul`], its rows of C cut into blocks (whole register tiles, at least
-/// [`PIECE_MIN_MACS`] each) run as pieces by `par`. Up to four pieces per thread, so that
-/// threads that start late still take a share; one per thread when B is transposed, since
-/// every piece then copies all of B into panels. Each output is summed as [`matmul`] sums it,
-/// so the result is the same bit for bit.
+/// [`PIECE_MIN_MACS`] each) run as pieces by `par`, one per thread: more, smaller pieces
+/// measured slower (each piece sweeps all of B, and copies it when B is transposed). Each
+/// output is summed as [`matmul`] sums it, so the result is the same bit for bit.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_on(
     par: &dyn Parallel,
@@ -181,8 +180,7 @@ pub fn matmul_on(
     tb: bool,
 ) {
     let threads = par.threads();
-    let most = if tb { threads } else { 4 * threads };
-    let pieces = (m * k * n / PIECE_MIN_MACS).min(most).min(m / MR);
+    let pieces = (m * k * n / PIECE_MIN_MACS).min(threads).min(m / MR);
     if threads < 2 || pieces < 2 {
         matmul(a, b, t, c, m, k, n, ta, tb);
         return;
