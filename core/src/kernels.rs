@@ -411,7 +411,7 @@ fn matmul_f32_packed<const TA: bool, const TB: bool, const NR: usize>(
             if !TB && w == NR {
                 // Whole tiles of B in place: its rows are read where they are, no copy.
                 let rows = &b[4 * (p0 * n + j0)..4 * ((p0 + kc - 1) * n + j0 + NR)];
-                tile_rows::<TA, NR>(a, lda, c, m, n, p0, kc, j0, w, |pp| {
+                tile_rows::<TA, false, NR>(a, lda, c, m, n, p0, kc, j0, w, |pp| {
                     let at = 4 * pp * n;
                     let row = &rows[at..at + 4 * NR];
                     core::array::from_fn(|jj| f32_of(&row[4 * jj..4 * jj + 4]))
@@ -441,22 +441,88 @@ fn matmul_f32_packed<const TA: bool, const TB: bool, const NR: usize>(
                 }
             }
             let panel = &panel_buf[..kc];
-            tile_rows::<TA, NR>(a, lda, c, m, n, p0, kc, j0, w, |pp| panel[pp]);
+            tile_rows::<TA, false, NR>(a, lda, c, m, n, p0, kc, j0, w, |pp| panel[pp]);
         }
+    }
+}
+
+/// `C = op(A) . B^T` (B stored (n, k)) for few rows of C: computed as `C^T = B . op(A)^T`,
+/// the rows of B (contiguous) taking the place of A's and op(A)^T packed into panels, every
+/// tile stored transposed into C. Packing op(A) costs `m * k` copies where the direct way
+/// gathers all `n * k` of B; each output is still summed from `p = 0` upward, so the results
+/// are [`matmul_f32_packed`]'s bit for bit.
+#[inline(always)]
+fn matmul_f32_bt_swapped<const TA: bool, const NR: usize>(
+    a: &[u8],
+    lda: usize,
+    b: &[u8],
+    c: &mut [u8],
+    m: usize,
+    k: usize,
+    n: usize,
+) {
+    if k == 0 {
+        c[..4 * m * n].fill(0);
+        return;
+    }
+    let a_at = |i: usize, p: usize| {
+        let q = if TA { p * lda + i } else { i * lda + p };
+        f32_of(&a[4 * q..4 * q + 4])
+    };
+    let mut panel = Aligned([[0f32; NR]; KC]);
+    for p0 in (0..k).step_by(KC) {
+        let kc = KC.min(k - p0);
+        for i0 in (0..m).step_by(NR) {
+            let w = NR.min(m - i0);
+            for (pp, row) in panel.0[..kc].iter_mut().enumerate() {
+                *row = core::array::from_fn(|ii| if ii < w { a_at(i0 + ii, p0 + pp) } else { 0.0 });
+            }
+            let panel = &panel.0[..kc];
+            tile_rows::<false, true, NR>(b, k, c, n, n, p0, kc, i0, w, |pp| panel[pp]);
+        }
+    }
+}
+
+/// Whether `C = op(A) . B^T` is cheaper as [`matmul_f32_bt_swapped`]: when C has fewer rows
+/// than columns, packing op(A) copies less than gathering B.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn swap_pays(m: usize, n: usize, tb: bool) -> bool {
+    tb && m < n
+}
+
+/// [`matmul_f32_bt_swapped`] for A transposed or not.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn matmul_f32_bt_swapped_layout<const NR: usize>(
+    a: &[u8],
+    lda: usize,
+    b: &[u8],
+    c: &mut [u8],
+    m: usize,
+    k: usize,
+    n: usize,
+    ta: bool,
+) {
+    if ta {
+        matmul_f32_bt_swapped::<true, NR>(a, lda, b, c, m, k, n);
+    } else {
+        matmul_f32_bt_swapped::<false, NR>(a, lda, b, c, m, k, n);
     }
 }
 
 /// Every `MR x NR` tile of C in columns `j0..j0 + w` (`w <= NR`) adds the terms `p0..p0 + kc`
 /// of its sums, `b_row(pp)` giving row `p0 + pp` of op(B) from column `j0` (zeros past `w`).
-/// C holds the sums of the earlier terms when `p0 > 0`.
+/// C holds the sums of the earlier terms when `p0 > 0`. Element (x, y) of C is element
+/// `x * ldc + y` of `c`, or `y * ldc + x` when `CT` (C stored transposed).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn tile_rows<const TA: bool, const NR: usize>(
+fn tile_rows<const TA: bool, const CT: bool, const NR: usize>(
     a: &[u8],
     lda: usize,
     c: &mut [u8],
     m: usize,
-    n: usize,
+    ldc: usize,
     p0: usize,
     kc: usize,
     j0: usize,
@@ -467,14 +533,15 @@ fn tile_rows<const TA: bool, const NR: usize>(
         let q = if TA { p * lda + i } else { i * lda + p };
         f32_of(&a[4 * q..4 * q + 4])
     };
+    let c_at = |x: usize, y: usize| 4 * if CT { y * ldc + x } else { x * ldc + y };
     for i0 in (0..m).step_by(MR) {
         let rows = MR.min(m - i0);
         let mut acc = [[0f32; NR]; MR];
         if p0 > 0 {
             for (r, acc_row) in acc.iter_mut().enumerate().take(rows) {
-                let at = 4 * ((i0 + r) * n + j0);
                 for (jj, s) in acc_row.iter_mut().enumerate().take(w) {
-                    *s = f32_of(&c[at + 4 * jj..at + 4 * jj + 4]);
+                    let at = c_at(i0 + r, j0 + jj);
+                    *s = f32_of(&c[at..at + 4]);
                 }
             }
         }
@@ -498,8 +565,18 @@ fn tile_rows<const TA: bool, const NR: usize>(
                 core::array::from_fn(|r| if r < rows { a_at(i0 + r, p0 + pp) } else { 0.0 })
             })
         };
+        if CT {
+            // Each row of C gets `rows` consecutive sums: the tile's column.
+            for jj in 0..w {
+                let at = c_at(i0, j0 + jj);
+                for (r, acc_row) in acc.iter().enumerate().take(rows) {
+                    c[at + 4 * r..at + 4 * r + 4].copy_from_slice(&acc_row[jj].to_le_bytes());
+                }
+            }
+            continue;
+        }
         for (r, acc_row) in acc.iter().enumerate().take(rows) {
-            let at = 4 * ((i0 + r) * n + j0);
+            let at = c_at(i0 + r, j0);
             if w == NR {
                 // A whole row of the tile: one copy of a known size, which the compiler
                 // turns into vector stores.
@@ -658,6 +735,15 @@ pub mod wide {
         // Tiles one, two or four vectors wide: the widest that pads `n` no more than a
         // narrower one would (wider tiles load fewer operands per multiply; padded columns are
         // computed on zeros and thrown away).
+        if super::swap_pays(m, n, tb) {
+            // C's rows are the tiles' columns.
+            match super::tile_columns(m, &[64, 32, 16]) {
+                64 => super::matmul_f32_bt_swapped_layout::<64>(a, lda, b, c, m, k, n, ta),
+                32 => super::matmul_f32_bt_swapped_layout::<32>(a, lda, b, c, m, k, n, ta),
+                _ => super::matmul_f32_bt_swapped_layout::<16>(a, lda, b, c, m, k, n, ta),
+            }
+            return;
+        }
         match super::tile_columns(n, &[64, 32, 16]) {
             64 => super::matmul_f32_packed_layout::<64>(a, lda, b, c, m, k, n, ta, tb),
             32 => super::matmul_f32_packed_layout::<32>(a, lda, b, c, m, k, n, ta, tb),
@@ -672,7 +758,12 @@ pub mod wide {
         a: &[u8], lda: usize, b: &[u8], c: &mut [u8], m: usize, k: usize, n: usize, ta: bool,
         tb: bool,
     ) {
-        super::matmul_f32_packed_layout::<{ 2 * super::NR }>(a, lda, b, c, m, k, n, ta, tb)
+        const W: usize = 2 * super::NR;
+        if super::swap_pays(m, n, tb) {
+            super::matmul_f32_bt_swapped_layout::<W>(a, lda, b, c, m, k, n, ta);
+        } else {
+            super::matmul_f32_packed_layout::<W>(a, lda, b, c, m, k, n, ta, tb);
+        }
     }
 }
 
@@ -776,15 +867,24 @@ mod tests {
                 matmul_f32_packed_layout::<32>(a, lda, b, &mut c32, m, k, n, ta, tb);
                 let mut c64 = [0xffu8; 4 * 640];
                 matmul_f32_packed_layout::<64>(a, lda, b, &mut c64, m, k, n, ta, tb);
+                // B transposed: also C^T = B . op(A)^T, whatever the shape.
+                let (mut s16, mut s32) = ([0xffu8; 4 * 640], [0xffu8; 4 * 640]);
+                if tb {
+                    matmul_f32_bt_swapped_layout::<16>(a, lda, b, &mut s16, m, k, n, ta);
+                    matmul_f32_bt_swapped_layout::<32>(a, lda, b, &mut s32, m, k, n, ta);
+                }
                 for i in 0..m {
                     for j in 0..n {
                         let want = plain_at(a, b, (m, k, n), ta, tb, i, j);
                         let at = |c: &[u8]| load(c, DType::F32, i * n + j).to_bits();
-                        for (nr, c) in [(16, &c16), (32, &c32), (64, &c64)] {
+                        let swapped = [("swapped, NR=16", &s16), ("swapped, NR=32", &s32)];
+                        let swapped = if tb { &swapped[..] } else { &[] };
+                        let direct = [("NR=16", &c16), ("NR=32", &c32), ("NR=64", &c64)];
+                        for &(nr, c) in direct.iter().chain(swapped) {
                             assert_eq!(
                                 at(c),
                                 want,
-                                "NR={nr} ({m}, {k}, {n}) ta={ta} tb={tb} ({i}, {j})"
+                                "{nr} ({m}, {k}, {n}) ta={ta} tb={tb} ({i}, {j})"
                             );
                         }
                     }
