@@ -53,10 +53,11 @@ proptest! {
     }
 }
 
-/// A two-stage classifier whose products are large enough to be cut.
+/// A two-stage classifier whose products, and its first kernel's accumulation and update,
+/// are large enough to be cut.
 fn classifier() -> Plan<Heap> {
     let mut g: Graph<Heap> = Graph::new();
-    let x = g.input("x", &[32, 96], DType::F32).unwrap();
+    let x = g.input("x", &[32, 300], DType::F32).unwrap();
     let h = g
         .dense("Dense_256", x, 256, Activation::Relu, DType::F32)
         .unwrap();
@@ -87,8 +88,8 @@ fn train(threads: Option<usize>) -> Vec<Vec<u8>> {
             runner
                 .run_update(|r, b, plan, arena| {
                     let first = ((u * 4 + b) * 2 + r) * 32;
-                    plan.fill_input("x", arena, 32 * 96, |i| {
-                        ((first * 96 + i) * 2_654_435_761 % 1000) as f32 / 1000.0
+                    plan.fill_input("x", arena, 32 * 300, |i| {
+                        ((first * 300 + i) * 2_654_435_761 % 1000) as f32 / 1000.0
                     })?;
                     plan.fill_input("labels", arena, 32, |i| ((first + i) % 10) as f32)
                 })

@@ -185,7 +185,7 @@ impl<S: Storage> Plan<S> {
                 // Inference never reaches updates; nothing to write through a shared view.
                 return Ok(());
             };
-            return crate::ops::update::run(&u, self, arena, st);
+            return crate::ops::update::run(&u, self, arena, st, par);
         }
         let slot = self.slots[i];
         if slot.place != Place::Arena || node.op == Op::Input || slot.view_of.is_some() {

@@ -3,7 +3,7 @@
 
 use crate::error::{GraphError, RunError};
 use crate::graph::{Graph, NodeId, NodeRef};
-use crate::kernels as k;
+use crate::kernels::{self as k, Parallel};
 use crate::op::{Op, Operands};
 use crate::plan::{Place, Plan};
 use crate::roles::Roles;
@@ -200,6 +200,7 @@ pub(crate) fn run<S: Storage>(
     plan: &Plan<S>,
     arena: &[u8],
     st: &mut [u8],
+    par: &dyn Parallel,
 ) -> Result<(), RunError> {
     let off = |x: NodeId| plan.slots[x.index()].offset;
     let node_of = |x: NodeId| plan.graph.node(x);
@@ -219,7 +220,8 @@ pub(crate) fn run<S: Storage>(
             let wo = off(var);
             if !grad_in_state(grad) && node_of(grad).dtype == t {
                 let g = &arena[off(grad)..off(grad) + node_of(grad).bytes()];
-                k::zip_in_place(&mut st[wo..wo + n * t.size()], g, t, n, |w, g| w - lr * g);
+                let w = &mut st[wo..wo + n * t.size()];
+                k::zip_in_place_on(par, w, g, t, n, |w, g| w - lr * g);
             } else if grad_in_state(grad) && node_of(grad).dtype == t && off(grad) != wo {
                 // An accumulated gradient: another region of the state.
                 let (go, len) = (off(grad), n * t.size());
@@ -230,7 +232,7 @@ pub(crate) fn run<S: Storage>(
                     let (a, b) = st.split_at_mut(wo);
                     (&mut b[..len], &a[go..go + len])
                 };
-                k::zip_in_place(w, g, t, n, |w, g| w - lr * g);
+                k::zip_in_place_on(par, w, g, t, n, |w, g| w - lr * g);
             } else {
                 for i in 0..n {
                     let v = k::load(&st[wo..], t, i) - lr * load_grad(st, grad, i);
@@ -304,15 +306,15 @@ pub(crate) fn run<S: Storage>(
                 let a = &mut st[ao..ao + n * t.size()];
                 match method {
                     AccumulationMethod::Sum => {
-                        k::zip_in_place(a, g, t, n, |a, g| a + g);
+                        k::zip_in_place_on(par, a, g, t, n, |a, g| a + g);
                     }
                     AccumulationMethod::Mean => {
                         let c = count as f32;
-                        k::zip_in_place(a, g, t, n, |a, g| a + g / c);
+                        k::zip_in_place_on(par, a, g, t, n, |a, g| a + g / c);
                     }
                     AccumulationMethod::RunningMean => {
                         let (keep, next) = (seen / (seen + 1.0), seen + 1.0);
-                        k::zip_in_place(a, g, t, n, |a, g| a * keep + g / next);
+                        k::zip_in_place_on(par, a, g, t, n, |a, g| a * keep + g / next);
                     }
                 }
                 return Ok(());
