@@ -75,20 +75,45 @@ impl TensorStats {
     ///
     /// Two passes over the values: the sum, the extremes and the NaN and infinity flags in
     /// the first, the squared deviations from the mean in the second (the textbook one-pass
-    /// formula loses everything to cancellation). Both sums add the values in order in `f64`,
-    /// from `-0.0` as `Iterator::sum` does, so the figures are `sum()`'s to the last bit.
+    /// formula loses everything to cancellation). Both sums are in `f64`, in [`LANES`]
+    /// interleaved partial sums (value `i` goes to sum `i % LANES`, each from `-0.0` as
+    /// `Iterator::sum` starts) added pairwise at the end: a fixed order, so the figures are
+    /// the same on every run and machine, a little more accurate than one running sum, and
+    /// several times faster (the partial sums do not wait on each other; an epoch of tapped
+    /// tensors is millions of values, summed while the device waits).
     #[must_use]
     pub fn of_values(values: &[f32]) -> Self {
-        let (mut sum, mut min, mut max) = (-0.0f64, f64::INFINITY, f64::NEG_INFINITY);
-        let (mut has_nan, mut has_inf) = (false, false);
-        for &v in values {
+        let (mut sums, mut min, mut max) = (
+            [-0.0f64; LANES],
+            [f64::INFINITY; LANES],
+            [f64::NEG_INFINITY; LANES],
+        );
+        let (mut nan, mut inf) = ([false; LANES], [false; LANES]);
+        // Comparisons rather than `f64::min` (which minds NaN): with a NaN the figures are
+        // NaN anyway.
+        let mut first = |lane: usize, v: f32| {
             let x = f64::from(v);
-            sum += x;
-            min = min.min(x);
-            max = max.max(x);
-            has_nan |= v.is_nan();
-            has_inf |= v.is_infinite();
+            sums[lane] += x;
+            if x < min[lane] {
+                min[lane] = x;
+            }
+            if x > max[lane] {
+                max[lane] = x;
+            }
+            nan[lane] |= v.is_nan();
+            inf[lane] |= v.is_infinite();
+        };
+        let chunks = values.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for chunk in chunks {
+            for (lane, &v) in chunk.iter().enumerate() {
+                first(lane, v);
+            }
         }
+        for (lane, &v) in tail.iter().enumerate() {
+            first(lane, v);
+        }
+        let (has_nan, has_inf) = (nan.contains(&true), inf.contains(&true));
         if values.is_empty() || has_nan {
             return TensorStats {
                 mean: f64::NAN,
@@ -101,24 +126,38 @@ impl TensorStats {
         }
         #[allow(clippy::cast_precision_loss)] // exact below 2^53 elements
         let n = values.len() as f64;
-        let mean = sum / n;
-        let var = values
-            .iter()
-            .map(|&v| {
+        let mean = pairwise(sums) / n;
+        let mut squares = [-0.0f64; LANES];
+        let chunks = values.chunks_exact(LANES);
+        let tail = chunks.remainder();
+        for chunk in chunks {
+            for (s, &v) in squares.iter_mut().zip(chunk) {
                 let d = f64::from(v) - mean;
-                d * d
-            })
-            .sum::<f64>()
-            / n;
+                *s += d * d;
+            }
+        }
+        for (s, &v) in squares.iter_mut().zip(tail) {
+            let d = f64::from(v) - mean;
+            *s += d * d;
+        }
+        let var = pairwise(squares) / n;
         TensorStats {
             mean,
             std: var.sqrt(),
-            min,
-            max,
+            min: min.into_iter().fold(f64::INFINITY, f64::min),
+            max: max.into_iter().fold(f64::NEG_INFINITY, f64::max),
             has_nan,
             has_inf,
         }
     }
+}
+
+/// Partial sums in [`TensorStats::of_values`].
+pub const LANES: usize = 8;
+
+/// `((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))`.
+fn pairwise(s: [f64; LANES]) -> f64 {
+    ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
 }
 
 /// A number as Python's `f"{x:.6f}"` writes it: six decimals, `nan`, `inf`, `-inf`.
@@ -269,22 +308,46 @@ mod tests {
         );
     }
 
-    #[test]
-    fn two_passes_give_the_first_statistics_to_the_bit() {
-        let spread = |n: usize, scale: f32| -> Vec<f32> {
-            (0..n)
-                .map(|i| {
-                    ((i * 7919 % 1009) as f32 - 504.3) * scale * (1.0 + (i % 13) as f32 * 1e-4)
-                })
-                .collect()
-        };
+    /// The same extremes and flags, and a mean and deviation within `rel` of the reference's.
+    fn assert_close(got: TensorStats, want: TensorStats, rel: f64, what: &str) {
+        assert_eq!(
+            (
+                got.min.to_bits(),
+                got.max.to_bits(),
+                got.has_nan,
+                got.has_inf
+            ),
+            (
+                want.min.to_bits(),
+                want.max.to_bits(),
+                want.has_nan,
+                want.has_inf
+            ),
+            "{what}: {got:?} != {want:?}"
+        );
+        for (g, w) in [(got.mean, want.mean), (got.std, want.std)] {
+            let same = g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan());
+            assert!(
+                same || (g - w).abs() <= rel * w.abs().max(f64::MIN_POSITIVE),
+                "{what}: {got:?} != {want:?}"
+            );
+        }
+    }
+
+    fn spread(n: usize, scale: f32) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7919 % 1009) as f32 - 504.3) * scale * (1.0 + (i % 13) as f32 * 1e-4))
+            .collect()
+    }
+
+    fn cases() -> Vec<(&'static str, Vec<f32>)> {
         let mut cases: Vec<(&str, Vec<f32>)> = vec![
             ("empty", vec![]),
             ("one", vec![0.25]),
             ("negative zeros", vec![-0.0; 5]),
             ("zeros of both signs", vec![0.0, -0.0, -0.0]),
             ("gradients", spread(32_768, 1e-5)),
-            ("activations", spread(40_960, 3e-3)),
+            ("activations", spread(40_963, 3e-3)),
             ("large", spread(1000, 1e30)),
             ("nan", vec![1.0, f32::NAN, 2.0]),
             ("nan and inf", vec![f32::NEG_INFINITY, f32::NAN]),
@@ -296,8 +359,46 @@ mod tests {
         let mut late_nan = spread(5000, 1.0);
         late_nan[4999] = f32::NAN;
         cases.push(("late nan", late_nan));
-        for (what, values) in &cases {
-            assert_same(TensorStats::of_values(values), reference(values), what);
+        cases
+    }
+
+    #[test]
+    fn statistics_are_one_running_sums_to_twelve_digits() {
+        for (what, values) in &cases() {
+            assert_close(
+                TensorStats::of_values(values),
+                reference(values),
+                1e-12,
+                what,
+            );
+        }
+    }
+
+    #[test]
+    fn sums_go_to_fixed_lanes_added_pairwise() {
+        // The order spelled out: value i to partial sum i % 8, the eight added pairwise.
+        let lanes = |values: &[f32], f: &dyn Fn(f32) -> f64| {
+            let mut s = [-0.0f64; 8];
+            for (i, &v) in values.iter().enumerate() {
+                s[i % 8] += f(v);
+            }
+            ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
+        };
+        for (what, values) in &cases() {
+            let want = reference(values);
+            if values.is_empty() || want.has_nan {
+                assert_same(TensorStats::of_values(values), want, what);
+                continue;
+            }
+            let n = values.len() as f64;
+            let mean = lanes(values, &f64::from) / n;
+            let var = lanes(values, &|v| (f64::from(v) - mean) * (f64::from(v) - mean)) / n;
+            let spelled = TensorStats {
+                mean,
+                std: var.sqrt(),
+                ..want
+            };
+            assert_same(TensorStats::of_values(values), spelled, what);
         }
     }
 
