@@ -106,7 +106,7 @@ fn train(threads: Option<usize>) -> Vec<Vec<u8>> {
 #[test]
 fn training_on_threads_gives_the_serial_weights_bit_for_bit() {
     let serial = train(None);
-    for threads in [2, 3] {
+    for threads in [2, 3, 4] {
         assert!(
             train(Some(threads)) == serial,
             "{threads} threads changed the weights"

@@ -57,9 +57,15 @@ pub fn with_helpers_awake<R>(work: impl FnOnce() -> R) -> R {
         return work();
     }
     let done = AtomicBool::new(false);
+    let caller = rayon::current_thread_index();
     rayon::in_place_scope(|s| {
         for _ in 0..helpers {
             s.spawn(|_| {
+                // Waiting in a nested scope, the calling thread may run a spinner itself: it
+                // must not spin, or it would wait for itself.
+                if caller.is_some() && rayon::current_thread_index() == caller {
+                    return;
+                }
                 while !done.load(Ordering::Acquire) {
                     match rayon::yield_now() {
                         Some(rayon::Yield::Executed) => {}
