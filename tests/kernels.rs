@@ -45,7 +45,8 @@ fn products(m: usize, k: usize, n: usize) -> Vec<Vec<u8>> {
 fn avx2_matmul_is_bit_identical_to_the_portable_one() {
     // Ragged tiles; and the classifier's shapes: more than one panel of k, n below one tile;
     // and each width of tile the AVX-512 kernel picks from n (16: 71, 10, 37; 32: 96; 64:
-    // 256, 192).
+    // 256, 192), or from m when it swaps a transposed B's product (16: 13; 32: 32, 19; 64:
+    // 60).
     let shapes = [
         (37, 53, 71),
         (32, 784, 256),
@@ -53,6 +54,8 @@ fn avx2_matmul_is_bit_identical_to_the_portable_one() {
         (13, 300, 37),
         (19, 70, 96),
         (70, 33, 192),
+        // B transposed, fewer rows than columns: C^T = B . op(A)^T in 64-wide tiles.
+        (60, 70, 200),
     ];
     // The flag is process-wide: every portable result is computed before it is set.
     let portable: Vec<Vec<Vec<u8>>> = shapes.iter().map(|&(m, k, n)| products(m, k, n)).collect();

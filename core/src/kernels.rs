@@ -191,10 +191,12 @@ impl Parallel for Serial {
 /// magnitude on a 2-core host, not a tuned figure). Smaller products are not cut.
 pub const PIECE_MIN_MACS: usize = 1 << 17;
 
-/// [`matmul`], its rows of C cut into blocks (whole register tiles, at least
-/// [`PIECE_MIN_MACS`] each) run as pieces by `par`, one per thread: more, smaller pieces
-/// measured slower (each piece sweeps all of B, and copies it when B is transposed). Each
-/// output is summed as [`matmul`] sums it, so the result is the same bit for bit.
+/// [`matmul`], its rows of C cut into blocks run as pieces by `par`: at most one per thread,
+/// at most one per [`PIECE_MIN_MACS`] of the product, each a whole number of register tiles
+/// but the last (which takes what is left). More, smaller pieces measured slower: each piece
+/// sweeps all of B. Each output is summed as [`matmul`] sums it, so the values are the same
+/// bit for bit (a NaN's payload aside: a piece may take the transposed path of
+/// `matmul_f32_bt_swapped`, which multiplies the same two numbers the other way round).
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_on(
     par: &dyn Parallel,
@@ -209,7 +211,8 @@ pub fn matmul_on(
     tb: bool,
 ) {
     let threads = par.threads();
-    let pieces = (m * k * n / PIECE_MIN_MACS).min(threads).min(m / MR);
+    let macs = m.saturating_mul(k).saturating_mul(n);
+    let pieces = (macs / PIECE_MIN_MACS).min(threads).min(m / MR);
     if threads < 2 || pieces < 2 {
         matmul(a, b, t, c, m, k, n, ta, tb);
         return;
@@ -410,10 +413,10 @@ fn matmul_f32<const TA: bool, const TB: bool, const NR: usize>(
 /// Rows of B that [`matmul_f32_packed`] copies into one panel (a block of the sum over `p`).
 const KC: usize = 256;
 
-/// [`matmul_f32`] for large operands, in the same order bit for bit: B is copied, `KC` rows
-/// and `NR` columns at a time, into a contiguous panel on the stack (zero-padded past the last
-/// column, gathered once when B is transposed), and every `MR x NR` tile of C sweeps the panel
-/// while it is in the L1 cache. Each output is still summed from `p = 0` upward in `f32`: a
+/// [`matmul_f32`] for large operands, in the same order bit for bit, `KC` rows of B and `NR`
+/// columns at a time: every `MR x NR` tile of C sweeps those rows of B where they are when B
+/// is not transposed and the tile is whole, or else a copy of them in a contiguous panel on
+/// the stack (zero-padded past the last column, gathered when B is transposed). Each output is still summed from `p = 0` upward in `f32`: a
 /// tile's sums go to C after one panel and come back for the next, which rounds nothing (they
 /// are `f32` in registers and in C alike). Rows past `m` and columns past `n` are computed on
 /// zeros and never stored.
@@ -690,11 +693,12 @@ fn blocked(
 /// 256-bit vectors for the `f32` matmul on x86-64 CPUs that have AVX2, and 512-bit ones on
 /// those that have AVX-512F, chosen at run time.
 ///
-/// The core cannot detect CPU features without `std`, so a host that has detected AVX2 says so
-/// with [`use_avx2`]. The kernel is the portable one with B packed into panels
-/// (`matmul_f32_packed`), compiled for AVX2: the same multiplies and adds in the same order
-/// (Rust never fuses them), so results are bit-identical; only more lanes run at once, on
-/// operands that stay in the cache.
+/// The core cannot detect CPU features without `std`, so a host that has detected AVX2 or
+/// AVX-512F says so with [`use_avx2`] or [`use_avx512`]. The kernels are the portable tiled
+/// ones (`matmul_f32_packed`, and `matmul_f32_bt_swapped` for a transposed B with fewer rows
+/// of C than columns), compiled for those vectors, with tiles of 16 columns (AVX2) or 16, 32
+/// or 64 (AVX-512, `tile_columns`): the same multiplies and adds in the same order (Rust never
+/// fuses them), so results are bit-identical; only more lanes run at once.
 #[cfg(target_arch = "x86_64")]
 pub mod wide {
     use core::sync::atomic::{AtomicBool, Ordering};
@@ -898,15 +902,21 @@ mod tests {
                 matmul_f32_packed_layout::<64>(a, lda, b, &mut c64, m, k, n, ta, tb);
                 // B transposed: also C^T = B . op(A)^T, whatever the shape.
                 let (mut s16, mut s32) = ([0xffu8; 4 * 640], [0xffu8; 4 * 640]);
+                let mut s64 = [0xffu8; 4 * 640];
                 if tb {
                     matmul_f32_bt_swapped_layout::<16>(a, lda, b, &mut s16, m, k, n, ta);
                     matmul_f32_bt_swapped_layout::<32>(a, lda, b, &mut s32, m, k, n, ta);
+                    matmul_f32_bt_swapped_layout::<64>(a, lda, b, &mut s64, m, k, n, ta);
                 }
                 for i in 0..m {
                     for j in 0..n {
                         let want = plain_at(a, b, (m, k, n), ta, tb, i, j);
                         let at = |c: &[u8]| load(c, DType::F32, i * n + j).to_bits();
-                        let swapped = [("swapped, NR=16", &s16), ("swapped, NR=32", &s32)];
+                        let swapped = [
+                            ("swapped, NR=16", &s16),
+                            ("swapped, NR=32", &s32),
+                            ("swapped, NR=64", &s64),
+                        ];
                         let swapped = if tb { &swapped[..] } else { &[] };
                         let direct = [("NR=16", &c16), ("NR=32", &c32), ("NR=64", &c64)];
                         for &(nr, c) in direct.iter().chain(swapped) {
@@ -958,18 +968,20 @@ mod tests {
                     store(&mut b, t, i, val(i + 3) * 1e-2);
                 }
                 assert!(m * k * n >= 2 * PIECE_MIN_MACS, "({m}, {k}, {n}) is cut");
+                // Exactly the operands' bytes: a read past them panics.
+                let (a, b) = (&a[..m * k * t.size()], &b[..k * n * t.size()]);
                 for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
                     let mut whole = [0u8; 4 * 3000];
-                    matmul(&a, &b, t, &mut whole, m, k, n, ta, tb);
+                    matmul(a, b, t, &mut whole, m, k, n, ta, tb);
                     let mut cut = [0xffu8; 4 * 3000];
-                    matmul_on(&Backwards, &a, &b, t, &mut cut, m, k, n, ta, tb);
+                    matmul_on(&Backwards, a, b, t, &mut cut, m, k, n, ta, tb);
                     let len = m * n * t.size();
                     assert!(
                         whole[..len] == cut[..len],
                         "{t:?} ({m}, {k}, {n}) ta={ta} tb={tb}"
                     );
                     let mut serial = [0xffu8; 4 * 3000];
-                    matmul_on(&Serial, &a, &b, t, &mut serial, m, k, n, ta, tb);
+                    matmul_on(&Serial, a, b, t, &mut serial, m, k, n, ta, tb);
                     assert!(
                         whole[..len] == serial[..len],
                         "{t:?} ({m}, {k}, {n}) serial"

@@ -221,10 +221,11 @@ impl<S: Storage> PipelineRunner<S> {
         &mut self.replicas[replica].state
     }
 
-    /// Whether kernels cut large products into pieces run on the current rayon pool's threads
-    /// ([`Threads`]; off by default). Results are the same bit for bit either way. Run the
-    /// updates on a worker of the pool (`ThreadPool::install`) so that the calling thread
-    /// takes a piece too.
+    /// Whether kernels cut large products and updates into pieces run on the current rayon
+    /// pool's threads ([`Threads`]; off by default), the pool's other workers kept awake for
+    /// each weight update. Results are the same either way (bit for bit, a NaN's payload
+    /// aside). The calling thread takes pieces too; run the updates on a worker of a pool of
+    /// their own (`ThreadPool::install`) to keep other work off the pool.
     pub fn use_threads(&mut self, on: bool) {
         self.threads = on;
     }
