@@ -5,8 +5,9 @@
 
 use proptest::prelude::*;
 use tessera::core::kernels::{matmul, matmul_on, store};
+use tessera::core::models::mnist_mlp_pipelined;
 use tessera::core::schedule::Schedule;
-use tessera::core::{Accumulation, Activation, DType, Graph, Optimizer, Plan};
+use tessera::core::{Accumulation, DType, Graph, Optimizer, Plan};
 use tessera::sim::runner::PipelineRunner;
 use tessera::sim::threads::Threads;
 use tessera::sim::Heap;
@@ -53,24 +54,14 @@ proptest! {
     }
 }
 
-/// A two-stage classifier whose products, and its first kernel's accumulation and update,
-/// are large enough to be cut.
+/// The README's model (the core's pipelined MNIST classifier, stages [0, 0, 1, 1]), whose
+/// products, and its first kernel's accumulation and update, are large enough to be cut.
 fn classifier() -> Plan<Heap> {
     let mut g: Graph<Heap> = Graph::new();
-    let x = g.input("x", &[32, 300], DType::F32).unwrap();
-    let h = g
-        .dense("Dense_256", x, 256, Activation::Relu, DType::F32)
-        .unwrap();
-    g.set_stage(1).unwrap();
-    let h = g
-        .dense("Dense_128", h, 128, Activation::Relu, DType::F32)
-        .unwrap();
-    let y = g
-        .dense("Dense_10", h, 10, Activation::Softmax, DType::F32)
-        .unwrap();
+    let mlp = mnist_mlp_pipelined(&mut g, 32, DType::F32, [0, 0, 1, 1]).unwrap();
     let labels = g.input("labels", &[32], DType::I32).unwrap();
     let loss = g
-        .sparse_categorical_crossentropy("loss", y, labels, false)
+        .sparse_categorical_crossentropy("loss", mlp.probabilities, labels, false)
         .unwrap();
     g.differentiate_accumulating(loss, Optimizer::sgd(0.1), Accumulation::new(4))
         .unwrap();
@@ -88,8 +79,8 @@ fn train(threads: Option<usize>) -> Vec<Vec<u8>> {
             runner
                 .run_update(|r, b, plan, arena| {
                     let first = ((u * 4 + b) * 2 + r) * 32;
-                    plan.fill_input("x", arena, 32 * 300, |i| {
-                        ((first * 300 + i) * 2_654_435_761 % 1000) as f32 / 1000.0
+                    plan.fill_input("images", arena, 32 * 784, |i| {
+                        ((first * 784 + i) * 2_654_435_761 % 1000) as f32 / 1000.0
                     })?;
                     plan.fill_input("labels", arena, 32, |i| ((first + i) % 10) as f32)
                 })
