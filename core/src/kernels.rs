@@ -131,6 +131,35 @@ pub fn zip_in_place_on(
     });
 }
 
+/// Sets the `n` elements of `x` (of type `t`) to `value`: zero (`+0.0`, all bytes zero in
+/// every element type) as one memory fill, and tensors of at least [`ZIP_MIN_ELEMENTS`] cut
+/// into one run of elements per thread of `par`, as [`zip_in_place_on`] cuts them. The bytes
+/// written are those of storing `value` into each element.
+pub fn fill_on(par: &dyn Parallel, x: &mut [u8], t: DType, n: usize, value: f32) {
+    let es = t.size();
+    let fill = |xs: &mut [u8]| {
+        if value.to_bits() == 0 {
+            xs.fill(0);
+        } else if t == DType::F32 {
+            for c in xs.chunks_exact_mut(4) {
+                c.copy_from_slice(&value.to_le_bytes());
+            }
+        } else {
+            for i in 0..xs.len() / es {
+                store(xs, t, i, value);
+            }
+        }
+    };
+    let threads = par.threads();
+    if threads < 2 || n < ZIP_MIN_ELEMENTS {
+        fill(&mut x[..n * es]);
+        return;
+    }
+    // Whole cache lines per piece, whatever the element size.
+    let per = n.div_ceil(threads).div_ceil(64) * 64;
+    par.for_each_piece(&mut x[..n * es], es * per, &|_, xs| fill(xs));
+}
+
 /// `C = op(A) . op(B)` with `op(A)` of shape (m, k) and `op(B)` of shape (k, n). `A` is stored
 /// (m, k), or (k, m) when `ta`; `B` is stored (k, n), or (n, k) when `tb`. Each output is
 /// summed from `p = 0` upward, starting at zero.
@@ -1006,6 +1035,31 @@ mod tests {
             a * 0.9 + g / 3.0
         });
         assert!(x == whole);
+    }
+
+    #[test]
+    fn fills_cut_into_pieces_store_the_value_into_every_element() {
+        // Past the cutting threshold and not a multiple of the pieces; every element type, a
+        // zero (one memory fill), a negative zero and another value.
+        let n = ZIP_MIN_ELEMENTS + 37;
+        let mut x = [0xA5u8; 4 * (ZIP_MIN_ELEMENTS + 37) + 3];
+        let mut expected = [0xA5u8; 4 * (ZIP_MIN_ELEMENTS + 37) + 3];
+        for t in [DType::F32, DType::F16, DType::I32, DType::U8] {
+            for value in [0.0, -0.0, 2.75] {
+                for len in [n, 1000] {
+                    x.fill(0xA5);
+                    expected.fill(0xA5);
+                    for i in 0..len {
+                        store(&mut expected, t, i, value);
+                    }
+                    fill_on(&Backwards, &mut x, t, len, value);
+                    assert!(x == expected, "{t:?} {value} {len}");
+                    x.fill(0xA5);
+                    fill_on(&Serial, &mut x, t, len, value);
+                    assert!(x == expected, "{t:?} {value} {len}, serial");
+                }
+            }
+        }
     }
 
     #[test]

@@ -333,15 +333,7 @@ pub(crate) fn run<S: Storage>(
         Update::Fill { x, value } => {
             let (t, n) = (node_of(x).dtype, node_of(x).shape.elements());
             let o = off(x);
-            if t == DType::F32 {
-                for c in st[o..o + 4 * n].chunks_exact_mut(4) {
-                    c.copy_from_slice(&value.to_le_bytes());
-                }
-            } else {
-                for i in 0..n {
-                    k::store(&mut st[o..], t, i, value);
-                }
-            }
+            k::fill_on(par, &mut st[o..o + n * t.size()], t, n, value);
         }
         Update::MovingAverage { x, value, momentum } => {
             let (t, n) = (node_of(x).dtype, node_of(x).shape.elements());
