@@ -365,19 +365,23 @@ enum Column {
 }
 
 impl Column {
-    /// The `per` values of sample `i` (which the caller guarantees exists).
-    fn sample(&self, i: usize, per: usize) -> Vec<f32> {
+    /// Appends the `per` values of sample `i` (which the caller guarantees exists) to `out`.
+    fn sample_into(&self, i: usize, per: usize, out: &mut Vec<f32>) {
         match self {
-            Column::Bytes(b) => b[i * per..(i + 1) * per]
-                .iter()
-                .map(|&x| f32::from(x))
-                .collect(),
-            Column::Floats(v) => v[i * per..(i + 1) * per].to_vec(),
+            Column::Bytes(b) => {
+                // Over a slice of the new length, so that the conversion vectorises.
+                let start = out.len();
+                out.resize(start + per, 0.0);
+                for (o, &x) in out[start..].iter_mut().zip(&b[i * per..(i + 1) * per]) {
+                    *o = f32::from(x);
+                }
+            }
+            Column::Floats(v) => out.extend_from_slice(&v[i * per..(i + 1) * per]),
             Column::Random { key, classes } => {
                 let mut rng = SplitMix64::new(key ^ SplitMix64::new(i as u64).next_u64());
                 match *classes {
-                    Some(c) => (0..per).map(|_| rng.below(c) as f32).collect(),
-                    None => (0..per).map(|_| rng.next_f32()).collect(),
+                    Some(c) => out.extend((0..per).map(|_| rng.below(c) as f32)),
+                    None => out.extend((0..per).map(|_| rng.next_f32())),
                 }
             }
         }
@@ -938,7 +942,22 @@ struct Elem {
     values: Vec<Vec<f32>>,
 }
 
-type ElemIter = Box<dyn Iterator<Item = Elem> + Send>;
+/// A stage's elements, one at a time: as whole [`Elem`]s, or appended to the buffers a batch
+/// is being built in, so that a sample's values are written once, where they end up.
+trait Elements: Iterator<Item = Elem> {
+    /// Appends the next element's values, field by field, to `out` (one buffer per field) and
+    /// returns its leading dimension; `None` (nothing appended) at the end. The values are
+    /// those [`Iterator::next`] would give.
+    fn next_into(&mut self, out: &mut [Vec<f32>]) -> Option<usize> {
+        let elem = self.next()?;
+        for (o, v) in out.iter_mut().zip(&elem.values) {
+            o.extend_from_slice(v);
+        }
+        Some(elem.lead)
+    }
+}
+
+type ElemIter = Box<dyn Elements + Send>;
 
 /// Everything an iteration needs, shared by its stage iterators.
 struct Pipeline {
@@ -976,9 +995,11 @@ fn open(p: &Arc<Pipeline>, upto: usize, pass: u64) -> ElemIter {
             size,
             drop_remainder,
         } => Box::new(BatchIter {
-            inner: open(p, upto - 1, pass).fuse(),
+            inner: open(p, upto - 1, pass),
+            fields: p.source.columns.len(),
             size: *size,
             drop_remainder: *drop_remainder,
+            done: false,
         }),
         Stage::Repeat { count } => Box::new(RepeatIter {
             pipeline: Arc::clone(p),
@@ -1042,20 +1063,42 @@ impl Iterator for SourceIter {
     type Item = Elem;
 
     fn next(&mut self) -> Option<Elem> {
+        let i = self.next_index()?;
+        let values = self
+            .source
+            .columns
+            .iter()
+            .zip(&self.source.per)
+            .map(|(c, &per)| {
+                let mut v = Vec::with_capacity(per);
+                c.sample_into(i, per, &mut v);
+                v
+            })
+            .collect();
+        Some(Elem { lead: 1, values })
+    }
+}
+
+impl SourceIter {
+    /// The index of the next sample, if any (and moves past it).
+    fn next_index(&mut self) -> Option<usize> {
         let i = match &self.order {
             Some(order) => *order.get(self.pos)?,
             None if self.pos < self.source.count => self.pos,
             None => return None,
         };
         self.pos += 1;
-        let values = self
-            .source
-            .columns
-            .iter()
-            .zip(&self.source.per)
-            .map(|(c, &per)| c.sample(i, per))
-            .collect();
-        Some(Elem { lead: 1, values })
+        Some(i)
+    }
+}
+
+impl Elements for SourceIter {
+    fn next_into(&mut self, out: &mut [Vec<f32>]) -> Option<usize> {
+        let i = self.next_index()?;
+        for ((c, &per), o) in self.source.columns.iter().zip(&self.source.per).zip(out) {
+            c.sample_into(i, per, o);
+        }
+        Some(1)
     }
 }
 
@@ -1065,46 +1108,87 @@ struct MapIter {
     stage: Stage,
 }
 
-impl Iterator for MapIter {
-    type Item = Elem;
-
-    fn next(&mut self) -> Option<Elem> {
-        let mut elem = self.inner.next()?;
+impl MapIter {
+    /// The field the stage changes.
+    fn field(&self) -> Option<usize> {
         match &self.stage {
-            Stage::Map { field, f, .. } => f(&mut elem.values[*field]),
-            Stage::RoundF16 { field } => {
-                for v in &mut elem.values[*field] {
+            Stage::Map { field, .. } | Stage::RoundF16 { field } => Some(*field),
+            _ => None,
+        }
+    }
+
+    /// Changes one element's values of that field.
+    fn apply(&self, values: &mut [f32]) {
+        match &self.stage {
+            Stage::Map { f, .. } => f(values),
+            Stage::RoundF16 { .. } => {
+                for v in values {
                     *v = round_f16(*v);
                 }
             }
             _ => {}
         }
+    }
+}
+
+impl Iterator for MapIter {
+    type Item = Elem;
+
+    fn next(&mut self) -> Option<Elem> {
+        let mut elem = self.inner.next()?;
+        if let Some(values) = self.field().and_then(|f| elem.values.get_mut(f)) {
+            self.apply(values);
+        }
         Some(elem)
     }
 }
 
+impl Elements for MapIter {
+    fn next_into(&mut self, out: &mut [Vec<f32>]) -> Option<usize> {
+        let field = self.field().filter(|&f| f < out.len());
+        let start = field.map_or(0, |f| out[f].len());
+        let lead = self.inner.next_into(out)?;
+        if let Some(f) = field {
+            self.apply(&mut out[f][start..]);
+        }
+        Some(lead)
+    }
+}
+
+/// Batches: each batch's values are appended, element by element, to one buffer per field.
 struct BatchIter {
-    inner: std::iter::Fuse<ElemIter>,
+    inner: ElemIter,
+    /// Fields per element.
+    fields: usize,
     size: usize,
     drop_remainder: bool,
+    /// The inner iterator has ended (it is not asked again).
+    done: bool,
+}
+
+impl BatchIter {
+    fn next_element(&mut self, values: &mut [Vec<f32>]) -> bool {
+        if !self.done && self.inner.next_into(values).is_none() {
+            self.done = true;
+        }
+        !self.done
+    }
 }
 
 impl Iterator for BatchIter {
     type Item = Elem;
 
     fn next(&mut self) -> Option<Elem> {
-        let first = self.inner.next()?;
+        let mut values = vec![Vec::new(); self.fields];
+        if !self.next_element(&mut values) {
+            return None;
+        }
         let rows_reserved = self.size.min(RESERVE_ROWS) - 1;
-        let mut values = first.values;
         for v in &mut values {
             v.reserve(v.len().saturating_mul(rows_reserved));
         }
         let mut rows = 1;
-        while rows < self.size {
-            let Some(elem) = self.inner.next() else { break };
-            for (acc, v) in values.iter_mut().zip(elem.values) {
-                acc.extend_from_slice(&v);
-            }
+        while rows < self.size && self.next_element(&mut values) {
             rows += 1;
         }
         if rows < self.size && self.drop_remainder {
@@ -1113,6 +1197,8 @@ impl Iterator for BatchIter {
         Some(Elem { lead: rows, values })
     }
 }
+
+impl Elements for BatchIter {}
 
 struct RepeatIter {
     pipeline: Arc<Pipeline>,
@@ -1128,13 +1214,13 @@ struct RepeatIter {
     done: bool,
 }
 
-impl Iterator for RepeatIter {
-    type Item = Elem;
-
-    fn next(&mut self) -> Option<Elem> {
+impl RepeatIter {
+    /// The next element as `take` reads it from the current repetition, starting the next
+    /// repetition when one ends.
+    fn advance<T>(&mut self, mut take: impl FnMut(&mut ElemIter) -> Option<T>) -> Option<T> {
         while !self.done {
             if let Some(it) = &mut self.current {
-                if let Some(elem) = it.next() {
+                if let Some(elem) = take(it) {
                     self.yielded = true;
                     return Some(elem);
                 }
@@ -1158,6 +1244,20 @@ impl Iterator for RepeatIter {
     }
 }
 
+impl Iterator for RepeatIter {
+    type Item = Elem;
+
+    fn next(&mut self) -> Option<Elem> {
+        self.advance(|it| it.next())
+    }
+}
+
+impl Elements for RepeatIter {
+    fn next_into(&mut self, out: &mut [Vec<f32>]) -> Option<usize> {
+        self.advance(|it| it.next_into(out))
+    }
+}
+
 /// One buffered pass, yielded in a given order (each index once).
 struct ReorderIter {
     items: Vec<Option<Elem>>,
@@ -1178,6 +1278,8 @@ impl Iterator for ReorderIter {
         None
     }
 }
+
+impl Elements for ReorderIter {}
 
 #[cfg(test)]
 mod tests {
