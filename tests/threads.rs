@@ -1,5 +1,6 @@
 //! Products cut into pieces on a thread pool give the whole products bit for bit, and so does
-//! training with the runner's threads on.
+//! training with the runner's threads on, and with weight gradients summed straight into
+//! their accumulators.
 // Run errors carry node names inline (see the core); closures returning them are fine here.
 #![allow(clippy::result_large_err)]
 
@@ -68,12 +69,20 @@ fn classifier() -> Plan<Heap> {
     Plan::new(&g).unwrap()
 }
 
-/// Trains three weight updates and returns every replica's state.
-fn train(threads: Option<usize>) -> Vec<Vec<u8>> {
+/// Trains three weight updates and returns every replica's state; `fused` sums the weight
+/// gradients straight into their accumulators (all three kernels').
+fn train(threads: Option<usize>, fused: bool) -> Vec<Vec<u8>> {
     tessera::sim::use_fast_kernels();
     let mut runner = PipelineRunner::new(classifier(), Schedule::Grouped, 2).unwrap();
     runner.init_state(7).unwrap();
     runner.use_threads(threads.is_some());
+    if fused {
+        assert_eq!(
+            runner.fuse_accumulation(&[]),
+            3,
+            "every kernel's gradient is fused"
+        );
+    }
     let mut run = || {
         for u in 0..3usize {
             runner
@@ -96,11 +105,43 @@ fn train(threads: Option<usize>) -> Vec<Vec<u8>> {
 
 #[test]
 fn training_on_threads_gives_the_serial_weights_bit_for_bit() {
-    let serial = train(None);
+    let serial = train(None, false);
     for threads in [2, 3, 4] {
         assert!(
-            train(Some(threads)) == serial,
+            train(Some(threads), false) == serial,
             "{threads} threads changed the weights"
         );
     }
+}
+
+#[test]
+fn gradients_summed_straight_into_their_accumulators_give_the_same_weights_bit_for_bit() {
+    let plain = train(None, false);
+    assert!(train(None, true) == plain, "fused on one thread");
+    assert!(train(Some(3), true) == plain, "fused on three threads");
+}
+
+#[test]
+fn a_gradient_that_is_read_elsewhere_is_not_fused() {
+    let plan = classifier();
+    let g = plan.graph();
+    let accumulate = |name: &str| g.find(name).unwrap().index();
+    let first = accumulate("Dense_256/kernel:0/accumulate");
+    let product = g.find("Dense_256/kernel:0_grad").unwrap().index();
+    assert_eq!(plan.fusable_accumulation(first), Some(product));
+    // Bias gradients are sums, not products; other nodes are not accumulations.
+    assert_eq!(
+        plan.fusable_accumulation(accumulate("Dense_256/bias:0/accumulate")),
+        None
+    );
+    assert_eq!(plan.fusable_accumulation(product), None);
+    // A product an observer reads keeps its own bytes.
+    let mut runner = PipelineRunner::new(classifier(), Schedule::Grouped, 1).unwrap();
+    assert_eq!(runner.fuse_accumulation(&[product]), 2);
+    let mut state = vec![0; plan.state_bytes()];
+    let arena = vec![0; plan.arena_bytes()];
+    let err = plan
+        .run_accumulated_product_on(product, &arena, &mut state, &tessera::core::kernels::Serial)
+        .unwrap_err();
+    assert!(err.to_string().contains("Dense_256/kernel:0_grad"), "{err}");
 }

@@ -239,25 +239,110 @@ pub fn matmul_on(
     ta: bool,
     tb: bool,
 ) {
+    let Some(rows) = piece_rows(par, m, k, n) else {
+        matmul(a, b, t, c, m, k, n, ta, tb);
+        return;
+    };
+    let es = t.size();
+    par.for_each_piece(&mut c[..m * n * es], rows * n * es, &|i, piece| {
+        product_rows(a, b, t, piece, i * rows, m, k, n, ta, tb);
+    });
+}
+
+/// The rows of C in each piece of a product cut over `par`, or `None` to leave it whole (see
+/// [`matmul_on`]).
+fn piece_rows(par: &dyn Parallel, m: usize, k: usize, n: usize) -> Option<usize> {
     let threads = par.threads();
     let macs = m.saturating_mul(k).saturating_mul(n);
     let pieces = (macs / PIECE_MIN_MACS).min(threads).min(m / MR);
     if threads < 2 || pieces < 2 {
-        matmul(a, b, t, c, m, k, n, ta, tb);
-        return;
+        return None;
+    }
+    Some(m.div_ceil(pieces).div_ceil(MR) * MR)
+}
+
+/// Rows `r0..` of `op(A) . op(B)` (as many as `out` holds) into `out`, each computed as
+/// [`matmul`] computes it.
+#[allow(clippy::too_many_arguments)]
+fn product_rows(
+    a: &[u8],
+    b: &[u8],
+    t: DType,
+    out: &mut [u8],
+    r0: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+    ta: bool,
+    tb: bool,
+) {
+    let es = t.size();
+    let len = out.len() / (n * es);
+    if ta {
+        // Stored (k, m): the block's rows of op(A) are columns r0.. of every stored row.
+        matmul_strided(&a[r0 * es..], m, b, t, out, len, k, n, true, tb);
+    } else {
+        let a = &a[r0 * k * es..(r0 + len) * k * es];
+        matmul_strided(a, k, b, t, out, len, k, n, false, tb);
+    }
+}
+
+/// Bytes of the stack buffer [`matmul_accumulate_on`] computes a block of a product's rows
+/// in: a few register tiles of rows of a layer's weight gradient, well inside a core's level-1
+/// cache, so the product's values go from the registers to the accumulator without a trip
+/// through memory.
+pub const ACCUMULATE_SCRATCH_BYTES: usize = 16 * 1024;
+
+/// Whether [`matmul_accumulate_on`] takes a product with rows of `n` elements of type `t`:
+/// a register tile of rows fits its stack buffer.
+pub fn accumulates_rows_of(t: DType, n: usize) -> bool {
+    n.saturating_mul(t.size()).saturating_mul(MR) <= ACCUMULATE_SCRATCH_BYTES
+}
+
+/// `acc[i] += (op(A) . op(B))[i]`: [`matmul_on`] followed by [`zip_in_place`] adding the
+/// product into `acc`, without the product's own tensor. Rows are computed a block at a time
+/// into a stack buffer of [`ACCUMULATE_SCRATCH_BYTES`] and added at once; each product value
+/// is computed as [`matmul`] computes it and added as `acc + value`, so `acc` ends the same
+/// bit for bit as with the product stored and added after (a NaN's payload aside, as for
+/// [`matmul_on`]). Pieces are [`matmul_on`]'s.
+///
+/// Returns `false`, leaving `acc` untouched, when rows of `n` elements are too long for the
+/// buffer ([`accumulates_rows_of`]).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_accumulate_on(
+    par: &dyn Parallel,
+    a: &[u8],
+    b: &[u8],
+    t: DType,
+    acc: &mut [u8],
+    m: usize,
+    k: usize,
+    n: usize,
+    ta: bool,
+    tb: bool,
+) -> bool {
+    if !accumulates_rows_of(t, n) {
+        return false;
     }
     let es = t.size();
-    let rows = m.div_ceil(pieces).div_ceil(MR) * MR;
-    par.for_each_piece(&mut c[..m * n * es], rows * n * es, &|i, piece| {
-        let (r0, len) = (i * rows, piece.len() / (n * es));
-        if ta {
-            // Stored (k, m): the block's rows of op(A) are columns r0.. of every stored row.
-            matmul_strided(&a[r0 * es..], m, b, t, piece, len, k, n, true, tb);
-        } else {
-            let a = &a[r0 * k * es..(r0 + len) * k * es];
-            matmul_strided(a, k, b, t, piece, len, k, n, false, tb);
+    let row = n * es;
+    // Whole register tiles per block (at least one fits: checked above).
+    let block = ACCUMULATE_SCRATCH_BYTES / row / MR * MR;
+    let job = |r0: usize, piece: &mut [u8]| {
+        let mut scratch = [0u8; ACCUMULATE_SCRATCH_BYTES];
+        for (c, rows) in piece.chunks_mut(block * row).enumerate() {
+            let g = &mut scratch[..rows.len()];
+            product_rows(a, b, t, g, r0 + c * block, m, k, n, ta, tb);
+            zip_in_place(rows, g, t, g.len() / es, |a, g| a + g);
         }
-    });
+    };
+    match piece_rows(par, m, k, n) {
+        Some(rows) => par.for_each_piece(&mut acc[..m * row], rows * row, &|i, piece| {
+            job(i * rows, piece);
+        }),
+        None => job(0, &mut acc[..m * row]),
+    }
+    true
 }
 
 /// [`matmul`] with `lda` elements between the starts of A's stored rows: `op(A)[i][p]` is
@@ -1035,6 +1120,46 @@ mod tests {
             a * 0.9 + g / 3.0
         });
         assert!(x == whole);
+    }
+
+    #[test]
+    fn products_summed_into_an_accumulator_are_the_product_then_the_sum_bit_for_bit() {
+        // Blocks of the stack buffer, pieces, ragged rows and every transpose; f32 and f16.
+        let val = |i: usize| ((i * 7919 % 1013) as f32 - 506.0) / 7.3;
+        let mut a = [0u8; 4 * 5_000];
+        let mut b = [0u8; 4 * 20_000];
+        let mut acc = [0u8; 4 * 30_000];
+        let mut product = [0u8; 4 * 30_000];
+        // The last is too wide for the buffer in f32, not in f16.
+        for (m, k, n) in [(150, 33, 190), (61, 40, 70), (7, 5, 9), (20, 16, 1030)] {
+            for t in [DType::F32, DType::F16] {
+                for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+                    for i in 0..m * k {
+                        store(&mut a, t, i, val(i) * 1e-2);
+                    }
+                    for i in 0..k * n {
+                        store(&mut b, t, i, val(i + 5) * 1e-2);
+                    }
+                    for i in 0..m * n {
+                        store(&mut acc, t, i, val(i + 11));
+                    }
+                    let (a, b) = (&a[..m * k * t.size()], &b[..k * n * t.size()]);
+                    let c = &mut product[..m * n * t.size()];
+                    matmul(a, b, t, c, m, k, n, ta, tb);
+                    let mut expected = acc;
+                    zip_in_place(&mut expected, c, t, m * n, |a, g| a + g);
+                    let fits = accumulates_rows_of(t, n);
+                    for par in [&Serial as &dyn Parallel, &Backwards] {
+                        let mut got = acc;
+                        let done = matmul_accumulate_on(par, a, b, t, &mut got, m, k, n, ta, tb);
+                        assert_eq!(done, fits, "({m}, {k}, {n}) {t:?}");
+                        let want = if fits { &expected } else { &acc };
+                        assert!(got == *want, "({m}, {k}, {n}) {t:?} ta {ta} tb {tb}");
+                    }
+                }
+            }
+        }
+        assert!(!accumulates_rows_of(DType::F32, 1025));
     }
 
     #[test]

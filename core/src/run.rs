@@ -471,6 +471,160 @@ impl<S: Storage> Plan<S> {
     }
 }
 
+/// A product and the accumulation that adds it, as [`Plan::fusable_accumulation`] finds them.
+struct AccumulatedProduct {
+    product: crate::ops::matmul::MatMul,
+    /// The product's node.
+    node: NodeId,
+    /// The accumulator.
+    acc: NodeId,
+    m: usize,
+    k: usize,
+    n: usize,
+}
+
+impl<S: Storage> Plan<S> {
+    /// The product node `accumulate` adds, and its operands, if the pair has the form
+    /// [`Plan::run_accumulated_product_on`] takes (whoever else reads the product).
+    fn accumulated_product(&self, accumulate: usize) -> Option<AccumulatedProduct> {
+        let node = self.graph.nodes().get(accumulate)?;
+        let Op::Update(crate::ops::update::Update::Accumulate {
+            acc,
+            grad,
+            method: crate::AccumulationMethod::Sum,
+            ..
+        }) = node.op
+        else {
+            return None;
+        };
+        let (g, a) = (self.graph.node(grad), self.graph.node(acc));
+        let Op::MatMul(product) = g.op else {
+            return None;
+        };
+        let (gs, accs) = (self.slots[grad.index()], self.slots[acc.index()]);
+        let (sa, sb) = (
+            self.graph.node(product.a).shape,
+            self.graph.node(product.b).shape,
+        );
+        let plain = g.dtype == DType::F32
+            && a.dtype == DType::F32
+            && a.shape == g.shape
+            && gs.place == Place::Arena
+            && gs.view_of.is_none()
+            && accs.place == Place::State
+            && accs.view_of.is_none()
+            && g.shape.rank() == 2
+            && sa.rank() == 2
+            && sb.rank() == 2;
+        if !plain {
+            return None;
+        }
+        let d = |s: Shape, i: usize| s.dims()[i] as usize;
+        let (m, k) = if product.transpose_a {
+            (d(sa, 1), d(sa, 0))
+        } else {
+            (d(sa, 0), d(sa, 1))
+        };
+        let n = d(g.shape, 1);
+        if !k::accumulates_rows_of(DType::F32, n) {
+            return None;
+        }
+        Some(AccumulatedProduct {
+            product,
+            node: grad,
+            acc,
+            m,
+            k,
+            n,
+        })
+    }
+
+    /// The matrix product (its node index) that accumulate node `accumulate` adds into its
+    /// accumulator, when [`Plan::run_accumulated_product_on`] can run the two as one: a SUM
+    /// accumulation of an `f32` product of two matrices, placed in the arena, into an `f32`
+    /// accumulator, rows short enough for [`k::matmul_accumulate_on`], and nothing else in the
+    /// graph reading the product (neither another op, nor as an output or a tap). `None` for
+    /// any other node. One pass over the graph.
+    pub fn fusable_accumulation(&self, accumulate: usize) -> Option<usize> {
+        let found = self.accumulated_product(accumulate)?;
+        let g = self.graph.node(found.node);
+        if g.roles.intersects(Roles::OUTPUT | Roles::TAPPED) {
+            return None;
+        }
+        let readers: usize = self
+            .graph
+            .nodes()
+            .iter()
+            .map(|n| {
+                n.op.operands()
+                    .as_slice()
+                    .iter()
+                    .filter(|&&x| x == found.node)
+                    .count()
+            })
+            .sum();
+        (readers == 1).then_some(found.node.index())
+    }
+
+    /// Runs accumulate node `accumulate` together with the product it adds, which
+    /// [`Plan::fusable_accumulation`] names: the accumulator ends as the product followed by
+    /// the accumulation would leave it, bit for bit (a NaN's payload aside, see
+    /// [`k::matmul_accumulate_on`]), but the product's own bytes in the arena are never
+    /// written. Call it where the product would run (its operands must be there), and run
+    /// neither node on its own. Checking that nothing else reads the product is
+    /// [`Plan::fusable_accumulation`]'s, done once: this call trusts it.
+    ///
+    /// # Errors
+    ///
+    /// [`RunError::ArenaTooSmall`] / [`RunError::StateTooSmall`] for short buffers, and
+    /// [`RunError::WrongKind`] when `accumulate` is not such an accumulation.
+    pub fn run_accumulated_product_on(
+        &self,
+        accumulate: usize,
+        arena: &[u8],
+        state: &mut [u8],
+        par: &dyn Parallel,
+    ) -> Result<(), RunError> {
+        self.check(arena.len(), state.len())?;
+        let Some(found) = self.accumulated_product(accumulate) else {
+            let tensor = self
+                .graph
+                .nodes()
+                .get(accumulate)
+                .map(|n| n.name.clone())
+                .unwrap_or_default();
+            return Err(RunError::WrongKind {
+                tensor,
+                expected: "a SUM accumulation of an f32 matrix product into an f32 accumulator",
+            });
+        };
+        let acc = self.slots[found.acc.index()];
+        let len = self.graph.node(found.acc).bytes();
+        let (rest, acc_bytes, _) = split_two(state, (acc.offset, len), (0, 0));
+        let operand = |x: NodeId| {
+            let (s, n) = (self.slots[x.index()], self.graph.node(x).bytes());
+            match s.place {
+                Place::State => rest.get(s.offset, n),
+                _ => &arena[s.offset..s.offset + n],
+            }
+        };
+        let p = found.product;
+        k::matmul_accumulate_on(
+            par,
+            operand(p.a),
+            operand(p.b),
+            DType::F32,
+            acc_bytes,
+            found.m,
+            found.k,
+            found.n,
+            p.transpose_a,
+            p.transpose_b,
+        );
+        Ok(())
+    }
+}
+
 /// FNV-1a of a name, to seed each variable's stream.
 fn name_hash(name: &Name) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {

@@ -22,7 +22,8 @@ use crate::threads::{with_helpers_awake, Threads};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Observe {
     /// Node `node` (graph index) has just run for `micro_batch` on `replica`: its output is in
-    /// that micro-batch's arena until a later node reuses the bytes.
+    /// that micro-batch's arena until a later node reuses the bytes (except a product summed
+    /// straight into its accumulator, see [`PipelineRunner::fuse_accumulation`]).
     Node {
         /// The replica.
         replica: usize,
@@ -56,6 +57,10 @@ pub struct PipelineRunner<S: Storage> {
     accumulators: Vec<NodeId>,
     stash_observed: Vec<usize>,
     threads: bool,
+    /// Per node: the accumulate node a product runs with ([`PipelineRunner::fuse_accumulation`]).
+    fused: Vec<Option<usize>>,
+    /// Per node: an accumulate node that runs with its product.
+    folded: Vec<bool>,
 }
 
 impl<S: Storage> PipelineRunner<S> {
@@ -180,6 +185,8 @@ impl<S: Storage> PipelineRunner<S> {
             accumulators,
             stash_observed: vec![0; s],
             threads: false,
+            fused: Vec::new(),
+            folded: Vec::new(),
         })
     }
 
@@ -228,6 +235,35 @@ impl<S: Storage> PipelineRunner<S> {
     /// their own (`ThreadPool::install`) to keep other work off the pool.
     pub fn use_threads(&mut self, on: bool) {
         self.threads = on;
+    }
+
+    /// Sums each weight gradient that only feeds its accumulator straight into it: a SUM
+    /// accumulation of a matrix product ([`Plan::fusable_accumulation`]) in the same backward
+    /// slot runs as one step ([`Plan::run_accumulated_product_on`]). The state ends the same bit
+    /// for bit (a NaN's payload aside), without the product being written to its micro-batch's
+    /// arena and read back: a layer's weight gradient is as large as its weights. The
+    /// products' own bytes are then never written, so `observed` lists the nodes whose outputs
+    /// the observer of [`PipelineRunner::run_update_observed`] reads: they are left as they
+    /// are. Off until called; each call replaces the last. Returns how many products run
+    /// with their accumulation.
+    pub fn fuse_accumulation(&mut self, observed: &[usize]) -> usize {
+        let len = self.plan.graph().len();
+        self.fused = vec![None; len];
+        self.folded = vec![false; len];
+        let mut count = 0;
+        for list in &self.backward {
+            for (at, &j) in list.iter().enumerate() {
+                let Some(i) = self.plan.fusable_accumulation(j) else {
+                    continue;
+                };
+                if list[..at].contains(&i) && !observed.contains(&i) {
+                    self.fused[i] = Some(j);
+                    self.folded[j] = true;
+                    count += 1;
+                }
+            }
+        }
+        count
     }
 
     /// The highest stash occupancy observed per stage.
@@ -286,7 +322,13 @@ impl<S: Storage> PipelineRunner<S> {
                     Slot::Backward(_) => &self.backward[k],
                 };
                 for &i in nodes {
-                    plan.run_node_on(i, arena, &mut r.state, par)?;
+                    if self.folded.get(i).copied().unwrap_or(false) {
+                        // Ran with its product.
+                    } else if let Some(j) = self.fused.get(i).copied().flatten() {
+                        plan.run_accumulated_product_on(j, arena, &mut r.state, par)?;
+                    } else {
+                        plan.run_node_on(i, arena, &mut r.state, par)?;
+                    }
                     observe(
                         Observe::Node {
                             replica: ri,

@@ -137,6 +137,13 @@ impl Taps {
         })
     }
 
+    /// The nodes whose outputs the observe hook reads (the loss and every tap).
+    pub(super) fn observed(&self) -> Vec<usize> {
+        (0..self.watch.len())
+            .filter(|&i| self.watch[i].is_some())
+            .collect()
+    }
+
     /// A queue.
     pub(super) fn queue(&self, q: Queue) -> &OutfeedQueue {
         match q {

@@ -372,6 +372,8 @@ impl Prepared {
         // The device's large products run on every core.
         let pool = super::device_pool();
         runner.use_threads(pool.is_some());
+        // Weight gradients go straight into their accumulators, but for those the taps read.
+        runner.fuse_accumulation(&taps.observed());
         let (losses, device_result) = std::thread::scope(|scope| {
             let runner = &mut runner;
             let handle = scope.spawn(move || match &pool {
