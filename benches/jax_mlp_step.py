@@ -19,6 +19,11 @@ compares against:
 
     {"peer": "jax", "seconds_per_step": 0.00038, ...}
 
+With `--serve`, the peer compiles and warms up, prints one JSON line (`{"peer": "jax", "ready":
+true, ...}`), then times one run of `--updates` updates for each line read from standard input
+and prints its JSON line (`{"seconds_per_step": ...}`), until standard input closes: the bench
+interleaves these runs with its own sessions, so that both see the machine in the same state.
+
 Exit status 2 (and a line on standard error) when JAX is not installed.
 """
 
@@ -37,6 +42,9 @@ def main() -> int:
     parser.add_argument("--updates", type=int, default=250, help="weight updates per timed run")
     parser.add_argument("--runs", type=int, default=5, help="timed runs (the median is reported)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--serve", action="store_true", help="one timed run per line read from standard input"
+    )
     args = parser.parse_args()
     if min(args.batch_size, args.accumulation, args.updates, args.runs) < 1:
         print("jax_mlp_step: sizes and counts must be at least 1", file=sys.stderr)
@@ -107,27 +115,40 @@ def main() -> int:
         params, loss = update(params, xs, ys)
     loss.block_until_ready()
 
-    times = []
-    for _ in range(args.runs):
+    def timed_run() -> float:
+        nonlocal params
         feed = batches(args.updates)
         start = time.perf_counter()
+        loss = None
         for xs, ys in feed:
             params, loss = update(params, xs, ys)
         loss.block_until_ready()
-        times.append(time.perf_counter() - start)
+        return time.perf_counter() - start
+
+    about = {
+        "micro_batch": b,
+        "accumulation": m,
+        "updates_per_run": args.updates,
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+    }
+    if args.serve:
+        print(json.dumps({"peer": "jax", "ready": True, **about}), flush=True)
+        for _ in sys.stdin:
+            seconds = timed_run()
+            print(json.dumps({"seconds_per_step": seconds / (args.updates * m)}), flush=True)
+        return 0
+
+    times = [timed_run() for _ in range(args.runs)]
     per_step = statistics.median(times) / (args.updates * m)
     print(
         json.dumps(
             {
                 "peer": "jax",
                 "seconds_per_step": per_step,
-                "micro_batch": b,
-                "accumulation": m,
-                "updates_per_run": args.updates,
                 "runs": args.runs,
                 "run_seconds": times,
-                "jax": jax.__version__,
-                "backend": jax.default_backend(),
+                **about,
             }
         )
     )

@@ -12,14 +12,18 @@
 //! checks - is timed apart and printed per session, as a JAX step leaves out its compilation.
 //!
 //! When Python with JAX is present, the bench also runs its peer, `benches/jax_mlp_step.py` (a
-//! jit-compiled update of the same model with the same M, per micro-batch), before and after
-//! measuring the session, and prints both figures and their ratio; without it the peer is
-//! skipped. `PYTHON` names the interpreter (default `python3`).
+//! jit-compiled update of the same model with the same M, per micro-batch), started once and
+//! asked for one timed run of 250 updates after each session, so that both see the machine in
+//! the same state (a shared machine's speed drifts by tens of percent over a minute). It prints
+//! both medians and the median of the paired ratios (each session against the JAX run right
+//! after it); without JAX the peer is skipped. `PYTHON` names the interpreter (default
+//! `python3`).
 // Run errors carry node names inline (see the core); closures returning them are fine here.
 #![allow(clippy::result_large_err)]
 
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -98,25 +102,79 @@ fn session(model: &Model, opts: &SessionOptions, data: &Mnist) -> Timed {
     }
 }
 
-/// Seconds per step of the JAX peer, or why it was skipped.
-fn jax_peer() -> Result<f64, String> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/jax_mlp_step.py");
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_string());
-    let out = Command::new(&python)
-        .arg(&script)
-        .output()
-        .map_err(|e| format!("{python} could not be started ({e})"))?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        return Err(err.lines().last().unwrap_or("no message").to_string());
+/// The JAX peer, serving timed runs (`--serve`).
+struct Peer {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Peer {
+    /// Starts the peer and waits until it has compiled and warmed up; why not, otherwise.
+    fn start() -> Result<Self, String> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/jax_mlp_step.py");
+        let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_string());
+        let mut child = Command::new(&python)
+            .arg(&script)
+            .arg("--serve")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("{python} could not be started ({e})"))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err("no pipes to the peer".into());
+        };
+        let mut peer = Peer {
+            child,
+            stdin: Some(stdin),
+            stdout: BufReader::new(stdout),
+        };
+        let ready = peer.line()?;
+        if ready["ready"].as_bool() != Some(true) {
+            return Err(format!("not ready: {ready}"));
+        }
+        Ok(peer)
     }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout.lines().last().unwrap_or_default();
-    let v: serde_json::Value =
-        serde_json::from_str(line).map_err(|e| format!("unreadable output ({e}): {line}"))?;
-    v["seconds_per_step"]
-        .as_f64()
-        .ok_or_else(|| format!("no seconds_per_step in {line}"))
+
+    /// The next JSON line from the peer; its last error line if it has ended.
+    fn line(&mut self) -> Result<serde_json::Value, String> {
+        let mut line = String::new();
+        let read = self
+            .stdout
+            .read_line(&mut line)
+            .map_err(|e| e.to_string())?;
+        if read == 0 {
+            drop(self.stdin.take());
+            let mut err = String::new();
+            if let Some(mut stderr) = self.child.stderr.take() {
+                let _ = stderr.read_to_string(&mut err);
+            }
+            let _ = self.child.wait();
+            return Err(err.lines().last().unwrap_or("the peer ended").to_string());
+        }
+        serde_json::from_str(line.trim()).map_err(|e| format!("unreadable output ({e}): {line}"))
+    }
+
+    /// Seconds per step of one timed run.
+    fn run(&mut self) -> Result<f64, String> {
+        let stdin = self.stdin.as_mut().ok_or("the peer's input is closed")?;
+        writeln!(stdin, "run")
+            .and_then(|()| stdin.flush())
+            .map_err(|e| format!("the peer went away ({e})"))?;
+        let v = self.line()?;
+        v["seconds_per_step"]
+            .as_f64()
+            .ok_or_else(|| format!("no seconds_per_step in {v}"))
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        // Closing its input ends the peer.
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
 }
 
 fn ms(seconds: f64) -> String {
@@ -143,10 +201,10 @@ fn train_session(c: &mut Criterion) {
             .executions();
         (x.executions * x.steps_per_execution()) as u64
     };
-    // The peer runs just before the first session, so not at all when a filter leaves the
-    // session out.
-    let mut before = None;
-    let timed = Mutex::new(Vec::<Timed>::new());
+    // The peer starts with the first session, so not at all when a filter leaves the session
+    // out; once it fails it is not asked again.
+    let mut peer: Option<Result<Peer, String>> = None;
+    let timed = Mutex::new(Vec::<(Timed, Option<f64>)>::new());
     let mut group = c.benchmark_group("session");
     group.sample_size(10);
     group.warm_up_time(Duration::from_secs(1));
@@ -154,53 +212,69 @@ fn train_session(c: &mut Criterion) {
     group.throughput(Throughput::Elements(steps));
     group.bench_function("tessera train (README's main command)", |b| {
         b.iter_custom(|iters| {
-            before.get_or_insert_with(jax_peer);
+            let peer = peer.get_or_insert_with(Peer::start);
             let mut total = Duration::ZERO;
             for _ in 0..iters {
                 let t = session(&model, &opts, &data);
                 total += t.run;
-                timed.lock().unwrap_or_else(|e| e.into_inner()).push(t);
+                let jax = match peer {
+                    Ok(p) => match p.run() {
+                        Ok(s) => Some(s),
+                        Err(e) => {
+                            *peer = Err(e);
+                            None
+                        }
+                    },
+                    Err(_) => None,
+                };
+                timed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((t, jax));
             }
             total
         })
     });
     group.finish();
-    let Some(before) = before else {
+    let Some(peer) = peer else {
         return;
     };
-    let after = jax_peer();
-
     let timed = timed.into_inner().unwrap_or_else(|e| e.into_inner());
-    let median = |f: &dyn Fn(&Timed) -> f64| {
-        let mut v: Vec<f64> = timed.iter().map(f).collect();
+    let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied()
     };
-    let per_step = median(&|t| t.run.as_secs_f64() / t.steps.max(1) as f64);
-    let prepare = median(&|t| t.prepare.as_secs_f64());
-    let (Some(per_step), Some(prepare)) = (per_step, prepare) else {
+    let per_step = |t: &Timed| t.run.as_secs_f64() / t.steps.max(1) as f64;
+    let tessera = median(timed.iter().map(|(t, _)| per_step(t)).collect());
+    let prepare = median(timed.iter().map(|(t, _)| t.prepare.as_secs_f64()).collect());
+    let (Some(tessera), Some(prepare)) = (tessera, prepare) else {
         return;
     };
     println!(
         "session: tessera {} per step (median of {} sessions of {steps} micro-batches of {}); \
          before them, compile and estimates {} per session",
-        ms(per_step),
+        ms(tessera),
         timed.len(),
         opts.batch_size,
         ms(prepare)
     );
-    match (before, after) {
-        (Ok(b), Ok(a)) => {
-            let jax = (a + b) / 2.0;
-            println!(
-                "session: jax {} per step (peer before {}, after {}); tessera / jax = {:.2} (target 1.25)",
-                ms(jax),
-                ms(b),
-                ms(a),
-                per_step / jax
-            );
-        }
-        (Err(e), _) | (_, Err(e)) => println!("session: the JAX peer was skipped: {e}"),
+    let paired: Vec<(f64, f64)> = timed
+        .iter()
+        .filter_map(|(t, jax)| jax.map(|j| (per_step(t), j)))
+        .collect();
+    let jax = median(paired.iter().map(|p| p.1).collect());
+    let ratio = median(paired.iter().map(|(t, j)| t / j).collect());
+    match (peer, jax, ratio) {
+        (Ok(_), Some(jax), Some(ratio)) => println!(
+            "session: jax {} per step (median of {} runs, each right after a session); \
+             tessera / jax = {ratio:.2} (median of the paired ratios; target 1.25), \
+             ratio of the medians {:.2}",
+            ms(jax),
+            paired.len(),
+            tessera / jax
+        ),
+        (Err(e), ..) => println!("session: the JAX peer was skipped: {e}"),
+        _ => println!("session: the JAX peer gave no runs"),
     }
 }
 
