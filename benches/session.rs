@@ -21,10 +21,11 @@
 // Run errors carry node names inline (see the core); closures returning them are fine here.
 #![allow(clippy::result_large_err)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Mutex;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -107,6 +108,9 @@ struct Peer {
     child: Child,
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
+    /// Reads the peer's standard error as it comes (an unread pipe would block the peer once
+    /// full) and returns its last line when the peer ends.
+    errors: Option<JoinHandle<String>>,
 }
 
 impl Peer {
@@ -122,13 +126,23 @@ impl Peer {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| format!("{python} could not be started ({e})"))?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        let (Some(stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
             return Err("no pipes to the peer".into());
         };
+        let errors = std::thread::spawn(move || {
+            BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+                .last()
+                .unwrap_or_default()
+        });
         let mut peer = Peer {
             child,
             stdin: Some(stdin),
             stdout: BufReader::new(stdout),
+            errors: Some(errors),
         };
         let ready = peer.line()?;
         if ready["ready"].as_bool() != Some(true) {
@@ -146,12 +160,11 @@ impl Peer {
             .map_err(|e| e.to_string())?;
         if read == 0 {
             drop(self.stdin.take());
-            let mut err = String::new();
-            if let Some(mut stderr) = self.child.stderr.take() {
-                let _ = stderr.read_to_string(&mut err);
-            }
             let _ = self.child.wait();
-            return Err(err.lines().last().unwrap_or("the peer ended").to_string());
+            let last = self.errors.take().and_then(|h| h.join().ok());
+            return Err(last
+                .filter(|l| !l.is_empty())
+                .unwrap_or_else(|| "the peer ended".to_string()));
         }
         serde_json::from_str(line.trim()).map_err(|e| format!("unreadable output ({e}): {line}"))
     }

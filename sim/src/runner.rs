@@ -57,10 +57,19 @@ pub struct PipelineRunner<S: Storage> {
     accumulators: Vec<NodeId>,
     stash_observed: Vec<usize>,
     threads: bool,
-    /// Per node: the accumulate node a product runs with ([`PipelineRunner::fuse_accumulation`]).
-    fused: Vec<Option<usize>>,
-    /// Per node: an accumulate node that runs with its product.
-    folded: Vec<bool>,
+    /// Per node, how it runs ([`PipelineRunner::fuse_accumulation`]; empty: all alone).
+    fusion: Vec<Fusion>,
+}
+
+/// How the runner runs a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fusion {
+    /// On its own.
+    Alone,
+    /// A product run with accumulate node `.0`, straight into the accumulator.
+    WithAccumulation(usize),
+    /// An accumulation that runs with its product.
+    WithProduct,
 }
 
 impl<S: Storage> PipelineRunner<S> {
@@ -185,8 +194,7 @@ impl<S: Storage> PipelineRunner<S> {
             accumulators,
             stash_observed: vec![0; s],
             threads: false,
-            fused: Vec::new(),
-            folded: Vec::new(),
+            fusion: Vec::new(),
         })
     }
 
@@ -247,9 +255,7 @@ impl<S: Storage> PipelineRunner<S> {
     /// are. Off until called; each call replaces the last. Returns how many products run
     /// with their accumulation.
     pub fn fuse_accumulation(&mut self, observed: &[usize]) -> usize {
-        let len = self.plan.graph().len();
-        self.fused = vec![None; len];
-        self.folded = vec![false; len];
+        self.fusion = vec![Fusion::Alone; self.plan.graph().len()];
         let mut count = 0;
         for list in &self.backward {
             for (at, &j) in list.iter().enumerate() {
@@ -257,8 +263,8 @@ impl<S: Storage> PipelineRunner<S> {
                     continue;
                 };
                 if list[..at].contains(&i) && !observed.contains(&i) {
-                    self.fused[i] = Some(j);
-                    self.folded[j] = true;
+                    self.fusion[i] = Fusion::WithAccumulation(j);
+                    self.fusion[j] = Fusion::WithProduct;
                     count += 1;
                 }
             }
@@ -322,12 +328,13 @@ impl<S: Storage> PipelineRunner<S> {
                     Slot::Backward(_) => &self.backward[k],
                 };
                 for &i in nodes {
-                    if self.folded.get(i).copied().unwrap_or(false) {
+                    match self.fusion.get(i).copied().unwrap_or(Fusion::Alone) {
+                        Fusion::Alone => plan.run_node_on(i, arena, &mut r.state, par)?,
+                        Fusion::WithAccumulation(j) => {
+                            plan.run_accumulated_product_on(j, arena, &mut r.state, par)?;
+                        }
                         // Ran with its product.
-                    } else if let Some(j) = self.fused.get(i).copied().flatten() {
-                        plan.run_accumulated_product_on(j, arena, &mut r.state, par)?;
-                    } else {
-                        plan.run_node_on(i, arena, &mut r.state, par)?;
+                        Fusion::WithProduct => {}
                     }
                     observe(
                         Observe::Node {
