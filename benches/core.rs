@@ -7,7 +7,14 @@ use tessera::core::{DType, Fixed, Graph, Optimizer, Plan};
 
 fn training_step(c: &mut Criterion) {
     let avx2 = tessera::sim::use_fast_kernels();
-    eprintln!("matmul kernel: {}", if avx2 { "AVX2" } else { "portable" });
+    eprintln!(
+        "matmul kernel: {}",
+        if avx2 {
+            "AVX2 / AVX-512 with FMA"
+        } else {
+            "portable"
+        }
+    );
     let mut g: Graph<Fixed<96>> = Graph::new();
     let m = mnist_mlp(&mut g, 32, DType::F32).unwrap();
     let labels = g.input("labels", &[32], DType::I32).unwrap();

@@ -25,7 +25,7 @@ fn classifier() -> Plan<Fixed<96>> {
 }
 
 fn sim_step(c: &mut Criterion) {
-    // Both sides use the same kernels: AVX2 / AVX-512 when the CPU has them.
+    // Both sides use the same kernels: AVX2 / AVX-512 with FMA when the CPU has them.
     tessera::sim::use_fast_kernels();
     let plan = classifier();
     let img = |i: usize| ((i * 7919) % 255) as f32 / 255.0;

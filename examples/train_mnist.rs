@@ -98,7 +98,11 @@ fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         train_n,
         test_n,
         args.data.display(),
-        if avx2 { "AVX2" } else { "portable" }
+        if avx2 {
+            "AVX2 / AVX-512 with FMA"
+        } else {
+            "portable"
+        }
     );
 
     // Training graph.

@@ -39,8 +39,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![no_std]
-// Unsafe code is denied except for the opt-in AVX2 matmul (`kernels::wide`), whose measured
-// need and safety contract are stated there.
+// Unsafe code is denied except for the opt-in AVX2 / AVX-512 matmul with fused multiply-adds
+// (`kernels::wide`, `kernels::Fused`), whose measured need and safety contract are stated there.
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 // Errors carry the offending node's name inline (there is no heap to box it in), which makes

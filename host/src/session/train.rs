@@ -339,7 +339,8 @@ impl Prepared {
         mut on_event: impl FnMut(TrainEvent),
     ) -> Result<TrainReport, SessionError> {
         let start = Instant::now();
-        // Bit-identical results with or without; faster where the CPU has AVX2 / AVX-512.
+        // AVX2 / AVX-512 with fused multiply-adds where the CPU has them: faster, the same bits
+        // on every such CPU and thread count (the last bits differ from the portable kernels').
         tessera_sim::use_fast_kernels();
         let Prepared {
             compiled,
