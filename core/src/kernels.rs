@@ -546,10 +546,6 @@ fn matmul_f32_packed<const TA: bool, const TB: bool, const NR: usize, M: Mac>(
     k: usize,
     n: usize,
 ) {
-    let b_at = |p: usize, j: usize| {
-        let q = if TB { j * k + p } else { p * n + j };
-        f32_of(&b[4 * q..4 * q + 4])
-    };
     // Made (and zeroed: 64 KiB for the widest tiles) only when B must be copied.
     let mut panel: Option<Aligned<[[f32; NR]; KC]>> = None;
     for p0 in (0..k).step_by(KC) {
@@ -582,10 +578,15 @@ fn matmul_f32_packed<const TA: bool, const TB: bool, const NR: usize, M: Mac>(
                     }
                 }
             } else {
+                // The last, partial tile of columns: a run of `w` elements of each row of B,
+                // zeros after it.
                 for (pp, row) in panel_buf[..kc].iter_mut().enumerate() {
-                    *row = core::array::from_fn(
-                        |jj| if jj < w { b_at(p0 + pp, j0 + jj) } else { 0.0 },
-                    );
+                    let at = 4 * ((p0 + pp) * n + j0);
+                    let (head, tail) = row.split_at_mut(w);
+                    for (d, v) in head.iter_mut().zip(b[at..at + 4 * w].chunks_exact(4)) {
+                        *d = f32_of(v);
+                    }
+                    tail.fill(0.0);
                 }
             }
             let panel = &panel_buf[..kc];
@@ -613,17 +614,34 @@ fn matmul_f32_bt_swapped<const TA: bool, const NR: usize, M: Mac>(
         c[..4 * m * n].fill(0);
         return;
     }
-    let a_at = |i: usize, p: usize| {
-        let q = if TA { p * lda + i } else { i * lda + p };
-        f32_of(&a[4 * q..4 * q + 4])
-    };
     let mut panel = Aligned([[0f32; NR]; KC]);
     for p0 in (0..k).step_by(KC) {
         let kc = KC.min(k - p0);
         for i0 in (0..m).step_by(NR) {
             let w = NR.min(m - i0);
-            for (pp, row) in panel.0[..kc].iter_mut().enumerate() {
-                *row = core::array::from_fn(|ii| if ii < w { a_at(i0 + ii, p0 + pp) } else { 0.0 });
+            let rows = &mut panel.0[..kc];
+            if TA {
+                // A stored (k, m): the panel's rows are runs of A's stored rows.
+                for (pp, row) in rows.iter_mut().enumerate() {
+                    let at = 4 * ((p0 + pp) * lda + i0);
+                    let (head, tail) = row.split_at_mut(w);
+                    for (d, v) in head.iter_mut().zip(a[at..at + 4 * w].chunks_exact(4)) {
+                        *d = f32_of(v);
+                    }
+                    tail.fill(0.0);
+                }
+            } else {
+                // A stored (m, k): each column of the panel is a run of one of A's rows.
+                for ii in 0..NR {
+                    if ii < w {
+                        let at = 4 * ((i0 + ii) * lda + p0);
+                        for (row, v) in rows.iter_mut().zip(a[at..at + 4 * kc].chunks_exact(4)) {
+                            row[ii] = f32_of(v);
+                        }
+                    } else {
+                        rows.iter_mut().for_each(|row| row[ii] = 0.0);
+                    }
+                }
             }
             let panel = &panel.0[..kc];
             tile_rows::<false, true, NR, M>(b, k, c, n, n, p0, kc, i0, w, |pp| panel[pp]);
