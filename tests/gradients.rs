@@ -390,6 +390,8 @@ proptest! {
     }
 }
 
+/// With the portable kernels (this binary never turns on the fast matmul, whose fused
+/// multiply-adds round the unfolded product's terms once).
 #[test]
 fn direct_and_unfolded_convolutions_agree_bit_for_bit() {
     let mut rng = SplitMix64::new(3);

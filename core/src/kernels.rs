@@ -1,6 +1,9 @@
 //! Reference kernels. Tensors are little-endian bytes of a [`DType`]; arithmetic is `f32`
 //! (`f16` widens, computes, and rounds back to nearest-even). Every reduction sums in a fixed
-//! order (ascending index), so results are bit-identical on every target.
+//! order (ascending index), so results are bit-identical on every target. The one exception is
+//! opt-in: the fast `f32` matmul of [`wide`] (x86-64 with AVX2 or AVX-512 and FMA) joins each
+//! term to its sum with a fused multiply-add, in the same order, so its results are the same
+//! on every CPU that runs it and differ from the portable kernels' in the last bits.
 
 use crate::f16::{f16_to_f32, f32_to_f16};
 use crate::DType;
@@ -528,7 +531,8 @@ fn matmul_f32<const TA: bool, const TB: bool, const NR: usize>(
 /// Rows of B that [`matmul_f32_packed`] copies into one panel (a block of the sum over `p`).
 const KC: usize = 256;
 
-/// [`matmul_f32`] for large operands, in the same order bit for bit, `KC` rows of B and `NR`
+/// [`matmul_f32`] for large operands, in the same order (bit for bit with `M` = [`Separate`]; the
+/// fast kernels' `Fused` rounds each term once), `KC` rows of B and `NR`
 /// columns at a time: every `MR x NR` tile of C sweeps those rows of B where they are when B
 /// is not transposed and the tile is whole, or else a copy of them in a contiguous panel on
 /// the stack (zero-padded past the last column, gathered when B is transposed). Each output is still summed from `p = 0` upward in `f32`: a
@@ -776,7 +780,7 @@ fn tile_columns(n: usize, widths: &[usize]) -> usize {
 struct Aligned<T>(T);
 
 /// How a product's term joins its running sum: `mac(s, x, y)` is `s + x * y`, rounded once
-/// ([`Fused`], on CPUs with fused multiply-add) or twice ([`Separate`]).
+/// (`wide::Fused`, on CPUs with fused multiply-add) or twice ([`Separate`]).
 trait Mac {
     fn mac(s: f32, x: f32, y: f32) -> f32;
 }
@@ -790,28 +794,6 @@ impl Mac for Separate {
     #[inline(always)]
     fn mac(s: f32, x: f32, y: f32) -> f32 {
         s + x * y
-    }
-}
-
-/// `s + x * y` rounded once: the fused multiply-add instruction, for the kernels of [`wide`]
-/// (only ever inlined into its functions, which enable FMA).
-#[cfg(target_arch = "x86_64")]
-struct Fused;
-
-#[cfg(target_arch = "x86_64")]
-impl Mac for Fused {
-    #[inline(always)]
-    fn mac(s: f32, x: f32, y: f32) -> f32 {
-        use core::arch::x86_64::{_mm_cvtss_f32, _mm_fmadd_ss, _mm_set_ss};
-        // Measured need: a fused multiply-add per term makes the classifier's products 1.35x
-        // faster than a multiply and an add (see `wide`); inlined into the kernels, the
-        // compiler turns these scalar operations into vector ones.
-        #[allow(unsafe_code)]
-        // SAFETY: `Fused` is only used by the kernels of `wide`, which enable FMA and run only
-        // after the host detected it (`use_avx2` and `use_avx512`'s contracts).
-        unsafe {
-            _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(x), _mm_set_ss(y), _mm_set_ss(s)))
-        }
     }
 }
 
@@ -872,7 +854,7 @@ fn blocked(
 /// (`matmul_f32_packed`, and `matmul_f32_bt_swapped` for a transposed B with fewer rows of C
 /// than columns), compiled for those vectors, with tiles of 16 columns (AVX2) or 16, 32 or 64
 /// (AVX-512, `tile_columns`), each term joined to its sum by one fused multiply-add
-/// ([`Fused`](super::Fused)): `s + x * y` rounded once, as BLAS libraries and XLA compute it,
+/// (`Fused`): `s + x * y` rounded once, as BLAS libraries and XLA compute it,
 /// instead of a multiply and an add rounded apart. A multiply and an add keep every
 /// floating-point pipe of a core busy where a fused multiply-add needs half of them: measured
 /// 1.35x on the 32 x 784 x 256 product of the classifier's first layer (AMD Zen 4).
@@ -883,7 +865,6 @@ fn blocked(
 /// in the last bits, as the two roundings differ.
 #[cfg(target_arch = "x86_64")]
 pub mod wide {
-    use super::Fused;
     use core::sync::atomic::{AtomicBool, Ordering};
 
     static AVX2: AtomicBool = AtomicBool::new(false);
@@ -911,6 +892,27 @@ pub mod wide {
     #[allow(unsafe_code)]
     pub unsafe fn use_avx512() {
         AVX512.store(true, Ordering::Relaxed);
+    }
+
+    /// `s + x * y` rounded once: the fused multiply-add instruction. Named only here, by the
+    /// kernels below, which enable FMA (and inline it in optimised builds).
+    struct Fused;
+
+    impl super::Mac for Fused {
+        #[inline(always)]
+        fn mac(s: f32, x: f32, y: f32) -> f32 {
+            use core::arch::x86_64::{_mm_cvtss_f32, _mm_fmadd_ss, _mm_set_ss};
+            // Measured need: a fused multiply-add per term makes the classifier's products
+            // 1.35x faster than a multiply and an add (see the module's documentation);
+            // inlined into the kernels, the compiler turns these scalar operations into
+            // vector ones.
+            #[allow(unsafe_code)]
+            // SAFETY: `Fused` is private to this module, whose kernels run only after the host
+            // detected FMA (`use_avx2` and `use_avx512`'s contracts).
+            unsafe {
+                _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(x), _mm_set_ss(y), _mm_set_ss(s)))
+            }
+        }
     }
 
     /// Whether [`use_avx2`] or [`use_avx512`] was called.

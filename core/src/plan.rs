@@ -155,7 +155,9 @@ impl<S: Storage> Plan<S> {
 
     /// [`Plan::new`] without kernel workspaces (`workspaces: false`): the smallest arena, for
     /// a microcontroller's RAM. Kernels that would use a workspace (convolutions unfold their
-    /// patches there) run the same sums as direct loops instead, with bit-identical results.
+    /// patches there) run the same sums as direct loops instead, with bit-identical results
+    /// (unless the host turned on the fast matmul, `kernels::wide`, whose fused multiply-adds
+    /// round each term once where the direct loops round twice).
     pub fn with_workspaces(graph: &Graph<S>, workspaces: bool) -> Result<Self, PlanError> {
         let (mut slots, state_bytes) = Self::slots_of(graph, workspaces)?;
         let mut arena_bytes = Self::place_tensors(graph, &mut slots)?;

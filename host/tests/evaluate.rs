@@ -57,6 +57,9 @@ fn core_inference(
 
 #[test]
 fn every_shipped_model_evaluates_and_predicts_as_the_core_does() {
+    // Sessions run the fast kernels where the CPU has them (the switch is process-wide): the
+    // core's reference below runs them too, whatever test of this binary runs first.
+    tessera_sim::use_fast_kernels();
     let d = data();
     for (name, _) in SHIPPED {
         let model = shipped(name).unwrap().unwrap();

@@ -57,7 +57,8 @@ pub use machine::{IpuConfig, MachineError, Preset, SystemConfig, UnknownPreset};
 /// Results are the same bit for bit on every CPU that takes the fast path, however many
 /// threads run it; they differ in the last bits from the portable kernels' (a fused
 /// multiply-add rounds once where a multiply and an add round twice; see
-/// `tessera_core::kernels::wide`). The choice is made once for the whole process.
+/// `tessera_core::kernels::wide`). The switch is process-wide and stays on: products computed
+/// before the first call ran the portable kernels.
 pub fn use_fast_kernels() -> bool {
     #[cfg(target_arch = "x86_64")]
     {

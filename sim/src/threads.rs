@@ -160,7 +160,8 @@ mod tests {
     #[test]
     fn threaded_products_are_the_serial_ones_bit_for_bit() {
         // The wide kernels where the CPU has them (`tests/kernels.rs` checks those against the
-        // portable ones): pieces of a transposed A read it with the whole matrix's stride.
+        // plain loop with fused terms): pieces of a transposed A read it with the whole
+        // matrix's stride.
         crate::use_fast_kernels();
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(3)

@@ -6,7 +6,9 @@
 //! The kernel unfolds each image's patches into the node's workspace and multiplies them with
 //! the weights (the same multiply as [`crate::kernels::matmul`]). A plan made without
 //! workspaces (for a microcontroller's RAM) runs the same sums as direct loops, in the same
-//! order, so both give bit-identical results.
+//! order, so both give bit-identical results with the portable kernels. A host that turned on
+//! the fast matmul (`kernels::wide`: fused multiply-adds) rounds the workspace's terms once and
+//! the direct loops' twice: the two then differ in the last bits.
 
 use crate::autodiff::Backprop;
 use crate::error::{GraphError, Name, RunError};
