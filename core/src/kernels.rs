@@ -571,27 +571,10 @@ fn matmul_f32_packed<const TA: bool, const TB: bool, const NR: usize, M: Mac>(
             let panel_buf = &mut panel.get_or_insert_with(|| Aligned([[0f32; NR]; KC])).0;
             if TB {
                 // B transposed: each column of the panel is a contiguous run of B.
-                for (jj, src) in (0..NR).map(|jj| (jj, j0 + jj)) {
-                    if jj < w {
-                        let src = &b[4 * (src * k + p0)..4 * (src * k + p0 + kc)];
-                        for (row, v) in panel_buf[..kc].iter_mut().zip(src.chunks_exact(4)) {
-                            row[jj] = f32_of(v);
-                        }
-                    } else {
-                        panel_buf[..kc].iter_mut().for_each(|row| row[jj] = 0.0);
-                    }
-                }
+                panel_columns(&mut panel_buf[..kc], &b[4 * (j0 * k + p0)..], k, w);
             } else {
-                // The last, partial tile of columns: a run of `w` elements of each row of B,
-                // zeros after it.
-                for (pp, row) in panel_buf[..kc].iter_mut().enumerate() {
-                    let at = 4 * ((p0 + pp) * n + j0);
-                    let (head, tail) = row.split_at_mut(w);
-                    for (d, v) in head.iter_mut().zip(b[at..at + 4 * w].chunks_exact(4)) {
-                        *d = f32_of(v);
-                    }
-                    tail.fill(0.0);
-                }
+                // The last, partial tile of columns: a run of each row of B.
+                panel_rows(&mut panel_buf[..kc], &b[4 * (p0 * n + j0)..], n, w);
             }
             let panel = &panel_buf[..kc];
             tile_rows::<TA, false, NR, M>(a, lda, c, m, n, p0, kc, j0, w, |pp| panel[pp]);
@@ -626,26 +609,10 @@ fn matmul_f32_bt_swapped<const TA: bool, const NR: usize, M: Mac>(
             let rows = &mut panel.0[..kc];
             if TA {
                 // A stored (k, m): the panel's rows are runs of A's stored rows.
-                for (pp, row) in rows.iter_mut().enumerate() {
-                    let at = 4 * ((p0 + pp) * lda + i0);
-                    let (head, tail) = row.split_at_mut(w);
-                    for (d, v) in head.iter_mut().zip(a[at..at + 4 * w].chunks_exact(4)) {
-                        *d = f32_of(v);
-                    }
-                    tail.fill(0.0);
-                }
+                panel_rows(rows, &a[4 * (p0 * lda + i0)..], lda, w);
             } else {
                 // A stored (m, k): each column of the panel is a run of one of A's rows.
-                for ii in 0..NR {
-                    if ii < w {
-                        let at = 4 * ((i0 + ii) * lda + p0);
-                        for (row, v) in rows.iter_mut().zip(a[at..at + 4 * kc].chunks_exact(4)) {
-                            row[ii] = f32_of(v);
-                        }
-                    } else {
-                        rows.iter_mut().for_each(|row| row[ii] = 0.0);
-                    }
-                }
+                panel_columns(rows, &a[4 * (i0 * lda + p0)..], lda, w);
             }
             let panel = &panel.0[..kc];
             tile_rows::<false, true, NR, M>(b, k, c, n, n, p0, kc, i0, w, |pp| panel[pp]);
@@ -773,6 +740,37 @@ fn tile_columns(n: usize, widths: &[usize]) -> usize {
         .copied()
         .find(|&w| pad(w) == least)
         .unwrap_or(1)
+}
+
+/// Fills a panel's rows from runs of `src`: row `pp` takes the `w` values from element
+/// `pp * stride` on, and zeros after them.
+#[inline(always)]
+fn panel_rows<const NR: usize>(rows: &mut [[f32; NR]], src: &[u8], stride: usize, w: usize) {
+    for (pp, row) in rows.iter_mut().enumerate() {
+        let at = 4 * pp * stride;
+        let (head, tail) = row.split_at_mut(w);
+        for (d, v) in head.iter_mut().zip(src[at..at + 4 * w].chunks_exact(4)) {
+            *d = f32_of(v);
+        }
+        tail.fill(0.0);
+    }
+}
+
+/// Fills a panel's columns from runs of `src`: column `j < w` takes the `rows.len()` values
+/// from element `j * stride` on; the columns after `w` are zeros.
+#[inline(always)]
+fn panel_columns<const NR: usize>(rows: &mut [[f32; NR]], src: &[u8], stride: usize, w: usize) {
+    let len = rows.len();
+    for j in 0..NR {
+        if j < w {
+            let run = &src[4 * j * stride..4 * (j * stride + len)];
+            for (row, v) in rows.iter_mut().zip(run.chunks_exact(4)) {
+                row[j] = f32_of(v);
+            }
+        } else {
+            rows.iter_mut().for_each(|row| row[j] = 0.0);
+        }
+    }
 }
 
 /// A panel of packed B on a cache line's boundary, so that no vector load of it spans two lines.
