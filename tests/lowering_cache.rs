@@ -92,6 +92,7 @@ fn estimate(c: &Case) -> String {
         lower: LowerOptions {
             min_chunk_bytes: 16,
             offload_optimizer_state: c.offload,
+            ..LowerOptions::default()
         },
         allow_out_of_memory: true,
         ..SystemOptions::default()

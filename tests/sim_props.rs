@@ -35,7 +35,7 @@ proptest! {
         let Some(g) = build(rows, cols, &s, train) else { return Ok(()) };
         let plan = Plan::new(&g).unwrap();
         let cfg = small_ipu(tiles, 1 << 20);
-        let program = lower(&plan, &cfg, LowerOptions { min_chunk_bytes: chunk, offload_optimizer_state: offload });
+        let program = lower(&plan, &cfg, LowerOptions { min_chunk_bytes: chunk, offload_optimizer_state: offload, ..LowerOptions::default() });
         prop_assert_eq!(check(&program), Ok(()));
         for (i, step) in program.steps.iter().enumerate() {
             if matches!(step, Step::Exchange { .. }) {
@@ -87,7 +87,7 @@ proptest! {
         let opts = EstimateOptions {
             allow_out_of_memory: true,
             inference,
-            lower: LowerOptions { min_chunk_bytes: chunk, offload_optimizer_state: offload },
+            lower: LowerOptions { min_chunk_bytes: chunk, offload_optimizer_state: offload, ..LowerOptions::default() },
             ..Default::default()
         };
         if let Some(other) = build(before_rows, cols, &before, train) {

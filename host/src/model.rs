@@ -389,6 +389,10 @@ pub struct TrainingDefaults {
     pub epochs: Option<usize>,
     /// Pipeline schedule name.
     pub pipeline_schedule: Option<String>,
+    /// poplin's `partialsType` (`float` or `half`).
+    pub partials_type: Option<String>,
+    /// poplin's `availableMemoryProportion`: one value, or one per pipeline stage.
+    pub available_memory_proportion: Option<Vec<f64>>,
 }
 
 /// Whether layers are chained (Sequential) or wired by name (Functional).
@@ -1388,6 +1392,16 @@ struct FileTraining {
     optimizer: Option<String>,
     epochs: Option<usize>,
     pipeline_schedule: Option<String>,
+    partials_type: Option<String>,
+    available_memory_proportion: Option<Proportions>,
+}
+
+/// `available_memory_proportion = 0.25` or `= [0.25, 0.28, 0.28, 0.28]`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Proportions {
+    One(f64),
+    PerStage(Vec<f64>),
 }
 
 #[derive(Deserialize)]
@@ -1466,6 +1480,11 @@ impl From<FileTraining> for TrainingDefaults {
             optimizer: t.optimizer,
             epochs: t.epochs,
             pipeline_schedule: t.pipeline_schedule,
+            partials_type: t.partials_type,
+            available_memory_proportion: t.available_memory_proportion.map(|p| match p {
+                Proportions::One(p) => vec![p],
+                Proportions::PerStage(v) => v,
+            }),
         }
     }
 }

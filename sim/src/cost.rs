@@ -218,13 +218,22 @@ pub fn vector_width(cfg: &IpuConfig, dtype: DType) -> u64 {
     u64::from(vw.max(1))
 }
 
-/// AMP multiply-accumulates per tile cycle for an element type: fp16 inputs use the rate with
-/// fp32 partial sums (the partials of every matmul and convolution are fp32), every other type
-/// the fp32 rate (integer types have no AMP path: an estimate).
+/// AMP multiply-accumulates per tile cycle for an element type with fp32 partial sums
+/// (poplin's default `partialsType`): [`amp_macs_per_cycle_with`] with fp32 partials.
 pub fn amp_macs_per_cycle(cfg: &IpuConfig, dtype: DType) -> u64 {
-    let macs = match dtype {
-        DType::F16 => cfg.amp_macs_per_cycle_fp16_fp32_partials,
-        DType::F32 | DType::I32 | DType::U8 => cfg.amp_macs_per_cycle_fp32,
+    amp_macs_per_cycle_with(cfg, dtype, DType::F32)
+}
+
+/// AMP multiply-accumulates per tile cycle for inputs of `dtype` summed into partials of
+/// `partials`: fp16 inputs into fp16 partials run the AMP at its fp16 peak (16 conv units on
+/// Mk2 and Bow: the half -> half `ConvPartial1x1Out` vertex, `lib/poplin/codelets`), fp16
+/// inputs into fp32 partials at the rate with fp32 partials, every other type at the fp32
+/// rate (integer types have no AMP path: an estimate).
+pub fn amp_macs_per_cycle_with(cfg: &IpuConfig, dtype: DType, partials: DType) -> u64 {
+    let macs = match (dtype, partials) {
+        (DType::F16, DType::F16) => cfg.amp_macs_per_cycle_fp16,
+        (DType::F16, _) => cfg.amp_macs_per_cycle_fp16_fp32_partials,
+        (DType::F32 | DType::I32 | DType::U8, _) => cfg.amp_macs_per_cycle_fp32,
     };
     u64::from(macs.max(1))
 }
@@ -502,7 +511,14 @@ fn amp_core_cycles(dtype: DType) -> u64 {
 /// (fp16 inputs with fp32 partials, every generation; fp32 on Mk1) or 16 (fp32 on Mk2 and
 /// Bow), poplibs' `numConvUnits`. Deriving it keeps the vendor peaks exact.
 pub fn amp_conv_units(cfg: &IpuConfig, dtype: DType) -> u64 {
-    (amp_macs_per_cycle(cfg, dtype) * amp_core_cycles(dtype) / amp_in_group(dtype)).max(1)
+    amp_conv_units_with(cfg, dtype, DType::F32)
+}
+
+/// [`amp_conv_units`] for partial sums of type `partials`: fp16 inputs with fp16 partials
+/// have 16 conv units on Mk2 and Bow (the fp16 peak), 8 on Mk1.
+pub fn amp_conv_units_with(cfg: &IpuConfig, dtype: DType, partials: DType) -> u64 {
+    (amp_macs_per_cycle_with(cfg, dtype, partials) * amp_core_cycles(dtype) / amp_in_group(dtype))
+        .max(1)
 }
 
 /// Worker cycles of one AMP pass over `positions` field positions (poplibs
@@ -552,8 +568,24 @@ fn amp_worker_cycles(positions: u64, dtype: DType, zeroing: bool, conv_units: u6
 /// Large blocks run at the AMP peak ([`amp_macs_per_cycle`]); small ones pay the fixed costs,
 /// which is why the IPU Model never prices even a tiny product below a few hundred cycles.
 pub fn matmul_amp_cycles(cfg: &IpuConfig, m: u64, k: u64, n: u64, dtype: DType) -> u64 {
+    matmul_amp_cycles_with(cfg, m, k, n, dtype, DType::F32)
+}
+
+/// [`matmul_amp_cycles`] with partial sums of type `partials`. fp16 inputs with fp16 partials
+/// run twice the conv units; their workers take the same path as with fp32 partials and 8
+/// conv units (poplibs' `commonHalfAndFloatPartialsCodePath`, and the same retention saving,
+/// `conv1x1WorkerRetentionSavings`, lib/poplin/PerformanceEstimation.hpp, 2023), so only the
+/// output groups per pass and the weights loaded per pass change.
+pub fn matmul_amp_cycles_with(
+    cfg: &IpuConfig,
+    m: u64,
+    k: u64,
+    n: u64,
+    dtype: DType,
+    partials: DType,
+) -> u64 {
     let w = workers(cfg);
-    let units = amp_conv_units(cfg, dtype);
+    let units = amp_conv_units_with(cfg, dtype, partials);
     let in_groups = k.div_ceil(amp_in_group(dtype)).max(1);
     let out_groups = n.div_ceil(units).max(1);
     let weight_bytes = units * amp_in_group(dtype) * dtype.size() as u64;
@@ -643,9 +675,9 @@ pub fn reduce_stage_factors(depth: u64) -> Vec<u64> {
     factors
 }
 
-/// Tile cycles of poplin's `ReduceAdd` vertex summing `partials` fp32 partial sums into each of
-/// `outputs` values of type `out` (`getReduceCycleEstimate`, lib/poplin/PerformanceEstimation.hpp,
-/// SDK 2.0).
+/// Tile cycles of poplin's `ReduceAdd` vertex summing `partials` partial sums of type
+/// `partials_type` (fp32, or fp16 with half partials) into each of `outputs` values of type
+/// `out` (`getReduceCycleEstimate`, lib/poplin/PerformanceEstimation.hpp, SDK 2.0).
 ///
 /// - When the outputs are whole vectors of [`REDUCE_ADD_VECTOR`] and the partials received
 ///   are small (under 1/16 of the tile, poplin's `checkPartialsSizeForSingleInputReduce`),
@@ -653,17 +685,37 @@ pub fn reduce_stage_factors(depth: u64) -> Vec<u64> {
 ///   others costs 2 cycles per vector.
 /// - Otherwise the supervisor vertex: 3 cycles per partial per vector (2 loads of the 64-bit
 ///   path and a pointer load), with a shorter tail for a last partial vector.
-pub fn partials_reduce_cycles(cfg: &IpuConfig, outputs: u64, partials: u64, out: DType) -> u64 {
+/// - fp16 partials: vectors of 8 (`accVectorWidth`), 4 per 64-bit load, so a vector of 8
+///   costs what one of 4 fp32 partials does; the loop overheads are poplibs' half ones.
+pub fn partials_reduce_cycles(
+    cfg: &IpuConfig,
+    outputs: u64,
+    partials: u64,
+    out: DType,
+    partials_type: DType,
+) -> u64 {
     let w = workers(cfg);
     let out_float = out != DType::F16;
+    let half = partials_type == DType::F16;
+    // Elements per accumulator vector, and per 64-bit load.
+    let (vector, per_load) = if half {
+        (2 * REDUCE_ADD_VECTOR, 2 * REDUCE_ADD_LOADS_PER_CYCLE)
+    } else {
+        (REDUCE_ADD_VECTOR, REDUCE_ADD_LOADS_PER_CYCLE)
+    };
     let received = partials
         .saturating_sub(1)
         .saturating_mul(outputs)
-        .saturating_mul(4);
-    if outputs % REDUCE_ADD_VECTOR == 0 && received < cfg.sram_bytes_per_tile / 16 {
-        let per_loop = REDUCE_ADD_VECTOR / REDUCE_ADD_VECTOR.min(REDUCE_ADD_LOADS_PER_CYCLE);
-        let loops = (outputs / REDUCE_ADD_VECTOR).div_ceil(w);
-        let outer = if out_float { 8 } else { 7 };
+        .saturating_mul(partials_type.size() as u64);
+    if outputs % vector == 0 && received < cfg.sram_bytes_per_tile / 16 {
+        let per_loop = vector / vector.min(per_load);
+        let loops = (outputs / vector).div_ceil(w);
+        let outer = match (half, out_float) {
+            (false, true) => 8,
+            (false, false) => 7,
+            (true, true) => 10,
+            (true, false) => 9,
+        };
         let depth = partials.saturating_sub(1);
         let worker = REDUCE_ADD_SINGLE_FIXED_CYCLES.saturating_add(
             per_loop
@@ -675,21 +727,27 @@ pub fn partials_reduce_cycles(cfg: &IpuConfig, outputs: u64, partials: u64, out:
             .saturating_mul(worker)
             .saturating_add(REDUCE_ADD_SINGLE_SUPERVISOR_CYCLES);
     }
-    let per_loop = REDUCE_ADD_VECTOR / REDUCE_ADD_VECTOR.min(REDUCE_ADD_LOADS_PER_CYCLE) + 1;
-    let mut loops = outputs / REDUCE_ADD_VECTOR;
+    let per_loop = vector / vector.min(per_load) + 1;
+    let mut loops = outputs / vector;
     // A partial last vector adds a loop per set low bit (poplibs' `ceilLog2` loop).
-    let tail_bits = outputs % REDUCE_ADD_VECTOR;
+    let tail_bits = outputs % vector;
     loops += u64::from(tail_bits.count_ones());
     let mut per_worker = loops / w;
     let mut cycles = REDUCE_ADD_FIXED_CYCLES;
     if loops % w != 0 {
         if tail_bits != 0 {
-            cycles = cycles.saturating_add(partials.saturating_mul(2).saturating_add(13));
+            let tail = if half { 11 } else { 13 };
+            cycles = cycles.saturating_add(partials.saturating_mul(2).saturating_add(tail));
         } else {
             per_worker += 1;
         }
     }
-    let outer = if out_float { 7 } else { 6 };
+    let outer = match (half, out_float) {
+        (false, true) => 7,
+        (false, false) => 6,
+        (true, true) => 9,
+        (true, false) => 8,
+    };
     cycles = cycles.saturating_add(
         per_loop
             .saturating_mul(partials)
@@ -913,6 +971,10 @@ mod tests {
             assert_eq!(amp_conv_units(&c, DType::F16), 8, "{p}");
             let fp32 = if p == Preset::Mk1 { 8 } else { 16 };
             assert_eq!(amp_conv_units(&c, DType::F32), fp32, "{p}");
+            // fp16 partials: the fp16 peak, 16 conv units where it is 64 MACs a cycle.
+            let half = if p == Preset::Mk1 { 8 } else { 16 };
+            assert_eq!(amp_conv_units_with(&c, DType::F16, DType::F16), half, "{p}");
+            assert_eq!(amp_conv_units_with(&c, DType::F32, DType::F16), fp32, "{p}");
         }
     }
 
@@ -1022,23 +1084,23 @@ mod tests {
         // 8 outputs (2 whole vectors), 5 partials: the single-input vertex, 4 extra partials
         // at 2 cycles each per vector; 2 loops over 6 workers is 1 loop each.
         assert_eq!(
-            partials_reduce_cycles(&mk1, 8, 5, DType::F32),
+            partials_reduce_cycles(&mk1, 8, 5, DType::F32, DType::F32),
             6 * (20 + (2 * 4 + 8)) + 33
         );
         // 1 output: the supervisor vertex; its one loop is a tail (2 x 5 + 13 on top).
         assert_eq!(
-            partials_reduce_cycles(&mk1, 1, 5, DType::F32),
+            partials_reduce_cycles(&mk1, 1, 5, DType::F32, DType::F32),
             6 * (32 + 2 * 5 + 13)
         );
         // 24 outputs, 3 partials, half out: 6 loops, one per worker, 3 x 3 + 6 each.
         // (24 x 2 x 4 B received is small, but 24 is a whole number of vectors: single input.)
         assert_eq!(
-            partials_reduce_cycles(&mk1, 24, 3, DType::F16),
+            partials_reduce_cycles(&mk1, 24, 3, DType::F16, DType::F32),
             6 * (20 + (2 * 2 + 7)) + 33
         );
         // 26 outputs: 6 whole vectors and a tail of 2; 7 loops over 6 workers.
         assert_eq!(
-            partials_reduce_cycles(&mk1, 26, 3, DType::F32),
+            partials_reduce_cycles(&mk1, 26, 3, DType::F32, DType::F32),
             6 * (32 + (2 * 3 + 13) + (3 * 3 + 7))
         );
     }
@@ -1188,9 +1250,23 @@ mod tests {
         ) {
             let c = mk2();
             for out in [DType::F32, DType::F16] {
+                for p in [DType::F32, DType::F16] {
+                    prop_assert!(
+                        partials_reduce_cycles(&c, outputs, partials, out, p)
+                            <= partials_reduce_cycles(&c, outputs, partials + extra, out, p)
+                    );
+                }
+            }
+        }
+
+        /// fp16 partials (twice the conv units) never make an fp16 product of at least 16
+        /// outputs slower (narrower ones load twice the weights per pass for nothing).
+        #[test]
+        fn half_partials_never_cost_more(m in 0u64..4096, k in 0u64..4096, n in 16u64..4096) {
+            for c in [mk2(), IpuConfig::preset(Preset::Mk1), IpuConfig::preset(Preset::Bow)] {
                 prop_assert!(
-                    partials_reduce_cycles(&c, outputs, partials, out)
-                        <= partials_reduce_cycles(&c, outputs, partials + extra, out)
+                    matmul_amp_cycles_with(&c, m, k, n, DType::F16, DType::F16)
+                        <= matmul_amp_cycles(&c, m, k, n, DType::F16)
                 );
             }
         }

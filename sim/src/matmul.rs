@@ -52,6 +52,98 @@ pub struct MatMulPlan {
     /// The vertices that make the partial sums.
     #[serde(default)]
     pub method: Method,
+    /// The partial sums' type: half only for fp16 products on the AMP planned with
+    /// `partialsType` half ([`PlanOptions::partials`]); see [`MatMulPlan::partials_dtype`].
+    #[serde(default)]
+    pub partials: PartialsType,
+}
+
+/// poplin's `partialsType`: the element type of a product's partial sums. fp32 products always
+/// keep fp32 partials (poplin promotes a narrower `partialsType` to the input type,
+/// `getConvVertexAMPCandidates`, lib/poplin/ConvVertexType.cpp).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PartialsType {
+    /// fp32 partial sums: poplin's default (`lib/poplin/ConvOptions.hpp`, `MatMul.cpp`).
+    #[default]
+    Float,
+    /// fp16 partial sums for fp16 products (TensorFlow's `partialsType: 'half'` in
+    /// `set_matmul_options` / `set_convolution_options`, PopART's `partialsTypeMatMuls`,
+    /// PopTorch's `setPartialsType`): the AMP runs at its fp16 peak, partials take half the
+    /// bytes, and the AMP writes an fp16 output itself (no cast).
+    Half,
+}
+
+impl PartialsType {
+    /// The partial sums' element type for products in `dtype`.
+    pub fn of(self, dtype: DType) -> DType {
+        match (self, dtype) {
+            (PartialsType::Half, DType::F16) => DType::F16,
+            _ => DType::F32,
+        }
+    }
+}
+
+impl std::fmt::Display for PartialsType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PartialsType::Float => "float",
+            PartialsType::Half => "half",
+        })
+    }
+}
+
+/// The options of poplin's planner that users set, per product (TensorFlow's
+/// `set_matmul_options` / `set_convolution_options`, PopART's per-IPU proportions).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlanOptions {
+    /// poplin's `availableMemoryProportion`: the share of a tile that a product's temporary
+    /// memory (operand copies, partial sums, serial accumulators) may take in the planner's
+    /// first pass (default [`AVAILABLE_MEMORY_PROPORTION`]). Finite, in `(0, 1]`.
+    pub available_memory_proportion: f64,
+    /// poplin's `partialsType`.
+    pub partials: PartialsType,
+}
+
+// Proportions are finite (`validate`), so equality is an equivalence.
+impl Eq for PlanOptions {}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            available_memory_proportion: AVAILABLE_MEMORY_PROPORTION,
+            partials: PartialsType::Float,
+        }
+    }
+}
+
+impl PlanOptions {
+    /// Checks the proportion: finite and in `(0, 1]`, as poplin requires of
+    /// `availableMemoryProportion` (it refuses values outside `[0, 1]`; 0 leaves no plan).
+    ///
+    /// # Errors
+    ///
+    /// The message names the value at fault.
+    pub fn validate(&self) -> Result<(), String> {
+        let p = self.available_memory_proportion;
+        if p.is_finite() && p > 0.0 && p <= 1.0 {
+            Ok(())
+        } else {
+            Err(format!(
+                "available memory proportion {p} is not in (0, 1]: it is the share of each tile a product's temporary memory may take"
+            ))
+        }
+    }
+
+    /// The planner's first bound on a tile's temporary bytes.
+    pub fn bound_bytes(&self, cfg: &IpuConfig) -> u64 {
+        (cfg.sram_bytes_per_tile as f64 * self.available_memory_proportion) as u64
+    }
+
+    /// A key for the plan caches.
+    fn key(&self) -> (u64, PartialsType) {
+        (self.available_memory_proportion.to_bits(), self.partials)
+    }
 }
 
 /// How a plan's blocks are multiplied: poplin's convolution methods (`Plan::Method`,
@@ -102,7 +194,14 @@ pub const AVAILABLE_MEMORY_PROPORTION: f64 = 0.6;
 /// fp32 partials and `convolutionImpl` casts them (`popops::cast` in a `Cast` compute set,
 /// `lib/poplin/Convolution.cpp`). A matmul is a 1 x 1 convolution with `k` input channels.
 pub fn fp32_partials(k: u64, kernel_area: u64, dtype: DType) -> bool {
-    dtype == DType::F16 && !(kernel_area == 1 && k <= cost::amp_in_group(dtype))
+    casts_partials(k, kernel_area, dtype, DType::F32)
+}
+
+/// Whether a product in `dtype` whose partial sums are of type `partials` makes its output
+/// with a compute set of casts from them ([`fp32_partials`] for fp32 partials; partials of
+/// the output's own type need no cast).
+pub fn casts_partials(k: u64, kernel_area: u64, dtype: DType, partials: DType) -> bool {
+    partials != dtype && !(kernel_area == 1 && k <= cost::amp_in_group(dtype))
 }
 
 /// The most serial steps the planner gives a block (an estimate: poplin's serial splits are
@@ -150,9 +249,19 @@ impl MatMulPlan {
     pub fn amp_cycles(&self, cfg: &IpuConfig, m: u64, k: u64, n: u64, dtype: DType) -> u64 {
         let (field, out) = if self.swapped { (n, m) } else { (m, n) };
         match self.method {
-            Method::Amp => cost::matmul_amp_cycles(cfg, field, k, out, dtype),
+            Method::Amp => {
+                cost::matmul_amp_cycles_with(cfg, field, k, out, dtype, self.partials_dtype())
+            }
             Method::Hmac { group } => cost::hmac_cycles(cfg, field, k, out, group),
             Method::OuterProduct { group } => cost::outer_product_cycles(cfg, field, out, group),
+        }
+    }
+
+    /// The partial sums' element type.
+    pub fn partials_dtype(&self) -> DType {
+        match self.partials {
+            PartialsType::Half => DType::F16,
+            PartialsType::Float => DType::F32,
         }
     }
 
@@ -168,7 +277,10 @@ impl MatMulPlan {
     pub fn transpose_block(&self, cfg: &IpuConfig, dtype: DType) -> (u64, u64) {
         match self.method {
             Method::Hmac { group } | Method::OuterProduct { group } => (group, group),
-            Method::Amp => (cost::amp_in_group(dtype), cost::amp_conv_units(cfg, dtype)),
+            Method::Amp => (
+                cost::amp_in_group(dtype),
+                cost::amp_conv_units_with(cfg, dtype, self.partials_dtype()),
+            ),
         }
     }
 
@@ -287,6 +399,7 @@ pub const OVER_EVERY_BOUND: BoundLevel = BoundLevel::MAX;
 #[allow(clippy::too_many_arguments)]
 fn price(
     cfg: &IpuConfig,
+    opts: PlanOptions,
     [m, k, n]: [u64; 3],
     [pm, pk, pn]: [u64; 3],
     dtype: DType,
@@ -296,6 +409,13 @@ fn price(
     method: Method,
 ) -> (BoundLevel, MatMulPlan) {
     let s = dtype.size() as u64;
+    // The partial sums' type and bytes (fp16 only for fp16 products with half partials, and
+    // only on the AMP: the other methods' vertices keep fp32 partials).
+    let partials = match method {
+        Method::Amp => opts.partials.of(dtype),
+        _ => DType::F32,
+    };
+    let ps = partials.size() as u64;
     let sync = cfg.sync_cycles;
     let (bm, bk, bn) = (m.div_ceil(pm), k.div_ceil(pk), n.div_ceil(pn));
     // An operand laid out by the plan is spread over the tiles that read each block (each
@@ -318,24 +438,25 @@ fn price(
     // bringing the whole block of a and its share of b's columns, and making its share of the
     // output in full): the fewest steps of either kind that bring it under the lowest bound
     // some number of steps meets, the cheaper kind when both do.
-    let bound = (cfg.sram_bytes_per_tile as f64 * AVAILABLE_MEMORY_PROPORTION) as u64;
-    // Partial sums are fp32 when k is split (over tiles or serially) and when the output is
-    // narrower but poplin's AMP cannot write it (`fp32_partials`): a cast then makes it.
-    let casts = fp32_partials(k, 1, dtype);
+    let bound = opts.bound_bytes(cfg);
+    // Partial sums are of the partials' type when k is split (over tiles or serially) and
+    // when the output is narrower but poplin's AMP cannot write it (`casts_partials`): a cast
+    // then makes it.
+    let casts = casts_partials(k, 1, dtype, partials);
     // In serial steps over k (poplin's loop) each step's fresh partials are added into an fp32
     // accumulator of the tile's share of the output (and, when k is split, first reduced into
     // an fp32 sum of the same share).
     let out_share = (bm * bn).div_ceil(pk);
     // Temporary bytes of `sk` steps over k or `sn` steps over n (one of them 1).
     // An fp32 output is its own accumulator (only a reduced step's sum is temporary).
-    let accumulators = u64::from(pk > 1) + u64::from(dtype != DType::F32);
+    let accumulators = u64::from(pk > 1) + u64::from(dtype != partials);
     let block_bytes = |sk: u64, sn: u64| {
         let bn_s = bn.div_ceil(sn);
         received_of(bk.div_ceil(sk), bn_s)
             + if sk > 1 {
-                bm * bn * 4 + out_share * 4 * accumulators
+                bm * bn * ps + out_share * ps * accumulators
             } else if pk > 1 || casts {
-                bm * bn_s * 4
+                bm * bn_s * ps
             } else {
                 0
             }
@@ -352,9 +473,9 @@ fn price(
             let last = st + 1 == factors.len();
             let holders = if last { pk } else { (spread * f).min(pk) };
             let share = (bm * bn).div_ceil(holders);
-            let out = if last { out } else { DType::F32 };
-            cycles += cost::exchange_cycles(cfg, share * (f - 1) * 4, false)
-                + cost::partials_reduce_cycles(cfg, share, f, out)
+            let out = if last { out } else { partials };
+            cycles += cost::exchange_cycles(cfg, share * (f - 1) * ps, false)
+                + cost::partials_reduce_cycles(cfg, share, f, out, partials)
                 + superstep;
             spread *= f;
         }
@@ -366,7 +487,7 @@ fn price(
         // The AMP's cost of one step (the whole block when it runs at once), in the
         // orientation allowed, the cheaper when both are.
         let vertex = |field: u64, k: u64, out: u64| match method {
-            Method::Amp => cost::matmul_amp_cycles(cfg, field, k, out, dtype),
+            Method::Amp => cost::matmul_amp_cycles_with(cfg, field, k, out, dtype, partials),
             Method::Hmac { group } => cost::hmac_cycles(cfg, field, k, out, group),
             Method::OuterProduct { group } => cost::outer_product_cycles(cfg, field, out, group),
         };
@@ -392,10 +513,10 @@ fn price(
             // poplin's serial loop over k: every step reduces its partials to fp32 and copies
             // (the first) or adds them into the accumulator, which is cast to the output after
             // the loop.
-            total += sk * (reduction(DType::F32, bn) + superstep)
-                + UnaryKind::Copy.cycles(cfg, out_share, DType::F32)
-                + (sk - 1) * cost::elementwise_binary_cycles(cfg, out_share, DType::F32);
-            if dtype != DType::F32 {
+            total += sk * (reduction(partials, bn) + superstep)
+                + UnaryKind::Copy.cycles(cfg, out_share, partials)
+                + (sk - 1) * cost::elementwise_binary_cycles(cfg, out_share, partials);
+            if dtype != partials {
                 total += cast(out_share);
             }
         } else {
@@ -410,7 +531,7 @@ fn price(
         .div_ceil(cost::amp_in_group(dtype))
         .clamp(1, MAX_SERIAL_STEPS);
     let most_n = bn
-        .div_ceil(cost::amp_conv_units(cfg, dtype))
+        .div_ceil(cost::amp_conv_units_with(cfg, dtype, partials))
         .clamp(1, MAX_SERIAL_STEPS);
     let (level, (sk, sn)) = {
         let mut level = 0;
@@ -461,15 +582,29 @@ fn price(
         serial: sk,
         serial_n: sn,
         method,
+        partials: if partials == DType::F16 {
+            PartialsType::Half
+        } else {
+            PartialsType::Float
+        },
     };
     (level, plan)
 }
 
 /// Every candidate grid `(pm, pk, pn)` of `[m, k] x [k, n]` on up to `tiles` tiles.
-fn candidates(cfg: &IpuConfig, [m, k, n]: [u64; 3], dtype: DType, tiles: u64) -> Vec<[u64; 3]> {
+fn candidates(
+    cfg: &IpuConfig,
+    opts: PlanOptions,
+    [m, k, n]: [u64; 3],
+    dtype: DType,
+    tiles: u64,
+) -> Vec<[u64; 3]> {
     let tiles = tiles.max(1);
     // Either m or n (whichever the AMP takes as output channels) groups by conv units.
-    let (k_grain, out_grain) = (cost::amp_in_group(dtype), cost::amp_conv_units(cfg, dtype));
+    let (k_grain, out_grain) = (
+        cost::amp_in_group(dtype),
+        cost::amp_conv_units_with(cfg, dtype, opts.partials.of(dtype)),
+    );
     let mut out = Vec::new();
     for &pm in &splits(m, tiles, out_grain) {
         for &pn in &splits(n, tiles / pm, out_grain) {
@@ -496,6 +631,7 @@ fn whole(m: u64, k: u64, n: u64) -> MatMulPlan {
         serial: 1,
         serial_n: 1,
         method: Method::Amp,
+        partials: PartialsType::Float,
     }
 }
 
@@ -505,9 +641,18 @@ pub(crate) fn machine_key(cfg: &IpuConfig) -> u128 {
 }
 
 /// A key of [`plan_matmul`]'s arguments (the machine by [`machine_key`]).
-type MatMulKey = (u128, u64, u64, u64, DType, LaidOut, u64);
+type MatMulKey = (
+    u128,
+    u64,
+    u64,
+    u64,
+    DType,
+    LaidOut,
+    u64,
+    (u64, PartialsType),
+);
 /// A key of [`plan_fc`]'s arguments.
-type FcKey = (u128, u64, u64, u64, DType, u64);
+type FcKey = (u128, u64, u64, u64, DType, u64, (u64, PartialsType));
 
 /// Plans made in this process. Planning is a function of its arguments alone, and a pipeline
 /// split, its search for the fewest IPUs and a sweep plan the same layers many times.
@@ -528,10 +673,11 @@ pub(crate) fn plan_matmul_cached(
     dtype: DType,
     laid_out: LaidOut,
     tiles: u64,
+    opts: PlanOptions,
 ) -> MatMulPlan {
-    let key = (machine, m, k, n, dtype, laid_out, tiles);
+    let key = (machine, m, k, n, dtype, laid_out, tiles, opts.key());
     cached(&MATMUL_PLANS, key, || {
-        plan_matmul(cfg, m, k, n, dtype, laid_out, tiles)
+        plan_matmul_with(cfg, m, k, n, dtype, laid_out, tiles, opts)
     })
 }
 
@@ -553,6 +699,7 @@ fn cached<K: std::hash::Hash + Eq, V: Copy>(
 }
 
 /// [`plan_fc`], made once per process for each machine and arguments.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn plan_fc_cached(
     cfg: &IpuConfig,
     machine: u128,
@@ -561,10 +708,11 @@ pub(crate) fn plan_fc_cached(
     output: u64,
     dtype: DType,
     tiles: u64,
+    opts: PlanOptions,
 ) -> FcPlans {
-    let key = (machine, batch, input, output, dtype, tiles);
+    let key = (machine, batch, input, output, dtype, tiles, opts.key());
     cached(&FC_PLANS, key, || {
-        plan_fc(cfg, batch, input, output, dtype, tiles)
+        plan_fc_with(cfg, batch, input, output, dtype, tiles, opts)
     })
 }
 
@@ -580,10 +728,26 @@ pub fn plan_matmul(
     laid_out: LaidOut,
     tiles: u64,
 ) -> MatMulPlan {
+    plan_matmul_with(cfg, m, k, n, dtype, laid_out, tiles, PlanOptions::default())
+}
+
+/// [`plan_matmul`] with the planner's options (`availableMemoryProportion`, `partialsType`).
+#[allow(clippy::too_many_arguments)]
+pub fn plan_matmul_with(
+    cfg: &IpuConfig,
+    m: u64,
+    k: u64,
+    n: u64,
+    dtype: DType,
+    laid_out: LaidOut,
+    tiles: u64,
+    opts: PlanOptions,
+) -> MatMulPlan {
     let mut best: Option<((BoundLevel, u64, u64), MatMulPlan)> = None;
-    for grid in candidates(cfg, [m, k, n], dtype, tiles) {
+    for grid in candidates(cfg, opts, [m, k, n], dtype, tiles) {
         let (level, plan) = price(
             cfg,
+            opts,
             [m, k, n],
             grid,
             dtype,
@@ -644,10 +808,32 @@ pub fn plan_fc(
     dtype: DType,
     tiles: u64,
 ) -> FcPlans {
+    plan_fc_with(
+        cfg,
+        batch,
+        input,
+        output,
+        dtype,
+        tiles,
+        PlanOptions::default(),
+    )
+}
+
+/// [`plan_fc`] with the planner's options (`availableMemoryProportion`, `partialsType`).
+pub fn plan_fc_with(
+    cfg: &IpuConfig,
+    batch: u64,
+    input: u64,
+    output: u64,
+    dtype: DType,
+    tiles: u64,
+    opts: PlanOptions,
+) -> FcPlans {
+    let plan = |m, k, n, laid_out| plan_matmul_with(cfg, m, k, n, dtype, laid_out, tiles, opts);
     let separate = FcPlans {
-        forward: plan_matmul(cfg, batch, input, output, dtype, LaidOut::B, tiles),
-        backward: plan_matmul(cfg, batch, output, input, dtype, LaidOut::NONE, tiles),
-        weight_update: plan_matmul(cfg, input, batch, output, dtype, LaidOut::NONE, tiles),
+        forward: plan(batch, input, output, LaidOut::B),
+        backward: plan(batch, output, input, LaidOut::NONE),
+        weight_update: plan(input, batch, output, LaidOut::NONE),
         joint: false,
     };
     // Separately planned, the weight gradient is not where the weights are: the update first
@@ -661,9 +847,10 @@ pub fn plan_fc(
     );
     let separate_cycles = separate.planned_cycles().saturating_add(gradient_move);
     let mut best: Option<((BoundLevel, u64, u64), FcPlans)> = None;
-    for [pm, pk, pn] in candidates(cfg, [batch, input, output], dtype, tiles) {
+    for [pm, pk, pn] in candidates(cfg, opts, [batch, input, output], dtype, tiles) {
         let (big_f, forward) = price(
             cfg,
+            opts,
             [batch, input, output],
             [pm, pk, pn],
             dtype,
@@ -685,6 +872,7 @@ pub fn plan_fc(
         // receives the rest of its block, as the forward's tiles do.
         let (big_b, backward) = price(
             cfg,
+            opts,
             [batch, output, input],
             [pm, pn, pk],
             dtype,
@@ -702,6 +890,7 @@ pub fn plan_fc(
         }
         let (big_w, weight_update) = price(
             cfg,
+            opts,
             [input, batch, output],
             [pk, pm, pn],
             dtype,
@@ -735,7 +924,7 @@ pub fn plan_fc(
             let divisors = |n: u64| (1..=n).filter(move |d| n % d == 0);
             for cs in divisors(input / g) {
                 for fs in divisors(output / g).take_while(|&fs| cs * fs <= tiles) {
-                    let plans = hmac_joint(cfg, input, output, g, cs, fs, dtype);
+                    let plans = hmac_joint(cfg, opts, input, output, g, cs, fs, dtype);
                     let key = (plans.0, plans.1.planned_cycles(), cs * fs);
                     if best.as_ref().is_none_or(|(k, _)| key < *k) {
                         best = Some((key, plans.1));
@@ -760,8 +949,10 @@ fn hmac_groups(input: u64, output: u64) -> impl Iterator<Item = u64> {
 
 /// The joint HMAC plan of a batch-1 layer `input -> output` in groups of `g`, the input split
 /// `cs` ways and the output `fs` ways: its bound level and plans.
+#[allow(clippy::too_many_arguments)]
 fn hmac_joint(
     cfg: &IpuConfig,
+    opts: PlanOptions,
     input: u64,
     output: u64,
     g: u64,
@@ -771,6 +962,7 @@ fn hmac_joint(
 ) -> (BoundLevel, FcPlans) {
     let (lf, forward) = price(
         cfg,
+        opts,
         [1, input, output],
         [1, cs, fs],
         dtype,
@@ -781,6 +973,7 @@ fn hmac_joint(
     );
     let (lb, backward) = price(
         cfg,
+        opts,
         [1, output, input],
         [1, fs, cs],
         dtype,
@@ -791,6 +984,7 @@ fn hmac_joint(
     );
     let (lw, weight_update) = price(
         cfg,
+        opts,
         [input, 1, output],
         [cs, 1, fs],
         dtype,
@@ -859,6 +1053,7 @@ mod tests {
                 serial: 1,
                 serial_n: 1,
                 method: Method::Amp,
+                partials: PartialsType::Float,
             };
             let f = plan(pm, pk, pn, GridOrder::Standard);
             let b = plan(pm, pn, pk, GridOrder::FcBackward);

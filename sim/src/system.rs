@@ -21,7 +21,7 @@ use crate::pipeline::{timeline_concurrent, SlotRun, StageCost};
 use crate::program::{Program, TensorClass};
 
 /// How a graph runs across IPUs.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SystemOptions {
     /// The pipeline schedule (with one stage, any schedule is plain training).
     pub schedule: Schedule,
@@ -39,8 +39,13 @@ pub struct SystemOptions {
     pub inference_micro_batches: usize,
     /// Recompute each stage's forward before its backward instead of stashing activations.
     pub recompute: bool,
-    /// Lowering knobs (including optimizer-state offload).
+    /// Lowering knobs (including optimizer-state offload and the planner's options).
     pub lower: LowerOptions,
+    /// poplin's `availableMemoryProportion` per pipeline stage (PopART's and PopTorch's
+    /// per-IPU proportions, TensorFlow's per-stage convolution and matmul options): each IPU's
+    /// products are planned with the proportion of the first stage on it. Empty: every IPU
+    /// uses `lower.plan`'s. Otherwise one per stage.
+    pub stage_memory_proportions: Vec<f64>,
     /// Produce the estimate even when a tile overflows.
     pub allow_out_of_memory: bool,
     /// Micro-batches per execution (Keras' `steps_per_execution`): a multiple of the
@@ -65,6 +70,7 @@ impl Default for SystemOptions {
             inference_micro_batches: 1,
             recompute: false,
             lower: LowerOptions::default(),
+            stage_memory_proportions: Vec::new(),
             allow_out_of_memory: false,
             steps_per_execution: None,
             repeat_count: None,
@@ -113,6 +119,14 @@ pub enum SystemError {
         stage: usize,
         /// The stage of the nodes before it.
         after: usize,
+    },
+    /// Per-stage options that do not fit the pipeline.
+    #[error("{option}: {detail}")]
+    StageOption {
+        /// The option.
+        option: &'static str,
+        /// What is wrong.
+        detail: String,
     },
     /// Estimation failed.
     #[error(transparent)]
@@ -263,6 +277,44 @@ fn add(a: &mut Cycles, b: &Cycles) {
     a.remote_buffers += b.remote_buffers;
 }
 
+/// Each IPU's lowering options: `opts.lower` with the planner's proportion of the first stage
+/// on the IPU, when proportions are given per stage.
+fn ipu_lower_options(
+    opts: &SystemOptions,
+    mapping: &[usize],
+    ipus: usize,
+) -> Result<Vec<LowerOptions>, SystemError> {
+    let option = "available memory proportion";
+    let bad = |detail: String| SystemError::StageOption { option, detail };
+    opts.lower.plan.validate().map_err(bad)?;
+    let p = &opts.stage_memory_proportions;
+    if p.is_empty() {
+        return Ok(vec![opts.lower; ipus]);
+    }
+    if p.len() != mapping.len() {
+        return Err(bad(format!(
+            "{} values given for {} pipeline stages (give one, or one per stage)",
+            p.len(),
+            mapping.len()
+        )));
+    }
+    let mut out = vec![opts.lower; ipus];
+    let mut set = vec![false; ipus];
+    for (stage, (&d, &proportion)) in mapping.iter().zip(p).enumerate() {
+        let plan = crate::matmul::PlanOptions {
+            available_memory_proportion: proportion,
+            ..opts.lower.plan
+        };
+        plan.validate()
+            .map_err(|e| bad(format!("stage {stage}: {e}")))?;
+        if !set[d] {
+            out[d].plan = plan;
+            set[d] = true;
+        }
+    }
+    Ok(out)
+}
+
 /// Estimates `plan` across IPUs of `cfg`, as `opts` says.
 pub fn estimate_system<S: Storage>(
     plan: &Plan<S>,
@@ -330,6 +382,7 @@ where
     }
     let ipus = mapping.iter().copied().max().unwrap_or(0) + 1;
     let forward_len = g.forward_len();
+    let lower_options = ipu_lower_options(opts, &mapping, ipus)?;
 
     // Lower each IPU's share, keeping what the estimate needs of its exchanges. The IPUs are
     // independent, so they are lowered in parallel, the last first: it holds the loss and,
@@ -347,7 +400,7 @@ where
                 lower_with(
                     plan,
                     cfg,
-                    opts.lower,
+                    lower_options[d],
                     &|i| mapping[plan.graph().nodes()[i].stage()] == d,
                     true,
                     (ipus > 1).then(|| {
@@ -360,7 +413,7 @@ where
             match fingerprint {
                 Some(f) => {
                     let stages: Vec<usize> = (0..s).filter(|&k| mapping[k] == d).collect();
-                    let key = crate::cache::key(f, &stages, cfg, opts.lower);
+                    let key = crate::cache::key(f, &stages, cfg, lower_options[d]);
                     crate::cache::get_or_lower(key, lower)
                 }
                 None => std::sync::Arc::new(lower()),

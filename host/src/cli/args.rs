@@ -9,6 +9,7 @@ use tessera_host::model::DEFAULT_MODEL;
 use tessera_host::session::onnx::LossKind;
 use tessera_host::session::OptimizerKind;
 use tessera_sim::machine::Preset;
+use tessera_sim::matmul::PartialsType;
 
 /// Train and estimate neural networks on a simulated IPU system.
 #[derive(Parser, Debug)]
@@ -51,6 +52,37 @@ pub enum Command {
         /// The report directory.
         dir: PathBuf,
     },
+}
+
+/// poplin's `partialsType`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PartialsArg {
+    /// fp32 partial sums (Poplar's default).
+    Float,
+    /// fp16 partial sums for fp16 products: the AMP at its fp16 peak, half the partials' bytes.
+    Half,
+}
+
+impl PartialsArg {
+    pub fn partials(self) -> PartialsType {
+        match self {
+            PartialsArg::Float => PartialsType::Float,
+            PartialsArg::Half => PartialsType::Half,
+        }
+    }
+}
+
+/// A proportion in (0, 1], as poplin's `availableMemoryProportion` must be.
+fn proportion(s: &str) -> Result<f64, String> {
+    let p: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number"))?;
+    if p.is_finite() && p > 0.0 && p <= 1.0 {
+        Ok(p)
+    } else {
+        Err(format!("{s} is not in (0, 1]"))
+    }
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -156,6 +188,19 @@ pub struct ModelArgs {
     /// Element type of weights and activations.
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: DTypeArg,
+    /// Type of matmuls' and convolutions' partial sums: Poplar's `partialsType` (TensorFlow
+    /// `set_matmul_options` / `set_convolution_options({'partialsType': 'half'})`, PopART
+    /// `partialsTypeMatMuls`, PopTorch `Precision.setPartialsType`) [default: the model
+    /// file's, else float]. Half applies to f16 products only.
+    #[arg(long, value_enum)]
+    pub partials_type: Option<PartialsArg>,
+    /// Share of each tile a matmul's or convolution's temporary memory may take in the
+    /// planner's first pass: poplin's `availableMemoryProportion` (TensorFlow
+    /// `set_matmul_options` / `set_convolution_options`, PopART per-IPU
+    /// `availableMemoryProportion`, PopTorch `setAvailableMemoryProportion`). One value, or one
+    /// per pipeline stage `P0,P1,...` [default: the model file's, else 0.6].
+    #[arg(long, value_delimiter = ',', value_parser = proportion)]
+    pub available_memory_proportion: Vec<f64>,
 }
 
 #[derive(Args, Debug)]
@@ -441,9 +486,17 @@ pub struct CalibrateArgs {
     #[arg(long)]
     pub json: bool,
     /// Exit non-zero unless the median |error| is at most 15% for cycles and total memory and
-    /// 25% for the fullest tile, and no row is more than 2x off in cycles.
+    /// 25% for the fullest tile, and no row is more than 2x off in cycles (the op table; the
+    /// whole-model tables are reported, not yet bounded).
     #[arg(long)]
     pub check: bool,
+    /// Whole models to compare as well: Graphcore's published runs and Poplar's memory
+    /// profiles (TOML) [default: the bundled data/calibration/whole_models.toml].
+    #[arg(long)]
+    pub whole_models: Option<PathBuf>,
+    /// Only the op table (no whole-model estimates).
+    #[arg(long)]
+    pub ops_only: bool,
 }
 
 #[derive(Args, Debug)]

@@ -8,7 +8,7 @@ use tessera_host::model::{shipped, Model, TrainingDefaults, SHIPPED};
 use tessera_host::session::{default_offload, OptimizerKind, SessionOptions};
 use tessera_sim::machine::IpuConfig;
 
-use super::args::{ModelArgs, ScheduleArg};
+use super::args::{ModelArgs, PartialsArg, ScheduleArg};
 use super::AnyError;
 
 /// The digits bundled with Tessera.
@@ -104,6 +104,27 @@ pub fn options_with(
             || (!a.no_offload_optimizer_state && default_offload(stages, accumulation, &machine)),
         dtype: a.dtype.dtype(),
         no_pipelining: a.no_pipelining,
+        partials: match (a.partials_type, &t.partials_type) {
+            (Some(p), _) => p.partials(),
+            (None, Some(name)) => {
+                file_value::<PartialsArg>(model, "partials_type", name)?.partials()
+            }
+            (None, None) => PartialsArg::Float.partials(),
+        },
+        available_memory_proportion: if a.available_memory_proportion.is_empty() {
+            let file = t.available_memory_proportion.clone().unwrap_or_default();
+            if let Some(bad) = file
+                .iter()
+                .find(|p| !(p.is_finite() && **p > 0.0 && **p <= 1.0))
+            {
+                return Err(
+                    format!("{model}: available_memory_proportion {bad} is not in (0, 1]").into(),
+                );
+            }
+            file
+        } else {
+            a.available_memory_proportion.clone()
+        },
     })
 }
 

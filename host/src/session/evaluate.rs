@@ -12,6 +12,7 @@ use std::path::Path;
 use serde::Serialize;
 use tessera_core::schedule::{overlap_length, Schedule};
 use tessera_core::{DType, Graph, NodeId, Plan};
+use tessera_sim::lower::LowerOptions;
 use tessera_sim::machine::IpuConfig;
 use tessera_sim::runner::{Observe, PipelineRunner};
 use tessera_sim::system::{estimate_system, SystemEstimate, SystemOptions};
@@ -145,6 +146,12 @@ fn compile_inference(
         replicas: so.replicas,
         micro_batch: b as u64,
         inference_micro_batches: k,
+        lower: LowerOptions {
+            // Inference keeps no optimizer state to offload.
+            offload_optimizer_state: false,
+            ..so.lower_options()
+        },
+        stage_memory_proportions: so.stage_memory_proportions(),
         allow_out_of_memory: true,
         ..SystemOptions::default()
     };

@@ -27,6 +27,7 @@ use tessera_core::{
 };
 use tessera_sim::lower::LowerOptions;
 use tessera_sim::machine::{IpuConfig, Preset};
+use tessera_sim::matmul::{PartialsType, PlanOptions};
 use tessera_sim::system::{estimate_system, SystemError, SystemEstimate, SystemOptions};
 
 use crate::dataset::DatasetError;
@@ -112,6 +113,40 @@ pub struct SessionOptions {
     pub dtype: DType,
     /// Put every layer in one stage on one IPU.
     pub no_pipelining: bool,
+    /// poplin's `partialsType` for matmuls and convolutions.
+    pub partials: PartialsType,
+    /// poplin's `availableMemoryProportion`: empty for Poplar's default, one value for every
+    /// IPU, or one per pipeline stage.
+    pub available_memory_proportion: Vec<f64>,
+}
+
+impl SessionOptions {
+    /// The lowering options these session options ask for (optimizer-state offload and the
+    /// planner's options; a single proportion applies to every IPU).
+    pub fn lower_options(&self) -> LowerOptions {
+        let mut plan = PlanOptions {
+            partials: self.partials,
+            ..PlanOptions::default()
+        };
+        if let [p] = self.available_memory_proportion.as_slice() {
+            plan.available_memory_proportion = *p;
+        }
+        LowerOptions {
+            offload_optimizer_state: self.offload_optimizer_state,
+            plan,
+            ..LowerOptions::default()
+        }
+    }
+
+    /// The proportions per pipeline stage, when more than one was given (see
+    /// `SystemOptions::stage_memory_proportions`).
+    pub fn stage_memory_proportions(&self) -> Vec<f64> {
+        if self.available_memory_proportion.len() > 1 {
+            self.available_memory_proportion.clone()
+        } else {
+            Vec::new()
+        }
+    }
 }
 
 impl Default for SessionOptions {
@@ -129,6 +164,8 @@ impl Default for SessionOptions {
             offload_optimizer_state: false,
             dtype: DType::F32,
             no_pipelining: false,
+            partials: PartialsType::Float,
+            available_memory_proportion: Vec::new(),
         }
     }
 }
@@ -336,10 +373,8 @@ pub fn compile(model: &Model, options: &SessionOptions) -> Result<Compiled, Sess
         device_mapping: model.device_mapping.clone(),
         replicas: options.replicas,
         micro_batch: options.batch_size as u64,
-        lower: LowerOptions {
-            offload_optimizer_state: options.offload_optimizer_state,
-            ..LowerOptions::default()
-        },
+        lower: options.lower_options(),
+        stage_memory_proportions: options.stage_memory_proportions(),
         allow_out_of_memory: true,
         steps_per_execution: options.steps_per_execution,
         repeat_count: options.repeat_count,

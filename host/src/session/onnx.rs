@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use serde::Serialize;
 use tessera_core::schedule::{overlap_length, Schedule};
 use tessera_core::{Accumulation, DType, Graph, Init, NodeId, Plan, Roles};
-use tessera_sim::lower::LowerOptions;
 use tessera_sim::machine::IpuConfig;
 use tessera_sim::system::{estimate_system, SystemEstimate, SystemOptions};
 
@@ -137,10 +136,8 @@ pub fn compile_onnx(
         micro_batch: so.batch_size as u64,
         inference_micro_batches: so.gradient_accumulation_count.div_ceil(overlap) * overlap,
         recompute: oo.recompute,
-        lower: LowerOptions {
-            offload_optimizer_state: so.offload_optimizer_state,
-            ..LowerOptions::default()
-        },
+        lower: so.lower_options(),
+        stage_memory_proportions: so.stage_memory_proportions(),
         allow_out_of_memory: true,
         steps_per_execution: so.steps_per_execution,
         repeat_count: so.repeat_count,

@@ -190,6 +190,16 @@ pub fn profile(
     };
     let mut so1 = so.clone();
     so1.replicas = 1;
+    // Per-stage proportions await the split: the profile plans every product with the
+    // smallest (the tightest bound, whose plans are the slowest).
+    if so1.available_memory_proportion.len() > 1 {
+        let least = so1
+            .available_memory_proportion
+            .iter()
+            .copied()
+            .fold(f64::INFINITY, f64::min);
+        so1.available_memory_proportion = vec![least];
+    }
     let mut c = compile_onnx(model, &so1, &one)?;
     // The profile is of cycles: the split checks each stage's memory itself.
     c.system.memory = false;

@@ -67,6 +67,8 @@ pub const KEYS: &[(&str, Kind)] = &[
     ("dtype", Kind::Text),
     ("inference", Kind::Flag),
     ("recompute", Kind::Flag),
+    ("partials_type", Kind::Text),
+    ("available_memory_proportion", Kind::Number),
     ("pipeline_ipus", Kind::Count),
     ("pipeline_stages", Kind::Names),
     ("loss", Kind::Text),

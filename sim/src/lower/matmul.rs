@@ -18,7 +18,7 @@ use tessera_core::{DType, Graph, NodeId, Op, Roles, Shape, Storage};
 use super::{rect, Lowering};
 use crate::cost::{self, UnaryKind};
 use crate::matmul::{
-    fp32_partials, plan_fc_cached, plan_matmul_cached, FcPlans, LaidOut, MatMulPlan, Operand,
+    casts_partials, plan_fc_cached, plan_matmul_cached, FcPlans, LaidOut, MatMulPlan, Operand,
 };
 use crate::program::{compress, Codelet, Interval, Mapping, Region, TensorId, TileId, Vertex};
 
@@ -323,7 +323,8 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
         let plans = match l.fc_plans.get(&(b, input, output, dt, tiles)) {
             Some(plans) => *plans,
             None => {
-                let plans = plan_fc_cached(cfg, l.machine, b, input, output, dt, tiles);
+                let plans =
+                    plan_fc_cached(cfg, l.machine, b, input, output, dt, tiles, l.opts.plan);
                 l.fc_plans.insert((b, input, output, dt, tiles), plans);
                 if !plans.joint {
                     // The separate plans are plan_matmul's for these shapes (the forward's
@@ -353,7 +354,7 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
         }
     }
     let key = (p.m, p.k, p.n, dtype, p.laid_out, p.tiles_per_group);
-    let machine = l.machine;
+    let (machine, opts) = (l.machine, l.opts.plan);
     let plan = *l.plans_by_shape.entry(key).or_insert_with(|| {
         plan_matmul_cached(
             cfg,
@@ -364,6 +365,7 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
             dtype,
             p.laid_out,
             p.tiles_per_group,
+            opts,
         )
     });
     l.mm.insert(i, plan);
@@ -636,7 +638,7 @@ pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> 
     let amp_written = plan.on_amp()
         && plan.pk == 1
         && plan.serial <= 1
-        && !fp32_partials(p.k, p.kernel_area, node.dtype());
+        && !casts_partials(p.k, p.kernel_area, node.dtype(), plan.partials_dtype());
     let key = layout_key(l, i, &p, &plan);
     let tiles = l.tile_count();
     let m = product_layout(&key, 0, || {
@@ -835,13 +837,15 @@ fn lower_blocks<S: Storage>(
             })
             .collect()
     };
-    let casts = fp32_partials(p.k, p.kernel_area, dt);
+    // The partial sums' type: fp32, or fp16 with half partials (`PlanOptions::partials`).
+    let pt = plan.partials_dtype();
+    let casts = casts_partials(p.k, p.kernel_area, dt, pt);
     if steps == 1 && plan.pk == 1 && !casts {
         let vertices = step(0, &|b| spans(out, (p.out)(b.g, b.m, b.n)));
         l.compute(i, &format!("matmul{suffix}"), vertices);
         return;
     }
-    // Partial sums (fp32) block by block.
+    // Partial sums (of type `pt`) block by block.
     let mut offsets = HashMap::new();
     let mut total = 0u64;
     let mut iv = Vec::new();
@@ -910,10 +914,8 @@ fn lower_blocks<S: Storage>(
                         reads.extend(writes.iter().copied());
                     }
                     let cycles = match codelet {
-                        Codelet::Binary => {
-                            cost::elementwise_binary_cycles(cfg, elements, DType::F32)
-                        }
-                        Codelet::Copy => UnaryKind::Copy.cycles(cfg, elements, DType::F32),
+                        Codelet::Binary => cost::elementwise_binary_cycles(cfg, elements, pt),
+                        Codelet::Copy => UnaryKind::Copy.cycles(cfg, elements, pt),
                         _ => cost::cast_cycles(cfg, elements),
                     };
                     Vertex {
@@ -932,7 +934,7 @@ fn lower_blocks<S: Storage>(
                 l, i, p, plan, &outs, &offsets, pk_here, partials, to, to_dt, suffix,
             );
         };
-    // Serial step `s`'s partial sums, afresh: an fp32 temporary (interleaved when the AMP
+    // Serial step `s`'s partial sums, afresh: a temporary of type `pt` (interleaved when the AMP
     // writes it) and the compute set making it, named with `suffix`. A block shorter than the
     // steps (the last along k) has nothing to multiply in some: its partial sums there are
     // zeros (a fill, priced as a copy), as the step's sum and accumulation read every block.
@@ -940,7 +942,7 @@ fn lower_blocks<S: Storage>(
         let partials = l.temporary(
             i,
             &format!("partials{suffix}"),
-            DType::F32,
+            pt,
             total,
             partials_mapping.clone(),
         );
@@ -965,7 +967,7 @@ fn lower_blocks<S: Storage>(
                     Vertex {
                         tile: tile_of(b),
                         codelet: Codelet::Copy,
-                        cycles: UnaryKind::Copy.cycles(cfg, writes[0].elements(), DType::F32),
+                        cycles: UnaryKind::Copy.cycles(cfg, writes[0].elements(), pt),
                         reads: Vec::new(),
                         writes,
                     }
@@ -987,17 +989,18 @@ fn lower_blocks<S: Storage>(
         return;
     }
     // poplin's serial loop (`convolutionImpl`, `lib/poplin/Convolution.cpp`): every step makes
-    // its partial sums afresh, reduces them to fp32 when k is split across tiles, and adds them
-    // into an fp32 accumulator (the first step copies them in). After the loop the accumulator
-    // is cast to the output, unless the output is fp32 and is the accumulator itself.
-    let acc = if dt == DType::F32 {
+    // its partial sums afresh, reduces them (in the partials' type) when k is split across
+    // tiles, and adds them into an accumulator of the partials' type (the first step copies
+    // them in). After the loop the accumulator is cast to the output, unless the output is of
+    // the partials' type and is the accumulator itself.
+    let acc = if dt == pt {
         out
     } else {
         let (elements, mapping) = {
             let t = &l.tensors[out.index()];
             (t.elements, t.mapping.clone())
         };
-        l.temporary(i, "accumulator", DType::F32, elements, mapping)
+        l.temporary(i, "accumulator", pt, elements, mapping)
     };
     for s in 0..steps {
         let suffix = format!(" {}/{steps}", s + 1);
@@ -1009,8 +1012,8 @@ fn lower_blocks<S: Storage>(
                 let t = &l.tensors[acc.index()];
                 (t.elements, t.mapping.clone())
             };
-            let sum = l.temporary(i, &format!("sum{suffix}"), DType::F32, elements, mapping);
-            reduce(l, partials, sum, DType::F32, &suffix);
+            let sum = l.temporary(i, &format!("sum{suffix}"), pt, elements, mapping);
+            reduce(l, partials, sum, pt, &suffix);
             sum
         };
         let vertices = if s == 0 {
@@ -1049,6 +1052,7 @@ fn reduce_blocks<S: Storage>(
 ) {
     let cfg = l.cfg;
     let tiles = l.tile_count();
+    let pt = plan.partials_dtype();
     let factors = cost::reduce_stage_factors(pk_here);
     let block_tile = |b: &Block, q: u64| tile(b.g, plan.grid(b.im, q, b.i_n), p, tiles);
     // The current stage's source: per output block, the offsets of its blocks in `source`.
@@ -1104,7 +1108,7 @@ fn reduce_blocks<S: Storage>(
         let inter = l.temporary(
             i,
             &format!("partials{}{suffix}", stage + 1),
-            DType::F32,
+            pt,
             total,
             Mapping::from_intervals(iv),
         );
@@ -1116,12 +1120,7 @@ fn reduce_blocks<S: Storage>(
             vertices.push(Vertex {
                 tile,
                 codelet: Codelet::Reduce,
-                cycles: cost::partials_reduce_cycles(
-                    cfg,
-                    end - first,
-                    summed.len() as u64,
-                    DType::F32,
-                ),
+                cycles: cost::partials_reduce_cycles(cfg, end - first, summed.len() as u64, pt, pt),
                 reads: compress(reads),
                 writes: vec![Region::span(inter, base + first, end - first)],
             });
@@ -1159,7 +1158,7 @@ fn reduce_blocks<S: Storage>(
             vertices.push(Vertex {
                 tile: block_tile(b, q),
                 codelet: Codelet::Reduce,
-                cycles: cost::partials_reduce_cycles(cfg, end - first, depth, to_dt),
+                cycles: cost::partials_reduce_cycles(cfg, end - first, depth, to_dt, pt),
                 reads: compress(reads),
                 writes: compress(
                     writes

@@ -55,6 +55,9 @@ pub struct LowerOptions {
     /// Keep optimizer state (momentum, Adam moments) in streaming memory: it is loaded onto
     /// its tiles for the weight update and stored back after it.
     pub offload_optimizer_state: bool,
+    /// The options of poplin's planner for every product lowered (`availableMemoryProportion`,
+    /// `partialsType`).
+    pub plan: crate::matmul::PlanOptions,
 }
 
 impl Default for LowerOptions {
@@ -63,6 +66,7 @@ impl Default for LowerOptions {
         LowerOptions {
             min_chunk_bytes: 128,
             offload_optimizer_state: false,
+            plan: crate::matmul::PlanOptions::default(),
         }
     }
 }
@@ -1256,6 +1260,7 @@ mod tests {
             let opts = LowerOptions {
                 min_chunk_bytes: 16,
                 offload_optimizer_state: offload,
+                ..LowerOptions::default()
             };
             // The two layers are alike: the second's nodes reuse the first's lowerings.
             assert!(same_both_ways(&plan, &cfg, opts).0 > 20);
@@ -1285,6 +1290,7 @@ mod tests {
         let opts = LowerOptions {
             min_chunk_bytes: 16,
             offload_optimizer_state: false,
+            ..LowerOptions::default()
         };
         let (one, two) = (model(1), model(2));
         let (one, two) = (Plan::new(&one).unwrap(), Plan::new(&two).unwrap());
@@ -1324,6 +1330,7 @@ mod tests {
         let opts = LowerOptions {
             min_chunk_bytes: 16,
             offload_optimizer_state: false,
+            ..LowerOptions::default()
         };
         let mut reused = 0;
         // Every node but those of one residue modulo m; then the first and the last q/8.
@@ -1572,6 +1579,158 @@ mod tests {
         }
         same_both_ways(&plan, &cfg, opts);
         same_both_ways(&plan_after, &cfg, opts);
+    }
+
+    /// A product whose `k` is split across tiles, lowered with `opts`: its program, and the
+    /// bytes and element types of its partial-sum temporaries.
+    fn split_product(opts: LowerOptions) -> (Program, u64, Vec<DType>) {
+        let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(64);
+        let mut g: Graph<Heap> = Graph::new();
+        let z = tessera_core::Init::Zeros;
+        let a = g.variable("A", &[16, 8192], DType::F16, z).unwrap();
+        let b = g.variable("B", &[8192, 64], DType::F16, z).unwrap();
+        g.matmul("A.B", a, b).unwrap();
+        let plan = Plan::new(&g).unwrap();
+        let program = lower(&plan, &cfg, opts);
+        let partials: Vec<&ProgTensor> = program
+            .tensors
+            .iter()
+            .filter(|t| t.name.contains("/partials"))
+            .collect();
+        let bytes = partials.iter().map(|t| t.elements * t.elem_bytes()).sum();
+        let types = partials.iter().map(|t| t.dtype).collect();
+        (program, bytes, types)
+    }
+
+    #[test]
+    fn half_partials_halve_the_partials_bytes_and_run_the_amp_at_its_fp16_peak() {
+        let float = LowerOptions::default();
+        let half = LowerOptions {
+            plan: crate::matmul::PlanOptions {
+                partials: crate::matmul::PartialsType::Half,
+                ..Default::default()
+            },
+            ..float
+        };
+        let (pf, float_bytes, float_types) = split_product(float);
+        let (ph, half_bytes, half_types) = split_product(half);
+        assert!(
+            float_bytes > 0,
+            "k is split: the product keeps partial sums"
+        );
+        assert!(
+            float_types.iter().all(|&t| t == DType::F32),
+            "{float_types:?}"
+        );
+        assert!(
+            half_types.iter().all(|&t| t == DType::F16),
+            "{half_types:?}"
+        );
+        // The same grid both ways (the planner's choice may differ; here it does not), so
+        // the partials hold the same elements at half the bytes.
+        let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(64);
+        let (mf, mh) = (
+            crate::matmul::plan_matmul_with(
+                &cfg,
+                16,
+                8192,
+                64,
+                DType::F16,
+                crate::matmul::LaidOut::B,
+                64,
+                float.plan,
+            ),
+            crate::matmul::plan_matmul_with(
+                &cfg,
+                16,
+                8192,
+                64,
+                DType::F16,
+                crate::matmul::LaidOut::B,
+                64,
+                half.plan,
+            ),
+        );
+        if (mf.pm, mf.pk, mf.pn, mf.serial) == (mh.pm, mh.pk, mh.pn, mh.serial) {
+            assert_eq!(half_bytes * 2, float_bytes);
+        } else {
+            assert!(half_bytes < float_bytes, "{mf:?} {mh:?}");
+        }
+        // And the product's compute is cheaper (twice the conv units).
+        let compute = |p: &Program| -> u64 {
+            p.steps
+                .iter()
+                .filter_map(|s| match s {
+                    Step::Compute(cs) => Some(cs.costs.iter().map(|v| v.cycles).max().unwrap_or(0)),
+                    _ => None,
+                })
+                .sum()
+        };
+        assert!(compute(&ph) < compute(&pf));
+    }
+
+    #[test]
+    fn the_available_memory_proportion_bounds_the_planners_temporary_bytes() {
+        // A large fp16 product on a few tiles: poplin's first pass keeps each tile's operand
+        // copies and partial sums under proportion x SRAM, with serial steps if need be
+        // (every bound here can be met; `BoundLevel` ranks plans when none can).
+        let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(64);
+        let (m, k, n) = (512u64, 2048u64, 512u64);
+        let mut last_cycles = 0;
+        for proportion in [1.0, 0.6, 0.3, 0.1] {
+            let opts = crate::matmul::PlanOptions {
+                available_memory_proportion: proportion,
+                ..Default::default()
+            };
+            let p = crate::matmul::plan_matmul_with(
+                &cfg,
+                m,
+                k,
+                n,
+                DType::F16,
+                crate::matmul::LaidOut::NONE,
+                64,
+                opts,
+            );
+            // Temporary bytes of one serial step on a tile: both operands' blocks (none laid
+            // out by the plan) and fp32 partials of the block (k is long: a cast follows),
+            // with the serial accumulators when there are steps over k.
+            let (bk, bn) = (p.bk.div_ceil(p.serial), p.bn.div_ceil(p.serial_n));
+            let operands = (p.bm * bk + bk * bn) * 2;
+            let partials = p.bm * bn * 4;
+            let accumulators = if p.serial > 1 {
+                (p.bm * p.bn).div_ceil(p.pk) * 4 * (1 + u64::from(p.pk > 1)) + p.bm * p.bn * 4
+                    - partials
+            } else {
+                0
+            };
+            let temporary = operands + partials + accumulators;
+            let bound = opts.bound_bytes(&cfg);
+            assert!(
+                temporary <= bound,
+                "{proportion}: {temporary} > {bound}: {p:?}"
+            );
+            // A tighter bound never finds a faster plan.
+            assert!(p.planned_cycles >= last_cycles, "{proportion}: {p:?}");
+            last_cycles = p.planned_cycles;
+        }
+        // The bound is what chose: at 0.1 the plan differs from the unbounded one.
+        let plan = |proportion| {
+            crate::matmul::plan_matmul_with(
+                &cfg,
+                m,
+                k,
+                n,
+                DType::F16,
+                crate::matmul::LaidOut::NONE,
+                64,
+                crate::matmul::PlanOptions {
+                    available_memory_proportion: proportion,
+                    ..Default::default()
+                },
+            )
+        };
+        assert_ne!(plan(1.0), plan(0.1));
     }
 
     #[test]
