@@ -21,3 +21,4 @@ pub mod stats;
 pub mod summary;
 pub mod sweep;
 pub mod tensor;
+pub mod whole_models;

@@ -2,17 +2,19 @@
 
 use std::collections::BTreeMap;
 
+use clap::Parser;
 use serde::Serialize;
 use tessera_host::calibration::{self, Bounds, Summary, Table};
 use tessera_host::dataset::Dataset;
 use tessera_host::infeed::dataset_benchmark;
+use tessera_host::whole_models;
 use tessera_sim::machine::IpuConfig;
 use tessera_sim::ops::{
     convolution, fully_connected, fully_connected_training, matmul, ConvLayer, ConvPass, FcPass,
     OpEstimate,
 };
 
-use super::args::{BenchArgs, CalibrateArgs, OpCommand, OpCommon, ShapeArg};
+use super::args::{BenchArgs, CalibrateArgs, Cli, Command, OpCommand, OpCommon, ShapeArg};
 use super::options::{data_dir, load_data};
 use super::AnyError;
 
@@ -194,6 +196,11 @@ pub fn run_calibrate(a: CalibrateArgs) -> Result<bool, AnyError> {
     let compared = calibration::compare(rows).map_err(|e| format!("{source}: {e}"))?;
     let summary = Summary::of(&compared);
     let breaks = summary.breaks(&Bounds::default());
+    let (runs, profiles) = if a.ops_only {
+        (Vec::new(), Vec::new())
+    } else {
+        whole_model_rows(a.whole_models.as_deref())?
+    };
     if a.json {
         #[derive(Serialize)]
         struct Out<'a> {
@@ -201,12 +208,16 @@ pub fn run_calibrate(a: CalibrateArgs) -> Result<bool, AnyError> {
             summary: Summary,
             bounds: Bounds,
             breaks: &'a [String],
+            published_runs: &'a [whole_models::RunRow],
+            profiles: &'a [whole_models::ProfileRow],
         }
         let out = Out {
             rows: &compared,
             summary,
             bounds: Bounds::default(),
             breaks: &breaks,
+            published_runs: &runs,
+            profiles: &profiles,
         };
         println!("{}", serde_json::to_string(&out)?);
     } else {
@@ -218,8 +229,76 @@ pub fn run_calibrate(a: CalibrateArgs) -> Result<bool, AnyError> {
                 println!("outside the bounds: {b}");
             }
         }
+        if !runs.is_empty() {
+            println!();
+            print!("{}", whole_models::RunTable(&runs));
+        }
+        if !profiles.is_empty() {
+            println!();
+            println!("Poplar's memory by category (MB = 10^6 bytes, one IPU):");
+            print!("{}", whole_models::ProfileTable(&profiles));
+        }
     }
     Ok(!a.check || breaks.is_empty())
+}
+
+/// Estimates every entry of a whole-model calibration file (the bundled one by default) as
+/// `tessera estimate MODEL OPTIONS --json` would, and compares each: the published runs' fit
+/// and throughput, the profiles' memory by category. An entry whose options Tessera cannot
+/// yet express, or whose estimate fails, is a row saying why.
+fn whole_model_rows(
+    file: Option<&std::path::Path>,
+) -> Result<(Vec<whole_models::RunRow>, Vec<whole_models::ProfileRow>), AnyError> {
+    let (text, dir) = match file {
+        Some(p) => (
+            std::fs::read_to_string(p).map_err(|e| format!("{}: cannot read: {e}", p.display()))?,
+            p.parent()
+                .map(std::path::Path::to_path_buf)
+                .unwrap_or_default(),
+        ),
+        None => (
+            whole_models::BUNDLED.to_string(),
+            std::path::PathBuf::from(whole_models::BUNDLED_DIR),
+        ),
+    };
+    let source = file.map_or("the bundled whole-model set".to_string(), |p| {
+        p.display().to_string()
+    });
+    let w = whole_models::WholeModels::parse(&text).map_err(|e| format!("{source}: {e}"))?;
+    let estimate = |model: &str, c: &tessera_host::sweep::Config| -> Result<_, String> {
+        let model = dir.join(model).display().to_string();
+        let mut argv = vec!["tessera".to_string(), "estimate".into(), model];
+        argv.extend(c.options());
+        argv.extend(["--no-search".to_string(), "--json".into()]);
+        let args = match Cli::try_parse_from(&argv) {
+            Ok(Cli {
+                command: Command::Estimate(a),
+            }) => a,
+            Ok(_) => return Err("not an estimate".to_string()),
+            // clap's first line says what is wrong; the rest is usage.
+            Err(e) => return Err(e.to_string().lines().next().unwrap_or_default().to_string()),
+        };
+        super::onnx::estimate(&args)
+            .map(|o| o.summary)
+            .map_err(|e| super::one_line(&e.to_string()))
+    };
+    let runs = w
+        .run
+        .iter()
+        .map(|r| {
+            let e = estimate(&r.model, &r.config());
+            whole_models::RunRow::of(r, e.as_ref().map_err(Clone::clone))
+        })
+        .collect();
+    let profiles = w
+        .profile
+        .iter()
+        .map(|p| {
+            let e = estimate(&p.model, &p.config());
+            whole_models::ProfileRow::of(p, e.as_ref().map_err(Clone::clone))
+        })
+        .collect();
+    Ok((runs, profiles))
 }
 
 pub fn run_bench(a: BenchArgs) -> Result<bool, AnyError> {
