@@ -439,10 +439,38 @@ fn calibrate_prints_the_error_table() {
     let out = stdout(&o);
     assert!(out.contains("gemm_1000x256x10000") && out.contains("fc_layer_1_1000_5_float"));
     assert!(out.contains("44 rows; median |error|: cycles"), "{out}");
+    // Then the whole models: the published runs (each estimated, or saying why not) and
+    // Poplar's profiles, category by category.
+    assert!(out.contains("BERT-Base phase 1, Bow Pod16"), "{out}");
+    assert!(
+        out.contains("BERT-Large SQuAD inference, layers 12-23 (IPU 1)"),
+        "{out}"
+    );
+    assert!(out.contains("exchange_code"), "{out}");
     let o = tessera(&["calibrate", "--json"]);
     let j = last_json(&o);
     let rows = j["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 44);
+    let runs = j["published_runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    for r in runs {
+        assert!(r["ratio"].is_number() || r["error"].is_string(), "{r}");
+    }
+    let profiles = j["profiles"].as_array().unwrap();
+    assert_eq!(profiles.len(), 2);
+    for p in profiles {
+        // Every category estimated, each ratio that of the two figures.
+        let cats = p["categories"].as_array().unwrap();
+        assert_eq!(cats.len(), 7, "{p}");
+        for c in cats {
+            let (ours, poplar) = (c["ours"].as_f64().unwrap(), c["poplar"].as_f64().unwrap());
+            assert!(ours > 0.0 && poplar > 0.0, "{c}");
+            assert!(
+                (c["ratio"].as_f64().unwrap() - ours / poplar).abs() < 1e-9,
+                "{c}"
+            );
+        }
+    }
     // A row's estimate is estimate-op's for the same op.
     let row = rows
         .iter()
@@ -468,7 +496,7 @@ fn calibrate_prints_the_error_table() {
     }
     // --check fails exactly when some bound is broken.
     let broken = !j["breaks"].as_array().unwrap().is_empty();
-    let checked = tessera(&["calibrate", "--check"]);
+    let checked = tessera(&["calibrate", "--check", "--ops-only"]);
     assert_eq!(checked.status.success(), !broken, "{}", stdout(&checked));
     // A file with a bad row names its line.
     let dir = tempfile::tempdir().unwrap();
@@ -479,6 +507,14 @@ fn calibrate_prints_the_error_table() {
     );
     let o = tessera(&["calibrate", bad.to_str().unwrap()]);
     assert_clean_failure(&o, &["bad.csv", "line 2", "conv_7"]);
+    // And a whole-model file with a bad figure names its entry.
+    let bad = write(
+        dir.path(),
+        "whole.toml",
+        "[[run]]\nname = 'r'\nmodel = 'm.onnx'\nsamples_per_second = -1.0\nincludes_host = false\noptions = {}\n",
+    );
+    let o = tessera(&["calibrate", "--whole-models", bad.to_str().unwrap()]);
+    assert_clean_failure(&o, &["whole.toml", "`r`", "samples_per_second"]);
 }
 
 #[test]
