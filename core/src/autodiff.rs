@@ -46,6 +46,31 @@ pub enum Optimizer {
         /// Denominator fuzz, > 0.
         epsilon: f32,
     },
+    /// LAMB: Adam's moments with a per-tensor trust ratio and decoupled weight decay (the
+    /// optimizer of Graphcore's BERT pre-training; [`Update::Lamb`]).
+    Lamb {
+        /// Learning rate.
+        learning_rate: f32,
+        /// First-moment decay in [0, 1).
+        beta1: f32,
+        /// Second-moment decay in [0, 1).
+        beta2: f32,
+        /// Denominator fuzz, > 0.
+        epsilon: f32,
+        /// Decoupled weight decay, >= 0.
+        weight_decay: f32,
+    },
+    /// LARS: momentum SGD with a per-tensor trust ratio ([`Update::Lars`]).
+    Lars {
+        /// Learning rate.
+        learning_rate: f32,
+        /// Momentum in [0, 1).
+        momentum: f32,
+        /// Weight decay, >= 0.
+        weight_decay: f32,
+        /// Trust coefficient, > 0.
+        eta: f32,
+    },
 }
 
 impl Optimizer {
@@ -72,9 +97,38 @@ impl Optimizer {
         }
     }
 
+    /// LAMB with the defaults of Graphcore's BERT pre-training (beta1 0.9, beta2 0.999,
+    /// epsilon 1e-6, weight decay 0.01).
+    pub const fn lamb(learning_rate: f32) -> Self {
+        Optimizer::Lamb {
+            learning_rate,
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-6,
+            weight_decay: 0.01,
+        }
+    }
+
+    /// LARS with momentum 0.9, weight decay 1e-4 and trust coefficient 0.001 (You et al.).
+    pub const fn lars(learning_rate: f32) -> Self {
+        Optimizer::Lars {
+            learning_rate,
+            momentum: 0.9,
+            weight_decay: 1e-4,
+            eta: 0.001,
+        }
+    }
+
     fn check(&self) -> Result<(), GraphError> {
         let positive = |name, v: f32| {
             if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(GraphError::BadHyperParameter { name, value: v })
+            }
+        };
+        let non_negative = |name, v: f32| {
+            if v.is_finite() && v >= 0.0 {
                 Ok(())
             } else {
                 Err(GraphError::BadHyperParameter { name, value: v })
@@ -107,6 +161,30 @@ impl Optimizer {
                 unit("beta2", beta2)?;
                 positive("epsilon", epsilon)
             }
+            Optimizer::Lamb {
+                learning_rate,
+                beta1,
+                beta2,
+                epsilon,
+                weight_decay,
+            } => {
+                positive("learning_rate", learning_rate)?;
+                unit("beta1", beta1)?;
+                unit("beta2", beta2)?;
+                positive("epsilon", epsilon)?;
+                non_negative("weight_decay", weight_decay)
+            }
+            Optimizer::Lars {
+                learning_rate,
+                momentum,
+                weight_decay,
+                eta,
+            } => {
+                positive("learning_rate", learning_rate)?;
+                unit("momentum", momentum)?;
+                non_negative("weight_decay", weight_decay)?;
+                positive("eta", eta)
+            }
         }
     }
 
@@ -114,8 +192,8 @@ impl Optimizer {
     pub const fn slots_per_variable(&self) -> usize {
         match self {
             Optimizer::Sgd { .. } => 0,
-            Optimizer::Momentum { .. } => 1,
-            Optimizer::Adam { .. } => 2,
+            Optimizer::Momentum { .. } | Optimizer::Lars { .. } => 1,
+            Optimizer::Adam { .. } | Optimizer::Lamb { .. } => 2,
         }
     }
 }
@@ -176,11 +254,26 @@ pub(crate) struct Backprop<'g, S: Storage> {
     grad: S::Vec<Option<NodeId>>,
     count: S::Vec<u32>,
     relevant: S::Vec<bool>,
+    /// Recomputed copies of forward nodes (made after the forward pass, in increasing order)
+    /// with the nodes they copy: a copy's gradient is its original's.
+    clones: S::Vec<(NodeId, NodeId)>,
 }
 
 impl<S: Storage> Backprop<'_, S> {
+    /// The forward node `x` is, or copies (recomputation).
+    fn origin(&self, x: NodeId) -> NodeId {
+        if x.index() < self.grad.len() {
+            return x;
+        }
+        match self.clones.binary_search_by_key(&x, |&(c, _)| c) {
+            Ok(k) => self.clones[k].1,
+            Err(_) => x,
+        }
+    }
+
     /// Whether `x` needs a gradient (it lies between a trainable variable and the loss).
     pub(crate) fn wants(&self, x: NodeId) -> bool {
+        let x = self.origin(x);
         self.relevant.get(x.index()).copied().unwrap_or(false)
     }
 
@@ -198,6 +291,7 @@ impl<S: Storage> Backprop<'_, S> {
         shape: Shape,
         dtype: DType,
     ) -> Result<NodeId, GraphError> {
+        let target = self.origin(target);
         let c = &mut self.count[target.index()];
         *c += 1;
         let k = *c;
@@ -227,6 +321,7 @@ impl<S: Storage> Backprop<'_, S> {
 
     /// Adds `g` (of `target`'s shape) to `target`'s gradient.
     pub(crate) fn contribute(&mut self, target: NodeId, g: NodeId) -> Result<(), GraphError> {
+        let target = self.origin(target);
         let sum = match self.grad[target.index()] {
             None => g,
             Some(prev) => self.like(
@@ -294,6 +389,50 @@ impl<S: Storage> Backprop<'_, S> {
     }
 }
 
+/// Appends the copies of segment `c` (the checkpoint closing it): every recomputed node of
+/// the segment and, when its operands are recomputed, the checkpoint itself, in forward
+/// order, each reading the copies made before it, named `<node>/recompute`.
+fn recompute_segment<S: Storage>(
+    bp: &mut Backprop<'_, S>,
+    c: usize,
+    segment: &S::Vec<u32>,
+    recomputed: &S::Vec<bool>,
+    copy: &mut S::Vec<Option<NodeId>>,
+) -> Result<(), GraphError> {
+    let full = || GraphError::CapacityExceeded {
+        node: crate::error::name_lossy("recomputation"),
+        capacity: segment.len(),
+    };
+    for j in 0..=c {
+        if segment[j] != c as u32 || copy[j].is_some() {
+            continue;
+        }
+        let n = bp.graph.nodes[j].clone();
+        if j == c
+            && !recomputed[j]
+            && !n
+                .op
+                .operands()
+                .as_slice()
+                .iter()
+                .any(|o| recomputed[o.index()] && segment[o.index()] == c as u32)
+        {
+            continue;
+        }
+        let Some(op) = n.op.map_operands(&mut |o| copy[o.index()].unwrap_or(o)) else {
+            continue;
+        };
+        bp.graph.current_stage = n.stage;
+        let name = derived(&n.name, format_args!("/recompute"))?;
+        let id = bp
+            .graph
+            .push(name, op, n.shape, n.dtype, n.roles | Roles::BACKWARD)?;
+        copy[j] = Some(id);
+        bp.clones.push((id, NodeId::at(j))).map_err(|_| full())?;
+    }
+    Ok(())
+}
+
 impl<S: Storage> Graph<S> {
     /// Appends the backward pass of `loss` and `optimizer`'s update of every trainable variable
     /// the loss depends on. Gradients of variables are named `<variable>_grad` and carry
@@ -325,16 +464,170 @@ impl<S: Storage> Graph<S> {
         self.differentiate_inner(loss, optimizer, Some(accumulation))
     }
 
+    /// The checkpoints `auto` recomputation puts at the output of each repeated block: the
+    /// forward activations where the graph narrows to that one tensor, that is, after which no
+    /// earlier activation that depends on a trainable variable is read again (masks and other
+    /// tensors made from the inputs alone may be). Residual blocks, transformer sublayers
+    /// (attention and feed-forward, each closed by its residual add and norm) and the
+    /// embeddings end at such points. Of a chain of such points (a stem's convolution, norm
+    /// and activation) only the first is taken: recomputing a chain from its start costs
+    /// little. The loss is never one.
+    ///
+    /// # Errors
+    ///
+    /// [`GraphError::UnknownNode`] and the like for a `loss` that is not a node of the graph.
+    pub fn auto_checkpoints(&self, loss: impl NodeRef) -> Result<S::Vec<NodeId>, GraphError> {
+        let loss = loss.resolve(self)?;
+        let last = loss.index();
+        let len = last + 1;
+        let full = || GraphError::CapacityExceeded {
+            node: crate::error::name_lossy("checkpoints"),
+            capacity: len,
+        };
+        let mut depends: S::Vec<bool> = S::filled(len, false).ok_or_else(full)?;
+        let mut last_reader: S::Vec<usize> = S::filled(len, 0).ok_or_else(full)?;
+        for i in 0..len {
+            let n = &self.nodes[i];
+            depends[i] = n.roles.contains(Roles::TRAINABLE);
+            for o in n.op.operands().as_slice() {
+                depends[i] |= depends[o.index()];
+                last_reader[o.index()] = i;
+            }
+        }
+        // Activations (depending on a variable) made so far and read after node i, with how
+        // many close at each node: a sweep of opening and closing counts.
+        let mut closing: S::Vec<u32> = S::filled(len + 1, 0).ok_or_else(full)?;
+        let mut open = 0u32;
+        let mut out: S::Vec<NodeId> = S::vec();
+        let mut previous_cut = false;
+        for i in 0..len {
+            open -= closing[i];
+            let n = &self.nodes[i];
+            let activation =
+                depends[i] && !n.op.is_state() && !n.op.is_update() && !matches!(n.op, Op::Input);
+            let lives_on = activation && last_reader[i] > i;
+            if lives_on {
+                open += 1;
+                closing[last_reader[i]] += 1;
+            }
+            // `open` counts the activations read after node i, i among them: a cut when i is
+            // the only one.
+            let cut = lives_on && i != last && open == 1;
+            if cut && !previous_cut {
+                out.push(NodeId::at(i)).map_err(|_| full())?;
+            }
+            // A chain runs over activations: variables and inputs between them do not end it.
+            if activation {
+                previous_cut = cut;
+            }
+        }
+        self.repeated_blocks(&mut out)?;
+        Ok(out)
+    }
+
+    /// Keeps, of the narrowing points `cuts`, those that end each repeated block: when the
+    /// segments between them repeat with a period of several segments (a transformer layer
+    /// is an attention and a feed-forward sublayer, each ending at a narrowing point), every
+    /// period-th point, the last one kept; the first point (the embeddings', the stem's) stays.
+    /// Segments compare by their ops and shapes; the period is the one of 1 to 4 under which
+    /// most segments equal the one a period later (the shortest of equals).
+    fn repeated_blocks(&self, cuts: &mut S::Vec<NodeId>) -> Result<(), GraphError> {
+        let n = cuts.len();
+        if n < 3 {
+            return Ok(());
+        }
+        let full = || GraphError::CapacityExceeded {
+            node: crate::error::name_lossy("checkpoints"),
+            capacity: n,
+        };
+        // A signature of each segment (c[j-1], c[j]]: FNV-1a over its ops' names and shapes.
+        let mut sig: S::Vec<u64> = S::filled(n, 0).ok_or_else(full)?;
+        for j in 1..n {
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+            let mut eat = |x: u64| {
+                h ^= x;
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            };
+            for node in &self.nodes[cuts[j - 1].index() + 1..=cuts[j].index()] {
+                for b in node.op.name().bytes() {
+                    eat(u64::from(b));
+                }
+                for &d in node.shape.dims() {
+                    eat(u64::from(d));
+                }
+                eat(0xff);
+            }
+            sig[j] = h;
+        }
+        let matches = |p: usize| (1..n - p).filter(|&j| sig[j] == sig[j + p]).count();
+        let mut best = (1, matches(1));
+        for p in 2..=4usize.min(n - 2) {
+            let m = matches(p);
+            if m > best.1 {
+                best = (p, m);
+            }
+        }
+        let p = best.0;
+        if p == 1 {
+            return Ok(());
+        }
+        let keep_phase = (n - 1) % p;
+        let mut kept: S::Vec<NodeId> = S::vec();
+        for (j, &c) in cuts.iter().enumerate() {
+            if j == 0 || j % p == keep_phase {
+                kept.push(c).map_err(|_| full())?;
+            }
+        }
+        *cuts = kept;
+        Ok(())
+    }
+
+    /// [`Graph::differentiate_accumulating`] with recomputation from `checkpoints` (PopART's
+    /// recomputation with checkpoints, TensorFlow's `recomputation_checkpoint`, PopTorch's
+    /// `recomputationCheckpoint`): the backward pass keeps only the checkpoints of the forward
+    /// activations (and what follows the last checkpoint of each stage, and activations that
+    /// depend on no trainable variable, such as masks); every other activation is recomputed
+    /// from the checkpoints before the backward pass of its segment needs it. A segment is
+    /// the activations of a stage up to a checkpoint; its copies (`<node>/recompute`) are
+    /// appended, in forward order, right before the first backward node that reads one, so
+    /// the forward's activations die after the forward pass and each segment's copies live
+    /// only through its backward. A checkpoint whose own gradient reads recomputed operands
+    /// is copied with its segment. Empty `checkpoints` is plain differentiation.
+    ///
+    /// # Errors
+    ///
+    /// As [`Graph::differentiate_accumulating`], and [`GraphError::BadCheckpoint`] for a
+    /// checkpoint that is not a forward activation the loss depends on.
+    pub fn differentiate_recomputing(
+        &mut self,
+        loss: impl NodeRef,
+        optimizer: Optimizer,
+        accumulation: Accumulation,
+        checkpoints: &[NodeId],
+    ) -> Result<(), GraphError> {
+        self.differentiate_inner_with(loss, optimizer, Some(accumulation), checkpoints)
+    }
+
     fn differentiate_inner(
         &mut self,
         loss: impl NodeRef,
         optimizer: Optimizer,
         accumulation: Option<Accumulation>,
     ) -> Result<(), GraphError> {
+        self.differentiate_inner_with(loss, optimizer, accumulation, &[])
+    }
+
+    fn differentiate_inner_with(
+        &mut self,
+        loss: impl NodeRef,
+        optimizer: Optimizer,
+        accumulation: Option<Accumulation>,
+        checkpoints: &[NodeId],
+    ) -> Result<(), GraphError> {
         let accumulating = accumulation.is_some();
         let accumulation = accumulation.unwrap_or(Accumulation::new(1));
         let (len, scope) = (self.nodes.len(), self.current_stage);
-        let result = self.append_backward(loss, optimizer, accumulation, accumulating);
+        let result = self.append_backward(loss, optimizer, accumulation, accumulating, checkpoints);
         if result.is_err() {
             // Leave the graph as it was: no half-built backward pass.
             self.nodes.truncate(len);
@@ -351,6 +644,7 @@ impl<S: Storage> Graph<S> {
         optimizer: Optimizer,
         accumulation: Accumulation,
         accumulating: bool,
+        checkpoints: &[NodeId],
     ) -> Result<(), GraphError> {
         if accumulation.count == 0 {
             return Err(GraphError::BadHyperParameter {
@@ -407,6 +701,57 @@ impl<S: Storage> Graph<S> {
         for i in 0..forward_len {
             relevant[i] = reaches_loss[i] && depends_on_var[i];
         }
+        // Recomputation: each forward node's segment (the checkpoint closing it, in its
+        // stage), and whether it is recomputed. Checkpoints, state, inputs, activations that
+        // depend on no trainable variable and what follows a stage's last checkpoint are kept.
+        let mut segment: S::Vec<u32> = S::filled(forward_len, u32::MAX).ok_or_else(full)?;
+        let mut recomputed: S::Vec<bool> = S::filled(forward_len, false).ok_or_else(full)?;
+        if !checkpoints.is_empty() {
+            let mut is_checkpoint: S::Vec<bool> = S::filled(forward_len, false).ok_or_else(full)?;
+            for &c in checkpoints {
+                let ok = c.index() < forward_len
+                    && c.index() != last
+                    && reaches_loss[c.index()]
+                    && depends_on_var[c.index()]
+                    && !self.nodes[c.index()].op.is_state()
+                    && !matches!(self.nodes[c.index()].op, Op::Input);
+                if !ok {
+                    let node = match self.nodes.get(c.index()) {
+                        Some(n) => n.name.clone(),
+                        None => crate::error::name_lossy("?"),
+                    };
+                    return Err(GraphError::BadCheckpoint { node });
+                }
+                is_checkpoint[c.index()] = true;
+            }
+            // Walking backwards: the next checkpoint of each stage. A stage before the loss's
+            // ends a segment with its last node too: its activations after its last checkpoint
+            // are recomputed as well (only the stage's inputs and checkpoints are stashed, as
+            // PopART's pipelined recomputation does); the loss's stage keeps what follows its
+            // last checkpoint, which its backward reads at once.
+            let mut next: [u32; 256] = [u32::MAX; 256];
+            let loss_stage = usize::from(self.nodes[last].stage);
+            for i in 0..=last {
+                let st = usize::from(self.nodes[i].stage);
+                if st != loss_stage {
+                    next[st] = i as u32;
+                }
+            }
+            for i in (0..=last).rev() {
+                let n = &self.nodes[i];
+                let st = usize::from(n.stage);
+                if is_checkpoint[i] {
+                    next[st] = i as u32;
+                    segment[i] = i as u32;
+                    continue;
+                }
+                let activation = !n.op.is_state() && !matches!(n.op, Op::Input);
+                if activation && depends_on_var[i] && next[st] != u32::MAX {
+                    segment[i] = next[st];
+                    recomputed[i] = true;
+                }
+            }
+        }
         drop((reaches_loss, depends_on_var));
         if !self.nodes[..=last]
             .iter()
@@ -430,7 +775,7 @@ impl<S: Storage> Graph<S> {
         }
 
         let step = match optimizer {
-            Optimizer::Adam { .. } => Some(self.push(
+            Optimizer::Adam { .. } | Optimizer::Lamb { .. } => Some(self.push(
                 derived("optimizer", format_args!("/iterations"))?,
                 Op::Variable { init: Init::Zeros },
                 Shape::scalar(),
@@ -482,17 +827,39 @@ impl<S: Storage> Graph<S> {
             grad,
             count,
             relevant,
+            clones: S::vec(),
         };
         bp.grad[last] = Some(seed);
+        // Each forward node's recomputed copy, once its segment is recomputed.
+        let mut copy: S::Vec<Option<NodeId>> = S::filled(forward_len, None).ok_or_else(full)?;
 
         for i in (0..=last).rev() {
             if !bp.relevant[i] {
                 continue;
             }
+            // A recomputed node, or a checkpoint whose gradient reads recomputed operands, is
+            // differentiated through its copy: its segment is recomputed first.
+            let through_copy = recomputed[i]
+                || (segment[i] == i as u32
+                    && bp.graph.nodes[i]
+                        .op
+                        .operands()
+                        .as_slice()
+                        .iter()
+                        .any(|o| recomputed[o.index()] && segment[o.index()] == i as u32));
+            let at = if through_copy {
+                let c = segment[i] as usize;
+                if copy[i].is_none() {
+                    recompute_segment(&mut bp, c, &segment, &recomputed, &mut copy)?;
+                }
+                copy[i].unwrap_or(NodeId::at(i))
+            } else {
+                NodeId::at(i)
+            };
             // Backward nodes belong to the stage of the node they differentiate.
             bp.graph.current_stage = bp.graph.nodes[i].stage;
             if let Some(dy) = bp.grad[i] {
-                crate::ops::backward(&mut bp, NodeId::at(i), dy)?;
+                crate::ops::backward(&mut bp, at, dy)?;
             }
             let operands = bp.graph.nodes[i].op.operands();
             for (k, &o) in operands.as_slice().iter().enumerate() {
@@ -690,6 +1057,46 @@ impl<S: Storage> Graph<S> {
                     beta1,
                     beta2,
                     epsilon,
+                }
+            }
+            Optimizer::Lamb {
+                learning_rate,
+                beta1,
+                beta2,
+                epsilon,
+                weight_decay,
+            } => {
+                let m = state(self, "m")?;
+                let v = state(self, "v")?;
+                let step = step.ok_or(GraphError::AlreadyTraining)?;
+                Update::Lamb {
+                    var,
+                    m,
+                    v,
+                    grad,
+                    step,
+                    lr: learning_rate,
+                    beta1,
+                    beta2,
+                    epsilon,
+                    weight_decay,
+                }
+            }
+            Optimizer::Lars {
+                learning_rate,
+                momentum,
+                weight_decay,
+                eta,
+            } => {
+                let velocity = state(self, "momentum")?;
+                Update::Lars {
+                    var,
+                    velocity,
+                    grad,
+                    lr: learning_rate,
+                    momentum,
+                    weight_decay,
+                    eta,
                 }
             }
         };

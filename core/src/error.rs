@@ -150,6 +150,11 @@ pub enum GraphError {
     },
     /// The graph was already differentiated.
     AlreadyTraining,
+    /// A recomputation checkpoint that is not a forward activation the loss depends on.
+    BadCheckpoint {
+        /// The node.
+        node: Name,
+    },
     /// A pipeline stage number above 255.
     BadStage {
         /// The stage asked for.
@@ -226,6 +231,10 @@ impl fmt::Display for GraphError {
                 write!(f, "pipeline stage {stage} is out of range (at most 255)")
             }
             GraphError::AlreadyTraining => f.write_str("the graph already has a backward pass"),
+            GraphError::BadCheckpoint { node } => write!(
+                f,
+                "recomputation checkpoint `{node}` is not a forward activation on the path to the loss"
+            ),
             GraphError::BadHyperParameter { name, value } => {
                 write!(f, "optimizer parameter {name} = {value} is out of range")
             }

@@ -38,6 +38,51 @@ pub enum Update {
         /// Momentum.
         momentum: f32,
     },
+    /// LAMB (You et al., 2020, as Graphcore's BERT pre-training runs it): Adam's moments
+    /// with bias correction, the step `r = m_hat / (sqrt(v_hat) + epsilon) + weight_decay x
+    /// var`, scaled per tensor by the trust ratio `||var|| / ||r||` (1 when either norm is
+    /// 0): `var -= lr x ratio x r`.
+    Lamb {
+        /// The variable.
+        var: NodeId,
+        /// First moment (optimizer state).
+        m: NodeId,
+        /// Second moment (optimizer state).
+        v: NodeId,
+        /// Its gradient.
+        grad: NodeId,
+        /// The step counter (optimizer state, i32 scalar).
+        step: NodeId,
+        /// Learning rate.
+        lr: f32,
+        /// First-moment decay.
+        beta1: f32,
+        /// Second-moment decay.
+        beta2: f32,
+        /// Denominator fuzz.
+        epsilon: f32,
+        /// Decoupled weight decay.
+        weight_decay: f32,
+    },
+    /// LARS (You et al., 2017): momentum SGD whose step is scaled per tensor by the trust
+    /// ratio `eta x ||var|| / (||grad|| + weight_decay x ||var||)` (1 when either norm is
+    /// 0): `v = momentum x v + lr x ratio x (grad + weight_decay x var); var -= v`.
+    Lars {
+        /// The variable.
+        var: NodeId,
+        /// Its velocity (optimizer state).
+        velocity: NodeId,
+        /// Its gradient.
+        grad: NodeId,
+        /// Learning rate.
+        lr: f32,
+        /// Momentum.
+        momentum: f32,
+        /// Weight decay.
+        weight_decay: f32,
+        /// Trust coefficient.
+        eta: f32,
+    },
     /// Adam (Keras form), using the shared step counter (which is about to become `step + 1`).
     Adam {
         /// The variable.
@@ -105,6 +150,8 @@ impl Update {
             Update::Sgd { .. } => "ApplySgd",
             Update::Momentum { .. } => "ApplyMomentum",
             Update::Adam { .. } => "ApplyAdam",
+            Update::Lamb { .. } => "ApplyLamb",
+            Update::Lars { .. } => "ApplyLars",
             Update::Increment { .. } => "Increment",
             Update::Accumulate { .. } => "Accumulate",
             Update::Fill { .. } => "Fill",
@@ -130,6 +177,20 @@ impl Update {
                 step,
                 ..
             } => Operands::of(&[var, m, v, grad, step]),
+            Update::Lamb {
+                var,
+                m,
+                v,
+                grad,
+                step,
+                ..
+            } => Operands::of(&[var, m, v, grad, step]),
+            Update::Lars {
+                var,
+                velocity,
+                grad,
+                ..
+            } => Operands::of(&[var, velocity, grad]),
             Update::Increment { counter } => Operands::of(&[counter]),
             Update::Accumulate {
                 acc, grad, counter, ..
@@ -144,7 +205,10 @@ impl Update {
         match *self {
             Update::Sgd { var, .. } => Operands::of(&[var]),
             Update::Momentum { var, velocity, .. } => Operands::of(&[var, velocity]),
-            Update::Adam { var, m, v, .. } => Operands::of(&[var, m, v]),
+            Update::Adam { var, m, v, .. } | Update::Lamb { var, m, v, .. } => {
+                Operands::of(&[var, m, v])
+            }
+            Update::Lars { var, velocity, .. } => Operands::of(&[var, velocity]),
             Update::Increment { counter } => Operands::of(&[counter]),
             Update::Accumulate { acc, .. } => Operands::of(&[acc]),
             Update::Fill { x, .. } | Update::MovingAverage { x, .. } => Operands::of(&[x]),
@@ -190,6 +254,24 @@ impl<S: Storage> Graph<S> {
             dtype,
             Roles::UPDATE,
         )
+    }
+}
+
+/// LAMB's step for one element: the bias-corrected Adam direction plus the weight decay.
+fn lamb_step(m: f32, v: f32, w: f32, c1: f32, c2: f32, epsilon: f32, weight_decay: f32) -> f32 {
+    (m / c1) / (libm::sqrtf(v / c2) + epsilon) + weight_decay * w
+}
+
+/// The trust ratio `eta x ||w|| / (||d|| + weight_decay x ||w||)` from the squared norms of the
+/// weights `w2` and of the direction `d2`; 1 when either norm is 0 (LAMB's and LARS' rule for
+/// fresh or zero tensors).
+fn trust_ratio(w2: f64, d2: f64, eta: f32, weight_decay: f32) -> f32 {
+    let (w, d) = (libm::sqrt(w2), libm::sqrt(d2));
+    let denominator = d + f64::from(weight_decay) * w;
+    if w > 0.0 && denominator > 0.0 {
+        (f64::from(eta) * w / denominator) as f32
+    } else {
+        1.0
     }
 }
 
@@ -283,6 +365,75 @@ pub(crate) fn run<S: Storage>(
                 k::store(&mut st[vo..], t, i, vi);
                 let w = k::load(&st[wo..], t, i) - lr_t * mi / (libm::sqrtf(vi) + epsilon);
                 k::store(&mut st[wo..], t, i, w);
+            }
+        }
+        Update::Lamb {
+            var,
+            m,
+            v,
+            grad,
+            step,
+            lr,
+            beta1,
+            beta2,
+            epsilon,
+            weight_decay,
+        } => {
+            let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
+            let iterations = k::load_int(&st[off(step)..], DType::I32, 0);
+            let local = (iterations + 1) as f32;
+            let (c1, c2) = (
+                1.0 - libm::powf(beta1, local),
+                1.0 - libm::powf(beta2, local),
+            );
+            let (wo, mo, vo) = (off(var), off(m), off(v));
+            // The moments, and the norms of the variable and of the step (in f64, in order).
+            let (mut w2, mut r2) = (0f64, 0f64);
+            for i in 0..n {
+                let gi = load_grad(st, grad, i);
+                let mi = k::load(&st[mo..], t, i);
+                let mi = mi + (gi - mi) * (1.0 - beta1);
+                k::store(&mut st[mo..], t, i, mi);
+                let vi = k::load(&st[vo..], t, i);
+                let vi = vi + (gi * gi - vi) * (1.0 - beta2);
+                k::store(&mut st[vo..], t, i, vi);
+                let wi = k::load(&st[wo..], t, i);
+                let r = lamb_step(mi, vi, wi, c1, c2, epsilon, weight_decay);
+                w2 += f64::from(wi) * f64::from(wi);
+                r2 += f64::from(r) * f64::from(r);
+            }
+            let ratio = trust_ratio(w2, r2, 1.0, 0.0);
+            for i in 0..n {
+                let (mi, vi) = (k::load(&st[mo..], t, i), k::load(&st[vo..], t, i));
+                let wi = k::load(&st[wo..], t, i);
+                let r = lamb_step(mi, vi, wi, c1, c2, epsilon, weight_decay);
+                k::store(&mut st[wo..], t, i, wi - lr * ratio * r);
+            }
+        }
+        Update::Lars {
+            var,
+            velocity,
+            grad,
+            lr,
+            momentum,
+            weight_decay,
+            eta,
+        } => {
+            let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
+            let (wo, vo) = (off(var), off(velocity));
+            let (mut w2, mut g2) = (0f64, 0f64);
+            for i in 0..n {
+                let (wi, gi) = (k::load(&st[wo..], t, i), load_grad(st, grad, i));
+                w2 += f64::from(wi) * f64::from(wi);
+                g2 += f64::from(gi) * f64::from(gi);
+            }
+            let ratio = trust_ratio(w2, g2, eta, weight_decay);
+            for i in 0..n {
+                let (wi, gi) = (k::load(&st[wo..], t, i), load_grad(st, grad, i));
+                let vi =
+                    momentum * k::load(&st[vo..], t, i) + lr * ratio * (gi + weight_decay * wi);
+                k::store(&mut st[vo..], t, i, vi);
+                k::store(&mut st[wo..], t, i, wi - vi);
             }
         }
         Update::Increment { counter } => {

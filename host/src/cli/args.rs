@@ -201,6 +201,14 @@ pub struct ModelArgs {
     /// per pipeline stage `P0,P1,...` [default: the model file's, else 0.6].
     #[arg(long, value_delimiter = ',', value_parser = proportion)]
     pub available_memory_proportion: Vec<f64>,
+    /// Training: keep only these forward activations for the backward pass and recompute the
+    /// rest from them, segment by segment (PopART's recomputation with checkpoints, TensorFlow
+    /// `recomputation_checkpoint`, PopTorch `recomputationCheckpoint`). `auto`: one at the
+    /// output of each repeated block (each residual block, each transformer sublayer), as
+    /// PopTorch's `recompute_checkpoint_every_layer`; or node names, comma-separated. Works
+    /// with one stage on one IPU too.
+    #[arg(long, value_delimiter = ',')]
+    pub recompute_checkpoints: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -320,6 +328,11 @@ pub struct EstimateArgs {
     /// ONNX models: the loss of training [default: auto, by the output's shape].
     #[arg(long, value_enum)]
     pub loss: Option<LossKind>,
+    /// ONNX models, masked-LM loss: masked positions per sequence that the head projects
+    /// onto the vocabulary (BERT's `max_predictions_per_seq`, Graphcore's `mask_tokens`)
+    /// [default: 15% of the sequence, rounded up: 20 for 128 tokens].
+    #[arg(long)]
+    pub mask_tokens: Option<usize>,
     /// ONNX models: print every layer's row (default: the 12 with the most cycles).
     #[arg(long)]
     pub layers: bool,

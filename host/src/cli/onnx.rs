@@ -179,6 +179,7 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
         loss: a.loss.unwrap_or_default(),
         inference: a.inference,
         recompute: a.recompute,
+        mask_tokens: a.mask_tokens,
     };
     let stage_guess = match (&oo.stages, a.pipeline_ipus) {
         (_, Some(n)) => n,

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use clap::ValueEnum;
 use tessera_host::idx::{load_mnist, Mnist};
 use tessera_host::model::{shipped, Model, TrainingDefaults, SHIPPED};
-use tessera_host::session::{default_offload, OptimizerKind, SessionOptions};
+use tessera_host::session::{default_offload, Checkpoints, OptimizerKind, SessionOptions};
 use tessera_sim::machine::IpuConfig;
 
 use super::args::{ModelArgs, PartialsArg, ScheduleArg};
@@ -110,6 +110,19 @@ pub fn options_with(
                 file_value::<PartialsArg>(model, "partials_type", name)?.partials()
             }
             (None, None) => PartialsArg::Float.partials(),
+        },
+        recompute_checkpoints: match a.recompute_checkpoints.as_slice() {
+            [] => None,
+            [one] if one == "auto" => Some(Checkpoints::Auto),
+            names => {
+                if names.iter().any(|n| n == "auto") {
+                    return Err(
+                        "--recompute-checkpoints: `auto` stands alone (or name the checkpoints)"
+                            .into(),
+                    );
+                }
+                Some(Checkpoints::Named(names.to_vec()))
+            }
         },
         available_memory_proportion: if a.available_memory_proportion.is_empty() {
             let file = t.available_memory_proportion.clone().unwrap_or_default();

@@ -56,16 +56,24 @@ pub enum OptimizerKind {
     Momentum,
     /// Adam (Keras defaults).
     Adam,
+    /// LAMB (beta1 0.9, beta2 0.999, epsilon 1e-6, weight decay 0.01: Graphcore's BERT
+    /// pre-training's), Adam's moments with a per-tensor trust ratio.
+    Lamb,
+    /// LARS (momentum 0.9, weight decay 1e-4, trust coefficient 0.001), momentum SGD with a
+    /// per-tensor trust ratio.
+    Lars,
 }
 
 impl OptimizerKind {
     /// The learning rate used when none is given: 0.1 for SGD (the examples'), 0.01 for
-    /// momentum, 0.001 for Adam (Keras').
+    /// momentum, 0.001 for Adam (Keras'), 0.006 for LAMB (Graphcore's BERT-Base phase 1),
+    /// 0.1 for LARS.
     pub fn default_learning_rate(self) -> f32 {
         match self {
-            OptimizerKind::Sgd => 0.1,
+            OptimizerKind::Sgd | OptimizerKind::Lars => 0.1,
             OptimizerKind::Momentum => 0.01,
             OptimizerKind::Adam => 0.001,
+            OptimizerKind::Lamb => 0.006,
         }
     }
 
@@ -75,6 +83,8 @@ impl OptimizerKind {
             OptimizerKind::Sgd => Optimizer::sgd(learning_rate),
             OptimizerKind::Momentum => Optimizer::momentum(learning_rate, 0.9),
             OptimizerKind::Adam => Optimizer::adam(learning_rate),
+            OptimizerKind::Lamb => Optimizer::lamb(learning_rate),
+            OptimizerKind::Lars => Optimizer::lars(learning_rate),
         }
     }
 
@@ -118,6 +128,59 @@ pub struct SessionOptions {
     /// poplin's `availableMemoryProportion`: empty for Poplar's default, one value for every
     /// IPU, or one per pipeline stage.
     pub available_memory_proportion: Vec<f64>,
+    /// Recomputation from checkpoints (training): which forward activations the backward
+    /// pass keeps; the rest are recomputed from them.
+    pub recompute_checkpoints: Option<Checkpoints>,
+}
+
+/// Recomputation checkpoints (PopART's recomputation with checkpoints, TensorFlow's
+/// `recomputation_checkpoint`, PopTorch's `recomputationCheckpoint`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Checkpoints {
+    /// At the output of each repeated block ([`tessera_core::Graph::auto_checkpoints`]), as
+    /// PopTorch's `recompute_checkpoint_every_layer` does for a transformer's layers.
+    Auto,
+    /// The named nodes (graph nodes, or ONNX nodes: the last node of each).
+    Named(Vec<String>),
+}
+
+/// Differentiates `loss` with `checkpoints` resolved in `g` (an ONNX node's name, through
+/// `layers`, stands for the last graph node it became): plain differentiation without.
+pub(crate) fn differentiate(
+    g: &mut Graph<Heap>,
+    loss: tessera_core::NodeId,
+    optimizer: tessera_core::Optimizer,
+    accumulation: Accumulation,
+    checkpoints: Option<&Checkpoints>,
+    layers: &[crate::onnx::Layer],
+) -> Result<(), SessionError> {
+    let ids: Vec<tessera_core::NodeId> = match checkpoints {
+        None => Vec::new(),
+        Some(Checkpoints::Auto) => g.auto_checkpoints(loss)?.to_vec(),
+        Some(Checkpoints::Named(names)) => {
+            let mut ids = Vec::new();
+            for name in names {
+                let id = match layers.iter().find(|l| &l.name == name && l.end > l.first) {
+                    Some(l) => g.nodes()[l.first..l.end]
+                        .iter()
+                        .rposition(|n| !n.op().is_state() && !n.op().is_update())
+                        .and_then(|k| g.find(g.nodes()[l.first + k].name()).ok()),
+                    None => g.find(name.as_str()).ok(),
+                };
+                ids.push(id.ok_or_else(|| {
+                    opt_err(
+                        "--recompute-checkpoints",
+                        format!(
+                            "no node is named `{name}` (see `tessera estimate MODEL --layers`)"
+                        ),
+                    )
+                })?);
+            }
+            ids
+        }
+    };
+    g.differentiate_recomputing(loss, optimizer, accumulation, &ids)?;
+    Ok(())
 }
 
 impl SessionOptions {
@@ -166,6 +229,7 @@ impl Default for SessionOptions {
             no_pipelining: false,
             partials: PartialsType::Float,
             available_memory_proportion: Vec::new(),
+            recompute_checkpoints: None,
         }
     }
 }
@@ -352,7 +416,8 @@ pub fn compile(model: &Model, options: &SessionOptions) -> Result<Compiled, Sess
     let labels = g.input("labels", &[options.batch_size], DType::I32)?;
     let loss =
         g.sparse_categorical_crossentropy("loss", built.output, labels, !built.softmax_output)?;
-    g.differentiate_accumulating(
+    differentiate(
+        &mut g,
         loss,
         options.optimizer.with_rate(options.learning_rate),
         Accumulation {
@@ -360,6 +425,8 @@ pub fn compile(model: &Model, options: &SessionOptions) -> Result<Compiled, Sess
             dtype: (options.dtype == DType::F16).then_some(DType::F32),
             ..Accumulation::new(m)
         },
+        options.recompute_checkpoints.as_ref(),
+        &[],
     )?;
     let plan = Plan::new(&g)?;
     let machine = IpuConfig::preset(options.ipu);

@@ -27,9 +27,10 @@ pub enum LossKind {
     SparseCategoricalCrossentropy,
     /// Mean squared error against a target of the output's shape.
     Mse,
-    /// A masked-LM head as BERT's pre-training: the output `[batch, seq, hidden]` projected
-    /// onto the token embedding (tied when in the same stage) to `[batch, seq, vocab]`
-    /// logits, cross-entropy over the positions with labels (-100 ignored).
+    /// A masked-LM head as BERT's pre-training: the hidden states of the masked positions
+    /// (`--mask-tokens` per sequence, gathered from the output `[batch, seq, hidden]`)
+    /// projected onto the token embedding (tied when in the same stage) to
+    /// `[batch, masked, vocab]` logits, cross-entropy with labels (-100 ignored).
     MaskedLm,
 }
 
@@ -44,7 +45,14 @@ pub struct OnnxOptions {
     pub inference: bool,
     /// Recompute each stage's forward pass before its backward instead of stashing.
     pub recompute: bool,
+    /// The masked-LM head's masked positions per sequence (`None`: 15% of the sequence,
+    /// rounded up: BERT's `max_predictions_per_seq`, 20 for 128 tokens).
+    pub mask_tokens: Option<usize>,
 }
+
+/// BERT's share of masked tokens (15%, Devlin et al. 2019): the masked-LM head's positions
+/// per sequence are this share of the sequence, rounded up, unless `--mask-tokens` says.
+pub const MASKED_SHARE: f64 = 0.15;
 
 impl Default for OnnxOptions {
     fn default() -> Self {
@@ -53,6 +61,7 @@ impl Default for OnnxOptions {
             loss: LossKind::Auto,
             inference: false,
             recompute: false,
+            mask_tokens: None,
         }
     }
 }
@@ -107,16 +116,19 @@ pub fn compile_onnx(
     let (loss, loss_kind) = if oo.inference {
         (None, None)
     } else {
-        let (loss, kind) = add_loss(&mut g, &imported, oo.loss, so.dtype)?;
+        let (loss, kind) = add_loss(&mut g, &imported, oo.loss, oo.mask_tokens, so.dtype)?;
         let m = u32::try_from(so.gradient_accumulation_count)
             .map_err(|_| opt_err("--gradient-accumulation-count", "is too large".into()))?;
-        g.differentiate_accumulating(
+        super::differentiate(
+            &mut g,
             loss,
             so.optimizer.with_rate(so.learning_rate),
             Accumulation {
                 dtype: (so.dtype == DType::F16).then_some(DType::F32),
                 ..Accumulation::new(m)
             },
+            so.recompute_checkpoints.as_ref(),
+            &imported.layers,
         )?;
         (Some(loss), Some(kind))
     };
@@ -172,6 +184,7 @@ fn add_loss(
     g: &mut Graph<Heap>,
     imported: &Imported,
     kind: LossKind,
+    mask_tokens: Option<usize>,
     dtype: DType,
 ) -> Result<(NodeId, LossKind), SessionError> {
     let out = imported
@@ -249,9 +262,29 @@ fn add_loss(
                 g.variable("mlm/decoder", &table.dims, dtype, Init::GlorotUniform)?
             };
             let bias = g.variable("mlm/bias", &[table.dims[0]], dtype, Init::Zeros)?;
-            let logits = g.matmul_t("mlm/logits", out.node, decoder, false, true)?;
+            // BERT's pre-training head runs on the masked positions only (Google's
+            // `gather_indexes` over `max_predictions_per_seq`, Graphcore's `mask_tokens`):
+            // their hidden states are gathered, by flat position, before the projection.
+            let (batch, seq) = (dims[0], dims[1]);
+            let masked = mask_tokens
+                .unwrap_or_else(|| (seq as f64 * MASKED_SHARE).ceil() as usize)
+                .clamp(1, seq);
+            if mask_tokens.is_some_and(|m| m == 0 || m > seq) {
+                return Err(opt_err(
+                    "--mask-tokens",
+                    format!("must be 1 to the sequence length {seq}"),
+                ));
+            }
+            let hidden = if masked < seq {
+                let flat = g.reshape("mlm/flat", out.node, &[batch * seq, dims[2]])?;
+                let positions = g.input("masked_positions", &[batch, masked], DType::I32)?;
+                g.gather("mlm/masked", flat, positions)?
+            } else {
+                out.node
+            };
+            let logits = g.matmul_t("mlm/logits", hidden, decoder, false, true)?;
             let logits = g.add("mlm/logits_bias", logits, bias)?;
-            let labels = g.input("labels", &dims[..2], DType::I32)?;
+            let labels = g.input("labels", &[batch, masked], DType::I32)?;
             g.sparse_categorical_crossentropy_ignoring("loss", logits, labels, true, Some(-100))?
         }
         LossKind::Auto => unreachable!("resolved above"),

@@ -164,8 +164,8 @@ impl Profile {
             } else {
                 match so.optimizer {
                     super::OptimizerKind::Sgd => 0,
-                    super::OptimizerKind::Momentum => 1,
-                    super::OptimizerKind::Adam => 2,
+                    super::OptimizerKind::Momentum | super::OptimizerKind::Lars => 1,
+                    super::OptimizerKind::Adam | super::OptimizerKind::Lamb => 2,
                 }
             };
             2 + state

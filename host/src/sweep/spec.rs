@@ -68,6 +68,7 @@ pub const KEYS: &[(&str, Kind)] = &[
     ("inference", Kind::Flag),
     ("recompute", Kind::Flag),
     ("partials_type", Kind::Text),
+    ("recompute_checkpoints", Kind::Names),
     ("available_memory_proportion", Kind::Number),
     ("pipeline_ipus", Kind::Count),
     ("pipeline_stages", Kind::Names),

@@ -123,7 +123,11 @@ pub(crate) fn trained_fc_layers<S: Storage>(
         if let (
             true,
             Op::Update(
-                Update::Sgd { var, .. } | Update::Momentum { var, .. } | Update::Adam { var, .. },
+                Update::Sgd { var, .. }
+                | Update::Momentum { var, .. }
+                | Update::Adam { var, .. }
+                | Update::Lamb { var, .. }
+                | Update::Lars { var, .. },
             ),
         ) = (include[i], node.op())
         {

@@ -6,7 +6,8 @@ use tessera_core::{NodeId, Storage};
 
 use super::Lowering;
 use crate::cost::{self, UnaryKind};
-use crate::program::{Codelet, Region, TensorClass, TensorId, Vertex};
+use crate::program::{Codelet, Interval, Mapping, Region, TensorClass, TensorId, Vertex};
+use tessera_core::DType;
 
 pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update) {
     let cfg = l.cfg;
@@ -52,6 +53,58 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
                 &[Region::span(st, 0, 1)],
             );
         }
+        Update::Lamb {
+            var,
+            m,
+            v,
+            grad,
+            step,
+            ..
+        } => {
+            // The moments (two scaled adds), then the step `r` (a square root, a divide and a
+            // multiply-add) and the squared norms of the variable and of `r` on each tile,
+            // the trust ratio on one tile, and the scaled add of `r` by it everywhere.
+            let moments = move |n| 2 * scaled_add(n);
+            let (var, m, v, grad, st) = (l.t(var), l.t(m), l.t(v), l.t(grad), l.t(step));
+            l.per_tile_same(
+                i,
+                "update",
+                var,
+                Codelet::Update,
+                moments,
+                &[m, v, grad],
+                &[m, v],
+                &[Region::span(st, 0, 1)],
+            );
+            let step_and_norms = move |n| {
+                UnaryKind::Sqrt.cycles(cfg, n, dt)
+                    + UnaryKind::Reciprocal.cycles(cfg, n, dt)
+                    + scaled_add(n)
+                    + 2 * cost::reduce_cycles(cfg, 1, n, DType::F32)
+            };
+            trust_ratio_update(l, i, var, &[m, v], step_and_norms, scaled_add, &[m, v]);
+        }
+        Update::Lars {
+            var,
+            velocity,
+            grad,
+            ..
+        } => {
+            // The squared norms of the variable and of the gradient on each tile, the trust
+            // ratio on one tile, then the velocity's update and the variable's (two scaled
+            // adds) everywhere.
+            let (var, velocity, grad) = (l.t(var), l.t(velocity), l.t(grad));
+            let norms = move |n| 2 * cost::reduce_cycles(cfg, 1, n, DType::F32);
+            trust_ratio_update(
+                l,
+                i,
+                var,
+                &[grad],
+                norms,
+                move |n| 2 * scaled_add(n),
+                &[velocity, grad],
+            );
+        }
         Update::Accumulate {
             acc, grad, counter, ..
         } => {
@@ -91,6 +144,158 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
         }
         _ => {}
     }
+}
+
+/// The per-tensor trust ratio of LAMB and LARS, as poplibs computes norms (a reduction to one
+/// value per tensor) and broadcasts a scalar: on each tile of `var`, a vertex reading its
+/// elements of `var` and `norm_reads` writes two fp32 partial sums of squares (`norms`, with
+/// `norm_cycles` per tile's elements); one vertex on `var`'s first tile sums every tile's
+/// partials into the ratio (`trust ratio`, a reduction of two values over the tiles); each
+/// tile then reads the ratio (a broadcast) and applies the update (`apply_cycles`), reading
+/// `var` and `apply_reads`, writing `var` and the state among them.
+fn trust_ratio_update<S: Storage>(
+    l: &mut Lowering<'_, S>,
+    i: NodeId,
+    var: TensorId,
+    norm_reads: &[TensorId],
+    norm_cycles: impl Fn(u64) -> u64,
+    apply_cycles: impl Fn(u64) -> u64,
+    apply_reads: &[TensorId],
+) {
+    let cfg = l.cfg;
+    let tiles = l.tensors[var.index()].mapping.elements_per_tile();
+    // The ratio lives where the variable starts (variables start on tiles their names pick,
+    // so the ratios of many tensors spread as the linear mapper spreads scalars).
+    let Some(first) = l.tensors[var.index()]
+        .mapping
+        .intervals()
+        .iter()
+        .min_by_key(|iv| iv.start)
+        .map(|iv| iv.tile)
+    else {
+        return;
+    };
+    let k = tiles.len() as u64;
+    let partials = l.temporary(
+        i,
+        "norms",
+        DType::F32,
+        2 * k,
+        Mapping::from_intervals(
+            tiles
+                .iter()
+                .enumerate()
+                .map(|(j, &(tile, _))| Interval {
+                    tile,
+                    start: 2 * j as u64,
+                    len: 2,
+                })
+                .collect(),
+        ),
+    );
+    let ratio = l.temporary(
+        i,
+        "trust ratio",
+        DType::F32,
+        1,
+        Mapping::from_intervals(vec![Interval {
+            tile: first,
+            start: 0,
+            len: 1,
+        }]),
+    );
+    // Each tile's squared norms: its intervals of `var` and of the tensors read alike.
+    let intervals = l.tensors[var.index()].mapping.intervals().to_vec();
+    let mut reads_on: std::collections::BTreeMap<u32, Vec<Region>> = Default::default();
+    for iv in &intervals {
+        let r = reads_on.entry(iv.tile.0).or_default();
+        for &t in std::iter::once(&var).chain(norm_reads) {
+            r.push(Region::span(t, iv.start, iv.len));
+        }
+    }
+    let vertices: Vec<Vertex> = tiles
+        .iter()
+        .enumerate()
+        .map(|(j, &(tile, n))| Vertex {
+            tile,
+            codelet: Codelet::Reduce,
+            cycles: norm_cycles(n),
+            reads: reads_on.remove(&tile.0).unwrap_or_default(),
+            writes: vec![Region::span(partials, 2 * j as u64, 2)],
+        })
+        .collect();
+    l.compute(i, "norms", vertices);
+    // The partials are summed in two stages when there are many, as popops reduces to a
+    // scalar: groups of `INTERMEDIATE_FAN_IN` tiles on each group's first tile, then the
+    // groups' sums on the ratio's tile (one stage of thousands of messages onto one tile
+    // would cost it kilobytes of exchange code per tensor).
+    let fan_in = super::reduce::INTERMEDIATE_FAN_IN;
+    let (sums, count) = if k > fan_in {
+        let groups = k.div_ceil(fan_in);
+        let sums = l.temporary(
+            i,
+            "norms summed",
+            DType::F32,
+            2 * groups,
+            Mapping::from_intervals(
+                (0..groups)
+                    .map(|g| Interval {
+                        tile: tiles[(g * fan_in) as usize].0,
+                        start: 2 * g,
+                        len: 2,
+                    })
+                    .collect(),
+            ),
+        );
+        let vertices = (0..groups)
+            .map(|g| {
+                let (a, b) = (g * fan_in, ((g + 1) * fan_in).min(k));
+                Vertex {
+                    tile: tiles[a as usize].0,
+                    codelet: Codelet::Reduce,
+                    cycles: cost::reduce_cycles(cfg, 2, b - a, DType::F32),
+                    reads: vec![
+                        Region::strided(partials, 2 * a, 1, b - a, 2),
+                        Region::strided(partials, 2 * a + 1, 1, b - a, 2),
+                    ],
+                    writes: vec![Region::span(sums, 2 * g, 2)],
+                }
+            })
+            .collect();
+        l.compute(i, "norms summed", vertices);
+        (sums, groups)
+    } else {
+        (partials, k)
+    };
+    let v = Vertex {
+        tile: first,
+        codelet: Codelet::Reduce,
+        cycles: cost::reduce_cycles(cfg, 2, count, DType::F32)
+            + UnaryKind::Sqrt.cycles(cfg, 2, DType::F32)
+            + UnaryKind::Reciprocal.cycles(cfg, 1, DType::F32),
+        reads: vec![Region::span(sums, 0, 2 * count)],
+        writes: vec![Region::span(ratio, 0, 1)],
+    };
+    l.compute(i, "trust ratio", vec![v]);
+    let writes_state: Vec<TensorId> = apply_reads
+        .iter()
+        .copied()
+        .filter(|&x| l.tensors[x.index()].class == TensorClass::AlwaysLive)
+        .collect();
+    let mut reads = vec![var];
+    reads.extend_from_slice(apply_reads);
+    let mut writes = vec![var];
+    writes.extend(writes_state);
+    l.per_tile_same(
+        i,
+        "apply",
+        var,
+        Codelet::Update,
+        apply_cycles,
+        &reads,
+        &writes,
+        &[Region::span(ratio, 0, 1)],
+    );
 }
 
 /// A vertex per tile of `var` updating it from `others` (state among them is written too).

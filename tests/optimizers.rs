@@ -1,0 +1,137 @@
+//! LAMB and LARS: the first step of each against its formula, computed here from the gradient
+//! the graph made; and their cost on the device (the per-tensor norms and trust ratio).
+
+use tessera::core::{Activation, DType, Graph, Optimizer, Plan};
+use tessera::sim::system::{estimate_system, SystemOptions};
+use tessera::sim::{Heap, IpuConfig, Preset};
+
+/// (weights before, gradient, weights after) of a dense layer's kernel after one step.
+fn one_step(optimizer: Optimizer) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let mut g: Graph<Heap> = Graph::new();
+    let x = g.input("x", &[2, 3], DType::F32).unwrap();
+    let labels = g.input("labels", &[2], DType::I32).unwrap();
+    let logits = g.dense("d", x, 4, Activation::Linear, DType::F32).unwrap();
+    let loss = g
+        .sparse_categorical_crossentropy("loss", logits, labels, true)
+        .unwrap();
+    g.differentiate(loss, optimizer).unwrap();
+    g.mark_output("d/kernel:0_grad").unwrap();
+    let plan = Plan::new(&g).unwrap();
+    let mut arena = vec![0u8; plan.arena_bytes()];
+    let mut state = vec![0u8; plan.state_bytes()];
+    plan.init_state(&mut state, 7).unwrap();
+    let read = |name: &str, arena: &[u8], state: &[u8]| -> Vec<f32> {
+        plan.tensor(name, arena, state).unwrap().iter().collect()
+    };
+    let before = read("d/kernel:0", &arena, &state);
+    plan.write_input("x", &mut arena, &[0.5, -1.0, 2.0, 1.5, 0.25, -0.75])
+        .unwrap();
+    plan.fill_input("labels", &mut arena, 2, |i| (i * 3 % 4) as f32)
+        .unwrap();
+    plan.train_step(&mut arena, &mut state).unwrap();
+    let grad = read("d/kernel:0_grad", &arena, &state);
+    let after = read("d/kernel:0", &arena, &state);
+    (before, grad, after)
+}
+
+fn norm(v: &[f64]) -> f64 {
+    v.iter().map(|x| x * x).sum::<f64>().sqrt()
+}
+
+#[test]
+fn lamb_steps_by_the_trust_ratio_of_its_adam_direction() {
+    let (lr, wd, eps) = (0.1f64, 0.01f64, 1e-6f64);
+    let (w0, g, w1) = one_step(Optimizer::lamb(lr as f32));
+    // After one step the bias-corrected moments are the gradient and its square.
+    let r: Vec<f64> = w0
+        .iter()
+        .zip(&g)
+        .map(|(&w, &g)| f64::from(g) / (f64::from(g).abs() + eps) + wd * f64::from(w))
+        .collect();
+    let w: Vec<f64> = w0.iter().map(|&w| f64::from(w)).collect();
+    let ratio = norm(&w) / norm(&r);
+    assert!(ratio > 0.0 && ratio.is_finite());
+    for i in 0..w0.len() {
+        let expected = w[i] - lr * ratio * r[i];
+        assert!(
+            (f64::from(w1[i]) - expected).abs() < 1e-5,
+            "{i}: {} vs {expected}",
+            w1[i]
+        );
+    }
+}
+
+#[test]
+fn lars_steps_by_the_trust_ratio_of_weights_and_gradient() {
+    let (lr, wd, eta) = (0.1f64, 1e-4f64, 0.001f64);
+    let (w0, g, w1) = one_step(Optimizer::lars(lr as f32));
+    let w: Vec<f64> = w0.iter().map(|&w| f64::from(w)).collect();
+    let gd: Vec<f64> = g.iter().map(|&g| f64::from(g)).collect();
+    let ratio = eta * norm(&w) / (norm(&gd) + wd * norm(&w));
+    for i in 0..w0.len() {
+        let expected = w[i] - lr * ratio * (gd[i] + wd * w[i]);
+        assert!(
+            (f64::from(w1[i]) - expected).abs() < 1e-6,
+            "{i}: {} vs {expected}",
+            w1[i]
+        );
+    }
+}
+
+#[test]
+fn bad_hyper_parameters_are_refused() {
+    let mut g: Graph<Heap> = Graph::new();
+    let x = g.input("x", &[2, 3], DType::F32).unwrap();
+    let labels = g.input("labels", &[2], DType::I32).unwrap();
+    let logits = g.dense("d", x, 4, Activation::Linear, DType::F32).unwrap();
+    let loss = g
+        .sparse_categorical_crossentropy("loss", logits, labels, true)
+        .unwrap();
+    let bad = Optimizer::Lamb {
+        learning_rate: 0.1,
+        beta1: 0.9,
+        beta2: 0.999,
+        epsilon: 1e-6,
+        weight_decay: -1.0,
+    };
+    let e = g.differentiate(loss, bad).unwrap_err();
+    assert!(e.to_string().contains("weight_decay"), "{e}");
+}
+
+#[test]
+fn the_trust_ratio_costs_norms_and_a_broadcast_on_the_device() {
+    let estimate = |optimizer: Optimizer| {
+        let mut g: Graph<Heap> = Graph::new();
+        let x = g.input("x", &[64, 1024], DType::F16).unwrap();
+        let labels = g.input("labels", &[64], DType::I32).unwrap();
+        let h = g
+            .dense("d1", x, 1024, Activation::Relu, DType::F16)
+            .unwrap();
+        let logits = g
+            .dense("d2", h, 10, Activation::Linear, DType::F16)
+            .unwrap();
+        let loss = g
+            .sparse_categorical_crossentropy("loss", logits, labels, true)
+            .unwrap();
+        g.differentiate_accumulating(loss, optimizer, tessera::core::Accumulation::new(2))
+            .unwrap();
+        let plan = Plan::new(&g).unwrap();
+        let opts = SystemOptions {
+            micro_batch: 64,
+            allow_out_of_memory: true,
+            ..SystemOptions::default()
+        };
+        estimate_system(&plan, &IpuConfig::preset(Preset::Mk2), &opts).unwrap()
+    };
+    let adam = estimate(Optimizer::adam(1e-3));
+    let lamb = estimate(Optimizer::lamb(1e-3));
+    let (momentum, lars) = (
+        estimate(Optimizer::momentum(0.1, 0.9)),
+        estimate(Optimizer::lars(0.1)),
+    );
+    // The same state, plus the norms' reductions, the ratio and its broadcast.
+    assert!(lamb.weight_update_cycles > adam.weight_update_cycles);
+    assert!(lars.weight_update_cycles > momentum.weight_update_cycles);
+    // The step itself is the same.
+    assert_eq!(lamb.stages[0].forward_cycles, adam.stages[0].forward_cycles);
+}
