@@ -135,3 +135,62 @@ fn the_trust_ratio_costs_norms_and_a_broadcast_on_the_device() {
     // The step itself is the same.
     assert_eq!(lamb.stages[0].forward_cycles, adam.stages[0].forward_cycles);
 }
+
+#[test]
+fn replicated_tensor_sharding_divides_the_state_and_its_update_over_the_replicas() {
+    let estimate = |shards: u32| {
+        let mut g: Graph<Heap> = Graph::new();
+        let x = g.input("x", &[32, 1024], DType::F16).unwrap();
+        let labels = g.input("labels", &[32], DType::I32).unwrap();
+        let h = g
+            .dense("d1", x, 1024, Activation::Relu, DType::F16)
+            .unwrap();
+        // A bias of 1024 elements stays whole: under PopART's 8192-element threshold.
+        let logits = g
+            .dense("d2", h, 10, Activation::Linear, DType::F16)
+            .unwrap();
+        let loss = g
+            .sparse_categorical_crossentropy("loss", logits, labels, true)
+            .unwrap();
+        g.differentiate_accumulating(
+            loss,
+            Optimizer::adam(1e-3),
+            tessera::core::Accumulation::new(4),
+        )
+        .unwrap();
+        let plan = Plan::new(&g).unwrap();
+        let opts = SystemOptions {
+            micro_batch: 32,
+            replicas: 4,
+            allow_out_of_memory: true,
+            lower: tessera::sim::lower::LowerOptions {
+                offload_optimizer_state: true,
+                replicated_tensor_sharding: shards,
+                ..Default::default()
+            },
+            ..SystemOptions::default()
+        };
+        estimate_system(&plan, &IpuConfig::preset(Preset::Mk2), &opts).unwrap()
+    };
+    let (whole, sharded) = (estimate(1), estimate(4));
+    // Adam's two moments of every variable, in streaming memory: the kernels' (1024 x 1024
+    // and 1024 x 10, over 8192 elements) a quarter each; the biases whole.
+    let bytes = |elements: u64| 2 * elements * 2;
+    assert_eq!(
+        whole.ipus[0].streaming_memory_bytes,
+        bytes(1024 * 1024 + 1024 + 1024 * 10 + 10)
+    );
+    assert_eq!(
+        sharded.ipus[0].streaming_memory_bytes,
+        bytes(1024 * 1024 / 4 + 1024 + 1024 * 10 / 4 + 10)
+    );
+    // Loading, updating and storing a quarter: a shorter weight update.
+    assert!(
+        sharded.weight_update_cycles * 2 < whole.weight_update_cycles,
+        "{} vs {}",
+        sharded.weight_update_cycles,
+        whole.weight_update_cycles
+    );
+    // The gradients' reduce-scatter and the weights' all-gather move what the all-reduce did.
+    assert_eq!(sharded.all_reduce_cycles, whole.all_reduce_cycles);
+}

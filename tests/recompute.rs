@@ -291,7 +291,7 @@ fn a_pipelined_stage_stashes_only_its_inputs_and_checkpoints() {
     let activation = 64 * 256 * 4;
     // The last stage stashes nothing (its backward follows its forward at once).
     assert_eq!(plain.ipus[1].stash_bytes, 0);
-    for d in 0..2 {
+    for (d, &checkpoint_bytes) in checkpoints.iter().enumerate() {
         assert!(
             d == 1 || recomputed.ipus[d].stash_bytes < plain.ipus[d].stash_bytes,
             "IPU {d}: {} vs {}",
@@ -303,10 +303,9 @@ fn a_pipelined_stage_stashes_only_its_inputs_and_checkpoints() {
         let depth = recomputed.stages[d].stash_depth as u64;
         let input = if d == 0 { 64 * 6 * 4 } else { activation };
         assert!(
-            recomputed.ipus[d].stash_bytes <= depth * (checkpoints[d] + input),
-            "IPU {d}: {} > {depth} x ({} + {input})",
+            recomputed.ipus[d].stash_bytes <= depth * (checkpoint_bytes + input),
+            "IPU {d}: {} > {depth} x ({checkpoint_bytes} + {input})",
             recomputed.ipus[d].stash_bytes,
-            checkpoints[d]
         );
     }
 }

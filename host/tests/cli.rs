@@ -1076,3 +1076,56 @@ fn onnx_report_directory_has_the_layer_table() {
     let page = std::fs::read_to_string(report.join("index.html")).unwrap();
     assert!(page.contains("Layers (ONNX nodes)"));
 }
+
+/// The techniques' options: checked before any work, each error naming the option.
+#[test]
+fn memory_technique_options_are_checked() {
+    let o = tessera(&["estimate", "--available-memory-proportion", "0"]);
+    assert_bad_option(&o, &["--available-memory-proportion", "0 is not in (0, 1]"]);
+    let o = tessera(&["estimate", "--partials-type", "double"]);
+    assert_bad_option(&o, &["--partials-type", "double"]);
+    let o = tessera(&["estimate", "--recompute-checkpoints", "auto,Dense_256"]);
+    assert_bad_option(&o, &["--recompute-checkpoints", "`auto` stands alone"]);
+    let o = tessera(&[
+        "estimate",
+        "--replicas",
+        "2",
+        "--replicated-tensor-sharding",
+        "--no-offload-optimizer-state",
+    ]);
+    assert_clean_failure(&o, &["--replicated-tensor-sharding", "offloaded"]);
+    let o = tessera(&["estimate", "--recompute-checkpoints", "no_such_layer"]);
+    assert_clean_failure(&o, &["--recompute-checkpoints", "no_such_layer"]);
+    // A per-stage proportion list must have one value per stage.
+    let o = tessera(&["estimate", "--available-memory-proportion", "0.3,0.3,0.3"]);
+    assert_clean_failure(
+        &o,
+        &[
+            "available memory proportion",
+            "3 values",
+            "2 pipeline stages",
+        ],
+    );
+    // And they run: the seeds' pipelined model with every technique.
+    let o = tessera(&[
+        "estimate",
+        "--optimizer",
+        "lamb",
+        "--replicas",
+        "2",
+        "--gradient-accumulation-count",
+        "8",
+        "--dtype",
+        "f16",
+        "--partials-type",
+        "half",
+        "--available-memory-proportion",
+        "0.3,0.4",
+        "--recompute-checkpoints",
+        "auto",
+        "--replicated-tensor-sharding",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(last_json(&o)["samples_per_second"].as_f64().unwrap() > 0.0);
+}

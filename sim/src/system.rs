@@ -593,7 +593,9 @@ where
                         && t.class == TensorClass::NotAlwaysLive
                         && opts.lower.offload_optimizer_state
                 })
-                .map(|(t, _)| t.elements * t.elem_bytes())
+                .map(|(t, _)| {
+                    (t.elements * t.elem_bytes()).div_ceil(opts.lower.shards_of(t.elements))
+                })
                 .sum();
             IpuRow {
                 ipu: d,

@@ -209,6 +209,13 @@ pub struct ModelArgs {
     /// with one stage on one IPU too.
     #[arg(long, value_delimiter = ',')]
     pub recompute_checkpoints: Vec<String>,
+    /// Shard the optimizer state and its update over the replicas (TensorFlow
+    /// `replicated_optimizer_state_sharding`, PopART `replicatedTensorSharding`): each replica
+    /// loads, stores and updates its share of every variable of 8192 elements or more; the
+    /// gradients' all-reduce becomes a reduce-scatter and an all-gather of the weights. Needs
+    /// the optimizer state offloaded, as TensorFlow does.
+    #[arg(long)]
+    pub replicated_tensor_sharding: bool,
 }
 
 #[derive(Args, Debug)]

@@ -111,6 +111,7 @@ pub fn options_with(
             }
             (None, None) => PartialsArg::Float.partials(),
         },
+        replicated_tensor_sharding: a.replicated_tensor_sharding,
         recompute_checkpoints: match a.recompute_checkpoints.as_slice() {
             [] => None,
             [one] if one == "auto" => Some(Checkpoints::Auto),

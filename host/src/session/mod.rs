@@ -131,6 +131,8 @@ pub struct SessionOptions {
     /// Recomputation from checkpoints (training): which forward activations the backward
     /// pass keeps; the rest are recomputed from them.
     pub recompute_checkpoints: Option<Checkpoints>,
+    /// Shard the optimizer state and its update over the replicas.
+    pub replicated_tensor_sharding: bool,
 }
 
 /// Recomputation checkpoints (PopART's recomputation with checkpoints, TensorFlow's
@@ -197,6 +199,11 @@ impl SessionOptions {
         LowerOptions {
             offload_optimizer_state: self.offload_optimizer_state,
             plan,
+            replicated_tensor_sharding: if self.replicated_tensor_sharding {
+                u32::try_from(self.replicas).unwrap_or(u32::MAX)
+            } else {
+                1
+            },
             ..LowerOptions::default()
         }
     }
@@ -230,6 +237,7 @@ impl Default for SessionOptions {
             partials: PartialsType::Float,
             available_memory_proportion: Vec::new(),
             recompute_checkpoints: None,
+            replicated_tensor_sharding: false,
         }
     }
 }
@@ -376,6 +384,12 @@ fn check_fits(estimate: &SystemEstimate) -> Result<(), SessionError> {
 
 /// Checks the options every session shares.
 fn check_options(options: &SessionOptions) -> Result<(), SessionError> {
+    if options.replicated_tensor_sharding && !options.offload_optimizer_state {
+        return Err(opt_err(
+            "--replicated-tensor-sharding",
+            "shards offloaded optimizer state: it needs the state offloaded (drop --no-offload-optimizer-state, as TensorFlow's replicated_optimizer_state_sharding needs offload_weight_update_variables)".into(),
+        ));
+    }
     if options.batch_size == 0 {
         return Err(opt_err("--batch-size", "must be at least 1".into()));
     }

@@ -69,6 +69,7 @@ pub const KEYS: &[(&str, Kind)] = &[
     ("recompute", Kind::Flag),
     ("partials_type", Kind::Text),
     ("recompute_checkpoints", Kind::Names),
+    ("replicated_tensor_sharding", Kind::Flag),
     ("available_memory_proportion", Kind::Number),
     ("pipeline_ipus", Kind::Count),
     ("pipeline_stages", Kind::Names),

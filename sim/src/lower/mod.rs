@@ -58,7 +58,16 @@ pub struct LowerOptions {
     /// The options of poplin's planner for every product lowered (`availableMemoryProportion`,
     /// `partialsType`).
     pub plan: crate::matmul::PlanOptions,
+    /// Replicated tensor sharding (TensorFlow's `replicated_optimizer_state_sharding`,
+    /// PopART's `replicatedTensorSharding`): the replicas the optimizer state and its update
+    /// are sharded over (1: none). Each replica keeps, loads, stores and updates `1 / r` of
+    /// the state of every variable of at least [`RTS_MIN_ELEMENTS`] elements.
+    pub replicated_tensor_sharding: u32,
 }
+
+/// The fewest elements of a variable whose optimizer state replicated tensor sharding shards:
+/// PopART's `minElementsForReplicatedTensorSharding` default (`SessionOptions`, 8192).
+pub const RTS_MIN_ELEMENTS: u64 = 8192;
 
 impl Default for LowerOptions {
     fn default() -> Self {
@@ -67,6 +76,19 @@ impl Default for LowerOptions {
             min_chunk_bytes: 128,
             offload_optimizer_state: false,
             plan: crate::matmul::PlanOptions::default(),
+            replicated_tensor_sharding: 1,
+        }
+    }
+}
+
+impl LowerOptions {
+    /// The replicas a variable of `elements` elements has its optimizer state and update
+    /// sharded over (1 when not sharded).
+    pub fn shards_of(&self, elements: u64) -> u64 {
+        if self.replicated_tensor_sharding > 1 && elements >= RTS_MIN_ELEMENTS {
+            u64::from(self.replicated_tensor_sharding)
+        } else {
+            1
         }
     }
 }
@@ -549,10 +571,15 @@ impl<'a, S: Storage> Lowering<'a, S> {
             .copied()
             .filter(|o| self.offloaded[o.index()])
             .collect();
+        // With replicated tensor sharding each replica moves its shard.
+        let moved = |l: &Self, t: NodeId| {
+            let n = l.node(t);
+            (n.bytes() as u64).div_ceil(l.opts.shards_of(n.shape().elements() as u64))
+        };
         for &t in &offloaded {
             self.steps.push(Step::RemoteBuffer {
                 tensor: TensorId::of(t),
-                bytes: self.node(t).bytes() as u64,
+                bytes: moved(self, t),
                 load: true,
             });
         }
@@ -560,7 +587,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
         for &t in &offloaded {
             self.steps.push(Step::RemoteBuffer {
                 tensor: TensorId::of(t),
-                bytes: self.node(t).bytes() as u64,
+                bytes: moved(self, t),
                 load: false,
             });
         }

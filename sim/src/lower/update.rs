@@ -12,7 +12,17 @@ use tessera_core::DType;
 pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update) {
     let cfg = l.cfg;
     let dt = l.node(i).dtype();
-    let scaled_add = move |n| cost::scaled_add_cycles(cfg, n, dt);
+    // With replicated tensor sharding an optimizer's update runs on each replica's shard of
+    // the variable (accumulations, fills and counters do not).
+    let shards = match *op {
+        Update::Sgd { var, .. }
+        | Update::Momentum { var, .. }
+        | Update::Adam { var, .. }
+        | Update::Lamb { var, .. }
+        | Update::Lars { var, .. } => l.opts.shards_of(l.node(var).shape().elements() as u64),
+        _ => 1,
+    };
+    let scaled_add = move |n: u64| cost::scaled_add_cycles(cfg, n.div_ceil(shards), dt);
     match *op {
         Update::Sgd { var, grad, .. } => {
             let (var, grad) = (l.t(var), l.t(grad));
@@ -36,10 +46,10 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
             ..
         } => {
             // Two moment updates, a square root, a divide and the scaled add.
-            let c = move |n| {
+            let c = move |n: u64| {
                 3 * scaled_add(n)
-                    + UnaryKind::Sqrt.cycles(cfg, n, dt)
-                    + UnaryKind::Reciprocal.cycles(cfg, n, dt)
+                    + UnaryKind::Sqrt.cycles(cfg, n.div_ceil(shards), dt)
+                    + UnaryKind::Reciprocal.cycles(cfg, n.div_ceil(shards), dt)
             };
             let (var, m, v, grad, st) = (l.t(var), l.t(m), l.t(v), l.t(grad), l.t(step));
             l.per_tile_same(
@@ -76,11 +86,12 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
                 &[m, v],
                 &[Region::span(st, 0, 1)],
             );
-            let step_and_norms = move |n| {
-                UnaryKind::Sqrt.cycles(cfg, n, dt)
-                    + UnaryKind::Reciprocal.cycles(cfg, n, dt)
+            let step_and_norms = move |n: u64| {
+                let n_s = n.div_ceil(shards);
+                UnaryKind::Sqrt.cycles(cfg, n_s, dt)
+                    + UnaryKind::Reciprocal.cycles(cfg, n_s, dt)
                     + scaled_add(n)
-                    + 2 * cost::reduce_cycles(cfg, 1, n, DType::F32)
+                    + 2 * cost::reduce_cycles(cfg, 1, n_s, DType::F32)
             };
             trust_ratio_update(l, i, var, &[m, v], step_and_norms, scaled_add, &[m, v]);
         }
@@ -94,7 +105,8 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
             // ratio on one tile, then the velocity's update and the variable's (two scaled
             // adds) everywhere.
             let (var, velocity, grad) = (l.t(var), l.t(velocity), l.t(grad));
-            let norms = move |n| 2 * cost::reduce_cycles(cfg, 1, n, DType::F32);
+            let norms =
+                move |n: u64| 2 * cost::reduce_cycles(cfg, 1, n.div_ceil(shards), DType::F32);
             trust_ratio_update(
                 l,
                 i,
