@@ -193,7 +193,8 @@ impl IpuConfig {
                 vector_width_fp16: 4,
                 // vendor: 4 bytes/cycle/tile exchange (Poplar target summary).
                 exchange_bytes_per_cycle_per_tile: 4,
-                // estimate: "of the order of 100 cycles" fixed exchange overhead.
+                // "of the order of 100 cycles" fixed exchange overhead (ARCH.md); poplibs models a
+                // small exchange the same way (`fixedOverheadExchangeCycles`, CTCLossPlan.cpp).
                 exchange_overhead_cycles: 100,
                 // estimate: on-chip sync, poplibs' planners assume about 90 cycles.
                 sync_cycles: 90,
@@ -243,7 +244,8 @@ impl IpuConfig {
                 vector_width_fp16: 4,
                 // vendor: 4 bytes/cycle/tile exchange (Poplar target summary; 8 TB/s aggregate).
                 exchange_bytes_per_cycle_per_tile: 4,
-                // estimate: "of the order of 100 cycles" fixed exchange overhead.
+                // "of the order of 100 cycles" fixed exchange overhead (ARCH.md); poplibs models a
+                // small exchange the same way (`fixedOverheadExchangeCycles`, CTCLossPlan.cpp).
                 exchange_overhead_cycles: 100,
                 // estimate: on-chip sync, poplibs' planners assume about 90 cycles.
                 sync_cycles: 90,
@@ -290,7 +292,8 @@ impl IpuConfig {
                 vector_width_fp16: 4,
                 // vendor: 4 bytes/cycle/tile exchange (Poplar target summary).
                 exchange_bytes_per_cycle_per_tile: 4,
-                // estimate: "of the order of 100 cycles" fixed exchange overhead.
+                // "of the order of 100 cycles" fixed exchange overhead (ARCH.md); poplibs models a
+                // small exchange the same way (`fixedOverheadExchangeCycles`, CTCLossPlan.cpp).
                 exchange_overhead_cycles: 100,
                 // estimate: on-chip sync, poplibs' planners assume about 90 cycles.
                 sync_cycles: 90,
