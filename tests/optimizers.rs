@@ -5,17 +5,65 @@ use tessera::core::{Activation, DType, Graph, Optimizer, Plan};
 use tessera::sim::system::{estimate_system, SystemOptions};
 use tessera::sim::{Heap, IpuConfig, Preset};
 
+/// A classifier of `inputs` features: dense layers `d1`, `d2`, ... of the `hidden` widths
+/// (ReLU), then one of `classes` (logits), and its cross-entropy loss.
+fn classifier(
+    g: &mut Graph<Heap>,
+    batch: usize,
+    inputs: usize,
+    hidden: &[usize],
+    classes: usize,
+    dtype: DType,
+) -> tessera::core::NodeId {
+    let mut h = g.input("x", &[batch, inputs], dtype).unwrap();
+    let labels = g.input("labels", &[batch], DType::I32).unwrap();
+    for (k, &width) in hidden.iter().chain([&classes]).enumerate() {
+        let act = if k < hidden.len() {
+            Activation::Relu
+        } else {
+            Activation::Linear
+        };
+        h = g
+            .dense(&format!("d{}", k + 1), h, width, act, dtype)
+            .unwrap();
+    }
+    g.sparse_categorical_crossentropy("loss", h, labels, true)
+        .unwrap()
+}
+
+/// The device estimate of training a 1024 -> 1024 -> 10 fp16 classifier at `batch`.
+fn on_device(
+    batch: usize,
+    optimizer: Optimizer,
+    accumulation: u32,
+    replicas: usize,
+    lower: tessera::sim::lower::LowerOptions,
+) -> tessera::sim::system::SystemEstimate {
+    let mut g: Graph<Heap> = Graph::new();
+    let loss = classifier(&mut g, batch, 1024, &[1024], 10, DType::F16);
+    g.differentiate_accumulating(
+        loss,
+        optimizer,
+        tessera::core::Accumulation::new(accumulation),
+    )
+    .unwrap();
+    let plan = Plan::new(&g).unwrap();
+    let opts = SystemOptions {
+        micro_batch: batch as u64,
+        replicas,
+        allow_out_of_memory: true,
+        lower,
+        ..SystemOptions::default()
+    };
+    estimate_system(&plan, &IpuConfig::preset(Preset::Mk2), &opts).unwrap()
+}
+
 /// (weights before, gradient, weights after) of a dense layer's kernel after one step.
 fn one_step(optimizer: Optimizer) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let mut g: Graph<Heap> = Graph::new();
-    let x = g.input("x", &[2, 3], DType::F32).unwrap();
-    let labels = g.input("labels", &[2], DType::I32).unwrap();
-    let logits = g.dense("d", x, 4, Activation::Linear, DType::F32).unwrap();
-    let loss = g
-        .sparse_categorical_crossentropy("loss", logits, labels, true)
-        .unwrap();
+    let loss = classifier(&mut g, 2, 3, &[], 4, DType::F32);
     g.differentiate(loss, optimizer).unwrap();
-    g.mark_output("d/kernel:0_grad").unwrap();
+    g.mark_output("d1/kernel:0_grad").unwrap();
     let plan = Plan::new(&g).unwrap();
     let mut arena = vec![0u8; plan.arena_bytes()];
     let mut state = vec![0u8; plan.state_bytes()];
@@ -23,14 +71,14 @@ fn one_step(optimizer: Optimizer) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let read = |name: &str, arena: &[u8], state: &[u8]| -> Vec<f32> {
         plan.tensor(name, arena, state).unwrap().iter().collect()
     };
-    let before = read("d/kernel:0", &arena, &state);
+    let before = read("d1/kernel:0", &arena, &state);
     plan.write_input("x", &mut arena, &[0.5, -1.0, 2.0, 1.5, 0.25, -0.75])
         .unwrap();
     plan.fill_input("labels", &mut arena, 2, |i| (i * 3 % 4) as f32)
         .unwrap();
     plan.train_step(&mut arena, &mut state).unwrap();
-    let grad = read("d/kernel:0_grad", &arena, &state);
-    let after = read("d/kernel:0", &arena, &state);
+    let grad = read("d1/kernel:0_grad", &arena, &state);
+    let after = read("d1/kernel:0", &arena, &state);
     (before, grad, after)
 }
 
@@ -81,12 +129,7 @@ fn lars_steps_by_the_trust_ratio_of_weights_and_gradient() {
 #[test]
 fn bad_hyper_parameters_are_refused() {
     let mut g: Graph<Heap> = Graph::new();
-    let x = g.input("x", &[2, 3], DType::F32).unwrap();
-    let labels = g.input("labels", &[2], DType::I32).unwrap();
-    let logits = g.dense("d", x, 4, Activation::Linear, DType::F32).unwrap();
-    let loss = g
-        .sparse_categorical_crossentropy("loss", logits, labels, true)
-        .unwrap();
+    let loss = classifier(&mut g, 2, 3, &[], 4, DType::F32);
     let bad = Optimizer::Lamb {
         learning_rate: 0.1,
         beta1: 0.9,
@@ -100,29 +143,7 @@ fn bad_hyper_parameters_are_refused() {
 
 #[test]
 fn the_trust_ratio_costs_norms_and_a_broadcast_on_the_device() {
-    let estimate = |optimizer: Optimizer| {
-        let mut g: Graph<Heap> = Graph::new();
-        let x = g.input("x", &[64, 1024], DType::F16).unwrap();
-        let labels = g.input("labels", &[64], DType::I32).unwrap();
-        let h = g
-            .dense("d1", x, 1024, Activation::Relu, DType::F16)
-            .unwrap();
-        let logits = g
-            .dense("d2", h, 10, Activation::Linear, DType::F16)
-            .unwrap();
-        let loss = g
-            .sparse_categorical_crossentropy("loss", logits, labels, true)
-            .unwrap();
-        g.differentiate_accumulating(loss, optimizer, tessera::core::Accumulation::new(2))
-            .unwrap();
-        let plan = Plan::new(&g).unwrap();
-        let opts = SystemOptions {
-            micro_batch: 64,
-            allow_out_of_memory: true,
-            ..SystemOptions::default()
-        };
-        estimate_system(&plan, &IpuConfig::preset(Preset::Mk2), &opts).unwrap()
-    };
+    let estimate = |optimizer| on_device(64, optimizer, 2, 1, Default::default());
     let adam = estimate(Optimizer::adam(1e-3));
     let lamb = estimate(Optimizer::lamb(1e-3));
     let (momentum, lars) = (
@@ -138,39 +159,14 @@ fn the_trust_ratio_costs_norms_and_a_broadcast_on_the_device() {
 
 #[test]
 fn replicated_tensor_sharding_divides_the_state_and_its_update_over_the_replicas() {
-    let estimate = |shards: u32| {
-        let mut g: Graph<Heap> = Graph::new();
-        let x = g.input("x", &[32, 1024], DType::F16).unwrap();
-        let labels = g.input("labels", &[32], DType::I32).unwrap();
-        let h = g
-            .dense("d1", x, 1024, Activation::Relu, DType::F16)
-            .unwrap();
-        // A bias of 1024 elements stays whole: under PopART's 8192-element threshold.
-        let logits = g
-            .dense("d2", h, 10, Activation::Linear, DType::F16)
-            .unwrap();
-        let loss = g
-            .sparse_categorical_crossentropy("loss", logits, labels, true)
-            .unwrap();
-        g.differentiate_accumulating(
-            loss,
-            Optimizer::adam(1e-3),
-            tessera::core::Accumulation::new(4),
-        )
-        .unwrap();
-        let plan = Plan::new(&g).unwrap();
-        let opts = SystemOptions {
-            micro_batch: 32,
-            replicas: 4,
-            allow_out_of_memory: true,
-            lower: tessera::sim::lower::LowerOptions {
-                offload_optimizer_state: true,
-                replicated_tensor_sharding: shards,
-                ..Default::default()
-            },
-            ..SystemOptions::default()
+    // The biases of 1024 and 10 elements stay whole: under PopART's 8192-element threshold.
+    let estimate = |shards| {
+        let lower = tessera::sim::lower::LowerOptions {
+            offload_optimizer_state: true,
+            replicated_tensor_sharding: shards,
+            ..Default::default()
         };
-        estimate_system(&plan, &IpuConfig::preset(Preset::Mk2), &opts).unwrap()
+        on_device(32, Optimizer::adam(1e-3), 4, 4, lower)
     };
     let (whole, sharded) = (estimate(1), estimate(4));
     // Adam's two moments of every variable, in streaming memory: the kernels' (1024 x 1024

@@ -9,12 +9,26 @@ use tessera::sim::{Heap, IpuConfig, Preset};
 
 /// A residual MLP: a stem, `blocks` residual blocks of two dense layers, a classifier.
 fn residual_mlp(g: &mut Graph<Heap>, batch: usize, width: usize, blocks: usize) -> NodeId {
+    pipelined_residual_mlp(g, batch, width, blocks, None)
+}
+
+/// [`residual_mlp`] with a second pipeline stage from block `second_stage` on, if given.
+fn pipelined_residual_mlp(
+    g: &mut Graph<Heap>,
+    batch: usize,
+    width: usize,
+    blocks: usize,
+    second_stage: Option<usize>,
+) -> NodeId {
     let x = g.input("x", &[batch, 6], DType::F32).unwrap();
     let labels = g.input("labels", &[batch], DType::I32).unwrap();
     let mut h = g
         .dense("stem", x, width, Activation::Relu, DType::F32)
         .unwrap();
     for b in 0..blocks {
+        if second_stage == Some(b) {
+            g.set_stage(1).unwrap();
+        }
         let y = g
             .dense(
                 &format!("block{b}/a"),
@@ -233,35 +247,7 @@ fn a_pipelined_stage_stashes_only_its_inputs_and_checkpoints() {
     // Two stages: the stem and two blocks on IPU 0, two blocks and the head on IPU 1.
     let build = |recompute: bool| {
         let mut g: Graph<Heap> = Graph::new();
-        let x = g.input("x", &[64, 6], DType::F32).unwrap();
-        let labels = g.input("labels", &[64], DType::I32).unwrap();
-        let mut h = g
-            .dense("stem", x, 256, Activation::Relu, DType::F32)
-            .unwrap();
-        for b in 0..4 {
-            if b == 2 {
-                g.set_stage(1).unwrap();
-            }
-            let y = g
-                .dense(&format!("block{b}/a"), h, 256, Activation::Tanh, DType::F32)
-                .unwrap();
-            let y = g
-                .dense(
-                    &format!("block{b}/b"),
-                    y,
-                    256,
-                    Activation::Linear,
-                    DType::F32,
-                )
-                .unwrap();
-            h = g.add(&format!("block{b}/residual"), h, y).unwrap();
-        }
-        let logits = g
-            .dense("classifier", h, 3, Activation::Linear, DType::F32)
-            .unwrap();
-        let loss = g
-            .sparse_categorical_crossentropy("loss", logits, labels, true)
-            .unwrap();
+        let loss = pipelined_residual_mlp(&mut g, 64, 256, 4, Some(2));
         let cps = if recompute {
             g.auto_checkpoints(loss).unwrap().to_vec()
         } else {

@@ -389,6 +389,19 @@ impl<S: Storage> Backprop<'_, S> {
     }
 }
 
+/// Whether forward node `j` (of op `op`) is differentiated through a recomputed copy: it is
+/// recomputed, or it is a checkpoint (closing its own segment) with an operand recomputed in
+/// that segment, whose gradient would otherwise read the forward's value.
+fn copied(op: &Op, j: usize, segment: &[u32], recomputed: &[bool]) -> bool {
+    recomputed[j]
+        || (segment[j] == j as u32
+            && op
+                .operands()
+                .as_slice()
+                .iter()
+                .any(|o| recomputed[o.index()] && segment[o.index()] == j as u32))
+}
+
 /// Appends the copies of segment `c` (the checkpoint closing it): every recomputed node of
 /// the segment and, when its operands are recomputed, the checkpoint itself, in forward
 /// order, each reading the copies made before it, named `<node>/recompute`.
@@ -408,15 +421,7 @@ fn recompute_segment<S: Storage>(
             continue;
         }
         let n = bp.graph.nodes[j].clone();
-        if j == c
-            && !recomputed[j]
-            && !n
-                .op
-                .operands()
-                .as_slice()
-                .iter()
-                .any(|o| recomputed[o.index()] && segment[o.index()] == c as u32)
-        {
+        if !copied(&n.op, j, segment, recomputed) {
             continue;
         }
         let Some(op) = n.op.map_operands(&mut |o| copy[o.index()].unwrap_or(o)) else {
@@ -839,14 +844,7 @@ impl<S: Storage> Graph<S> {
             }
             // A recomputed node, or a checkpoint whose gradient reads recomputed operands, is
             // differentiated through its copy: its segment is recomputed first.
-            let through_copy = recomputed[i]
-                || (segment[i] == i as u32
-                    && bp.graph.nodes[i]
-                        .op
-                        .operands()
-                        .as_slice()
-                        .iter()
-                        .any(|o| recomputed[o.index()] && segment[o.index()] == i as u32));
+            let through_copy = copied(&bp.graph.nodes[i].op, i, &segment, &recomputed);
             let at = if through_copy {
                 let c = segment[i] as usize;
                 if copy[i].is_none() {

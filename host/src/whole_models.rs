@@ -230,24 +230,29 @@ pub struct ProfileRow {
 /// which Poplar holds in destination variables); `total` the five categories' sum, as PopLiner
 /// sums them (no stack, no gaps).
 pub fn category_mb(categories: &BTreeMap<&'static str, u64>, category: &str) -> f64 {
-    let get = |k: &str| categories.get(k).copied().unwrap_or(0) as f64;
-    let bytes = match category {
-        "variables" => {
-            get("always_live") + get("not_always_live") + get("stash") + get("exchange_buffers")
-        }
-        "total" => [
-            "variables",
-            "vertex_code",
-            "vertex_state",
-            "exchange_code",
-            "control_code",
-        ]
-        .iter()
-        .map(|c| category_mb(categories, c) * 1e6)
-        .sum(),
-        other => get(other),
+    const VARIABLES: [&str; 4] = [
+        "always_live",
+        "not_always_live",
+        "stash",
+        "exchange_buffers",
+    ];
+    const CODE_AND_STATE: [&str; 4] = [
+        "vertex_code",
+        "vertex_state",
+        "exchange_code",
+        "control_code",
+    ];
+    let sum = |keys: &[&str]| -> u64 {
+        keys.iter()
+            .map(|k| categories.get(k).copied().unwrap_or(0))
+            .sum()
     };
-    bytes / 1e6
+    let bytes = match category {
+        "variables" => sum(&VARIABLES),
+        "total" => sum(&VARIABLES) + sum(&CODE_AND_STATE),
+        other => sum(&[other]),
+    };
+    bytes as f64 / 1e6
 }
 
 impl ProfileRow {

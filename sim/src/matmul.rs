@@ -125,14 +125,9 @@ impl PlanOptions {
     ///
     /// The message names the value at fault.
     pub fn validate(&self) -> Result<(), String> {
-        let p = self.available_memory_proportion;
-        if p.is_finite() && p > 0.0 && p <= 1.0 {
-            Ok(())
-        } else {
-            Err(format!(
-                "available memory proportion {p} is not in (0, 1]: it is the share of each tile a product's temporary memory may take"
-            ))
-        }
+        check_proportion(self.available_memory_proportion).map_err(|e| {
+            format!("available memory proportion {e}: it is the share of each tile a product's temporary memory may take")
+        })
     }
 
     /// The planner's first bound on a tile's temporary bytes.
@@ -186,20 +181,30 @@ fn even_part(r: (u64, u64), s: u64, parts: u64) -> (u64, u64) {
 /// `MatMul.cpp`: 0.6).
 pub const AVAILABLE_MEMORY_PROPORTION: f64 = 0.6;
 
-/// Whether a product in `dtype` with reduction length `k` and a kernel of `kernel_area`
-/// positions keeps fp32 partial sums even when its `k` is not split, so that a compute set of
-/// casts makes its output. poplin lets the AMP write an output narrower than its partials only
-/// when every input channel fits one conv unit's weights and the kernel is 1 x 1
-/// (`getConvVertexAMPCandidates`, `lib/poplin/ConvVertexType.cpp`); otherwise its vertices write
-/// fp32 partials and `convolutionImpl` casts them (`popops::cast` in a `Cast` compute set,
-/// `lib/poplin/Convolution.cpp`). A matmul is a 1 x 1 convolution with `k` input channels.
-pub fn fp32_partials(k: u64, kernel_area: u64, dtype: DType) -> bool {
-    casts_partials(k, kernel_area, dtype, DType::F32)
+/// poplin's rule for `availableMemoryProportion` as Tessera takes it: finite, in `(0, 1]`
+/// (poplin refuses values outside `[0, 1]`; its 0, "minimise temporary memory", is not
+/// offered). The error is the value and the range.
+///
+/// # Errors
+///
+/// `"{p} is not in (0, 1]"`.
+pub fn check_proportion(p: f64) -> Result<(), String> {
+    if p.is_finite() && p > 0.0 && p <= 1.0 {
+        Ok(())
+    } else {
+        Err(format!("{p} is not in (0, 1]"))
+    }
 }
 
-/// Whether a product in `dtype` whose partial sums are of type `partials` makes its output
-/// with a compute set of casts from them ([`fp32_partials`] for fp32 partials; partials of
-/// the output's own type need no cast).
+/// Whether a product in `dtype` with reduction length `k`, a kernel of `kernel_area`
+/// positions and partial sums of type `partials` makes its output with a compute set of casts
+/// from them, even when its `k` is not split. Partials of the output's own type need none.
+/// With fp32 partials of an fp16 product: poplin lets the AMP write an output narrower than
+/// its partials only when every input channel fits one conv unit's weights and the kernel is
+/// 1 x 1 (`getConvVertexAMPCandidates`, `lib/poplin/ConvVertexType.cpp`); otherwise its
+/// vertices write fp32 partials and `convolutionImpl` casts them (`popops::cast` in a `Cast`
+/// compute set, `lib/poplin/Convolution.cpp`). A matmul is a 1 x 1 convolution with `k`
+/// input channels.
 pub fn casts_partials(k: u64, kernel_area: u64, dtype: DType, partials: DType) -> bool {
     partials != dtype && !(kernel_area == 1 && k <= cost::amp_in_group(dtype))
 }

@@ -78,11 +78,7 @@ fn proportion(s: &str) -> Result<f64, String> {
         .trim()
         .parse()
         .map_err(|_| format!("`{s}` is not a number"))?;
-    if p.is_finite() && p > 0.0 && p <= 1.0 {
-        Ok(p)
-    } else {
-        Err(format!("{s} is not in (0, 1]"))
-    }
+    tessera_sim::matmul::check_proportion(p).map(|()| p)
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]

@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 
-use clap::Parser;
 use serde::Serialize;
 use tessera_host::calibration::{self, Bounds, Summary, Table};
 use tessera_host::dataset::Dataset;
@@ -14,7 +13,7 @@ use tessera_sim::ops::{
     OpEstimate,
 };
 
-use super::args::{BenchArgs, CalibrateArgs, Cli, Command, OpCommand, OpCommon, ShapeArg};
+use super::args::{BenchArgs, CalibrateArgs, OpCommand, OpCommon, ShapeArg};
 use super::options::{data_dir, load_data};
 use super::AnyError;
 
@@ -265,21 +264,11 @@ fn whole_model_rows(
         p.display().to_string()
     });
     let w = whole_models::WholeModels::parse(&text).map_err(|e| format!("{source}: {e}"))?;
+    // Each entry as a sweep estimates a configuration.
     let estimate = |model: &str, c: &tessera_host::sweep::Config| -> Result<_, String> {
-        let model = dir.join(model).display().to_string();
-        let mut argv = vec!["tessera".to_string(), "estimate".into(), model];
-        argv.extend(c.options());
-        argv.extend(["--no-search".to_string(), "--json".into()]);
-        let args = match Cli::try_parse_from(&argv) {
-            Ok(Cli {
-                command: Command::Estimate(a),
-            }) => a,
-            Ok(_) => return Err("not an estimate".to_string()),
-            // clap's first line says what is wrong; the rest is usage.
-            Err(e) => return Err(e.to_string().lines().next().unwrap_or_default().to_string()),
-        };
-        super::onnx::estimate(&args)
-            .map(|o| o.summary)
+        let args = super::sweep::config_args(&dir.join(model).display().to_string(), c)?;
+        super::sweep::estimate_config(&args)
+            .map(|(summary, _)| summary)
             .map_err(|e| super::one_line(&e.to_string()))
     };
     let runs = w

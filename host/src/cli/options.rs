@@ -127,13 +127,9 @@ pub fn options_with(
         },
         available_memory_proportion: if a.available_memory_proportion.is_empty() {
             let file = t.available_memory_proportion.clone().unwrap_or_default();
-            if let Some(bad) = file
-                .iter()
-                .find(|p| !(p.is_finite() && **p > 0.0 && **p <= 1.0))
-            {
-                return Err(
-                    format!("{model}: available_memory_proportion {bad} is not in (0, 1]").into(),
-                );
+            for &p in &file {
+                tessera_sim::matmul::check_proportion(p)
+                    .map_err(|e| format!("{model}: available_memory_proportion {e}"))?;
             }
             file
         } else {

@@ -12,6 +12,7 @@ use rayon::prelude::*;
 use tessera_host::report::format::{decimal, seconds};
 use tessera_host::report::sweep::{pareto_svg, sweep_page, PARETO_FILE};
 use tessera_host::report::INDEX_FILE;
+use tessera_host::session::EstimateSummary;
 use tessera_host::sweep::{
     best, match_rows, merge as merge_rows, pareto_front, read_rows, replace, stem, write_all,
     Appender, Config, Files, Row, Spec,
@@ -44,11 +45,17 @@ fn output_dir(spec: &Path, output: Option<&Path>) -> PathBuf {
 
 /// The estimate options of configuration `c`, checked as the command line checks them.
 fn estimate_args(spec: &Spec, index: usize, c: &Config) -> Result<EstimateArgs, AnyError> {
-    let model = spec.model_path(c);
-    let mut argv = vec!["tessera".to_string(), "estimate".into(), model.clone()];
+    config_args(&spec.model_path(c), c)
+        .map_err(|e| format!("{}: configuration {index} ({c}): {e}", spec.path.display()).into())
+}
+
+/// `tessera estimate MODEL` with configuration `c`'s options, one estimate (no search for
+/// the fewest IPUs: a configuration is one point), as JSON, parsed as the command line is;
+/// the error is clap's message on one line.
+pub(super) fn config_args(model: &str, c: &Config) -> Result<EstimateArgs, String> {
+    let mut argv = vec!["tessera".to_string(), "estimate".into(), model.to_string()];
     argv.extend(c.options());
-    if is_onnx(&model) {
-        // A sweep's configurations are the search: one estimate each.
+    if is_onnx(model) {
         argv.push("--no-search".into());
     }
     argv.push("--json".into());
@@ -56,13 +63,22 @@ fn estimate_args(spec: &Spec, index: usize, c: &Config) -> Result<EstimateArgs, 
         Ok(Cli {
             command: Command::Estimate(a),
         }) => Ok(a),
-        Ok(_) => Err(format!("configuration {index} ({c}): not an estimate").into()),
-        Err(e) => Err(format!(
-            "{}: configuration {index} ({c}): {}",
-            spec.path.display(),
-            clap_message(&e.to_string())
-        )
-        .into()),
+        Ok(_) => Err("not an estimate".into()),
+        Err(e) => Err(clap_message(&e.to_string())),
+    }
+}
+
+/// The estimate `args` ask for (of an ONNX model or a model file), and an automatic split's
+/// stage boundaries.
+pub(super) fn estimate_config(
+    args: &EstimateArgs,
+) -> Result<(EstimateSummary, Option<Vec<String>>), AnyError> {
+    if is_onnx(&args.model.model) {
+        let o = super::onnx::estimate(args)?;
+        let boundaries = o.boundaries().map(<[String]>::to_vec);
+        Ok((o.summary, boundaries))
+    } else {
+        Ok((super::estimate::estimate(args)?.summary, None))
     }
 }
 
@@ -81,18 +97,8 @@ fn chain(e: &AnyError) -> String {
 /// Configuration `index`'s row: its estimate, or the error (a panic included) that stopped it.
 fn estimate_row(index: usize, c: &Config, args: &EstimateArgs) -> Row {
     let result = catch_unwind(AssertUnwindSafe(|| -> Result<Row, AnyError> {
-        if is_onnx(&args.model.model) {
-            let o = super::onnx::estimate(args)?;
-            Ok(Row::estimated(
-                index,
-                c,
-                &o.summary,
-                o.boundaries().map(<[String]>::to_vec),
-            ))
-        } else {
-            let o = super::estimate::estimate(args)?;
-            Ok(Row::estimated(index, c, &o.summary, None))
-        }
+        let (summary, boundaries) = estimate_config(args)?;
+        Ok(Row::estimated(index, c, &summary, boundaries))
     }));
     match result {
         Ok(Ok(row)) => row,

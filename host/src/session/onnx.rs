@@ -266,15 +266,13 @@ fn add_loss(
             // `gather_indexes` over `max_predictions_per_seq`, Graphcore's `mask_tokens`):
             // their hidden states are gathered, by flat position, before the projection.
             let (batch, seq) = (dims[0], dims[1]);
-            let masked = mask_tokens
-                .unwrap_or_else(|| (seq as f64 * MASKED_SHARE).ceil() as usize)
-                .clamp(1, seq);
             if mask_tokens.is_some_and(|m| m == 0 || m > seq) {
                 return Err(opt_err(
                     "--mask-tokens",
                     format!("must be 1 to the sequence length {seq}"),
                 ));
             }
+            let masked = mask_tokens.unwrap_or_else(|| (seq as f64 * MASKED_SHARE).ceil() as usize);
             let hidden = if masked < seq {
                 let flat = g.reshape("mlm/flat", out.node, &[batch * seq, dims[2]])?;
                 let positions = g.input("masked_positions", &[batch, masked], DType::I32)?;

@@ -63,7 +63,7 @@ pub(crate) struct Product {
     /// Positions of the kernel in poplin's view of the product: 1 for a matmul, the kernel's
     /// for a convolution's forward and input-gradient passes, the output field's for its
     /// weight update. With `k`, it decides whether the AMP can write a narrow output
-    /// (`crate::matmul::fp32_partials`).
+    /// (`crate::matmul::casts_partials`).
     pub kernel_area: u64,
 }
 

@@ -1656,28 +1656,11 @@ mod tests {
         // The same grid both ways (the planner's choice may differ; here it does not), so
         // the partials hold the same elements at half the bytes.
         let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(64);
-        let (mf, mh) = (
-            crate::matmul::plan_matmul_with(
-                &cfg,
-                16,
-                8192,
-                64,
-                DType::F16,
-                crate::matmul::LaidOut::B,
-                64,
-                float.plan,
-            ),
-            crate::matmul::plan_matmul_with(
-                &cfg,
-                16,
-                8192,
-                64,
-                DType::F16,
-                crate::matmul::LaidOut::B,
-                64,
-                half.plan,
-            ),
-        );
+        let plan = |o| {
+            let b = crate::matmul::LaidOut::B;
+            crate::matmul::plan_matmul_with(&cfg, 16, 8192, 64, DType::F16, b, 64, o)
+        };
+        let (mf, mh) = (plan(float.plan), plan(half.plan));
         if (mf.pm, mf.pk, mf.pn, mf.serial) == (mh.pm, mh.pk, mh.pn, mh.serial) {
             assert_eq!(half_bytes * 2, float_bytes);
         } else {
@@ -1703,22 +1686,26 @@ mod tests {
         // (every bound here can be met; `BoundLevel` ranks plans when none can).
         let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(64);
         let (m, k, n) = (512u64, 2048u64, 512u64);
-        let mut last_cycles = 0;
-        for proportion in [1.0, 0.6, 0.3, 0.1] {
-            let opts = crate::matmul::PlanOptions {
-                available_memory_proportion: proportion,
-                ..Default::default()
-            };
-            let p = crate::matmul::plan_matmul_with(
+        let options = |proportion| crate::matmul::PlanOptions {
+            available_memory_proportion: proportion,
+            ..Default::default()
+        };
+        let plan = |proportion| {
+            let none = crate::matmul::LaidOut::NONE;
+            crate::matmul::plan_matmul_with(
                 &cfg,
                 m,
                 k,
                 n,
                 DType::F16,
-                crate::matmul::LaidOut::NONE,
+                none,
                 64,
-                opts,
-            );
+                options(proportion),
+            )
+        };
+        let mut last_cycles = 0;
+        for proportion in [1.0, 0.6, 0.3, 0.1] {
+            let p = plan(proportion);
             // Temporary bytes of one serial step on a tile: both operands' blocks (none laid
             // out by the plan) and fp32 partials of the block (k is long: a cast follows),
             // with the serial accumulators when there are steps over k.
@@ -1732,7 +1719,7 @@ mod tests {
                 0
             };
             let temporary = operands + partials + accumulators;
-            let bound = opts.bound_bytes(&cfg);
+            let bound = options(proportion).bound_bytes(&cfg);
             assert!(
                 temporary <= bound,
                 "{proportion}: {temporary} > {bound}: {p:?}"
@@ -1742,21 +1729,6 @@ mod tests {
             last_cycles = p.planned_cycles;
         }
         // The bound is what chose: at 0.1 the plan differs from the unbounded one.
-        let plan = |proportion| {
-            crate::matmul::plan_matmul_with(
-                &cfg,
-                m,
-                k,
-                n,
-                DType::F16,
-                crate::matmul::LaidOut::NONE,
-                64,
-                crate::matmul::PlanOptions {
-                    available_memory_proportion: proportion,
-                    ..Default::default()
-                },
-            )
-        };
         assert_ne!(plan(1.0), plan(0.1));
     }
 

@@ -22,11 +22,20 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
         | Update::Lars { var, .. } => l.opts.shards_of(l.node(var).shape().elements() as u64),
         _ => 1,
     };
-    let scaled_add = move |n: u64| cost::scaled_add_cycles(cfg, n.div_ceil(shards), dt);
+    let scaled_add = move |n: u64| cost::scaled_add_cycles(cfg, n, dt);
+    // An optimizer's per-tile cost over the tile's share of the variable's shard.
     match *op {
         Update::Sgd { var, grad, .. } => {
             let (var, grad) = (l.t(var), l.t(grad));
-            per_variable(l, i, var, &[grad], scaled_add);
+            per_variable(
+                l,
+                i,
+                "update",
+                var,
+                &[grad],
+                on_shard(shards, scaled_add),
+                &[],
+            );
         }
         Update::Momentum {
             var,
@@ -35,7 +44,8 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
             ..
         } => {
             let (var, velocity, grad) = (l.t(var), l.t(velocity), l.t(grad));
-            per_variable(l, i, var, &[velocity, grad], move |n| 2 * scaled_add(n));
+            let c = on_shard(shards, move |n| 2 * scaled_add(n));
+            per_variable(l, i, "update", var, &[velocity, grad], c, &[]);
         }
         Update::Adam {
             var,
@@ -46,11 +56,11 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
             ..
         } => {
             // Two moment updates, a square root, a divide and the scaled add.
-            let c = move |n: u64| {
+            let c = on_shard(shards, move |n| {
                 3 * scaled_add(n)
-                    + UnaryKind::Sqrt.cycles(cfg, n.div_ceil(shards), dt)
-                    + UnaryKind::Reciprocal.cycles(cfg, n.div_ceil(shards), dt)
-            };
+                    + UnaryKind::Sqrt.cycles(cfg, n, dt)
+                    + UnaryKind::Reciprocal.cycles(cfg, n, dt)
+            });
             let (var, m, v, grad, st) = (l.t(var), l.t(m), l.t(v), l.t(grad), l.t(step));
             l.per_tile_same(
                 i,
@@ -74,7 +84,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
             // The moments (two scaled adds), then the step `r` (a square root, a divide and a
             // multiply-add) and the squared norms of the variable and of `r` on each tile,
             // the trust ratio on one tile, and the scaled add of `r` by it everywhere.
-            let moments = move |n| 2 * scaled_add(n);
+            let moments = on_shard(shards, move |n| 2 * scaled_add(n));
             let (var, m, v, grad, st) = (l.t(var), l.t(m), l.t(v), l.t(grad), l.t(step));
             l.per_tile_same(
                 i,
@@ -86,14 +96,14 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
                 &[m, v],
                 &[Region::span(st, 0, 1)],
             );
-            let step_and_norms = move |n: u64| {
-                let n_s = n.div_ceil(shards);
-                UnaryKind::Sqrt.cycles(cfg, n_s, dt)
-                    + UnaryKind::Reciprocal.cycles(cfg, n_s, dt)
+            let step_and_norms = on_shard(shards, move |n| {
+                UnaryKind::Sqrt.cycles(cfg, n, dt)
+                    + UnaryKind::Reciprocal.cycles(cfg, n, dt)
                     + scaled_add(n)
-                    + 2 * cost::reduce_cycles(cfg, 1, n_s, DType::F32)
-            };
-            trust_ratio_update(l, i, var, &[m, v], step_and_norms, scaled_add, &[m, v]);
+                    + 2 * cost::reduce_cycles(cfg, 1, n, DType::F32)
+            });
+            let apply = on_shard(shards, scaled_add);
+            trust_ratio_update(l, i, var, &[m, v], step_and_norms, apply, &[m, v]);
         }
         Update::Lars {
             var,
@@ -105,17 +115,11 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
             // ratio on one tile, then the velocity's update and the variable's (two scaled
             // adds) everywhere.
             let (var, velocity, grad) = (l.t(var), l.t(velocity), l.t(grad));
-            let norms =
-                move |n: u64| 2 * cost::reduce_cycles(cfg, 1, n.div_ceil(shards), DType::F32);
-            trust_ratio_update(
-                l,
-                i,
-                var,
-                &[grad],
-                norms,
-                move |n| 2 * scaled_add(n),
-                &[velocity, grad],
-            );
+            let norms = on_shard(shards, move |n| {
+                2 * cost::reduce_cycles(cfg, 1, n, DType::F32)
+            });
+            let apply = on_shard(shards, move |n| 2 * scaled_add(n));
+            trust_ratio_update(l, i, var, &[grad], norms, apply, &[velocity, grad]);
         }
         Update::Accumulate {
             acc, grad, counter, ..
@@ -134,7 +138,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
         }
         Update::MovingAverage { x, value, .. } => {
             let (x, value) = (l.t(x), l.t(value));
-            per_variable(l, i, x, &[value], scaled_add);
+            per_variable(l, i, "update", x, &[value], scaled_add, &[]);
         }
         Update::Fill { x, .. } => {
             let x = l.t(x);
@@ -289,34 +293,26 @@ fn trust_ratio_update<S: Storage>(
         writes: vec![Region::span(ratio, 0, 1)],
     };
     l.compute(i, "trust ratio", vec![v]);
-    let writes_state: Vec<TensorId> = apply_reads
-        .iter()
-        .copied()
-        .filter(|&x| l.tensors[x.index()].class == TensorClass::AlwaysLive)
-        .collect();
-    let mut reads = vec![var];
-    reads.extend_from_slice(apply_reads);
-    let mut writes = vec![var];
-    writes.extend(writes_state);
-    l.per_tile_same(
-        i,
-        "apply",
-        var,
-        Codelet::Update,
-        apply_cycles,
-        &reads,
-        &writes,
-        &[Region::span(ratio, 0, 1)],
-    );
+    let ratio = [Region::span(ratio, 0, 1)];
+    per_variable(l, i, "apply", var, apply_reads, apply_cycles, &ratio);
 }
 
-/// A vertex per tile of `var` updating it from `others` (state among them is written too).
+/// `cost` over each tile's share of a shard: with replicated tensor sharding an optimizer's
+/// update runs on `1 / shards` of the variable's elements.
+fn on_shard(shards: u64, cost: impl Fn(u64) -> u64) -> impl Fn(u64) -> u64 {
+    move |n| cost(n.div_ceil(shards))
+}
+
+/// A compute set `phase` of a vertex per tile of `var` updating it from `others` (state among
+/// them is written too), each vertex also reading `fixed`.
 fn per_variable<S: Storage>(
     l: &mut Lowering<'_, S>,
     i: NodeId,
+    phase: &str,
     var: TensorId,
     others: &[TensorId],
     cycles: impl Fn(u64) -> u64,
+    fixed: &[Region],
 ) {
     let writes_state: Vec<TensorId> = others
         .iter()
@@ -329,12 +325,12 @@ fn per_variable<S: Storage>(
     writes.extend(writes_state);
     l.per_tile_same(
         i,
-        "update",
+        phase,
         var,
         Codelet::Update,
         cycles,
         &reads,
         &writes,
-        &[],
+        fixed,
     );
 }
