@@ -95,6 +95,8 @@ fn spread_relu(cfg: &IpuConfig, elements: u64, tiles: u32) -> (u64, u64, u64) {
         tensors,
         steps,
         node_steps: vec![(0, 0), (0, n)],
+        shared_steps: Vec::new(),
+        calls: 0,
         node_names: vec!["x".into(), "y".into()],
         forward_nodes: 2,
     };
@@ -144,6 +146,8 @@ fn interleaved_program(interleaved: u64, other: u64) -> Program {
         ],
         steps: vec![],
         node_steps: vec![(0, 0), (0, 0)],
+        shared_steps: Vec::new(),
+        calls: 0,
         node_names: vec!["partials".into(), "other".into()],
         forward_nodes: 2,
     }

@@ -393,6 +393,10 @@ pub struct TrainingDefaults {
     pub partials_type: Option<String>,
     /// poplin's `availableMemoryProportion`: one value, or one per pipeline stage.
     pub available_memory_proportion: Option<Vec<f64>>,
+    /// Outlining (code reuse; PopART's `enableOutlining`), on unless `false`.
+    pub outlining: Option<bool>,
+    /// Embedding serialization (PopTorch's `embedding_serialization_factor`).
+    pub embedding_serialization: Option<u64>,
 }
 
 /// Whether layers are chained (Sequential) or wired by name (Functional).
@@ -1394,6 +1398,8 @@ struct FileTraining {
     pipeline_schedule: Option<String>,
     partials_type: Option<String>,
     available_memory_proportion: Option<Proportions>,
+    outlining: Option<bool>,
+    embedding_serialization: Option<u64>,
 }
 
 /// `available_memory_proportion = 0.25` or `= [0.25, 0.28, 0.28, 0.28]`.
@@ -1485,6 +1491,8 @@ impl From<FileTraining> for TrainingDefaults {
                 Proportions::One(p) => vec![p],
                 Proportions::PerStage(v) => v,
             }),
+            outlining: t.outlining,
+            embedding_serialization: t.embedding_serialization,
         }
     }
 }

@@ -103,6 +103,16 @@ pub struct PlanOptions {
     pub available_memory_proportion: f64,
     /// poplin's `partialsType`.
     pub partials: PartialsType,
+    /// Serialization of the products over a vocabulary (PopTorch's
+    /// `embedding_serialization_factor`, PopART's `serializeMatMul`): a product whose
+    /// reduction (`k`) or output columns (`n`) are `serialized_size` long runs in at least
+    /// `serialization` serial steps over that dimension, each bringing and making its share
+    /// (1: none).
+    #[serde(default = "one")]
+    pub serialization: u64,
+    /// The length of the dimension [`serialization`](Self::serialization) splits (0: none).
+    #[serde(default)]
+    pub serialized_size: u64,
 }
 
 // Proportions are finite (`validate`), so equality is an equivalence.
@@ -113,6 +123,8 @@ impl Default for PlanOptions {
         PlanOptions {
             available_memory_proportion: AVAILABLE_MEMORY_PROPORTION,
             partials: PartialsType::Float,
+            serialization: 1,
+            serialized_size: 0,
         }
     }
 }
@@ -136,8 +148,23 @@ impl PlanOptions {
     }
 
     /// A key for the plan caches.
-    fn key(&self) -> (u64, PartialsType) {
-        (self.available_memory_proportion.to_bits(), self.partials)
+    fn key(&self) -> (u64, PartialsType, u64, u64) {
+        (
+            self.available_memory_proportion.to_bits(),
+            self.partials,
+            self.serialization,
+            self.serialized_size,
+        )
+    }
+
+    /// The fewest serial steps over `len`, a product's `k` or `n`: the serialization's when it
+    /// splits that dimension, else 1.
+    fn min_steps(&self, len: u64) -> u64 {
+        if self.serialization > 1 && len == self.serialized_size {
+            self.serialization
+        } else {
+            1
+        }
     }
 }
 
@@ -538,15 +565,21 @@ fn price(
     let most_n = bn
         .div_ceil(cost::amp_conv_units_with(cfg, dtype, partials))
         .clamp(1, MAX_SERIAL_STEPS);
+    // A serialized dimension takes at least its serialization's steps.
+    let (min_k, min_n) = (opts.min_steps(k), opts.min_steps(n));
     let (level, (sk, sn)) = {
         let mut level = 0;
         let mut bound = bound;
         loop {
-            let over_k = (1..=most_k).find(|&st| block_bytes(st, 1) <= bound);
+            let over_k = if min_n > 1 {
+                None
+            } else {
+                (min_k..=most_k.max(min_k)).find(|&st| block_bytes(st, 1) <= bound)
+            };
             // Steps over n are taken only when k is not split across tiles (each step's
             // reduction would share out a narrower block than the output's layout).
-            let over_n = if pk == 1 {
-                (2..=most_n).find(|&st| block_bytes(1, st) <= bound)
+            let over_n = if pk == 1 && min_k == 1 {
+                (min_n.max(2)..=most_n.max(min_n)).find(|&st| block_bytes(1, st) <= bound)
             } else {
                 None
             };
@@ -654,10 +687,18 @@ type MatMulKey = (
     DType,
     LaidOut,
     u64,
-    (u64, PartialsType),
+    (u64, PartialsType, u64, u64),
 );
 /// A key of [`plan_fc`]'s arguments.
-type FcKey = (u128, u64, u64, u64, DType, u64, (u64, PartialsType));
+type FcKey = (
+    u128,
+    u64,
+    u64,
+    u64,
+    DType,
+    u64,
+    (u64, PartialsType, u64, u64),
+);
 
 /// Plans made in this process. Planning is a function of its arguments alone, and a pipeline
 /// split, its search for the fewest IPUs and a sweep plan the same layers many times.

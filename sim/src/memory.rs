@@ -12,8 +12,15 @@ use crate::exchange::Summaries;
 use crate::machine::IpuConfig;
 use crate::program::{Program, Step, TensorClass, TileId};
 
-/// Control code per program step, on every tile (estimate: a branch and a sync per step).
-pub const CONTROL_BYTES_PER_STEP: u64 = 8;
+/// Control code per program step on each tile taking part in it (a compute set's tiles with
+/// vertices, an exchange's senders and receivers, a stream's or copy's tiles). Poplar's own
+/// figure: one compute set on all 1,472 tiles of a Mk2 (EfficientNet's `blocks_0/Relu`)
+/// has 23,552 B of control code, 16 B a tile (PopLiner `tests/test_profile.py`); 4-tile and
+/// 1,280-tile element-wise ops of BERT-Large have 20 B a tile (`test_popart_bert_inf.py`).
+pub const CONTROL_BYTES_PER_STEP: u64 = 16;
+/// Control code per call of an outlined body, on every tile (estimate: a call and a return
+/// instruction; the copies in and out are steps of their own).
+pub const CONTROL_BYTES_PER_CALL: u64 = 8;
 /// Stack per tile: six worker stacks and the supervisor's (estimate, Poplar's order).
 pub const STACK_BYTES: u64 = 1_024;
 /// Exchange code per exchange a tile takes part in (estimate).
@@ -329,6 +336,141 @@ impl fmt::Display for OutOfMemory {
 
 impl std::error::Error for OutOfMemory {}
 
+/// The code a graph node's steps add, summed over the tiles of its IPU: what PopVision's
+/// program tree shows per program (vertex state, exchange code, control code), the
+/// compute sets and exchanges behind it, and the messages its exchanges send (the
+/// sent regions, each one send instruction whatever the number of receivers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeCode {
+    /// Bytes of vertex state of its compute sets.
+    pub vertex_state: u64,
+    /// Bytes of exchange code of its exchanges.
+    pub exchange_code: u64,
+    /// Bytes of control code for its steps, on the tiles taking part in each.
+    pub control_code: u64,
+    /// Vertices of its compute sets.
+    pub vertices: u64,
+    /// Its steps (compute sets, exchanges, host and link transfers).
+    pub steps: u64,
+    /// Regions its exchanges send (one send instruction each).
+    pub sends: u64,
+    /// Regions its exchanges' tiles receive.
+    pub receives: u64,
+    /// Distinct (receiving tile, sending tile) pairs of its exchanges.
+    pub sources: u64,
+}
+
+impl NodeCode {
+    /// Adds `other`'s bytes and counts.
+    pub fn add(&mut self, other: &NodeCode) {
+        self.vertex_state += other.vertex_state;
+        self.exchange_code += other.exchange_code;
+        self.control_code += other.control_code;
+        self.vertices += other.vertices;
+        self.steps += other.steps;
+        self.sends += other.sends;
+        self.receives += other.receives;
+        self.sources += other.sources;
+    }
+}
+
+/// Per step: whether its code is an outlined body's that an earlier step holds
+/// ([`Program::shared_steps`]).
+fn shared_steps(program: &Program) -> Vec<bool> {
+    let mut shared = vec![false; program.steps.len()];
+    for &(a, b) in &program.shared_steps {
+        shared[a..b].iter_mut().for_each(|x| *x = true);
+    }
+    shared
+}
+
+/// Calls `f` once for each tile taking part in step `s`.
+fn step_tiles(
+    program: &Program,
+    summaries: &Summaries,
+    s: usize,
+    seen: &mut [usize],
+    mut f: impl FnMut(usize),
+) {
+    let mut once = |t: usize| {
+        if seen[t] != s {
+            seen[t] = s;
+            f(t);
+        }
+    };
+    match &program.steps[s] {
+        Step::Compute(cs) => cs.costs.iter().for_each(|v| once(v.tile.index())),
+        Step::Exchange { transfers, .. } => summaries
+            .of(s, program.tiles, &program.tensors, transfers)
+            .tiles
+            .iter()
+            .for_each(|x| once(x.tile.index())),
+        Step::HostToDevice { tensor, .. }
+        | Step::DeviceToHost { tensor, .. }
+        | Step::LinkReceive { tensor, .. }
+        | Step::RemoteBuffer { tensor, .. } => program.tensors[tensor.index()]
+            .mapping
+            .elements_per_tile()
+            .into_iter()
+            .for_each(|(t, _)| once(t.index())),
+    }
+}
+
+/// Control code per tile: [`CONTROL_BYTES_PER_STEP`] for each step it takes part in that no
+/// outlined body holds, and [`CONTROL_BYTES_PER_CALL`] on every tile for each call of one.
+fn control_code_per_tile(program: &Program, summaries: &Summaries, shared: &[bool]) -> Vec<u64> {
+    let tiles = program.tiles as usize;
+    let mut control = vec![program.calls as u64 * CONTROL_BYTES_PER_CALL; tiles];
+    let mut seen = vec![usize::MAX; tiles];
+    for s in (0..program.steps.len()).filter(|&s| !shared[s]) {
+        step_tiles(program, summaries, s, &mut seen, |t| {
+            control[t] += CONTROL_BYTES_PER_STEP
+        });
+    }
+    control
+}
+
+/// Each graph node's [`NodeCode`] in `program` (nodes without steps have zeros; steps whose
+/// code an outlined body holds add none).
+pub(crate) fn node_code(program: &Program, summaries: &Summaries) -> Vec<NodeCode> {
+    let shared = shared_steps(program);
+    let mut seen = vec![usize::MAX; program.tiles as usize];
+    program
+        .node_steps
+        .iter()
+        .map(|&(a, b)| {
+            let mut c = NodeCode {
+                steps: (b - a) as u64,
+                ..NodeCode::default()
+            };
+            for s in (a..b).filter(|&s| !shared[s]) {
+                step_tiles(program, summaries, s, &mut seen, |_| {
+                    c.control_code += CONTROL_BYTES_PER_STEP;
+                });
+            }
+            for s in (a..b).filter(|&s| !shared[s]) {
+                match &program.steps[s] {
+                    Step::Compute(cs) => {
+                        c.vertices += cs.costs.len() as u64;
+                        c.vertex_state += cs.costs.iter().map(|v| v.state_bytes).sum::<u64>();
+                    }
+                    Step::Exchange { transfers, .. } => {
+                        let x = summaries.of(s, program.tiles, &program.tensors, transfers);
+                        for t in &x.tiles {
+                            c.exchange_code += t.code;
+                            c.sends += t.sends;
+                            c.receives += t.receive_count;
+                            c.sources += t.sources;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            c
+        })
+        .collect()
+}
+
 /// Computes every tile's peak memory over the program on IPUs of `cfg`.
 pub fn account(program: &Program, cfg: &IpuConfig) -> MemoryReport {
     account_with(program, &Summaries::default(), cfg)
@@ -374,21 +516,26 @@ pub(crate) fn account_with(
     let mut codelets: Vec<BTreeSet<crate::program::Codelet>> = vec![BTreeSet::new(); tiles];
     // Each exchange's receiving tiles and the bytes each receives.
     let mut buffers: Vec<Vec<(usize, i64)>> = Vec::new();
+    let shared = shared_steps(program);
     for (s, step) in program.steps.iter().enumerate() {
         match step {
             Step::Compute(cs) => {
                 for v in &cs.costs {
                     let t = v.tile.index();
                     codelets[t].insert(v.codelet);
-                    tm[t].vertex_state += v.state_bytes;
+                    if !shared[s] {
+                        tm[t].vertex_state += v.state_bytes;
+                    }
                 }
             }
             Step::Exchange { transfers, .. } => {
                 // A broadcast's code is counted once; receive buffers live through the
                 // exchange and the compute set after it.
                 let summary = summaries.of(s, program.tiles, &program.tensors, transfers);
-                for x in &summary.tiles {
-                    tm[x.tile.index()].exchange_code += x.code;
+                if !shared[s] {
+                    for x in &summary.tiles {
+                        tm[x.tile.index()].exchange_code += x.code;
+                    }
                 }
                 let b = buffers.len() as u32;
                 changes.push((s, What::Buffer(b, 1)));
@@ -467,10 +614,10 @@ pub(crate) fn account_with(
             }
         }
     }
-    let control = program.steps.len() as u64 * CONTROL_BYTES_PER_STEP;
+    let control = control_code_per_tile(program, summaries, &shared);
     for (t, mem) in tm.iter_mut().enumerate() {
         mem.vertex_code = codelets[t].iter().map(|c| c.code_bytes()).sum();
-        mem.control_code = control;
+        mem.control_code = control[t];
         mem.stack = STACK_BYTES;
         let (_, best_live, best_buf, best_step) = best[t];
         mem.not_always_live = best_live.max(0) as u64;

@@ -472,11 +472,36 @@ pub struct Vertex {
 }
 
 impl Vertex {
-    /// Bytes of vertex state: a descriptor plus a pointer and length per edge (estimate).
+    /// Bytes of vertex state, field by field as poplibs' codelets lay them out: a pointer
+    /// ([`VERTEX_STATE_PER_READ_BYTES`], `ONE_PTR`) for each region read and a pointer with
+    /// its count ([`VERTEX_STATE_PER_WRITE_BYTES`], `SPAN`) for each region written, a region
+    /// both read and written (in place) once, as a `SPAN`.
     pub fn state_bytes(&self) -> u64 {
-        16 + 8 * (self.reads.len() + self.writes.len()) as u64
+        let in_place = if self.writes.len() <= 8 {
+            self.reads
+                .iter()
+                .filter(|r| self.writes.contains(r))
+                .count()
+        } else {
+            let mut w = self.writes.clone();
+            w.sort_unstable();
+            self.reads
+                .iter()
+                .filter(|r| w.binary_search(r).is_ok())
+                .count()
+        } as u64;
+        VERTEX_STATE_PER_READ_BYTES * (self.reads.len() as u64 - in_place)
+            + VERTEX_STATE_PER_WRITE_BYTES * self.writes.len() as u64
     }
 }
+
+/// Vertex state per region a vertex reads: an input pointer without a count (`ONE_PTR`; poplibs'
+/// `binaryOps1D.S`: `VERTEX_IN1_PTR_OFFSET 0`, `VERTEX_IN2_PTR_OFFSET 4`).
+pub const VERTEX_STATE_PER_READ_BYTES: u64 = 4;
+/// Vertex state per region a vertex writes: a pointer and its element count (`SPAN`; poplibs'
+/// `binaryOps1D.S`: `VERTEX_OUT_PTR_OFFSET 8`, `VERTEX_OUT_COUNT_OFFSET 12`). A 1-D binary op
+/// is then 16 bytes and a unary op 12, as poplibs' `BinaryOp1D` and `UnaryOp1D` are.
+pub const VERTEX_STATE_PER_WRITE_BYTES: u64 = 8;
 
 /// What estimates need of a vertex: where it runs, its codelet, its cycles and its state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -612,6 +637,11 @@ pub struct Program {
     pub steps: Vec<Step>,
     /// For each graph node, the range of steps that implement it.
     pub node_steps: Vec<(usize, usize)>,
+    /// Steps whose code (vertex state, exchange code, control code) an earlier identical
+    /// node's outlined body holds: sorted, disjoint ranges (see [`crate::lower::LowerOptions::outlining`]).
+    pub shared_steps: Vec<(usize, usize)>,
+    /// Calls of outlined bodies.
+    pub calls: usize,
     /// Graph node names, for reports.
     pub node_names: Vec<String>,
     /// Nodes an inference run executes (a prefix).

@@ -221,6 +221,10 @@ pub struct IpuRow {
     /// identical nodes counted each time.
     #[serde(default)]
     pub vertices: usize,
+    /// The code each graph node adds on this IPU (indexed by graph node; zeros for nodes of
+    /// other IPUs and without memory accounting).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_code: Vec<crate::memory::NodeCode>,
 }
 
 /// The estimate of a multi-IPU run.
@@ -614,6 +618,11 @@ where
                 tiles: r.tiles.clone(),
                 update_trace: std::mem::take(&mut update_traces[d]),
                 vertices: programs[d].vertex_count(),
+                node_code: if opts.memory {
+                    crate::memory::node_code(programs[d], summaries[d])
+                } else {
+                    Vec::new()
+                },
             }
         })
         .collect();

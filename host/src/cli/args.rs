@@ -212,6 +212,18 @@ pub struct ModelArgs {
     /// the optimizer state offloaded, as TensorFlow does.
     #[arg(long)]
     pub replicated_tensor_sharding: bool,
+    /// Turn code reuse off (PopART `enableOutlining=false`; on by default, as in Poplar,
+    /// PopART and TensorFlow): without it, every repeat of an identical layer has its own
+    /// vertex state, exchange code and control code, and no call copies its tensors in and
+    /// out.
+    #[arg(long)]
+    pub no_outlining: bool,
+    /// Run the products over the vocabulary in N serial pieces (PopTorch
+    /// `embedding_serialization_factor`, PopART `serializeMatMul`): the masked-LM projection and
+    /// its gradients over the largest gathered table's rows, each piece bringing and making its
+    /// share, so their temporary memory is about 1/N [default: the model file's, else 1].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub embedding_serialization: Option<u64>,
 }
 
 #[derive(Args, Debug)]

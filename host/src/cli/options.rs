@@ -112,6 +112,17 @@ pub fn options_with(
             (None, None) => PartialsArg::Float.partials(),
         },
         replicated_tensor_sharding: a.replicated_tensor_sharding,
+        outlining: !a.no_outlining && t.outlining.unwrap_or(true),
+        embedding_serialization: match a.embedding_serialization.or(t.embedding_serialization) {
+            Some(0) => {
+                return Err(format!(
+                    "{model}: embedding_serialization must be at least 1 (1 leaves the embedding whole)"
+                )
+                .into())
+            }
+            Some(n) => n,
+            None => 1,
+        },
         recompute_checkpoints: match a.recompute_checkpoints.as_slice() {
             [] => None,
             [one] if one == "auto" => Some(Checkpoints::Auto),

@@ -133,6 +133,10 @@ pub struct SessionOptions {
     pub recompute_checkpoints: Option<Checkpoints>,
     /// Shard the optimizer state and its update over the replicas.
     pub replicated_tensor_sharding: bool,
+    /// Outlining (code reuse): identical layers share their code.
+    pub outlining: bool,
+    /// Embedding serialization: the products over the vocabulary in this many serial pieces.
+    pub embedding_serialization: u64,
 }
 
 /// Recomputation checkpoints (PopART's recomputation with checkpoints, TensorFlow's
@@ -204,6 +208,8 @@ impl SessionOptions {
             } else {
                 1
             },
+            outlining: self.outlining,
+            embedding_serialization: self.embedding_serialization,
             ..LowerOptions::default()
         }
     }
@@ -238,6 +244,8 @@ impl Default for SessionOptions {
             available_memory_proportion: Vec::new(),
             recompute_checkpoints: None,
             replicated_tensor_sharding: false,
+            outlining: true,
+            embedding_serialization: 1,
         }
     }
 }

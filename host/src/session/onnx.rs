@@ -308,6 +308,10 @@ pub struct LayerRow {
     pub forward_cycles: u64,
     /// Backward cycles per micro-batch (its gradients' compute sets).
     pub backward_cycles: u64,
+    /// The code its steps (forward, backward and update) add, summed over its IPU's tiles:
+    /// vertex state, exchange code and control code, as PopVision's program tree shows them.
+    #[serde(default)]
+    pub code: tessera_sim::memory::NodeCode,
 }
 
 /// Per-layer rows: each graph node's bytes and each compute set's cycles summed into the
@@ -326,6 +330,7 @@ pub fn layer_rows(c: &OnnxCompiled, e: &SystemEstimate) -> Vec<LayerRow> {
             activation_bytes: 0,
             forward_cycles: 0,
             backward_cycles: 0,
+            code: Default::default(),
         })
         .collect();
     let mut by_name: HashMap<&str, usize> = HashMap::new();
@@ -341,12 +346,25 @@ pub fn layer_rows(c: &OnnxCompiled, e: &SystemEstimate) -> Vec<LayerRow> {
             rows[l].activation_bytes += bytes;
         }
     }
+    // A gradient `X_grad/...` belongs to X's layer, a recomputed copy `X/recompute` or an
+    // update `X/...` to X's.
     let find = |op: &str| -> Option<usize> {
-        by_name.get(op).copied().or_else(|| {
-            let base = &op[..op.rfind("_grad")?];
-            by_name.get(base).copied()
-        })
+        by_name
+            .get(op)
+            .copied()
+            .or_else(|| by_name.get(&op[..op.rfind("_grad")?]).copied())
+            .or_else(|| by_name.get(op.split('/').next()?).copied())
     };
+    for (i, n) in g.nodes().iter().enumerate() {
+        let ipu = e.stages.get(n.stage()).map_or(0, |s| s.ipu);
+        let Some(code) = e.ipus.get(ipu).and_then(|r| r.node_code.get(i)) else {
+            continue;
+        };
+        let l = layer_index(imp, i).or_else(|| find(n.name()));
+        if let Some(l) = l {
+            rows[l].code.add(code);
+        }
+    }
     for s in &e.stages {
         for (trace, backward) in [(&s.forward_trace, false), (&s.backward_trace, true)] {
             for ev in trace {

@@ -70,6 +70,8 @@ pub const KEYS: &[(&str, Kind)] = &[
     ("partials_type", Kind::Text),
     ("recompute_checkpoints", Kind::Names),
     ("replicated_tensor_sharding", Kind::Flag),
+    ("no_outlining", Kind::Flag),
+    ("embedding_serialization", Kind::Count),
     ("available_memory_proportion", Kind::Number),
     ("pipeline_ipus", Kind::Count),
     ("pipeline_stages", Kind::Names),

@@ -388,6 +388,11 @@ impl Memo {
             .collect();
     }
 
+    /// Every node's key (from [`find_keys`](Self::find_keys)), before any is taken.
+    pub(super) fn keys(&self) -> Vec<Option<u128>> {
+        self.keys.iter().map(|k| k.as_ref().map(|k| k.0)).collect()
+    }
+
     /// Node `i`'s key and the tensors it reads (from [`find_keys`](Self::find_keys)), or
     /// `None` for a node that is never reused.
     pub(super) fn take_key(&mut self, i: NodeId) -> Option<(u128, Vec<TensorId>)> {

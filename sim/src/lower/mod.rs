@@ -39,6 +39,7 @@ mod loss;
 mod matmul;
 mod memo;
 mod norm;
+mod outline;
 mod pool;
 mod random;
 mod reduce;
@@ -63,6 +64,14 @@ pub struct LowerOptions {
     /// are sharded over (1: none). Each replica keeps, loads, stores and updates `1 / r` of
     /// the state of every variable of at least [`RTS_MIN_ELEMENTS`] elements.
     pub replicated_tensor_sharding: u32,
+    /// Outlining (code reuse, Poplar functions; PopART's `enableOutlining`, on by default):
+    /// identical nodes share one copy of their code and each call copies its tensors in and
+    /// out (see `outline`).
+    pub outlining: bool,
+    /// Embedding serialization (PopTorch's `embedding_serialization_factor`, PopART's
+    /// `serializeMatMul`; 1: none): the products over the vocabulary (the rows of the largest
+    /// gathered table) run in this many serial pieces, each bringing and making its share.
+    pub embedding_serialization: u64,
 }
 
 /// The fewest elements of a variable whose optimizer state replicated tensor sharding shards:
@@ -77,6 +86,8 @@ impl Default for LowerOptions {
             offload_optimizer_state: false,
             plan: crate::matmul::PlanOptions::default(),
             replicated_tensor_sharding: 1,
+            outlining: true,
+            embedding_serialization: 1,
         }
     }
 }
@@ -285,7 +296,17 @@ impl<'a, S: Storage> Lowering<'a, S> {
             );
             xxhash_rust::xxh3::xxh3_128(kind.as_bytes())
         } else {
-            xxhash_rust::xxh3::xxh3_128(node.name().as_bytes())
+            // The name without its digits: the same weight of every repeat of a layer
+            // (`layer.3.attention.bias`, `block2/b/bias:0`) spreads from the same tile, as
+            // Poplar lays out identical layers' weights alike (poplin creates them from the
+            // same plan), so identical layers lower alike and share outlined code.
+            let name: String = node
+                .name()
+                .chars()
+                .filter(|c| !c.is_ascii_digit())
+                .collect();
+            let kind = format!("{name}|{}", node.shape());
+            xxhash_rust::xxh3::xxh3_128(kind.as_bytes())
         }
     }
 
@@ -907,12 +928,29 @@ impl<'a, S: Storage> Lowering<'a, S> {
     fn new(
         plan: &'a Plan<S>,
         cfg: &'a IpuConfig,
-        opts: LowerOptions,
+        mut opts: LowerOptions,
         include: &dyn Fn(usize) -> bool,
         summarize: bool,
     ) -> Lowering<'a, S> {
         let graph = plan.graph();
         let n = graph.len();
+        // Embedding serialization splits the products over the vocabulary: the rows of the
+        // largest table a gather reads (the word embedding), found in the whole graph so that
+        // every IPU's lowering splits alike.
+        if opts.embedding_serialization > 1 {
+            opts.plan.serialization = opts.embedding_serialization;
+            opts.plan.serialized_size = graph
+                .nodes()
+                .iter()
+                .filter_map(|node| match node.op() {
+                    Op::Gather(tessera_core::ops::gather::Gather::Rows { table, .. }) => {
+                        graph.node(*table).shape().dims().first().map(|&d| d as u64)
+                    }
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(0);
+        }
         let mut inc: Vec<bool> = (0..n).map(include).collect();
         // Which tensors (roots) the included nodes read.
         let reads = |inc: &[bool]| {
@@ -1019,15 +1057,41 @@ where
     }
     let digests = l.map_graph_tensors();
     // Estimates reuse identical nodes' lowerings.
-    let context = xxhash_rust::xxh3::xxh3_128(format!("{:x}{opts:?}", l.machine).as_bytes());
+    let context = xxhash_rust::xxh3::xxh3_128(format!("{:x}{:?}", l.machine, l.opts).as_bytes());
     let mut memo = memo::Memo::new(context, digests);
     memo.find_keys(&l);
     if l.summaries.is_some() {
         memo.prelower(&l);
     }
+    let outline = if opts.outlining {
+        outline::outline(&l, &memo.keys())
+    } else {
+        outline::Outline::default()
+    };
+    let mut calls = outline.calls.iter().peekable();
+    // Clones of a call's inputs, live from its copy-in to the end of its body.
+    let mut call_in: Vec<TensorId> = Vec::new();
+    let mut kept_live: Vec<(TensorId, usize, usize)> = Vec::new();
+    let mut shared_steps: Vec<(usize, usize)> = Vec::new();
+    let mut call_start = 0;
     for i in graph.ids() {
         let start = l.steps.len();
+        let call = calls.peek().copied();
+        if let Some(c) = call.filter(|c| c.first == i.index()) {
+            call_start = l.steps.len();
+            call_in = l.call_copies(i, "call/in", &c.inputs);
+        }
+        let body = l.steps.len();
         l.lower_node(i, &mut memo);
+        if outline.shared.get(i.index()).copied().unwrap_or(false) && l.steps.len() > body {
+            shared_steps.push((body, l.steps.len()));
+        }
+        if let Some(c) = call.filter(|c| c.last == i.index()) {
+            let end = l.steps.len().saturating_sub(1);
+            kept_live.extend(call_in.drain(..).map(|t| (t, call_start, end)));
+            l.call_copies(i, "call/out", &c.outputs);
+            calls.next();
+        }
         l.node_steps.push((start, l.steps.len()));
     }
     if let Some(s) = &mut l.summaries {
@@ -1035,11 +1099,17 @@ where
         s.lowered = memo.lowered;
     }
     liveness(&mut l);
+    for (t, a, b) in kept_live {
+        let live = &mut l.tensors[t.index()].live;
+        *live = (live.0.min(a), live.1.max(b));
+    }
     let program = Program {
         tiles: cfg.tiles,
         tensors: l.tensors,
         steps: l.steps,
         node_steps: l.node_steps,
+        shared_steps,
+        calls: outline.calls.len(),
         node_names: graph.nodes().iter().map(|n| n.name().to_string()).collect(),
         forward_nodes: graph.forward_len(),
     };
