@@ -46,6 +46,10 @@ pub struct SystemOptions {
     /// products are planned with the proportion of the first stage on it. Empty: every IPU
     /// uses `lower.plan`'s. Otherwise one per stage.
     pub stage_memory_proportions: Vec<f64>,
+    /// Keep the pipeline stash in streaming memory (TensorFlow's `offload_activations`):
+    /// each stashed activation is stored after its forward pass and loaded before its
+    /// backward pass, and holds no tile memory in between.
+    pub offload_activations: bool,
     /// Produce the estimate even when a tile overflows.
     pub allow_out_of_memory: bool,
     /// Micro-batches per execution (Keras' `steps_per_execution`): a multiple of the
@@ -71,6 +75,7 @@ impl Default for SystemOptions {
             recompute: false,
             lower: LowerOptions::default(),
             stage_memory_proportions: Vec::new(),
+            offload_activations: false,
             allow_out_of_memory: false,
             steps_per_execution: None,
             repeat_count: None,
@@ -273,6 +278,46 @@ pub struct SystemEstimate {
     pub runs: Vec<SlotRun>,
 }
 
+/// The tensors each stage stashes for its backward pass, as (stage, tensor) pairs: what its
+/// backward reads of the forward pass or, recomputing, of its inputs (a view's root, which is
+/// what is stashed).
+fn stashed_tensors<S: Storage>(plan: &Plan<S>, recompute: bool) -> Vec<(usize, usize)> {
+    let g = plan.graph();
+    let s = g.stage_count();
+    let forward_len = g.forward_len();
+    // Per stage and tensor (root): whether the stage's nodes read it, and whether its
+    // backward nodes do (updates aside).
+    let mut read = vec![vec![(false, false); g.len()]; s];
+    for (c, n) in g.nodes().iter().enumerate() {
+        if n.roles().contains(Roles::UPDATE) {
+            continue;
+        }
+        for &o in n.op().operands().as_slice() {
+            let r = &mut read[n.stage()][plan.storage_of(o).index()];
+            r.0 = true;
+            r.1 |= c >= forward_len;
+        }
+    }
+    let mut out = Vec::new();
+    for (t, node) in g.nodes()[..forward_len].iter().enumerate() {
+        if node.op().is_state() || node.op().is_update() || plan.slots()[t].view_of.is_some() {
+            continue;
+        }
+        for (k, read) in read.iter().enumerate() {
+            let stage_input = node.stage() != k || matches!(node.op(), Op::Input);
+            let keep = if recompute {
+                stage_input && read[t].0
+            } else {
+                read[t].1
+            };
+            if keep {
+                out.push((k, t));
+            }
+        }
+    }
+    out
+}
+
 fn add(a: &mut Cycles, b: &Cycles) {
     a.compute += b.compute;
     a.exchange += b.exchange;
@@ -465,6 +510,39 @@ where
             c.backward += c.forward;
         }
     }
+    // Stash: what each stage's backward reads of its forward (or, recomputing, of its
+    // inputs), as (stage, tensor) pairs, and each stage's bytes per micro-batch.
+    let stashed = if training {
+        stashed_tensors(plan, opts.recompute)
+    } else {
+        Vec::new()
+    };
+    let mut stash_entry = vec![0u64; s];
+    for &(k, t) in &stashed {
+        stash_entry[k] += g.nodes()[t].bytes() as u64;
+    }
+    // Offloaded, a stage with a stash stores it to streaming memory after its forward pass
+    // and loads it before its backward pass (TensorFlow's `offload_activations`).
+    let offload_stash = opts.offload_activations && training;
+    if offload_stash {
+        if cfg.streaming_memory_bytes == 0 {
+            return Err(SystemError::StageOption {
+                option: "offload activations",
+                detail: "the machine has no streaming memory (remote buffers) to hold them".into(),
+            });
+        }
+        for k in 0..s {
+            if pipeline.stash_depth(positions[k]) == 0 || stash_entry[k] == 0 {
+                continue;
+            }
+            let x = (stash_entry[k] as f64 / cfg.streaming_memory_bytes_per_cycle()).ceil() as u64
+                + cfg.exchange_overhead_cycles;
+            costs[k].forward += x;
+            costs[k].backward += x;
+            phases[k].0.remote_buffers += x;
+            phases[k].1.remote_buffers += x;
+        }
+    }
     let sync = cfg.sync_cycles + cfg.inter_ipu_sync_cycles(ipus);
     let placements: Vec<Vec<(usize, usize, StageCost)>> = (0..count)
         .map(|p| {
@@ -476,8 +554,6 @@ where
         .collect();
     let tl = timeline_concurrent(&pipeline, &placements, sync);
 
-    // Stash: what each stage's backward reads of its forward (or, recomputing, of its inputs).
-    let mut stash_entry = vec![0u64; s];
     let mut reports: Vec<MemoryReport> = if opts.memory {
         programs
             .par_iter()
@@ -494,48 +570,22 @@ where
             .collect()
     };
     let mut stash_bytes = vec![0u64; ipus];
-    if training {
-        // Per stage and tensor (root): whether the stage's nodes read it, and whether its
-        // backward nodes do (updates aside).
-        let mut read = vec![vec![(false, false); g.len()]; s];
-        for (c, n) in g.nodes().iter().enumerate() {
-            if n.roles().contains(Roles::UPDATE) {
-                continue;
-            }
-            for &o in n.op().operands().as_slice() {
-                let r = &mut read[n.stage()][plan.storage_of(o).index()];
-                r.0 = true;
-                r.1 |= c >= forward_len;
-            }
+    let mut offloaded_stash = vec![0u64; ipus];
+    for &(k, t) in &stashed {
+        let depth = pipeline.stash_depth(positions[k]) as u64;
+        let d = mapping[k];
+        if offload_stash {
+            offloaded_stash[d] += depth * g.nodes()[t].bytes() as u64;
+            continue;
         }
-        for (t, node) in g.nodes()[..forward_len].iter().enumerate() {
-            // A view's bytes are its root's: the root is what is stashed.
-            if node.op().is_state() || node.op().is_update() || plan.slots()[t].view_of.is_some() {
-                continue;
-            }
-            for k in 0..s {
-                let stage_input = node.stage() != k || matches!(node.op(), Op::Input);
-                let keep = if opts.recompute {
-                    stage_input && read[k][t].0
-                } else {
-                    read[k][t].1
-                };
-                if !keep {
-                    continue;
-                }
-                let depth = pipeline.stash_depth(positions[k]) as u64;
-                stash_entry[k] += node.bytes() as u64;
-                if !opts.memory {
-                    continue;
-                }
-                let d = mapping[k];
-                let tensor = &programs[d].tensors[t];
-                for (tile, n) in tensor.mapping.elements_per_tile() {
-                    let bytes = depth * n * tensor.elem_bytes();
-                    reports[d].tiles[tile.index()].stash += bytes;
-                    stash_bytes[d] += bytes;
-                }
-            }
+        if !opts.memory {
+            continue;
+        }
+        let tensor = &programs[d].tensors[t];
+        for (tile, n) in tensor.mapping.elements_per_tile() {
+            let bytes = depth * n * tensor.elem_bytes();
+            reports[d].tiles[tile.index()].stash += bytes;
+            stash_bytes[d] += bytes;
         }
     }
     // The stash is data below any interleaved data: it fills gaps.
@@ -593,14 +643,22 @@ where
                 .iter()
                 .zip(g.nodes())
                 .filter(|(t, n)| {
-                    n.roles().contains(Roles::OPTIMIZER_STATE)
-                        && t.class == TensorClass::NotAlwaysLive
-                        && opts.lower.offload_optimizer_state
+                    t.class == TensorClass::NotAlwaysLive
+                        && ((n.roles().contains(Roles::OPTIMIZER_STATE)
+                            && opts.lower.offload_optimizer_state)
+                            || (n.roles().contains(Roles::ACCUMULATOR)
+                                && opts.lower.offload_accumulators))
                 })
-                .map(|(t, _)| {
-                    (t.elements * t.elem_bytes()).div_ceil(opts.lower.shards_of(t.elements))
+                .map(|(t, n)| {
+                    let shards = if n.roles().contains(Roles::OPTIMIZER_STATE) {
+                        opts.lower.shards_of(t.elements)
+                    } else {
+                        1
+                    };
+                    (t.elements * t.elem_bytes()).div_ceil(shards)
                 })
-                .sum();
+                .sum::<u64>()
+                + offloaded_stash[d];
             IpuRow {
                 ipu: d,
                 stages: (0..s).filter(|&k| mapping[k] == d).collect(),

@@ -224,6 +224,16 @@ pub struct ModelArgs {
     /// share, so their temporary memory is about 1/N [default: the model file's, else 1].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub embedding_serialization: Option<u64>,
+    /// Keep the pipeline stash in streaming memory (TensorFlow `offload_activations`): each
+    /// stage stores the activations it stashes after its forward pass and loads them before
+    /// its backward pass, so they hold no tile memory in between.
+    #[arg(long)]
+    pub offload_activations: bool,
+    /// Keep the gradient accumulators in streaming memory (TensorFlow
+    /// `offload_gradient_accumulation_buffers`): each accumulation loads, adds into and stores
+    /// its accumulator, which holds tile memory only while it runs.
+    #[arg(long)]
+    pub offload_gradient_accumulation_buffers: bool,
 }
 
 #[derive(Args, Debug)]

@@ -113,6 +113,8 @@ pub fn options_with(
         },
         replicated_tensor_sharding: a.replicated_tensor_sharding,
         outlining: !a.no_outlining && t.outlining.unwrap_or(true),
+        offload_activations: a.offload_activations,
+        offload_gradient_accumulation_buffers: a.offload_gradient_accumulation_buffers,
         embedding_serialization: match a.embedding_serialization.or(t.embedding_serialization) {
             Some(0) => {
                 return Err(format!(

@@ -137,6 +137,11 @@ pub struct SessionOptions {
     pub outlining: bool,
     /// Embedding serialization: the products over the vocabulary in this many serial pieces.
     pub embedding_serialization: u64,
+    /// Keep the pipeline stash in streaming memory (TensorFlow's `offload_activations`).
+    pub offload_activations: bool,
+    /// Keep the gradient accumulators in streaming memory (TensorFlow's
+    /// `offload_gradient_accumulation_buffers`).
+    pub offload_gradient_accumulation_buffers: bool,
 }
 
 /// Recomputation checkpoints (PopART's recomputation with checkpoints, TensorFlow's
@@ -210,6 +215,7 @@ impl SessionOptions {
             },
             outlining: self.outlining,
             embedding_serialization: self.embedding_serialization,
+            offload_accumulators: self.offload_gradient_accumulation_buffers,
             ..LowerOptions::default()
         }
     }
@@ -246,6 +252,8 @@ impl Default for SessionOptions {
             replicated_tensor_sharding: false,
             outlining: true,
             embedding_serialization: 1,
+            offload_activations: false,
+            offload_gradient_accumulation_buffers: false,
         }
     }
 }
@@ -464,6 +472,7 @@ pub fn compile(model: &Model, options: &SessionOptions) -> Result<Compiled, Sess
         micro_batch: options.batch_size as u64,
         lower: options.lower_options(),
         stage_memory_proportions: options.stage_memory_proportions(),
+        offload_activations: options.offload_activations,
         allow_out_of_memory: true,
         steps_per_execution: options.steps_per_execution,
         repeat_count: options.repeat_count,

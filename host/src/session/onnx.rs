@@ -150,6 +150,7 @@ pub fn compile_onnx(
         recompute: oo.recompute,
         lower: so.lower_options(),
         stage_memory_proportions: so.stage_memory_proportions(),
+        offload_activations: so.offload_activations,
         allow_out_of_memory: true,
         steps_per_execution: so.steps_per_execution,
         repeat_count: so.repeat_count,

@@ -72,6 +72,8 @@ pub const KEYS: &[(&str, Kind)] = &[
     ("replicated_tensor_sharding", Kind::Flag),
     ("no_outlining", Kind::Flag),
     ("embedding_serialization", Kind::Count),
+    ("offload_activations", Kind::Flag),
+    ("offload_gradient_accumulation_buffers", Kind::Flag),
     ("available_memory_proportion", Kind::Number),
     ("pipeline_ipus", Kind::Count),
     ("pipeline_stages", Kind::Names),

@@ -72,6 +72,10 @@ pub struct LowerOptions {
     /// `serializeMatMul`; 1: none): the products over the vocabulary (the rows of the largest
     /// gathered table) run in this many serial pieces, each bringing and making its share.
     pub embedding_serialization: u64,
+    /// Keep gradient accumulators in streaming memory (TensorFlow's
+    /// `offload_gradient_accumulation_buffers`): each op that reads one loads it before and
+    /// stores it after, and it holds tile memory only while its accumulation runs.
+    pub offload_accumulators: bool,
 }
 
 /// The fewest elements of a variable whose optimizer state replicated tensor sharding shards:
@@ -88,6 +92,7 @@ impl Default for LowerOptions {
             replicated_tensor_sharding: 1,
             outlining: true,
             embedding_serialization: 1,
+            offload_accumulators: false,
         }
     }
 }
@@ -976,10 +981,11 @@ impl<'a, S: Storage> Lowering<'a, S> {
             .collect();
         let offloaded: Vec<bool> = (0..n)
             .map(|i| {
-                opts.offload_optimizer_state
-                    && inc[i]
-                    && graph.nodes()[i].roles().contains(Roles::OPTIMIZER_STATE)
+                let roles = graph.nodes()[i].roles();
+                inc[i]
                     && graph.nodes()[i].shape().rank() > 0
+                    && ((opts.offload_optimizer_state && roles.contains(Roles::OPTIMIZER_STATE))
+                        || (opts.offload_accumulators && roles.contains(Roles::ACCUMULATOR)))
             })
             .collect();
         // Each storage root's first included reader, found once: the lowering asks for it for
@@ -1137,9 +1143,17 @@ fn liveness<S: Storage>(l: &mut Lowering<'_, S>) {
     }
     for (i, slot) in plan.slots().iter().enumerate() {
         l.tensors[i].live = match slot.place {
-            // Offloaded state is on its tiles only while the ops that use it run.
+            // Offloaded state is on its tiles only while the ops that use it run; an
+            // offloaded accumulator while its accumulation runs (the weight update, which
+            // loads it again, runs after the activations are gone).
             Place::State if l.offloaded[i] => users[i]
-                .map(|(a, b)| step_range(a, b, &l.node_steps))
+                .map(|(a, b)| {
+                    if graph.nodes()[i].roles().contains(Roles::ACCUMULATOR) {
+                        step_range(a, a, &l.node_steps)
+                    } else {
+                        step_range(a, b, &l.node_steps)
+                    }
+                })
                 .unwrap_or((0, 0)),
             Place::State => (0, last_step),
             _ => step_range(
