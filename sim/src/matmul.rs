@@ -547,7 +547,7 @@ fn price(
             // the loop.
             total += sk * (reduction(partials, bn) + superstep)
                 + UnaryKind::Copy.cycles(cfg, out_share, partials)
-                + (sk - 1) * cost::elementwise_binary_cycles(cfg, out_share, partials);
+                + (sk - 1) * cost::binary_in_place_cycles(cfg, out_share, partials);
             if dtype != partials {
                 total += cast(out_share);
             }

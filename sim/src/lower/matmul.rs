@@ -918,7 +918,7 @@ fn lower_blocks<S: Storage>(
                         reads.extend(writes.iter().copied());
                     }
                     let cycles = match codelet {
-                        Codelet::Binary => cost::elementwise_binary_cycles(cfg, elements, pt),
+                        Codelet::Binary => cost::binary_in_place_cycles(cfg, elements, pt),
                         Codelet::Copy => UnaryKind::Copy.cycles(cfg, elements, pt),
                         _ => cost::cast_cycles(cfg, elements),
                     };
