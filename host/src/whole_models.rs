@@ -306,6 +306,86 @@ impl ProfileRow {
     }
 }
 
+/// What `tessera calibrate --check` asks of the whole-model rows (issue-level acceptance):
+/// a published run fits and is estimated within `run_tolerance` of its throughput (a figure
+/// that includes the host's input pipeline between 1.0x and `1 + run_tolerance` of it, as
+/// the device alone is at least that fast); each of a profile's categories within
+/// `category_tolerance` of Poplar's, its total and fullest tile within `total_tolerance`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct WholeModelBounds {
+    /// Relative tolerance on a published run's samples per second.
+    pub run_tolerance: f64,
+    /// Relative tolerance on each profile category.
+    pub category_tolerance: f64,
+    /// Relative tolerance on a profile's total and fullest tile.
+    pub total_tolerance: f64,
+}
+
+impl Default for WholeModelBounds {
+    fn default() -> Self {
+        WholeModelBounds {
+            run_tolerance: 0.10,
+            category_tolerance: 0.25,
+            total_tolerance: 0.10,
+        }
+    }
+}
+
+impl WholeModelBounds {
+    /// Every row outside the bounds, one line each naming the row and the figure.
+    pub fn breaks(&self, runs: &[RunRow], profiles: &[ProfileRow]) -> Vec<String> {
+        let mut out = Vec::new();
+        for r in runs {
+            let (Some(fits), Some(ratio)) = (r.fits, r.ratio) else {
+                out.push(format!(
+                    "{}: no estimate ({})",
+                    r.name,
+                    r.error.as_deref().unwrap_or("unknown")
+                ));
+                continue;
+            };
+            if !fits {
+                out.push(format!("{}: does not fit, but the run did", r.name));
+            }
+            let low = if r.includes_host {
+                1.0
+            } else {
+                1.0 - self.run_tolerance
+            };
+            let high = 1.0 + self.run_tolerance;
+            if !(low..=high).contains(&ratio) {
+                out.push(format!(
+                    "{}: {ratio:.2}x of the published throughput (bounds {low:.2}x to {high:.2}x)",
+                    r.name
+                ));
+            }
+        }
+        for p in profiles {
+            if let Some(why) = &p.error {
+                out.push(format!("{}: no estimate ({why})", p.name));
+                continue;
+            }
+            for c in &p.categories {
+                let tolerance = if matches!(c.category, "total" | "fullest_tile") {
+                    self.total_tolerance
+                } else {
+                    self.category_tolerance
+                };
+                if (c.ratio - 1.0).abs() > tolerance {
+                    out.push(format!(
+                        "{}: {} {:.2}x of Poplar's (bound {:.0}%)",
+                        p.name,
+                        c.category,
+                        c.ratio,
+                        tolerance * 100.0
+                    ));
+                }
+            }
+        }
+        out
+    }
+}
+
 /// The published runs' table.
 pub struct RunTable<'a>(pub &'a [RunRow]);
 
@@ -378,6 +458,62 @@ impl fmt::Display for ProfileTable<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_model_bounds_name_each_row_outside_them() {
+        let run = |name: &str, fits, ratio, includes_host| RunRow {
+            name: name.into(),
+            fits: Some(fits),
+            samples_per_second: Some(ratio * 100.0),
+            published: 100.0,
+            ratio: Some(ratio),
+            includes_host,
+            error: None,
+        };
+        let b = WholeModelBounds::default();
+        // Within 10%; a host-inclusive figure from 1.0x up.
+        assert!(b
+            .breaks(
+                &[run("a", true, 0.95, false), run("b", true, 1.05, true)],
+                &[]
+            )
+            .is_empty());
+        let out = b.breaks(
+            &[
+                run("slow", true, 0.85, false),
+                run("host", true, 0.97, true),
+                run("big", false, 1.0, false),
+            ],
+            &[],
+        );
+        assert_eq!(out.len(), 3, "{out:?}");
+        assert!(out[0].starts_with("slow: 0.85x"));
+        assert!(out[1].starts_with("host: 0.97x"));
+        assert_eq!(out[2], "big: does not fit, but the run did");
+        let profile = ProfileRow {
+            name: "p".into(),
+            categories: vec![
+                CategoryRow {
+                    category: "vertex_state",
+                    ours: 1.2,
+                    poplar: 1.0,
+                    ratio: 1.2,
+                },
+                CategoryRow {
+                    category: "total",
+                    ours: 1.2,
+                    poplar: 1.0,
+                    ratio: 1.2,
+                },
+            ],
+            error: None,
+        };
+        // A category may be 25% off, the total only 10%.
+        assert_eq!(
+            b.breaks(&[], &[profile]),
+            ["p: total 1.20x of Poplar's (bound 10%)"]
+        );
+    }
 
     #[test]
     fn the_bundled_set_reads_with_the_published_figures() {

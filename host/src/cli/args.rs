@@ -524,8 +524,10 @@ pub struct CalibrateArgs {
     #[arg(long)]
     pub json: bool,
     /// Exit non-zero unless the median |error| is at most 15% for cycles and total memory and
-    /// 25% for the fullest tile, and no row is more than 2x off in cycles (the op table; the
-    /// whole-model tables are reported, not yet bounded).
+    /// 25% for the fullest tile, and no row is more than 2x off in cycles (the op table); and,
+    /// unless --ops-only, every published run fits and is within 10% of its throughput (1.0x
+    /// to 1.1x of a figure that includes the host) and every profile category is within 25% of
+    /// Poplar's, its total and fullest tile within 10%.
     #[arg(long)]
     pub check: bool,
     /// Whole models to compare as well: Graphcore's published runs and Poplar's memory

@@ -200,6 +200,8 @@ pub fn run_calibrate(a: CalibrateArgs) -> Result<bool, AnyError> {
     } else {
         whole_model_rows(a.whole_models.as_deref())?
     };
+    let whole_bounds = whole_models::WholeModelBounds::default();
+    let whole_breaks = whole_bounds.breaks(&runs, &profiles);
     if a.json {
         #[derive(Serialize)]
         struct Out<'a> {
@@ -207,6 +209,8 @@ pub fn run_calibrate(a: CalibrateArgs) -> Result<bool, AnyError> {
             summary: Summary,
             bounds: Bounds,
             breaks: &'a [String],
+            whole_model_bounds: whole_models::WholeModelBounds,
+            whole_model_breaks: &'a [String],
             published_runs: &'a [whole_models::RunRow],
             profiles: &'a [whole_models::ProfileRow],
         }
@@ -215,6 +219,8 @@ pub fn run_calibrate(a: CalibrateArgs) -> Result<bool, AnyError> {
             summary,
             bounds: Bounds::default(),
             breaks: &breaks,
+            whole_model_bounds: whole_bounds,
+            whole_model_breaks: &whole_breaks,
             published_runs: &runs,
             profiles: &profiles,
         };
@@ -237,8 +243,17 @@ pub fn run_calibrate(a: CalibrateArgs) -> Result<bool, AnyError> {
             println!("Poplar's memory by category (MB = 10^6 bytes, one IPU):");
             print!("{}", whole_models::ProfileTable(&profiles));
         }
+        if !runs.is_empty() || !profiles.is_empty() {
+            println!();
+            if whole_breaks.is_empty() {
+                println!("whole models within the bounds (runs fit and within 10%, a host-inclusive figure 1.0x-1.1x; profile categories within 25%, total and fullest tile within 10%)");
+            }
+            for b in &whole_breaks {
+                println!("outside the whole-model bounds: {b}");
+            }
+        }
     }
-    Ok(!a.check || breaks.is_empty())
+    Ok(!a.check || (breaks.is_empty() && whole_breaks.is_empty()))
 }
 
 /// Estimates every entry of a whole-model calibration file (the bundled one by default) as
