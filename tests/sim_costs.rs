@@ -97,6 +97,7 @@ fn spread_relu(cfg: &IpuConfig, elements: u64, tiles: u32) -> (u64, u64, u64) {
         node_steps: vec![(0, 0), (0, n)],
         shared_steps: Vec::new(),
         calls: 0,
+        call_clones: Vec::new(),
         node_names: vec!["x".into(), "y".into()],
         forward_nodes: 2,
     };
@@ -148,6 +149,7 @@ fn interleaved_program(interleaved: u64, other: u64) -> Program {
         node_steps: vec![(0, 0), (0, 0)],
         shared_steps: Vec::new(),
         calls: 0,
+        call_clones: Vec::new(),
         node_names: vec!["partials".into(), "other".into()],
         forward_nodes: 2,
     }

@@ -500,6 +500,8 @@ pub(crate) fn account_with(
     enum What {
         Tensor(u32, i64),
         Buffer(u32, i64),
+        /// A call's clone of a tensor (`Program::call_clones`): the tensor's bytes again.
+        Clone(u32, i64),
     }
     let mut changes: Vec<(usize, What)> = Vec::new();
     for (i, t) in program.tensors.iter().enumerate() {
@@ -512,6 +514,10 @@ pub(crate) fn account_with(
             changes.push((t.live.0, What::Tensor(i as u32, 1)));
             changes.push((t.live.1 + 1, What::Tensor(i as u32, -1)));
         }
+    }
+    for (k, &(_, first, last)) in program.call_clones.iter().enumerate() {
+        changes.push((first, What::Clone(k as u32, 1)));
+        changes.push((last + 1, What::Clone(k as u32, -1)));
     }
     let mut codelets: Vec<BTreeSet<crate::program::Codelet>> = vec![BTreeSet::new(); tiles];
     // Each exchange's receiving tiles and the bytes each receives.
@@ -602,6 +608,14 @@ pub(crate) fn account_with(
                     for &(k, received) in &buffers[b as usize] {
                         buf[k] += sign * received;
                         touch(k);
+                    }
+                }
+                What::Clone(c, sign) => {
+                    let t = &program.tensors[program.call_clones[c as usize].0.index()];
+                    let eb = t.elem_bytes() as i64;
+                    for (tile, n) in t.mapping.elements_per_tile() {
+                        live[tile.index()] += sign * n as i64 * eb;
+                        touch(tile.index());
                     }
                 }
             }

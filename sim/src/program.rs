@@ -642,6 +642,9 @@ pub struct Program {
     pub shared_steps: Vec<(usize, usize)>,
     /// Calls of outlined bodies.
     pub calls: usize,
+    /// The tensors calls copy into their bodies' parameters, with the first and last step
+    /// the clone (laid out as the tensor) is live.
+    pub call_clones: Vec<(TensorId, usize, usize)>,
     /// Graph node names, for reports.
     pub node_names: Vec<String>,
     /// Nodes an inference run executes (a prefix).

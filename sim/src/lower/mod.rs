@@ -415,6 +415,28 @@ impl<'a, S: Storage> Lowering<'a, S> {
             .map_or(TileId(0), |iv| iv.tile)
     }
 
+    /// Appends a compute set whose vertices read only what their tiles hold (no exchange).
+    pub(crate) fn local_compute(&mut self, node: NodeId, phase: &str, vertices: Vec<Vertex>) {
+        if vertices.is_empty() {
+            return;
+        }
+        debug_assert!(
+            self.summaries.is_some() || exchange_for(&self.tensors, &vertices).is_empty(),
+            "a local compute set reads another tile's data"
+        );
+        let name = format!("{}/{phase}", self.node(node).name());
+        self.push_compute(ComputeSet::new(name, node, vertices));
+    }
+
+    /// Appends a compute set (without its vertices when the lowering keeps only costs).
+    pub(crate) fn push_compute(&mut self, cs: ComputeSet) {
+        self.steps.push(Step::Compute(if self.summaries.is_some() {
+            cs.without_vertices()
+        } else {
+            cs
+        }));
+    }
+
     /// Appends a compute set, preceded by the exchange its vertices need.
     pub(crate) fn compute(&mut self, node: NodeId, phase: &str, vertices: Vec<Vertex>) {
         if vertices.is_empty() {
@@ -1075,9 +1097,11 @@ where
         outline::Outline::default()
     };
     let mut calls = outline.calls.iter().peekable();
-    // Clones of a call's inputs, live from its copy-in to the end of its body.
+    // The body's parameters a call copies its tensors into: (tensor, first and last step the
+    // clone is live). A clone of an input lives from the copy-in to the end of the body, a
+    // clone of an output for the copy-out.
+    let mut call_clones: Vec<(TensorId, usize, usize)> = Vec::new();
     let mut call_in: Vec<TensorId> = Vec::new();
-    let mut kept_live: Vec<(TensorId, usize, usize)> = Vec::new();
     let mut shared_steps: Vec<(usize, usize)> = Vec::new();
     let mut call_start = 0;
     for i in graph.ids() {
@@ -1094,8 +1118,10 @@ where
         }
         if let Some(c) = call.filter(|c| c.last == i.index()) {
             let end = l.steps.len().saturating_sub(1);
-            kept_live.extend(call_in.drain(..).map(|t| (t, call_start, end)));
-            l.call_copies(i, "call/out", &c.outputs);
+            call_clones.extend(call_in.drain(..).map(|t| (t, call_start, end)));
+            let out_step = l.steps.len();
+            let outs = l.call_copies(i, "call/out", &c.outputs);
+            call_clones.extend(outs.into_iter().map(|t| (t, out_step, out_step)));
             calls.next();
         }
         l.node_steps.push((start, l.steps.len()));
@@ -1105,10 +1131,6 @@ where
         s.lowered = memo.lowered;
     }
     liveness(&mut l);
-    for (t, a, b) in kept_live {
-        let live = &mut l.tensors[t.index()].live;
-        *live = (live.0.min(a), live.1.max(b));
-    }
     let program = Program {
         tiles: cfg.tiles,
         tensors: l.tensors,
@@ -1116,6 +1138,7 @@ where
         node_steps: l.node_steps,
         shared_steps,
         calls: outline.calls.len(),
+        call_clones,
         node_names: graph.nodes().iter().map(|n| n.name().to_string()).collect(),
         forward_nodes: graph.forward_len(),
     };

@@ -25,7 +25,10 @@ use tessera_core::{NodeId, Op, Storage};
 
 use super::Lowering;
 use crate::cost::UnaryKind;
-use crate::program::{Codelet, TensorId};
+use crate::program::{
+    compress, Codelet, ComputeSet, Region, RunBuilder, TensorId, TileId, Vertex, VertexCost,
+    VERTEX_STATE_PER_WRITE_BYTES,
+};
 
 /// PopART's `outlineThreshold` default (`SessionOptions`): the least value, copies taken
 /// off, of an outlined section.
@@ -184,8 +187,13 @@ pub(super) fn outline<S: Storage>(l: &Lowering<'_, S>, keys: &[Option<u128>]) ->
 }
 
 impl<S: Storage> Lowering<'_, S> {
-    /// The on-tile copies of `call`'s tensors into clones laid out as they are, as node
-    /// `at`'s `phase`: the clones, to be kept live through the call.
+    /// The on-tile copies of `tensors` into the body's parameters (clones laid out as they
+    /// are), as node `at`'s `phase`: one compute set for all of them (a call's copies run as
+    /// one program), with one copy vertex on each tile over every tensor's intervals there
+    /// (joined into strided regions), its cycles those of copying each tensor's share in
+    /// turn. Nothing moves between tiles, so no exchange precedes it. The clones are not
+    /// program tensors: their bytes are each tensor's on its tiles, counted while they live
+    /// (`Program::call_clones`). Returns the tensors copied.
     pub(super) fn call_copies(
         &mut self,
         at: NodeId,
@@ -193,22 +201,86 @@ impl<S: Storage> Lowering<'_, S> {
         tensors: &[NodeId],
     ) -> Vec<TensorId> {
         let cfg = self.cfg;
-        let mut clones = Vec::with_capacity(tensors.len());
-        for &x in tensors {
-            let xt = self.t(x);
-            let (dtype, elements) = (
-                self.tensors[xt.index()].dtype,
-                self.tensors[xt.index()].elements,
-            );
-            if elements == 0 {
-                continue;
-            }
-            let mapping = self.tensors[xt.index()].mapping.clone();
-            let clone = self.temporary(at, phase, dtype, elements, mapping);
-            let copy = move |n| UnaryKind::Copy.cycles(cfg, n, dtype);
-            self.per_tile_same(at, phase, clone, Codelet::Copy, copy, &[xt], &[clone], &[]);
-            clones.push(clone);
+        let mut copied: Vec<TensorId> = tensors.iter().map(|&x| self.t(x)).collect();
+        copied.sort_unstable();
+        copied.dedup();
+        copied.retain(|t| self.tensors[t.index()].elements > 0);
+        if copied.is_empty() {
+            return copied;
         }
-        clones
+        let estimate_only = self.summaries.is_some();
+        let tiles = cfg.tiles as usize;
+        // Per tile: cycles, regions (joined runs) and, for a full lowering, the regions.
+        let mut cycles = vec![0u64; tiles];
+        let mut regions = vec![0u64; tiles];
+        let mut spans: Vec<Vec<Region>> = if estimate_only {
+            Vec::new()
+        } else {
+            vec![Vec::new(); tiles]
+        };
+        for &xt in &copied {
+            let t = &self.tensors[xt.index()];
+            // The mapping's intervals are in element order: each tile's, in order, join into
+            // the runs `compress` makes of the tile's spans of this tensor.
+            let mut elements = vec![0u64; tiles];
+            let mut builders: Vec<Option<RunBuilder>> = vec![None; tiles];
+            for iv in t.mapping.intervals() {
+                let k = iv.tile.index();
+                elements[k] += iv.len;
+                let b = builders[k].get_or_insert_with(|| RunBuilder::new(xt));
+                regions[k] += u64::from(b.push(iv.start, iv.len).is_some());
+                if !estimate_only {
+                    spans[k].push(Region::span(xt, iv.start, iv.len));
+                }
+            }
+            for (k, b) in builders.iter_mut().enumerate() {
+                if let Some(b) = b {
+                    regions[k] += u64::from(b.finish().is_some());
+                    cycles[k] += UnaryKind::Copy.cycles(cfg, elements[k], t.dtype);
+                }
+            }
+        }
+        let name = format!("{}/{phase}", self.node(at).name());
+        if estimate_only {
+            // What `Vertex::state_bytes` counts of each tile's vertex (its regions read and
+            // written, once each), without making it.
+            let costs: Vec<VertexCost> = (0..tiles)
+                .filter(|&k| cycles[k] > 0)
+                .map(|k| VertexCost {
+                    tile: TileId(k as u32),
+                    codelet: Codelet::Copy,
+                    cycles: cycles[k],
+                    state_bytes: VERTEX_STATE_PER_WRITE_BYTES * regions[k],
+                })
+                .collect();
+            self.push_compute(ComputeSet {
+                name,
+                node: at,
+                vertices: Vec::new(),
+                costs,
+                touched: copied.clone(),
+            });
+        } else {
+            // The copy reads the tensors and writes their clones, laid out alike: its cost
+            // and fields are those of writing the same regions.
+            let vertices: Vec<Vertex> = spans
+                .into_iter()
+                .enumerate()
+                .filter(|(k, _)| cycles[*k] > 0)
+                .map(|(k, on_tile)| {
+                    let joined = compress(on_tile);
+                    debug_assert_eq!(joined.len() as u64, regions[k]);
+                    Vertex {
+                        tile: TileId(k as u32),
+                        codelet: Codelet::Copy,
+                        cycles: cycles[k],
+                        reads: joined.clone(),
+                        writes: joined,
+                    }
+                })
+                .collect();
+            self.local_compute(at, phase, vertices);
+        }
+        copied
     }
 }
