@@ -1854,6 +1854,19 @@ mod tests {
     use tessera_core::Fixed;
 
     #[test]
+    fn training_fields_carry_outlining_and_embedding_serialization() {
+        let (_, plain) = SHIPPED.iter().find(|(n, _)| *n == "sequential").unwrap();
+        // The shipped file ends in its [training] table.
+        let text = format!("{plain}\noutlining = false\nembedding_serialization = 4\n");
+        let m = Model::from_toml(&text, "m.toml").unwrap();
+        assert_eq!(m.training.outlining, Some(false));
+        assert_eq!(m.training.embedding_serialization, Some(4));
+        let m = Model::from_toml(plain, "m.toml").unwrap();
+        assert_eq!(m.training.outlining, None);
+        assert_eq!(m.training.embedding_serialization, None);
+    }
+
+    #[test]
     fn shipped_models_parse_and_have_the_seeds_layers() {
         for (name, _) in SHIPPED {
             let m = shipped(name).unwrap().unwrap();
