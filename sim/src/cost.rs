@@ -232,62 +232,25 @@ impl UnaryKind {
     /// costs its cycles plus 4 per element. `None` for the kinds popops has no unary op for
     /// (copy, scale, clip), which keep [`per_vector_cycles`](Self::per_vector_cycles).
     pub const fn popops_loop(self, dtype: DType) -> Option<(u64, u64)> {
-        let half = matches!(dtype, DType::F16);
-        Some(match self {
+        // (fp32 entry, fp16 entry), each (cycles a loop, elements a loop).
+        let (single, half) = match self {
             UnaryKind::Copy | UnaryKind::Scale | UnaryKind::Clip => return None,
-            UnaryKind::Relu => (3, if half { 4 } else { 2 }),
-            UnaryKind::Neg | UnaryKind::Square => (2, if half { 4 } else { 2 }),
-            UnaryKind::Abs => (1 + 4, 1),
-            UnaryKind::Sqrt => {
-                if half {
-                    (23, 4)
-                } else {
-                    (10, 2)
-                }
-            }
-            UnaryKind::Reciprocal => {
-                if half {
-                    (15, 4)
-                } else {
-                    (6, 2)
-                }
-            }
-            UnaryKind::Exp => {
-                if half {
-                    (4, 4)
-                } else {
-                    (6, 2)
-                }
-            }
-            UnaryKind::Log | UnaryKind::Tanh => {
-                if half {
-                    (4, 4)
-                } else {
-                    (12, 2)
-                }
-            }
-            UnaryKind::Sigmoid => {
-                if half {
-                    (6, 4)
-                } else {
-                    (12, 2)
-                }
-            }
-            UnaryKind::Erf => {
-                if half {
-                    (13, 1)
-                } else {
-                    (41, 1)
-                }
-            }
+            UnaryKind::Relu => ((3, 2), (3, 4)),
+            UnaryKind::Neg | UnaryKind::Square => ((2, 2), (2, 4)),
+            UnaryKind::Abs => ((1 + 4, 1), (1 + 4, 1)),
+            UnaryKind::Sqrt => ((10, 2), (23, 4)),
+            UnaryKind::Reciprocal => ((6, 2), (15, 4)),
+            UnaryKind::Exp => ((6, 2), (4, 4)),
+            UnaryKind::Log | UnaryKind::Tanh => ((12, 2), (4, 4)),
+            UnaryKind::Sigmoid => ((12, 2), (6, 4)),
+            UnaryKind::Erf => ((41, 1), (13, 1)),
             // popops' GELU_ERF (the exact GELU that PyTorch and ONNX models export).
-            UnaryKind::Gelu => {
-                if half {
-                    (16, 1)
-                } else {
-                    (22, 1)
-                }
-            }
+            UnaryKind::Gelu => ((22, 1), (16, 1)),
+        };
+        Some(if matches!(dtype, DType::F16) {
+            half
+        } else {
+            single
         })
     }
 
