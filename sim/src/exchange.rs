@@ -73,8 +73,6 @@ pub(crate) struct ExchangeTile {
     pub sends: u64,
     /// Regions it receives.
     pub receive_count: u64,
-    /// Distinct tiles it receives from.
-    pub sources: u64,
 }
 
 /// An exchange as the estimate sees it.
@@ -101,8 +99,6 @@ struct Tally {
     receives: u64,
     sent: u64,
     sends: u64,
-    /// Distinct tiles it receives from.
-    sources: u64,
 }
 
 fn finish(tally: &[Tally], bytes: u64, tensors: Vec<TensorId>) -> ExchangeSummary {
@@ -120,7 +116,6 @@ fn finish(tally: &[Tally], bytes: u64, tensors: Vec<TensorId>) -> ExchangeSummar
                 + EXCHANGE_CODE_PER_SEND_BYTES * t.sends,
             sends: t.sends,
             receive_count: t.receives,
-            sources: t.sources,
         })
         .collect();
     let busiest = tally
@@ -168,20 +163,9 @@ pub(crate) fn summarize(
         bytes += b;
         moved.push(region.tensor);
     }
-    let mut pairs: Vec<(TileId, TileId)> = transfers.iter().map(|t| (t.to, t.from)).collect();
-    count_sources(&mut tally, &mut pairs);
     moved.sort_unstable();
     moved.dedup();
     finish(&tally, bytes, moved)
-}
-
-/// Sets each tile's count of distinct tiles it receives from, from (receiver, sender) pairs.
-fn count_sources(tally: &mut [Tally], pairs: &mut Vec<(TileId, TileId)>) {
-    pairs.sort_unstable();
-    pairs.dedup();
-    for p in pairs.iter() {
-        tally[p.0.index()].sources += 1;
-    }
 }
 
 /// The other tile of `t`'s exchange bus.
@@ -288,7 +272,6 @@ fn summarize_with(
     let mut seen: HashMap<(TileId, Region), u32, FastHash> =
         HashMap::with_capacity_and_hasher(lists.groups.len(), FastHash::default());
     let mut shared: Vec<(TileId, Region, u32)> = Vec::new();
-    let mut pairs: Vec<(TileId, TileId)> = Vec::new();
     for (k, rd) in reads.iter().enumerate() {
         if rd.count == 0 {
             continue;
@@ -299,7 +282,6 @@ fn summarize_with(
         for &t in tiles_reading {
             let (fb, fc) = from_tile(per_tile, t);
             if rd.count > fc {
-                pairs.extend(per_tile.iter().filter(|p| p.0 != t).map(|p| (t, p.0)));
                 let e = &mut tally[t.index()];
                 e.received += rd.bytes - fb;
                 e.receives += rd.count - fc;
@@ -394,7 +376,6 @@ fn summarize_with(
             bytes -= (senders - 1) * b;
         }
     }
-    count_sources(&mut tally, &mut pairs);
     moved.sort_unstable();
     moved.dedup();
     Some(finish(&tally, bytes, moved))

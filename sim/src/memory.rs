@@ -356,8 +356,6 @@ pub struct NodeCode {
     pub sends: u64,
     /// Regions its exchanges' tiles receive.
     pub receives: u64,
-    /// Distinct (receiving tile, sending tile) pairs of its exchanges.
-    pub sources: u64,
 }
 
 impl NodeCode {
@@ -370,7 +368,6 @@ impl NodeCode {
         self.steps += other.steps;
         self.sends += other.sends;
         self.receives += other.receives;
-        self.sources += other.sources;
     }
 }
 
@@ -447,8 +444,6 @@ pub(crate) fn node_code(program: &Program, summaries: &Summaries) -> Vec<NodeCod
                 step_tiles(program, summaries, s, &mut seen, |_| {
                     c.control_code += CONTROL_BYTES_PER_STEP;
                 });
-            }
-            for s in (a..b).filter(|&s| !shared[s]) {
                 match &program.steps[s] {
                     Step::Compute(cs) => {
                         c.vertices += cs.costs.len() as u64;
@@ -460,7 +455,6 @@ pub(crate) fn node_code(program: &Program, summaries: &Summaries) -> Vec<NodeCod
                             c.exchange_code += t.code;
                             c.sends += t.sends;
                             c.receives += t.receive_count;
-                            c.sources += t.sources;
                         }
                     }
                     _ => {}
