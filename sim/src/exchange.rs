@@ -21,7 +21,9 @@ use std::collections::HashMap;
 use crate::memory::{
     EXCHANGE_CODE_BYTES, EXCHANGE_CODE_PER_RECEIVE_BYTES, EXCHANGE_CODE_PER_SEND_BYTES,
 };
-use crate::program::{ProgTensor, Region, RunBuilder, TensorId, TileId, Transfer, Vertex};
+use crate::program::{
+    ProgTensor, Region, RunBuilder, SpanJoiner, TensorId, TileId, Transfer, Vertex,
+};
 
 /// A hasher for regions and other small keys of integers (multiply and rotate, as rustc's
 /// FxHash): the default SipHash costs more than the work it indexes here.
@@ -195,7 +197,8 @@ struct Read {
 /// Flat lists of a compute set's reads.
 #[derive(Default)]
 struct Lists {
-    pieces: Vec<((TileId, u64, u64), u64)>,
+    pieces: Vec<(TileId, u64, u64)>,
+    joined: Vec<Region>,
     groups: Vec<(TileId, Region)>,
     per_tile: Vec<(TileId, u64, u64)>,
 }
@@ -539,23 +542,22 @@ fn pieces_of(tensors: &[ProgTensor], r: &Region, lists: &mut Lists) -> Read {
     let t = &tensors[r.tensor.index()];
     let pieces = &mut lists.pieces;
     pieces.clear();
-    t.mapping.for_each_piece_of(r, |row_start, tile, s, l| {
-        pieces.push(((tile, s - row_start, l), s));
+    t.mapping.for_each_piece_of(r, |_, tile, s, l| {
+        pieces.push((tile, s, l));
     });
     pieces.sort_unstable();
     let groups = &mut lists.groups;
     let g0 = groups.len();
+    let joined = &mut lists.joined;
     for group in pieces.chunk_by(|a, b| a.0 == b.0) {
-        let ((tile, _, len), _) = group[0];
-        let mut b = RunBuilder::new(r.tensor);
-        for &(_, s) in group {
-            if let Some(done) = b.push(s, len) {
-                groups.push((tile, done));
-            }
+        let tile = group[0].0;
+        let mut b = SpanJoiner::new(r.tensor);
+        joined.clear();
+        for &(_, s, len) in group {
+            b.push(s, len);
         }
-        if let Some(done) = b.finish() {
-            groups.push((tile, done));
-        }
+        b.finish(joined);
+        groups.extend(joined.iter().map(|&g| (tile, g)));
     }
     groups[g0..].sort_unstable();
     let mut kept = g0;

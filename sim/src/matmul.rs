@@ -381,8 +381,56 @@ fn splits(d: u64, cap: u64, grain: u64) -> Vec<u64> {
     out
 }
 
+/// The geometry of a convolution's activation operand, as the planner prices the bytes a block
+/// of it brings: a block of `bm` positions (flattened images of `rows x width`) reads the rows
+/// of the source its receptive field covers, whole, for the channels its `bk` patch elements
+/// cover (`kernel_area` patch elements a channel), as the lowering reads them and as poplin's
+/// planner counts a partition's input with its halo. The operand is `a` (positions along `m`,
+/// patch elements along `k`) in a forward or input-gradient pass, `b` (positions along `k`,
+/// patch elements along `n`) in a weight-update pass. A matmul has none: its blocks are
+/// `bm x bk` and `bk x bn` elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Field {
+    /// Which operand it is.
+    pub operand: Operand,
+    /// Positions of an image along `m`.
+    pub image: u64,
+    /// Positions of a row along `m`.
+    pub width: u64,
+    /// Rows of a source image, and elements of a source row.
+    pub source: (u64, u64),
+    /// Source rows that `r` rows along `m` read: `((r - 1) x num + halo) / den + 1` (a forward
+    /// convolution's input: `num` its stride, `halo` `(kernel rows - 1) x dilation`, `den` 1;
+    /// an input gradient's output gradient: `num` 1, `den` the stride).
+    pub rows: (u64, u64, u64),
+    /// Patch elements per channel.
+    pub kernel_area: u64,
+}
+
+impl Field {
+    /// Elements of the source a block of `bm` positions by `bk` patch elements reads.
+    pub fn a_elements(&self, bm: u64, bk: u64) -> u64 {
+        let (num, halo, den) = self.rows;
+        let source_rows = |r: u64| {
+            (r.saturating_sub(1).saturating_mul(num).saturating_add(halo) / den.max(1) + 1)
+                .min(self.source.0)
+        };
+        let channels = bk.div_ceil(self.kernel_area.max(1));
+        let image = self.image.max(1);
+        let rows = if bm >= image {
+            bm.div_ceil(image) * self.source.0
+        } else {
+            // A block not starting at a row's start spans one row more.
+            let width = self.width.max(1);
+            let r = bm.div_ceil(width) + u64::from(bm % width != 0);
+            source_rows(r.min(image / width).max(1))
+        };
+        rows.saturating_mul(self.source.1).saturating_mul(channels)
+    }
+}
+
 /// An operand of `a . b`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Operand {
     /// The left-hand operand (`m x k`).
     A,
@@ -439,6 +487,7 @@ fn price(
     orientation: Orientation,
     order: GridOrder,
     method: Method,
+    field: Option<Field>,
 ) -> (BoundLevel, MatMulPlan) {
     let s = dtype.size() as u64;
     // The partial sums' type and bytes (fp16 only for fp16 products with half partials, and
@@ -459,9 +508,19 @@ fn price(
             bytes
         }
     };
-    // The operand bytes a tile receives for a step over `bk` of k and `bn` of n.
-    let received_of =
-        |bk: u64, bn: u64| share(bm * bk * s, pn, laid_out.a) + share(bk * bn * s, pm, laid_out.b);
+    // The operand bytes a tile receives for a step over `bk` of k and `bn` of n (a
+    // convolution's input with its receptive field, `Field`).
+    let a_elements = |bk: u64| match field {
+        Some(f) if f.operand == Operand::A => f.a_elements(bm, bk),
+        _ => bm * bk,
+    };
+    let b_elements = |bk: u64, bn: u64| match field {
+        Some(f) if f.operand == Operand::B => f.a_elements(bk, bn),
+        _ => bk * bn,
+    };
+    let received_of = |bk: u64, bn: u64| {
+        share(a_elements(bk) * s, pn, laid_out.a) + share(b_elements(bk, bn) * s, pm, laid_out.b)
+    };
     // The plan's temporary memory on a tile (the operand copies it receives and its fp32
     // partial sums) may take `AVAILABLE_MEMORY_PROPORTION` of the tile, as poplibs' planner
     // bounds it; plans over that are a last resort, ranked by the doubled bound they meet
@@ -688,6 +747,7 @@ type MatMulKey = (
     LaidOut,
     u64,
     (u64, PartialsType, u64, u64),
+    Option<Field>,
 );
 /// A key of [`plan_fc`]'s arguments.
 type FcKey = (
@@ -720,10 +780,11 @@ pub(crate) fn plan_matmul_cached(
     laid_out: LaidOut,
     tiles: u64,
     opts: PlanOptions,
+    field: Option<Field>,
 ) -> MatMulPlan {
-    let key = (machine, m, k, n, dtype, laid_out, tiles, opts.key());
+    let key = (machine, m, k, n, dtype, laid_out, tiles, opts.key(), field);
     cached(&MATMUL_PLANS, key, || {
-        plan_matmul_with(cfg, m, k, n, dtype, laid_out, tiles, opts)
+        plan_product_with(cfg, [m, k, n], dtype, laid_out, tiles, opts, field)
     })
 }
 
@@ -789,6 +850,20 @@ pub fn plan_matmul_with(
     tiles: u64,
     opts: PlanOptions,
 ) -> MatMulPlan {
+    plan_product_with(cfg, [m, k, n], dtype, laid_out, tiles, opts, None)
+}
+
+/// [`plan_matmul_with`] for a product whose left-hand operand may be a convolution's
+/// activation (`field`, whose blocks bring their receptive field).
+pub fn plan_product_with(
+    cfg: &IpuConfig,
+    [m, k, n]: [u64; 3],
+    dtype: DType,
+    laid_out: LaidOut,
+    tiles: u64,
+    opts: PlanOptions,
+    field: Option<Field>,
+) -> MatMulPlan {
     let mut best: Option<((BoundLevel, u64, u64), MatMulPlan)> = None;
     for grid in candidates(cfg, opts, [m, k, n], dtype, tiles) {
         let (level, plan) = price(
@@ -801,6 +876,7 @@ pub fn plan_matmul_with(
             Orientation::Either,
             GridOrder::Standard,
             Method::Amp,
+            field,
         );
         let key = (level, plan.planned_cycles, plan.tiles());
         if best.as_ref().is_none_or(|(k, _)| key < *k) {
@@ -904,6 +980,7 @@ pub fn plan_fc_with(
             Orientation::Swapped,
             GridOrder::Standard,
             Method::Amp,
+            None,
         );
         // A candidate whose passes so far already cost as much as the best joint plan that
         // keeps the memory rule cannot beat it (every pass costs something): skip the rest.
@@ -926,6 +1003,7 @@ pub fn plan_fc_with(
             Orientation::Swapped,
             GridOrder::FcBackward,
             Method::Amp,
+            None,
         );
         if beaten(
             forward
@@ -944,6 +1022,7 @@ pub fn plan_fc_with(
             Orientation::Swapped,
             GridOrder::FcWeightUpdate,
             Method::Amp,
+            None,
         );
         let plans = FcPlans {
             forward,
@@ -1016,6 +1095,7 @@ fn hmac_joint(
         Orientation::Swapped,
         GridOrder::Standard,
         Method::Hmac { group: g },
+        None,
     );
     let (lb, backward) = price(
         cfg,
@@ -1027,6 +1107,7 @@ fn hmac_joint(
         Orientation::Swapped,
         GridOrder::FcBackward,
         Method::Hmac { group: g },
+        None,
     );
     let (lw, weight_update) = price(
         cfg,
@@ -1038,6 +1119,7 @@ fn hmac_joint(
         Orientation::Swapped,
         GridOrder::FcWeightUpdate,
         Method::OuterProduct { group: g },
+        None,
     );
     (
         lf.max(lb).max(lw),

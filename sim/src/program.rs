@@ -81,9 +81,38 @@ impl Interval {
 /// Copies share the intervals: identical layers' tensors, optimizer state and accumulators
 /// are laid out like another tensor, and a large model's mappings would otherwise be most of
 /// an estimate's memory.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Default)]
 pub struct Mapping {
     intervals: std::sync::Arc<[Interval]>,
+    /// What is computed of the intervals, made once and shared by the copies.
+    per_tile: std::sync::Arc<Derived>,
+}
+
+/// What a [`Mapping`] computes of its intervals once.
+#[derive(Default)]
+struct Derived {
+    /// [`Mapping::elements_per_tile`].
+    elements: std::sync::OnceLock<Vec<(TileId, u64)>>,
+    /// [`Mapping::digest`].
+    digest: std::sync::OnceLock<u128>,
+    /// [`Mapping::regions_per_tile`].
+    regions: std::sync::OnceLock<Vec<(TileId, u64, u64)>>,
+}
+
+impl PartialEq for Mapping {
+    fn eq(&self, other: &Self) -> bool {
+        self.intervals == other.intervals
+    }
+}
+
+impl Eq for Mapping {}
+
+impl std::fmt::Debug for Mapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mapping")
+            .field("intervals", &self.intervals)
+            .finish()
+    }
 }
 
 impl Mapping {
@@ -93,6 +122,7 @@ impl Mapping {
         intervals.sort_by_key(|i| i.start);
         Mapping {
             intervals: intervals.into(),
+            per_tile: Default::default(),
         }
     }
 
@@ -103,12 +133,44 @@ impl Mapping {
         debug_assert!(intervals.windows(2).all(|w| w[0].start < w[1].start));
         Mapping {
             intervals: intervals.into(),
+            per_tile: Default::default(),
         }
     }
 
     /// A 128-bit hash of the intervals (XXH3): equal mappings have equal digests, and
     /// different ones differ but with negligible chance.
     pub fn digest(&self) -> u128 {
+        *self.per_tile.digest.get_or_init(|| self.hash())
+    }
+
+    /// Each tile's elements and regions (its intervals joined as [`SpanJoiner`] joins them),
+    /// as (tile, elements, regions), sorted by tile.
+    pub fn regions_per_tile(&self) -> &[(TileId, u64, u64)] {
+        self.per_tile.regions.get_or_init(|| {
+            let mut ivs: Vec<(TileId, u64, u64)> = self
+                .intervals
+                .iter()
+                .map(|iv| (iv.tile, iv.start, iv.len))
+                .collect();
+            ivs.sort_unstable();
+            let mut done = Vec::new();
+            ivs.chunk_by(|a, b| a.0 == b.0)
+                .map(|group| {
+                    let mut j = SpanJoiner::new(TensorId(0));
+                    for &(_, s, l) in group {
+                        j.push(s, l);
+                    }
+                    done.clear();
+                    j.finish(&mut done);
+                    let elements = group.iter().map(|g| g.2).sum();
+                    (group[0].0, elements, done.len() as u64)
+                })
+                .collect()
+        })
+    }
+
+    /// [`digest`](Self::digest), computed.
+    fn hash(&self) -> u128 {
         let mut bytes = Vec::with_capacity(self.intervals.len() * 20);
         for iv in self.intervals.iter() {
             bytes.extend_from_slice(&iv.tile.0.to_le_bytes());
@@ -127,6 +189,7 @@ impl Mapping {
                 len: elements,
             }]
             .into(),
+            per_tile: Default::default(),
         }
     }
 
@@ -158,6 +221,7 @@ impl Mapping {
         }
         Mapping {
             intervals: intervals.into(),
+            per_tile: Default::default(),
         }
     }
 
@@ -213,6 +277,14 @@ impl Mapping {
 
     /// Elements held by each tile, as (tile, elements), sorted by tile.
     pub fn elements_per_tile(&self) -> Vec<(TileId, u64)> {
+        self.per_tile
+            .elements
+            .get_or_init(|| self.sum_per_tile())
+            .clone()
+    }
+
+    /// [`elements_per_tile`](Self::elements_per_tile), summed.
+    fn sum_per_tile(&self) -> Vec<(TileId, u64)> {
         // Many intervals on few tiles (a product's output holds a row of a block per
         // interval): sum them by tile in a table rather than sorting them.
         let most = self.intervals.iter().map(|i| i.tile.0).max().unwrap_or(0) as usize;
@@ -340,6 +412,136 @@ impl Region {
     }
 }
 
+/// How many of the next spans of its length a span is tried against as the second row of a
+/// run (an estimate: a tile holds a few channel groups of a grouped layout at once, whose rows
+/// interleave in element order).
+const RUN_CANDIDATES: usize = 8;
+
+/// Joins spans of one tensor, fed in increasing order, into strided regions. Touching spans
+/// join first; then spans of one length that are rows of one block (equally far apart)
+/// become one region, even when the rows of a few blocks held by one tile (channel groups of
+/// a grouped layout) interleave in element order: a span starts a run with whichever of the
+/// next spans of its length (up to [`RUN_CANDIDATES`]) gives the longest run (the nearest
+/// among equals), and the run takes every later span at that stride.
+#[derive(Clone, Debug)]
+pub struct SpanJoiner {
+    tensor: TensorId,
+    /// The last span, which a touching span extends.
+    pending: Option<(u64, u64)>,
+    /// The spans before it while they are one run (start, len, rows, stride).
+    run: Option<(u64, u64, u64, u64)>,
+    /// The spans before it once they are not (touching ones joined).
+    spans: Vec<(u64, u64)>,
+}
+
+impl SpanJoiner {
+    /// A joiner for spans of `tensor`.
+    pub fn new(tensor: TensorId) -> Self {
+        SpanJoiner {
+            tensor,
+            pending: None,
+            run: None,
+            spans: Vec::new(),
+        }
+    }
+
+    /// Adds the span `[start, start + len)` (after the spans so far).
+    pub fn push(&mut self, start: u64, len: u64) {
+        match &mut self.pending {
+            Some((s, l)) if *s + *l == start => *l += len,
+            _ => {
+                if let Some((s, l)) = self.pending.replace((start, len)) {
+                    self.commit(s, l);
+                }
+            }
+        }
+    }
+
+    /// Takes a finished span: into the run while it continues it, else into the list.
+    fn commit(&mut self, s: u64, l: u64) {
+        if !self.spans.is_empty() {
+            self.spans.push((s, l));
+            return;
+        }
+        match &mut self.run {
+            None => self.run = Some((s, l, 1, 0)),
+            Some((rs, rl, rows, stride))
+                if *rl == l && s > *rs && (*rows == 1 || s == *rs + *rows * *stride) =>
+            {
+                if *rows == 1 {
+                    *stride = s - *rs;
+                }
+                *rows += 1;
+            }
+            Some((rs, rl, rows, stride)) => {
+                let (rs, rl, rows, stride) = (*rs, *rl, *rows, *stride);
+                self.spans.extend((0..rows).map(|r| (rs + r * stride, rl)));
+                self.spans.push((s, l));
+                self.run = None;
+            }
+        }
+    }
+
+    /// Puts the joined regions into `out` and empties the joiner.
+    pub fn finish(&mut self, out: &mut Vec<Region>) {
+        if let Some((s, l)) = self.pending.take() {
+            self.commit(s, l);
+        }
+        let t = self.tensor;
+        if let Some((s, l, rows, stride)) = self.run.take() {
+            // One run: one region.
+            out.push(Region::strided(t, s, l, rows, stride));
+            return;
+        }
+        let spans = std::mem::take(&mut self.spans);
+        if spans.is_empty() {
+            return;
+        }
+        // By length, then start.
+        let mut by_len: Vec<(u64, u64)> = spans.iter().map(|&(s, l)| (l, s)).collect();
+        by_len.sort_unstable();
+        for class in by_len.chunk_by(|a, b| a.0 == b.0) {
+            let len = class[0].0;
+            let starts: Vec<u64> = class.iter().map(|c| c.1).collect();
+            let mut used = vec![false; starts.len()];
+            let at = |x: u64| starts.binary_search(&x).ok();
+            for i in 0..starts.len() {
+                if used[i] {
+                    continue;
+                }
+                used[i] = true;
+                let a = starts[i];
+                // (A repeated span, at distance 0, starts no run.)
+                let next: Vec<usize> = (i + 1..starts.len())
+                    .filter(|&j| !used[j] && starts[j] > a)
+                    .take(RUN_CANDIDATES)
+                    .collect();
+                // Rows a run from `a` with stride `d` would take.
+                let rows_at = |d: u64| {
+                    (1..=starts.len() as u64)
+                        .take_while(|&r| at(a + r * d).is_some_and(|k| !used[k]))
+                        .count()
+                };
+                let best = next
+                    .iter()
+                    .map(|&j| (rows_at(starts[j] - a), std::cmp::Reverse(j)))
+                    .max();
+                let Some((_, std::cmp::Reverse(j))) = best else {
+                    out.push(Region::span(t, a, len));
+                    continue;
+                };
+                let d = starts[j] - a;
+                let mut rows = 1;
+                while let Some(k) = at(a + rows * d).filter(|&k| !used[k]) {
+                    used[k] = true;
+                    rows += 1;
+                }
+                out.push(Region::strided(t, a, len, rows, d));
+            }
+        }
+    }
+}
+
 /// Joins spans into strided regions: spans of equal length at a constant distance become one
 /// region. Feed spans of one tensor in increasing order.
 #[derive(Clone, Copy, Debug)]
@@ -390,27 +592,25 @@ pub fn compress(mut regions: Vec<Region>) -> Vec<Region> {
     regions.sort_unstable();
     regions.dedup();
     let mut out = Vec::with_capacity(regions.len());
-    let mut builder: Option<RunBuilder> = None;
+    let mut joiner: Option<SpanJoiner> = None;
     for r in regions {
         if r.rows > 1 {
             out.push(r);
             continue;
         }
-        let b = match &mut builder {
-            Some(b) if b.tensor == r.tensor => b,
+        let j = match &mut joiner {
+            Some(j) if j.tensor == r.tensor => j,
             _ => {
-                if let Some(done) = builder.as_mut().and_then(RunBuilder::finish) {
-                    out.push(done);
+                if let Some(j) = joiner.as_mut() {
+                    j.finish(&mut out);
                 }
-                builder.insert(RunBuilder::new(r.tensor))
+                joiner.insert(SpanJoiner::new(r.tensor))
             }
         };
-        if let Some(done) = b.push(r.start, r.len) {
-            out.push(done);
-        }
+        j.push(r.start, r.len);
     }
-    if let Some(done) = builder.as_mut().and_then(RunBuilder::finish) {
-        out.push(done);
+    if let Some(j) = joiner.as_mut() {
+        j.finish(&mut out);
     }
     out.sort_unstable();
     out
@@ -668,38 +868,33 @@ impl Program {
 /// other tiles, joined into strided regions per sending tile; sorted and without duplicates.
 pub fn exchange_for(tensors: &[ProgTensor], vertices: &[Vertex]) -> Vec<Transfer> {
     let mut transfers = Vec::new();
-    // Pieces of one region held elsewhere, keyed by sending tile, offset within the region's
-    // row and length: the same piece of every row of a block joins into one strided transfer.
-    let mut pieces: Vec<((TileId, u64, u64), u64)> = Vec::new();
+    // Pieces of one region held elsewhere, by sending tile and start: each tile's pieces join
+    // into strided transfers (the same piece of every row of a block is one transfer).
+    let mut pieces: Vec<(TileId, u64, u64)> = Vec::new();
+    let mut joined: Vec<Region> = Vec::new();
     for v in vertices {
         for r in &v.reads {
             let mapping = &tensors[r.tensor.index()].mapping;
             pieces.clear();
-            mapping.for_each_piece_of(r, |row_start, tile, s, l| {
+            mapping.for_each_piece_of(r, |_, tile, s, l| {
                 if tile != v.tile {
-                    pieces.push(((tile, s - row_start, l), s));
+                    pieces.push((tile, s, l));
                 }
             });
             pieces.sort_unstable();
             for group in pieces.chunk_by(|a, b| a.0 == b.0) {
-                let ((tile, _, len), _) = group[0];
-                let mut b = RunBuilder::new(r.tensor);
-                for &(_, s) in group {
-                    if let Some(done) = b.push(s, len) {
-                        transfers.push(Transfer {
-                            from: tile,
-                            region: done,
-                            to: v.tile,
-                        });
-                    }
+                let tile = group[0].0;
+                let mut b = SpanJoiner::new(r.tensor);
+                joined.clear();
+                for &(_, s, len) in group {
+                    b.push(s, len);
                 }
-                if let Some(done) = b.finish() {
-                    transfers.push(Transfer {
-                        from: tile,
-                        region: done,
-                        to: v.tile,
-                    });
-                }
+                b.finish(&mut joined);
+                transfers.extend(joined.iter().map(|&region| Transfer {
+                    from: tile,
+                    region,
+                    to: v.tile,
+                }));
             }
         }
     }
@@ -714,7 +909,92 @@ mod tests {
 
     use super::*;
 
+    /// The elements of `regions`, sorted.
+    fn elements_of(regions: &[Region]) -> Vec<u64> {
+        let mut out: Vec<u64> = regions
+            .iter()
+            .flat_map(|r| r.runs().flat_map(|(s, l)| s..s + l).collect::<Vec<_>>())
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Spans fed twice (a region read twice) still join, and the joiner ends.
+    #[test]
+    fn repeated_spans_join_and_end() {
+        let mut j = SpanJoiner::new(TensorId(0));
+        for (s, l) in [(0, 4), (0, 4), (10, 4), (10, 4), (20, 4), (7, 1), (20, 4)] {
+            j.push(s, l);
+        }
+        let mut out = Vec::new();
+        j.finish(&mut out);
+        let mut want: Vec<u64> = [
+            (0u64, 4u64),
+            (0, 4),
+            (10, 4),
+            (10, 4),
+            (20, 4),
+            (7, 1),
+            (20, 4),
+        ]
+        .iter()
+        .flat_map(|&(s, l)| s..s + l)
+        .collect();
+        want.sort_unstable();
+        assert_eq!(elements_of(&out), want);
+    }
+
     proptest! {
+        /// A joiner's regions cover exactly the spans fed to it, each element once, in no
+        /// more regions than spans; rows of up to `RUN_CANDIDATES` column blocks of a matrix,
+        /// interleaved in element order, join into one region per block.
+        #[test]
+        fn joined_spans_cover_the_spans_and_blocks_join(
+            gaps in prop::collection::vec((0u64..6, 1u64..5), 1..60),
+            rows in 1u64..20,
+            blocks in prop::collection::vec((0u64..8, 1u64..8), 1..=RUN_CANDIDATES),
+        ) {
+            // Arbitrary increasing spans.
+            let (mut at, mut spans) = (0, Vec::new());
+            for &(gap, len) in &gaps {
+                spans.push((at + gap, len));
+                at += gap + len;
+            }
+            let mut j = SpanJoiner::new(TensorId(0));
+            let mut out = Vec::new();
+            for &(s, l) in &spans {
+                j.push(s, l);
+            }
+            j.finish(&mut out);
+            let want: Vec<u64> = spans.iter().flat_map(|&(s, l)| s..s + l).collect();
+            prop_assert_eq!(elements_of(&out), want);
+            prop_assert!(out.len() <= spans.len());
+            // Disjoint column blocks (start, width), each over every row of a matrix whose
+            // rows are wider than all of them.
+            let mut cols: Vec<(u64, u64)> = Vec::new();
+            let mut c = 0;
+            for &(gap, w) in &blocks {
+                cols.push((c + gap + 1, w));
+                c += gap + 1 + w;
+            }
+            let width = c + 1;
+            let mut fed = Vec::new();
+            for r in 0..rows {
+                for &(c0, w) in &cols {
+                    fed.push((r * width + c0, w));
+                }
+            }
+            let mut j = SpanJoiner::new(TensorId(0));
+            let mut out = Vec::new();
+            for &(s, l) in &fed {
+                j.push(s, l);
+            }
+            j.finish(&mut out);
+            let want: Vec<u64> = fed.iter().flat_map(|&(s, l)| s..s + l).collect();
+            prop_assert_eq!(elements_of(&out), want);
+            prop_assert!(out.len() <= cols.len(), "{} regions for {} blocks", out.len(), cols.len());
+        }
+
         /// Summing by tile in a table (many intervals) and by sorting (few) agree.
         #[test]
         fn elements_per_tile_sums_each_tiles_intervals(

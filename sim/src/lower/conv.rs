@@ -14,7 +14,7 @@ use tessera_core::{NodeId, Storage};
 
 use super::matmul::{Product, Range};
 use super::Lowering;
-use crate::matmul::LaidOut;
+use crate::matmul::{Field, LaidOut, Operand};
 use crate::program::{Region, TensorId};
 
 /// Index helpers for an activation of `n x c x h x w` in `layout`.
@@ -170,7 +170,7 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
             reads: Box::new(|_, _, _, _| Vec::new()),
             out: Box::new(|_, _, _| Vec::new()),
             b: None,
-            out_m_contiguous: false,
+            field: None,
             kernel_area: 1,
         };
     };
@@ -236,7 +236,14 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
                 b: Some(Box::new(move |g, rk, rn| {
                     weight_spans(&d, p.layout, g as u64, rn, rk)
                 })),
-                out_m_contiguous: p.layout == DataLayout::Nchw,
+                field: Some(Field {
+                    operand: Operand::A,
+                    image: d.oh as u64 * d.ow as u64,
+                    width: d.ow as u64,
+                    source: (h, d.w as u64),
+                    rows: (s0, (kh - 1) * d0, 1),
+                    kernel_area: area,
+                }),
                 kernel_area: area,
             }
         }
@@ -279,7 +286,14 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
                     input.spans(rm, (g as u64 * cg + rn.0, g as u64 * cg + rn.1))
                 }),
                 b: None,
-                out_m_contiguous: p.layout == DataLayout::Nchw,
+                field: Some(Field {
+                    operand: Operand::A,
+                    image: h * d.w as u64,
+                    width: d.w as u64,
+                    source: (oh, d.ow as u64),
+                    rows: (1, (kh - 1) * d0, s0),
+                    kernel_area: area,
+                }),
                 kernel_area: area,
             }
         }
@@ -311,8 +325,16 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
                 out: Box::new(move |g, rm, rn| weight_spans(&d, p.layout, g as u64, rm, rn)),
                 b: None,
                 // HWIO weights hold each patch element's output channels together.
-                out_m_contiguous: p.layout == DataLayout::Nhwc,
                 // poplin's weight-update convolution takes the output field as its kernel.
+                // The input rows of a block of positions (`k`) for its patch elements (`n`).
+                field: Some(Field {
+                    operand: Operand::B,
+                    image: d.oh as u64 * d.ow as u64,
+                    width: d.ow as u64,
+                    source: (h, d.w as u64),
+                    rows: (s0, (kh - 1) * d0, 1),
+                    kernel_area: area,
+                }),
                 kernel_area: oh * d.ow as u64,
             }
         }

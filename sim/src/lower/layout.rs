@@ -1,20 +1,184 @@
 //! Data movement on tiles: views cost nothing (they read their root's tensor), taps are
-//! copies laid out like their operand, and transposes, concatenations, slices and pads are
-//! copies into the output's layout, receiving what each tile's part needs.
+//! copies laid out like their operand, transposes, concatenations and slices are copies that
+//! keep every element on its tile, and pads are copies into a linear layout, receiving what
+//! each tile's part needs.
+//!
+//! PopART grows a transpose, a concatenation or a slice as a view of its operands (a
+//! `dimShuffle`, `concat` or `slice` of Poplar tensors) copied into a clone of that view
+//! (`cloneNcopy`, willow/src/popx/op/transposex.cpp, concatx.cpp, slicex.cpp): a clone keeps
+//! each element's tile, so the copy is on-tile and exchanges nothing; the op's readers then
+//! find each element where its producer left it. The TensorFlow backend's transposes are
+//! `dimShuffle` views. [`image_mapping`] is that layout.
 
 use tessera_core::ops::layout::Layout;
 use tessera_core::{NodeId, Shape, Storage};
 
 use super::{row_segments, Lowering, Placement};
 use crate::cost::UnaryKind;
-use crate::program::{Codelet, Region};
+use crate::program::{Codelet, Interval, Mapping, Region, TensorId};
 
 pub(super) fn placement(op: &Layout) -> Placement {
     match *op {
         Layout::Reshape { .. } => Placement::Nothing,
         Layout::Tap { x } => Placement::Like(x),
+        Layout::Transpose { .. } | Layout::Concat { .. } | Layout::Slice { .. } => Placement::Image,
         _ => Placement::Rows(1),
     }
+}
+
+/// A run of the elements an output copies, in output order: `count` elements of `tensor`
+/// from `start`, `stride` apart.
+#[derive(Clone, Copy)]
+struct Source {
+    tensor: TensorId,
+    start: u64,
+    count: u64,
+    stride: u64,
+}
+
+/// The elements node `i`'s output copies, in output order, as runs.
+fn sources<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Layout) -> Vec<Source> {
+    let so = l.node(i).shape();
+    let span = |tensor, start, count| Source {
+        tensor,
+        start,
+        count,
+        stride: 1,
+    };
+    match *op {
+        Layout::Transpose { x, perm } if so.rank() > 1 => {
+            let (xt, sx) = (l.t(x), l.node(x).shape());
+            let r = so.rank();
+            let mut st = vec![0u64; r];
+            let mut acc = 1u64;
+            for a in (0..r).rev() {
+                st[a] = acc;
+                acc *= sx.dim(a) as u64;
+            }
+            let ps: Vec<u64> = (0..r).map(|a| st[perm[a] as usize]).collect();
+            let cols = so.last() as u64;
+            let rows = so.elements() as u64 / cols.max(1);
+            (0..rows)
+                .map(|row| {
+                    let (mut rem, mut off) = (row, 0);
+                    for a in (0..r - 1).rev() {
+                        let d = so.dim(a) as u64;
+                        off += (rem % d) * ps[a];
+                        rem /= d;
+                    }
+                    Source {
+                        tensor: xt,
+                        start: off,
+                        count: cols,
+                        stride: ps[r - 1],
+                    }
+                })
+                .collect()
+        }
+        Layout::Transpose { x, .. } => vec![span(l.t(x), 0, so.elements() as u64)],
+        Layout::Concat { a, b, axis } => {
+            let (ta, tb) = (l.t(a), l.t(b));
+            let ca = chunks(l.node(a).shape(), axis).1;
+            let cb = chunks(l.node(b).shape(), axis).1;
+            let outer = chunks(so, axis).0;
+            (0..outer)
+                .flat_map(|r| [span(ta, r * ca, ca), span(tb, r * cb, cb)])
+                .filter(|s| s.count > 0)
+                .collect()
+        }
+        Layout::Slice { x, axis, start } => {
+            let sx = l.node(x).shape();
+            let cx = chunks(sx, axis).1;
+            let (outer, c) = chunks(so, axis);
+            let at = u64::from(start) * (cx / sx.dim(axis as usize) as u64);
+            (0..outer).map(|r| span(l.t(x), r * cx + at, c)).collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// Most image layouts this process keeps ([`IMAGES`]); past it, the kept ones are dropped (an
+/// estimate: a few models' worth of distinct layout ops).
+const IMAGES_KEPT: usize = 1024;
+
+/// Image layouts made so far in this process, by what they are made of (the op, its shapes
+/// and its operands' mappings): the same op of every repeated layer, stage, split and sweep
+/// configuration is laid out once.
+static IMAGES: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<u128, Mapping>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// The layout of layout op `i`'s output as PopART's `cloneNcopy` of a view makes it: each
+/// element on the tile of the operand element it copies (see the module's text). Empty when
+/// the op has no such layout.
+pub(super) fn image_mapping<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Layout) -> Mapping {
+    let node = l.node(i);
+    let operands = node.op().operands();
+    let mut facts = format!(
+        "{}|{}|{:?}",
+        super::op_by_place(node.op(), operands.as_slice()),
+        node.shape(),
+        node.dtype()
+    );
+    for &x in operands.as_slice() {
+        let m = &l.tensors[l.t(x).index()].mapping;
+        facts.push_str(&format!("|{}|{:x}", l.node(x).shape(), m.digest()));
+    }
+    let key = xxhash_rust::xxh3::xxh3_128(facts.as_bytes());
+    if let Some(m) = IMAGES.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        return m;
+    }
+    let m = make_image(l, i, op);
+    if let Ok(mut c) = IMAGES.lock() {
+        if c.len() >= IMAGES_KEPT {
+            c.clear();
+        }
+        c.insert(key, m.clone());
+    }
+    m
+}
+
+/// Drops the image layouts this process keeps ([`IMAGES`]).
+pub(super) fn clear_images() {
+    let dropped = IMAGES.lock().map(|mut c| std::mem::take(&mut *c));
+    drop(dropped);
+}
+
+/// [`image_mapping`], made.
+fn make_image<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Layout) -> Mapping {
+    let mut out: Vec<Interval> = Vec::new();
+    let mut at = 0u64;
+    for src in sources(l, i, op) {
+        let ivs = l.tensors[src.tensor.index()].mapping.intervals();
+        let (mut pos, mut left) = (src.start, src.count);
+        // The interval holding `pos`: positions rise within a run, so gallop on from the last.
+        let mut k = ivs.partition_point(|iv| iv.end() <= pos);
+        while left > 0 {
+            let mut step = 1;
+            while k + step < ivs.len() && ivs[k + step].start <= pos {
+                k += step;
+                step *= 2;
+            }
+            let hi = (k + step + 1).min(ivs.len());
+            k += ivs[k..hi].partition_point(|iv| iv.end() <= pos);
+            let Some(iv) = ivs.get(k) else {
+                // Not laid out (the operand has no tensor here): no image.
+                return Mapping::default();
+            };
+            let n = ((iv.end() - pos - 1) / src.stride.max(1) + 1).min(left);
+            match out.last_mut() {
+                Some(last) if last.tile == iv.tile && last.end() == at => last.len += n,
+                _ => out.push(Interval {
+                    tile: iv.tile,
+                    start: at,
+                    len: n,
+                }),
+            }
+            at += n;
+            pos += n * src.stride;
+            left -= n;
+        }
+    }
+    Mapping::from_disjoint_intervals(out)
 }
 
 /// (outer, elements per outer index) of `s` from `axis` on.

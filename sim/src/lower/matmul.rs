@@ -56,10 +56,9 @@ pub(crate) struct Product {
     /// Left-hand operand element spans of (group, rows, reduction range), when it can be laid
     /// out by the plan.
     pub a: Option<BlockSpans>,
-    /// Whether the output is contiguous along rows (`m`) rather than columns (`n`): an NCHW
-    /// activation holds each channel's positions together. The tiles reducing a block take
-    /// shares that are contiguous in memory, as popops' reductions partition their output.
-    pub out_m_contiguous: bool,
+    /// The geometry of a convolution's activation operand `a` (its blocks bring their
+    /// receptive field), for the planner; `None` for a matmul and a weight-update pass.
+    pub field: Option<crate::matmul::Field>,
     /// Positions of the kernel in poplin's view of the product: 1 for a matmul, the kernel's
     /// for a convolution's forward and input-gradient passes, the output field's for its
     /// weight update. With `k`, it decides whether the AMP can write a narrow output
@@ -72,7 +71,18 @@ pub(crate) type Plans = HashMap<NodeId, MatMulPlan>;
 
 /// Plans made so far, by what the planner reads: `m`, `k`, `n`, element type, the operands
 /// laid out by the plan, and tiles.
-pub(crate) type PlansByShape = HashMap<(u64, u64, u64, DType, LaidOut, u64), MatMulPlan>;
+pub(crate) type PlansByShape = HashMap<
+    (
+        u64,
+        u64,
+        u64,
+        DType,
+        LaidOut,
+        u64,
+        Option<crate::matmul::Field>,
+    ),
+    MatMulPlan,
+>;
 
 /// Joint plans of fully-connected layers, by batch, input, output, element type and tiles.
 pub(crate) type FcPlansByShape = HashMap<(u64, u64, u64, DType, u64), FcPlans>;
@@ -283,7 +293,7 @@ fn matmul_product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &MatMul) -> Pr
                 .map(|(s, len)| (base + s, len))
                 .collect()
         }),
-        out_m_contiguous: false,
+        field: None,
         kernel_area: 1,
         b: single.then(|| {
             Box::new(move |_: usize, rk: Range, rn: Range| {
@@ -334,10 +344,16 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
                     // The separate plans are plan_matmul's for these shapes (the forward's
                     // weight laid out by it, the other passes' operands not): keep them.
                     for (key, plan) in [
-                        ((b, input, output, dt, LaidOut::B, tiles), plans.forward),
-                        ((b, output, input, dt, LaidOut::NONE, tiles), plans.backward),
                         (
-                            (input, b, output, dt, LaidOut::NONE, tiles),
+                            (b, input, output, dt, LaidOut::B, tiles, None),
+                            plans.forward,
+                        ),
+                        (
+                            (b, output, input, dt, LaidOut::NONE, tiles, None),
+                            plans.backward,
+                        ),
+                        (
+                            (input, b, output, dt, LaidOut::NONE, tiles, None),
                             plans.weight_update,
                         ),
                     ] {
@@ -357,7 +373,7 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
             return plan;
         }
     }
-    let key = (p.m, p.k, p.n, dtype, p.laid_out, p.tiles_per_group);
+    let key = (p.m, p.k, p.n, dtype, p.laid_out, p.tiles_per_group, p.field);
     let (machine, opts) = (l.machine, l.opts.plan);
     let plan = *l.plans_by_shape.entry(key).or_insert_with(|| {
         plan_matmul_cached(
@@ -370,6 +386,7 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
             p.laid_out,
             p.tiles_per_group,
             opts,
+            p.field,
         )
     });
     l.mm.insert(i, plan);
@@ -513,39 +530,106 @@ fn share_span(n: u64, q: u64, pk: u64) -> Range {
     ((q * c).min(n), ((q + 1) * c).min(n))
 }
 
-/// The part of a `rows x cols` output block that the q-th of `pk` tiles reduces: an even
-/// share of the block's elements in memory order (row-major, or column-major when the output
-/// is contiguous along rows, `m_contiguous`), as the planner costs it, as up to three
-/// rectangles (rows r0..r1, cols c0..c1): a partial first line, whole lines, a partial last
-/// line.
+/// The order the tiles reducing an output block share it in: poplin's grouped layout of a
+/// convolution's output, `[channels / group][field][group]` (`splitActivationIntoGroups` in
+/// `lib/poplin/ConvReduce.cpp`), whose partial sums `partialGroupedReduce` splits among the
+/// block's tiles in even shares of whole grains (`splitRegions` with `roundedGrainSize`, the
+/// AMP's output channels per group at least, rounded to the vector width). A share is then a
+/// few runs of whole channel groups over a range of positions, not a few rows of the block
+/// cut at arbitrary columns: a reader of another shape receives it as few regions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ShareOrder {
+    /// Whether the block's rows (`m`) are the channels (a product run transposed on the AMP,
+    /// [`MatMulPlan::swapped`]), rather than its columns (`n`).
+    pub channels_are_rows: bool,
+    /// Channels per group, and the grain of a share (its rows of one group).
+    pub group: u64,
+}
+
+impl ShareOrder {
+    /// The order product `p`'s output blocks are reduced in under `plan`.
+    fn of(cfg: &crate::IpuConfig, plan: &MatMulPlan, dtype: DType) -> Self {
+        let pt = plan.partials_dtype();
+        // poplin's `roundedGrainSize`: the partials' channels per group, at least one vector
+        // (64 bits) of the result type.
+        let vector = (8 / dtype.size() as u64).max(1);
+        let group = if plan.on_amp() {
+            cost::amp_conv_units_with(cfg, dtype, pt)
+        } else {
+            1
+        }
+        .next_multiple_of(vector);
+        ShareOrder {
+            channels_are_rows: plan.swapped,
+            group,
+        }
+    }
+
+    /// The q-th of `pk` tiles' share of a `rows x cols` block, as `[start, end)` positions in
+    /// this order: even shares of whole grains (empty past the end).
+    fn span(self, rows: u64, cols: u64, q: u64, pk: u64) -> Range {
+        let n = rows * cols;
+        let c = n.div_ceil(pk.max(1)).next_multiple_of(self.group.max(1));
+        ((q * c).min(n), ((q + 1) * c).min(n))
+    }
+}
+
+/// The part of a `rows x cols` output block that the q-th of `pk` tiles reduces, as
+/// rectangles (rows r0..r1, cols c0..c1): its share ([`ShareOrder::span`]) of the block's
+/// elements in the grouped order, each channel group's part of it a partial first line, whole
+/// lines and a partial last line.
 fn reduce_share(
     rows: u64,
     cols: u64,
     q: u64,
     pk: u64,
-    m_contiguous: bool,
+    order: ShareOrder,
 ) -> Vec<(u64, u64, u64, u64)> {
-    if m_contiguous {
-        return reduce_share(cols, rows, q, pk, false)
+    let (s, e) = order.span(rows, cols, q, pk);
+    if order.channels_are_rows {
+        return grouped_rectangles(cols, rows, order.group, s, e)
             .into_iter()
             .map(|(c0, c1, r0, r1)| (r0, r1, c0, c1))
             .collect();
     }
-    let (s, e) = share_span(rows * cols, q, pk);
+    grouped_rectangles(rows, cols, order.group, s, e)
+}
+
+/// The positions `s..e` of a `rows x cols` block kept as `[cols / group][rows][group]` (the
+/// last group narrower when `group` does not divide `cols`), as rectangles (rows r0..r1,
+/// cols c0..c1).
+fn grouped_rectangles(
+    rows: u64,
+    cols: u64,
+    group: u64,
+    s: u64,
+    e: u64,
+) -> Vec<(u64, u64, u64, u64)> {
     let mut out = Vec::new();
-    let mut i = s;
-    while i < e {
-        let (r, c0) = (i / cols, i % cols);
-        if c0 == 0 && e - i >= cols {
-            // Whole rows.
-            let full = (e - i) / cols;
-            out.push((r, r + full, 0, cols));
-            i += full * cols;
-        } else {
-            let c1 = cols.min(c0 + (e - i));
-            out.push((r, r + 1, c0, c1));
-            i += c1 - c0;
+    let group = group.clamp(1, cols.max(1));
+    let full = rows * group;
+    // The first group the share reaches (every group but the last is `full` positions).
+    let first = (s / full.max(1)).min(cols.div_ceil(group).saturating_sub(1));
+    let (mut base, mut c_start) = (first * full, first * group);
+    while c_start < cols && base < e {
+        let w = group.min(cols - c_start);
+        let (a, b) = (s.max(base), e.min(base + rows * w));
+        let (mut i, end) = (a.saturating_sub(base), b.saturating_sub(base));
+        while i < end {
+            let (r, c0) = (i / w, i % w);
+            if c0 == 0 && end - i >= w {
+                // Whole lines of the group.
+                let lines = (end - i) / w;
+                out.push((r, r + lines, c_start, c_start + w));
+                i += lines * w;
+            } else {
+                let c1 = w.min(c0 + (end - i));
+                out.push((r, r + 1, c_start + c0, c_start + c1));
+                i += c1 - c0;
+            }
         }
+        base += rows * w;
+        c_start += w;
     }
     out
 }
@@ -583,7 +667,7 @@ fn layout_key<S: Storage>(
     let node = l.node(i);
     let op = super::op_by_place(node.op(), node.op().operands().as_slice());
     let mut key = format!(
-        "{:x}|{:?}|{:?}|{op}|{plan:?}|{}|{}|{}|{}|{}|{}",
+        "{:x}|{:?}|{:?}|{op}|{plan:?}|{}|{}|{}|{}|{}",
         l.machine,
         node.shape(),
         node.dtype(),
@@ -592,7 +676,6 @@ fn layout_key<S: Storage>(
         p.k,
         p.n,
         p.tiles_per_group,
-        p.out_m_contiguous
     );
     for &o in node.op().operands().as_slice() {
         key.push_str(&format!("|{:?}", l.node(o).shape()));
@@ -645,14 +728,13 @@ pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> 
         && !casts_partials(p.k, p.kernel_area, node.dtype(), plan.partials_dtype());
     let key = layout_key(l, i, &p, &plan);
     let tiles = l.tile_count();
+    let order = ShareOrder::of(l.cfg, &plan, node.dtype());
     let m = product_layout(&key, 0, || {
         let mut iv = Vec::new();
         for (g, im, i_n, rm, rn, pk_here) in output_shares(&p, &plan) {
             for ik in 0..pk_here {
                 let tile = tile(g, plan.grid(im, ik, i_n), &p, tiles);
-                for (r0, r1, c0, c1) in
-                    reduce_share(rm.1 - rm.0, rn.1 - rn.0, ik, pk_here, p.out_m_contiguous)
-                {
+                for (r0, r1, c0, c1) in reduce_share(rm.1 - rm.0, rn.1 - rn.0, ik, pk_here, order) {
                     for (start, len) in (p.out)(g, (rm.0 + r0, rm.0 + r1), (rn.0 + c0, rn.0 + c1)) {
                         iv.push(Interval { tile, start, len });
                     }
@@ -867,9 +949,10 @@ fn lower_blocks<S: Storage>(
     let pk_here = (0..plan.pk).filter(|&q| q * plan.bk < p.k).count() as u64;
     // Output blocks: (g, im, in) with their element counts, from the ik = 0 blocks.
     let outs: Vec<Block> = blocks.iter().filter(|b| b.ik == 0).copied().collect();
+    let order = ShareOrder::of(cfg, plan, dt);
     // Where each output element is finished: per output block, its tiles' shares (the block's
-    // own tile when k is not split, else each of its pk tiles an even share in output memory
-    // order), with the output spans of each share and, when k is not split, the block's
+    // own tile when k is not split, else each of its pk tiles an even share in the grouped
+    // order, `ShareOrder`), with the output spans of each share and, when k is not split, the block's
     // span in the partials.
     let mut shares: Vec<Share> = Vec::new();
     for b in &outs {
@@ -881,7 +964,7 @@ fn lower_blocks<S: Storage>(
         }
         let (rows, cols) = (b.m.1 - b.m.0, b.n.1 - b.n.0);
         for q in 0..pk_here {
-            let pieces = reduce_share(rows, cols, q, pk_here, p.out_m_contiguous);
+            let pieces = reduce_share(rows, cols, q, pk_here, order);
             if pieces.is_empty() {
                 continue;
             }
@@ -1057,6 +1140,7 @@ fn reduce_blocks<S: Storage>(
     let cfg = l.cfg;
     let tiles = l.tile_count();
     let pt = plan.partials_dtype();
+    let order = ShareOrder::of(cfg, plan, l.node(i).dtype());
     let factors = cost::reduce_stage_factors(pk_here);
     let block_tile = |b: &Block, q: u64| tile(b.g, plan.grid(b.im, q, b.i_n), p, tiles);
     // The current stage's source: per output block, the offsets of its blocks in `source`.
@@ -1140,13 +1224,13 @@ fn reduce_blocks<S: Storage>(
     for (b, offs) in outs.iter().zip(&sources) {
         let (rows, cols) = (b.m.1 - b.m.0, b.n.1 - b.n.0);
         for q in 0..pk_here {
-            let pieces = reduce_share(rows, cols, q, pk_here, p.out_m_contiguous);
+            let pieces = reduce_share(rows, cols, q, pk_here, order);
             if pieces.is_empty() {
                 continue;
             }
-            // Partial blocks are kept in the output's memory order, so this tile's
-            // share of each is one span: the same one in every partial block.
-            let (first, end) = share_span(rows * cols, q, pk_here);
+            // Partial blocks are kept in the grouped order, so this tile's share of each
+            // is one span: the same one in every partial block.
+            let (first, end) = order.span(rows, cols, q, pk_here);
             let reads: Vec<Region> = offs
                 .iter()
                 .map(|&off| Region::span(source, off + first, end - first))
@@ -1185,33 +1269,51 @@ fn reduce_blocks<S: Storage>(
 mod tests {
     use proptest::prelude::*;
 
-    use super::reduce_share;
+    use super::{reduce_share, ShareOrder};
 
     proptest! {
-        /// The pk shares of a block cover each of its elements once, and each share is one
-        /// contiguous run of the block in the memory order asked for.
+        /// The pk shares of a block cover each of its elements once; each share is one
+        /// contiguous run of the block in the grouped order (`[channels / group][positions]
+        /// [group]`, channels the columns or, transposed, the rows), starts at a whole grain,
+        /// and is the span `ShareOrder::span` gives (the partials' share the reduction reads).
         #[test]
-        fn reduce_shares_tile_the_block_in_memory_order(
+        fn reduce_shares_tile_the_block_in_the_grouped_order(
             rows in 1u64..40,
             cols in 1u64..40,
             pk in 1u64..12,
-            m_contiguous in any::<bool>(),
+            group in 1u64..20,
+            channels_are_rows in any::<bool>(),
         ) {
+            let order = ShareOrder { channels_are_rows, group };
+            // Position of (r, c) in the grouped order.
+            let (chans, positions) = if channels_are_rows { (rows, cols) } else { (cols, rows) };
+            let at_of = |r: u64, c: u64| {
+                let (ch, pos) = if channels_are_rows { (r, c) } else { (c, r) };
+                let g0 = ch / group * group;
+                let w = group.min(chans - g0);
+                g0 * positions + pos * w + (ch - g0)
+            };
             let mut seen = vec![0u32; (rows * cols) as usize];
             for q in 0..pk {
-                // Memory positions of this share's elements.
                 let mut at = Vec::new();
-                for (r0, r1, c0, c1) in reduce_share(rows, cols, q, pk, m_contiguous) {
+                for (r0, r1, c0, c1) in reduce_share(rows, cols, q, pk, order) {
                     prop_assert!(r0 < r1 && r1 <= rows && c0 < c1 && c1 <= cols);
                     for r in r0..r1 {
                         for c in c0..c1 {
                             seen[(r * cols + c) as usize] += 1;
-                            at.push(if m_contiguous { c * rows + r } else { r * cols + c });
+                            at.push(at_of(r, c));
                         }
                     }
                 }
                 at.sort_unstable();
                 prop_assert!(at.windows(2).all(|w| w[1] == w[0] + 1), "share {q} not contiguous");
+                let (s, e) = order.span(rows, cols, q, pk);
+                if let (Some(&first), Some(&last)) = (at.first(), at.last()) {
+                    prop_assert_eq!((first, last + 1), (s, e));
+                    prop_assert!(s % group == 0, "share {q} starts inside a grain");
+                } else {
+                    prop_assert_eq!(s, e);
+                }
             }
             prop_assert!(seen.iter().all(|&n| n == 1));
         }

@@ -59,6 +59,7 @@ pub fn clear_shared_records() {
     let dropped = std::mem::take(&mut *SHARED.lock().unwrap_or_else(|e| e.into_inner()));
     drop(dropped);
     super::matmul::clear_product_layouts();
+    super::layout::clear_images();
 }
 
 /// Recorded lowerings kept for every lowering, by key.

@@ -28,7 +28,7 @@ use crate::machine::IpuConfig;
 use crate::matmul::Operand;
 use crate::program::{
     compress, exchange_for, Codelet, ComputeSet, Interval, Mapping, ProgTensor, Program, Region,
-    RunBuilder, Step, TensorClass, TensorId, TileId, Vertex,
+    SpanJoiner, Step, TensorClass, TensorId, TileId, Vertex,
 };
 
 mod conv;
@@ -125,6 +125,9 @@ pub(crate) enum Placement {
     Weighted(u64),
     /// Laid out by the family itself (a matmul's plan).
     Own,
+    /// Each element on the tile of the operand element it copies (a transpose, concatenation
+    /// or slice, as PopART's `cloneNcopy` of a view lays it out; `layout::image_mapping`).
+    Image,
     /// No tensor of its own (a view, or an update).
     Nothing,
 }
@@ -471,7 +474,8 @@ impl<'a, S: Storage> Lowering<'a, S> {
 
     /// One vertex per tile of `over`'s mapping, covering all the tile's intervals (in order
     /// of their start): `regions(intervals)` gives the vertex's reads and writes, and the vertex
-    /// costs `cycles(elements)` plus [`REGION_OVERHEAD_CYCLES`] per extra interval.
+    /// costs `cycles(elements)` plus [`REGION_OVERHEAD_CYCLES`] per region written beyond the
+    /// first.
     fn per_tile_groups(
         &mut self,
         node: NodeId,
@@ -488,7 +492,9 @@ impl<'a, S: Storage> Lowering<'a, S> {
             .map(|group| {
                 let (reads, writes) = regions(group);
                 let elements: u64 = group.iter().map(|iv| iv.len).sum();
-                let extra = REGION_OVERHEAD_CYCLES * (group.len() as u64 - 1);
+                // Per region written beyond the first, after joining: a run of rows of one
+                // channel group is one region, as it is contiguous in Poplar's grouped layout.
+                let extra = REGION_OVERHEAD_CYCLES * (writes.len() as u64).saturating_sub(1);
                 Vertex {
                     tile: group[0].tile,
                     codelet,
@@ -503,7 +509,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
 
     /// One vertex per tile of `over`'s mapping, covering all the tile's intervals:
     /// `regions(interval)` gives each interval's reads and writes, and the vertex costs
-    /// `cycles(elements)` plus [`REGION_OVERHEAD_CYCLES`] per extra interval.
+    /// `cycles(elements)` plus [`REGION_OVERHEAD_CYCLES`] per region written beyond the first.
     pub(crate) fn per_tile(
         &mut self,
         node: NodeId,
@@ -563,11 +569,11 @@ impl<'a, S: Storage> Lowering<'a, S> {
         let mut runs: Vec<Region> = Vec::new();
         self.per_tile_groups(node, phase, over, codelet, cycles, |group| {
             runs.clear();
-            let mut b = RunBuilder::new(over);
+            let mut b = SpanJoiner::new(over);
             for iv in group {
-                runs.extend(b.push(iv.start, iv.len));
+                b.push(iv.start, iv.len);
             }
-            runs.extend(b.finish());
+            b.finish(&mut runs);
             (on(&reads, &runs, fixed), on(&writes, &runs, &[]))
         });
     }
@@ -806,6 +812,8 @@ impl<'a, S: Storage> Lowering<'a, S> {
                 } else {
                     matmul::output_mapping(self, x).0
                 }
+            } else if let Some(m) = self.image_of(i, &hint) {
+                m
             } else {
                 match hint {
                     Placement::Own => {
@@ -861,6 +869,16 @@ impl<'a, S: Storage> Lowering<'a, S> {
             }
         }
         outlined.digests
+    }
+
+    /// The layout of layout op `i` placed as [`Placement::Image`], when its operands are laid
+    /// out here.
+    fn image_of(&self, i: NodeId, hint: &Placement) -> Option<Mapping> {
+        let (Placement::Image, Op::Layout(op)) = (hint, self.node(i).op()) else {
+            return None;
+        };
+        let m = layout::image_mapping(self, i, op);
+        (!m.intervals().is_empty()).then_some(m)
     }
 
     /// The product that reads state tensor `i` first and lays it out, and which of its
@@ -1410,6 +1428,68 @@ mod tests {
             .unwrap();
         let plan = Plan::new(&g).unwrap();
         same_both_ways(&plan, &cfg, LowerOptions::default());
+    }
+
+    /// A transpose, a concatenation and a slice keep every element on the tile of the
+    /// operand element it copies (PopART's `cloneNcopy` of a view): their copies exchange
+    /// nothing, and the product reading the transposed tensor receives it from the tiles of
+    /// the product that made it.
+    #[test]
+    fn layout_ops_keep_each_element_on_its_tile() {
+        let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(64);
+        let mut g: Graph<Heap> = Graph::new();
+        let x = g.input("x", &[48, 32], DType::F32).unwrap();
+        let w = g.input("w", &[32, 40], DType::F32).unwrap();
+        let y = g.matmul("y", x, w).unwrap();
+        let t = g.transpose("t", y, &[1, 0]).unwrap();
+        let c = g.concat("c", y, y).unwrap();
+        let s = g.slice("s", c, 1, 8, 48).unwrap();
+        let v = g.input("v", &[48, 16], DType::F32).unwrap();
+        g.matmul("z", t, v).unwrap();
+        let plan = Plan::new(&g).unwrap();
+        let p = lower(&plan, &cfg, LowerOptions::default());
+        crate::check::check(&p).unwrap();
+        let tensor = |name: &str| p.tensors.iter().find(|t| t.name == name).unwrap();
+        let tile_of = |name: &str, at: u64| {
+            let m = &tensor(name).mapping;
+            m.intervals()
+                .iter()
+                .find(|iv| iv.start <= at && at < iv.end())
+                .unwrap()
+                .tile
+        };
+        for r in 0..48u64 {
+            for col in 0..40u64 {
+                let here = tile_of("y", r * 40 + col);
+                assert_eq!(tile_of("t", col * 48 + r), here, "t[{col}, {r}]");
+                assert_eq!(tile_of("c", r * 80 + col), here, "c[{r}, {col}]");
+                assert_eq!(
+                    tile_of("c", r * 80 + 40 + col),
+                    here,
+                    "c[{r}, {}]",
+                    40 + col
+                );
+                if (8..56).contains(&(col + 40)) {
+                    assert_eq!(tile_of("s", r * 48 + col + 40 - 8), here);
+                }
+                if (8..40).contains(&col) {
+                    assert_eq!(tile_of("s", r * 48 + col - 8), here);
+                }
+            }
+        }
+        // The layout ops' copies are on-tile: no exchange precedes them.
+        for (k, step) in p.steps.iter().enumerate() {
+            let Step::Compute(cs) = step else { continue };
+            if ["t/", "c/", "s/"].iter().any(|n| cs.name.starts_with(n)) {
+                let before = k.checked_sub(1).map(|j| &p.steps[j]);
+                assert!(
+                    !matches!(before, Some(Step::Exchange { node, .. }) if *node == cs.node),
+                    "{} exchanges",
+                    cs.name
+                );
+            }
+        }
+        let _ = s;
     }
 
     #[test]

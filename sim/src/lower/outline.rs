@@ -26,7 +26,7 @@ use tessera_core::{NodeId, Op, Storage};
 use super::Lowering;
 use crate::cost::UnaryKind;
 use crate::program::{
-    compress, Codelet, ComputeSet, Region, RunBuilder, TensorId, TileId, Vertex, VertexCost,
+    compress, Codelet, ComputeSet, Region, TensorId, TileId, Vertex, VertexCost,
     VERTEX_STATE_PER_WRITE_BYTES,
 };
 
@@ -220,23 +220,15 @@ impl<S: Storage> Lowering<'_, S> {
         };
         for &xt in &copied {
             let t = &self.tensors[xt.index()];
-            // The mapping's intervals are in element order: each tile's, in order, join into
-            // the runs `compress` makes of the tile's spans of this tensor.
-            let mut elements = vec![0u64; tiles];
-            let mut builders: Vec<Option<RunBuilder>> = vec![None; tiles];
-            for iv in t.mapping.intervals() {
-                let k = iv.tile.index();
-                elements[k] += iv.len;
-                let b = builders[k].get_or_insert_with(|| RunBuilder::new(xt));
-                regions[k] += u64::from(b.push(iv.start, iv.len).is_some());
-                if !estimate_only {
-                    spans[k].push(Region::span(xt, iv.start, iv.len));
-                }
+            // Each tile's spans of this tensor join into the runs `compress` makes of them.
+            for &(tile, n, joined) in t.mapping.regions_per_tile() {
+                let k = tile.index();
+                regions[k] += joined;
+                cycles[k] += UnaryKind::Copy.cycles(cfg, n, t.dtype);
             }
-            for (k, b) in builders.iter_mut().enumerate() {
-                if let Some(b) = b {
-                    regions[k] += u64::from(b.finish().is_some());
-                    cycles[k] += UnaryKind::Copy.cycles(cfg, elements[k], t.dtype);
+            if !estimate_only {
+                for iv in t.mapping.intervals() {
+                    spans[iv.tile.index()].push(Region::span(xt, iv.start, iv.len));
                 }
             }
         }

@@ -407,10 +407,11 @@ fn first_stage<S: Storage>(
                 codelet: Codelet::Reduce,
                 cycles: passes * cost::reduce_cycles(cfg, touched, n.div_ceil(touched), dt)
                     + super::REGION_OVERHEAD_CYCLES * (mine.len() as u64).saturating_sub(1),
-                reads: xs
-                    .iter()
-                    .flat_map(|&x| g.iter().map(move |iv| Region::span(x, iv.start, iv.len)))
-                    .collect(),
+                reads: compress(
+                    xs.iter()
+                        .flat_map(|&x| g.iter().map(move |iv| Region::span(x, iv.start, iv.len)))
+                        .collect(),
+                ),
                 writes: compress(
                     mine.iter()
                         .map(|&(v0, v1, off)| Region::span(partials, off, v1 - v0))
