@@ -1137,6 +1137,70 @@ mod tests {
     use super::*;
     use crate::machine::Preset;
 
+    /// A 3 x 3, stride-1 convolution on 56 x 56 images: the forward input's geometry.
+    fn field_3x3() -> Field {
+        Field {
+            operand: Operand::A,
+            image: 56 * 56,
+            width: 56,
+            source: (56, 56),
+            rows: (1, 2, 1),
+            kernel_area: 9,
+        }
+    }
+
+    /// A block brings the rows its receptive field covers, whole, for its channels: one
+    /// output row of a 3 x 3 convolution reads three input rows, not nine times its patch;
+    /// a 1 x 1 stride-2 one's output row reads one input row of twice its width.
+    #[test]
+    fn a_conv_block_brings_its_receptive_field() {
+        let f = field_3x3();
+        // One whole output row (aligned), 64 channels.
+        assert_eq!(f.a_elements(56, 64 * 9), 3 * 56 * 64);
+        // Less than a row, not aligned: it may span two rows, so four input rows.
+        assert_eq!(f.a_elements(30, 16 * 9), 4 * 56 * 16);
+        // Two whole images.
+        assert_eq!(f.a_elements(2 * 56 * 56, 9), 2 * 56 * 56);
+        let down = Field {
+            image: 28 * 28,
+            width: 28,
+            source: (56, 56),
+            rows: (2, 0, 1),
+            kernel_area: 1,
+            ..field_3x3()
+        };
+        assert_eq!(down.a_elements(28, 256), 56 * 256);
+        // An input gradient's block reads the output gradient rows its rows feed.
+        let grad = Field {
+            image: 56 * 56,
+            width: 56,
+            source: (28, 28),
+            rows: (1, 0, 2),
+            kernel_area: 1,
+            ..field_3x3()
+        };
+        assert_eq!(grad.a_elements(2 * 56, 64), 28 * 64);
+    }
+
+    proptest::proptest! {
+        /// A block of a stride-1 convolution brings at least the input rows its own
+        /// positions cover and at most every row of the images it touches, and more patch
+        /// elements (more channels) never bring fewer.
+        #[test]
+        fn a_conv_block_brings_its_rows_and_no_more_than_its_images(
+            bm in 1u64..10_000,
+            bk in 1u64..600,
+        ) {
+            let f = field_3x3();
+            let channels = bk.div_ceil(9);
+            let got = f.a_elements(bm, bk);
+            let own_rows = bm.div_ceil(56).min(56 * bm.div_ceil(56 * 56));
+            proptest::prop_assert!(got >= own_rows * 56 * channels);
+            proptest::prop_assert!(got <= bm.div_ceil(56 * 56) * 56 * 56 * channels);
+            proptest::prop_assert!(got <= f.a_elements(bm, bk + 9));
+        }
+    }
+
     #[test]
     fn splits_are_distinct_and_bounded() {
         for grain in [1, 8, 16] {
