@@ -1492,6 +1492,48 @@ mod tests {
         let _ = s;
     }
 
+    /// A norm's statistics are mapped by use (poplin's `createBroadcastOperand`): each group's
+    /// statistics sit on a tile that holds elements of that group.
+    #[test]
+    fn norm_statistics_sit_on_tiles_that_hold_their_groups() {
+        let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(64);
+        let mut g: Graph<Heap> = Graph::new();
+        // Channels in the middle (NCHW-like): groups are channels, reduced over the rest.
+        let x = g.input("x", &[4, 24, 8, 8], DType::F32).unwrap();
+        g.normalize("n", x, &[0, 2, 3], 1e-5).unwrap();
+        let plan = Plan::new(&g).unwrap();
+        let p = lower(&plan, &cfg, LowerOptions::default());
+        crate::check::check(&p).unwrap();
+        let by_name = |name: &str| p.tensors.iter().find(|t| t.name == name).unwrap();
+        let xs = &by_name("x").mapping;
+        let stats = &by_name("n/statistics").mapping;
+        assert_eq!(
+            stats.intervals().iter().map(|iv| iv.len).sum::<u64>(),
+            2 * 24
+        );
+        for iv in stats.intervals() {
+            for v in iv.start..iv.end() {
+                // A grain of two channels goes together: this channel or its partner.
+                let channel = v / 2;
+                let grain = channel / 2 * 2..(channel / 2 * 2 + 2).min(24);
+                let holds = grain.clone().any(|c| {
+                    // Elements of channel c: image n, positions 0..64.
+                    (0..4u64).any(|n| {
+                        let first = (n * 24 + c) * 64;
+                        xs.intervals()
+                            .iter()
+                            .any(|x| x.tile == iv.tile && x.start < first + 64 && first < x.end())
+                    })
+                });
+                assert!(
+                    holds,
+                    "channel {channel}'s statistics on tile {:?}",
+                    iv.tile
+                );
+            }
+        }
+    }
+
     #[test]
     fn later_lowerings_replay_earlier_ones_exactly() {
         // A machine of its own, so that no other test's records are replayed here.

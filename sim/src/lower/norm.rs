@@ -23,10 +23,15 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Norm) {
     let kept = tessera_core::ops::reduce::reduced(shape, axes, true);
     let groups = kept.elements() as u64;
     let per_group = (shape.elements() as u64 / groups.max(1)).max(1);
-    // Statistics, two f32 values per group (mean and 1/sd), spread over the tiles by the
-    // input each group reduces (as a reduction's output, see `Placement::Weighted`).
-    let per_value = (per_group * dt.size() as u64 / 2).max(4);
-    let mapping = l.linear(groups * 2, per_value, 2, 1);
+    // Statistics, two f32 values per group (mean and 1/sd), mapped by use (below); spread
+    // over the tiles by the input each group reduces when nothing holds `x` here.
+    let mapping = match by_use(l, xt, shape, axes, groups) {
+        Some(m) => m,
+        None => {
+            let per_value = (per_group * dt.size() as u64 / 2).max(4);
+            l.linear(groups * 2, per_value, 2, 1)
+        }
+    };
     let stats = l.temporary(i, "statistics", DType::F32, groups * 2, mapping);
     let mut xs = vec![xt];
     xs.extend(dyt);
@@ -57,6 +62,98 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Norm) {
         .collect();
     l.compute(i, "statistics", vertices);
     normalize(l, i, &xs, stats, kept, passes);
+}
+
+/// Groups of statistics mapped together (poplibs' grain for a broadcast operand: one 64-bit
+/// data path of f32 values, `target.getDataPathWidth() / (8 x 4)` on Mk2).
+const STATS_GRAIN: u64 = 2;
+
+/// Most runs of an interval whose groups are found one by one (past it, their hull).
+const STATS_RUNS: u64 = 4096;
+
+/// The statistics of `groups` groups of `x` (two values each) mapped by use, as poplin's
+/// `normStatistics` creates them (`createBroadcastOperand`, lib/poplin/Norms.cpp and
+/// lib/poputil/TileMapping.cpp): each grain of [`STATS_GRAIN`] groups on one of the tiles
+/// holding elements of those groups (the least loaded so far, as `mapTensorsByUse` with
+/// `ConstrainMappingToUsedTiles` balances them), so the element-wise pass finds most of its
+/// statistics on its own tile. `None` when no tile holds `x`.
+fn by_use<S: Storage>(
+    l: &Lowering<'_, S>,
+    xt: crate::program::TensorId,
+    shape: tessera_core::Shape,
+    axes: tessera_core::ops::Axes,
+    groups: u64,
+) -> Option<crate::program::Mapping> {
+    // The innermost block of axes all kept or all reduced: a run of it is in one group, or
+    // in consecutive ones.
+    let mut inner = 1u64;
+    let mut kept = None;
+    for a in (0..shape.rank()).rev() {
+        let d = shape.dim(a) as u64;
+        if d == 1 {
+            continue;
+        }
+        let k = !axes.contains(a);
+        if kept.is_some_and(|kk| kk != k) {
+            break;
+        }
+        kept = Some(k);
+        inner *= d;
+    }
+    let mut users: Vec<(u64, u32)> = Vec::new();
+    for iv in l.tensors[xt.index()].mapping.intervals() {
+        // The groups of each run (their hull when there are too many runs to walk).
+        let runs = iv.len / inner.max(1) + 2;
+        let mut hulls = Vec::new();
+        if runs > STATS_RUNS {
+            hulls.push(reduce::group_hull(shape, axes, iv.start, iv.len));
+        } else {
+            let mut e = iv.start;
+            while e < iv.end() {
+                let run = (inner - e % inner).min(iv.end() - e);
+                hulls.push(reduce::group_hull(shape, axes, e, run));
+                e += run;
+            }
+        }
+        for (g0, g1) in hulls {
+            users.extend((g0 / STATS_GRAIN..g1.div_ceil(STATS_GRAIN)).map(|q| (q, iv.tile.0)));
+        }
+    }
+    if users.is_empty() {
+        return None;
+    }
+    users.sort_unstable();
+    users.dedup();
+    let mut load = vec![0u64; l.tile_count() as usize];
+    let mut out: Vec<Interval> = Vec::new();
+    let values = groups * 2;
+    let mut next = 0u64;
+    for same in users.chunk_by(|a, b| a.0 == b.0) {
+        let q = same[0].0;
+        let tile = same
+            .iter()
+            .map(|u| u.1)
+            .min_by_key(|&t| (load[t as usize], t))
+            .expect("a chunk is never empty");
+        load[tile as usize] += 1;
+        let (start, end) = (q * STATS_GRAIN * 2, ((q + 1) * STATS_GRAIN * 2).min(values));
+        // Grains no tile uses (none, when `x` covers every group) go with the next one.
+        let start = start.min(next);
+        match out.last_mut() {
+            Some(last) if last.tile.0 == tile && last.end() == start => last.len += end - start,
+            _ => out.push(Interval {
+                tile: crate::program::TileId(tile),
+                start,
+                len: end - start,
+            }),
+        }
+        next = end;
+    }
+    if next < values {
+        let last = out.last_mut().expect("users is not empty");
+        last.len += values - next;
+    }
+    Some(crate::program::Mapping::from_disjoint_intervals(out))
 }
 
 /// The element-wise pass: each element with its group's statistics.
