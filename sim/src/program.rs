@@ -512,10 +512,16 @@ impl SpanJoiner {
                 used[i] = true;
                 let a = starts[i];
                 // (A repeated span, at distance 0, starts no run.)
-                let next: Vec<usize> = (i + 1..starts.len())
-                    .filter(|&j| !used[j] && starts[j] > a)
-                    .take(RUN_CANDIDATES)
-                    .collect();
+                let mut next = [0usize; RUN_CANDIDATES];
+                let mut found = 0;
+                for j in (i + 1..starts.len()).filter(|&j| !used[j] && starts[j] > a) {
+                    next[found] = j;
+                    found += 1;
+                    if found == RUN_CANDIDATES {
+                        break;
+                    }
+                }
+                let next = &next[..found];
                 // Rows a run from `a` with stride `d` would take.
                 let rows_at = |d: u64| {
                     (1..=starts.len() as u64)
