@@ -393,9 +393,9 @@ fn splits(d: u64, cap: u64, grain: u64) -> Vec<u64> {
 pub struct Field {
     /// Which operand it is.
     pub operand: Operand,
-    /// Positions of an image along `m`.
+    /// Positions of an image (along `m` for `a`, along `k` for `b`).
     pub image: u64,
-    /// Positions of a row along `m`.
+    /// Positions of a row.
     pub width: u64,
     /// Rows of a source image, and elements of a source row.
     pub source: (u64, u64),
@@ -409,7 +409,7 @@ pub struct Field {
 
 impl Field {
     /// Elements of the source a block of `bm` positions by `bk` patch elements reads.
-    pub fn a_elements(&self, bm: u64, bk: u64) -> u64 {
+    pub fn elements(&self, bm: u64, bk: u64) -> u64 {
         let (num, halo, den) = self.rows;
         let source_rows = |r: u64| {
             (r.saturating_sub(1).saturating_mul(num).saturating_add(halo) / den.max(1) + 1)
@@ -511,11 +511,11 @@ fn price(
     // The operand bytes a tile receives for a step over `bk` of k and `bn` of n (a
     // convolution's input with its receptive field, `Field`).
     let a_elements = |bk: u64| match field {
-        Some(f) if f.operand == Operand::A => f.a_elements(bm, bk),
+        Some(f) if f.operand == Operand::A => f.elements(bm, bk),
         _ => bm * bk,
     };
     let b_elements = |bk: u64, bn: u64| match field {
-        Some(f) if f.operand == Operand::B => f.a_elements(bk, bn),
+        Some(f) if f.operand == Operand::B => f.elements(bk, bn),
         _ => bk * bn,
     };
     let received_of = |bk: u64, bn: u64| {
@@ -1156,11 +1156,11 @@ mod tests {
     fn a_conv_block_brings_its_receptive_field() {
         let f = field_3x3();
         // One whole output row (aligned), 64 channels.
-        assert_eq!(f.a_elements(56, 64 * 9), 3 * 56 * 64);
+        assert_eq!(f.elements(56, 64 * 9), 3 * 56 * 64);
         // Less than a row, not aligned: it may span two rows, so four input rows.
-        assert_eq!(f.a_elements(30, 16 * 9), 4 * 56 * 16);
+        assert_eq!(f.elements(30, 16 * 9), 4 * 56 * 16);
         // Two whole images.
-        assert_eq!(f.a_elements(2 * 56 * 56, 9), 2 * 56 * 56);
+        assert_eq!(f.elements(2 * 56 * 56, 9), 2 * 56 * 56);
         let down = Field {
             image: 28 * 28,
             width: 28,
@@ -1169,7 +1169,7 @@ mod tests {
             kernel_area: 1,
             ..field_3x3()
         };
-        assert_eq!(down.a_elements(28, 256), 56 * 256);
+        assert_eq!(down.elements(28, 256), 56 * 256);
         // An input gradient's block reads the output gradient rows its rows feed.
         let grad = Field {
             image: 56 * 56,
@@ -1179,7 +1179,7 @@ mod tests {
             kernel_area: 1,
             ..field_3x3()
         };
-        assert_eq!(grad.a_elements(2 * 56, 64), 28 * 64);
+        assert_eq!(grad.elements(2 * 56, 64), 28 * 64);
     }
 
     proptest::proptest! {
@@ -1193,11 +1193,11 @@ mod tests {
         ) {
             let f = field_3x3();
             let channels = bk.div_ceil(9);
-            let got = f.a_elements(bm, bk);
+            let got = f.elements(bm, bk);
             let own_rows = bm.div_ceil(56).min(56 * bm.div_ceil(56 * 56));
             proptest::prop_assert!(got >= own_rows * 56 * channels);
             proptest::prop_assert!(got <= bm.div_ceil(56 * 56) * 56 * 56 * channels);
-            proptest::prop_assert!(got <= f.a_elements(bm, bk + 9));
+            proptest::prop_assert!(got <= f.elements(bm, bk + 9));
         }
     }
 

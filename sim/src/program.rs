@@ -85,7 +85,7 @@ impl Interval {
 pub struct Mapping {
     intervals: std::sync::Arc<[Interval]>,
     /// What is computed of the intervals, made once and shared by the copies.
-    per_tile: std::sync::Arc<Derived>,
+    derived: std::sync::Arc<Derived>,
 }
 
 /// What a [`Mapping`] computes of its intervals once.
@@ -122,7 +122,7 @@ impl Mapping {
         intervals.sort_by_key(|i| i.start);
         Mapping {
             intervals: intervals.into(),
-            per_tile: Default::default(),
+            derived: Default::default(),
         }
     }
 
@@ -133,20 +133,20 @@ impl Mapping {
         debug_assert!(intervals.windows(2).all(|w| w[0].start < w[1].start));
         Mapping {
             intervals: intervals.into(),
-            per_tile: Default::default(),
+            derived: Default::default(),
         }
     }
 
     /// A 128-bit hash of the intervals (XXH3): equal mappings have equal digests, and
     /// different ones differ but with negligible chance.
     pub fn digest(&self) -> u128 {
-        *self.per_tile.digest.get_or_init(|| self.hash())
+        *self.derived.digest.get_or_init(|| self.hash())
     }
 
     /// Each tile's elements and regions (its intervals joined as [`SpanJoiner`] joins them),
     /// as (tile, elements, regions), sorted by tile.
     pub fn regions_per_tile(&self) -> &[(TileId, u64, u64)] {
-        self.per_tile.regions.get_or_init(|| {
+        self.derived.regions.get_or_init(|| {
             let mut ivs: Vec<(TileId, u64, u64)> = self
                 .intervals
                 .iter()
@@ -189,7 +189,7 @@ impl Mapping {
                 len: elements,
             }]
             .into(),
-            per_tile: Default::default(),
+            derived: Default::default(),
         }
     }
 
@@ -221,7 +221,7 @@ impl Mapping {
         }
         Mapping {
             intervals: intervals.into(),
-            per_tile: Default::default(),
+            derived: Default::default(),
         }
     }
 
@@ -277,7 +277,7 @@ impl Mapping {
 
     /// Elements held by each tile, as (tile, elements), sorted by tile.
     pub fn elements_per_tile(&self) -> Vec<(TileId, u64)> {
-        self.per_tile
+        self.derived
             .elements
             .get_or_init(|| self.sum_per_tile())
             .clone()
@@ -421,8 +421,9 @@ const RUN_CANDIDATES: usize = 8;
 /// join first; then spans of one length that are rows of one block (equally far apart)
 /// become one region, even when the rows of a few blocks held by one tile (channel groups of
 /// a grouped layout) interleave in element order: a span starts a run with whichever of the
-/// next spans of its length (up to [`RUN_CANDIDATES`]) gives the longest run (the nearest
-/// among equals), and the run takes every later span at that stride.
+/// next spans of its length (up to [`RUN_CANDIDATES`]) gives the longest run (among equals,
+/// the stride most spans of that length recur at, then the nearest), and the run takes every
+/// later span at that stride.
 #[derive(Clone, Debug)]
 pub struct SpanJoiner {
     tensor: TensorId,
@@ -528,13 +529,25 @@ impl SpanJoiner {
                         .take_while(|&r| at(a + r * d).is_some_and(|k| !used[k]))
                         .count()
                 };
-                let best = next
-                    .iter()
-                    .map(|&j| (rows_at(starts[j] - a), std::cmp::Reverse(j)))
-                    .max();
-                let Some((_, std::cmp::Reverse(j))) = best else {
+                let rows: Vec<(usize, usize)> =
+                    next.iter().map(|&j| (rows_at(starts[j] - a), j)).collect();
+                let Some(most) = rows.iter().map(|r| r.0).max() else {
                     out.push(Region::span(t, a, len));
                     continue;
+                };
+                // Among strides giving as many rows, the one most spans of this length have
+                // a partner at (the rows of a block are all that far apart; a stride that
+                // strings rows of different blocks together rarely recurs), the nearest
+                // among equals.
+                let support = |d: u64| starts.iter().filter(|&&x| at(x + d).is_some()).count();
+                let tied: Vec<usize> = rows.iter().filter(|r| r.0 == most).map(|r| r.1).collect();
+                let j = if tied.len() == 1 {
+                    tied[0]
+                } else {
+                    tied.iter()
+                        .copied()
+                        .max_by_key(|&j| (support(starts[j] - a), std::cmp::Reverse(j)))
+                        .expect("a tie has members")
                 };
                 let d = starts[j] - a;
                 let mut rows = 1;
@@ -925,16 +938,21 @@ mod tests {
         out
     }
 
-    /// Spans fed twice (a region read twice) still join, and the joiner ends.
-    #[test]
-    fn repeated_spans_join_and_end() {
+    /// The regions a joiner makes of `spans`.
+    fn joined(spans: &[(u64, u64)]) -> Vec<Region> {
         let mut j = SpanJoiner::new(TensorId(0));
-        for (s, l) in [(0, 4), (0, 4), (10, 4), (10, 4), (20, 4), (7, 1), (20, 4)] {
+        for &(s, l) in spans {
             j.push(s, l);
         }
         let mut out = Vec::new();
         j.finish(&mut out);
-        let mut want: Vec<u64> = [
+        out
+    }
+
+    /// Spans fed twice (a region read twice) still join, and the joiner ends.
+    #[test]
+    fn repeated_spans_join_and_end() {
+        let spans = [
             (0u64, 4u64),
             (0, 4),
             (10, 4),
@@ -942,10 +960,9 @@ mod tests {
             (20, 4),
             (7, 1),
             (20, 4),
-        ]
-        .iter()
-        .flat_map(|&(s, l)| s..s + l)
-        .collect();
+        ];
+        let out = joined(&spans);
+        let mut want: Vec<u64> = spans.iter().flat_map(|&(s, l)| s..s + l).collect();
         want.sort_unstable();
         assert_eq!(elements_of(&out), want);
     }
@@ -966,12 +983,7 @@ mod tests {
                 spans.push((at + gap, len));
                 at += gap + len;
             }
-            let mut j = SpanJoiner::new(TensorId(0));
-            let mut out = Vec::new();
-            for &(s, l) in &spans {
-                j.push(s, l);
-            }
-            j.finish(&mut out);
+            let out = joined(&spans);
             let want: Vec<u64> = spans.iter().flat_map(|&(s, l)| s..s + l).collect();
             prop_assert_eq!(elements_of(&out), want);
             prop_assert!(out.len() <= spans.len());
@@ -990,12 +1002,7 @@ mod tests {
                     fed.push((r * width + c0, w));
                 }
             }
-            let mut j = SpanJoiner::new(TensorId(0));
-            let mut out = Vec::new();
-            for &(s, l) in &fed {
-                j.push(s, l);
-            }
-            j.finish(&mut out);
+            let out = joined(&fed);
             let want: Vec<u64> = fed.iter().flat_map(|&(s, l)| s..s + l).collect();
             prop_assert_eq!(elements_of(&out), want);
             prop_assert!(out.len() <= cols.len(), "{} regions for {} blocks", out.len(), cols.len());

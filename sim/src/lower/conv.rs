@@ -196,6 +196,16 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
     );
     let (kh, h, oh) = (d.kh as u64, d.h as u64, d.oh as u64);
     let positions = |a: &Act| d.n as u64 * a.h * a.w;
+    // The input read by blocks of output positions: the forward's left-hand operand, the
+    // weight update's right-hand one.
+    let input_field = |operand| Field {
+        operand,
+        image: oh * d.ow as u64,
+        width: d.ow as u64,
+        source: (h, d.w as u64),
+        rows: (s0, (kh - 1) * d0, 1),
+        kernel_area: area,
+    };
     let per_group = (tiles / groups).max(1);
     match *op {
         Conv::Forward { x, w, .. } => {
@@ -236,14 +246,7 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
                 b: Some(Box::new(move |g, rk, rn| {
                     weight_spans(&d, p.layout, g as u64, rn, rk)
                 })),
-                field: Some(Field {
-                    operand: Operand::A,
-                    image: d.oh as u64 * d.ow as u64,
-                    width: d.ow as u64,
-                    source: (h, d.w as u64),
-                    rows: (s0, (kh - 1) * d0, 1),
-                    kernel_area: area,
-                }),
+                field: Some(input_field(Operand::A)),
                 kernel_area: area,
             }
         }
@@ -327,14 +330,7 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
                 // HWIO weights hold each patch element's output channels together.
                 // poplin's weight-update convolution takes the output field as its kernel.
                 // The input rows of a block of positions (`k`) for its patch elements (`n`).
-                field: Some(Field {
-                    operand: Operand::B,
-                    image: d.oh as u64 * d.ow as u64,
-                    width: d.ow as u64,
-                    source: (h, d.w as u64),
-                    rows: (s0, (kh - 1) * d0, 1),
-                    kernel_area: area,
-                }),
+                field: Some(input_field(Operand::B)),
                 kernel_area: oh * d.ow as u64,
             }
         }

@@ -26,6 +26,45 @@ pub(super) fn placement(op: &Layout) -> Placement {
     }
 }
 
+/// A transpose of `x` (shape `sx`) into shape `so`, row by row: output row `row` (every axis
+/// but the last) reads `x` from [`offset`](Self::offset), [`stride`](Self::stride) apart.
+struct Transposed {
+    so: Shape,
+    /// `x`'s stride for each output axis.
+    ps: Vec<u64>,
+}
+
+impl Transposed {
+    fn new(sx: Shape, so: Shape, perm: &[u8]) -> Self {
+        let r = so.rank();
+        let mut st = vec![0u64; r];
+        let mut acc = 1u64;
+        for a in (0..r).rev() {
+            st[a] = acc;
+            acc *= sx.dim(a) as u64;
+        }
+        let ps = (0..r).map(|a| st[perm[a] as usize]).collect();
+        Transposed { so, ps }
+    }
+
+    /// Where output row `row` starts in `x`.
+    fn offset(&self, row: u64) -> u64 {
+        let r = self.so.rank();
+        let (mut rem, mut off) = (row, 0);
+        for a in (0..r - 1).rev() {
+            let d = self.so.dim(a) as u64;
+            off += (rem % d) * self.ps[a];
+            rem /= d;
+        }
+        off
+    }
+
+    /// The distance in `x` between neighbours along the output's last axis.
+    fn stride(&self) -> u64 {
+        self.ps[self.so.rank() - 1]
+    }
+}
+
 /// A run of the elements an output copies, in output order: `count` elements of `tensor`
 /// from `start`, `stride` apart.
 #[derive(Clone, Copy)]
@@ -47,31 +86,15 @@ fn sources<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Layout) -> Vec<Sourc
     };
     match *op {
         Layout::Transpose { x, perm } if so.rank() > 1 => {
-            let (xt, sx) = (l.t(x), l.node(x).shape());
-            let r = so.rank();
-            let mut st = vec![0u64; r];
-            let mut acc = 1u64;
-            for a in (0..r).rev() {
-                st[a] = acc;
-                acc *= sx.dim(a) as u64;
-            }
-            let ps: Vec<u64> = (0..r).map(|a| st[perm[a] as usize]).collect();
+            let (xt, tr) = (l.t(x), Transposed::new(l.node(x).shape(), so, &perm));
             let cols = so.last() as u64;
             let rows = so.elements() as u64 / cols.max(1);
             (0..rows)
-                .map(|row| {
-                    let (mut rem, mut off) = (row, 0);
-                    for a in (0..r - 1).rev() {
-                        let d = so.dim(a) as u64;
-                        off += (rem % d) * ps[a];
-                        rem /= d;
-                    }
-                    Source {
-                        tensor: xt,
-                        start: off,
-                        count: cols,
-                        stride: ps[r - 1],
-                    }
+                .map(|row| Source {
+                    tensor: xt,
+                    start: tr.offset(row),
+                    count: cols,
+                    stride: tr.stride(),
                 })
                 .collect()
         }
@@ -206,31 +229,13 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Layout)
             l.elementwise(i, out, &[xt], Codelet::Copy, copy, |_, _| Vec::new());
         }
         Layout::Transpose { x, perm } => {
-            let (xt, sx) = (l.t(x), l.node(x).shape());
-            let r = so.rank();
-            let mut st = vec![0u64; r];
-            let mut acc = 1u64;
-            for a in (0..r).rev() {
-                st[a] = acc;
-                acc *= sx.dim(a) as u64;
-            }
-            // x's stride for each output axis.
-            let ps: Vec<u64> = (0..r).map(|a| st[perm[a] as usize]).collect();
+            let (xt, tr) = (l.t(x), Transposed::new(l.node(x).shape(), so, &perm));
             let cols = so.last() as u64;
             l.per_tile(i, "transpose", out, Codelet::Copy, copy, |iv| {
                 let mut reads = Vec::new();
                 for (row, c0, c1) in row_segments(iv.start, iv.len, cols) {
-                    let (mut rem, mut off) = (row, c0 * ps[r - 1]);
-                    for a in (0..r - 1).rev() {
-                        let d = so.dim(a) as u64;
-                        off += (rem % d) * ps[a];
-                        rem /= d;
-                    }
-                    reads.push(if ps[r - 1] == 1 {
-                        Region::span(xt, off, c1 - c0)
-                    } else {
-                        Region::strided(xt, off, 1, c1 - c0, ps[r - 1])
-                    });
+                    let off = tr.offset(row) + c0 * tr.stride();
+                    reads.push(Region::strided(xt, off, 1, c1 - c0, tr.stride()));
                 }
                 (reads, span_out(iv.start, iv.len))
             });

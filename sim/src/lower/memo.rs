@@ -154,8 +154,6 @@ pub(super) struct Memo {
     /// The machine and the lowering options, a part of every key.
     context: u128,
     entries: HashMap<u128, Arc<Recorded>>,
-    /// Mappings' digests.
-    digests: super::Digests,
     /// Lowerings reused.
     pub(super) reused: usize,
     /// Lowerings made and recorded afresh.
@@ -188,13 +186,11 @@ impl Two {
 }
 
 impl Memo {
-    /// A memo for a lowering whose machine and options hash to `context`, with the digests
-    /// its mappings already have.
-    pub(super) fn new(context: u128, digests: super::Digests) -> Memo {
+    /// A memo for a lowering whose machine and options hash to `context`.
+    pub(super) fn new(context: u128) -> Memo {
         Memo {
             context,
             entries: HashMap::new(),
-            digests,
             reused: 0,
             lowered: 0,
             keys: Vec::new(),
@@ -254,7 +250,7 @@ impl Memo {
             let pt = &l.tensors[t.index()];
             h.u64(pt.elements);
             h.str(&format!("{:?}{:?}", pt.dtype, pt.class));
-            let mh = self.digests.of(&pt.mapping);
+            let mh = pt.mapping.digest();
             h.u64(mh as u64);
             h.u64((mh >> 64) as u64);
             // The order of the tensors' ids: a reused lowering keeps the same order.

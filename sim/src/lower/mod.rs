@@ -142,23 +142,6 @@ pub(crate) fn op_by_place(op: &Op, nodes: &[NodeId]) -> String {
     s
 }
 
-/// Mappings' digests, each made once: by the intervals' allocation, which the copies of a
-/// mapping share (the lowering keeps every tensor, so an allocation is not reused).
-/// Each entry keeps its mapping, so the allocation cannot be freed and its address reused.
-#[derive(Default)]
-pub(crate) struct Digests(std::collections::HashMap<(usize, usize), (u128, Mapping)>);
-
-impl Digests {
-    /// The digest of `m`.
-    pub(crate) fn of(&mut self, m: &Mapping) -> u128 {
-        let key = (m.intervals().as_ptr() as usize, m.intervals().len());
-        self.0
-            .entry(key)
-            .or_insert_with(|| (m.digest(), m.clone()))
-            .0
-    }
-}
-
 /// Identical nodes' tensors spread linearly (from a start tile their kind picks), for laying
 /// out a later identical node's tensor like the first's. PopART outlines the repeated layers of a model into one subgraph
 /// (its `enableOutlining` option, on by default) and grows that subgraph once: the layers'
@@ -169,13 +152,11 @@ impl Digests {
 struct Outlined {
     /// The first tensor of each kind of node.
     first: std::collections::HashMap<u128, TensorId>,
-    /// Mappings' digests.
-    digests: Digests,
 }
 
 impl Outlined {
     /// The kind of node `i`, or `None` for a node without operands.
-    fn key<S: Storage>(&mut self, l: &Lowering<'_, S>, i: NodeId) -> Option<u128> {
+    fn key<S: Storage>(&self, l: &Lowering<'_, S>, i: NodeId) -> Option<u128> {
         let node = l.node(i);
         let operands = node.op().operands();
         let operands = operands.as_slice();
@@ -191,7 +172,7 @@ impl Outlined {
         );
         for &x in operands {
             let t = l.t(x);
-            let digest = self.digests.of(&l.tensors[t.index()].mapping);
+            let digest = l.tensors[t.index()].mapping.digest();
             let n = l.node(x);
             let pt = &l.tensors[t.index()];
             let _ = std::fmt::Write::write_fmt(
@@ -764,9 +745,8 @@ impl<'a, S: Storage> Lowering<'a, S> {
         }
     }
 
-    /// Lays out every graph tensor of this IPU; returns the mapping digests made on the way
-    /// (outlining's), for the memo to go on with.
-    fn map_graph_tensors(&mut self) -> Digests {
+    /// Lays out every graph tensor of this IPU.
+    fn map_graph_tensors(&mut self) {
         let mut outlined = Outlined::default();
         for i in self.graph.ids() {
             let node = self.node(i);
@@ -868,7 +848,6 @@ impl<'a, S: Storage> Lowering<'a, S> {
                 self.locality.same_mapping(t, source);
             }
         }
-        outlined.digests
     }
 
     /// The layout of layout op `i` placed as [`Placement::Image`], when its operands are laid
@@ -1101,10 +1080,10 @@ where
     if l.remote.iter().any(|&r| r) {
         l.layouts = Some(layouts.unwrap_or_else(|| whole_graph_layouts(plan, cfg, opts)));
     }
-    let digests = l.map_graph_tensors();
+    l.map_graph_tensors();
     // Estimates reuse identical nodes' lowerings.
     let context = xxhash_rust::xxh3::xxh3_128(format!("{:x}{:?}", l.machine, l.opts).as_bytes());
-    let mut memo = memo::Memo::new(context, digests);
+    let mut memo = memo::Memo::new(context);
     memo.find_keys(&l);
     if l.summaries.is_some() {
         memo.prelower(&l);
