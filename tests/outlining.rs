@@ -1,6 +1,7 @@
 //! Outlining (code reuse, `LowerOptions::outlining`): identical layers share one copy of
 //! their code, so code bytes stay nearly flat as layers are added while variables grow; each
-//! call pays its copies in and out; without outlining every layer has its own code.
+//! call pays its copies in and out; without outlining every layer has its own vertex state
+//! and control code, and its own exchange code only where it sends its own weights.
 
 use tessera::core::{Accumulation, Activation, DType, Graph, Optimizer, Plan};
 use tessera::sim::lower::LowerOptions;
@@ -10,6 +11,11 @@ use tessera::sim::{Heap, IpuConfig, Preset};
 
 /// A training estimate of `blocks` identical dense blocks of `width`, outlined or not.
 fn estimate(blocks: usize, outlining: bool) -> SystemEstimate {
+    estimate_with_graph(blocks, outlining).0
+}
+
+/// [`estimate`] with its graph.
+fn estimate_with_graph(blocks: usize, outlining: bool) -> (SystemEstimate, Graph<Heap>) {
     let (batch, width) = (64, 512);
     let mut g: Graph<Heap> = Graph::new();
     let x = g.input("x", &[batch, width], DType::F16).unwrap();
@@ -54,13 +60,20 @@ fn estimate(blocks: usize, outlining: bool) -> SystemEstimate {
         },
         ..SystemOptions::default()
     };
-    estimate_system(&plan, &IpuConfig::preset(Preset::Mk2), &opts).unwrap()
+    let e = estimate_system(&plan, &IpuConfig::preset(Preset::Mk2), &opts).unwrap();
+    (e, g)
 }
 
 /// Vertex state, exchange code and control code of the IPU.
 fn code(e: &SystemEstimate) -> u64 {
     let c: &TileMemory = &e.ipus[0].categories;
     c.vertex_state + c.exchange_code + c.control_code
+}
+
+/// Vertex state and control code of the IPU: what each layer has of its own unless outlined.
+fn own_code(e: &SystemEstimate) -> u64 {
+    let c: &TileMemory = &e.ipus[0].categories;
+    c.vertex_state + c.control_code
 }
 
 #[test]
@@ -71,11 +84,14 @@ fn outlined_code_stays_flat_as_identical_layers_are_added_while_variables_grow()
     let weights = |e: &SystemEstimate| e.ipus[0].categories.always_live;
     assert_eq!(weights(&o8) - weights(&o4), weights(&p8) - weights(&p4));
     assert!(weights(&o8) > weights(&o4));
-    // Without outlining each block brings its own code; outlined, only its calls' copies.
-    let (grown_plain, grown_outlined) =
-        (code(&p8) - code(&p4), code(&o8).saturating_sub(code(&o4)));
+    // Without outlining each block brings its own vertex state and control code; outlined,
+    // only its calls' copies.
+    let (grown_plain, grown_outlined) = (
+        own_code(&p8) - own_code(&p4),
+        code(&o8).saturating_sub(code(&o4)),
+    );
     assert!(
-        grown_outlined * 5 < grown_plain,
+        grown_outlined * 3 < grown_plain,
         "code grew by {grown_outlined} B outlined, {grown_plain} B without"
     );
     // Outlining shares, it does not drop: the first block's code is there.
@@ -101,4 +117,46 @@ fn each_call_copies_its_tensors_in_and_out() {
     // The clones of a call's inputs live through it.
     let nal = |e: &SystemEstimate| e.ipus[0].categories.not_always_live;
     assert!(nal(&outlined) > nal(&plain));
+}
+
+#[test]
+fn identical_blocks_share_exchange_code_except_where_they_send_their_own_weights() {
+    let n = 8;
+    let (e, g) = estimate_with_graph(n, false);
+    let codes = &e.ipus[0].node_code;
+    // A block's nodes: its own (`block<b>/...`) and their gradients and updates.
+    let block = |b: usize| {
+        let prefix = format!("block{b}/");
+        let mut c = tessera::sim::memory::NodeCode::default();
+        for (i, n) in g.nodes().iter().enumerate() {
+            if n.name().starts_with(&prefix) {
+                c.add(&codes[i]);
+            }
+        }
+        c
+    };
+    let blocks: Vec<_> = (0..n).map(block).collect();
+    // The middle blocks lower alike (the first reads the input, the last two meet the
+    // classifier's layouts forward and backward); the first of them pays for the exchange
+    // code they share.
+    for b in 3..n - 2 {
+        assert_eq!(
+            blocks[b].exchange_code, blocks[2].exchange_code,
+            "block {b}"
+        );
+        assert_eq!(blocks[b].vertex_state, blocks[1].vertex_state, "block {b}");
+    }
+    // Each has all its vertex state and control code, and the same exchanges (as many sends
+    // and receives), but the code of only the tiles that send its weights: less than the
+    // first block of its kind (block 1), which pays for every tile.
+    let first = blocks[1];
+    assert!(first.exchange_code > 0);
+    assert!(
+        blocks[2].exchange_code < first.exchange_code,
+        "{} vs {}",
+        blocks[2].exchange_code,
+        first.exchange_code
+    );
+    assert_eq!(blocks[2].sends, first.sends);
+    assert_eq!(blocks[2].receives, first.receives);
 }

@@ -295,3 +295,86 @@ fn a_pipelined_stage_stashes_only_its_inputs_and_checkpoints() {
         );
     }
 }
+
+/// A residual MLP whose stem and blocks normalise their batches (training batch norms, with
+/// running averages) after products with a bias.
+fn normalised_mlp(g: &mut Graph<Heap>, batch: usize, width: usize, blocks: usize) -> NodeId {
+    use tessera::core::ops::norm::BatchNorm;
+    let bn = BatchNorm {
+        axis: 1,
+        epsilon: 1e-3,
+        momentum: 0.9,
+        training: true,
+    };
+    let x = g.input("x", &[batch, 6], DType::F32).unwrap();
+    let labels = g.input("labels", &[batch], DType::I32).unwrap();
+    let h = g
+        .dense("stem", x, width, Activation::Linear, DType::F32)
+        .unwrap();
+    // The stem normalises [batch, channels, 2] (its scale and shift broadcast as reshaped
+    // [channels, 1] views).
+    let h = g.reshape("stem_3d", h, &[batch, width / 2, 2]).unwrap();
+    let h = g.batch_norm("stem_bn", h, bn).unwrap();
+    let h = g.relu("stem_relu", h).unwrap();
+    let mut h = g.reshape("stem_2d", h, &[batch, width]).unwrap();
+    for b in 0..blocks {
+        let y = g
+            .dense(
+                &format!("block{b}/a"),
+                h,
+                width,
+                Activation::Linear,
+                DType::F32,
+            )
+            .unwrap();
+        let y = g.batch_norm(&format!("block{b}/bn"), y, bn).unwrap();
+        let y = g.relu(&format!("block{b}/relu"), y).unwrap();
+        h = g.add(&format!("block{b}/residual"), h, y).unwrap();
+    }
+    let logits = g
+        .dense("classifier", h, 3, Activation::Linear, DType::F32)
+        .unwrap();
+    g.sparse_categorical_crossentropy("loss", logits, labels, true)
+        .unwrap()
+}
+
+#[test]
+fn parameters_in_another_shape_and_running_statistics_are_no_activations() {
+    let mut g: Graph<Heap> = Graph::new();
+    let loss = normalised_mlp(&mut g, 4, 8, 3);
+    let cps = g.auto_checkpoints(loss).unwrap().to_vec();
+    let names: Vec<&str> = cps.iter().map(|&c| g.node(c).name()).collect();
+    // A bias or scale reshaped to broadcast, or the batch statistics the running averages
+    // read, do not break the stem's chain (product, bias, norm, ReLU): one checkpoint for
+    // it, then each block's residual add.
+    assert_eq!(names.len(), 4, "{names:?}");
+    assert!(names[0].starts_with("stem"), "{names:?}");
+    for b in 0..3 {
+        assert_eq!(names[b + 1], format!("block{b}/residual"), "{names:?}");
+    }
+    let mut recomputing = g.clone();
+    recomputing
+        .differentiate_recomputing(loss, Optimizer::sgd(0.1), Accumulation::new(1), &cps)
+        .unwrap();
+    // Nothing the backward pass does not read is recomputed: not the statistics for the
+    // running averages, not a reshaped parameter.
+    let copies: Vec<&str> = recomputing
+        .nodes()
+        .iter()
+        .map(|n| n.name())
+        .filter(|n| n.ends_with("/recompute"))
+        .collect();
+    assert!(!copies.is_empty());
+    for c in &copies {
+        assert!(
+            !c.contains("/mean/") && !c.contains("/variance/") && !c.contains("_view/"),
+            "{c} is recomputed: {copies:?}"
+        );
+    }
+    // The same training as without recomputation, running averages and all.
+    let mut plain = g.clone();
+    plain
+        .differentiate_accumulating(loss, Optimizer::sgd(0.1), Accumulation::new(1))
+        .unwrap();
+    assert_eq!(train(&plain, 4, 3, 7), train(&recomputing, 4, 3, 7));
+}

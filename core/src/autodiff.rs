@@ -469,6 +469,24 @@ impl<S: Storage> Graph<S> {
         self.differentiate_inner(loss, optimizer, Some(accumulation))
     }
 
+    /// Which of the first `len` nodes are made from variables alone (a reshaped bias, a
+    /// transposed weight): parameters in another shape, the same for every micro-batch, not
+    /// activations to stash, recompute or cut at. Constants and inputs are data.
+    fn parameter_derived(&self, len: usize) -> Option<S::Vec<bool>> {
+        let mut out: S::Vec<bool> = S::filled(len, false)?;
+        for i in 0..len {
+            let op = &self.nodes[i].op;
+            let ops = op.operands();
+            out[i] = !op.is_state()
+                && !matches!(op, Op::Input)
+                && !ops.as_slice().is_empty()
+                && ops.as_slice().iter().all(|o| {
+                    matches!(self.nodes[o.index()].op, Op::Variable { .. }) || out[o.index()]
+                });
+        }
+        Some(out)
+    }
+
     /// The checkpoints `auto` recomputation puts at the output of each repeated block: the
     /// forward activations where the graph narrows to that one tensor, that is, after which no
     /// earlier activation that depends on a trainable variable is read again (masks and other
@@ -489,6 +507,18 @@ impl<S: Storage> Graph<S> {
             node: crate::error::name_lossy("checkpoints"),
             capacity: len,
         };
+        // What the loss reads, directly or not: a batch norm's statistics for its running
+        // averages do not, and are no activation the backward pass keeps; their reads keep
+        // nothing alive for it.
+        let mut reaches_loss: S::Vec<bool> = S::filled(len, false).ok_or_else(full)?;
+        reaches_loss[last] = true;
+        for i in (0..len).rev() {
+            if reaches_loss[i] {
+                for o in self.nodes[i].op.operands().as_slice() {
+                    reaches_loss[o.index()] = true;
+                }
+            }
+        }
         let mut depends: S::Vec<bool> = S::filled(len, false).ok_or_else(full)?;
         let mut last_reader: S::Vec<usize> = S::filled(len, 0).ok_or_else(full)?;
         for i in 0..len {
@@ -496,9 +526,12 @@ impl<S: Storage> Graph<S> {
             depends[i] = n.roles.contains(Roles::TRAINABLE);
             for o in n.op.operands().as_slice() {
                 depends[i] |= depends[o.index()];
-                last_reader[o.index()] = i;
+                if reaches_loss[i] {
+                    last_reader[o.index()] = i;
+                }
             }
         }
+        let parameter = self.parameter_derived(len).ok_or_else(full)?;
         // Activations (depending on a variable) made so far and read after node i, with how
         // many close at each node: a sweep of opening and closing counts.
         let mut closing: S::Vec<u32> = S::filled(len + 1, 0).ok_or_else(full)?;
@@ -508,8 +541,12 @@ impl<S: Storage> Graph<S> {
         for i in 0..len {
             open -= closing[i];
             let n = &self.nodes[i];
-            let activation =
-                depends[i] && !n.op.is_state() && !n.op.is_update() && !matches!(n.op, Op::Input);
+            let activation = depends[i]
+                && reaches_loss[i]
+                && !parameter[i]
+                && !n.op.is_state()
+                && !n.op.is_update()
+                && !matches!(n.op, Op::Input);
             let lives_on = activation && last_reader[i] > i;
             if lives_on {
                 open += 1;
@@ -734,6 +771,7 @@ impl<S: Storage> Graph<S> {
             // are recomputed as well (only the stage's inputs and checkpoints are stashed, as
             // PopART's pipelined recomputation does); the loss's stage keeps what follows its
             // last checkpoint, which its backward reads at once.
+            let parameter = self.parameter_derived(forward_len).ok_or_else(full)?;
             let mut next: [u32; 256] = [u32::MAX; 256];
             let loss_stage = usize::from(self.nodes[last].stage);
             for i in 0..=last {
@@ -750,8 +788,11 @@ impl<S: Storage> Graph<S> {
                     segment[i] = i as u32;
                     continue;
                 }
-                let activation = !n.op.is_state() && !matches!(n.op, Op::Input);
-                if activation && depends_on_var[i] && next[st] != u32::MAX {
+                let activation = !n.op.is_state() && !matches!(n.op, Op::Input) && !parameter[i];
+                // Only what the backward pass reads: a value that does not reach the loss
+                // (a batch norm's statistics for its running averages) is no gradient's
+                // operand, so no copy of it is made (as dead-code elimination drops it).
+                if activation && depends_on_var[i] && reaches_loss[i] && next[st] != u32::MAX {
                     segment[i] = next[st];
                     recomputed[i] = true;
                 }

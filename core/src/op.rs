@@ -253,6 +253,11 @@ impl Op {
                     axes,
                     eps,
                 },
+                N::Moment { x, axes, moment } => N::Moment {
+                    x: f(x),
+                    axes,
+                    moment,
+                },
             }),
             Op::Gather(g) => Op::Gather(match g {
                 G::Rows { table, indices } => G::Rows {

@@ -22,7 +22,7 @@ use crate::memory::{
     EXCHANGE_CODE_BYTES, EXCHANGE_CODE_PER_RECEIVE_BYTES, EXCHANGE_CODE_PER_SEND_BYTES,
 };
 use crate::program::{
-    ProgTensor, Region, RunBuilder, SpanJoiner, TensorId, TileId, Transfer, Vertex,
+    ProgTensor, Region, RunBuilder, SpanJoiner, TensorClass, TensorId, TileId, Transfer, Vertex,
 };
 
 /// A hasher for regions and other small keys of integers (multiply and rotate, as rustc's
@@ -75,6 +75,10 @@ pub(crate) struct ExchangeTile {
     pub sends: u64,
     /// Regions it receives.
     pub receive_count: u64,
+    /// Of the regions it sends, those of always-live tensors (weights, optimizer state):
+    /// their addresses differ from one layer's exchange to the next identical one, so its
+    /// code for the exchange is its own ([`crate::memory`] shares the rest).
+    pub state_sends: u64,
 }
 
 /// An exchange as the estimate sees it.
@@ -101,6 +105,7 @@ struct Tally {
     receives: u64,
     sent: u64,
     sends: u64,
+    state_sends: u64,
 }
 
 fn finish(tally: &[Tally], bytes: u64, tensors: Vec<TensorId>) -> ExchangeSummary {
@@ -118,6 +123,7 @@ fn finish(tally: &[Tally], bytes: u64, tensors: Vec<TensorId>) -> ExchangeSummar
                 + EXCHANGE_CODE_PER_SEND_BYTES * t.sends,
             sends: t.sends,
             receive_count: t.receives,
+            state_sends: t.state_sends,
         })
         .collect();
     let busiest = tally
@@ -162,6 +168,9 @@ pub(crate) fn summarize(
         let f = &mut tally[from.index()];
         f.sent += b;
         f.sends += 1;
+        if tensors[region.tensor.index()].class == TensorClass::AlwaysLive {
+            f.state_sends += 1;
+        }
         bytes += b;
         moved.push(region.tensor);
     }
@@ -301,12 +310,16 @@ fn summarize_with(
         }
         let groups = &lists.groups[rd.groups.clone()];
         moved.push(groups[0].1.tensor);
+        let state = tensors[groups[0].1.tensor.index()].class == TensorClass::AlwaysLive;
         let (n, first) = (rd.readers.len(), readers[rd.readers.start].1);
         for &(f, b, c) in per_tile {
             if n > 1 || first != f {
                 let e = &mut tally[f.index()];
                 e.sent += b;
                 e.sends += c;
+                if state {
+                    e.state_sends += c;
+                }
                 bytes += b;
             }
         }
@@ -376,6 +389,9 @@ fn summarize_with(
             let e = &mut tally[f.index()];
             e.sent -= (senders - 1) * b;
             e.sends -= senders - 1;
+            if tensors[g.tensor.index()].class == TensorClass::AlwaysLive {
+                e.state_sends -= senders - 1;
+            }
             bytes -= (senders - 1) * b;
         }
     }

@@ -859,6 +859,11 @@ pub struct Program {
     /// Steps whose code (vertex state, exchange code, control code) an earlier identical
     /// node's outlined body holds: sorted, disjoint ranges (see [`crate::lower::LowerOptions::outlining`]).
     pub shared_steps: Vec<(usize, usize)>,
+    /// Exchange steps of nodes that lower alike (the same op, shapes and operand layouts:
+    /// a repeated layer's, or a recomputed copy's), each with a key that identical
+    /// exchanges share: (step, key), by step. A tile's code for such an exchange is the code
+    /// of the first with its key unless it sends always-live data (see [`crate::memory`]).
+    pub exchange_keys: Vec<(usize, u128)>,
     /// Calls of outlined bodies.
     pub calls: usize,
     /// The tensors calls copy into their bodies' parameters, with the first and last step

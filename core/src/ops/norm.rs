@@ -11,7 +11,6 @@ use crate::op::{Op, Operands};
 use crate::ops::conv::DataLayout;
 use crate::ops::elementwise::{BinaryFn, UnaryFn};
 use crate::ops::layout::walk_offsets;
-use crate::ops::reduce::ReduceKind;
 use crate::ops::update::Update;
 use crate::ops::{for_each_group, Axes};
 use crate::run::Exec;
@@ -42,6 +41,29 @@ pub enum Norm {
         /// Added to the variance.
         eps: f32,
     },
+    /// One statistic of `x`'s groups over `axes` (the shape of `x` without them): the
+    /// statistics a [`Norm::Normalize`] of the same `x` and `axes` computes, for a batch
+    /// normalisation's running averages. Poplar computes them once (`popnn::bn`'s statistics
+    /// feed both the whitening and the running averages), so a lowering that has them reads
+    /// them rather than reducing `x` again.
+    Moment {
+        /// Operand.
+        x: NodeId,
+        /// The axes the statistic runs over.
+        axes: Axes,
+        /// Which statistic.
+        moment: Moment,
+    },
+}
+
+/// A statistic of a group, as [`Norm::Moment`] gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Moment {
+    /// The mean.
+    Mean,
+    /// The biased variance (the mean of the squared deviations).
+    Variance,
 }
 
 impl Norm {
@@ -50,6 +72,7 @@ impl Norm {
         match self {
             Norm::Normalize { .. } => "Normalize",
             Norm::NormalizeGrad { .. } => "NormalizeGrad",
+            Norm::Moment { .. } => "Moment",
         }
     }
 
@@ -58,12 +81,13 @@ impl Norm {
         match *self {
             Norm::Normalize { x, .. } => Operands::of(&[x]),
             Norm::NormalizeGrad { dy, x, .. } => Operands::of(&[dy, x]),
+            Norm::Moment { x, .. } => Operands::of(&[x]),
         }
     }
 }
 
-/// Mean and `1 / sqrt(var + eps)` of one group.
-fn stats(x: &[u8], t: DType, base: usize, dims: &[usize], st: &[usize], eps: f32) -> (f32, f32) {
+/// Mean and biased variance of one group.
+fn moments(x: &[u8], t: DType, base: usize, dims: &[usize], st: &[usize]) -> (f32, f32) {
     let count: usize = dims.iter().product();
     let mut sum = 0f32;
     walk_offsets(dims, st, |o| sum += k::load(x, t, base + o));
@@ -73,7 +97,13 @@ fn stats(x: &[u8], t: DType, base: usize, dims: &[usize], st: &[usize], eps: f32
         let d = k::load(x, t, base + o) - mean;
         var += d * d;
     });
-    (mean, 1.0 / libm::sqrtf(var / count as f32 + eps))
+    (mean, var / count as f32)
+}
+
+/// Mean and `1 / sqrt(var + eps)` of one group.
+fn stats(x: &[u8], t: DType, base: usize, dims: &[usize], st: &[usize], eps: f32) -> (f32, f32) {
+    let (mean, var) = moments(x, t, base, dims, st);
+    (mean, 1.0 / libm::sqrtf(var + eps))
 }
 
 /// The reference kernel.
@@ -112,6 +142,19 @@ pub(crate) fn run<S: Storage>(
                     let v = (k::load(gb, t, base + o) - mg - xhat * mgx) * inv;
                     k::store(out, t, base + o, v);
                 });
+            });
+        }
+        Norm::Moment { x, axes, moment } => {
+            let (xb, sx) = (ex.ins.bytes(x), ex.ins.shape(x));
+            let mut g = 0;
+            for_each_group(sx, axes, |base, dims, st| {
+                let (mean, var) = moments(xb, t, base, dims, st);
+                let v = match moment {
+                    Moment::Mean => mean,
+                    Moment::Variance => var,
+                };
+                k::store(out, t, g, v);
+                g += 1;
             });
         }
     }
@@ -191,6 +234,44 @@ impl<S: Storage> Graph<S> {
             s,
             dtype,
             Roles::ACTIVATION,
+        )
+    }
+
+    /// The `moment` of `x`'s groups over `axes`: a tensor of `x`'s shape without `axes`.
+    pub fn moment(
+        &mut self,
+        name: &str,
+        x: impl NodeRef,
+        axes: &[isize],
+        moment: Moment,
+    ) -> Result<NodeId, GraphError> {
+        let x = x.resolve(self)?;
+        let n = self.check_name(name)?;
+        self.float_operand(&n, "Moment", x)?;
+        let node = self.node(x);
+        let (s, dtype) = (node.shape, node.dtype);
+        let mut set = Axes::NONE;
+        for &a in axes {
+            set.0 |= 1 << self.axis(&n, a, s.rank())?;
+        }
+        if set.is_empty() {
+            return Err(GraphError::BadAttribute {
+                node: n,
+                op: "Moment",
+                rule: "needs at least one axis",
+            });
+        }
+        let kept = crate::ops::reduce::reduced(s, set, false);
+        self.push(
+            n,
+            Op::Norm(Norm::Moment {
+                x,
+                axes: set,
+                moment,
+            }),
+            kept,
+            dtype,
+            Roles::empty(),
         )
     }
 
@@ -429,41 +510,26 @@ impl<S: Storage> Graph<S> {
                 others,
                 bn.epsilon,
             )?;
-            // Running averages from this batch's statistics.
+            // Running averages from this batch's statistics: the ones the normalisation
+            // computed (Poplar computes them once).
             let count = s.elements() / c;
-            let mean = self.reduce(
+            let mean_flat = self.moment(
                 &derived(name, format_args!("/mean"))?,
                 x,
                 others,
-                true,
-                ReduceKind::Mean,
+                Moment::Mean,
             )?;
-            let centred = self.binary(
-                &derived(name, format_args!("/centred"))?,
-                x,
-                mean,
-                BinaryFn::Sub,
-            )?;
-            let sq = self.binary(
-                &derived(name, format_args!("/square"))?,
-                centred,
-                centred,
-                BinaryFn::Mul,
-            )?;
-            let var = self.reduce(
+            let var = self.moment(
                 &derived(name, format_args!("/variance"))?,
-                sq,
+                x,
                 others,
-                false,
-                ReduceKind::Mean,
+                Moment::Variance,
             )?;
             let unbiased = self.unary(
                 &derived(name, format_args!("/unbiased"))?,
                 var,
                 UnaryFn::Scale(count as f32 / (count.max(2) - 1) as f32),
             )?;
-            let mean_flat =
-                self.reshape(&derived(name, format_args!("/mean_flat"))?, mean, &[c])?;
             for (state, value, what) in [
                 (moving_mean, mean_flat, "/update_mean"),
                 (moving_var, unbiased, "/update_variance"),

@@ -11,7 +11,7 @@
 //! order of tensor ids - its steps and temporaries are the earlier node's, with tensor ids,
 //! names and node renamed. The key is a 128-bit hash of those facts (two SipHash passes
 //! with different keys). Nodes whose lowering reads another node's temporaries (a
-//! cross-entropy's row statistics) are not reused: their lowering depends on more than the
+//! cross-entropy's row statistics, a batch norm's moments) are not reused: their lowering depends on more than the
 //! node.
 //!
 //! Identical nodes are outlined, in every lowering: a node's temporaries spread from a tile
@@ -207,7 +207,11 @@ impl Memo {
         let node = l.node(i);
         if matches!(
             node.op(),
-            Op::Loss(_) | Op::Input | Op::Variable { .. } | Op::Constant { .. }
+            Op::Loss(_)
+                | Op::Norm(tessera_core::ops::norm::Norm::Moment { .. })
+                | Op::Input
+                | Op::Variable { .. }
+                | Op::Constant { .. }
         ) {
             return None;
         }

@@ -733,7 +733,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
             Op::Input | Op::Variable { .. } | Op::Constant { .. } => Placement::Rows(1),
             Op::Elementwise(e) => elementwise::placement(self, node, e),
             Op::MatMul(_) | Op::Conv(_) => Placement::Own,
-            Op::Norm(n) => Placement::Like(n.operands().as_slice()[0]),
+            Op::Norm(n) => norm::placement(self, node, n),
             Op::Gather(g) => gather::placement(node, g),
             Op::Pool(_) | Op::Random(_) => Placement::Rows(1),
             Op::Softmax(s) => softmax::placement(node, s),
@@ -1093,6 +1093,8 @@ where
     } else {
         outline::Outline::default()
     };
+    let keys = memo.keys();
+    let mut exchange_keys: Vec<(usize, u128)> = Vec::new();
     let mut calls = outline.calls.iter().peekable();
     // The body's parameters a call copies its tensors into: (tensor, first and last step the
     // clone is live). A clone of an input lives from the copy-in to the end of the body, a
@@ -1112,6 +1114,17 @@ where
         l.lower_node(i, &mut memo);
         if outline.shared.get(i.index()).copied().unwrap_or(false) && l.steps.len() > body {
             shared_steps.push((body, l.steps.len()));
+        }
+        if let Some(key) = keys.get(i.index()).copied().flatten() {
+            exchange_keys.extend(
+                (body..l.steps.len())
+                    .filter(|&s| matches!(l.steps[s], Step::Exchange { .. }))
+                    .map(|s| {
+                        let mut b = key.to_le_bytes().to_vec();
+                        b.extend_from_slice(&((s - body) as u64).to_le_bytes());
+                        (s, xxhash_rust::xxh3::xxh3_128(&b))
+                    }),
+            );
         }
         if let Some(c) = call.filter(|c| c.last == i.index()) {
             let end = l.steps.len().saturating_sub(1);
@@ -1134,6 +1147,7 @@ where
         steps: l.steps,
         node_steps: l.node_steps,
         shared_steps,
+        exchange_keys,
         calls: outline.calls.len(),
         call_clones,
         node_names: graph.nodes().iter().map(|n| n.name().to_string()).collect(),

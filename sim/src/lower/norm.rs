@@ -3,23 +3,80 @@
 //! `dy * xhat`), then an element-wise compute set laid out like `x` that reads its group's
 //! statistics.
 
-use tessera_core::ops::norm::Norm;
-use tessera_core::{DType, NodeId, Storage};
+use tessera_core::ops::norm::{Moment, Norm};
+use tessera_core::{DType, Node, NodeId, Storage};
 
-use super::{broadcast_reads, reduce, Lowering};
-use crate::cost;
+use super::{broadcast_reads, reduce, Lowering, Placement};
+use crate::cost::{self, UnaryKind};
 use crate::program::{Codelet, Interval, Region, Vertex};
 
+/// Where a normalisation's output goes: like its operand; a moment like a reduction's output
+/// (spread by the input each group reduces).
+pub(super) fn placement<S: Storage>(l: &Lowering<'_, S>, node: &Node, op: &Norm) -> Placement {
+    match *op {
+        Norm::Moment { x, .. } => {
+            let xn = l.node(x);
+            let per_output = (xn.shape().elements() / node.shape().elements().max(1)) as u64;
+            Placement::Weighted(per_output * xn.dtype().size() as u64)
+        }
+        Norm::Normalize { x, .. } | Norm::NormalizeGrad { x, .. } => Placement::Like(x),
+    }
+}
+
 pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Norm) {
+    match *op {
+        Norm::Normalize { x, axes, .. } => {
+            let xs = [l.t(x)];
+            let (stats, kept) = statistics(l, i, &xs, axes, 2);
+            normalize(l, i, &xs, stats, kept, 2);
+        }
+        Norm::NormalizeGrad { dy, x, axes, .. } => {
+            let xs = [l.t(x), l.t(dy)];
+            let (stats, kept) = statistics(l, i, &xs, axes, 4);
+            normalize(l, i, &xs, stats, kept, 4);
+        }
+        Norm::Moment { x, axes, moment } => {
+            let stats = match statistics_of(l, x, axes) {
+                Some(t) => t,
+                None => statistics(l, i, &[l.t(x)], axes, 2).0,
+            };
+            moment_of(l, i, stats, moment);
+        }
+    }
+}
+
+/// The statistics the latest normalisation of `x` over `axes` lowered here computed, if one
+/// did (a moment reads them, so its lowering is never reused: it depends on another node's
+/// temporary).
+fn statistics_of<S: Storage>(
+    l: &Lowering<'_, S>,
+    x: NodeId,
+    axes: tessera_core::ops::Axes,
+) -> Option<crate::program::TensorId> {
+    l.tensors.iter().enumerate().rev().find_map(|(k, t)| {
+        let same = t.class == crate::program::TensorClass::Temporary
+            && t.name.ends_with("/statistics")
+            && matches!(*l.node(t.node).op(),
+                tessera_core::Op::Norm(Norm::Normalize { x: nx, axes: na, .. })
+                    if nx == x && na == axes);
+        same.then_some(crate::program::TensorId(k as u32))
+    })
+}
+
+/// The statistics of `xs[0]`'s groups over `axes` (and, for a gradient, of the rest with
+/// it), `passes` reductions of each group: a temporary of two f32 values per group (mean
+/// and 1/sd), and the shape of the groups.
+fn statistics<S: Storage>(
+    l: &mut Lowering<'_, S>,
+    i: NodeId,
+    xs: &[crate::program::TensorId],
+    axes: tessera_core::ops::Axes,
+    passes: u64,
+) -> (crate::program::TensorId, tessera_core::Shape) {
     let cfg = l.cfg;
-    let node = l.node(i);
-    let (dt, shape) = (node.dtype(), node.shape());
-    let (x, dy, axes, passes) = match *op {
-        Norm::Normalize { x, axes, .. } => (x, None, axes, 2),
-        Norm::NormalizeGrad { dy, x, axes, .. } => (x, Some(dy), axes, 4),
-    };
-    let xt = l.t(x);
-    let dyt = dy.map(|d| l.t(d));
+    let xt = xs[0];
+    let xn = l.node(l.tensors[xt.index()].node);
+    let (dt, shape) = (xn.dtype(), xn.shape());
     let kept = tessera_core::ops::reduce::reduced(shape, axes, true);
     let groups = kept.elements() as u64;
     let per_group = (shape.elements() as u64 / groups.max(1)).max(1);
@@ -33,13 +90,10 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Norm) {
         }
     };
     let stats = l.temporary(i, "statistics", DType::F32, groups * 2, mapping);
-    let mut xs = vec![xt];
-    xs.extend(dyt);
     if reduce::two_stage_pays(groups, per_group)
-        && reduce::two_stage(l, i, &xs, shape, axes, stats, 2, passes)
+        && reduce::two_stage(l, i, xs, shape, axes, stats, 2, passes)
     {
-        normalize(l, i, &xs, stats, kept, passes);
-        return;
+        return (stats, kept);
     }
     let ivs: Vec<Interval> = l.tensors[stats.index()].mapping.intervals().to_vec();
     let vertices = ivs
@@ -47,10 +101,10 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Norm) {
         .map(|iv| {
             // Interval covers groups start/2 .. end/2 (two values each).
             let (g0, g1) = (iv.start / 2, iv.end().div_ceil(2));
-            let mut reads = reduce::reads(xt, shape, axes, g0, g1 - g0);
-            if let Some(d) = dyt {
-                reads.extend(reduce::reads(d, shape, axes, g0, g1 - g0));
-            }
+            let reads = xs
+                .iter()
+                .flat_map(|&x| reduce::reads(x, shape, axes, g0, g1 - g0))
+                .collect();
             Vertex {
                 tile: iv.tile,
                 codelet: Codelet::Reduce,
@@ -61,7 +115,40 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Norm) {
         })
         .collect();
     l.compute(i, "statistics", vertices);
-    normalize(l, i, &xs, stats, kept, passes);
+    (stats, kept)
+}
+
+/// A moment from the statistics (two values a group): the mean as it is; the variance from
+/// 1/sd (`1 / isd^2 - eps`), a few flops a group. Each of the output's tiles reads its
+/// groups' statistics.
+fn moment_of<S: Storage>(
+    l: &mut Lowering<'_, S>,
+    i: NodeId,
+    stats: crate::program::TensorId,
+    moment: Moment,
+) {
+    let cfg = l.cfg;
+    let dt = l.node(i).dtype();
+    let out = l.t(i);
+    let ivs: Vec<Interval> = l.tensors[out.index()].mapping.intervals().to_vec();
+    let vertices = ivs
+        .iter()
+        .map(|iv| {
+            let cycles = match moment {
+                Moment::Mean => UnaryKind::Copy.cycles(cfg, iv.len, dt),
+                // A multiply, a reciprocal and a subtraction.
+                Moment::Variance => 3 * cost::elementwise_binary_cycles(cfg, iv.len, dt),
+            };
+            Vertex {
+                tile: iv.tile,
+                codelet: Codelet::Binary,
+                cycles,
+                reads: vec![Region::span(stats, iv.start * 2, iv.len * 2)],
+                writes: vec![Region::span(out, iv.start, iv.len)],
+            }
+        })
+        .collect();
+    l.compute(i, "moment", vertices);
 }
 
 /// Groups of statistics mapped together (poplibs' grain for a broadcast operand: one 64-bit
@@ -183,4 +270,74 @@ fn normalize<S: Storage>(
                 .collect()
         },
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_core::ops::norm::{BatchNorm, Norm};
+    use tessera_core::{DType, Graph, Op, Plan};
+
+    use super::super::{lower_with, LowerOptions};
+    use crate::heap::Heap;
+    use crate::machine::{IpuConfig, Preset};
+    use crate::program::Step;
+
+    /// A training batch normalisation's running averages read the statistics its
+    /// normalisation computed: one statistics pass over `x`, whichever way it is lowered.
+    #[test]
+    fn moments_read_the_normalisations_statistics() {
+        let mut g: Graph<Heap> = Graph::new();
+        let x = g.input("x", &[8, 16, 6, 6], DType::F32).unwrap();
+        let bn = BatchNorm {
+            axis: 1,
+            epsilon: 1e-3,
+            momentum: 0.9,
+            training: true,
+        };
+        let y = g.batch_norm("bn", x, bn).unwrap();
+        let loss = g.reduce_mean("loss", y, None).unwrap();
+        g.differentiate(loss, tessera_core::Optimizer::sgd(0.1))
+            .unwrap();
+        let plan = Plan::new(&g).unwrap();
+        let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(16);
+        let moments: Vec<usize> = g
+            .nodes()
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| matches!(n.op(), Op::Norm(Norm::Moment { .. })))
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(moments.len(), 2);
+        for summarize in [false, true] {
+            let (p, _) = lower_with(
+                &plan,
+                &cfg,
+                LowerOptions::default(),
+                &|_| true,
+                summarize,
+                None,
+            );
+            let names = |i: usize| -> Vec<String> {
+                let (a, b) = p.node_steps[i];
+                p.steps[a..b]
+                    .iter()
+                    .filter_map(|s| match s {
+                        Step::Compute(cs) => Some(cs.name.clone()),
+                        _ => None,
+                    })
+                    .collect()
+            };
+            for &m in &moments {
+                assert_eq!(names(m), vec![format!("{}/moment", g.nodes()[m].name())]);
+            }
+            // The statistics are computed once forward (the normalisation's) and once
+            // backward (its gradient's).
+            let passes = p
+                .steps
+                .iter()
+                .filter(|s| matches!(s, Step::Compute(cs) if cs.name.contains("statistics") || cs.name.contains("intermediate")))
+                .count();
+            assert!(passes <= 4, "{passes} statistics passes");
+        }
+    }
 }
