@@ -378,3 +378,19 @@ fn parameters_in_another_shape_and_running_statistics_are_no_activations() {
         .unwrap();
     assert_eq!(train(&plain, 4, 3, 7), train(&recomputing, 4, 3, 7));
 }
+
+#[test]
+fn a_norms_gradients_read_its_input_not_its_normalised_output() {
+    // popnn's norm gradients whiten the input again: the backward pass keeps the input.
+    let mut g: Graph<Heap> = Graph::new();
+    let loss = normalised_mlp(&mut g, 4, 8, 2);
+    g.differentiate_accumulating(loss, Optimizer::sgd(0.1), Accumulation::new(1))
+        .unwrap();
+    let read = read_by_backward(&g);
+    assert!(
+        read.iter().all(|n| !n.ends_with("/normalize")),
+        "the backward pass reads a normalised output: {read:?}"
+    );
+    // It reads what each norm normalises (the products' outputs).
+    assert!(read.iter().any(|n| n.starts_with("block0/a")), "{read:?}");
+}

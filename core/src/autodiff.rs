@@ -303,6 +303,21 @@ impl<S: Storage> Backprop<'_, S> {
             .push(name, op, shape, dtype, Roles::GRADIENT | Roles::BACKWARD)
     }
 
+    /// A node the backward pass computes again from forward values (not a gradient), with
+    /// `target`'s shape and type: `<target>/again/<k>`.
+    pub(crate) fn again(&mut self, target: NodeId, op: Op) -> Result<NodeId, GraphError> {
+        let (s, t) = self.meta(target);
+        let target = self.origin(target);
+        let c = &mut self.count[target.index()];
+        *c += 1;
+        let k = *c;
+        let name = derived(
+            &self.graph.nodes[target.index()].name.clone(),
+            format_args!("/again/{k}"),
+        )?;
+        self.graph.push(name, op, s, t, Roles::BACKWARD)
+    }
+
     /// A gradient node for `target` with `target`'s own shape and type.
     pub(crate) fn like(&mut self, target: NodeId, op: Op) -> Result<NodeId, GraphError> {
         let (s, t) = self.meta(target);

@@ -391,6 +391,9 @@ pub struct TrainingDefaults {
     pub pipeline_schedule: Option<String>,
     /// poplin's `partialsType` (`float` or `half`).
     pub partials_type: Option<String>,
+    /// The gradient accumulators' type (`f32` or `f16`; TensorFlow's
+    /// `gradient_accumulation_dtype`).
+    pub gradient_accumulation_dtype: Option<String>,
     /// poplin's `availableMemoryProportion`: one value, or one per pipeline stage.
     pub available_memory_proportion: Option<Vec<f64>>,
     /// Outlining (code reuse; PopART's `enableOutlining`), on unless `false`.
@@ -1397,6 +1400,7 @@ struct FileTraining {
     epochs: Option<usize>,
     pipeline_schedule: Option<String>,
     partials_type: Option<String>,
+    gradient_accumulation_dtype: Option<String>,
     available_memory_proportion: Option<Proportions>,
     outlining: Option<bool>,
     embedding_serialization: Option<u64>,
@@ -1487,6 +1491,7 @@ impl From<FileTraining> for TrainingDefaults {
             epochs: t.epochs,
             pipeline_schedule: t.pipeline_schedule,
             partials_type: t.partials_type,
+            gradient_accumulation_dtype: t.gradient_accumulation_dtype,
             available_memory_proportion: t.available_memory_proportion.map(|p| match p {
                 Proportions::One(p) => vec![p],
                 Proportions::PerStage(v) => v,

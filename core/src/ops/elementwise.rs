@@ -771,10 +771,28 @@ pub(crate) fn backward<S: Storage>(
                         f: UnaryFn::Neg,
                     })),
                 ),
-                BinaryFn::Mul => (
-                    Grad::Of(binary(dy, b, BinaryFn::Mul)),
-                    Grad::Of(binary(dy, a, BinaryFn::Mul)),
-                ),
+                BinaryFn::Mul => {
+                    // A normalised operand (a norm's scale) is whitened again from the norm's
+                    // input where a gradient reads it, as popnn's norm gradients do
+                    // (`batchNormGradients`, `normParamGradients`): the backward pass keeps
+                    // the input, which the norm's own gradient reads, not the normalised copy.
+                    let (a2, b2) = (
+                        if bp.wants(b) {
+                            whitened_again(bp, a)?
+                        } else {
+                            a
+                        },
+                        if bp.wants(a) {
+                            whitened_again(bp, b)?
+                        } else {
+                            b
+                        },
+                    );
+                    (
+                        Grad::Of(binary(dy, b2, BinaryFn::Mul)),
+                        Grad::Of(binary(dy, a2, BinaryFn::Mul)),
+                    )
+                }
                 BinaryFn::Div => (
                     Grad::Of(binary(dy, b, BinaryFn::Div)),
                     Grad::Of(ternary(dy, id, b, TernaryFn::DivGradDivisor)),
@@ -818,6 +836,15 @@ pub(crate) fn backward<S: Storage>(
             }
             _ => Err(bp.not_differentiable(id)),
         },
+    }
+}
+
+/// `v` computed again in the backward pass when it is a normalisation's output (from the
+/// same input, so the same values bit for bit), else `v`.
+fn whitened_again<S: Storage>(bp: &mut Backprop<'_, S>, v: NodeId) -> Result<NodeId, GraphError> {
+    match bp.graph.node(v).op {
+        op @ Op::Norm(crate::ops::norm::Norm::Normalize { .. }) => bp.again(v, op),
+        _ => Ok(v),
     }
 }
 

@@ -190,6 +190,11 @@ pub struct ModelArgs {
     /// file's, else float]. Half applies to f16 products only.
     #[arg(long, value_enum)]
     pub partials_type: Option<PartialsArg>,
+    /// Element type of the gradient accumulators: TensorFlow's `gradient_accumulation_dtype`
+    /// (pipelining and `GradientAccumulationOptimizerV2`), PopART's `accumType` [default: the
+    /// model file's, else the weights' type, TensorFlow's and PopART SGD's default].
+    #[arg(long, value_enum)]
+    pub gradient_accumulation_dtype: Option<DTypeArg>,
     /// Share of each tile a matmul's or convolution's temporary memory may take in the
     /// planner's first pass: poplin's `availableMemoryProportion` (TensorFlow
     /// `set_matmul_options` / `set_convolution_options`, PopART per-IPU

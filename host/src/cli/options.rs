@@ -8,7 +8,7 @@ use tessera_host::model::{shipped, Model, TrainingDefaults, SHIPPED};
 use tessera_host::session::{default_offload, Checkpoints, OptimizerKind, SessionOptions};
 use tessera_sim::machine::IpuConfig;
 
-use super::args::{ModelArgs, PartialsArg, ScheduleArg};
+use super::args::{DTypeArg, ModelArgs, PartialsArg, ScheduleArg};
 use super::AnyError;
 
 /// The digits bundled with Tessera.
@@ -110,6 +110,13 @@ pub fn options_with(
                 file_value::<PartialsArg>(model, "partials_type", name)?.partials()
             }
             (None, None) => PartialsArg::Float.partials(),
+        },
+        accumulation_dtype: match (a.gradient_accumulation_dtype, &t.gradient_accumulation_dtype) {
+            (Some(d), _) => Some(d.dtype()),
+            (None, Some(name)) => {
+                Some(file_value::<DTypeArg>(model, "gradient_accumulation_dtype", name)?.dtype())
+            }
+            (None, None) => None,
         },
         replicated_tensor_sharding: a.replicated_tensor_sharding,
         outlining: !a.no_outlining && t.outlining.unwrap_or(true),

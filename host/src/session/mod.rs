@@ -125,6 +125,9 @@ pub struct SessionOptions {
     pub no_pipelining: bool,
     /// poplin's `partialsType` for matmuls and convolutions.
     pub partials: PartialsType,
+    /// The gradient accumulators' element type (TensorFlow's `gradient_accumulation_dtype`,
+    /// PopART's `accumType`); `None`: the weights' type, as both default.
+    pub accumulation_dtype: Option<DType>,
     /// poplin's `availableMemoryProportion`: empty for Poplar's default, one value for every
     /// IPU, or one per pipeline stage.
     pub available_memory_proportion: Vec<f64>,
@@ -247,6 +250,7 @@ impl Default for SessionOptions {
             dtype: DType::F32,
             no_pipelining: false,
             partials: PartialsType::Float,
+            accumulation_dtype: None,
             available_memory_proportion: Vec::new(),
             recompute_checkpoints: None,
             replicated_tensor_sharding: false,
@@ -451,8 +455,8 @@ pub fn compile(model: &Model, options: &SessionOptions) -> Result<Compiled, Sess
         loss,
         options.optimizer.with_rate(options.learning_rate),
         Accumulation {
-            // fp32 accumulators for fp16 gradients, as mixed-precision training on IPUs does.
-            dtype: (options.dtype == DType::F16).then_some(DType::F32),
+            // The weights' type unless asked (TensorFlow's `gradient_accumulation_dtype`).
+            dtype: options.accumulation_dtype,
             ..Accumulation::new(m)
         },
         options.recompute_checkpoints.as_ref(),
@@ -498,5 +502,40 @@ impl Compiled {
     /// execution size.
     pub fn estimate(&self) -> Result<SystemEstimate, SessionError> {
         Ok(estimate_system(&self.plan, &self.machine, &self.system)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The gradient accumulators take the weights' type unless asked (TensorFlow's
+    /// `gradient_accumulation_dtype` defaults to the variable's type, PopART SGD's `accumType`
+    /// to the weight's).
+    #[test]
+    fn accumulators_take_the_weights_type_unless_asked() {
+        let model = crate::model::shipped("sequential").unwrap().unwrap();
+        let accumulators = |asked: Option<DType>| -> Vec<DType> {
+            let options = SessionOptions {
+                dtype: DType::F16,
+                gradient_accumulation_count: 4,
+                accumulation_dtype: asked,
+                ..SessionOptions::default()
+            };
+            let c = compile(&model, &options).unwrap();
+            let g = c.plan.graph();
+            let found: Vec<DType> = g
+                .nodes()
+                .iter()
+                .filter(|n| n.name().ends_with("/accumulator"))
+                .map(|n| n.dtype())
+                .collect();
+            assert!(!found.is_empty());
+            found
+        };
+        assert!(accumulators(None).iter().all(|&d| d == DType::F16));
+        assert!(accumulators(Some(DType::F32))
+            .iter()
+            .all(|&d| d == DType::F32));
     }
 }

@@ -124,7 +124,7 @@ pub fn compile_onnx(
             loss,
             so.optimizer.with_rate(so.learning_rate),
             Accumulation {
-                dtype: (so.dtype == DType::F16).then_some(DType::F32),
+                dtype: so.accumulation_dtype,
                 ..Accumulation::new(m)
             },
             so.recompute_checkpoints.as_ref(),

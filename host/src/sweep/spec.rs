@@ -68,6 +68,7 @@ pub const KEYS: &[(&str, Kind)] = &[
     ("inference", Kind::Flag),
     ("recompute", Kind::Flag),
     ("partials_type", Kind::Text),
+    ("gradient_accumulation_dtype", Kind::Text),
     ("recompute_checkpoints", Kind::Names),
     ("replicated_tensor_sharding", Kind::Flag),
     ("no_outlining", Kind::Flag),
