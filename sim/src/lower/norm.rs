@@ -27,18 +27,18 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Norm) {
     match *op {
         Norm::Normalize { x, axes, .. } => {
             let xs = [l.t(x)];
-            let (stats, kept) = statistics(l, i, &xs, axes, 2);
+            let (stats, kept) = statistics(l, i, &xs, x, axes, 2);
             normalize(l, i, &xs, stats, kept, 2);
         }
         Norm::NormalizeGrad { dy, x, axes, .. } => {
             let xs = [l.t(x), l.t(dy)];
-            let (stats, kept) = statistics(l, i, &xs, axes, 4);
+            let (stats, kept) = statistics(l, i, &xs, x, axes, 4);
             normalize(l, i, &xs, stats, kept, 4);
         }
         Norm::Moment { x, axes, moment } => {
             let stats = match statistics_of(l, x, axes) {
                 Some(t) => t,
-                None => statistics(l, i, &[l.t(x)], axes, 2).0,
+                None => statistics(l, i, &[l.t(x)], x, axes, 2).0,
             };
             moment_of(l, i, stats, moment);
         }
@@ -63,19 +63,21 @@ fn statistics_of<S: Storage>(
     })
 }
 
-/// The statistics of `xs[0]`'s groups over `axes` (and, for a gradient, of the rest with
-/// it), `passes` reductions of each group: a temporary of two f32 values per group (mean
-/// and 1/sd), and the shape of the groups.
+/// The statistics of the groups of `x` (whose tensor is `xs[0]`) over `axes` (and, for a
+/// gradient, of the rest of `xs` with it), `passes` reductions of each group: a temporary of
+/// two f32 values per group (mean and 1/sd), and the shape of the groups. `x` gives the shape
+/// (its tensor may be the storage of a view of another shape).
 fn statistics<S: Storage>(
     l: &mut Lowering<'_, S>,
     i: NodeId,
     xs: &[crate::program::TensorId],
+    x: NodeId,
     axes: tessera_core::ops::Axes,
     passes: u64,
 ) -> (crate::program::TensorId, tessera_core::Shape) {
     let cfg = l.cfg;
     let xt = xs[0];
-    let xn = l.node(l.tensors[xt.index()].node);
+    let xn = l.node(x);
     let (dt, shape) = (xn.dtype(), xn.shape());
     let kept = tessera_core::ops::reduce::reduced(shape, axes, true);
     let groups = kept.elements() as u64;
