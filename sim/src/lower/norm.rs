@@ -284,6 +284,32 @@ mod tests {
     use crate::machine::{IpuConfig, Preset};
     use crate::program::Step;
 
+    /// A normalisation of a view (a reshape, whose tensor is its operand's storage) takes
+    /// its groups from the view's shape.
+    #[test]
+    fn a_view_is_normalised_in_its_own_shape() {
+        let mut g: Graph<Heap> = Graph::new();
+        let x = g.input("x", &[4, 6], DType::F32).unwrap();
+        let v = g.reshape("v", x, &[4, 2, 3]).unwrap();
+        let y = g.normalize("y", v, &[2], 1e-3).unwrap();
+        g.reduce_mean("loss", y, None).unwrap();
+        let plan = Plan::new(&g).unwrap();
+        let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(4);
+        for summarize in [false, true] {
+            let (p, _) = lower_with(
+                &plan,
+                &cfg,
+                LowerOptions::default(),
+                &|_| true,
+                summarize,
+                None,
+            );
+            let stats = p.tensors.iter().find(|t| t.name == "y/statistics").unwrap();
+            // Eight groups of three, two values each.
+            assert_eq!(stats.elements, 16);
+        }
+    }
+
     /// A training batch normalisation's running averages read the statistics its
     /// normalisation computed: one statistics pass over `x`, whichever way it is lowered.
     #[test]
