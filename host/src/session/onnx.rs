@@ -259,7 +259,10 @@ fn add_loss(
             let decoder = if g.node(table.node).stage() == last {
                 table.node
             } else {
-                // On another IPU the tied weight is held twice, as pipelined BERTs do.
+                // On another IPU the head gets its own copy of the table. Graphcore's
+                // pipelined BERTs keep it tied instead, with the head in a last stage mapped
+                // back to the embedding's IPU (PopTorch's `BeginBlock(cls, ipu_id=0)`), which
+                // a contiguous split cannot express.
                 g.variable("mlm/decoder", &table.dims, dtype, Init::GlorotUniform)?
             };
             let bias = g.variable("mlm/bias", &[table.dims[0]], dtype, Init::Zeros)?;
