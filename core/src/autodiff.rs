@@ -283,6 +283,27 @@ impl<S: Storage> Backprop<'_, S> {
         (n.shape, n.dtype)
     }
 
+    /// Pushes a backward node for `target` (its gradient's or its recomputation's), named
+    /// `<target><what><k>`, the k-th such node of `target` or its copies.
+    fn numbered(
+        &mut self,
+        target: NodeId,
+        what: &str,
+        op: Op,
+        (shape, dtype): (Shape, DType),
+        roles: Roles,
+    ) -> Result<NodeId, GraphError> {
+        let target = self.origin(target);
+        let c = &mut self.count[target.index()];
+        *c += 1;
+        let k = *c;
+        let name = derived(
+            &self.graph.nodes[target.index()].name.clone(),
+            format_args!("{what}{k}"),
+        )?;
+        self.graph.push(name, op, shape, dtype, roles)
+    }
+
     /// Pushes a node of `target`'s gradient computation, named `<target>_grad/<k>`.
     pub(crate) fn node(
         &mut self,
@@ -291,31 +312,15 @@ impl<S: Storage> Backprop<'_, S> {
         shape: Shape,
         dtype: DType,
     ) -> Result<NodeId, GraphError> {
-        let target = self.origin(target);
-        let c = &mut self.count[target.index()];
-        *c += 1;
-        let k = *c;
-        let name = derived(
-            &self.graph.nodes[target.index()].name.clone(),
-            format_args!("_grad/{k}"),
-        )?;
-        self.graph
-            .push(name, op, shape, dtype, Roles::GRADIENT | Roles::BACKWARD)
+        let roles = Roles::GRADIENT | Roles::BACKWARD;
+        self.numbered(target, "_grad/", op, (shape, dtype), roles)
     }
 
     /// A node the backward pass computes again from forward values (not a gradient), with
     /// `target`'s shape and type: `<target>/again/<k>`.
     pub(crate) fn again(&mut self, target: NodeId, op: Op) -> Result<NodeId, GraphError> {
-        let (s, t) = self.meta(target);
-        let target = self.origin(target);
-        let c = &mut self.count[target.index()];
-        *c += 1;
-        let k = *c;
-        let name = derived(
-            &self.graph.nodes[target.index()].name.clone(),
-            format_args!("/again/{k}"),
-        )?;
-        self.graph.push(name, op, s, t, Roles::BACKWARD)
+        let meta = self.meta(target);
+        self.numbered(target, "/again/", op, meta, Roles::BACKWARD)
     }
 
     /// A gradient node for `target` with `target`'s own shape and type.
@@ -484,6 +489,20 @@ impl<S: Storage> Graph<S> {
         self.differentiate_inner(loss, optimizer, Some(accumulation))
     }
 
+    /// Which of the first `len` nodes node `last` reads, directly or not (itself included).
+    fn reaching(&self, len: usize, last: usize) -> Option<S::Vec<bool>> {
+        let mut out: S::Vec<bool> = S::filled(len, false)?;
+        out[last] = true;
+        for i in (0..=last).rev() {
+            if out[i] {
+                for o in self.nodes[i].op.operands().as_slice() {
+                    out[o.index()] = true;
+                }
+            }
+        }
+        Some(out)
+    }
+
     /// Which of the first `len` nodes are made from variables alone (a reshaped bias, a
     /// transposed weight): parameters in another shape, the same for every micro-batch, not
     /// activations to stash, recompute or cut at. Constants and inputs are data.
@@ -525,15 +544,7 @@ impl<S: Storage> Graph<S> {
         // What the loss reads, directly or not: a batch norm's statistics for its running
         // averages do not, and are no activation the backward pass keeps; their reads keep
         // nothing alive for it.
-        let mut reaches_loss: S::Vec<bool> = S::filled(len, false).ok_or_else(full)?;
-        reaches_loss[last] = true;
-        for i in (0..len).rev() {
-            if reaches_loss[i] {
-                for o in self.nodes[i].op.operands().as_slice() {
-                    reaches_loss[o.index()] = true;
-                }
-            }
-        }
+        let reaches_loss = self.reaching(len, last).ok_or_else(full)?;
         let mut depends: S::Vec<bool> = S::filled(len, false).ok_or_else(full)?;
         let mut last_reader: S::Vec<usize> = S::filled(len, 0).ok_or_else(full)?;
         for i in 0..len {
@@ -735,15 +746,7 @@ impl<S: Storage> Graph<S> {
             node: crate::error::name_lossy("autodiff"),
             capacity: forward_len,
         };
-        let mut reaches_loss: S::Vec<bool> = S::filled(forward_len, false).ok_or_else(full)?;
-        reaches_loss[last] = true;
-        for i in (0..=last).rev() {
-            if reaches_loss[i] {
-                for o in self.nodes[i].op.operands().as_slice() {
-                    reaches_loss[o.index()] = true;
-                }
-            }
-        }
+        let reaches_loss = self.reaching(forward_len, last).ok_or_else(full)?;
         let mut depends_on_var: S::Vec<bool> = S::filled(forward_len, false).ok_or_else(full)?;
         for i in 0..=last {
             let n = &self.nodes[i];

@@ -401,6 +401,20 @@ impl<S: Storage> Graph<S> {
         Ok(a as usize)
     }
 
+    /// The set of `axes` (each checked as [`Graph::axis`] does) of a tensor of rank `rank`.
+    pub(crate) fn axis_set(
+        &self,
+        node: &Name,
+        axes: &[isize],
+        rank: usize,
+    ) -> Result<crate::ops::Axes, GraphError> {
+        let mut set = crate::ops::Axes::NONE;
+        for &a in axes {
+            set.0 |= 1 << self.axis(node, a, rank)?;
+        }
+        Ok(set)
+    }
+
     /// An input the host feeds before each run.
     pub fn input(
         &mut self,

@@ -384,16 +384,17 @@ impl NodeCode {
 /// Activations and temporaries of identical layers are taken to be at the same addresses,
 /// as the allocator places what identical live ranges need alike (inferred from that
 /// profile; not documented).
-struct SharedExchangeCode {
-    keys: HashMap<usize, u128>,
+struct SharedExchangeCode<'p> {
+    /// [`Program::exchange_keys`], by step.
+    keys: &'p [(usize, u128)],
     /// Per key, the digests of the always-live tensors its exchanges moved so far.
     seen: HashMap<u128, Vec<u64>>,
 }
 
-impl SharedExchangeCode {
-    fn new(program: &Program) -> Self {
+impl<'p> SharedExchangeCode<'p> {
+    fn new(program: &'p Program) -> Self {
         SharedExchangeCode {
-            keys: program.exchange_keys.iter().copied().collect(),
+            keys: &program.exchange_keys,
             seen: HashMap::new(),
         }
     }
@@ -407,10 +408,11 @@ impl SharedExchangeCode {
         tensors: &[crate::program::ProgTensor],
         mut pay: impl FnMut(&ExchangeTile),
     ) {
-        let Some(&key) = self.keys.get(&s) else {
+        let Ok(at) = self.keys.binary_search_by_key(&s, |&(step, _)| step) else {
             summary.tiles.iter().for_each(pay);
             return;
         };
+        let key = self.keys[at].1;
         let state = summary
             .tensors
             .iter()

@@ -217,10 +217,7 @@ impl<S: Storage> Graph<S> {
         self.float_operand(&n, "Normalize", x)?;
         let node = self.node(x);
         let (s, dtype) = (node.shape, node.dtype);
-        let mut set = Axes::NONE;
-        for &a in axes {
-            set.0 |= 1 << self.axis(&n, a, s.rank())?;
-        }
+        let set = self.axis_set(&n, axes, s.rank())?;
         if set.is_empty() || !(eps > 0.0 && eps.is_finite()) {
             return Err(GraphError::BadAttribute {
                 node: n,
@@ -250,10 +247,7 @@ impl<S: Storage> Graph<S> {
         self.float_operand(&n, "Moment", x)?;
         let node = self.node(x);
         let (s, dtype) = (node.shape, node.dtype);
-        let mut set = Axes::NONE;
-        for &a in axes {
-            set.0 |= 1 << self.axis(&n, a, s.rank())?;
-        }
+        let set = self.axis_set(&n, axes, s.rank())?;
         if set.is_empty() {
             return Err(GraphError::BadAttribute {
                 node: n,

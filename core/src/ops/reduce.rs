@@ -109,14 +109,11 @@ impl<S: Storage> Graph<S> {
         let n = self.check_name(name)?;
         let node = self.node(x);
         let (s, dtype) = (node.shape, node.dtype);
-        let mut set = if axes.is_empty() {
+        let set = if axes.is_empty() {
             Axes::all(s.rank())
         } else {
-            Axes::NONE
+            self.axis_set(&n, axes, s.rank())?
         };
-        for &a in axes {
-            set.0 |= 1 << self.axis(&n, a, s.rank())?;
-        }
         let op = Op::Reduce(Reduce::Reduce {
             x,
             axes: set,

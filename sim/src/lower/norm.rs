@@ -14,11 +14,7 @@ use crate::program::{Codelet, Interval, Region, Vertex};
 /// (spread by the input each group reduces).
 pub(super) fn placement<S: Storage>(l: &Lowering<'_, S>, node: &Node, op: &Norm) -> Placement {
     match *op {
-        Norm::Moment { x, .. } => {
-            let xn = l.node(x);
-            let per_output = (xn.shape().elements() / node.shape().elements().max(1)) as u64;
-            Placement::Weighted(per_output * xn.dtype().size() as u64)
-        }
+        Norm::Moment { x, .. } => reduce::by_input(l, node, x),
         Norm::Normalize { x, .. } | Norm::NormalizeGrad { x, .. } => Placement::Like(x),
     }
 }
@@ -282,7 +278,15 @@ mod tests {
     use super::super::{lower_with, LowerOptions};
     use crate::heap::Heap;
     use crate::machine::{IpuConfig, Preset};
-    use crate::program::Step;
+    use crate::program::{Program, Step};
+
+    /// `plan` lowered onto one IPU of `cfg` with transfers and with summaries.
+    fn both_ways(plan: &Plan<Heap>, cfg: &IpuConfig) -> [Program; 2] {
+        [false, true].map(|summarize| {
+            let opts = LowerOptions::default();
+            lower_with(plan, cfg, opts, &|_| true, summarize, None).0
+        })
+    }
 
     /// A normalisation of a view (a reshape, whose tensor is its operand's storage) takes
     /// its groups from the view's shape.
@@ -295,15 +299,7 @@ mod tests {
         g.reduce_mean("loss", y, None).unwrap();
         let plan = Plan::new(&g).unwrap();
         let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(4);
-        for summarize in [false, true] {
-            let (p, _) = lower_with(
-                &plan,
-                &cfg,
-                LowerOptions::default(),
-                &|_| true,
-                summarize,
-                None,
-            );
+        for p in both_ways(&plan, &cfg) {
             let stats = p.tensors.iter().find(|t| t.name == "y/statistics").unwrap();
             // Eight groups of three, two values each.
             assert_eq!(stats.elements, 16);
@@ -336,15 +332,7 @@ mod tests {
             .map(|(i, _)| i)
             .collect();
         assert_eq!(moments.len(), 2);
-        for summarize in [false, true] {
-            let (p, _) = lower_with(
-                &plan,
-                &cfg,
-                LowerOptions::default(),
-                &|_| true,
-                summarize,
-                None,
-            );
+        for p in both_ways(&plan, &cfg) {
             let names = |i: usize| -> Vec<String> {
                 let (a, b) = p.node_steps[i];
                 p.steps[a..b]

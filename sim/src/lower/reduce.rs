@@ -526,13 +526,17 @@ fn intermediate_and_last<S: Storage>(
 /// [`Placement::Weighted`]); a broadcast's like any new tensor.
 pub(super) fn placement<S: Storage>(l: &Lowering<'_, S>, node: &Node, op: &Reduce) -> Placement {
     match *op {
-        Reduce::Reduce { x, .. } => {
-            let xn = l.node(x);
-            let per_output = (xn.shape().elements() / node.shape().elements().max(1)) as u64;
-            Placement::Weighted(per_output * xn.dtype().size() as u64)
-        }
+        Reduce::Reduce { x, .. } => by_input(l, node, x),
         _ => Placement::Rows(1),
     }
+}
+
+/// A reduction's output of `node` from `x`, spread by the input each output reduces (each
+/// output weighs its share of `x`'s bytes).
+pub(super) fn by_input<S: Storage>(l: &Lowering<'_, S>, node: &Node, x: NodeId) -> Placement {
+    let xn = l.node(x);
+    let per_output = (xn.shape().elements() / node.shape().elements().max(1)) as u64;
+    Placement::Weighted(per_output * xn.dtype().size() as u64)
 }
 
 pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Reduce) {
