@@ -344,6 +344,43 @@ pub fn elementwise_binary_cycles(cfg: &IpuConfig, n: u64, dtype: DType) -> u64 {
     )
 }
 
+/// Worker cycles per vector of popops' broadcast add, sub and mul: `broadcastOpPerfInfo`'s 1
+/// cycle a loop for ADD, SUBTRACT and MULTIPLY (`lib/popops/popopsCycleEstimators.hpp`) plus
+/// the 1 of load, store and loop decision of their assembly codelets
+/// (`BroadcastVectorOuterByRow1D`, `...ByColumn1D`: `overheadPerInnerLoop` 1).
+pub const BROADCAST_CYCLES_PER_VECTOR: u64 = 2;
+/// Worker cycles per row (one broadcast value's run) of popops' `BroadcastVectorOuter`
+/// vertices on aligned data (`BroadcastVectorOuterCycleEstimate`: `allowMisaligned ? 25 :
+/// 7`).
+pub const BROADCAST_OUTER_ROW_CYCLES: u64 = 7;
+/// Worker cycles of a `BroadcastVectorOuter` vertex outside its loops (the estimate's 15).
+pub const BROADCAST_OUTER_WORKER_SETUP_CYCLES: u64 = 15;
+
+/// Tile cycles of an add, sub or mul over `n` elements whose other operand holds one value per
+/// run of `run` consecutive elements (a per-channel scale or shift of NCHW data, a norm's
+/// statistics along its trailing axes): popops' `BroadcastVectorOuterByRow1D` (each worker
+/// takes whole rows) or `...ByColumn1D` (each worker a share of every row), whichever is
+/// cheaper (`BroadcastVectorOuterCycleEstimate`, `lib/popops/popopsCycleEstimators.cpp`):
+/// `11 + W x (15 + outer loops x (7 + ceil(row elements / vw) x 2))`.
+pub fn broadcast_outer_cycles(cfg: &IpuConfig, n: u64, run: u64, dtype: DType) -> u64 {
+    let w = workers(cfg);
+    let vw = vector_width(cfg, dtype);
+    let run = run.clamp(1, n.max(1));
+    let rows = n.div_ceil(run);
+    let row = |columns: u64| {
+        BROADCAST_OUTER_ROW_CYCLES.saturating_add(
+            columns
+                .div_ceil(vw)
+                .saturating_mul(BROADCAST_CYCLES_PER_VECTOR),
+        )
+    };
+    let by_row = rows.div_ceil(w).saturating_mul(row(run));
+    let by_column = rows.saturating_mul(row(run.div_ceil(w)));
+    BASIC_OP_SUPERVISOR_CYCLES.saturating_add(
+        w.saturating_mul(BROADCAST_OUTER_WORKER_SETUP_CYCLES.saturating_add(by_row.min(by_column))),
+    )
+}
+
 /// Tile cycles of an in-place add `a += b` over `n` elements (`BinaryOp1DInPlace<ADD>`), at
 /// poplibs' price (`getBinaryOp1DInPlaceEstimate`, 2023):
 /// `11 + W x (58 + ceil(ceil(n / W) / vw) x 3)`.
@@ -993,6 +1030,39 @@ mod tests {
         let n = 6_000_000;
         let per = ratio(elementwise_binary_cycles(&mk2(), n, DType::F32), n);
         assert!(near(per, 1.5, 0.01), "{per}");
+    }
+
+    #[test]
+    fn broadcast_outer_matches_poplibs_formula() {
+        let c = mk2();
+        // 10,976 halves of 3,136-element rows (a 56x56 feature map's channels): the by-column
+        // split, 4 rows (the last partial) of 523 elements a worker.
+        let (n, run) = (10_976, 3_136);
+        let by_column = 4 * (7 + 523u64.div_ceil(4) * 2);
+        assert_eq!(
+            broadcast_outer_cycles(&c, n, run, DType::F16),
+            11 + 6 * (15 + by_column)
+        );
+        // 49-element rows (7x7 maps): whole rows a worker.
+        let (n, run) = (10_976, 49);
+        let by_row = 224u64.div_ceil(6) * (7 + 13 * 2);
+        assert_eq!(
+            broadcast_outer_cycles(&c, n, run, DType::F16),
+            11 + 6 * (15 + by_row)
+        );
+    }
+
+    #[test]
+    fn long_broadcast_rows_cost_two_thirds_of_a_binary_op() {
+        let c = mk2();
+        let n = 1 << 20;
+        for dtype in [DType::F32, DType::F16] {
+            let r = ratio(
+                broadcast_outer_cycles(&c, n, 1 << 16, dtype),
+                elementwise_binary_cycles(&c, n, dtype),
+            );
+            assert!(near(r, 2.0 / 3.0, 0.01), "{dtype}: {r}");
+        }
     }
 
     #[test]

@@ -43,6 +43,22 @@ fn binary_extra(f: BinaryFn) -> Option<UnaryKind> {
     }
 }
 
+/// The run of consecutive output elements over which an operand of shape `from` broadcast to
+/// `to` holds one value: the elements of the trailing axes it broadcasts along (all of them
+/// for a scalar). `None` when it varies along the last axis (no run longer than one element).
+pub(super) fn broadcast_run(from: tessera_core::Shape, to: tessera_core::Shape) -> Option<u64> {
+    let pad = to.rank() - from.rank().min(to.rank());
+    let mut run = 1u64;
+    for i in (0..to.rank()).rev() {
+        let d = if i >= pad { from.dim(i - pad) } else { 1 };
+        if d != 1 {
+            break;
+        }
+        run *= to.dim(i) as u64;
+    }
+    (run > 1).then_some(run)
+}
+
 /// How the output is laid out: like its first operand of the output's shape.
 pub(super) fn placement<S: Storage>(
     l: &Lowering<'_, S>,
@@ -78,11 +94,25 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Element
         }
         Elementwise::Binary { f, .. } => {
             let extra = binary_extra(f);
+            // popops runs an add, sub or mul whose other operand is constant along the
+            // trailing axes with its broadcast codelets, not `BinaryOp1D`.
+            let run = matches!(f, BinaryFn::Add | BinaryFn::Sub | BinaryFn::Mul)
+                .then(|| {
+                    operands
+                        .iter()
+                        .filter(|&&(_, from)| from != shape)
+                        .map(|&(_, from)| broadcast_run(from, shape))
+                        .min()
+                        .flatten()
+                })
+                .flatten();
             (
                 Codelet::Binary,
                 Box::new(move |n| {
-                    cost::elementwise_binary_cycles(cfg, n, dt)
-                        + extra.map_or(0, |k| k.cycles(cfg, n, dt))
+                    run.map_or_else(
+                        || cost::elementwise_binary_cycles(cfg, n, dt),
+                        |run| cost::broadcast_outer_cycles(cfg, n, run, dt),
+                    ) + extra.map_or(0, |k| k.cycles(cfg, n, dt))
                 }),
             )
         }
@@ -114,4 +144,68 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Element
             .flat_map(|&(t, from)| broadcast_reads(t, from, shape, s, len))
             .collect()
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_core::{DType, Graph, Plan, Shape};
+
+    use super::super::{lower_with, LowerOptions};
+    use super::broadcast_run;
+    use crate::heap::Heap;
+    use crate::machine::{IpuConfig, Preset};
+    use crate::program::Step;
+
+    fn shape(d: &[usize]) -> Shape {
+        Shape::new(d).unwrap()
+    }
+
+    #[test]
+    fn a_run_is_the_trailing_axes_an_operand_is_constant_along() {
+        let to = shape(&[2, 8, 5, 5]);
+        assert_eq!(broadcast_run(shape(&[1, 8, 1, 1]), to), Some(25));
+        assert_eq!(broadcast_run(shape(&[8, 1, 1]), to), Some(25));
+        assert_eq!(broadcast_run(shape(&[2, 1, 1, 1]), to), Some(200));
+        assert_eq!(broadcast_run(shape(&[1]), to), Some(400));
+        // Varying along the last axis: no run.
+        assert_eq!(broadcast_run(shape(&[5]), to), None);
+        assert_eq!(broadcast_run(shape(&[1, 8, 1, 5]), to), None);
+    }
+
+    /// The compute cycles of `y = x (op) s` for a per-channel `s` of `s_dims`.
+    fn compute_cycles(s_dims: &[usize], add: bool) -> u64 {
+        let mut g: Graph<Heap> = Graph::new();
+        let x = g.input("x", &[4, 16, 28, 28], DType::F16).unwrap();
+        let s = g.input("s", s_dims, DType::F16).unwrap();
+        let y = if add {
+            g.add("y", x, s).unwrap()
+        } else {
+            g.mul("y", x, s).unwrap()
+        };
+        g.reduce_mean("out", y, None).unwrap();
+        let plan = Plan::new(&g).unwrap();
+        let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(16);
+        let p = lower_with(&plan, &cfg, LowerOptions::default(), &|_| true, true, None).0;
+        p.steps
+            .iter()
+            .filter_map(|st| match st {
+                Step::Compute(cs) if cs.name.starts_with("y/") => {
+                    cs.costs.iter().map(|c| c.cycles).max()
+                }
+                _ => None,
+            })
+            .sum()
+    }
+
+    /// A per-channel scale or shift of NCHW data runs as popops' broadcast codelets (2 cycles
+    /// a vector), an operand varying along the last axis as `BinaryOp1D` (3).
+    #[test]
+    fn per_channel_operands_cost_the_broadcast_codelets() {
+        for add in [false, true] {
+            let channel = compute_cycles(&[1, 16, 1, 1], add);
+            let row = compute_cycles(&[28], add);
+            let r = channel as f64 / row as f64;
+            assert!((0.6..0.75).contains(&r), "add {add}: {channel} vs {row}");
+        }
+    }
 }

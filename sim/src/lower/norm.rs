@@ -254,12 +254,22 @@ fn normalize<S: Storage>(
     let node = l.node(i);
     let (dt, shape) = (node.dtype(), node.shape());
     let out = l.t(i);
+    // Each pass is an add, sub or mul with the statistics, which popops runs with its
+    // broadcast codelets when they are constant along the trailing axes (popnn's whitening:
+    // `sub` and `mulInPlace` of the broadcast mean and 1/sd, `lib/poplin/Norms.cpp`).
+    let run = super::elementwise::broadcast_run(kept, shape);
     l.elementwise(
         i,
         out,
         same,
         Codelet::Binary,
-        move |n| passes * cost::elementwise_binary_cycles(cfg, n, dt),
+        move |n| {
+            passes
+                * run.map_or_else(
+                    || cost::elementwise_binary_cycles(cfg, n, dt),
+                    |run| cost::broadcast_outer_cycles(cfg, n, run, dt),
+                )
+        },
         move |s, len| {
             // The statistics of the groups these elements belong to (two values per group).
             broadcast_reads(stats, kept, shape, s, len)
