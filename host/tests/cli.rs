@@ -778,6 +778,44 @@ fn optimizer_state_offload_is_on_by_default_for_pipelines_and_accumulation() {
     assert_eq!(one, one_kept);
 }
 
+#[test]
+fn offloaded_state_is_sharded_over_the_replicas_by_default() {
+    let help = stdout(&tessera(&["estimate", "--help"]));
+    assert!(help.contains("--no-replicated-tensor-sharding"), "{help}");
+    let update = |extra: &[&str]| {
+        let mut args = vec![
+            "estimate",
+            "--optimizer",
+            "adam",
+            "--replicas",
+            "4",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let o = tessera(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        last_json(&o)["weight_update_cycles"].as_u64().unwrap()
+    };
+    // TensorFlow's default: the offloaded state is sharded, each replica updating its share.
+    let default = update(&[]);
+    assert_eq!(default, update(&["--replicated-tensor-sharding"]));
+    let whole = update(&["--no-replicated-tensor-sharding"]);
+    assert!(default < whole, "{default} vs {whole}");
+    // State kept on the tiles is not sharded by default, and sharding it is refused.
+    let kept = update(&["--no-offload-optimizer-state"]);
+    assert!(kept < whole, "{kept} vs {whole}");
+    assert_bad_option(
+        &tessera(&[
+            "estimate",
+            "--replicas",
+            "4",
+            "--no-offload-optimizer-state",
+            "--replicated-tensor-sharding",
+        ]),
+        &["--replicated-tensor-sharding"],
+    );
+}
+
 // ----- ONNX models -----
 
 const ONNX_FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/onnx");

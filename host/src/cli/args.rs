@@ -214,9 +214,14 @@ pub struct ModelArgs {
     /// `replicated_optimizer_state_sharding`, PopART `replicatedTensorSharding`): each replica
     /// loads, stores and updates its share of every variable of 8192 elements or more; the
     /// gradients' all-reduce becomes a reduce-scatter and an all-gather of the weights. Needs
-    /// the optimizer state offloaded, as TensorFlow does.
-    #[arg(long)]
+    /// the optimizer state offloaded, as TensorFlow does. On by default wherever the state is
+    /// offloaded and there are several replicas: TensorFlow's default for it is the offload
+    /// setting.
+    #[arg(long, conflicts_with = "no_replicated_tensor_sharding")]
     pub replicated_tensor_sharding: bool,
+    /// Keep each replica's optimizer state whole even where sharding it is the default.
+    #[arg(long)]
+    pub no_replicated_tensor_sharding: bool,
     /// Turn code reuse off (PopART `enableOutlining=false`; on by default, as in Poplar,
     /// PopART and TensorFlow): without it, every repeat of an identical layer has its own
     /// vertex state, exchange code and control code, and no call copies its tensors in and

@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 use clap::ValueEnum;
 use tessera_host::idx::{load_mnist, Mnist};
 use tessera_host::model::{shipped, Model, TrainingDefaults, SHIPPED};
-use tessera_host::session::{default_offload, Checkpoints, OptimizerKind, SessionOptions};
+use tessera_host::session::{
+    default_offload, default_sharding, Checkpoints, OptimizerKind, SessionOptions,
+};
 use tessera_sim::machine::IpuConfig;
 
 use super::args::{DTypeArg, ModelArgs, PartialsArg, ScheduleArg};
@@ -86,6 +88,8 @@ pub fn options_with(
         .unwrap_or(1);
     let stages = if a.no_pipelining { 1 } else { model_stages };
     let machine = IpuConfig::preset(a.ipu.preset());
+    let offload = a.offload_optimizer_state
+        || (!a.no_offload_optimizer_state && default_offload(stages, accumulation, &machine));
     Ok(SessionOptions {
         batch_size: a.batch_size.or(t.batch_size).unwrap_or(32),
         gradient_accumulation_count: accumulation,
@@ -100,8 +104,7 @@ pub fn options_with(
             Some(lr) if file_optimizer.is_none_or(|o| o == optimizer) => lr,
             _ => optimizer.default_learning_rate(),
         }),
-        offload_optimizer_state: a.offload_optimizer_state
-            || (!a.no_offload_optimizer_state && default_offload(stages, accumulation, &machine)),
+        offload_optimizer_state: offload,
         dtype: a.dtype.dtype(),
         no_pipelining: a.no_pipelining,
         partials: match (a.partials_type, &t.partials_type) {
@@ -118,7 +121,8 @@ pub fn options_with(
             }
             (None, None) => None,
         },
-        replicated_tensor_sharding: a.replicated_tensor_sharding,
+        replicated_tensor_sharding: a.replicated_tensor_sharding
+            || (!a.no_replicated_tensor_sharding && default_sharding(offload, a.replicas)),
         outlining: !a.no_outlining && t.outlining.unwrap_or(true),
         offload_activations: a.offload_activations,
         offload_gradient_accumulation_buffers: a.offload_gradient_accumulation_buffers,

@@ -268,6 +268,15 @@ pub fn default_offload(stages: usize, accumulation: usize, machine: &IpuConfig) 
     (stages > 1 || accumulation > 1) && machine.streaming_memory_bytes > 0
 }
 
+/// TensorFlow's default for `replicated_optimizer_state_sharding`: the offload setting
+/// (`create_resource_update` in `tensorflow/python/ipu/ops/op_util.py` takes the offload
+/// three-state as its default), so offloaded state is sharded over the replicas
+/// (`VariablesOffloadAndPartition`, over the local replicas: all of them in one process).
+/// One replica has nothing to shard over.
+pub fn default_sharding(offload_optimizer_state: bool, replicas: usize) -> bool {
+    offload_optimizer_state && replicas > 1
+}
+
 /// Why a session cannot be set up or run.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

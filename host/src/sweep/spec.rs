@@ -99,8 +99,9 @@ impl Config {
 
     /// The `tessera estimate` options this configuration stands for (after the model), in
     /// key order: `--batch-size 8 --dtype f16 ...`. A flag set to `false` is left out, except
-    /// `offload_optimizer_state = false`, which is `--no-offload-optimizer-state` (the default
-    /// is automatic); `pipeline_ipus = 1` is left out (one IPU).
+    /// `offload_optimizer_state = false` and `replicated_tensor_sharding = false`, which are
+    /// `--no-offload-optimizer-state` and `--no-replicated-tensor-sharding` (their defaults are
+    /// automatic); `pipeline_ipus = 1` is left out (one IPU).
     pub fn options(&self) -> Vec<String> {
         let mut out = Vec::new();
         for (k, v) in &self.0 {
@@ -109,6 +110,9 @@ impl Config {
                 ("model", _) => {}
                 ("offload_optimizer_state", Value::Bool(false)) => {
                     out.push("--no-offload-optimizer-state".into());
+                }
+                ("replicated_tensor_sharding", Value::Bool(false)) => {
+                    out.push("--no-replicated-tensor-sharding".into());
                 }
                 ("pipeline_ipus", Value::Number(n)) if n.as_u64() == Some(1) => {}
                 (_, Value::Bool(true)) => out.push(flag),
@@ -481,6 +485,21 @@ mod tests {
                 "--offload-optimizer-state --recompute",
                 "--no-offload-optimizer-state",
                 "--no-offload-optimizer-state --recompute"
+            ]
+        );
+        let sharding =
+            parse("[base]\nmodel = 'm'\n[grid]\nreplicated_tensor_sharding = [true, false]")
+                .unwrap();
+        let opts: Vec<String> = sharding
+            .configs
+            .iter()
+            .map(|c| c.options().join(" "))
+            .collect();
+        assert_eq!(
+            opts,
+            [
+                "--replicated-tensor-sharding",
+                "--no-replicated-tensor-sharding"
             ]
         );
         assert_eq!(
