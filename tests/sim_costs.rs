@@ -9,7 +9,7 @@ use tessera::sim::memory::{account, MemoryCategory};
 use tessera::sim::ops::{fully_connected, fully_connected_training, matmul, FcPass};
 use tessera::sim::program::{
     exchange_for, Codelet, ComputeSet, Mapping, ProgTensor, Program, Region, Step, TensorClass,
-    TensorId, TileId, Vertex,
+    TensorId, TileId, Vertex, VertexType,
 };
 use tessera::sim::{IpuConfig, Preset};
 
@@ -69,7 +69,7 @@ fn spread_relu(cfg: &IpuConfig, elements: u64, tiles: u32) -> (u64, u64, u64) {
         .iter()
         .map(|iv| Vertex {
             tile: iv.tile,
-            codelet: Codelet::Unary,
+            codelet: Codelet::Unary(VertexType::of(1, DType::F32)),
             cycles: UnaryKind::Relu.cycles(cfg, iv.len, DType::F32),
             reads: vec![Region::span(TensorId(0), iv.start, iv.len)],
             writes: vec![Region::span(TensorId(1), iv.start, iv.len)],

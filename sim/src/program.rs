@@ -635,21 +635,28 @@ pub fn compress(mut regions: Vec<Region>) -> Vec<Region> {
     out
 }
 
-/// The codelet a vertex runs (decides its code size).
+/// The codelet a vertex runs (decides its code size). A tile holds the code of each distinct
+/// vertex type it runs once, and a vertex type is a codelet with its template parameters:
+/// `popops::BinaryOp1D<ADD, half>` and `popops::BinaryOp1D<MULTIPLY, half>` are two types
+/// with two copies of code, as PopVision lists them and PopLiner sums them (vertex code by
+/// `vertex.type.name`, `popliner/stage.py`). So the element-wise codelets carry their
+/// function and element types ([`VertexType`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Codelet {
-    /// Element-wise binary op.
-    Binary,
-    /// Element-wise unary op.
-    Unary,
+    /// Element-wise binary op of one function and element type.
+    Binary(VertexType),
+    /// Element-wise unary op of one function and element type.
+    Unary(VertexType),
     /// Copy.
     Copy,
-    /// Cast.
-    Cast,
+    /// Cast from one element type to another.
+    Cast(VertexType),
     /// Matrix-multiply partial on the AMP.
     MatMulPartial,
-    /// Reduction (of partial sums or along an axis).
-    Reduce,
+    /// Reduction (of partial sums or along an axis) of one operation ([`REDUCE_ADD`],
+    /// [`REDUCE_MAX`], [`REDUCE_SQUARE_ADD`], [`REDUCE_OTHER`]) and element types: popops'
+    /// `Reduce` vertices are templated on both.
+    Reduce(VertexType),
     /// Row-wise softmax or its gradient.
     Softmax,
     /// Cross-entropy or its gradient.
@@ -658,20 +665,84 @@ pub enum Codelet {
     Update,
     /// Broadcast along an axis.
     Broadcast,
+    /// Rows of a table by index, their gradients added back by index, or one-hot encodings:
+    /// popops' `MultiSlice`, `MultiUpdateAdd` and `EncodeOneHot`, one vertex type each
+    /// ([`GATHER_ROWS`], [`SCATTER_ADD_ROWS`], [`ONE_HOT`] with the element type).
+    Gather(VertexType),
 }
+
+/// [`Codelet::Reduce`]'s operation: a sum (poplibs' `ReduceAdd`).
+pub const REDUCE_ADD: u8 = 1;
+/// [`Codelet::Reduce`]'s operation: a maximum (`ReduceMax`).
+pub const REDUCE_MAX: u8 = 2;
+/// [`Codelet::Reduce`]'s operation: a sum and a sum of squares (a norm's statistics,
+/// `ReduceSquareAdd` beside `ReduceAdd`).
+pub const REDUCE_SQUARE_ADD: u8 = 3;
+/// [`Codelet::Reduce`]'s operation: a reduction with its own expression (pooling windows, a
+/// loss's rows, an optimizer's norms).
+pub const REDUCE_OTHER: u8 = 4;
+
+/// [`Codelet::Gather`]'s function: rows by index (`MultiSlice`).
+pub const GATHER_ROWS: u8 = 1;
+/// [`Codelet::Gather`]'s function: gradient rows added by index (`MultiUpdateAdd`).
+pub const SCATTER_ADD_ROWS: u8 = 2;
+/// [`Codelet::Gather`]'s function: one-hot encoding (`EncodeOneHot`).
+pub const ONE_HOT: u8 = 3;
 
 impl Codelet {
     /// Bytes of code the codelet occupies on every tile that runs it (estimates, the order of
     /// the poplibs codelets' sizes).
     pub const fn code_bytes(self) -> u64 {
         match self {
-            Codelet::Binary | Codelet::Unary | Codelet::Cast => 320,
+            Codelet::Binary(_) | Codelet::Unary(_) | Codelet::Cast(_) | Codelet::Gather(_) => 320,
             Codelet::Copy | Codelet::Broadcast => 160,
             Codelet::MatMulPartial => 1_536,
-            Codelet::Reduce => 480,
+            Codelet::Reduce(_) => 480,
             Codelet::Softmax | Codelet::CrossEntropy => 640,
             Codelet::Update => 384,
         }
+    }
+}
+
+/// The template parameters that make a codelet a distinct vertex type: an index of its
+/// function (the lowering's own numbering of binary and unary functions; 0 for a cast) and
+/// its element types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VertexType {
+    /// The function, numbered by the lowering that makes the vertex.
+    pub function: u8,
+    /// The element type read.
+    pub input: u8,
+    /// The element type written.
+    pub output: u8,
+}
+
+impl VertexType {
+    /// Function `function` reading and writing `dtype`.
+    pub fn of(function: u8, dtype: tessera_core::DType) -> Self {
+        VertexType {
+            function,
+            input: dtype_index(dtype),
+            output: dtype_index(dtype),
+        }
+    }
+
+    /// A cast from `from` to `to`.
+    pub fn cast(from: tessera_core::DType, to: tessera_core::DType) -> Self {
+        VertexType {
+            function: 0,
+            input: dtype_index(from),
+            output: dtype_index(to),
+        }
+    }
+}
+
+fn dtype_index(d: tessera_core::DType) -> u8 {
+    match d {
+        tessera_core::DType::F32 => 0,
+        tessera_core::DType::F16 => 1,
+        tessera_core::DType::I32 => 2,
+        tessera_core::DType::U8 => 3,
     }
 }
 

@@ -7,7 +7,7 @@ use tessera_core::{Node, NodeId, Storage};
 
 use super::{broadcast_reads, Lowering, Placement};
 use crate::cost::{self, UnaryKind};
-use crate::program::Codelet;
+use crate::program::{Codelet, VertexType};
 
 /// The cost class of a unary function.
 fn unary_kind(f: UnaryFn) -> UnaryKind {
@@ -26,6 +26,64 @@ fn unary_kind(f: UnaryFn) -> UnaryKind {
         UnaryFn::Clip { .. } => UnaryKind::Clip,
         _ => UnaryKind::Copy,
     }
+}
+
+/// How a binary vertex type runs: popops has a codelet family for each (`BinaryOp1D`,
+/// `BinaryOp1DInPlace`, the broadcast codelets), each a vertex type of its own.
+#[derive(Clone, Copy)]
+pub(crate) enum BinaryForm {
+    /// Out of place, operands of the output's shape.
+    Plain,
+    /// In place (`a += b`).
+    InPlace,
+    /// With an operand constant along the trailing axes.
+    Broadcast,
+}
+
+/// The vertex type of binary function `f` on `dtype` in `form`: each function, element type
+/// and codelet family its own type (and code).
+pub(crate) fn binary_type(f: BinaryFn, dtype: tessera_core::DType, form: BinaryForm) -> VertexType {
+    let function: u8 = match f {
+        BinaryFn::Add => 1,
+        BinaryFn::Sub => 2,
+        BinaryFn::Mul => 3,
+        BinaryFn::Div => 4,
+        BinaryFn::Pow => 5,
+        BinaryFn::Max => 6,
+        BinaryFn::Min => 7,
+        BinaryFn::Equal => 8,
+        BinaryFn::Less => 9,
+        BinaryFn::LessOrEqual => 10,
+        BinaryFn::Greater => 11,
+        BinaryFn::GreaterOrEqual => 12,
+        BinaryFn::And => 13,
+        BinaryFn::Or => 14,
+        BinaryFn::ReluGrad => 15,
+        BinaryFn::SigmoidGrad => 16,
+        BinaryFn::TanhGrad => 17,
+        BinaryFn::SqrtGrad => 18,
+        BinaryFn::ErfGrad => 19,
+        BinaryFn::GeluGrad(_) => 20,
+        BinaryFn::ClipGrad { .. } => 21,
+        BinaryFn::Keep => 22,
+        BinaryFn::Drop => 23,
+        _ => 63,
+    };
+    let family = match form {
+        BinaryForm::Plain => 0,
+        BinaryForm::InPlace => 64,
+        BinaryForm::Broadcast => 128,
+    };
+    VertexType::of(function | family, dtype)
+}
+
+/// The vertex type of unary kind `kind` on `dtype`.
+pub(crate) fn unary_type(kind: UnaryKind, dtype: tessera_core::DType) -> VertexType {
+    let function = UnaryKind::ALL
+        .iter()
+        .position(|&k| k == kind)
+        .map_or(u8::MAX, |p| p as u8);
+    VertexType::of(function, dtype)
 }
 
 /// Worker cycles per vector beyond a plain binary op (add, sub, mul, compare), for the binary
@@ -86,10 +144,17 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Element
     let (codelet, cycles): (Codelet, Box<dyn Fn(u64) -> u64>) = match *op {
         Elementwise::Unary { f, x } => {
             let kind = unary_kind(f);
-            if f == UnaryFn::Identity && l.node(x).dtype() != dt {
-                (Codelet::Cast, Box::new(move |n| cost::cast_cycles(cfg, n)))
+            let from = l.node(x).dtype();
+            if f == UnaryFn::Identity && from != dt {
+                (
+                    Codelet::Cast(VertexType::cast(from, dt)),
+                    Box::new(move |n| cost::cast_cycles(cfg, n)),
+                )
             } else {
-                (Codelet::Unary, Box::new(move |n| kind.cycles(cfg, n, dt)))
+                (
+                    Codelet::Unary(unary_type(kind, dt)),
+                    Box::new(move |n| kind.cycles(cfg, n, dt)),
+                )
             }
         }
         Elementwise::Binary { f, .. } => {
@@ -106,8 +171,13 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Element
                         .flatten()
                 })
                 .flatten();
+            let form = if run.is_some() {
+                BinaryForm::Broadcast
+            } else {
+                BinaryForm::Plain
+            };
             (
-                Codelet::Binary,
+                Codelet::Binary(binary_type(f, dt, form)),
                 Box::new(move |n| {
                     run.map_or_else(
                         || cost::elementwise_binary_cycles(cfg, n, dt),
@@ -119,8 +189,17 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Element
         Elementwise::Ternary { f, .. } => {
             // Two binary passes; the power's gradient adds an exp and a log.
             let extra = matches!(f, TernaryFn::PowGradBase | TernaryFn::PowGradExponent);
+            let function = match f {
+                TernaryFn::Where => 1,
+                TernaryFn::DivGradDivisor => 2,
+                TernaryFn::PowGradBase => 3,
+                TernaryFn::PowGradExponent => 4,
+                _ => 31,
+            };
             (
-                Codelet::Binary,
+                // Ternary functions are vertex types of their own (`popops::Select`, the
+                // gradients' expressions), apart from the binary ones.
+                Codelet::Binary(VertexType::of(32 + function, dt)),
                 Box::new(move |n| {
                     2 * cost::elementwise_binary_cycles(cfg, n, dt)
                         + if extra {
@@ -195,6 +274,43 @@ mod tests {
                 _ => None,
             })
             .sum()
+    }
+
+    /// The vertex code of the tiles running `y = x + a` then `z = y (op) b`.
+    fn vertex_code(second_is_add: bool) -> u64 {
+        let mut g: Graph<Heap> = Graph::new();
+        let x = g.input("x", &[64, 64], DType::F16).unwrap();
+        let a = g.input("a", &[64, 64], DType::F16).unwrap();
+        let b = g.input("b", &[64, 64], DType::F16).unwrap();
+        let y = g.add("y", x, a).unwrap();
+        let z = if second_is_add {
+            g.add("z", y, b).unwrap()
+        } else {
+            g.mul("z", y, b).unwrap()
+        };
+        g.reduce_mean("out", z, None).unwrap();
+        let plan = Plan::new(&g).unwrap();
+        let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(4);
+        let p = lower_with(&plan, &cfg, LowerOptions::default(), &|_| true, false, None).0;
+        crate::memory::account(&p, &cfg)
+            .tiles
+            .iter()
+            .map(|t| t.vertex_code)
+            .max()
+            .unwrap()
+    }
+
+    /// A tile keeps one copy of code per vertex type: two adds share it, an add and a
+    /// multiply (two template instantiations) do not.
+    #[test]
+    fn each_function_is_a_vertex_type_of_its_own() {
+        let binary = crate::program::Codelet::Binary(super::binary_type(
+            tessera_core::ops::elementwise::BinaryFn::Add,
+            DType::F16,
+            super::BinaryForm::Plain,
+        ))
+        .code_bytes();
+        assert_eq!(vertex_code(false), vertex_code(true) + binary);
     }
 
     /// A per-channel scale or shift of NCHW data runs as popops' broadcast codelets (2 cycles

@@ -9,7 +9,7 @@ use tessera_core::{NodeId, Storage};
 
 use super::{row_segments, Lowering, Placement};
 use crate::cost::{self, UnaryKind};
-use crate::program::{Codelet, Region};
+use crate::program::{Codelet, Region, VertexType, GATHER_ROWS, ONE_HOT, SCATTER_ADD_ROWS};
 
 pub(super) fn placement(node: &tessera_core::Node, op: &Gather) -> Placement {
     match op {
@@ -38,7 +38,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Gather)
                 i,
                 "gather",
                 out,
-                Codelet::Copy,
+                Codelet::Gather(VertexType::of(GATHER_ROWS, dt)),
                 move |n| UnaryKind::Copy.cycles(cfg, n, dt),
                 |iv| {
                     let mut reads = Vec::new();
@@ -58,7 +58,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Gather)
                 i,
                 "scatter_add",
                 out,
-                Codelet::Update,
+                Codelet::Gather(VertexType::of(SCATTER_ADD_ROWS, dt)),
                 move |n| {
                     // Zero the table's share, then add the gradient rows that land on it.
                     let hits = n * n_idx.div_ceil(rows);
@@ -85,7 +85,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Gather)
                 i,
                 out,
                 &[],
-                Codelet::Copy,
+                Codelet::Gather(VertexType::of(ONE_HOT, dt)),
                 move |n| UnaryKind::Copy.cycles(cfg, n, dt),
                 move |s, len| {
                     vec![Region::span(

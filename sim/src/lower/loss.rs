@@ -10,7 +10,10 @@ use tessera_core::{DType, NodeId, Storage};
 
 use super::{row_segments, Lowering, Placement};
 use crate::cost::{self, UnaryKind};
-use crate::program::{compress, Codelet, Interval, Mapping, Region, TensorId, TileId, Vertex};
+use crate::program::{
+    compress, Codelet, Interval, Mapping, Region, TensorId, TileId, Vertex, VertexType, REDUCE_ADD,
+    REDUCE_OTHER,
+};
 
 pub(super) fn placement(op: &Loss) -> Placement {
     match op {
@@ -30,7 +33,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Loss) {
             let out = l.t(i);
             let stage3 = Vertex {
                 tile: l.first_tile(out),
-                codelet: Codelet::Reduce,
+                codelet: Codelet::Reduce(VertexType::of(REDUCE_ADD, DType::F32)),
                 cycles: cost::reduce_cycles(cfg, 1, rows, DType::F32),
                 reads: vec![Region::span(per_row, 0, rows)],
                 writes: vec![Region::span(out, 0, 1)],
@@ -187,7 +190,7 @@ fn row_stats<S: Storage>(
             let pieces = (b - a).div_ceil(iv.len.max(1));
             Vertex {
                 tile: iv.tile,
-                codelet: Codelet::Reduce,
+                codelet: Codelet::Reduce(VertexType::of(REDUCE_OTHER, DType::F32)),
                 cycles: UnaryKind::Exp.cycles(cfg, b - a, DType::F32)
                     + cost::reduce_cycles(cfg, iv.len, 2 * pieces, DType::F32)
                     + UnaryKind::Log.cycles(cfg, iv.len, DType::F32),

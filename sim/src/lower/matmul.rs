@@ -15,12 +15,16 @@ use tessera_core::ops::matmul::MatMul;
 use tessera_core::ops::update::Update;
 use tessera_core::{DType, Graph, NodeId, Op, Roles, Shape, Storage};
 
+use super::elementwise::{binary_type, BinaryForm};
 use super::{rect, Lowering};
 use crate::cost::{self, UnaryKind};
 use crate::matmul::{
     casts_partials, plan_fc_cached, plan_matmul_cached, FcPlans, LaidOut, MatMulPlan, Operand,
 };
-use crate::program::{compress, Codelet, Interval, Mapping, Region, TensorId, TileId, Vertex};
+use crate::program::{
+    compress, Codelet, Interval, Mapping, Region, TensorId, TileId, Vertex, VertexType, REDUCE_ADD,
+};
+use tessera_core::ops::elementwise::BinaryFn;
 
 /// Element ranges `[start, end)`.
 pub(crate) type Range = (u64, u64);
@@ -1001,7 +1005,7 @@ fn lower_blocks<S: Storage>(
                         reads.extend(writes.iter().copied());
                     }
                     let cycles = match codelet {
-                        Codelet::Binary => cost::binary_in_place_cycles(cfg, elements, pt),
+                        Codelet::Binary(_) => cost::binary_in_place_cycles(cfg, elements, pt),
                         Codelet::Copy => UnaryKind::Copy.cycles(cfg, elements, pt),
                         _ => cost::cast_cycles(cfg, elements),
                     };
@@ -1068,7 +1072,13 @@ fn lower_blocks<S: Storage>(
         if plan.pk == 1 {
             // poplin's `Cast` compute set: each tile casts its block's partials to the output,
             // which is mapped like them (`output_mapping`).
-            let vertices = over_shares(partials, true, out, Codelet::Cast, false);
+            let vertices = over_shares(
+                partials,
+                true,
+                out,
+                Codelet::Cast(VertexType::cast(pt, dt)),
+                false,
+            );
             l.compute(i, &format!("cast{suffix}"), vertices);
         } else {
             reduce(l, partials, out, dt, suffix);
@@ -1106,12 +1116,19 @@ fn lower_blocks<S: Storage>(
         let vertices = if s == 0 {
             over_shares(result, plan.pk == 1, acc, Codelet::Copy, false)
         } else {
-            over_shares(result, plan.pk == 1, acc, Codelet::Binary, true)
+            let add = binary_type(BinaryFn::Add, pt, BinaryForm::InPlace);
+            over_shares(result, plan.pk == 1, acc, Codelet::Binary(add), true)
         };
         l.compute(i, &format!("accumulate{suffix}"), vertices);
     }
     if acc != out {
-        let vertices = over_shares(acc, false, out, Codelet::Cast, false);
+        let vertices = over_shares(
+            acc,
+            false,
+            out,
+            Codelet::Cast(VertexType::cast(pt, dt)),
+            false,
+        );
         l.compute(i, "cast", vertices);
     }
 }
@@ -1207,7 +1224,10 @@ fn reduce_blocks<S: Storage>(
                 .collect();
             vertices.push(Vertex {
                 tile,
-                codelet: Codelet::Reduce,
+                codelet: Codelet::Reduce(VertexType {
+                    function: REDUCE_ADD,
+                    ..VertexType::cast(pt, pt)
+                }),
                 cycles: cost::partials_reduce_cycles(cfg, end - first, summed.len() as u64, pt, pt),
                 reads: compress(reads),
                 writes: vec![Region::span(inter, base + first, end - first)],
@@ -1245,7 +1265,10 @@ fn reduce_blocks<S: Storage>(
             }
             vertices.push(Vertex {
                 tile: block_tile(b, q),
-                codelet: Codelet::Reduce,
+                codelet: Codelet::Reduce(VertexType {
+                    function: REDUCE_ADD,
+                    ..VertexType::cast(pt, to_dt)
+                }),
                 cycles: cost::partials_reduce_cycles(cfg, end - first, depth, to_dt, pt),
                 reads: compress(reads),
                 writes: compress(

@@ -2047,14 +2047,14 @@ mod tests {
             let from_amp = writers.iter().all(|&w| w == Codelet::MatMulPartial);
             let from_stage = writers
                 .iter()
-                .all(|&w| matches!(w, Codelet::Cast | Codelet::Reduce));
+                .all(|&w| matches!(w, Codelet::Cast(_) | Codelet::Reduce(_)));
             assert!(from_amp || from_stage, "{case}");
             if !amp_may_write {
                 assert!(from_stage, "{case}");
             }
             // The AMP's outputs live in interleaved memory; a cast's or reduction's do not.
             assert_eq!(program.tensors[out.index()].interleaved, from_amp, "{case}");
-            if writers.contains(&Codelet::Cast) {
+            if writers.iter().any(|w| matches!(w, Codelet::Cast(_))) {
                 // A cast reads fp32 partials of the whole output.
                 let partials = program
                     .tensors
@@ -2142,10 +2142,15 @@ mod tests {
         assert_eq!(program.tensors[acc.index()].dtype, DType::F32);
         // The first step copies its sum into the accumulator; the others add theirs to it.
         for (s, vertices) in accumulate.iter().enumerate() {
+            // An in-place add of fp32 values, a vertex type of its own.
             let want = if s == 0 {
                 Codelet::Copy
             } else {
-                Codelet::Binary
+                Codelet::Binary(super::elementwise::binary_type(
+                    tessera_core::ops::elementwise::BinaryFn::Add,
+                    DType::F32,
+                    super::elementwise::BinaryForm::InPlace,
+                ))
             };
             for v in vertices.iter() {
                 assert_eq!(v.codelet, want, "step {s}");
@@ -2167,7 +2172,8 @@ mod tests {
         let (last, cast) = sets.last().unwrap();
         assert_eq!(*last, "cast");
         let out = TensorId::of(plan.storage_of(c));
-        assert!(cast.iter().all(|v| v.codelet == Codelet::Cast
+        assert!(cast.iter().all(|v| v.codelet
+            == Codelet::Cast(crate::program::VertexType::cast(DType::F32, DType::F16))
             && v.reads.iter().all(|r| r.tensor == acc)
             && v.writes.iter().all(|r| r.tensor == out)));
         same_both_ways(&plan, &cfg, LowerOptions::default());

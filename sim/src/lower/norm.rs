@@ -6,9 +6,11 @@
 use tessera_core::ops::norm::{Moment, Norm};
 use tessera_core::{DType, Node, NodeId, Storage};
 
+use super::elementwise::{binary_type, BinaryForm};
 use super::{broadcast_reads, reduce, Lowering, Placement};
 use crate::cost::{self, UnaryKind};
-use crate::program::{Codelet, Interval, Region, Vertex};
+use crate::program::{Codelet, Interval, Region, Vertex, VertexType, REDUCE_SQUARE_ADD};
+use tessera_core::ops::elementwise::BinaryFn;
 
 /// Where a normalisation's output goes: like its operand; a moment like a reduction's output
 /// (spread by the input each group reduces).
@@ -105,7 +107,10 @@ fn statistics<S: Storage>(
                 .collect();
             Vertex {
                 tile: iv.tile,
-                codelet: Codelet::Reduce,
+                codelet: Codelet::Reduce(VertexType {
+                    function: REDUCE_SQUARE_ADD,
+                    ..VertexType::cast(dt, DType::F32)
+                }),
                 cycles: passes * cost::reduce_cycles(cfg, g1 - g0, per_group, dt),
                 reads,
                 writes: vec![Region::span(stats, iv.start, iv.len)],
@@ -139,7 +144,8 @@ fn moment_of<S: Storage>(
             };
             Vertex {
                 tile: iv.tile,
-                codelet: Codelet::Binary,
+                // The moment's own expression of the statistics.
+                codelet: Codelet::Binary(VertexType::of(48, dt)),
                 cycles,
                 reads: vec![Region::span(stats, iv.start * 2, iv.len * 2)],
                 writes: vec![Region::span(out, iv.start, iv.len)],
@@ -262,7 +268,17 @@ fn normalize<S: Storage>(
         i,
         out,
         same,
-        Codelet::Binary,
+        // popnn's whitening: a broadcast sub and an in-place broadcast mul (and, for a
+        // gradient, their like), vertex types of their own.
+        Codelet::Binary(binary_type(
+            BinaryFn::Sub,
+            dt,
+            if run.is_some() {
+                BinaryForm::Broadcast
+            } else {
+                BinaryForm::Plain
+            },
+        )),
         move |n| {
             passes
                 * run.map_or_else(

@@ -9,7 +9,7 @@ use tessera_core::{NodeId, Shape, Storage};
 
 use super::{row_segments, Lowering};
 use crate::cost;
-use crate::program::{Codelet, Region, TensorId};
+use crate::program::{Codelet, Region, TensorId, VertexType, REDUCE_OTHER};
 
 /// The regions of `x` (shape `sx`) that output rows `oy0..oy1` of plane `plane` read: one
 /// output row of NCHW is a (image, channel) plane's row; of NHWC, an image's row of every
@@ -61,7 +61,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Pool) {
         i,
         "pool",
         out,
-        Codelet::Reduce,
+        Codelet::Reduce(VertexType::of(REDUCE_OTHER, dt)),
         move |n| cost::reduce_cycles(cfg, n, window, dt),
         |iv| {
             let mut reads = Vec::new();

@@ -6,7 +6,7 @@ use tessera_core::{NodeId, Storage};
 
 use super::Lowering;
 use crate::cost::UnaryKind;
-use crate::program::{Codelet, Region};
+use crate::program::{Codelet, Region, VertexType};
 
 pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Random) {
     let cfg = l.cfg;
@@ -19,7 +19,8 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Random)
         i,
         out,
         &[],
-        Codelet::Unary,
+        // The keep-mask's own codelet (popops' `Dropout`-like random vertices).
+        Codelet::Unary(VertexType::of(u8::MAX - 1, dt)),
         move |n| UnaryKind::Sigmoid.cycles(cfg, n, dt),
         move |_, _| vec![Region::span(ct, 0, 1)],
     );

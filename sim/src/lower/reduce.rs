@@ -5,13 +5,16 @@
 //! vertex per tile of the output, which receives the elements it reduces. Broadcasts copy the
 //! operand's elements each output interval needs.
 
-use tessera_core::ops::reduce::Reduce;
+use tessera_core::ops::reduce::{Reduce, ReduceKind};
 use tessera_core::{DType, Node, NodeId, Shape, Storage};
 
 use super::{broadcast_reads, Lowering, Placement};
 use crate::cost::{self, UnaryKind};
 use crate::machine::IpuConfig;
-use crate::program::{compress, Codelet, Interval, Mapping, Region, TensorId, TileId, Vertex};
+use crate::program::{
+    compress, Codelet, Interval, Mapping, Region, TensorId, TileId, Vertex, VertexType, REDUCE_ADD,
+    REDUCE_MAX, REDUCE_SQUARE_ADD,
+};
 
 /// Row-major strides of a shape.
 fn strides(s: Shape) -> Vec<u64> {
@@ -247,7 +250,7 @@ fn reduce_vertex(cfg: &IpuConfig, tile: TileId, reads: Vec<Region>, write: Regio
     let w = write.len;
     Vertex {
         tile,
-        codelet: Codelet::Reduce,
+        codelet: Codelet::Reduce(VertexType::of(REDUCE_ADD, DType::F32)),
         cycles: cost::reduce_cycles(cfg, w, read.div_ceil(w.max(1)), DType::F32)
             + super::REGION_OVERHEAD_CYCLES * (reads.len() as u64).saturating_sub(1),
         reads: compress(reads),
@@ -404,7 +407,14 @@ fn first_stage<S: Storage>(
             let mine = &pieces[first_piece[t]..first_piece[t + 1]];
             Vertex {
                 tile: g[0].tile,
-                codelet: Codelet::Reduce,
+                codelet: Codelet::Reduce(VertexType {
+                    function: if passes > 1 {
+                        REDUCE_SQUARE_ADD
+                    } else {
+                        REDUCE_ADD
+                    },
+                    ..VertexType::cast(dt, DType::F32)
+                }),
                 cycles: passes * cost::reduce_cycles(cfg, touched, n.div_ceil(touched), dt)
                     + super::REGION_OVERHEAD_CYCLES * (mine.len() as u64).saturating_sub(1),
                 reads: compress(
@@ -561,7 +571,14 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Reduce)
                 },
             );
         }
-        Reduce::Reduce { x, axes, .. } => {
+        Reduce::Reduce { x, axes, kind, .. } => {
+            let vt = VertexType::of(
+                match kind {
+                    ReduceKind::Max => REDUCE_MAX,
+                    _ => REDUCE_ADD,
+                },
+                dt,
+            );
             let (xt, sx) = (l.t(x), l.node(x).shape());
             let per_output = (sx.elements() / so.elements().max(1)) as u64;
             if two_stage_pays(so.elements() as u64, per_output)
@@ -574,7 +591,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Reduce)
                 .iter()
                 .map(|iv| Vertex {
                     tile: iv.tile,
-                    codelet: Codelet::Reduce,
+                    codelet: Codelet::Reduce(vt),
                     cycles: cost::reduce_cycles(cfg, iv.len, per_output, dt),
                     reads: reads(xt, sx, axes, iv.start, iv.len),
                     writes: vec![Region::span(out, iv.start, iv.len)],

@@ -6,7 +6,9 @@ use tessera_core::{NodeId, Storage};
 
 use super::Lowering;
 use crate::cost::{self, UnaryKind};
-use crate::program::{Codelet, Interval, Mapping, Region, TensorClass, TensorId, Vertex};
+use crate::program::{
+    Codelet, Interval, Mapping, Region, TensorClass, TensorId, Vertex, VertexType, REDUCE_OTHER,
+};
 use tessera_core::DType;
 
 pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update) {
@@ -234,7 +236,7 @@ fn trust_ratio_update<S: Storage>(
         .enumerate()
         .map(|(j, &(tile, n))| Vertex {
             tile,
-            codelet: Codelet::Reduce,
+            codelet: Codelet::Reduce(VertexType::of(REDUCE_OTHER, DType::F32)),
             cycles: norm_cycles(n),
             reads: reads_on.remove(&tile.0).unwrap_or_default(),
             writes: vec![Region::span(partials, 2 * j as u64, 2)],
@@ -268,7 +270,7 @@ fn trust_ratio_update<S: Storage>(
                 let (a, b) = (g * fan_in, ((g + 1) * fan_in).min(k));
                 Vertex {
                     tile: tiles[a as usize].0,
-                    codelet: Codelet::Reduce,
+                    codelet: Codelet::Reduce(VertexType::of(REDUCE_OTHER, DType::F32)),
                     cycles: cost::reduce_cycles(cfg, 2, b - a, DType::F32),
                     reads: vec![
                         Region::strided(partials, 2 * a, 1, b - a, 2),
@@ -285,7 +287,7 @@ fn trust_ratio_update<S: Storage>(
     };
     let v = Vertex {
         tile: first,
-        codelet: Codelet::Reduce,
+        codelet: Codelet::Reduce(VertexType::of(REDUCE_OTHER, DType::F32)),
         cycles: cost::reduce_cycles(cfg, 2, count, DType::F32)
             + UnaryKind::Sqrt.cycles(cfg, 2, DType::F32)
             + UnaryKind::Reciprocal.cycles(cfg, 1, DType::F32),
