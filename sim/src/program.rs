@@ -765,8 +765,14 @@ impl Vertex {
     /// Bytes of vertex state, field by field as poplibs' codelets lay them out: a pointer
     /// ([`VERTEX_STATE_PER_READ_BYTES`], `ONE_PTR`) for each region read and a pointer with
     /// its count ([`VERTEX_STATE_PER_WRITE_BYTES`], `SPAN`) for each region written, a region
-    /// both read and written (in place) once, as a `SPAN`.
+    /// both read and written (in place) once, as a `SPAN`. An AMP vertex's is its struct
+    /// ([`AMP_VERTEX_STATE_BYTES`]).
     pub fn state_bytes(&self) -> u64 {
+        if self.codelet == Codelet::MatMulPartial {
+            // The AMP vertex's state is its struct, whatever regions it covers: their
+            // pointers are the contents of its vectors (vertex field data).
+            return AMP_VERTEX_STATE_BYTES;
+        }
         let in_place = if self.writes.len() <= 8 {
             self.reads
                 .iter()
@@ -784,6 +790,14 @@ impl Vertex {
             + VERTEX_STATE_PER_WRITE_BYTES * self.writes.len() as u64
     }
 }
+
+/// Vertex state of an AMP vertex (poplin's `ConvPartial1x1Out`,
+/// `lib/poplin/codelets/ConvPartial1x1Out.cpp`): its `in`, `weights` and `out` vectors and its
+/// `worklists` are one 4-byte pointer each, and its eight counts and strides
+/// (`numConvGroupsM1`, `numOutGroupsM1`, `numInGroups`, `transformedInStride`,
+/// `outChansPerGroup`, `transformedOutStride`, `inChansPerGroup` and the limited version's
+/// 16-bit types) two bytes each: 32 bytes.
+pub const AMP_VERTEX_STATE_BYTES: u64 = 4 * 4 + 8 * 2;
 
 /// Vertex state per region a vertex reads: an input pointer without a count (`ONE_PTR`; poplibs'
 /// `binaryOps1D.S`: `VERTEX_IN1_PTR_OFFSET 0`, `VERTEX_IN2_PTR_OFFSET 4`).
@@ -1003,6 +1017,33 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// A vertex's state follows its codelet's fields: an element-wise vertex a pointer per
+    /// region read and a pointer and count per region written; an AMP vertex its struct,
+    /// whatever regions it covers.
+    #[test]
+    fn vertex_state_follows_the_codelets_fields() {
+        let vertex = |codelet: Codelet, reads: u64, writes: u64| Vertex {
+            tile: TileId(0),
+            codelet,
+            cycles: 1,
+            reads: (0..reads)
+                .map(|k| Region::span(TensorId(0), 8 * k, 4))
+                .collect(),
+            writes: (0..writes)
+                .map(|k| Region::span(TensorId(1), 8 * k, 4))
+                .collect(),
+        };
+        let add = Codelet::Binary(VertexType::of(1, tessera_core::DType::F16));
+        assert_eq!(vertex(add, 2, 1).state_bytes(), 16);
+        assert_eq!(vertex(add, 6, 3).state_bytes(), 48);
+        for (reads, writes) in [(2, 1), (12, 4)] {
+            assert_eq!(
+                vertex(Codelet::MatMulPartial, reads, writes).state_bytes(),
+                AMP_VERTEX_STATE_BYTES
+            );
+        }
+    }
 
     /// The elements of `regions`, sorted.
     fn elements_of(regions: &[Region]) -> Vec<u64> {
