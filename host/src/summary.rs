@@ -54,6 +54,21 @@ pub struct StageSummary {
     pub ipu_bytes_used: u64,
     /// Idle fraction of its IPU.
     pub idle_fraction: f64,
+    /// Its own memory when its IPU holds other stages too (`--device-mapping`): its steps'
+    /// code, the variables they touch and its tiles' peak over them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<StageMemorySummary>,
+}
+
+/// A stage's own memory (a stage sharing its IPU), as the JSON outputs give it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StageMemorySummary {
+    /// Bytes over its IPU's tiles.
+    pub bytes_used: u64,
+    /// The fullest tile's bytes.
+    pub max_tile_bytes: u64,
+    /// Bytes by category over its IPU's tiles.
+    pub categories: BTreeMap<&'static str, u64>,
 }
 
 /// The estimate in the form the command prints as JSON.
@@ -144,6 +159,15 @@ impl EstimateSummary {
                 stash_bytes: s.stash_entry_bytes * s.stash_depth as u64,
                 ipu_bytes_used: e.ipus.get(s.ipu).map_or(0, |r| r.bytes_used),
                 idle_fraction: s.idle_fraction,
+                memory: s.memory.as_ref().map(|m| StageMemorySummary {
+                    bytes_used: m.bytes_used,
+                    max_tile_bytes: m.max_tile_bytes,
+                    categories: m
+                        .categories
+                        .categories()
+                        .map(|(k, b)| (k.key(), b))
+                        .collect(),
+                }),
             })
             .collect();
         EstimateSummary {
@@ -290,6 +314,25 @@ impl EstimateSummary {
                 bytes(st.ipu_bytes_used),
                 percent(st.idle_fraction)
             );
+        }
+        for st in &self.stages {
+            if let Some(m) = &st.memory {
+                let _ = writeln!(
+                    s,
+                    "  stage {} on IPU {} on its own: {}; fullest tile {}",
+                    st.stage,
+                    st.ipu,
+                    bytes(m.bytes_used),
+                    bytes(m.max_tile_bytes)
+                );
+                let parts: Vec<String> = m
+                    .categories
+                    .iter()
+                    .filter(|(_, &b)| b > 0)
+                    .map(|(k, &b)| format!("{k} {}", bytes(b)))
+                    .collect();
+                let _ = writeln!(s, "    {}", parts.join(", "));
+            }
         }
     }
 }

@@ -66,6 +66,11 @@ pub struct Profile {
     pub model: String,
     /// The IPU of the estimate the profile is of.
     pub ipu: usize,
+    /// The pipeline stage the profile is of, when it is one of several stages on its IPU
+    /// (`device_mapping`): the stage's own memory, as PopLiner attributes a profiled program
+    /// to a range of layers.
+    #[serde(default)]
+    pub stage: Option<usize>,
     /// `tessera estimate`'s options, as sweep keys.
     pub options: BTreeMap<String, serde_json::Value>,
     /// Variables at their peak (always-live and not-always-live data).
@@ -279,11 +284,27 @@ impl ProfileRow {
                 )),
             };
         };
+        let (categories_of, max_tile_bytes) = match p.stage {
+            None => (&ipu.categories, ipu.max_tile_bytes),
+            Some(k) => match e.stages.get(k).and_then(|s| s.memory.as_ref().map(|m| (s, m))) {
+                Some((s, m)) if s.ipu == p.ipu => (&m.categories, m.max_tile_bytes),
+                _ => {
+                    return ProfileRow {
+                        name: p.name.clone(),
+                        categories: Vec::new(),
+                        error: Some(format!(
+                            "the estimate has no memory of stage {k} on IPU {} of its own (a stage's own memory is given when its IPU holds other stages too)",
+                            p.ipu
+                        )),
+                    }
+                }
+            },
+        };
         let mut categories: Vec<CategoryRow> = p
             .figures()
             .iter()
             .map(|&(category, poplar)| {
-                let ours = category_mb(&ipu.categories, category);
+                let ours = category_mb(categories_of, category);
                 CategoryRow {
                     category,
                     ours,
@@ -294,9 +315,9 @@ impl ProfileRow {
             .collect();
         categories.push(CategoryRow {
             category: "fullest_tile",
-            ours: ipu.max_tile_bytes as f64,
+            ours: max_tile_bytes as f64,
             poplar: p.fullest_tile_bytes as f64,
-            ratio: ipu.max_tile_bytes as f64 / p.fullest_tile_bytes as f64,
+            ratio: max_tile_bytes as f64 / p.fullest_tile_bytes as f64,
         });
         ProfileRow {
             name: p.name.clone(),

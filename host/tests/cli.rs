@@ -874,6 +874,55 @@ fn onnx_run_writes_onnxruntimes_outputs() {
 }
 
 #[test]
+fn stages_sharing_an_ipu_have_their_own_memory() {
+    let model = fixture("transformer.onnx");
+    let cut = "encoder/layer.0/output/LayerNorm/LayerNormalization";
+    let run = |mapping: &str| {
+        tessera(&[
+            "estimate",
+            &model,
+            "--inference",
+            "--batch-size",
+            "4",
+            "--pipeline-stages",
+            cut,
+            "--device-mapping",
+            mapping,
+            "--json",
+        ])
+    };
+    let o = run("0,0");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j = last_json(&o);
+    assert_eq!(j["ipus"].as_array().unwrap().len(), 1);
+    let stages = j["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 2);
+    for s in stages {
+        assert_eq!(s["ipu"], 0);
+        let own = s["memory"]["bytes_used"].as_u64().unwrap();
+        assert!(own > 0 && own <= j["ipus"][0]["bytes_used"].as_u64().unwrap());
+        assert!(s["memory"]["categories"]["exchange_code"]
+            .as_u64()
+            .is_some());
+    }
+    // A stage per IPU: no separate figures.
+    let o = run("0,1");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j = last_json(&o);
+    assert!(j["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|s| s["memory"].is_null()));
+    // Mappings that cannot be.
+    assert_bad_option(
+        &run("0"),
+        &["--device-mapping", "1 entries for 2 pipeline stages"],
+    );
+    assert_bad_option(&run("0,2"), &["--device-mapping", "IPU 1"]);
+}
+
+#[test]
 fn onnx_estimates_print_fit_memory_cycles_and_layers() {
     for extra in [&[][..], &["--inference"][..], &["--pipeline-ipus", "2"][..]] {
         let mut args = vec!["estimate", "--json", "--batch-size", "4"];

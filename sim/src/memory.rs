@@ -31,6 +31,18 @@ pub const EXCHANGE_CODE_PER_SEND_BYTES: u64 = 8;
 /// Exchange code per region a tile receives (estimate: a receive-address update).
 pub const EXCHANGE_CODE_PER_RECEIVE_BYTES: u64 = 4;
 
+/// The memory of a part of a program ([`account_part`]): a pipeline stage that shares its
+/// IPU with other stages, as PopLiner attributes a profiled program to layer ranges.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartMemory {
+    /// Bytes over the IPU's tiles by category.
+    pub categories: TileMemory,
+    /// Bytes used (the sum of the tiles' peaks over the part's steps).
+    pub bytes_used: u64,
+    /// The fullest tile's bytes.
+    pub max_tile_bytes: u64,
+}
+
 /// One tile's memory at its peak, by category.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TileMemory {
@@ -477,11 +489,18 @@ fn step_tiles(
 
 /// Control code per tile: [`CONTROL_BYTES_PER_STEP`] for each step it takes part in that no
 /// outlined body holds, and [`CONTROL_BYTES_PER_CALL`] on every tile for each call of one.
-fn control_code_per_tile(program: &Program, summaries: &Summaries, shared: &[bool]) -> Vec<u64> {
+fn control_code_per_tile(
+    program: &Program,
+    summaries: &Summaries,
+    shared: &[bool],
+    part: Option<&[bool]>,
+) -> Vec<u64> {
     let tiles = program.tiles as usize;
+    // A part's calls are not told apart from the program's: a part carries them all.
     let mut control = vec![program.calls as u64 * CONTROL_BYTES_PER_CALL; tiles];
     let mut seen = vec![usize::MAX; tiles];
-    for s in (0..program.steps.len()).filter(|&s| !shared[s]) {
+    let in_part = |s: usize| part.is_none_or(|p| p.get(s).copied().unwrap_or(false));
+    for s in (0..program.steps.len()).filter(|&s| !shared[s] && in_part(s)) {
         step_tiles(program, summaries, s, &mut seen, |t| {
             control[t] += CONTROL_BYTES_PER_STEP
         });
@@ -541,6 +560,23 @@ pub(crate) fn account_with(
     summaries: &Summaries,
     cfg: &IpuConfig,
 ) -> MemoryReport {
+    account_part(program, summaries, cfg, None)
+}
+
+/// The memory of a part of a program: `part` marks its steps (all of them when `None`). Its
+/// code is that of its steps (exchange code shared with an earlier step of the program, in or
+/// out of the part, is not paid again), its vertex code that of the codelets its steps run,
+/// its always-live data the variables its steps touch, and each tile's peak is the highest
+/// over its steps. This is how PopLiner attributes a profiled program's memory to a range of
+/// layers (`popliner/stage.py`: a stage's programs, the variables its ops use, the peak over
+/// its steps), and how the stages that share an IPU are reported one by one.
+pub(crate) fn account_part(
+    program: &Program,
+    summaries: &Summaries,
+    cfg: &IpuConfig,
+    part: Option<&[bool]>,
+) -> MemoryReport {
+    let in_part = |s: usize| part.is_none_or(|p| p.get(s).copied().unwrap_or(false));
     let sram_bytes_per_tile = cfg.sram_bytes_per_tile;
     let interleaved_start = cfg.interleaved_region_start_bytes;
     let tiles = program.tiles as usize;
@@ -561,10 +597,37 @@ pub(crate) fn account_with(
         Buffer(u32, i64),
         /// A call's clone of a tensor (`Program::call_clones`): the tensor's bytes again.
         Clone(u32, i64),
+        /// Every tile looked at (the start of a run of a part's steps).
+        Probe,
     }
     let mut changes: Vec<(usize, What)> = Vec::new();
+    // A part holds the variables its steps touch.
+    let used: Option<Vec<bool>> = part.map(|_| {
+        let mut used = vec![false; program.tensors.len()];
+        for (s, step) in program.steps.iter().enumerate() {
+            if !in_part(s) {
+                continue;
+            }
+            match step {
+                Step::Compute(cs) => cs.touched.iter().for_each(|t| used[t.index()] = true),
+                Step::Exchange { transfers, .. } => summaries
+                    .of(s, program.tiles, &program.tensors, transfers)
+                    .tensors
+                    .iter()
+                    .for_each(|t| used[t.index()] = true),
+                Step::HostToDevice { tensor, .. }
+                | Step::DeviceToHost { tensor, .. }
+                | Step::LinkReceive { tensor, .. }
+                | Step::RemoteBuffer { tensor, .. } => used[tensor.index()] = true,
+            }
+        }
+        used
+    });
     for (i, t) in program.tensors.iter().enumerate() {
         if t.class == TensorClass::AlwaysLive {
+            if used.as_ref().is_some_and(|u| !u[i]) {
+                continue;
+            }
             let eb = t.elem_bytes();
             for (tile, n) in t.mapping.elements_per_tile() {
                 tm[tile.index()].always_live += n * eb;
@@ -586,6 +649,9 @@ pub(crate) fn account_with(
     for (s, step) in program.steps.iter().enumerate() {
         match step {
             Step::Compute(cs) => {
+                if !in_part(s) {
+                    continue;
+                }
                 for v in &cs.costs {
                     let t = v.tile.index();
                     codelets[t].insert(v.codelet);
@@ -596,11 +662,15 @@ pub(crate) fn account_with(
             }
             Step::Exchange { transfers, .. } => {
                 // A broadcast's code is counted once; receive buffers live through the
-                // exchange and the compute set after it.
+                // exchange and the compute set after it. Code an earlier exchange paid (in
+                // the part or before it) is not paid again.
                 let summary = summaries.of(s, program.tiles, &program.tensors, transfers);
                 if !shared[s] {
+                    let paid = in_part(s);
                     exchange_code.each_paid(s, &summary, &program.tensors, |x| {
-                        tm[x.tile.index()].exchange_code += x.code;
+                        if paid {
+                            tm[x.tile.index()].exchange_code += x.code;
+                        }
                     });
                 }
                 let b = buffers.len() as u32;
@@ -616,6 +686,13 @@ pub(crate) fn account_with(
                 );
             }
             _ => {}
+        }
+    }
+    // Each run of a part's steps looks at every tile when it starts: a tile's data may have
+    // arrived before the part and not changed in it.
+    if let Some(p) = part {
+        for s in (0..p.len()).filter(|&s| p[s] && (s == 0 || !p[s - 1])) {
+            changes.push((s, What::Probe));
         }
     }
     changes.sort_by_key(|c| c.0);
@@ -678,17 +755,22 @@ pub(crate) fn account_with(
                         touch(tile.index());
                     }
                 }
+                What::Probe => (0..tiles).for_each(&mut touch),
             }
         }
+        let looked_at = in_part(step);
         for k in touched_list.drain(..) {
             touched[k] = false;
+            if !looked_at {
+                continue;
+            }
             peak_il[k] = peak_il[k].max(il[k]);
             if live[k] + buf[k] > best[k].0 {
                 best[k] = (live[k] + buf[k], live[k], buf[k], step);
             }
         }
     }
-    let control = control_code_per_tile(program, summaries, &shared);
+    let control = control_code_per_tile(program, summaries, &shared, part);
     for (t, mem) in tm.iter_mut().enumerate() {
         mem.vertex_code = codelets[t].iter().map(|c| c.code_bytes()).sum();
         mem.control_code = control[t];

@@ -16,7 +16,9 @@ use crate::estimate::{cost_steps_with, Cycles, SimError, TraceEvent};
 use crate::exchange::Summaries;
 use crate::lower::{lower_with, LowerOptions};
 use crate::machine::IpuConfig;
-use crate::memory::{account_with, MemoryReport, OutOfMemory, TileMemory};
+use crate::memory::{
+    account_part, account_with, MemoryReport, OutOfMemory, PartMemory, TileMemory,
+};
 use crate::pipeline::{timeline_concurrent, SlotRun, StageCost};
 use crate::program::{Program, TensorClass};
 
@@ -187,6 +189,10 @@ pub struct StageRow {
     pub forward_trace: Vec<TraceEvent>,
     /// The supersteps of one backward slot, starts from the slot's start.
     pub backward_trace: Vec<TraceEvent>,
+    /// Its own memory, when its IPU holds other stages too (TensorFlow's `device_mapping`):
+    /// its steps' code, the variables they touch and each tile's peak over them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<PartMemory>,
 }
 
 /// One IPU.
@@ -692,9 +698,34 @@ where
             return Err(SystemError::Sim(SimError::OutOfMemory(Box::new(w))));
         }
     }
+    // The memory of each stage that shares its IPU, over its own steps.
+    let stage_memory: Vec<Option<PartMemory>> = (0..s)
+        .into_par_iter()
+        .map(|k| {
+            let d = mapping[k];
+            if !opts.memory || (0..s).filter(|&j| mapping[j] == d).count() < 2 {
+                return None;
+            }
+            let mut part = vec![false; programs[d].steps.len()];
+            for (i, n) in g.nodes().iter().enumerate() {
+                if n.stage() == k {
+                    let (a, b) = programs[d].node_steps[i];
+                    part[a..b].iter_mut().for_each(|x| *x = true);
+                }
+            }
+            let mut r = account_part(programs[d], summaries[d], cfg, Some(&part));
+            r.settle_gaps();
+            Some(PartMemory {
+                categories: TileMemory::sum(&r.tiles),
+                bytes_used: r.total_bytes(),
+                max_tile_bytes: r.tiles.iter().map(TileMemory::total).max().unwrap_or(0),
+            })
+        })
+        .collect();
     let stages = (0..s)
         .zip(traces)
-        .map(|(k, (forward_trace, backward_trace))| StageRow {
+        .zip(stage_memory)
+        .map(|((k, (forward_trace, backward_trace)), memory)| StageRow {
             stage: k,
             position: positions[k],
             ipu: mapping[k],
@@ -707,6 +738,7 @@ where
             backward_phases: phases[k].1,
             forward_trace,
             backward_trace,
+            memory,
         })
         .collect();
     Ok(SystemEstimate {

@@ -352,6 +352,13 @@ pub struct EstimateArgs {
     /// the named tensor), comma-separated in graph order.
     #[arg(long, value_delimiter = ',', conflicts_with = "pipeline_ipus")]
     pub pipeline_stages: Vec<String>,
+    /// ONNX models: the IPU of each pipeline stage, comma-separated (TensorFlow's
+    /// `device_mapping`, PopART's `virtualGraph`) [default: the file's `ipu` attributes, else
+    /// stage k on IPU k]. Stages sharing an IPU run one after another, and the estimate gives
+    /// each one's memory on its own: its steps' code, the variables they touch and its tiles'
+    /// peak over them, as PopLiner attributes a profiled program to layer ranges.
+    #[arg(long, value_delimiter = ',', requires = "pipeline_stages")]
+    pub device_mapping: Vec<usize>,
     /// ONNX models: split into N pipeline stages on N IPUs automatically, balancing the
     /// stages' cycles within each IPU's memory.
     #[arg(long)]

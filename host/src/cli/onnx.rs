@@ -180,6 +180,7 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
         inference: a.inference,
         recompute: a.recompute,
         mask_tokens: a.mask_tokens,
+        device_mapping: (!a.device_mapping.is_empty()).then(|| a.device_mapping.clone()),
     };
     let stage_guess = match (&oo.stages, a.pipeline_ipus) {
         (_, Some(n)) => n,

@@ -48,6 +48,10 @@ pub struct OnnxOptions {
     /// The masked-LM head's masked positions per sequence (`None`: 15% of the sequence,
     /// rounded up: BERT's `max_predictions_per_seq`, 20 for 128 tokens).
     pub mask_tokens: Option<usize>,
+    /// The IPU of each pipeline stage (TensorFlow's `device_mapping`; `None`: the file's
+    /// `ipu` attributes, else stage `k` on IPU `k`). Stages sharing an IPU are reported one
+    /// by one.
+    pub device_mapping: Option<Vec<usize>>,
 }
 
 /// BERT's share of masked tokens (15%, Devlin et al. 2019): the masked-LM head's positions
@@ -62,6 +66,7 @@ impl Default for OnnxOptions {
             inference: false,
             recompute: false,
             mask_tokens: None,
+            device_mapping: None,
         }
     }
 }
@@ -141,9 +146,32 @@ pub fn compile_onnx(
         so.schedule
     };
     let overlap = overlap_length(schedule, stages, false);
+    let device_mapping = match &oo.device_mapping {
+        Some(m) => {
+            if m.len() != stages {
+                return Err(opt_err(
+                    "--device-mapping",
+                    format!(
+                        "has {} entries for {stages} pipeline stages (one IPU per stage)",
+                        m.len()
+                    ),
+                ));
+            }
+            if let Some(missing) =
+                (0..=m.iter().copied().max().unwrap_or(0)).find(|i| !m.contains(i))
+            {
+                return Err(opt_err(
+                    "--device-mapping",
+                    format!("{m:?} leaves IPU {missing} without a stage; number the IPUs from 0 without gaps"),
+                ));
+            }
+            Some(m.clone())
+        }
+        None => imported.device_mapping.clone(),
+    };
     let system = SystemOptions {
         schedule,
-        device_mapping: imported.device_mapping.clone(),
+        device_mapping,
         replicas: so.replicas,
         micro_batch: so.batch_size as u64,
         inference_micro_batches: so.gradient_accumulation_count.div_ceil(overlap) * overlap,

@@ -186,6 +186,7 @@ pub fn profile(
 ) -> Result<Profile, SessionError> {
     let one = OnnxOptions {
         stages: Stages::One,
+        device_mapping: None,
         ..oo.clone()
     };
     let mut so1 = so.clone();
@@ -310,6 +311,7 @@ pub fn split(
         let stages = stages_of(profile, &part);
         let per = OnnxOptions {
             stages: Stages::PerNode(stages),
+            device_mapping: None,
             ..oo.clone()
         };
         let compiled = compile_onnx(model, so, &per)?;

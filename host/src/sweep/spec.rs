@@ -48,6 +48,8 @@ pub enum Kind {
     Flag,
     /// Node names: an array of strings, or one comma-separated string.
     Names,
+    /// IPU numbers: an array of whole numbers, or one comma-separated string.
+    Indices,
 }
 
 /// The keys a configuration may set, with their kinds: `tessera estimate`'s options.
@@ -78,6 +80,7 @@ pub const KEYS: &[(&str, Kind)] = &[
     ("available_memory_proportion", Kind::Number),
     ("pipeline_ipus", Kind::Count),
     ("pipeline_stages", Kind::Names),
+    ("device_mapping", Kind::Indices),
     ("loss", Kind::Text),
 ];
 
@@ -117,10 +120,14 @@ impl Config {
                 ("pipeline_ipus", Value::Number(n)) if n.as_u64() == Some(1) => {}
                 (_, Value::Bool(true)) => out.push(flag),
                 (_, Value::Bool(false)) => {}
-                (_, Value::Array(names)) => {
-                    let names: Vec<&str> = names.iter().filter_map(Value::as_str).collect();
+                (_, Value::Array(items)) => {
+                    // Node names, or IPU numbers.
+                    let items: Vec<String> = items
+                        .iter()
+                        .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
+                        .collect();
                     out.push(flag);
-                    out.push(names.join(","));
+                    out.push(items.join(","));
                 }
                 (_, Value::String(s)) => {
                     out.push(flag);
@@ -396,6 +403,27 @@ fn value(
             Value::Array(names)
         }
         (Kind::Names, _) => return Err(wrong("node names (an array of strings)")),
+        (Kind::Indices, toml::Value::String(s)) => {
+            let mut ipus = Vec::new();
+            for n in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                let i: u64 = n
+                    .parse()
+                    .map_err(|_| wrong("IPU numbers (whole numbers)"))?;
+                ipus.push(Value::from(i));
+            }
+            Value::Array(ipus)
+        }
+        (Kind::Indices, toml::Value::Array(a)) => {
+            let mut ipus = Vec::new();
+            for n in a {
+                match n {
+                    toml::Value::Integer(i) if *i >= 0 => ipus.push(Value::from(*i as u64)),
+                    _ => return Err(wrong("IPU numbers (whole numbers)")),
+                }
+            }
+            Value::Array(ipus)
+        }
+        (Kind::Indices, _) => return Err(wrong("IPU numbers (an array of whole numbers)")),
     })
 }
 
@@ -502,6 +530,12 @@ mod tests {
                 "--no-replicated-tensor-sharding"
             ]
         );
+        // IPU numbers, as an array or a comma-separated string.
+        for mapping in ["[0, 0]", "'0,0'"] {
+            let s = parse(&format!("[base]\nmodel = 'm'\ndevice_mapping = {mapping}")).unwrap();
+            assert_eq!(s.configs[0].options().join(" "), "--device-mapping 0,0");
+        }
+        assert!(parse("[base]\nmodel = 'm'\ndevice_mapping = [0, -1]").is_err());
         assert_eq!(
             s.configs[1].command(),
             "tessera estimate m --offload-optimizer-state --recompute"
