@@ -102,3 +102,46 @@ fn stages_sharing_an_ipu_are_reported_one_by_one() {
     // On its own IPU, the second stage pays its exchanges' code in full.
     assert!(two.ipus[1].categories.exchange_code > parts[1].categories.exchange_code);
 }
+
+/// In training, a stage's own memory holds its stash: the first stage's (whose activations wait
+/// for their backward), not the last's.
+#[test]
+fn a_stage_on_its_own_holds_its_stash() {
+    use tessera::core::{Accumulation, Optimizer};
+    let mut g: Graph<Heap> = Graph::new();
+    let mut x = g.input("x", &[64, 256], DType::F16).unwrap();
+    for l in 0..4 {
+        if l == 2 {
+            g.set_stage(1).unwrap();
+        }
+        let w = g
+            .variable(
+                &format!("w{l}"),
+                &[256, 256],
+                DType::F16,
+                Init::GlorotUniform,
+            )
+            .unwrap();
+        let y = g.matmul(&format!("mm{l}"), x, w).unwrap();
+        x = g.relu(&format!("relu{l}"), y).unwrap();
+    }
+    let loss = g.reduce_mean("loss", x, None).unwrap();
+    g.differentiate_accumulating(loss, Optimizer::sgd(0.1), Accumulation::new(4))
+        .unwrap();
+    let opts = SystemOptions {
+        device_mapping: Some(vec![0, 0]),
+        micro_batch: 64,
+        ..SystemOptions::default()
+    };
+    let e = estimate_system(
+        &Plan::new(&g).unwrap(),
+        &IpuConfig::preset(Preset::Mk2),
+        &opts,
+    )
+    .unwrap();
+    let stash = |k: usize| e.stages[k].memory.as_ref().unwrap().categories.stash;
+    assert!(e.stages[0].stash_depth > 0);
+    assert!(stash(0) > 0, "{:?}", e.stages[0].memory);
+    assert_eq!(stash(1), 0);
+    assert_eq!(stash(0), e.ipus[0].categories.stash);
+}

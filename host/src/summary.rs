@@ -325,11 +325,14 @@ impl EstimateSummary {
                     bytes(m.bytes_used),
                     bytes(m.max_tile_bytes)
                 );
-                let parts: Vec<String> = m
-                    .categories
-                    .iter()
-                    .filter(|(_, &b)| b > 0)
-                    .map(|(k, &b)| format!("{k} {}", bytes(b)))
+                // As for an IPU: the categories in use, gaps summed over tiles left out.
+                let parts: Vec<String> = MemoryCategory::ALL
+                    .into_iter()
+                    .filter(|&c| c != MemoryCategory::Gaps)
+                    .filter_map(|c| match m.categories.get(c.key()) {
+                        Some(&b) if b > 0 => Some(format!("{} {}", c.key(), bytes(b))),
+                        _ => None,
+                    })
                     .collect();
                 let _ = writeln!(s, "    {}", parts.join(", "));
             }

@@ -190,7 +190,7 @@ pub struct StageRow {
     /// The supersteps of one backward slot, starts from the slot's start.
     pub backward_trace: Vec<TraceEvent>,
     /// Its own memory, when its IPU holds other stages too (TensorFlow's `device_mapping`):
-    /// its steps' code, the variables they touch and each tile's peak over them.
+    /// its steps' code, the variables they touch, each tile's peak over them and its stash.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<PartMemory>,
 }
@@ -714,6 +714,16 @@ where
                 }
             }
             let mut r = account_part(programs[d], summaries[d], cfg, Some(&part));
+            // Its own stash, as its IPU's holds it.
+            if !offload_stash {
+                let depth = pipeline.stash_depth(positions[k]) as u64;
+                for &(_, t) in stashed.iter().filter(|&&(j, _)| j == k) {
+                    let tensor = &programs[d].tensors[t];
+                    for (tile, n) in tensor.mapping.elements_per_tile() {
+                        r.tiles[tile.index()].stash += depth * n * tensor.elem_bytes();
+                    }
+                }
+            }
             r.settle_gaps();
             Some(PartMemory {
                 categories: TileMemory::sum(&r.tiles),
