@@ -10,10 +10,9 @@ use tessera::sim::memory::PartMemory;
 use tessera::sim::system::{estimate_system, SystemEstimate, SystemOptions};
 use tessera::sim::{Heap, IpuConfig, Preset};
 
-/// Inference through `layers` identical dense layers, the first half in stage 0 and the
-/// second in stage 1.
-fn plan(layers: usize) -> Plan<Heap> {
-    let mut g: Graph<Heap> = Graph::new();
+/// `layers` identical dense layers after `x`, the first half in stage 0 and the second in
+/// stage 1: the last layer's output.
+fn dense_layers(g: &mut Graph<Heap>, layers: usize) -> tessera::core::NodeId {
     let mut x = g.input("x", &[64, 256], DType::F16).unwrap();
     for l in 0..layers {
         if l == layers / 2 {
@@ -30,6 +29,13 @@ fn plan(layers: usize) -> Plan<Heap> {
         let y = g.matmul(&format!("mm{l}"), x, w).unwrap();
         x = g.relu(&format!("relu{l}"), y).unwrap();
     }
+    x
+}
+
+/// Inference through `layers` identical dense layers in two stages.
+fn plan(layers: usize) -> Plan<Heap> {
+    let mut g: Graph<Heap> = Graph::new();
+    let x = dense_layers(&mut g, layers);
     g.reduce_mean("out", x, None).unwrap();
     Plan::new(&g).unwrap()
 }
@@ -109,22 +115,7 @@ fn stages_sharing_an_ipu_are_reported_one_by_one() {
 fn a_stage_on_its_own_holds_its_stash() {
     use tessera::core::{Accumulation, Optimizer};
     let mut g: Graph<Heap> = Graph::new();
-    let mut x = g.input("x", &[64, 256], DType::F16).unwrap();
-    for l in 0..4 {
-        if l == 2 {
-            g.set_stage(1).unwrap();
-        }
-        let w = g
-            .variable(
-                &format!("w{l}"),
-                &[256, 256],
-                DType::F16,
-                Init::GlorotUniform,
-            )
-            .unwrap();
-        let y = g.matmul(&format!("mm{l}"), x, w).unwrap();
-        x = g.relu(&format!("relu{l}"), y).unwrap();
-    }
+    let x = dense_layers(&mut g, 4);
     let loss = g.reduce_mean("loss", x, None).unwrap();
     g.differentiate_accumulating(loss, Optimizer::sgd(0.1), Accumulation::new(4))
         .unwrap();

@@ -250,16 +250,7 @@ impl EstimateSummary {
                 bytes(i.max_tile_bytes),
                 bytes(i.tile_bytes_available)
             );
-            // Gaps summed over tiles are not memory in use: the fullest tile's are named above.
-            let categories: Vec<String> = MemoryCategory::ALL
-                .into_iter()
-                .filter(|&c| c != MemoryCategory::Gaps)
-                .filter_map(|c| match i.categories.get(c.key()) {
-                    Some(&b) if b > 0 => Some(format!("{} {}", c.key(), bytes(b))),
-                    _ => None,
-                })
-                .collect();
-            let _ = writeln!(s, "    {}", categories.join(", "));
+            let _ = writeln!(s, "    {}", categories_line(&i.categories));
         }
     }
 
@@ -325,19 +316,24 @@ impl EstimateSummary {
                     bytes(m.bytes_used),
                     bytes(m.max_tile_bytes)
                 );
-                // As for an IPU: the categories in use, gaps summed over tiles left out.
-                let parts: Vec<String> = MemoryCategory::ALL
-                    .into_iter()
-                    .filter(|&c| c != MemoryCategory::Gaps)
-                    .filter_map(|c| match m.categories.get(c.key()) {
-                        Some(&b) if b > 0 => Some(format!("{} {}", c.key(), bytes(b))),
-                        _ => None,
-                    })
-                    .collect();
-                let _ = writeln!(s, "    {}", parts.join(", "));
+                let _ = writeln!(s, "    {}", categories_line(&m.categories));
             }
         }
     }
+}
+
+/// The categories that hold anything, in order, as `always_live 1.2 MiB, ...`. Gaps summed over
+/// tiles are left out: they are not memory in use (the fullest tile's are named beside it).
+fn categories_line(categories: &BTreeMap<&'static str, u64>) -> String {
+    MemoryCategory::ALL
+        .into_iter()
+        .filter(|&c| c != MemoryCategory::Gaps)
+        .filter_map(|c| match categories.get(c.key()) {
+            Some(&b) if b > 0 => Some(format!("{} {}", c.key(), bytes(b))),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Cycles by phase over one update's stage runs (M of each) and its all-reduce and update,

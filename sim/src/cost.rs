@@ -381,6 +381,16 @@ pub fn broadcast_outer_cycles(cfg: &IpuConfig, n: u64, run: u64, dtype: DType) -
     )
 }
 
+/// Tile cycles of an add, sub or mul over `n` elements whose other operand holds one value per
+/// run of `run` elements ([`broadcast_outer_cycles`]), or varies element by element (`None`:
+/// [`elementwise_binary_cycles`]).
+pub fn binary_pass_cycles(cfg: &IpuConfig, n: u64, run: Option<u64>, dtype: DType) -> u64 {
+    match run {
+        Some(run) => broadcast_outer_cycles(cfg, n, run, dtype),
+        None => elementwise_binary_cycles(cfg, n, dtype),
+    }
+}
+
 /// Tile cycles of an in-place add `a += b` over `n` elements (`BinaryOp1DInPlace<ADD>`), at
 /// poplibs' price (`getBinaryOp1DInPlaceEstimate`, 2023):
 /// `11 + W x (58 + ceil(ceil(n / W) / vw) x 3)`.

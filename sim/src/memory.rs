@@ -487,6 +487,11 @@ fn step_tiles(
     }
 }
 
+/// Whether step `s` is in `part` (every step is in the whole program, `None`).
+fn step_in(part: Option<&[bool]>, s: usize) -> bool {
+    part.is_none_or(|p| p.get(s).copied().unwrap_or(false))
+}
+
 /// Control code per tile: [`CONTROL_BYTES_PER_STEP`] for each step it takes part in that no
 /// outlined body holds, and [`CONTROL_BYTES_PER_CALL`] on every tile for each call of one.
 fn control_code_per_tile(
@@ -499,8 +504,7 @@ fn control_code_per_tile(
     // A part's calls are not told apart from the program's: a part carries them all.
     let mut control = vec![program.calls as u64 * CONTROL_BYTES_PER_CALL; tiles];
     let mut seen = vec![usize::MAX; tiles];
-    let in_part = |s: usize| part.is_none_or(|p| p.get(s).copied().unwrap_or(false));
-    for s in (0..program.steps.len()).filter(|&s| !shared[s] && in_part(s)) {
+    for s in (0..program.steps.len()).filter(|&s| !shared[s] && step_in(part, s)) {
         step_tiles(program, summaries, s, &mut seen, |t| {
             control[t] += CONTROL_BYTES_PER_STEP
         });
@@ -576,7 +580,7 @@ pub(crate) fn account_part(
     cfg: &IpuConfig,
     part: Option<&[bool]>,
 ) -> MemoryReport {
-    let in_part = |s: usize| part.is_none_or(|p| p.get(s).copied().unwrap_or(false));
+    let in_part = |s: usize| step_in(part, s);
     let sram_bytes_per_tile = cfg.sram_bytes_per_tile;
     let interleaved_start = cfg.interleaved_region_start_bytes;
     let tiles = program.tiles as usize;
@@ -601,38 +605,11 @@ pub(crate) fn account_part(
         Probe,
     }
     let mut changes: Vec<(usize, What)> = Vec::new();
-    // A part holds the variables its steps touch.
-    let used: Option<Vec<bool>> = part.map(|_| {
-        let mut used = vec![false; program.tensors.len()];
-        for (s, step) in program.steps.iter().enumerate() {
-            if !in_part(s) {
-                continue;
-            }
-            match step {
-                Step::Compute(cs) => cs.touched.iter().for_each(|t| used[t.index()] = true),
-                Step::Exchange { transfers, .. } => summaries
-                    .of(s, program.tiles, &program.tensors, transfers)
-                    .tensors
-                    .iter()
-                    .for_each(|t| used[t.index()] = true),
-                Step::HostToDevice { tensor, .. }
-                | Step::DeviceToHost { tensor, .. }
-                | Step::LinkReceive { tensor, .. }
-                | Step::RemoteBuffer { tensor, .. } => used[tensor.index()] = true,
-            }
-        }
-        used
-    });
     for (i, t) in program.tensors.iter().enumerate() {
         if t.class == TensorClass::AlwaysLive {
-            if used.as_ref().is_some_and(|u| !u[i]) {
-                continue;
-            }
-            let eb = t.elem_bytes();
-            for (tile, n) in t.mapping.elements_per_tile() {
-                tm[tile.index()].always_live += n * eb;
-            }
-        } else if t.elements > 0 {
+            continue;
+        }
+        if t.elements > 0 {
             changes.push((t.live.0, What::Tensor(i as u32, 1)));
             changes.push((t.live.1 + 1, What::Tensor(i as u32, -1)));
         }
@@ -646,12 +623,15 @@ pub(crate) fn account_part(
     let mut buffers: Vec<Vec<(usize, i64)>> = Vec::new();
     let shared = shared_steps(program);
     let mut exchange_code = SharedExchangeCode::new(program);
+    // The tensors the (part's) steps touch: a part holds only those of its variables.
+    let mut used = vec![part.is_none(); program.tensors.len()];
     for (s, step) in program.steps.iter().enumerate() {
         match step {
             Step::Compute(cs) => {
                 if !in_part(s) {
                     continue;
                 }
+                cs.touched.iter().for_each(|t| used[t.index()] = true);
                 for v in &cs.costs {
                     let t = v.tile.index();
                     codelets[t].insert(v.codelet);
@@ -665,6 +645,9 @@ pub(crate) fn account_part(
                 // exchange and the compute set after it. Code an earlier exchange paid (in
                 // the part or before it) is not paid again.
                 let summary = summaries.of(s, program.tiles, &program.tensors, transfers);
+                if in_part(s) {
+                    summary.tensors.iter().for_each(|t| used[t.index()] = true);
+                }
                 if !shared[s] {
                     let paid = in_part(s);
                     exchange_code.each_paid(s, &summary, &program.tensors, |x| {
@@ -685,7 +668,25 @@ pub(crate) fn account_part(
                         .collect(),
                 );
             }
-            _ => {}
+            Step::HostToDevice { tensor, .. }
+            | Step::DeviceToHost { tensor, .. }
+            | Step::LinkReceive { tensor, .. }
+            | Step::RemoteBuffer { tensor, .. } => {
+                if in_part(s) {
+                    used[tensor.index()] = true;
+                }
+            }
+        }
+    }
+    for (t, _) in program
+        .tensors
+        .iter()
+        .zip(&used)
+        .filter(|&(t, &u)| u && t.class == TensorClass::AlwaysLive)
+    {
+        let eb = t.elem_bytes();
+        for (tile, n) in t.mapping.elements_per_tile() {
+            tm[tile.index()].always_live += n * eb;
         }
     }
     // Each run of a part's steps looks at every tile when it starts: a tile's data may have

@@ -324,6 +324,19 @@ fn stashed_tensors<S: Storage>(plan: &Plan<S>, recompute: bool) -> Vec<(usize, u
     out
 }
 
+/// The bytes `depth` stashed copies of `tensor` take on each of its tiles (tile index, bytes).
+fn stash_per_tile(
+    tensor: &crate::program::ProgTensor,
+    depth: u64,
+) -> impl Iterator<Item = (usize, u64)> + '_ {
+    let eb = tensor.elem_bytes();
+    tensor
+        .mapping
+        .elements_per_tile()
+        .into_iter()
+        .map(move |(tile, n)| (tile.index(), depth * n * eb))
+}
+
 fn add(a: &mut Cycles, b: &Cycles) {
     a.compute += b.compute;
     a.exchange += b.exchange;
@@ -587,10 +600,8 @@ where
         if !opts.memory {
             continue;
         }
-        let tensor = &programs[d].tensors[t];
-        for (tile, n) in tensor.mapping.elements_per_tile() {
-            let bytes = depth * n * tensor.elem_bytes();
-            reports[d].tiles[tile.index()].stash += bytes;
+        for (tile, bytes) in stash_per_tile(&programs[d].tensors[t], depth) {
+            reports[d].tiles[tile].stash += bytes;
             stash_bytes[d] += bytes;
         }
     }
@@ -718,9 +729,8 @@ where
             if !offload_stash {
                 let depth = pipeline.stash_depth(positions[k]) as u64;
                 for &(_, t) in stashed.iter().filter(|&&(j, _)| j == k) {
-                    let tensor = &programs[d].tensors[t];
-                    for (tile, n) in tensor.mapping.elements_per_tile() {
-                        r.tiles[tile.index()].stash += depth * n * tensor.elem_bytes();
+                    for (tile, bytes) in stash_per_tile(&programs[d].tensors[t], depth) {
+                        r.tiles[tile].stash += bytes;
                     }
                 }
             }

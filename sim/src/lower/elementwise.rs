@@ -40,6 +40,18 @@ pub(crate) enum BinaryForm {
     Broadcast,
 }
 
+impl BinaryForm {
+    /// The family of an out-of-place op whose other operand runs `run` elements to a value
+    /// ([`broadcast_run`]).
+    pub(crate) fn of_run(run: Option<u64>) -> Self {
+        if run.is_some() {
+            BinaryForm::Broadcast
+        } else {
+            BinaryForm::Plain
+        }
+    }
+}
+
 /// The vertex type of binary function `f` on `dtype` in `form`: each function, element type
 /// and codelet family its own type (and code).
 pub(crate) fn binary_type(f: BinaryFn, dtype: tessera_core::DType, form: BinaryForm) -> VertexType {
@@ -171,18 +183,11 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Element
                         .flatten()
                 })
                 .flatten();
-            let form = if run.is_some() {
-                BinaryForm::Broadcast
-            } else {
-                BinaryForm::Plain
-            };
             (
-                Codelet::Binary(binary_type(f, dt, form)),
+                Codelet::Binary(binary_type(f, dt, BinaryForm::of_run(run))),
                 Box::new(move |n| {
-                    run.map_or_else(
-                        || cost::elementwise_binary_cycles(cfg, n, dt),
-                        |run| cost::broadcast_outer_cycles(cfg, n, run, dt),
-                    ) + extra.map_or(0, |k| k.cycles(cfg, n, dt))
+                    cost::binary_pass_cycles(cfg, n, run, dt)
+                        + extra.map_or(0, |k| k.cycles(cfg, n, dt))
                 }),
             )
         }

@@ -270,22 +270,8 @@ fn normalize<S: Storage>(
         same,
         // popnn's whitening: a broadcast sub and an in-place broadcast mul (and, for a
         // gradient, their like), vertex types of their own.
-        Codelet::Binary(binary_type(
-            BinaryFn::Sub,
-            dt,
-            if run.is_some() {
-                BinaryForm::Broadcast
-            } else {
-                BinaryForm::Plain
-            },
-        )),
-        move |n| {
-            passes
-                * run.map_or_else(
-                    || cost::elementwise_binary_cycles(cfg, n, dt),
-                    |run| cost::broadcast_outer_cycles(cfg, n, run, dt),
-                )
-        },
+        Codelet::Binary(binary_type(BinaryFn::Sub, dt, BinaryForm::of_run(run))),
+        move |n| passes * cost::binary_pass_cycles(cfg, n, run, dt),
         move |s, len| {
             // The statistics of the groups these elements belong to (two values per group).
             broadcast_reads(stats, kept, shape, s, len)
