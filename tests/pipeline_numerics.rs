@@ -216,3 +216,88 @@ proptest! {
         }
     }
 }
+
+/// A model whose first and last stages read one weight (as a tied embedding and decoder):
+/// `x . W`, a dense layer per middle stage, `. W^T`, a softmax layer.
+fn build_tied(c: &Case, stages: usize) -> Plan<Fixed<192>> {
+    let mut g: Graph<Fixed<192>> = Graph::new();
+    let x = g.input("x", &[c.batch, 3], DType::F32).unwrap();
+    let w = g
+        .variable("W", &[3, 4], DType::F32, tessera::core::Init::GlorotUniform)
+        .unwrap();
+    let h = g.matmul("embed", x, w).unwrap();
+    let mut h = g.tanh("embed_act", h).unwrap();
+    for k in 1..c.stages.max(2) {
+        g.set_stage(if stages == 1 { 0 } else { k - 1 }).unwrap();
+        h = g
+            .dense(&format!("Dense_{k}"), h, 4, Activation::Tanh, DType::F32)
+            .unwrap();
+    }
+    g.set_stage(stages - 1).unwrap();
+    let t = g.matmul_t("decode", h, w, false, true).unwrap();
+    let y = g
+        .dense("Dense_out", t, 3, Activation::Softmax, DType::F32)
+        .unwrap();
+    let labels = g.input("labels", &[c.batch], DType::I32).unwrap();
+    let loss = g
+        .sparse_categorical_crossentropy("loss", y, labels, false)
+        .unwrap();
+    let opt = if c.momentum {
+        Optimizer::momentum(0.2, 0.9)
+    } else {
+        Optimizer::sgd(0.3)
+    };
+    g.differentiate_accumulating(
+        loss,
+        opt,
+        Accumulation {
+            count: c.m,
+            method: c.method,
+            dtype: None,
+        },
+    )
+    .unwrap();
+    Plan::new(&g).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// A weight read by two stages gets one accumulator, each stage adding its own partial
+    /// gradient as its backward pass ends; in any schedule the weights are those of the same
+    /// model in one stage.
+    #[test]
+    fn tied_weights_across_stages_match_one_stage(c in case()) {
+        let stages = c.stages.max(2);
+        // Interleaved training keeps one stage per IPU, so a stage pair sharing a weight is
+        // for the other schedules.
+        let schedule = if c.schedule == Schedule::Interleaved { Schedule::Grouped } else { c.schedule };
+        let m = overlap_length(schedule, stages, true) as u32;
+        let c = Case { stages, schedule, m, ..c };
+        let piped = build_tied(&c, stages);
+        let g = piped.graph();
+        let accs: Vec<_> = g.ids().filter(|&id| g.node(id).name().starts_with("W/accumulate")).collect();
+        prop_assert_eq!(accs.len(), 2, "one accumulate op per reading stage");
+        let stages_of: Vec<usize> = accs.iter().map(|&a| g.node(a).stage()).collect();
+        prop_assert_eq!(stages_of, vec![stages - 1, 0]);
+        let n_acc = g.ids().filter(|&id| g.node(id).name() == "W/accumulator").count();
+        prop_assert_eq!(n_acc, 1);
+
+        let one = build_tied(&c, 1);
+        let mut runner = PipelineRunner::new(piped.clone(), c.schedule, 1).unwrap();
+        runner.init_state(c.seed).unwrap();
+        let mut arena = vec![0u8; one.arena_bytes()];
+        let mut state = vec![0u8; one.state_bytes()];
+        one.init_state(&mut state, c.seed).unwrap();
+        let mm = c.m as usize;
+        for u in 0..c.updates {
+            runner.run_update(feeder(c.seed, u, mm, c.batch, 1)).unwrap();
+            let mut feed = feeder(c.seed, u, mm, c.batch, 1);
+            for b in 0..mm {
+                feed(0, b, &one, &mut arena).unwrap();
+                one.train_step(&mut arena, &mut state).unwrap();
+            }
+        }
+        close(&weights(&piped, runner.state(0)), &weights(&one, &state))?;
+    }
+}

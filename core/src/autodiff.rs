@@ -837,6 +837,28 @@ impl<S: Storage> Graph<S> {
                 }
             }
         }
+        // Trainable variables read by relevant nodes of more than one pipeline stage (a tied
+        // embedding and masked-LM decoder, say). Accumulating, each stage adds its partial
+        // gradient into the variable's one accumulator as its own backward pass ends (PopART's
+        // `InplaceAccumulateGradPartialsIntoOptimizerAccumTensor`), so no stage waits for
+        // another's partial and nothing is carried across the pipeline.
+        let mut split_grad: S::Vec<bool> = S::filled(forward_len, false).ok_or_else(full)?;
+        if accumulating {
+            for i in 0..=last {
+                if !relevant[i] {
+                    continue;
+                }
+                for o in self.nodes[i].op.operands().as_slice() {
+                    let f = first_consumer[o.index()];
+                    if self.nodes[o.index()].roles.contains(Roles::TRAINABLE)
+                        && f != usize::MAX
+                        && self.nodes[f].stage != self.nodes[i].stage
+                    {
+                        split_grad[o.index()] = true;
+                    }
+                }
+            }
+        }
 
         let step = match optimizer {
             Optimizer::Adam { .. } | Optimizer::Lamb { .. } => Some(self.push(
@@ -921,22 +943,48 @@ impl<S: Storage> Graph<S> {
             let operands = bp.graph.nodes[i].op.operands();
             for (k, &o) in operands.as_slice().iter().enumerate() {
                 let repeated = operands.as_slice()[..k].contains(&o);
-                if !repeated
-                    && first_consumer[o.index()] == i
-                    && bp.graph.nodes[o.index()].roles.contains(Roles::TRAINABLE)
-                {
-                    if let Some(g) = bp.grad[o.index()] {
-                        let g_ = &mut *bp.graph;
-                        g_.current_stage = g_.nodes[o.index()].stage;
-                        let g = g_.finalize_var_grad(o, g)?;
-                        match counter {
-                            None => g_.emit_update(o, g, optimizer, step)?,
-                            Some(_) => {
-                                let stage_counter =
-                                    counters[usize::from(g_.nodes[o.index()].stage)];
-                                let acc = g_.accumulate(o, g, stage_counter, accumulation)?;
-                                accumulators.push((o, acc)).map_err(|_| full())?;
-                            }
+                if repeated || !bp.graph.nodes[o.index()].roles.contains(Roles::TRAINABLE) {
+                    continue;
+                }
+                let stage = bp.graph.nodes[i].stage;
+                let whole = first_consumer[o.index()] == i;
+                // A split gradient's partial is complete at the stage's first reader.
+                let partial = !whole
+                    && split_grad[o.index()]
+                    && !bp.graph.nodes[..i].iter().enumerate().any(|(j, n)| {
+                        bp.relevant[j]
+                            && n.stage == stage
+                            && n.op.operands().as_slice().contains(&o)
+                    });
+                if !(whole || partial) {
+                    continue;
+                }
+                let Some(g) = bp.grad[o.index()] else {
+                    continue;
+                };
+                let g_ = &mut *bp.graph;
+                if partial {
+                    bp.grad[o.index()] = None;
+                } else {
+                    g_.current_stage = g_.nodes[o.index()].stage;
+                }
+                let split = split_grad[o.index()].then_some(usize::from(g_.current_stage));
+                let g = g_.finalize_var_grad(o, g, if partial { split } else { None })?;
+                match counter {
+                    None => g_.emit_update(o, g, optimizer, step)?,
+                    Some(_) => {
+                        let stage_counter = counters[usize::from(g_.current_stage)];
+                        let held = accumulators.iter().find(|(v, _)| *v == o).map(|&(_, a)| a);
+                        // RUNNING_MEAN rescales the accumulator by each stage's own count,
+                        // which partials from stages at different micro-batches would break;
+                        // MEAN gives the same result in any order.
+                        let mut a = accumulation;
+                        if split.is_some() && a.method == AccumulationMethod::RunningMean {
+                            a.method = AccumulationMethod::Mean;
+                        }
+                        let acc = g_.accumulate(o, g, stage_counter, a, held, split)?;
+                        if held.is_none() {
+                            accumulators.push((o, acc)).map_err(|_| full())?;
                         }
                     }
                 }
@@ -1003,9 +1051,19 @@ impl<S: Storage> Graph<S> {
         Ok(())
     }
 
-    /// Gives a variable's final gradient the name `<variable>_grad`.
-    fn finalize_var_grad(&mut self, var: NodeId, g: NodeId) -> Result<NodeId, GraphError> {
-        let name = derived(&self.nodes[var.index()].name.clone(), format_args!("_grad"))?;
+    /// Gives a variable's final gradient the name `<variable>_grad` (a stage's partial of a
+    /// split gradient: `<variable>_grad_stage<k>`).
+    fn finalize_var_grad(
+        &mut self,
+        var: NodeId,
+        g: NodeId,
+        partial: Option<usize>,
+    ) -> Result<NodeId, GraphError> {
+        let vname = self.nodes[var.index()].name.clone();
+        let name = match partial {
+            None => derived(&vname, format_args!("_grad"))?,
+            Some(k) => derived(&vname, format_args!("_grad_stage{k}"))?,
+        };
         let mut own = Name::new();
         let _ = write!(own, "{}_grad/", self.nodes[var.index()].name);
         if self.nodes[g.index()].name.starts_with(own.as_str()) {
@@ -1025,25 +1083,41 @@ impl<S: Storage> Graph<S> {
         }
     }
 
-    /// An accumulator for `var` and the op adding `grad` into it.
+    /// The op adding `grad` into `var`'s accumulator: `held`, or a new one (in `var`'s
+    /// stage). `partial`: the stage whose partial of a split gradient `grad` is.
     fn accumulate(
         &mut self,
         var: NodeId,
         grad: NodeId,
         counter: NodeId,
         a: Accumulation,
+        held: Option<NodeId>,
+        partial: Option<usize>,
     ) -> Result<NodeId, GraphError> {
         let vname = self.nodes[var.index()].name.clone();
         let (shape, vdt) = (self.node(var).shape, self.node(var).dtype);
-        let acc = self.push(
-            derived(&vname, format_args!("/accumulator"))?,
-            Op::Variable { init: Init::Zeros },
-            shape,
-            a.dtype.unwrap_or(vdt),
-            Roles::ACCUMULATOR,
-        )?;
+        let acc = match held {
+            Some(acc) => acc,
+            None => {
+                let scope = self.current_stage;
+                self.current_stage = self.nodes[var.index()].stage;
+                let acc = self.push(
+                    derived(&vname, format_args!("/accumulator"))?,
+                    Op::Variable { init: Init::Zeros },
+                    shape,
+                    a.dtype.unwrap_or(vdt),
+                    Roles::ACCUMULATOR,
+                );
+                self.current_stage = scope;
+                acc?
+            }
+        };
+        let name = match partial {
+            None => derived(&vname, format_args!("/accumulate"))?,
+            Some(k) => derived(&vname, format_args!("/accumulate_stage{k}"))?,
+        };
         self.push(
-            derived(&vname, format_args!("/accumulate"))?,
+            name,
             Op::Update(Update::Accumulate {
                 acc,
                 grad,
