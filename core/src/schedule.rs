@@ -56,6 +56,23 @@ impl fmt::Display for Schedule {
     }
 }
 
+/// Whose rule the accumulation count of a pipeline must meet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum AccumulationRule {
+    /// TensorFlow's pipeline visitor: a multiple of the overlap length `L`, and at least `L`
+    /// (`VerifyPipelineArgumentsFixed`, `pipeline_visitor.cc`; `L` counts every forward and
+    /// backward stage of the Grouped schedule).
+    #[default]
+    TensorFlow,
+    /// PopART's, which PopTorch shares: at least the pipeline's stages as PopART counts them
+    /// (`transforms/pipeline.cpp`: forward and backward stages, the last forward and first
+    /// backward merged, `2S - 1` training and `S` inference), with no multiple required: its
+    /// fill, main and flush phases run any count (`PipelineInfo`). PopART has no Interleaved
+    /// schedule; that one keeps TensorFlow's rule.
+    PopArt,
+}
+
 /// A stage's forward or backward pass.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
@@ -93,6 +110,15 @@ pub enum ScheduleError {
         /// The overlap length it must be a multiple of (and at least).
         overlap: usize,
     },
+    /// Fewer micro-batches than PopART's pipeline needs to fill ([`AccumulationRule::PopArt`]).
+    TooFewMicroBatches {
+        /// Stages.
+        stages: usize,
+        /// The accumulation count given.
+        accumulation: usize,
+        /// The least it may be.
+        least: usize,
+    },
     /// A device mapping whose length is not the number of stages.
     MappingLength {
         /// Stages.
@@ -120,6 +146,11 @@ impl fmt::Display for ScheduleError {
                 "gradient accumulation count {accumulation} must be a multiple of {overlap} and at least {overlap} for the {schedule} schedule with {stages} stage{}",
                 if stages == 1 { "" } else { "s" }
             ),
+            ScheduleError::TooFewMicroBatches { stages, accumulation, least } => write!(
+                f,
+                "gradient accumulation count {accumulation} must be at least {least} to fill a pipeline of {stages} stage{} (PopART's rule)",
+                if stages == 1 { "" } else { "s" }
+            ),
             ScheduleError::MappingLength { stages, entries } => write!(
                 f,
                 "device mapping has {entries} entries for {stages} pipeline stages"
@@ -145,15 +176,48 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// Checks and makes a pipeline.
+    /// Checks and makes a pipeline under TensorFlow's rule for the accumulation count.
     pub fn new(
         stages: usize,
         accumulation: usize,
         schedule: Schedule,
         training: bool,
     ) -> Result<Self, ScheduleError> {
+        Self::with_rule(
+            stages,
+            accumulation,
+            schedule,
+            training,
+            AccumulationRule::TensorFlow,
+        )
+    }
+
+    /// Checks and makes a pipeline under `rule` for the accumulation count.
+    pub fn with_rule(
+        stages: usize,
+        accumulation: usize,
+        schedule: Schedule,
+        training: bool,
+        rule: AccumulationRule,
+    ) -> Result<Self, ScheduleError> {
         if stages == 0 {
             return Err(ScheduleError::NoStages);
+        }
+        if rule == AccumulationRule::PopArt && schedule == Schedule::Grouped {
+            let least = least_accumulation(rule, schedule, stages, training);
+            if accumulation < least {
+                return Err(ScheduleError::TooFewMicroBatches {
+                    stages,
+                    accumulation,
+                    least,
+                });
+            }
+            return Ok(Pipeline {
+                stages,
+                accumulation,
+                schedule,
+                training,
+            });
         }
         let overlap = overlap_length(schedule, stages, training);
         if accumulation < overlap || accumulation % overlap != 0 {
@@ -328,6 +392,21 @@ pub fn overlap_length(schedule: Schedule, stages: usize, training: bool) -> usiz
         Schedule::Grouped if training => 2 * stages,
         Schedule::Grouped | Schedule::Interleaved => stages,
         Schedule::Sequential => 1,
+    }
+}
+
+/// The least accumulation count a pipeline of `stages` stages takes under `rule`: PopART's
+/// `2S - 1` (`S` inference) for the Grouped schedule, else the overlap length.
+pub fn least_accumulation(
+    rule: AccumulationRule,
+    schedule: Schedule,
+    stages: usize,
+    training: bool,
+) -> usize {
+    match (rule, schedule) {
+        (AccumulationRule::PopArt, Schedule::Grouped) if training => (2 * stages).max(2) - 1,
+        (AccumulationRule::PopArt, Schedule::Grouped) => stages.max(1),
+        _ => overlap_length(schedule, stages, training).max(1),
     }
 }
 

@@ -9,7 +9,7 @@
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
-use tessera_core::schedule::{Pipeline, Schedule, ScheduleError};
+use tessera_core::schedule::{AccumulationRule, Pipeline, Schedule, ScheduleError};
 use tessera_core::{Op, Plan, Roles, Storage};
 
 use crate::estimate::{cost_steps_with, Cycles, SimError, TraceEvent};
@@ -29,6 +29,9 @@ pub struct SystemOptions {
     pub schedule: Schedule,
     /// Stage -> IPU; `None` maps stage k to IPU k.
     pub device_mapping: Option<Vec<usize>>,
+    /// Whose rule the accumulation count must meet: TensorFlow's (Keras-like models, the
+    /// default) or PopART's (ONNX models, which PopART and PopTorch compile).
+    pub accumulation_rule: AccumulationRule,
     /// Stage -> pipeline position; stages sharing a position are concurrent (they run side
     /// by side on different IPUs in the same slots). `None`: stage k at position k.
     pub stage_positions: Option<Vec<usize>>,
@@ -71,6 +74,7 @@ impl Default for SystemOptions {
             schedule: Schedule::Grouped,
             device_mapping: None,
             stage_positions: None,
+            accumulation_rule: AccumulationRule::TensorFlow,
             replicas: 1,
             micro_batch: 1,
             inference_micro_batches: 1,
@@ -418,8 +422,8 @@ where
         training,
     )?;
     let count = positions.iter().copied().max().unwrap_or(0) + 1;
-    let pipeline =
-        Pipeline::new(count, m, opts.schedule, training).map_err(SystemError::Schedule)?;
+    let pipeline = Pipeline::with_rule(count, m, opts.schedule, training, opts.accumulation_rule)
+        .map_err(SystemError::Schedule)?;
     let repeat = loop_repeat(opts.steps_per_execution, opts.repeat_count, m)?;
     if opts.stage_positions.is_none() {
         pipeline
