@@ -1013,43 +1013,68 @@ fn onnx_search_finds_the_fewest_ipus_a_split_fits_on() {
 }
 
 /// A model too big for one IPU (an automatic split fits on 3, see the test above) with the
-/// accumulation count given: splits whose schedule cannot take it (Grouped needs a multiple
-/// of twice the stages) cannot run, and the search finds the fewest IPUs among those that
-/// can, saying which could not, instead of ending on the first one's schedule error. M = 2
-/// lets no split run; M = 8 lets 2 and 4 IPUs run, not 3 (so the search, which takes more
-/// IPUs to fit when fewer do, must not step over 4); M = 12 lets 3 run again.
+/// accumulation count given: splits whose schedule cannot take it cannot run, and the search
+/// finds the fewest IPUs among those that can, saying which could not, instead of ending on
+/// the first one's schedule error. Grouped takes PopART's rule for ONNX models (at least
+/// 2 x stages - 1): M = 2 lets no split run, M = 4 lets 2 IPUs run, where the model does not
+/// fit. Interleaved keeps TensorFlow's (a multiple of the stages): M = 4 lets 2 and 4 IPUs run,
+/// not 3 (so the search, which takes more IPUs to fit when fewer do, must not step over 4);
+/// M = 6 lets 3 run again.
 #[test]
 fn onnx_search_skips_splits_that_cannot_run() {
     let model = fixture("wide_mlp.onnx");
-    for (m, ipus, unrunnable) in [("2", None, 2), ("8", Some(4), 3), ("12", Some(3), 4)] {
+    for (schedule, m, ipus, unrunnable, says) in [
+        ("grouped", "2", None, 2, "no automatic split can run"),
+        (
+            "grouped",
+            "4",
+            None,
+            3,
+            "no automatic split fits on up to 2 IPUs",
+        ),
+        (
+            "interleaved",
+            "4",
+            Some(4),
+            3,
+            "an automatic split fits on 4 IPUs",
+        ),
+        (
+            "interleaved",
+            "6",
+            Some(3),
+            4,
+            "an automatic split fits on 3 IPUs",
+        ),
+    ] {
         let o = tessera(&wide_mlp_estimate(
             &model,
-            &["--gradient-accumulation-count", m],
+            &[
+                "--gradient-accumulation-count",
+                m,
+                "--pipeline-schedule",
+                schedule,
+            ],
         ));
         assert!(!o.status.success());
         let err = stderr(&o);
         assert!(err.contains("out of memory: tile"), "M = {m}: {err}");
         let j = last_json(&o);
         let found = &j["onnx"]["fewest_ipus"];
-        assert_eq!(found["ipus"].as_u64(), ipus, "M = {m}: {found}");
+        assert_eq!(found["ipus"].as_u64(), ipus, "{schedule} M = {m}: {found}");
         let why =
             format!("the split on {unrunnable} IPUs cannot run: gradient accumulation count {m}");
         assert!(
             found["unrunnable"]
                 .as_str()
                 .is_some_and(|s| s.starts_with(&why)),
-            "M = {m}: {found}"
+            "{schedule} M = {m}: {found}"
         );
-        match ipus {
-            Some(n) => assert!(
-                err.contains(&format!("an automatic split fits on {n} IPUs")),
-                "M = {m}: {err}"
-            ),
-            None => assert!(
-                err.contains("no automatic split can run") && err.contains(&why),
-                "M = {m}: {err}"
-            ),
-        }
+        // When none fits, the message says why more IPUs were not tried.
+        assert!(
+            err.contains(says) && (ipus.is_some() || err.contains(&why)),
+            "{schedule} M = {m}: {err}"
+        );
     }
 }
 

@@ -194,3 +194,67 @@ fn named_boundaries_make_pipeline_stages_with_the_schedules_stash_depths() {
         assert_eq!(c.imported.layers[cut + 1].stage, 1);
     }
 }
+
+/// A masked-LM head tied to an embedding in an earlier stage is a stage of its own on the
+/// embedding's IPU, reading the embedding's table (no copy of it), its partial gradient
+/// accumulated in its own stage; the pipeline then takes PopART's accumulation counts.
+#[test]
+fn a_tied_masked_lm_head_runs_on_its_embeddings_ipu() {
+    use tessera_core::Roles;
+    use tessera_host::session::onnx::{compile_onnx, OnnxOptions};
+    use tessera_host::session::{SessionError, SessionOptions};
+    let m = OnnxModel::load(&fixture("transformer.onnx")).expect("loads");
+    let cut = "encoder/layer.0/output/LayerNorm/LayerNormalization".to_string();
+    let so = |m: usize| SessionOptions {
+        batch_size: 4,
+        gradient_accumulation_count: m,
+        ..SessionOptions::default()
+    };
+    let piped = OnnxOptions {
+        stages: Stages::After(vec![cut]),
+        ..OnnxOptions::default()
+    };
+    let params = |c: &tessera_host::session::onnx::OnnxCompiled| -> usize {
+        let g = c.plan.graph();
+        g.nodes()
+            .iter()
+            .filter(|n| n.roles().contains(Roles::TRAINABLE))
+            .map(|n| n.shape().elements())
+            .sum()
+    };
+    // 7 is no multiple of TensorFlow's 2 x 3 stages, but fills PopART's 2 x 3 - 1.
+    let c = compile_onnx(&m, &so(7), &piped).expect("compiles");
+    let one = compile_onnx(&m, &so(7), &OnnxOptions::default()).expect("compiles");
+    assert_eq!(
+        params(&c),
+        params(&one),
+        "the decoder is the embedding's table"
+    );
+    let head = c.head.as_ref().expect("a masked-LM head");
+    assert_eq!(head.tied_to, Some(0));
+    assert_eq!(c.system.device_mapping.as_deref(), Some(&[0, 1, 0][..]));
+    let g = c.plan.graph();
+    let table = g.node(head.table).name().to_string();
+    let accumulates: Vec<usize> = g
+        .nodes()
+        .iter()
+        .filter(|n| n.name().starts_with(&format!("{table}/accumulate")))
+        .map(|n| n.stage())
+        .collect();
+    assert_eq!(accumulates, vec![2, 0], "one partial per reading stage");
+    // Training returns the loss alone: the model's output is not kept for the host.
+    let out = c.imported.outputs[0].node;
+    assert!(!g.node(out).roles().contains(Roles::OUTPUT));
+    let e = c.estimate().expect("estimates");
+    assert_eq!(e.stages.len(), 3);
+    assert_eq!(e.stages[2].ipu, 0);
+    assert_eq!(e.ipus.len(), 2);
+    // Fewer micro-batches than the pipeline's 2 x 3 - 1 stages: refused, saying so.
+    let c = compile_onnx(&m, &so(4), &piped).expect("compiles");
+    match c.estimate() {
+        Err(SessionError::System(e)) => {
+            assert!(e.to_string().contains("at least 5"), "{e}")
+        }
+        other => panic!("expected a schedule error, got {:?}", other.map(|e| e.fits)),
+    }
+}

@@ -1,37 +1,49 @@
 //! The automatic pipeline split's partition is optimal: on small random cases it equals an
-//! exhaustive search over every contiguous split (the largest stage cost, every stage under
-//! the memory cap), and its cuts are what it claims.
+//! exhaustive search over every contiguous split (the largest stage cost, each stage under
+//! its memory cap, stages starting only where cuts are allowed), and its cuts are what it
+//! claims.
 
 use proptest::prelude::*;
 use tessera_host::session::split::partition;
 
-/// Every way to cut `l` items into `n` non-empty contiguous parts: the best largest cost
-/// under the cap, if any split keeps under it.
-fn exhaustive(costs: &[u64], mems: &[u64], n: usize, cap: u64) -> Option<u64> {
-    fn go(costs: &[u64], mems: &[u64], n: usize, cap: u64, start: usize) -> Option<u64> {
+/// Every way to cut `costs` into `caps.len()` non-empty contiguous parts, part `k` under
+/// `caps[k]` and starting where `cuttable` allows (empty: anywhere): the best largest cost,
+/// if any split keeps under the caps.
+fn exhaustive(costs: &[u64], mems: &[u64], caps: &[u64], cuttable: &[bool]) -> Option<u64> {
+    fn go(
+        costs: &[u64],
+        mems: &[u64],
+        caps: &[u64],
+        cuttable: &[bool],
+        start: usize,
+    ) -> Option<u64> {
         let l = costs.len();
+        let n = caps.len();
+        if start > 0 && !cuttable.is_empty() && !cuttable[start] {
+            return None;
+        }
         if n == 1 {
             let m: u64 = mems[start..].iter().sum();
-            return (start < l && m <= cap).then(|| costs[start..].iter().sum());
+            return (start < l && m <= caps[0]).then(|| costs[start..].iter().sum());
         }
         let mut best: Option<u64> = None;
         for end in start + 1..=l.saturating_sub(n - 1) {
             let m: u64 = mems[start..end].iter().sum();
-            if m > cap {
+            if m > caps[0] {
                 break;
             }
             let c: u64 = costs[start..end].iter().sum();
-            if let Some(rest) = go(costs, mems, n - 1, cap, end) {
+            if let Some(rest) = go(costs, mems, &caps[1..], cuttable, end) {
                 let v = c.max(rest);
                 best = Some(best.map_or(v, |b| b.min(v)));
             }
         }
         best
     }
-    if n == 0 || costs.len() < n {
+    if caps.is_empty() || costs.len() < caps.len() {
         return None;
     }
-    go(costs, mems, n, cap, 0)
+    go(costs, mems, caps, cuttable, 0)
 }
 
 proptest! {
@@ -39,24 +51,31 @@ proptest! {
 
     #[test]
     fn partition_equals_exhaustive_search(
-        items in prop::collection::vec((0u64..1000, 0u64..50), 1..11),
-        n in 1usize..5,
-        cap in 10u64..300,
+        items in prop::collection::vec((0u64..1000, 0u64..50, any::<bool>()), 1..11),
+        caps in prop::collection::vec(10u64..300, 1..5),
+        anywhere in any::<bool>(),
     ) {
         let costs: Vec<u64> = items.iter().map(|x| x.0).collect();
         let mems: Vec<u64> = items.iter().map(|x| x.1).collect();
-        let got = partition(&costs, &mems, n, cap);
-        let want = exhaustive(&costs, &mems, n, cap);
+        let cuttable: Vec<bool> = if anywhere {
+            Vec::new()
+        } else {
+            items.iter().enumerate().map(|(i, x)| i == 0 || x.2).collect()
+        };
+        let n = caps.len();
+        let got = partition(&costs, &mems, &caps, &cuttable);
+        let want = exhaustive(&costs, &mems, &caps, &cuttable);
         prop_assert_eq!(got.as_ref().map(|p| p.max_cost), want);
         if let Some(p) = got {
-            // The cuts are increasing, every part non-empty and under the cap, and the claimed
-            // cost is the largest part's.
+            // The cuts are increasing and allowed, every part non-empty and under its cap,
+            // and the claimed cost is the largest part's.
             prop_assert_eq!(p.starts.len(), n);
             prop_assert_eq!(p.starts[0], 0);
             let mut largest = 0;
-            for s in 0..n {
+            for (s, &cap) in caps.iter().enumerate() {
                 let (a, b) = (p.starts[s], p.starts.get(s + 1).copied().unwrap_or(costs.len()));
                 prop_assert!(a < b);
+                prop_assert!(cuttable.is_empty() || cuttable[a]);
                 prop_assert!(mems[a..b].iter().sum::<u64>() <= cap);
                 largest = largest.max(costs[a..b].iter().sum::<u64>());
             }

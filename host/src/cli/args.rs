@@ -144,7 +144,10 @@ pub struct ModelArgs {
     /// Samples per micro-batch [default: the model file's, else 32].
     #[arg(long)]
     pub batch_size: Option<usize>,
-    /// Micro-batches per weight update, M [default: the model file's, else 1].
+    /// Micro-batches per weight update, M [default: the model file's, else 1; pipelines:
+    /// the least their schedule takes]. Pipelines of model files take TensorFlow's rule (a
+    /// multiple of the overlap, 2 x stages for Grouped training), of ONNX models PopART's
+    /// (at least 2 x stages - 1).
     #[arg(long)]
     pub gradient_accumulation_count: Option<usize>,
     /// Weight updates per execution of the on-device loop, R [default: one pass over the

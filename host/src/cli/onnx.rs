@@ -6,13 +6,14 @@ use std::path::Path;
 use std::time::Instant;
 
 use serde::Serialize;
-use tessera_core::schedule::overlap_length;
+use tessera_core::schedule::least_accumulation;
 use tessera_host::model::TrainingDefaults;
 use tessera_host::onnx::{OnnxModel, Stages};
 use tessera_host::report::format::{bytes, count};
 use tessera_host::report::{write_report, Report};
 use tessera_host::session::onnx::{
-    compile_onnx, layer_rows, run_onnx, LayerRow, LossKind, NamedTensor, OnnxOptions,
+    compile_onnx, layer_rows, pipeline_stages, run_onnx, LayerRow, LossKind, NamedTensor,
+    OnnxOptions, ONNX_ACCUMULATION_RULE,
 };
 use tessera_host::session::split::{
     fewest_ipus, is_profile_estimate, profile, profile_of, split, SplitInfo, MAX_IPUS,
@@ -151,10 +152,10 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
     let path = Path::new(&a.model.model);
     let model = OnnxModel::load(path)?;
     let name = model.name();
-    // The file's batch is the default batch size.
-    let file_batch = {
+    // The file's batch is the default batch size; the probe also tells what the loss adds.
+    let probe = {
         let mut g = tessera_core::Graph::<tessera_sim::Heap>::new();
-        let probe = tessera_host::onnx::import(
+        tessera_host::onnx::import(
             &model,
             &mut g,
             &tessera_host::onnx::ImportOptions {
@@ -162,9 +163,9 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
                 batch_size: a.model.batch_size,
                 ..Default::default()
             },
-        )?;
-        probe.file_batch
+        )?
     };
+    let file_batch = probe.file_batch;
     let defaults = TrainingDefaults {
         batch_size: Some(file_batch),
         ..TrainingDefaults::default()
@@ -191,9 +192,11 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
     let options_for = |stages: usize| -> Result<SessionOptions, AnyError> {
         let mut so = options_with(&a.model, &defaults, &name, stages)?;
         if a.model.gradient_accumulation_count.is_none() && stages > 1 {
-            // A pipeline needs enough micro-batches per update to fill: the schedule's least.
+            // A pipeline needs enough micro-batches per update to fill: the schedule's least
+            // under PopART's rule, for its stages with a masked-LM head's.
+            let piped = pipeline_stages(&probe, oo.loss, a.inference, stages);
             so.gradient_accumulation_count =
-                overlap_length(so.schedule, stages, !a.inference).max(1);
+                least_accumulation(ONNX_ACCUMULATION_RULE, so.schedule, piped, !a.inference);
         }
         Ok(so)
     };
@@ -323,12 +326,12 @@ fn facts_text(f: &ImportFacts, all_layers: bool) -> String {
     if let Some(sp) = &f.split {
         let _ = writeln!(
             s,
-            "automatic split into {} stages after {}: stage cycles (one-IPU estimate) {:?}, weight state {} (cap {} per stage, attempt {} of {})",
+            "automatic split into {} IPUs after {}: IPU cycles (one-IPU estimate) {:?}, weight state {} (caps {}, attempt {} of {})",
             sp.ipus,
             sp.boundaries.join(", "),
             sp.stage_cycles,
             sp.stage_weight_bytes.iter().map(|&b| bytes(b)).collect::<Vec<_>>().join(" / "),
-            bytes(sp.cap_bytes),
+            sp.cap_bytes.iter().map(|&b| bytes(b)).collect::<Vec<_>>().join(" / "),
             sp.attempts,
             sp.tried
         );

@@ -597,7 +597,13 @@ impl<'a> Importer<'a> {
                     tensor: name.clone(),
                 })?;
             let id = self.t(&v, &name)?;
-            self.g.mark_output(id).map_err(|e| self.graph_err(e))?;
+            // Inference returns the outputs to the host. Training feeds them to the loss and
+            // returns the loss, as the frameworks' training loops outfeed it alone (PopART's
+            // anchors, TensorFlow's outfeed of the step's results): they are neither kept to
+            // the end of the step nor streamed out.
+            if !self.opts.training {
+                self.g.mark_output(id).map_err(|e| self.graph_err(e))?;
+            }
             let dims = self.dims(&v);
             shapes.insert(name.clone(), dims.clone());
             outputs.push(ImportedOutput {

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use serde::Serialize;
-use tessera_core::schedule::{overlap_length, Schedule};
+use tessera_core::schedule::{overlap_length, AccumulationRule, Schedule};
 use tessera_core::{Accumulation, DType, Graph, Init, NodeId, Plan, Roles};
 use tessera_sim::machine::IpuConfig;
 use tessera_sim::system::{estimate_system, SystemEstimate, SystemOptions};
@@ -29,7 +29,8 @@ pub enum LossKind {
     Mse,
     /// A masked-LM head as BERT's pre-training: the hidden states of the masked positions
     /// (`--mask-tokens` per sequence, gathered from the output `[batch, seq, hidden]`)
-    /// projected onto the token embedding (tied when in the same stage) to
+    /// projected onto the token embedding (tied; when the embedding is in an earlier pipeline
+    /// stage the projection is a stage of its own on the embedding's IPU) to
     /// `[batch, masked, vocab]` logits, cross-entropy with labels (-100 ignored).
     MaskedLm,
 }
@@ -53,6 +54,10 @@ pub struct OnnxOptions {
     /// by one.
     pub device_mapping: Option<Vec<usize>>,
 }
+
+/// The rule an ONNX model's pipeline takes accumulation counts by: PopART's, as PopART and
+/// PopTorch (which compiles through PopART) are what run ONNX models on IPUs.
+pub const ONNX_ACCUMULATION_RULE: AccumulationRule = AccumulationRule::PopArt;
 
 /// BERT's share of masked tokens (15%, Devlin et al. 2019): the masked-LM head's positions
 /// per sequence are this share of the sequence, rounded up, unless `--mask-tokens` says.
@@ -81,12 +86,27 @@ pub struct OnnxCompiled {
     pub loss: Option<NodeId>,
     /// The loss that was added (training).
     pub loss_kind: Option<LossKind>,
+    /// The masked-LM head, when the loss added one.
+    pub head: Option<MlmHead>,
     /// The machine.
     pub machine: IpuConfig,
     /// The system options of the estimate.
     pub system: SystemOptions,
     /// The session options.
     pub options: SessionOptions,
+}
+
+/// A masked-LM head the loss added: a projection onto the token embedding's table (tied).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlmHead {
+    /// The token embedding's table.
+    pub table: NodeId,
+    /// The first graph node of the head (the head and the loss are the forward nodes from
+    /// here on).
+    pub first: usize,
+    /// The stage of the embedding whose IPU runs the head as a stage of its own, when they
+    /// are in different stages.
+    pub tied_to: Option<usize>,
 }
 
 /// Imports `model` under `so` and `oo`, adds the loss and backward pass for training, and
@@ -118,10 +138,13 @@ pub fn compile_onnx(
             stages,
         },
     )?;
+    let model_stages = g.stage_count();
+    let mut head = None;
     let (loss, loss_kind) = if oo.inference {
         (None, None)
     } else {
-        let (loss, kind) = add_loss(&mut g, &imported, oo.loss, oo.mask_tokens, so.dtype)?;
+        let (loss, kind, h) = add_loss(&mut g, &imported, oo.loss, oo.mask_tokens, so.dtype)?;
+        head = h;
         let m = u32::try_from(so.gradient_accumulation_count)
             .map_err(|_| opt_err("--gradient-accumulation-count", "is too large".into()))?;
         super::differentiate(
@@ -146,13 +169,13 @@ pub fn compile_onnx(
         so.schedule
     };
     let overlap = overlap_length(schedule, stages, false);
-    let device_mapping = match &oo.device_mapping {
+    let mut device_mapping = match &oo.device_mapping {
         Some(m) => {
-            if m.len() != stages {
+            if m.len() != model_stages {
                 return Err(opt_err(
                     "--device-mapping",
                     format!(
-                        "has {} entries for {stages} pipeline stages (one IPU per stage)",
+                        "has {} entries for {model_stages} pipeline stages (one IPU per stage)",
                         m.len()
                     ),
                 ));
@@ -169,15 +192,26 @@ pub fn compile_onnx(
         }
         None => imported.device_mapping.clone(),
     };
+    let mut stage_memory_proportions = so.stage_memory_proportions();
+    // A tied masked-LM head is a stage of its own on its embedding's IPU, planned with that
+    // stage's proportion.
+    if let Some(e) = head.as_ref().and_then(|h| h.tied_to) {
+        let m = device_mapping.get_or_insert_with(|| (0..model_stages).collect());
+        m.push(m[e]);
+        if stage_memory_proportions.len() == model_stages {
+            stage_memory_proportions.push(stage_memory_proportions[e]);
+        }
+    }
     let system = SystemOptions {
         schedule,
         device_mapping,
+        accumulation_rule: ONNX_ACCUMULATION_RULE,
         replicas: so.replicas,
         micro_batch: so.batch_size as u64,
         inference_micro_batches: so.gradient_accumulation_count.div_ceil(overlap) * overlap,
         recompute: oo.recompute,
         lower: so.lower_options(),
-        stage_memory_proportions: so.stage_memory_proportions(),
+        stage_memory_proportions,
         offload_activations: so.offload_activations,
         allow_out_of_memory: true,
         steps_per_execution: so.steps_per_execution,
@@ -191,6 +225,7 @@ pub fn compile_onnx(
         plan,
         loss,
         loss_kind,
+        head,
         machine,
         system,
         options,
@@ -208,14 +243,43 @@ impl OnnxCompiled {
     }
 }
 
-/// Adds the loss of `kind` on the model's first output, in the last stage.
+/// The loss `kind` is for `imported` (`Auto` resolved by its first output, float or not).
+fn resolve_loss(kind: LossKind, imported: &Imported, float_out: bool) -> LossKind {
+    let dims = imported.outputs.first().map_or(0, |o| o.dims.len());
+    match kind {
+        LossKind::Auto if float_out && dims == 2 => LossKind::SparseCategoricalCrossentropy,
+        LossKind::Auto if float_out && dims == 3 && !imported.embeddings.is_empty() => {
+            LossKind::MaskedLm
+        }
+        LossKind::Auto => LossKind::Mse,
+        k => k,
+    }
+}
+
+/// The pipeline stages training `imported` (as imported: its outputs' types are known) on
+/// `stages` model stages makes: one more for a masked-LM head, which is a stage of its own on
+/// its embedding's IPU when there are several (the embedding is in an earlier stage).
+pub fn pipeline_stages(
+    imported: &Imported,
+    loss: LossKind,
+    inference: bool,
+    stages: usize,
+) -> usize {
+    let head = !inference && stages > 1 && resolve_loss(loss, imported, true) == LossKind::MaskedLm;
+    stages + usize::from(head)
+}
+
+/// Adds the loss of `kind` on the model's first output, in the last stage; a masked-LM head
+/// tied to an embedding of an earlier stage goes into a stage of its own after it (whose IPU
+/// is the embedding's).
 fn add_loss(
     g: &mut Graph<Heap>,
     imported: &Imported,
     kind: LossKind,
     mask_tokens: Option<usize>,
     dtype: DType,
-) -> Result<(NodeId, LossKind), SessionError> {
+) -> Result<(NodeId, LossKind, Option<MlmHead>), SessionError> {
+    let first = g.len();
     let out = imported
         .outputs
         .first()
@@ -223,15 +287,9 @@ fn add_loss(
     let dims = out.dims.clone();
     let last = g.stage_count() - 1;
     g.set_stage(last)?;
+    let mut head = None;
     let float_out = g.node(out.node).dtype().is_float();
-    let kind = match kind {
-        LossKind::Auto if float_out && dims.len() == 2 => LossKind::SparseCategoricalCrossentropy,
-        LossKind::Auto if float_out && dims.len() == 3 && !imported.embeddings.is_empty() => {
-            LossKind::MaskedLm
-        }
-        LossKind::Auto => LossKind::Mse,
-        k => k,
-    };
+    let kind = resolve_loss(kind, imported, float_out);
     if !float_out {
         return Err(opt_err(
             "--loss",
@@ -284,16 +342,24 @@ fn add_loss(
                         ),
                     )
                 })?;
-            let decoder = if g.node(table.node).stage() == last {
-                table.node
-            } else {
-                // On another IPU the head gets its own copy of the table. Graphcore's
-                // pipelined BERTs keep it tied instead, with the head in a last stage mapped
-                // back to the embedding's IPU (PopTorch's `BeginBlock(cls, ipu_id=0)`), which
-                // a contiguous split cannot express.
-                g.variable("mlm/decoder", &table.dims, dtype, Init::GlorotUniform)?
-            };
-            let bias = g.variable("mlm/bias", &[table.dims[0]], dtype, Init::Zeros)?;
+            let table_stage = g.node(table.node).stage();
+            if table_stage != last {
+                // Graphcore's pipelined BERTs keep the decoder tied to the token embedding
+                // and run the head after the last encoder stage on the embedding's IPU
+                // (PopTorch's `BeginBlock(cls, ipu_id=0)`, PopART's and TensorFlow's last
+                // stage mapped to IPU 0): a stage of its own, reading the embedding's table.
+                // It gathers the masked positions itself, as TensorFlow's last stage
+                // (`enc_out`, `pool`, `heads`) and PopTorch's (after the pooler's
+                // `BeginBlock` on IPU 0) do.
+                g.set_stage(last + 1)?;
+            }
+            let tied = (table_stage != last).then_some(table_stage);
+            head = Some(MlmHead {
+                table: table.node,
+                first,
+                tied_to: tied,
+            });
+            let decoder = table.node;
             // BERT's pre-training head runs on the masked positions only (Google's
             // `gather_indexes` over `max_predictions_per_seq`, Graphcore's `mask_tokens`):
             // their hidden states are gathered, by flat position, before the projection.
@@ -312,6 +378,7 @@ fn add_loss(
             } else {
                 out.node
             };
+            let bias = g.variable("mlm/bias", &[table.dims[0]], dtype, Init::Zeros)?;
             let logits = g.matmul_t("mlm/logits", hidden, decoder, false, true)?;
             let logits = g.add("mlm/logits_bias", logits, bias)?;
             let labels = g.input("labels", &[batch, masked], DType::I32)?;
@@ -319,7 +386,7 @@ fn add_loss(
         }
         LossKind::Auto => unreachable!("resolved above"),
     };
-    Ok((loss, kind))
+    Ok((loss, kind, head))
 }
 
 /// Memory and cycles of one ONNX node (a layer), as PopVision's operation summary gives
@@ -378,15 +445,7 @@ pub fn layer_rows(c: &OnnxCompiled, e: &SystemEstimate) -> Vec<LayerRow> {
             rows[l].activation_bytes += bytes;
         }
     }
-    // A gradient `X_grad/...` belongs to X's layer, a recomputed copy `X/recompute` or an
-    // update `X/...` to X's.
-    let find = |op: &str| -> Option<usize> {
-        by_name
-            .get(op)
-            .copied()
-            .or_else(|| by_name.get(&op[..op.rfind("_grad")?]).copied())
-            .or_else(|| by_name.get(op.split('/').next()?).copied())
-    };
+    let find = |op: &str| owner(&by_name, op);
     for (i, n) in g.nodes().iter().enumerate() {
         let ipu = e.stages.get(n.stage()).map_or(0, |s| s.ipu);
         let Some(code) = e.ipus.get(ipu).and_then(|r| r.node_code.get(i)) else {
@@ -411,6 +470,35 @@ pub fn layer_rows(c: &OnnxCompiled, e: &SystemEstimate) -> Vec<LayerRow> {
         }
     }
     rows
+}
+
+/// What `by_name` maps `op`'s forward node to: a gradient `X_grad/...` belongs to X, a
+/// recomputed copy `X/recompute` or an update `X/...` to X.
+fn owner(by_name: &HashMap<&str, usize>, op: &str) -> Option<usize> {
+    by_name
+        .get(op)
+        .copied()
+        .or_else(|| by_name.get(&op[..op.rfind("_grad")?]).copied())
+        .or_else(|| by_name.get(op.split('/').next()?).copied())
+}
+
+/// Cycles per micro-batch of the masked-LM head and the loss, forward and backward (every
+/// stage's), when the loss added a head.
+pub fn head_cycles(c: &OnnxCompiled, e: &SystemEstimate) -> u64 {
+    let Some(head) = &c.head else {
+        return 0;
+    };
+    let g = c.plan.graph();
+    let by_name: HashMap<&str, usize> = g.nodes()[head.first..g.forward_len()]
+        .iter()
+        .map(|n| (n.name(), 0))
+        .collect();
+    e.stages
+        .iter()
+        .flat_map(|s| s.forward_trace.iter().chain(&s.backward_trace))
+        .filter(|ev| owner(&by_name, &ev.op).is_some())
+        .map(|ev| ev.cycles)
+        .sum()
 }
 
 fn layer_index(imp: &Imported, index: usize) -> Option<usize> {

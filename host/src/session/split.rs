@@ -1,28 +1,33 @@
 //! Automatic pipeline splits of imported models: N contiguous stages (in the file's node
-//! order) on N IPUs, balanced on the estimate's cycles within each IPU's memory.
+//! order) on N IPUs, balanced on the estimate's cycles within each IPU's memory; a masked-LM
+//! head is a stage more, on its embedding's IPU.
 //!
 //! How it balances:
 //! 1. The model is estimated once on one IPU (a fit is not needed) and every ONNX node gets
 //!    its forward and backward cycles and its weight bytes from that estimate
-//!    ([`layer_rows`]).
+//!    ([`layer_rows`]); a masked-LM head's cycles count with its token embedding's node, as
+//!    the same IPU runs both.
 //! 2. A stage's cost is the sum of its nodes' cycles; its memory is its weights' bytes times
 //!    the copies training keeps on the IPU (the weight, its gradient accumulator, and the
 //!    optimizer's state unless offloaded). [`partition`] finds the contiguous split that
-//!    minimises the most expensive stage with every stage's memory under a cap (dynamic
-//!    programming, exact; `tests` compares it with an exhaustive search).
-//! 3. The split is estimated for real. If an IPU overflows while another has room, the cap
-//!    shrinks by a fifth (from the heaviest stage's weights when they are under it, so that
-//!    the heaviest stage must change) and the split is redone (activations, stashes and code
-//!    take what weights leave), up to [`RETRIES`] times; the split that fits is returned,
-//!    else the one whose fullest tile is smallest, with its estimate. The cap bounds weights and
-//!    their training state (a tile's always-live bytes), so the split is not redone when an
-//!    overflowing IPU's fullest tile is over even without its always-live bytes (a first
-//!    stage's stashed activations, say). This is a heuristic: a new cap also moves
-//!    boundaries, and the layers that move take their activations and stashes along, which
-//!    now and then brings such a tile under (measured: GPT-2 at batch 3 over 4 IPUs with Adam,
-//!    where a second attempt fits the first IPU but not the others). On the shipped models it
-//!    saves estimates that made the overflow worse (ResNet-50 and MobileNetV2 at batch 8,
-//!    whose first stage's stashes grew with each smaller cap).
+//!    minimises the most expensive stage with each stage's memory under its cap (dynamic
+//!    programming, exact; `tests` compares it with an exhaustive search). In training,
+//!    stages start only after the end of a repeated block (the points `auto` recomputation
+//!    checkpoints), as Graphcore's models are split between whole layers, unless no such
+//!    split keeps under the caps.
+//! 3. The split is estimated for real. If an IPU overflows while another has room, the cap of
+//!    each overflowing IPU's stage drops to a fifth below its weights (so that stage must
+//!    shed layers to IPUs with room) and the split is redone, up to [`RETRIES`] times; the
+//!    split that fits is returned, else the one whose fullest tile is smallest, with its
+//!    estimate. The caps bound weights and their training state (a tile's always-live
+//!    bytes), so the split is not redone when an overflowing IPU's fullest tile is over even
+//!    without its always-live bytes (a first stage's stashed activations, say). This is a
+//!    heuristic: a new cap also moves boundaries, and the layers that move take their
+//!    activations and stashes along, which now and then brings such a tile under (measured:
+//!    GPT-2 at batch 3 over 4 IPUs with Adam, where a second attempt fits the first IPU but
+//!    not the others). On the shipped models it saves estimates that made the overflow worse
+//!    (ResNet-50 and MobileNetV2 at batch 8, whose first stage's stashes grew with each
+//!    smaller cap).
 //!
 //! The pipeline's own balance (stash depths, idle time) is the estimate's, not the split's:
 //! the split only equalises the stages' cycles.
@@ -30,7 +35,9 @@
 use serde::Serialize;
 use tessera_sim::system::SystemEstimate;
 
-use super::onnx::{compile_onnx, layer_rows, OnnxCompiled, OnnxOptions};
+use super::onnx::{
+    compile_onnx, head_cycles, layer_rows, OnnxCompiled, OnnxOptions, ONNX_ACCUMULATION_RULE,
+};
 use super::{opt_err, SessionError, SessionOptions};
 use crate::onnx::{OnnxModel, Stages};
 
@@ -50,14 +57,22 @@ pub struct Partition {
     pub max_cost: u64,
 }
 
-/// The contiguous split of `costs` into `n` non-empty parts that minimises the largest
-/// part's cost, every part's `mems` summing to at most `cap`; `None` when no split keeps
-/// under the cap (or there are fewer items than parts). Ties go to the earliest cuts.
-pub fn partition(costs: &[u64], mems: &[u64], n: usize, cap: u64) -> Option<Partition> {
+/// The contiguous split of `costs` into `caps.len()` non-empty parts that minimises the
+/// largest part's cost, part `k`'s `mems` summing to at most `caps[k]`, parts starting only
+/// at items `j` with `cuttable[j]` (an empty `cuttable`: anywhere); `None` when no split keeps
+/// under the caps (or there are fewer items than parts). Ties go to the earliest cuts.
+pub fn partition(
+    costs: &[u64],
+    mems: &[u64],
+    caps: &[u64],
+    cuttable: &[bool],
+) -> Option<Partition> {
+    let n = caps.len();
     let l = costs.len();
-    if n == 0 || l < n || mems.len() != l {
+    if n == 0 || l < n || mems.len() != l || !(cuttable.is_empty() || cuttable.len() == l) {
         return None;
     }
+    let may_start = |j: usize| cuttable.is_empty() || cuttable[j];
     let mut pc = vec![0u64; l + 1];
     let mut pm = vec![0u64; l + 1];
     for i in 0..l {
@@ -69,7 +84,7 @@ pub fn partition(costs: &[u64], mems: &[u64], n: usize, cap: u64) -> Option<Part
     let mut best = vec![vec![NONE; l + 1]; n];
     let mut from = vec![vec![0usize; l + 1]; n];
     for i in 1..=l {
-        if pm[i] <= cap {
+        if pm[i] <= caps[0] {
             best[0][i] = pc[i];
         }
     }
@@ -79,10 +94,10 @@ pub fn partition(costs: &[u64], mems: &[u64], n: usize, cap: u64) -> Option<Part
             let mut arg = 0;
             // The last part is j..i; j from the largest down, so memory only grows.
             for j in (k..i).rev() {
-                if pm[i] - pm[j] > cap {
+                if pm[i] - pm[j] > caps[k] {
                     break;
                 }
-                if best[k - 1][j] == NONE {
+                if best[k - 1][j] == NONE || !may_start(j) {
                     continue;
                 }
                 let c = best[k - 1][j].max(pc[i] - pc[j]);
@@ -132,8 +147,9 @@ pub struct SplitInfo {
     pub stage_cycles: Vec<u64>,
     /// Each stage's weight-state bytes.
     pub stage_weight_bytes: Vec<u64>,
-    /// The memory cap per stage this split was made with.
-    pub cap_bytes: u64,
+    /// The memory cap of each stage this split was made with (an IPU's memory, less where
+    /// an earlier attempt overflowed that stage's IPU).
+    pub cap_bytes: Vec<u64>,
     /// Which attempt made this split (each attempt is a full estimate).
     pub attempts: usize,
     /// Attempts made in all.
@@ -149,9 +165,32 @@ pub struct Profile {
     /// Bytes of each unit's weights.
     weights: Vec<u64>,
     nodes: usize,
+    /// A masked-LM head's cycles (forward and backward, with the loss's) and the unit holding
+    /// its token embedding: split over several IPUs, the head is a stage of its own on that
+    /// unit's IPU, so its cycles count there.
+    head: Option<(usize, u64)>,
+    /// Per unit: whether a stage may start at it, the previous unit ending a repeated block
+    /// (empty: anywhere).
+    block_starts: Vec<bool>,
 }
 
 impl Profile {
+    /// The pipeline stages a split into `n` parts makes: one more for a masked-LM head that
+    /// is a stage of its own (its embedding is in an earlier part).
+    pub fn pipeline_stages(&self, n: usize) -> usize {
+        n + usize::from(n > 1 && self.head.is_some())
+    }
+
+    /// Each unit's cycles as the split balances them: a head's counted with its embedding's
+    /// unit (the same IPU runs both) when the split has several parts.
+    fn costs(&self, n: usize) -> Vec<u64> {
+        let mut costs = self.costs.clone();
+        if let Some((unit, cycles)) = self.head.filter(|_| n > 1) {
+            costs[unit] += cycles;
+        }
+        costs
+    }
+
     /// Bytes each unit's weights take on the IPU with their training state under `so` and
     /// `oo`: the weight and its gradient (or accumulator), plus the optimizer's state unless
     /// it is offloaded; the weight alone for inference.
@@ -224,15 +263,53 @@ pub fn profile_of(c: &OnnxCompiled, e: &SystemEstimate) -> Profile {
         costs: Vec::new(),
         weights: Vec::new(),
         nodes: rows.len(),
+        head: None,
+        block_starts: Vec::new(),
     };
+    let table = c.head.as_ref().map(|h| h.table.index());
     for (i, (r, l)) in rows.iter().zip(&c.imported.layers).enumerate() {
         if l.end > l.first {
+            if table.is_some_and(|t| l.first <= t && t < l.end) {
+                p.head = Some((p.units.len(), head_cycles(c, e)));
+            }
             p.units.push(i);
             p.costs.push(r.forward_cycles + r.backward_cycles);
             p.weights.push(r.weight_bytes);
         }
     }
+    p.block_starts = block_starts(c, &p.units);
     p
+}
+
+/// Per unit (an ONNX node that computes, `units` its layer indices): whether the unit before
+/// it ends a repeated block, where a stage may start. Graphcore's pipelined models are cut
+/// between whole layers (PopTorch's `BeginBlock` around each encoder layer, PopART's
+/// `layers_per_ipu`, TensorFlow's lists of layers per stage), and there one tensor crosses
+/// to the next IPU and is stashed: the block ends are `auto` recomputation's checkpoints
+/// ([`tessera_core::Graph::auto_checkpoints`]). Empty (a stage may start anywhere) for
+/// inference, where there is no loss to find them from, and for models with no such point.
+fn block_starts(c: &OnnxCompiled, units: &[usize]) -> Vec<bool> {
+    let Some(loss) = c.loss else {
+        return Vec::new();
+    };
+    let g = c.plan.graph();
+    let Ok(ends) = g.auto_checkpoints(loss) else {
+        return Vec::new();
+    };
+    let layers = &c.imported.layers;
+    let mut out = vec![false; units.len()];
+    for u in 1..units.len() {
+        let prev = &layers[units[u - 1]];
+        out[u] = ends
+            .iter()
+            .any(|e| prev.first <= e.index() && e.index() < prev.end);
+    }
+    if out.iter().any(|&b| b) {
+        out[0] = true;
+        out
+    } else {
+        Vec::new()
+    }
 }
 
 /// The per-node stages of a partition of `p`'s units: nodes that made nothing go with the
@@ -278,7 +355,7 @@ pub fn split(
     }
     let machine = tessera_sim::machine::IpuConfig::preset(so.ipu);
     let sram = machine.sram_bytes_per_tile * u64::from(machine.tiles);
-    let mut cap = sram;
+    let mut caps = vec![sram; n];
     let mut last: Option<Split> = None;
     let mut tried = 0;
     let what = if oo.inference {
@@ -287,8 +364,12 @@ pub fn split(
         "weights and their training state"
     };
     let mems = profile.state_bytes(so, oo);
+    let costs = profile.costs(n);
     for attempt in 1..=RETRIES {
-        let Some(part) = partition(&profile.costs, &mems, n, cap) else {
+        // Whole blocks when a split of them keeps under the caps, else any node.
+        let part = partition(&costs, &mems, &caps, &profile.block_starts)
+            .or_else(|| partition(&costs, &mems, &caps, &[]));
+        let Some(part) = part else {
             // A smaller cap left no split: the best attempt's split is the answer.
             if let Some(mut last) = last {
                 last.info.tried = tried;
@@ -303,7 +384,7 @@ pub fn split(
                     )
                 } else {
                     format!(
-                        "no split into {n} stages keeps each stage's {what} under {cap} bytes (an IPU's memory); try more IPUs"
+                        "no split into {n} stages keeps each stage's {what} under {sram} bytes (an IPU's memory); try more IPUs"
                     )
                 },
             ));
@@ -349,16 +430,18 @@ pub fn split(
             });
         tried = attempt;
         let stage_weight_bytes = sums(&mems);
-        let heaviest = stage_weight_bytes.iter().copied().max().unwrap_or(0);
         let info = SplitInfo {
             ipus: n,
             boundaries,
-            stage_cycles: sums(&profile.costs),
-            stage_weight_bytes,
-            cap_bytes: cap,
+            stage_cycles: sums(&costs),
+            stage_weight_bytes: stage_weight_bytes.clone(),
+            cap_bytes: caps.clone(),
             attempts: attempt,
             tried: attempt,
         };
+        let this_ipus: Vec<u64> = (0..n)
+            .map(|k| estimate.ipus.get(k).map_or(0, |i| i.max_tile_bytes))
+            .collect();
         let this = Split {
             compiled,
             estimate,
@@ -379,9 +462,14 @@ pub fn split(
         if fits || n == 1 || !room || !movable {
             break;
         }
-        // A fifth below the cap, or below the heaviest stage's weights when they are under
-        // it: that stage no longer fits the cap, so the next split differs.
-        cap = cap.min(heaviest) / 5 * 4;
+        // Each overflowing IPU's stage gets a cap a fifth below its weights (or its cap, when
+        // that is lower): the stage must shed weights, and the layers that carry them go to
+        // IPUs with room. The other stages keep their caps.
+        for (k, i) in this_ipus.iter().enumerate() {
+            if *i > machine.sram_bytes_per_tile {
+                caps[k] = caps[k].min(stage_weight_bytes[k]) / 5 * 4;
+            }
+        }
     }
     last.map(|mut s| {
         s.info.tried = tried;
@@ -480,11 +568,12 @@ pub fn fewest_ipus(
     let runs: Vec<(usize, Result<(), String>)> = (2..=limit)
         .map(|n| {
             let so = options_for(n);
-            let check = tessera_core::schedule::Pipeline::new(
-                n,
+            let check = tessera_core::schedule::Pipeline::with_rule(
+                profile.pipeline_stages(n),
                 so.gradient_accumulation_count,
                 so.schedule,
                 !oo.inference,
+                ONNX_ACCUMULATION_RULE,
             );
             (n, check.map(|_| ()).map_err(|e| e.to_string()))
         })
@@ -752,13 +841,13 @@ mod tests {
 
     #[test]
     fn balances_and_respects_the_cap() {
-        let p = partition(&[5, 1, 1, 5, 1, 1], &[1; 6], 2, 10).unwrap();
+        let p = partition(&[5, 1, 1, 5, 1, 1], &[1; 6], &[10, 10], &[]).unwrap();
         assert_eq!(p.starts, vec![0, 3]);
         assert_eq!(p.max_cost, 7);
         // Memory forces the cut earlier than cycles want.
-        let p = partition(&[1, 1, 1, 1], &[5, 5, 1, 1], 2, 7).unwrap();
+        let p = partition(&[1, 1, 1, 1], &[5, 5, 1, 1], &[7, 7], &[]).unwrap();
         assert_eq!(p.starts, vec![0, 1]);
-        assert_eq!(partition(&[1, 1], &[5, 5], 2, 4), None);
-        assert_eq!(partition(&[1], &[1], 2, 4), None);
+        assert_eq!(partition(&[1, 1], &[5, 5], &[4, 4], &[]), None);
+        assert_eq!(partition(&[1], &[1], &[4, 4], &[]), None);
     }
 }
