@@ -1,6 +1,7 @@
 //! The cost model's shape, end to end through lowering and estimation: a matmul's cycles grow
 //! as its arithmetic says, fp16 is cheaper than fp32, and spreading a large element-wise op
-//! over more tiles costs fewer compute cycles and more exchange.
+//! over more tiles costs fewer compute cycles and more exchange; a strided convolution's and
+//! pool's gradient costs its forward's work.
 
 use tessera::core::{DType, NodeId};
 use tessera::sim::cost::UnaryKind;
@@ -233,4 +234,96 @@ fn a_small_amp_product_fills_its_tile_up_to_the_interleaved_region() {
             "{preset}: {e:?}"
         );
     }
+}
+
+/// Compute cycles of the nodes `pick` selects, from a training estimate's stage traces.
+fn traced_cycles(
+    g: &tessera::core::Graph<tessera::sim::Heap>,
+    e: &tessera::sim::system::SystemEstimate,
+    pick: &dyn Fn(&tessera::core::Op) -> bool,
+) -> u64 {
+    use tessera::sim::estimate::Phase;
+    let names: Vec<&str> = g
+        .nodes()
+        .iter()
+        .filter(|n| pick(n.op()))
+        .map(|n| n.name())
+        .collect();
+    assert!(!names.is_empty());
+    e.stages
+        .iter()
+        .flat_map(|s| s.forward_trace.iter().chain(&s.backward_trace))
+        .filter(|ev| ev.phase == Phase::Compute && names.contains(&ev.op.as_str()))
+        .map(|ev| ev.cycles)
+        .sum()
+}
+
+/// The input gradient of a stride-2 convolution and of a stride-2 max pool is the forward's
+/// work in reverse: poplin computes only the input positions on the stride's grid for each
+/// kernel position (`getNumberOfMACs`), and popnn's pooling gradient walks the forward's
+/// windows. So each costs about its forward (the pool's at popnn's 5/3 per vector), not the
+/// stride's square times it.
+#[test]
+fn strided_gradients_cost_the_forwards_work_not_the_strides_square() {
+    use tessera::core::ops::conv::{Conv, ConvParams, DataLayout, Padding};
+    use tessera::core::ops::pool::{Pool, PoolKind, PoolParams};
+    use tessera::core::{Accumulation, Graph, Init, Op, Optimizer, Plan};
+    use tessera::sim::system::{estimate_system, SystemOptions};
+    let mut g: Graph<tessera::sim::Heap> = Graph::new();
+    let x = g.input("x", &[8, 64, 56, 56], DType::F16).unwrap();
+    let w0 = g
+        .variable("w0", &[64, 64, 3, 3], DType::F16, Init::GlorotUniform)
+        .unwrap();
+    let p1 = ConvParams::new(DataLayout::Nchw).pads([1, 1, 1, 1]);
+    let h = g
+        .conv2d("c0", x, w0, p1, Padding::Explicit(p1.pads))
+        .unwrap();
+    let pool = PoolParams {
+        kind: PoolKind::Max,
+        layout: DataLayout::Nchw,
+        kernel: [3, 3],
+        stride: [2, 2],
+        pads: [1, 1, 1, 1],
+    };
+    let h = g
+        .pool2d("pool", h, pool, Padding::Explicit(pool.pads))
+        .unwrap();
+    let w1 = g
+        .variable("w1", &[128, 64, 3, 3], DType::F16, Init::GlorotUniform)
+        .unwrap();
+    let p2 = ConvParams::new(DataLayout::Nchw)
+        .stride(2, 2)
+        .pads([1, 1, 1, 1]);
+    let y = g
+        .conv2d("c1", h, w1, p2, Padding::Explicit(p2.pads))
+        .unwrap();
+    let loss = g.reduce_sum("loss", y, None).unwrap();
+    g.differentiate_accumulating(loss, Optimizer::sgd(0.1), Accumulation::new(1))
+        .unwrap();
+    let plan = Plan::new(&g).unwrap();
+    let cfg = IpuConfig::preset(Preset::Mk2);
+    let opts = SystemOptions {
+        schedule: tessera::core::schedule::Schedule::Sequential,
+        ..SystemOptions::default()
+    };
+    let e = estimate_system(&plan, &cfg, &opts).unwrap();
+    let strided = |op: &Op| matches!(op, Op::Conv(c) if c.params().stride == [2, 2]);
+    let forward = traced_cycles(&g, &e, &|op| {
+        strided(op) && matches!(op, Op::Conv(Conv::Forward { .. }))
+    });
+    let grad_input = traced_cycles(&g, &e, &|op| {
+        strided(op) && matches!(op, Op::Conv(Conv::GradInput { .. }))
+    });
+    let ratio = grad_input as f64 / forward as f64;
+    assert!(
+        (0.5..2.0).contains(&ratio),
+        "input gradient {grad_input} cycles, forward {forward}: {ratio:.2}x"
+    );
+    let pool_fwd = traced_cycles(&g, &e, &|op| matches!(op, Op::Pool(Pool::Forward { .. })));
+    let pool_bwd = traced_cycles(&g, &e, &|op| matches!(op, Op::Pool(Pool::Backward { .. })));
+    let ratio = pool_bwd as f64 / pool_fwd as f64;
+    assert!(
+        (1.3..2.2).contains(&ratio),
+        "pool gradient {pool_bwd} cycles, forward {pool_fwd}: {ratio:.2}x"
+    );
 }

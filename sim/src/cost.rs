@@ -151,7 +151,10 @@ pub const COMPUTE_SET_OVERHEAD_CYCLES: u64 = 30;
 #[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnaryKind {
-    /// Copy (estimate: 2 cycles a vector, one load and one store).
+    /// Copy: 2 worker cycles a 64-bit vector, one load and one store, the rate poplibs'
+    /// `getDynamicSlice1DEstimate` assumes for aligned data ("copying aligned data at
+    /// 64bits/2cycles", `lib/popops/popopsCycleEstimators.cpp`); Poplar's own copy code is not
+    /// published.
     Copy,
     /// Multiply by a scalar (estimate: 3 cycles a vector, the cost of a binary mul).
     Scale,
@@ -607,6 +610,13 @@ pub fn cast_cycles(cfg: &IpuConfig, n: u64) -> u64 {
         CAST_VECTOR_WIDTH,
     )
 }
+
+/// popnn's pooling vertex cycles per vector of a forward pass (`poolVertexCyclesPerVector`,
+/// `lib/popnn/PerformanceEstimation.hpp`).
+pub const POOL_CYCLES_PER_VECTOR: u64 = 3;
+/// popnn's cycles per vector of a max pooling gradient (`MaxPoolingGrad`: a compare with the
+/// forward's input and output and a conditional add; `poolVertexCyclesPerVector`).
+pub const POOL_GRAD_CYCLES_PER_VECTOR: u64 = 5;
 
 /// Tile cycles of a reduction producing `outputs` values, each summing `elements_per_output`
 /// inputs of type `dtype`, at poplibs' price for continuous regions

@@ -405,9 +405,31 @@ pub struct Field {
     pub rows: (u64, u64, u64),
     /// Patch elements per channel.
     pub kernel_area: u64,
+    /// The share `(num, den)` of the positions along `m` whose products contribute. An input
+    /// gradient of a strided convolution is a convolution of the output gradient dilated by
+    /// the stride: for each kernel position only the outputs on the stride's grid read a
+    /// real element (the others read the dilation's zeros), and poplin counts and computes
+    /// only those (`getNumberOfMACs`, `lib/poplin/PerformanceEstimation.hpp`: a kernel
+    /// index's output range in steps of `lcm(output stride, input dilation)`; the vertices'
+    /// work lists skip the rest): `(ceil(h / sh) x ceil(w / sw), h x w)`, edges aside. `(1,
+    /// 1)` for every other field.
+    pub contributing: (u64, u64),
 }
 
 impl Field {
+    /// Positions of a block of `bm` along `m` whose products contribute (see
+    /// [`Field::contributing`]).
+    pub fn contributing_positions(&self, bm: u64) -> u64 {
+        let (num, den) = self.contributing;
+        if num >= den || den == 0 {
+            return bm;
+        }
+        (u128::from(bm) * u128::from(num))
+            .div_ceil(u128::from(den))
+            .try_into()
+            .unwrap_or(bm)
+    }
+
     /// Elements of the source a block of `bm` positions by `bk` patch elements reads.
     pub fn elements(&self, bm: u64, bk: u64) -> u64 {
         let (num, halo, den) = self.rows;
@@ -586,7 +608,11 @@ fn price(
         let (step_amp, swapped) = match orientation {
             Orientation::Swapped => (transposed, true),
             Orientation::Either => {
-                let straight = vertex(bm, bk_s, bn_s);
+                // Positions along the AMP's field that no product reaches are skipped (a
+                // strided convolution's input gradient); transposed, they are output channels
+                // and are computed.
+                let field_m = field.map_or(bm, |f| f.contributing_positions(bm));
+                let straight = vertex(field_m, bk_s, bn_s);
                 (straight.min(transposed), transposed < straight)
             }
         };
@@ -1146,6 +1172,7 @@ mod tests {
             source: (56, 56),
             rows: (1, 2, 1),
             kernel_area: 9,
+            contributing: (1, 1),
         }
     }
 

@@ -205,6 +205,7 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
         source: (h, d.w as u64),
         rows: (s0, (kh - 1) * d0, 1),
         kernel_area: area,
+        contributing: (1, 1),
     };
     let per_group = (tiles / groups).max(1);
     match *op {
@@ -296,6 +297,11 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
                     source: (oh, d.ow as u64),
                     rows: (1, (kh - 1) * d0, s0),
                     kernel_area: area,
+                    contributing: (
+                        h.div_ceil(s0.max(1))
+                            * (d.w as u64).div_ceil(u64::from(p.stride[1]).max(1)),
+                        h * d.w as u64,
+                    ),
                 }),
                 kernel_area: area,
             }

@@ -892,7 +892,15 @@ fn lower_blocks<S: Storage>(
     let tiles = l.tile_count();
     let out = l.t(i);
     let tile_of = |b: &Block| tile(b.g, plan.grid(b.im, b.ik, b.i_n), p, tiles);
-    let amp = |b: &Block| plan.amp_cycles(cfg, b.m.1 - b.m.0, b.k.1 - b.k.0, b.n.1 - b.n.0, dt);
+    // Straight, positions no product reaches are skipped (`Field::contributing`).
+    let amp = |b: &Block| {
+        let bm = b.m.1 - b.m.0;
+        let bm = match p.field {
+            Some(f) if !plan.swapped => f.contributing_positions(bm),
+            _ => bm,
+        };
+        plan.amp_cycles(cfg, bm, b.k.1 - b.k.0, b.n.1 - b.n.0, dt)
+    };
     let spans = |t: TensorId, s: Vec<(u64, u64)>| {
         compress(
             s.into_iter()

@@ -1,7 +1,8 @@
 //! Pooling on tiles: the output is spread over the tiles, and each tile's vertex receives the
 //! input rows its windows cover and reduces each window (a small reduction per output). The
-//! gradient is the same shape of work in reverse: each input element gathers the windows that
-//! cover it.
+//! gradient is the same work in reverse: each input element gathers the windows that cover
+//! it, the forward's (window, output) pairs in all, each costing more (a compare with the
+//! forward's values and a conditional add).
 
 use tessera_core::ops::conv::DataLayout;
 use tessera_core::ops::pool::Pool;
@@ -57,12 +58,31 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Pool) {
         u64::from(p.kernel[0]),
     );
     let forward = dy.is_none();
+    // The gradient visits the forward's (window, output) pairs, not a window per input
+    // element: popnn's `MaxPoolingGrad` walks the forward's work lists, each kernel position
+    // over the outputs it feeds. So a tile's share of the input gradient costs the forward
+    // outputs of the same share, at popnn's backward price per vector against the forward's
+    // (`poolVertexCyclesPerVector`, `lib/popnn/PerformanceEstimation.hpp`: 5 and 3).
+    let (fwd_outputs, bwd_outputs) = match dyt {
+        Some((_, sg)) => (sg.elements() as u64, so.elements() as u64),
+        None => (1, 1),
+    };
+    let price = move |n: u64| {
+        if forward {
+            cost::reduce_cycles(cfg, n, window, dt)
+        } else {
+            let n_fwd = (u128::from(n) * u128::from(fwd_outputs))
+                .div_ceil(u128::from(bwd_outputs.max(1))) as u64;
+            cost::reduce_cycles(cfg, n_fwd, window, dt) * cost::POOL_GRAD_CYCLES_PER_VECTOR
+                / cost::POOL_CYCLES_PER_VECTOR
+        }
+    };
     l.per_tile(
         i,
         "pool",
         out,
         Codelet::Reduce(VertexType::of(REDUCE_OTHER, dt)),
-        move |n| cost::reduce_cycles(cfg, n, window, dt),
+        price,
         |iv| {
             let mut reads = Vec::new();
             for (row, _, _) in row_segments(iv.start, iv.len, row_len) {
