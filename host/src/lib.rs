@@ -15,6 +15,7 @@ pub mod inspect;
 pub mod model;
 pub mod onnx;
 pub mod outfeed;
+pub mod output;
 pub mod report;
 pub mod session;
 pub mod stats;

@@ -1241,3 +1241,45 @@ fn memory_technique_options_are_checked() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(last_json(&o)["samples_per_second"].as_f64().unwrap() > 0.0);
 }
+
+/// Where outputs go is checked before any work, each failure one line naming the path; files
+/// are written whole (through a temporary file renamed into place), and none is left behind.
+#[test]
+fn outputs_are_checked_before_work_and_written_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a_file");
+    std::fs::write(&file, b"not a folder").unwrap();
+    let missing = dir.path().join("missing/w.safetensors");
+    let o = tessera(&["train", "--checkpoint", missing.to_str().unwrap()]);
+    assert_clean_failure(&o, &["missing", "does not exist"]);
+    assert!(stdout(&o).is_empty(), "no training ran: {}", stdout(&o));
+    let o = tessera(&["estimate", "--report-dir", file.to_str().unwrap()]);
+    assert_clean_failure(&o, &["a_file", "is not a folder"]);
+    let o = tessera(&[
+        "predict",
+        "--output",
+        dir.path().join("missing/p.npy").to_str().unwrap(),
+    ]);
+    assert_clean_failure(&o, &["missing", "does not exist"]);
+    assert!(stdout(&o).is_empty(), "no inference ran: {}", stdout(&o));
+    // Written whole, twice over the same names: the second replaces the first.
+    let report = dir.path().join("report");
+    let out = dir.path().join("p.csv");
+    for _ in 0..2 {
+        let o = tessera(&["estimate", "--report-dir", report.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let o = tessera(&["predict", "--output", out.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    assert!(std::fs::read_to_string(&out)
+        .unwrap()
+        .starts_with("index,label,output_0,"));
+    for d in [dir.path(), &report] {
+        let left: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.') || n.ends_with(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "{}: {left:?}", d.display());
+    }
+}

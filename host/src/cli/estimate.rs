@@ -12,6 +12,10 @@ use super::options::{command_line, load_model, session_options};
 use super::{one_line, AnyError};
 
 pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
+    // Where the report goes is checked before any work.
+    if let Some(d) = &a.report_dir {
+        tessera_host::output::check_output_dir(d)?;
+    }
     if is_onnx(&a.model.model) {
         return super::onnx::run(a);
     }

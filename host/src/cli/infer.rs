@@ -1,13 +1,12 @@
 //! `tessera evaluate` and `tessera predict` (Keras' evaluate() and predict()) on the simulated
 //! device, and the prediction files (.npy or CSV).
 
-use std::io::Write as _;
-
 use npyz::WriterBuilder as _;
 use std::path::Path;
 
 use tessera_host::idx::Mnist;
 use tessera_host::outfeed::HostTensor;
+use tessera_host::output::{check_output_file, write_atomically};
 use tessera_host::session::{
     EstimateSummary, EvaluateOptions, EvaluateReport, Evaluation, SessionOptions, Weights,
 };
@@ -96,6 +95,8 @@ pub fn run_evaluate(a: EvaluateArgs) -> Result<bool, AnyError> {
 
 pub fn run_predict(a: PredictArgs) -> Result<bool, AnyError> {
     let format = output_format(&a.output)?;
+    // Where the predictions go is checked before the run.
+    check_output_file(&a.output)?;
     let (r, so, data) = infer(&a.common, false)?;
     let p = r
         .predictions
@@ -127,30 +128,31 @@ fn io_err(path: &Path, e: impl std::fmt::Display) -> AnyError {
 /// float32 `[samples, outputs]` in NumPy's format.
 fn write_npy(path: &Path, p: &HostTensor) -> Result<(), AnyError> {
     let shape: Vec<u64> = p.shape.iter().map(|&d| d as u64).collect();
-    let file = std::fs::File::create(path).map_err(|e| io_err(path, e))?;
-    let mut w = npyz::WriteOptions::<f32>::new()
-        .default_dtype()
-        .shape(&shape)
-        .writer(std::io::BufWriter::new(file))
-        .begin_nd()
-        .map_err(|e| io_err(path, e))?;
-    w.extend(p.data.iter().copied())
-        .map_err(|e| io_err(path, e))?;
-    w.finish().map_err(|e| io_err(path, e))?;
+    write_atomically(path, |out| {
+        let mut w = npyz::WriteOptions::<f32>::new()
+            .default_dtype()
+            .shape(&shape)
+            .writer(out)
+            .begin_nd()?;
+        w.extend(p.data.iter().copied())?;
+        w.finish()
+    })
+    .map_err(|e| io_err(path, e))?;
     Ok(())
 }
 
 /// A header, then `index,label,output_0,...` per sample.
 fn write_csv(path: &Path, p: &HostTensor, labels: &[u8]) -> Result<(), AnyError> {
-    let file = std::fs::File::create(path).map_err(|e| io_err(path, e))?;
-    let mut w = std::io::BufWriter::new(file);
     let width = p.shape[1];
-    let header: Vec<String> = (0..width).map(|c| format!("output_{c}")).collect();
-    writeln!(w, "index,label,{}", header.join(",")).map_err(|e| io_err(path, e))?;
-    for (s, row) in p.data.chunks(width.max(1)).enumerate() {
-        let values: Vec<String> = row.iter().map(|v| v.to_string()).collect();
-        writeln!(w, "{s},{},{}", labels[s], values.join(",")).map_err(|e| io_err(path, e))?;
-    }
-    w.flush().map_err(|e| io_err(path, e))?;
+    write_atomically(path, |w| {
+        let header: Vec<String> = (0..width).map(|c| format!("output_{c}")).collect();
+        writeln!(w, "index,label,{}", header.join(","))?;
+        for (s, row) in p.data.chunks(width.max(1)).enumerate() {
+            let values: Vec<String> = row.iter().map(|v| v.to_string()).collect();
+            writeln!(w, "{s},{},{}", labels[s], values.join(","))?;
+        }
+        Ok(())
+    })
+    .map_err(|e| io_err(path, e))?;
     Ok(())
 }

@@ -373,6 +373,8 @@ fn facts_text(f: &ImportFacts, all_layers: bool) -> String {
 
 /// `tessera run MODEL.onnx --input NAME=FILE.npy ...`: the forward pass, outputs as .npy.
 pub fn run_model(a: RunArgs) -> Result<bool, AnyError> {
+    // Where the outputs go is checked before any work.
+    tessera_host::output::check_output_dir(&a.output_dir)?;
     let model = OnnxModel::load(&a.model)?;
     // Weights first: without them no input matters.
     tessera_host::onnx::import(
@@ -452,14 +454,15 @@ fn write_npy(path: &Path, dims: &[usize], data: &[f32]) -> Result<(), AnyError> 
     use npyz::WriterBuilder as _;
     let err = |e: std::io::Error| format!("{}: {e}", path.display());
     let shape: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
-    let file = std::fs::File::create(path).map_err(err)?;
-    let mut w = npyz::WriteOptions::<f32>::new()
-        .default_dtype()
-        .shape(&shape)
-        .writer(std::io::BufWriter::new(file))
-        .begin_nd()
-        .map_err(err)?;
-    w.extend(data.iter().copied()).map_err(err)?;
-    w.finish().map_err(err)?;
+    tessera_host::output::write_atomically(path, |out| {
+        let mut w = npyz::WriteOptions::<f32>::new()
+            .default_dtype()
+            .shape(&shape)
+            .writer(out)
+            .begin_nd()?;
+        w.extend(data.iter().copied())?;
+        w.finish()
+    })
+    .map_err(err)?;
     Ok(())
 }

@@ -143,6 +143,13 @@ fn print_results(
 }
 
 pub fn run(a: TrainArgs) -> Result<bool, AnyError> {
+    // Where the checkpoint and the report go is checked before any work.
+    if let Some(c) = &a.checkpoint {
+        tessera_host::output::check_output_file(c)?;
+    }
+    if let Some(d) = &a.report_dir {
+        tessera_host::output::check_output_dir(d)?;
+    }
     let model = load_model(&a.model.model)?;
     let opts = session_options(&a.model, &model)?;
     let dir = data_dir(a.data.as_deref());

@@ -216,8 +216,9 @@ fn read_report(path: &Path) -> Result<Report, ReportError> {
     })
 }
 
+/// Writes a report file whole or not at all (`crate::output::write_atomically`).
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
-    fs::write(path, bytes).map_err(|source| ReportError::Io {
+    crate::output::write_bytes_atomically(path, bytes).map_err(|source| ReportError::Io {
         action: "write",
         path: path.to_path_buf(),
         source,

@@ -48,7 +48,10 @@ pub fn save_checkpoint(path: &Path, plan: &Plan<Heap>, state: &[u8]) -> Result<(
         })
         .collect::<Result<_, _>>()?;
     let meta = std::collections::HashMap::from([("format".to_string(), "tessera".to_string())]);
-    safetensors::serialize_to_file(views, Some(meta), path)
+    // Whole or not at all: a reader sees the old checkpoint or the new one.
+    let bytes = safetensors::serialize(views, Some(meta))
+        .map_err(|e| checkpoint_err(path, "cannot encode", Some(Box::new(e))))?;
+    crate::output::write_bytes_atomically(path, &bytes)
         .map_err(|e| checkpoint_err(path, "cannot write", Some(Box::new(e))))
 }
 

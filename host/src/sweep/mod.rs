@@ -366,14 +366,10 @@ pub fn write_all(files: &Files, keys: &[String], rows: &[Row]) -> Result<(), Swe
     replace(&files.csv, &bytes)
 }
 
-/// Replaces `path` with `bytes` through a temporary file beside it.
+/// Replaces `path` with `bytes` whole or not at all, through a temporary file beside it
+/// (`crate::output::write_atomically`).
 pub fn replace(path: &Path, bytes: &[u8]) -> Result<(), SweepError> {
-    let tmp = path.with_extension(format!(
-        "{}.tmp",
-        path.extension().and_then(|e| e.to_str()).unwrap_or("")
-    ));
-    fs::write(&tmp, bytes).map_err(|e| io_error(&tmp, e))?;
-    fs::rename(&tmp, path).map_err(|e| io_error(path, e))
+    crate::output::write_bytes_atomically(path, bytes).map_err(|e| io_error(path, e))
 }
 
 /// Appends rows to both files as they finish, each flushed at once.
