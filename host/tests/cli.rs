@@ -1283,3 +1283,107 @@ fn outputs_are_checked_before_work_and_written_whole() {
         assert!(left.is_empty(), "{}: {left:?}", d.display());
     }
 }
+
+/// `.npy` bytes of float32 `values` stored in `order` for `shape` (NumPy format 1.0).
+fn npy_bytes(shape: &[usize], values: &[f32], fortran: bool) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let mut header = format!(
+        "{{'descr': '<f4', 'fortran_order': {}, 'shape': ({},), }}",
+        if fortran { "True" } else { "False" },
+        dims.join(", ")
+    );
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    for v in values {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out
+}
+
+/// `tessera run` reads what a `.npy` file says: a Fortran-order file gives the outputs its
+/// C-order twin gives; data that ends early and an input the model does not have (or one
+/// given twice) are errors that say so.
+#[test]
+fn onnx_run_reads_npy_files_as_numpy_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("cnn.input.json")).unwrap()).unwrap();
+    let shape: Vec<usize> = v["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_u64().unwrap() as usize)
+        .collect();
+    let c: Vec<f32> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    // The same tensor in column-major order: element (i0, i1, i2, i3) at
+    // i0 + d0 (i1 + d1 (i2 + d2 i3)).
+    let mut f = vec![0f32; c.len()];
+    let (d0, d1, d2, d3) = (shape[0], shape[1], shape[2], shape[3]);
+    for i0 in 0..d0 {
+        for i1 in 0..d1 {
+            for i2 in 0..d2 {
+                for i3 in 0..d3 {
+                    let ci = ((i0 * d1 + i1) * d2 + i2) * d3 + i3;
+                    f[i0 + d0 * (i1 + d1 * (i2 + d2 * i3))] = c[ci];
+                }
+            }
+        }
+    }
+    let run = |file: &Path, out: &Path, extra: &[&str]| {
+        let spec = format!("x={}", file.display());
+        let mut args = vec![
+            "run",
+            &fixture("cnn.onnx"),
+            "--input",
+            &spec,
+            "--output-dir",
+            out.to_str().unwrap(),
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        tessera(&refs)
+    };
+    let (xc, xf) = (dir.path().join("c.npy"), dir.path().join("f.npy"));
+    std::fs::write(&xc, npy_bytes(&shape, &c, false)).unwrap();
+    std::fs::write(&xf, npy_bytes(&shape, &f, true)).unwrap();
+    let (oc, of) = (dir.path().join("oc"), dir.path().join("of"));
+    for (x, o) in [(&xc, &oc), (&xf, &of)] {
+        let r = run(x, o, &[]);
+        assert!(r.status.success(), "{}", stderr(&r));
+    }
+    assert_eq!(
+        std::fs::read(oc.join("logits.npy")).unwrap(),
+        std::fs::read(of.join("logits.npy")).unwrap()
+    );
+    // Data that ends early.
+    let short = dir.path().join("short.npy");
+    let mut bytes = npy_bytes(&shape, &c, false);
+    bytes.truncate(bytes.len() - 10);
+    std::fs::write(&short, bytes).unwrap();
+    assert_clean_failure(
+        &run(&short, &oc, &[]),
+        &["short.npy", "ends early", "1536 elements"],
+    );
+    // An input the model does not have, and one given twice.
+    assert_clean_failure(
+        &run(&xc, &oc, &["--input", &format!("y={}", xc.display())]),
+        &["no input `y`", "its inputs: x"],
+    );
+    assert_clean_failure(
+        &run(&xc, &oc, &["--input", &format!("x={}", xc.display())]),
+        &["`x` is given twice"],
+    );
+}

@@ -553,6 +553,26 @@ pub fn run_onnx(
             plan.write_state(s.node, &mut state, &v)?;
         }
     }
+    // Every tensor given must be an input of the model, and given once.
+    for (k, t) in inputs.iter().enumerate() {
+        if inputs[..k].iter().any(|u| u.name == t.name) {
+            return Err(opt_err(
+                "--input",
+                format!("`{}` is given twice; give each input once", t.name),
+            ));
+        }
+        if !imported.inputs.iter().any(|i| i.name == t.name) {
+            let names: Vec<&str> = imported.inputs.iter().map(|i| i.name.as_str()).collect();
+            return Err(opt_err(
+                "--input",
+                format!(
+                    "the model has no input `{}` (its inputs: {})",
+                    t.name,
+                    names.join(", ")
+                ),
+            ));
+        }
+    }
     for i in &imported.inputs {
         let t = inputs.iter().find(|t| t.name == i.name).ok_or_else(|| {
             opt_err(
