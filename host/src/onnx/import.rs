@@ -151,6 +151,7 @@ pub fn import(
     opts: &ImportOptions,
 ) -> Result<Imported, OnnxError> {
     let graph = model.graph();
+    super::validate_graph(graph)?;
     let batch_axes = batch_axes(model);
     let file_batch = file_batch(model, &batch_axes)?;
     let batch = match (opts.batch_size, file_batch) {

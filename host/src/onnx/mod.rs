@@ -134,6 +134,157 @@ pub enum OnnxError {
     /// The stage boundaries are out of order or repeated.
     #[error("--pipeline-stages: {0}")]
     BadStages(String),
+    /// Two nodes (or a node and a graph input or initializer) make the same tensor.
+    #[error("tensor `{tensor}` is made by both {first} and {second}; an ONNX graph makes each tensor once")]
+    DuplicateProducer {
+        /// The tensor.
+        tensor: String,
+        /// What makes it first (`node \`N\``, `graph input`, `initializer`).
+        first: String,
+        /// What makes it again.
+        second: String,
+    },
+    /// Nodes that read each other's outputs in a ring.
+    #[error("nodes {} form a cycle; an ONNX graph is acyclic", .nodes.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" -> "))]
+    Cycle {
+        /// The nodes of the cycle, the first repeated at the end.
+        nodes: Vec<String>,
+    },
+    /// A node reads a tensor that a later node makes (no cycle).
+    #[error("node `{node}` reads `{tensor}` before node `{producer}` makes it; ONNX nodes must be in topological order (as onnx.checker requires)")]
+    Unsorted {
+        /// The reading node.
+        node: String,
+        /// The tensor.
+        tensor: String,
+        /// The later node making it.
+        producer: String,
+    },
+}
+
+/// Checks the top-level graph as onnx.checker does before anything is imported: every tensor
+/// made once (by one node, graph input or initializer), and every node reading only tensors
+/// made before it, a ring of nodes named as a cycle. Names that nothing makes are reported
+/// where they are read ([`OnnxError::MissingTensor`]).
+///
+/// # Errors
+///
+/// [`OnnxError::DuplicateProducer`], [`OnnxError::Cycle`] or [`OnnxError::Unsorted`].
+pub(crate) fn validate_graph(graph: &proto::GraphProto) -> Result<(), OnnxError> {
+    use std::collections::HashMap;
+    #[derive(Clone, Copy)]
+    enum Maker {
+        Input,
+        Initializer,
+        Node(usize),
+    }
+    let describe = |m: Maker| match m {
+        Maker::Input => "a graph input".to_string(),
+        Maker::Initializer => "an initializer".to_string(),
+        Maker::Node(k) => format!("node `{}`", node_name(&graph.node[k], k)),
+    };
+    let mut made: HashMap<&str, Maker> = HashMap::new();
+    let claim = |made: &mut HashMap<&str, Maker>, name: &str, by: Maker| -> Result<(), OnnxError> {
+        if name.is_empty() {
+            return Ok(());
+        }
+        if let Some(&first) = made.get(name) {
+            // An initializer that is also a graph input (a default value, IR < 4) is one
+            // tensor, not two.
+            let input_default = matches!(
+                (first, by),
+                (Maker::Input, Maker::Initializer) | (Maker::Initializer, Maker::Input)
+            );
+            if !input_default {
+                return Err(OnnxError::DuplicateProducer {
+                    tensor: name.to_string(),
+                    first: describe(first),
+                    second: describe(by),
+                });
+            }
+        }
+        Ok(())
+    };
+    for i in &graph.input {
+        let name = i.name.as_deref().unwrap_or_default();
+        claim(&mut made, name, Maker::Input)?;
+        made.insert(name, Maker::Input);
+    }
+    for t in &graph.initializer {
+        let name = t.name.as_deref().unwrap_or_default();
+        claim(&mut made, name, Maker::Initializer)?;
+        made.entry(name).or_insert(Maker::Initializer);
+    }
+    for (k, n) in graph.node.iter().enumerate() {
+        for o in &n.output {
+            claim(&mut made, o, Maker::Node(k))?;
+            if !o.is_empty() {
+                made.insert(o, Maker::Node(k));
+            }
+        }
+    }
+    // Each node reads only what graph inputs, initializers and earlier nodes make.
+    let producer = |name: &str| match made.get(name) {
+        Some(Maker::Node(j)) => Some(*j),
+        _ => None,
+    };
+    for (k, n) in graph.node.iter().enumerate() {
+        for t in n.input.iter().filter(|t| !t.is_empty()) {
+            let Some(j) = producer(t) else { continue };
+            if j < k {
+                continue;
+            }
+            // A later (or the same) node makes it: a cycle when node j reaches node k back
+            // through what it reads.
+            let mut path = vec![j];
+            let mut seen = vec![false; graph.node.len()];
+            if let Some(ring) = reaches(graph, &producer, j, k, &mut seen, &mut path) {
+                // `ring` runs from j back to k against the data; in data order it is k, ...,
+                // j, and j feeds k again.
+                let mut nodes: Vec<String> = ring
+                    .iter()
+                    .rev()
+                    .map(|&x| node_name(&graph.node[x], x))
+                    .collect();
+                nodes.push(node_name(&graph.node[k], k));
+                return Err(OnnxError::Cycle { nodes });
+            }
+            return Err(OnnxError::Unsorted {
+                node: node_name(n, k),
+                tensor: t.clone(),
+                producer: node_name(&graph.node[j], j),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Whether node `from` reads, directly or through other nodes, an output of node `to`; `path`
+/// collects the nodes walked from `from` (ending at `to`) when it does.
+fn reaches(
+    graph: &proto::GraphProto,
+    producer: &dyn Fn(&str) -> Option<usize>,
+    from: usize,
+    to: usize,
+    seen: &mut [bool],
+    path: &mut Vec<usize>,
+) -> Option<Vec<usize>> {
+    if from == to {
+        return Some(path.clone());
+    }
+    if std::mem::replace(&mut seen[from], true) {
+        return None;
+    }
+    for t in graph.node[from].input.iter().filter(|t| !t.is_empty()) {
+        if let Some(j) = producer(t) {
+            path.push(j);
+            if let Some(p) = reaches(graph, producer, j, to, seen, path) {
+                return Some(p);
+            }
+            path.pop();
+        }
+    }
+    None
 }
 
 /// A graph input as the import bound it.
@@ -475,5 +626,78 @@ mod tests {
         let msg = wire_problem(b"hello, world").unwrap();
         assert!(msg.starts_with("byte 0"), "{msg}");
         assert_eq!(wire_problem(&[0x08, 0x08]), None);
+    }
+
+    /// A graph of `(name, inputs, outputs)` nodes over graph input `x` and initializer `w`.
+    fn graph(nodes: &[(&str, &[&str], &[&str])]) -> proto::GraphProto {
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        proto::GraphProto {
+            node: nodes
+                .iter()
+                .map(|(name, i, o)| proto::NodeProto {
+                    name: Some(name.to_string()),
+                    op_type: Some("Add".into()),
+                    input: s(i),
+                    output: s(o),
+                    ..Default::default()
+                })
+                .collect(),
+            input: vec![proto::ValueInfoProto {
+                name: Some("x".into()),
+                ..Default::default()
+            }],
+            initializer: vec![proto::TensorProto {
+                name: Some("w".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn graphs_are_checked_as_onnx_checker_does() {
+        validate_graph(&graph(&[
+            ("a", &["x", "w"], &["t"]),
+            ("b", &["t", ""], &["u"]),
+        ]))
+        .unwrap();
+        // An initializer that is also a graph input is one tensor.
+        let mut g = graph(&[("a", &["x", "w"], &["t"])]);
+        g.initializer[0].name = Some("x".into());
+        validate_graph(&g).unwrap();
+        let e = validate_graph(&graph(&[("a", &["x"], &["t"]), ("b", &["x"], &["t"])]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`t` is made by both node `a` and node `b`"),
+            "{e}"
+        );
+        let e = validate_graph(&graph(&[("a", &["x"], &["w"])]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("an initializer and node `a`"), "{e}");
+        // A ring is a cycle, named in the data's order; a later producer alone is an order.
+        let e = validate_graph(&graph(&[
+            ("a", &["x", "v"], &["t"]),
+            ("b", &["t"], &["u"]),
+            ("c", &["u"], &["v"]),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("nodes `a` -> `b` -> `c` -> `a` form a cycle"),
+            "{e}"
+        );
+        let e = validate_graph(&graph(&[("a", &["t"], &["t"])]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`a` -> `a` form a cycle"), "{e}");
+        let e = validate_graph(&graph(&[("a", &["u"], &["t"]), ("b", &["x"], &["u"])]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("node `a` reads `u` before node `b` makes it"),
+            "{e}"
+        );
     }
 }
