@@ -10,7 +10,7 @@ use common::{close, weights};
 use proptest::prelude::*;
 use tessera::core::schedule::{overlap_length, Schedule};
 use tessera::core::{
-    Accumulation, AccumulationMethod, Activation, DType, Fixed, Graph, Optimizer, Plan,
+    Accumulation, AccumulationMethod, Activation, DType, Fixed, Graph, NodeId, Optimizer, Plan,
 };
 use tessera::sim::runner::PipelineRunner;
 
@@ -79,6 +79,12 @@ fn build(c: &Case, batch: usize) -> Plan<Fixed<192>> {
             .dense(&format!("Dense_{l}"), h, w, Activation::Tanh, DType::F32)
             .unwrap();
     }
+    train_head(g, c, h, batch)
+}
+
+/// The softmax layer on `h`, its loss, and `c`'s accumulating optimizer: the planned
+/// training graph.
+fn train_head(mut g: Graph<Fixed<192>>, c: &Case, h: NodeId, batch: usize) -> Plan<Fixed<192>> {
     let y = g
         .dense("Dense_out", h, 3, Activation::Softmax, DType::F32)
         .unwrap();
@@ -235,29 +241,7 @@ fn build_tied(c: &Case, stages: usize) -> Plan<Fixed<192>> {
     }
     g.set_stage(stages - 1).unwrap();
     let t = g.matmul_t("decode", h, w, false, true).unwrap();
-    let y = g
-        .dense("Dense_out", t, 3, Activation::Softmax, DType::F32)
-        .unwrap();
-    let labels = g.input("labels", &[c.batch], DType::I32).unwrap();
-    let loss = g
-        .sparse_categorical_crossentropy("loss", y, labels, false)
-        .unwrap();
-    let opt = if c.momentum {
-        Optimizer::momentum(0.2, 0.9)
-    } else {
-        Optimizer::sgd(0.3)
-    };
-    g.differentiate_accumulating(
-        loss,
-        opt,
-        Accumulation {
-            count: c.m,
-            method: c.method,
-            dtype: None,
-        },
-    )
-    .unwrap();
-    Plan::new(&g).unwrap()
+    train_head(g, c, t, c.batch)
 }
 
 proptest! {

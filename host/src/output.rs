@@ -148,22 +148,28 @@ pub fn check_output_file(path: &Path) -> Result<(), OutputError> {
 /// [`OutputError`] naming `dir` and what is wrong: a file where a folder must be, or a folder
 /// that takes no new file.
 pub fn check_output_dir(dir: &Path) -> Result<(), OutputError> {
-    let mut at = dir.to_path_buf();
-    loop {
+    for at in dir.ancestors() {
+        // A relative path's last ancestor is empty: the working folder.
+        let at = if at.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            at
+        };
         if at.exists() {
             if !at.is_dir() {
                 return Err(OutputError::NotAFolder {
                     path: dir.to_path_buf(),
-                    folder: at,
+                    folder: at.to_path_buf(),
                 });
             }
-            return takes_files(dir, &at);
-        }
-        match at.parent() {
-            Some(p) if !p.as_os_str().is_empty() => at = p.to_path_buf(),
-            _ => at = PathBuf::from("."),
+            return takes_files(dir, at);
         }
     }
+    // Not even the working folder exists (it was removed).
+    Err(OutputError::MissingFolder {
+        path: dir.to_path_buf(),
+        folder: PathBuf::from("."),
+    })
 }
 
 /// Writes `path` whole or not at all: `write` fills a temporary file in `path`'s folder
