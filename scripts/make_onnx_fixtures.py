@@ -5,7 +5,9 @@ Two kinds of small models, all built with onnx.helper and numpy (no exporter):
 
 * Numerics models, with every weight embedded (initializers with raw_data), a
   reference input from a fixed numpy seed and onnxruntime's output for it:
-  `cnn` (opset 17), `cnn_opset20`, `transformer` (opset 17, two post-norm
+  `cnn` (opset 17), `cnn_external` (the same model with its weights in an
+  external data file, as large exports are saved), `cnn_opset20`,
+  `transformer` (opset 17, two post-norm
   encoder layers), `transformer_opset14` (the same layers as older exporters
   wrote them: decomposed LayerNorm, tanh GELU, Constant nodes and Shape
   arithmetic), `lstm`, `lstm_noinit` (opset 17) and `gpt_block` (opset 20, as
@@ -1082,12 +1084,27 @@ def opset_of(model):
     return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
 
-def save_model(name, model):
+def save_model(name, model, external=False):
+    """Writes NAME.onnx; with `external`, every tensor's bytes (initializers and
+    Constant attributes) go to NAME.onnx.data beside it, one after another, each
+    named by location, offset and length as large exports store their weights."""
     path = OUT_DIR / f"{name}.onnx"
     data = model.SerializeToString()
     if len(data) >= MAX_MODEL_BYTES:
         raise ValueError(f"{name}.onnx is {len(data)} bytes")
-    path.write_bytes(data)
+    if not external:
+        path.write_bytes(data)
+        return path.name
+    data_name = f"{name}.onnx.data"
+    # onnx appends to an existing data file: start from none.
+    (OUT_DIR / data_name).unlink(missing_ok=True)
+    onnx.save_model(model, str(path), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location=data_name, size_threshold=0,
+                    convert_attribute=True)
+    saved = onnx.load_model(str(path), load_external_data=False)
+    if not all(t.data_location == TensorProto.EXTERNAL for t in saved.graph.initializer):
+        raise AssertionError(f"{name}: some initializer is not external")
+    onnx.checker.check_model(str(path), full_check=True)
     return path.name
 
 
@@ -1106,11 +1123,20 @@ def numerics_fixtures():
     """Returns the manifest entries of the models with weights."""
     entries = []
 
-    def emit(name, model, feeds, self_check=None):
+    def emit(name, model, feeds, self_check=None, external=False):
         model, outputs = finish_numerics(name, model, feeds)
         if self_check is not None:
             self_check(model, feeds, outputs)
-        file = save_model(name, model)
+        file = save_model(name, model, external)
+        if external:
+            # onnxruntime reading the file and its data from disk gives the same outputs.
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = 1
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            sess = ort.InferenceSession(str(OUT_DIR / file), opts,
+                                        providers=["CPUExecutionProvider"])
+            for (oname, want), got in zip(outputs, sess.run(None, dict(feeds))):
+                check_close(f"{name} {oname} (from disk)", got, want, rtol=0, atol=0)
         in_files = []
         for i, (iname, arr) in enumerate(feeds):
             f = f"{name}.input.json" if len(feeds) == 1 else f"{name}.input{i}.json"
@@ -1145,6 +1171,10 @@ def numerics_fixtures():
     if not (np.mean(pre < 0) > 0.1 and np.mean(pre > 6) > 0.01):
         raise AssertionError("cnn: ReLU6 does not clip at both ends")
     emit("cnn", model, feeds)
+    # The same model saved as large exports are: its weights in an external data file.
+    model, feeds = cnn_model()
+    model.doc_string += " Weights in cnn_external.onnx.data (external data)."
+    emit("cnn_external", model, feeds, external=True)
 
     model, feeds = cnn_opset20_model()
     emit("cnn_opset20", model, feeds,

@@ -189,10 +189,21 @@ pub fn write_atomically(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = tempfile::Builder::new()
-        .prefix(&format!(".{name}."))
-        .suffix(".tmp")
-        .tempfile_in(&folder)?;
+    let prefix = format!(".{name}.");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".tmp");
+    // A temporary file is private (0600); the output gets the mode a new file gets (0666 less
+    // the umask), or the mode of the file it replaces.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    let tmp = builder.tempfile_in(&folder)?;
+    #[cfg(unix)]
+    if let Ok(old) = std::fs::metadata(path) {
+        tmp.as_file().set_permissions(old.permissions())?;
+    }
     let mut w = BufWriter::new(tmp);
     write(&mut w)?;
     let tmp = w.into_inner().map_err(io::IntoInnerError::into_error)?;
@@ -242,6 +253,24 @@ mod tests {
         write_bytes_atomically(&path, b"new").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"new");
         assert!(leftovers(dir.path()).is_empty());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn outputs_get_a_new_files_mode_or_the_replaced_files() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.bin");
+        write_bytes_atomically(&path, b"a").unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        // Readable by others unless the umask says otherwise: never the temporary's 0600
+        // when the umask allows more.
+        let reference = dir.path().join("reference");
+        std::fs::write(&reference, b"r").unwrap();
+        assert_eq!(mode(&path), mode(&reference));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        write_bytes_atomically(&path, b"b").unwrap();
+        assert_eq!(mode(&path), 0o640);
     }
 
     #[test]

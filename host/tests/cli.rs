@@ -849,28 +849,82 @@ fn fixture_npy(json: &str, out: &Path) {
 
 #[test]
 fn onnx_run_writes_onnxruntimes_outputs() {
+    // `cnn_external` is `cnn` with its weights in `cnn_external.onnx.data` (external data).
+    for name in ["cnn", "cnn_external"] {
+        let dir = tempfile::tempdir().unwrap();
+        let x = dir.path().join("x.npy");
+        fixture_npy(&format!("{name}.input.json"), &x);
+        let out = dir.path().join("out");
+        let o = tessera(&[
+            "run",
+            &fixture(&format!("{name}.onnx")),
+            "--input",
+            &format!("x={}", x.display()),
+            "--output-dir",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        let bytes = std::fs::read(out.join("logits.npy")).unwrap();
+        let got: Vec<f32> = npyz::NpyFile::new(&bytes[..]).unwrap().into_vec().unwrap();
+        let want: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(fixture(&format!("{name}.output.json"))).unwrap(),
+        )
+        .unwrap();
+        let want = want["data"].as_array().unwrap();
+        assert_eq!(got.len(), want.len());
+        for (a, e) in got.iter().zip(want) {
+            let e = e.as_f64().unwrap() as f32;
+            assert!(
+                (a - e).abs() <= 1e-4 * e.abs().max(1.0),
+                "{name}: {a} vs {e}"
+            );
+        }
+    }
+}
+
+/// External data is read from the model's folder, and only from there: without its data
+/// file `run` says which file is missing; a data file cut short, or a location that leaves
+/// the folder, is an error naming the tensor.
+#[test]
+fn external_data_is_read_from_the_models_folder_only() {
     let dir = tempfile::tempdir().unwrap();
     let x = dir.path().join("x.npy");
-    fixture_npy("cnn.input.json", &x);
-    let out = dir.path().join("out");
-    let o = tessera(&[
-        "run",
-        &fixture("cnn.onnx"),
-        "--input",
-        &format!("x={}", x.display()),
-        "--output-dir",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let bytes = std::fs::read(out.join("logits.npy")).unwrap();
-    let got: Vec<f32> = npyz::NpyFile::new(&bytes[..]).unwrap().into_vec().unwrap();
-    let want: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture("cnn.output.json")).unwrap())
-            .unwrap();
-    for (a, e) in got.iter().zip(want["data"].as_array().unwrap()) {
-        let e = e.as_f64().unwrap() as f32;
-        assert!((a - e).abs() <= 1e-4 * e.abs().max(1.0), "{a} vs {e}");
+    fixture_npy("cnn_external.input.json", &x);
+    let model = dir.path().join("m.onnx");
+    std::fs::copy(fixture("cnn_external.onnx"), &model).unwrap();
+    let input = format!("x={}", x.display());
+    let run = || tessera(&["run", model.to_str().unwrap(), "--input", &input]);
+    let o = run();
+    assert_clean_failure(&o, &["cnn_external.onnx.data", "not there"]);
+    let data = std::fs::read(fixture("cnn_external.onnx.data")).unwrap();
+    std::fs::write(
+        dir.path().join("cnn_external.onnx.data"),
+        &data[..data.len() / 2],
+    )
+    .unwrap();
+    let o = run();
+    assert_clean_failure(&o, &["cnn_external.onnx.data", "beyond the file's end"]);
+    // A model naming a file outside its folder: the same model one folder down, its
+    // locations rewritten to `../`.
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    std::fs::write(dir.path().join("cnn_external.onnx.data"), &data).unwrap();
+    // Strings are length-prefixed: the same length keeps the protobuf valid.
+    let bytes = std::fs::read(fixture("cnn_external.onnx")).unwrap();
+    let from = b"cnn_external.onnx.data";
+    let to = b"../cnn_external.onnx.d";
+    assert_eq!(from.len(), to.len());
+    let mut moved = bytes;
+    let mut at = 0;
+    while let Some(i) = moved[at..].windows(from.len()).position(|w| w == from) {
+        moved[at + i..at + i + from.len()].copy_from_slice(to);
+        at += i + from.len();
     }
+    assert!(at > 0);
+    let escaped = sub.join("m.onnx");
+    std::fs::write(&escaped, moved).unwrap();
+    let o = tessera(&["run", escaped.to_str().unwrap(), "--input", &input]);
+    assert_clean_failure(&o, &["../cnn_external.onnx.d", "leaves the model's folder"]);
 }
 
 #[test]
@@ -1282,6 +1336,61 @@ fn outputs_are_checked_before_work_and_written_whole() {
             .collect();
         assert!(left.is_empty(), "{}: {left:?}", d.display());
     }
+}
+
+/// On a full file system (a 64 KiB tmpfs), a checkpoint, predictions and a report that do not
+/// fit each fail with one line naming the file and the cause, and every final name keeps its
+/// old contents, with no temporary file left beside it.
+///
+/// The tmpfs is mounted in a private mount namespace (`unshare -rm`, no privileges needed
+/// where user namespaces are allowed). Where the machine allows none the test says so and
+/// stops; `output::tests::a_failed_write_keeps_the_old_file_and_leaves_nothing_behind`
+/// covers the same mechanism with a writer that fails mid-way.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_full_disk_leaves_every_old_output_whole() {
+    let allowed = Command::new("unshare")
+        .args(["-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !allowed {
+        eprintln!("skipped: this machine allows no private tmpfs mount (unshare -rm)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"set -e
+d="$1"
+mount -t tmpfs -o size=64k tmpfs "$d"
+mkdir "$d/report"
+printf old > "$d/w.safetensors"; printf old > "$d/p.npy"; printf old > "$d/report/estimate.json"
+for c in "train --epochs 1 --checkpoint $d/w.safetensors" "predict --output $d/p.npy" "estimate --report-dir $d/report"; do
+  if msg=$("$0" $c 2>&1 >/dev/null); then echo "succeeded: $c"; exit 3; fi
+  printf '%s\n--\n' "$msg"
+done
+echo "contents: $(cat "$d/w.safetensors") $(cat "$d/p.npy") $(cat "$d/report/estimate.json")"
+echo "left: $(ls -A "$d" "$d/report" | grep '^\.' || true)"
+"#;
+    let o = Command::new("unshare")
+        .args(["-rm", "sh", "-c", script, env!("CARGO_BIN_EXE_tessera")])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    let messages: Vec<&str> = out.split("--\n").take(3).collect();
+    for (m, name) in messages.iter().zip(["w.safetensors", "p.npy", "report"]) {
+        let lines: Vec<&str> = m.lines().filter(|l| !l.is_empty()).collect();
+        assert!(lines[0].starts_with("error: "), "{m}");
+        assert!(
+            lines[1..].iter().all(|l| l.starts_with("caused by: ")),
+            "{m}"
+        );
+        assert!(m.contains(name) && m.contains("No space left"), "{m}");
+        assert!(!m.contains("panicked"), "{m}");
+    }
+    assert!(out.contains("contents: old old old\n"), "{out}");
+    assert!(out.contains("left: \n"), "a temporary file was left: {out}");
 }
 
 /// `.npy` bytes of float32 `values` stored in `order` for `shape` (NumPy format 1.0).

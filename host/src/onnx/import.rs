@@ -798,6 +798,14 @@ impl<'a> Importer<'a> {
         match self.opt(node, k)? {
             None => Ok(None),
             Some(Val::C(c)) => Ok(Some(c)),
+            Some(Val::W(i)) if self.weights[i].values.is_err() => {
+                let missing = self.weights[i].values.as_ref().err().cloned();
+                Err(self.bad(format!(
+                    "input {k} ({what}) must be known at import time, but `{}` has no values: {}",
+                    self.weights[i].name,
+                    missing.map(|m| m.to_string()).unwrap_or_default()
+                )))
+            }
             Some(_) => Err(self.unsupported(format!(
                 "input {k} ({what}) must be known at import time; here it is computed at run time"
             ))),

@@ -2,6 +2,7 @@
 //! every tensor's shape inferred, shape arithmetic folded at import, the batch size rebound
 //! on request and the nodes split into pipeline stages.
 //!
+//! Weights stored as external data (a file beside the model) are read from that file.
 //! Weight-free files are fine for estimates: initializers whose bytes live in an external
 //! file that is absent (as `strip.py`-style stripped exports) and initializers replaced by
 //! `ConstantOfShape` nodes (the "light" models the `onnx` package ships) both import, as
@@ -12,6 +13,7 @@
 //! weight; scalars, integer and boolean initializers and `Constant` nodes are constants.
 
 mod consts;
+mod external;
 mod import;
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod proto;
@@ -122,6 +124,16 @@ pub enum OnnxError {
         tensor: String,
         /// Why its values are absent.
         missing: Missing,
+    },
+    /// A tensor's external data cannot be read.
+    #[error("tensor `{tensor}`: external data `{location}`: {message}")]
+    ExternalData {
+        /// The tensor.
+        tensor: String,
+        /// Its `location` entry.
+        location: String,
+        /// What is wrong.
+        message: String,
     },
     /// A pipeline-stage boundary names no node of the graph.
     #[error("--pipeline-stages: no node or tensor is named `{name}`{}", if suggestions.is_empty() { String::new() } else { format!(" (similar: {})", suggestions.join(", ")) })]
@@ -438,18 +450,28 @@ pub struct OnnxModel {
 }
 
 impl OnnxModel {
-    /// Reads and decodes `path`, checking its opset.
+    /// Reads and decodes `path`, checking its opset, and reads the bytes of tensors stored
+    /// as external data (files beside the model) where those files are
+    /// there.
     ///
     /// # Errors
     ///
     /// [`OnnxError::Io`], [`OnnxError::Decode`] (with the byte offset where the protobuf
-    /// breaks), [`OnnxError::Opset`].
+    /// breaks), [`OnnxError::Opset`], [`OnnxError::ExternalData`].
     pub fn load(path: &Path) -> Result<OnnxModel, OnnxError> {
         let bytes = std::fs::read(path).map_err(|source| OnnxError::Io {
             path: path.to_path_buf(),
             source,
         })?;
-        OnnxModel::from_bytes(&bytes, path)
+        let mut model = OnnxModel::from_bytes(&bytes, path)?;
+        let folder = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        if let Some(graph) = model.proto.graph.as_mut() {
+            external::load(graph, &folder)?;
+        }
+        Ok(model)
     }
 
     /// Decodes a model from `bytes` (`path` names it in messages).
