@@ -32,7 +32,12 @@ pub enum ShapeError {
         axis: usize,
     },
     /// The element count does not fit in `u32`.
-    TooManyElements,
+    TooManyElements {
+        /// The axis that takes the count past `u32::MAX`.
+        axis: usize,
+        /// Its size.
+        size: usize,
+    },
 }
 
 impl fmt::Display for ShapeError {
@@ -42,7 +47,11 @@ impl fmt::Display for ShapeError {
                 write!(f, "rank {rank} is larger than the maximum {MAX_RANK}")
             }
             ShapeError::ZeroDimension { axis } => write!(f, "axis {axis} has size 0"),
-            ShapeError::TooManyElements => f.write_str("element count does not fit in 32 bits"),
+            ShapeError::TooManyElements { axis, size } => write!(
+                f,
+                "axis {axis} of size {size} takes the element count past 32 bits ({})",
+                u32::MAX
+            ),
         }
     }
 }
@@ -69,8 +78,9 @@ impl Shape {
             if d == 0 {
                 return Err(ShapeError::ZeroDimension { axis });
             }
-            let d = u32::try_from(d).map_err(|_| ShapeError::TooManyElements)?;
-            count = count.checked_mul(d).ok_or(ShapeError::TooManyElements)?;
+            let too_many = ShapeError::TooManyElements { axis, size: d };
+            let d = u32::try_from(d).map_err(|_| too_many)?;
+            count = count.checked_mul(d).ok_or(too_many)?;
             out[axis] = d;
         }
         Ok(Shape {
@@ -188,7 +198,10 @@ mod tests {
         );
         assert_eq!(
             Shape::new(&[1 << 20, 1 << 20]),
-            Err(ShapeError::TooManyElements)
+            Err(ShapeError::TooManyElements {
+                axis: 1,
+                size: 1 << 20
+            })
         );
     }
 }

@@ -56,18 +56,39 @@ pub struct SlotRun {
     pub cycles: u64,
 }
 
+/// Steps of a timeline that were not run one by one: in the steady state of a long pipeline
+/// every period of steps is the same (Grouped: one step, every slot busy; Interleaved: two;
+/// Sequential: one micro-batch's slots), so the middle periods are counted, not listed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ElidedSteps {
+    /// The first step not listed in [`Timeline::runs`].
+    pub first_step: usize,
+    /// Steps not listed.
+    pub steps: usize,
+    /// The cycle they start at.
+    pub start: u64,
+    /// Their cycles, syncs included.
+    pub cycles: u64,
+}
+
+/// Steady-state periods kept in [`Timeline::runs`] on each side of the elided middle.
+pub const KEPT_PERIODS: usize = 8;
+
 /// The timeline of one weight update's micro-batches.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Timeline {
-    /// Total cycles, syncs included.
+    /// Total cycles, syncs included (saturating at `u64::MAX`).
     pub cycles: u64,
     /// Per IPU.
     pub ipus: Vec<IpuTime>,
     /// Highest stash occupancy observed per stage while running (see
     /// [`Pipeline::stash_occupancy`]).
     pub stash_observed: Vec<usize>,
-    /// Every slot run.
+    /// Every slot run, but for the steady-state steps of [`Timeline::elided`].
     pub runs: Vec<SlotRun>,
+    /// Identical steady-state steps counted but not listed in `runs` (only when more than
+    /// `2 * KEPT_PERIODS` periods are identical).
+    pub elided: Option<ElidedSteps>,
 }
 
 /// Runs `pipeline` with `costs[k]` for stage `k` on IPU `mapping[k]`, `sync` cycles between
@@ -87,6 +108,11 @@ pub fn timeline(
 /// [`timeline`] with concurrent stages: `placements[p]` lists the (stage, IPU, cost) of every
 /// stage at pipeline position `p`; they run side by side on their IPUs in the position's slots.
 /// Stashes are tracked per position.
+///
+/// Time and memory are O(stages x slots), whatever the accumulation count: in the steady
+/// state (every step from the last slot's first run to the first slot's last) the steps
+/// repeat with the schedule's period, so beyond [`KEPT_PERIODS`] periods on each side the
+/// middle is counted as a whole ([`Timeline::elided`]). Cycle counts saturate at `u64::MAX`.
 pub fn timeline_concurrent(
     pipeline: &Pipeline,
     placements: &[Vec<(usize, usize, StageCost)>],
@@ -110,18 +136,65 @@ pub fn timeline_concurrent(
     let mut runs = Vec::new();
     let mut clock = 0u64;
     let mut busy = vec![0u64; ipus];
-    let mut by_step: Vec<Vec<(Slot, usize)>> = vec![Vec::new(); pipeline.steps()];
-    for (t, slot, b) in pipeline.events() {
-        by_step[t].push((slot, b));
-    }
-    // Within a step an IPU runs its backward slots before its forward ones, so a stash entry is
-    // consumed before the next micro-batch's activations are pushed.
-    for slots in &mut by_step {
-        slots.sort_by_key(|(slot, _)| !matches!(slot, Slot::Backward(_)));
-    }
-    for (t, slots) in by_step.iter().enumerate() {
+    let slots = pipeline.slots();
+    let steps = pipeline.steps();
+    // Steps between a micro-batch's slot and the next micro-batch's same slot.
+    let period = pipeline.step_of(1, pipeline.slot(0)) - pipeline.step_of(0, pipeline.slot(0));
+    // The steady state: steps `slots - 1 ..= period * (M - 1)` run every slot of their phase.
+    let steady_first = slots - 1;
+    let steady_last = period * (pipeline.accumulation() - 1);
+    let periods = if steady_last >= steady_first {
+        (steady_last - steady_first + 1) / period
+    } else {
+        0
+    };
+    let skipped_periods = periods.saturating_sub(2 * KEPT_PERIODS);
+    let gap_start = steady_first + KEPT_PERIODS * period;
+    // One steady period's cycles and per-IPU busy and idle cycles (the one before the gap).
+    let mut period_clock = 0u64;
+    let mut period_busy = vec![0u64; ipus];
+    let mut period_idle = vec![0u64; ipus];
+    let mut elided = None;
+    let mut active: Vec<(Slot, usize)> = Vec::with_capacity(slots);
+    let mut t = 0;
+    while t < steps {
+        if skipped_periods > 0 && t == gap_start {
+            let n = skipped_periods as u64;
+            let cycles = period_clock.saturating_mul(n);
+            for (d, tm) in time.iter_mut().enumerate() {
+                tm.busy = tm.busy.saturating_add(period_busy[d].saturating_mul(n));
+                tm.idle = tm.idle.saturating_add(period_idle[d].saturating_mul(n));
+            }
+            // Every slot ran once per period: the stashed micro-batches move on as many.
+            for q in &mut stash {
+                q.iter_mut().for_each(|b| *b += skipped_periods);
+            }
+            elided = Some(ElidedSteps {
+                first_step: t,
+                steps: skipped_periods * period,
+                start: clock,
+                cycles,
+            });
+            clock = clock.saturating_add(cycles);
+            t += skipped_periods * period;
+            continue;
+        }
+        // Within a step an IPU runs its backward slots before its forward ones, so a stash
+        // entry is consumed before the next micro-batch's activations are pushed.
+        active.clear();
+        for back in [true, false] {
+            for j in 0..slots {
+                let slot = pipeline.slot(j);
+                if matches!(slot, Slot::Backward(_)) != back {
+                    continue;
+                }
+                if let Some(b) = pipeline.micro_batch_at(t, slot) {
+                    active.push((slot, b));
+                }
+            }
+        }
         busy.iter_mut().for_each(|x| *x = 0);
-        for &(slot, b) in slots {
+        for &(slot, b) in &active {
             let k = slot.stage();
             for &(stage, ipu, cost) in &placements[k] {
                 let (cycles, backward) = match slot {
@@ -134,10 +207,10 @@ pub fn timeline_concurrent(
                     stage,
                     backward,
                     micro_batch: b,
-                    start: clock + busy[ipu],
+                    start: clock.saturating_add(busy[ipu]),
                     cycles,
                 });
-                busy[ipu] += cycles;
+                busy[ipu] = busy[ipu].saturating_add(cycles);
             }
             if pipeline.training() {
                 match slot {
@@ -155,16 +228,27 @@ pub fn timeline_concurrent(
             }
         }
         let step = busy.iter().copied().max().unwrap_or(0);
+        let in_period = skipped_periods > 0 && t + period >= gap_start && t < gap_start;
         for (d, tm) in time.iter_mut().enumerate() {
-            tm.busy += busy[d];
-            tm.idle += step - busy[d];
+            tm.busy = tm.busy.saturating_add(busy[d]);
+            tm.idle = tm.idle.saturating_add(step - busy[d]);
+            if in_period {
+                period_busy[d] += busy[d];
+                period_idle[d] += step - busy[d];
+            }
         }
-        clock += step + sync;
+        let advance = step.saturating_add(sync);
+        if in_period {
+            period_clock = period_clock.saturating_add(advance);
+        }
+        clock = clock.saturating_add(advance);
+        t += 1;
     }
     Timeline {
         cycles: clock,
         ipus: time,
         stash_observed: observed,
         runs,
+        elided,
     }
 }

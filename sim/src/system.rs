@@ -19,8 +19,18 @@ use crate::machine::IpuConfig;
 use crate::memory::{
     account_part, account_with, MemoryReport, OutOfMemory, PartMemory, TileMemory,
 };
-use crate::pipeline::{timeline_concurrent, SlotRun, StageCost};
+use crate::pipeline::{timeline_concurrent, ElidedSteps, SlotRun, StageCost};
 use crate::program::{Program, TensorClass};
+
+/// The most IPUs one system holds: Graphcore's largest IPU-POD systems (the Bow Pod1024 of
+/// 1,024 Bow IPUs; the GC200's largest was the IPU-POD256). Replicas times the IPUs of one
+/// replica, and every IPU a device mapping names, must stay within it.
+pub const MAX_SYSTEM_IPUS: usize = 1024;
+
+/// The most times an on-device loop runs: Poplar's `program::Repeat` takes an `unsigned`
+/// (32-bit) count, and the accumulation loop of a weight update and the repeat loop of an
+/// execution are such loops.
+pub const MAX_LOOP_COUNT: usize = u32::MAX as usize;
 
 /// How a graph runs across IPUs.
 #[derive(Clone, Debug, PartialEq)]
@@ -110,6 +120,36 @@ pub enum SystemError {
     /// No replicas.
     #[error("the replica count must be at least 1")]
     NoReplicas,
+    /// More IPUs than the largest system has.
+    #[error("{replicas} replica(s) of {per_replica} IPU(s) need {} IPUs; the largest IPU-POD system has {MAX_SYSTEM_IPUS}", .replicas.saturating_mul(*.per_replica))]
+    TooManyIpus {
+        /// Replicas.
+        replicas: usize,
+        /// IPUs of one replica (a power of two, as IPUs are allocated).
+        per_replica: usize,
+    },
+    /// A device mapping names an IPU beyond the largest system.
+    #[error("the device mapping puts stage {stage} on IPU {ipu}; the largest IPU-POD system has IPUs 0 to {}", MAX_SYSTEM_IPUS - 1)]
+    IpuOutOfRange {
+        /// The stage.
+        stage: usize,
+        /// The IPU it names.
+        ipu: usize,
+    },
+    /// An on-device loop longer than Poplar's repeat count holds.
+    #[error("{what} {count} is more than an on-device loop runs (Poplar's repeat count is 32-bit: at most {MAX_LOOP_COUNT})")]
+    LoopTooLong {
+        /// Which loop (`gradient accumulation count`, `repeat count`, ...).
+        what: &'static str,
+        /// The count asked.
+        count: usize,
+    },
+    /// A cycle or sample count beyond 64 bits.
+    #[error("{what} overflows a 64-bit count")]
+    Overflow {
+        /// The count.
+        what: &'static str,
+    },
     /// Stage positions that leave a position empty, put concurrent stages on one IPU, or do not
     /// name every stage.
     #[error("pipeline stage positions: {detail}")]
@@ -284,8 +324,11 @@ pub struct SystemEstimate {
     pub stages: Vec<StageRow>,
     /// Per IPU of one replica.
     pub ipus: Vec<IpuRow>,
-    /// Every stage execution on the timeline.
+    /// Every stage execution on the timeline, but for the steady-state steps of `elided`.
     pub runs: Vec<SlotRun>,
+    /// Identical steady-state pipeline steps counted but not listed in `runs`.
+    #[serde(default)]
+    pub elided: Option<ElidedSteps>,
 }
 
 /// The tensors each stage stashes for its backward pass, as (stage, tensor) pairs: what its
@@ -402,6 +445,27 @@ where
     if opts.replicas == 0 {
         return Err(SystemError::NoReplicas);
     }
+    if let Some(mapping) = &opts.device_mapping {
+        if let Some((stage, &ipu)) = mapping
+            .iter()
+            .enumerate()
+            .find(|&(_, &d)| d >= MAX_SYSTEM_IPUS)
+        {
+            return Err(SystemError::IpuOutOfRange { stage, ipu });
+        }
+    }
+    for (what, count) in [
+        ("repeat count", opts.repeat_count),
+        ("steps per execution", opts.steps_per_execution),
+        (
+            "inference micro-batch count",
+            Some(opts.inference_micro_batches),
+        ),
+    ] {
+        if let Some(count) = count.filter(|&c| c > MAX_LOOP_COUNT) {
+            return Err(SystemError::LoopTooLong { what, count });
+        }
+    }
     let g = plan.graph();
     let training = g.is_training();
     let s = g.stage_count();
@@ -453,6 +517,16 @@ where
         }
     }
     let ipus = mapping.iter().copied().max().unwrap_or(0) + 1;
+    if opts
+        .replicas
+        .checked_mul(ipus.next_power_of_two())
+        .is_none_or(|n| n > MAX_SYSTEM_IPUS)
+    {
+        return Err(SystemError::TooManyIpus {
+            replicas: opts.replicas,
+            per_replica: ipus.next_power_of_two(),
+        });
+    }
     let forward_len = g.forward_len();
     let lower_options = ipu_lower_options(opts, &mapping, ipus)?;
 
@@ -640,9 +714,22 @@ where
     } else {
         0
     };
-    let total = tl.cycles + all_reduce + weight_update;
+    let overflow = |what| SystemError::Overflow { what };
+    let total = tl
+        .cycles
+        .checked_add(all_reduce)
+        .and_then(|c| c.checked_add(weight_update))
+        .filter(|&c| c < u64::MAX)
+        .ok_or(overflow("the cycles of one weight update"))?;
+    let cycles_per_execution = total
+        .checked_mul(repeat as u64)
+        .ok_or(overflow("the cycles of one execution"))?;
     let seconds = cfg.cycles_to_seconds(total);
-    let samples = opts.micro_batch * m as u64 * opts.replicas as u64;
+    let samples = opts
+        .micro_batch
+        .checked_mul(m as u64)
+        .and_then(|x| x.checked_mul(opts.replicas as u64))
+        .ok_or(overflow("the samples of one weight update"))?;
 
     let mut worst: Option<OutOfMemory> = None;
     let ipu_rows: Vec<IpuRow> = (0..ipus)
@@ -786,10 +873,11 @@ where
         },
         repeat_count: repeat,
         steps_per_execution: repeat * m,
-        cycles_per_execution: total * repeat as u64,
+        cycles_per_execution,
         stages,
         ipus: ipu_rows,
         runs: tl.runs,
+        elided: tl.elided,
     })
 }
 
@@ -860,7 +948,9 @@ pub fn loop_repeat(
             accumulation: m,
             repeat_count: Some(0),
         }),
-        (Some(k), r) if k > 0 && k % m == 0 && r.is_none_or(|r| r * m == k) => Ok(k / m),
+        (Some(k), r) if k > 0 && k % m == 0 && r.is_none_or(|r| r.checked_mul(m) == Some(k)) => {
+            Ok(k / m)
+        }
         (Some(k), r) => Err(SystemError::StepsPerExecution {
             steps: k,
             accumulation: m,

@@ -222,8 +222,22 @@ impl Plot {
         }
     }
 
-    /// Every stage run, on its stage's row.
+    /// Every stage run, on its stage's row; the steady-state steps counted but not listed,
+    /// as one block across the rows.
     fn runs(&self, svg: &mut Svg, e: &SystemEstimate) {
+        if let Some(el) = e.elided {
+            let tip = format!(
+                "steps {} to {}: the steady state, each period as the one before: {} cycles",
+                el.first_step,
+                el.first_step + el.steps - 1,
+                count(el.cycles)
+            );
+            let label = format!("{} steady steps", count(el.steps as u64));
+            let span = (el.start, el.start.saturating_add(el.cycles));
+            for i in 0..self.rows.len() {
+                self.block(svg, i, span, GRID, &label, &tip);
+            }
+        }
         for r in &e.runs {
             let row = self.rows.iter().position(|&(k, _)| k == r.stage);
             let (colour, letter, direction) = if r.backward {
