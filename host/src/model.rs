@@ -492,7 +492,7 @@ pub enum ModelError {
         message: String,
     },
     /// The core graph refused the model.
-    #[error("{model}: {source}")]
+    #[error("{model}: the graph cannot be built")]
     Graph {
         /// The model.
         model: String,
@@ -866,8 +866,19 @@ impl Model {
     ///
     /// [`ModelError::Data`] or [`ModelError::Layer`] saying what disagrees.
     pub fn check_data(&self, sample_shape: &[usize], classes: usize) -> Result<(), ModelError> {
+        // The data's samples take the input's shape: the same sizes, up to axes of size 1
+        // (a channel axis of 1, say). A flat input takes samples of any shape with as many
+        // elements (Keras flattens them for a Dense input): only then does the count alone
+        // decide.
         let elements = |s: &[usize]| s.iter().product::<usize>();
-        if elements(sample_shape) != elements(&self.input_shape) {
+        let sizes = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+        let flat = self.input_shape.len() <= 1;
+        let matches = if flat {
+            elements(sample_shape) == elements(&self.input_shape)
+        } else {
+            sizes(sample_shape) == sizes(&self.input_shape)
+        };
+        if !matches {
             return Err(ModelError::Data {
                 model: self.name.clone(),
                 message: format!(
@@ -1951,11 +1962,15 @@ mod tests {
         )
         .unwrap();
         let mut g: Graph<tessera_sim::Heap> = Graph::new();
-        let e = m
-            .build(&mut g, 2, DType::F32, true)
-            .unwrap_err()
-            .to_string();
-        assert!(e.starts_with("m: `c/Conv2D` (Conv): the kernel"), "{e}");
+        let e = m.build(&mut g, 2, DType::F32, true).unwrap_err();
+        assert_eq!(e.to_string(), "m: the graph cannot be built");
+        let cause = std::error::Error::source(&e).map(ToString::to_string);
+        assert!(
+            cause
+                .as_deref()
+                .is_some_and(|c| c.starts_with("`c/Conv2D` (Conv): the kernel")),
+            "{cause:?}"
+        );
     }
 
     #[test]

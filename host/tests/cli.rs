@@ -1496,3 +1496,121 @@ fn onnx_run_reads_npy_files_as_numpy_does() {
         &["`x` is given twice"],
     );
 }
+
+/// `tessera run` binds a symbolic batch from the array given for the input, as onnxruntime
+/// does (it takes no `--batch-size`); without that input it says so. A negative dimension is
+/// named as what it is, not as a symbol.
+#[test]
+fn run_binds_the_batch_from_its_inputs_and_negative_dims_are_named() {
+    use npyz::WriterBuilder as _;
+    use prost::Message as _;
+    let dir = tempfile::tempdir().unwrap();
+    let x = dir.path().join("x.npy");
+    let mut w = npyz::WriteOptions::<f32>::new()
+        .default_dtype()
+        .shape(&[3, 4])
+        .writer(std::fs::File::create(&x).unwrap())
+        .begin_nd()
+        .unwrap();
+    for v in 0..12 {
+        w.push(&(v as f32 / 10.0)).unwrap();
+    }
+    w.finish().unwrap();
+    let out = dir.path().join("out");
+    let model = fixture("dynamic_batch.onnx");
+    let o = tessera(&[
+        "run",
+        &model,
+        "--input",
+        &format!("x={}", x.display()),
+        "--output-dir",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bytes = std::fs::read(out.join("y.npy")).unwrap();
+    let y = npyz::NpyFile::new(&bytes[..]).unwrap();
+    assert_eq!(y.shape(), &[3, 3]);
+    let o = tessera(&["run", &model]);
+    assert_clean_failure(&o, &["`x` is not given"]);
+    assert!(!stderr(&o).contains("--batch-size"), "{}", stderr(&o));
+
+    let mut m = tessera_host::onnx::proto::ModelProto::decode(
+        &std::fs::read(fixture("cnn.onnx")).unwrap()[..],
+    )
+    .unwrap();
+    let input = &mut m.graph.as_mut().unwrap().input[0];
+    let Some(tessera_host::onnx::proto::type_proto::Value::TensorType(t)) =
+        input.r#type.as_mut().unwrap().value.as_mut()
+    else {
+        panic!("a tensor input")
+    };
+    t.shape.as_mut().unwrap().dim[1].value =
+        Some(tessera_host::onnx::proto::tensor_shape_proto::dimension::Value::DimValue(-3));
+    let bad = dir.path().join("negative.onnx");
+    std::fs::write(&bad, m.encode_to_vec()).unwrap();
+    let o = tessera(&["estimate", bad.to_str().unwrap(), "--inference"]);
+    assert_clean_failure(&o, &["`x`", "dimension 1 is -3"]);
+    assert!(!stderr(&o).contains("symbolic"), "{}", stderr(&o));
+}
+
+/// The data's sample shape is checked against the model's input, not only its element
+/// count: 14x56 images are not 28x28 ones, though both hold 784 pixels.
+#[test]
+fn idx_dimensions_are_checked_against_the_model() {
+    let d = data_copy();
+    for name in ["train-images-idx3-ubyte", "t10k-images-idx3-ubyte"] {
+        let f = d.path().join(name);
+        let mut bytes = std::fs::read(&f).unwrap();
+        bytes[8..12].copy_from_slice(&14u32.to_be_bytes());
+        bytes[12..16].copy_from_slice(&56u32.to_be_bytes());
+        std::fs::write(&f, &bytes).unwrap();
+    }
+    let o = tessera(&["train", "--data", d.path().to_str().unwrap()]);
+    assert_clean_failure(&o, &["[28, 28]", "[14, 56]"]);
+}
+
+/// Sizes users type are held to the machine's: an IPU a system cannot have, more replicas
+/// than its IPUs, loops longer than Poplar's 32-bit repeat count and cycle counts past 64
+/// bits are one-line errors naming the value; a billion micro-batches per update is a
+/// result, computed in the steady state's closed form.
+#[test]
+fn sizes_are_held_to_the_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/models/pipelined_sequential.toml"
+    ))
+    .unwrap()
+    .replace("device_mapping = [0, 1]", "device_mapping = [0, 1000000]");
+    assert!(text.contains("1000000"));
+    let model = write(dir.path(), "far.toml", &text);
+    let o = tessera(&["estimate", model.to_str().unwrap()]);
+    assert_clean_failure(&o, &["1000000"]);
+    let o = tessera(&["estimate", "--replicas", "1000000"]);
+    assert_clean_failure(&o, &["--replicas", "1000000", "1024"]);
+    for cmd in ["estimate", "train"] {
+        let o = tessera(&[cmd, "--repeat-count", "9223372036854775807"]);
+        assert_clean_failure(&o, &["--repeat-count", "9223372036854775807", "4294967295"]);
+    }
+    // Within the loop limit, the cycles of an execution pass 64 bits.
+    let o = tessera(&[
+        "estimate",
+        "--gradient-accumulation-count",
+        "4294967292",
+        "--repeat-count",
+        "4294967295",
+    ]);
+    assert_clean_failure(&o, &["overflows a 64-bit count"]);
+    let o = tessera(&[
+        "estimate",
+        "--gradient-accumulation-count",
+        "1000000000",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = last_json(&o);
+    assert_eq!(e["gradient_accumulation_count"], 1_000_000_000);
+    assert!(e["cycles_per_weight_update"].as_u64().unwrap() > 1_000_000_000);
+    let o = tessera(&["train", "--epochs", "4294967295"]);
+    assert_clean_failure(&o, &["--epochs", "micro-batch steps"]);
+}

@@ -183,6 +183,16 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
         mask_tokens: a.mask_tokens,
         device_mapping: (!a.device_mapping.is_empty()).then(|| a.device_mapping.clone()),
     };
+    if let Some(n) = a
+        .pipeline_ipus
+        .filter(|&n| n > tessera_sim::system::MAX_SYSTEM_IPUS)
+    {
+        return Err(format!(
+            "--pipeline-ipus: {n} is more IPUs than the largest IPU-POD system has ({})",
+            tessera_sim::system::MAX_SYSTEM_IPUS
+        )
+        .into());
+    }
     let stage_guess = match (&oo.stages, a.pipeline_ipus) {
         (_, Some(n)) => n,
         (Stages::After(v), None) => v.len() + 1,
@@ -376,16 +386,20 @@ pub fn run_model(a: RunArgs) -> Result<bool, AnyError> {
     // Where the outputs go is checked before any work.
     tessera_host::output::check_output_dir(&a.output_dir)?;
     let model = OnnxModel::load(&a.model)?;
-    // Weights first: without them no input matters.
-    tessera_host::onnx::import(
+    // Weights first: without them no input matters. (A symbolic batch is bound by the
+    // inputs, read next; `run_onnx` checks the weights again then.)
+    match tessera_host::onnx::import(
         &model,
         &mut tessera_core::Graph::<tessera_sim::Heap>::new(),
         &tessera_host::onnx::ImportOptions {
             stages: Stages::One,
             ..Default::default()
         },
-    )?
-    .require_weights()?;
+    ) {
+        Ok(imported) => imported.require_weights()?,
+        Err(tessera_host::onnx::OnnxError::UnboundDim { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
     let mut inputs = Vec::new();
     for spec in &a.inputs {
         let (name, file) = spec

@@ -44,6 +44,40 @@ fn output_dir(spec: &Path, output: Option<&Path>) -> PathBuf {
 }
 
 /// The estimate options of configuration `c`, checked as the command line checks them.
+/// Checks a spec before any configuration runs, so that a typo fails now, not hours in:
+/// every value it names (each configuration that holds a value no other checked one does,
+/// see `Configs::representatives`) parses as `tessera estimate` options, and every model it
+/// names is a shipped model or a file that is there.
+fn check_spec(spec: &Spec) -> Result<(), AnyError> {
+    let mut models = std::collections::BTreeSet::new();
+    for i in spec.configs.representatives() {
+        let Some(c) = spec.configs.get(i) else {
+            continue;
+        };
+        estimate_args(spec, i, &c)?;
+        if models.insert(c.model().to_string()) {
+            let path = spec.model_path(&c);
+            let shipped = tessera_host::model::SHIPPED
+                .iter()
+                .any(|(name, _)| *name == c.model());
+            if !shipped && !Path::new(&path).is_file() {
+                return Err(format!(
+                    "{}: configuration {i} ({c}): model `{}` is neither a shipped model ({}) nor a file (looked for {path})",
+                    spec.path.display(),
+                    c.model(),
+                    tessera_host::model::SHIPPED
+                        .iter()
+                        .map(|(n, _)| *n)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+                .into());
+            }
+        }
+    }
+    Ok(())
+}
+
 fn estimate_args(spec: &Spec, index: usize, c: &Config) -> Result<EstimateArgs, AnyError> {
     config_args(&spec.model_path(c), c)
         .map_err(|e| format!("{}: configuration {index} ({c}): {e}", spec.path.display()).into())
@@ -132,13 +166,7 @@ fn run_sweep(a: SweepRunArgs) -> Result<bool, AnyError> {
     let start = Instant::now();
     let spec_path = a.spec.clone().unwrap_or_default();
     let spec = Spec::load(&spec_path)?;
-    // Every configuration is checked before any runs: a typo fails now, not hours in.
-    let args = spec
-        .configs
-        .iter()
-        .enumerate()
-        .map(|(i, c)| estimate_args(&spec, i, c))
-        .collect::<Result<Vec<_>, _>>()?;
+    check_spec(&spec)?;
     let shard = a.shard.or_else(slurm_shard);
     let dir = output_dir(&spec_path, a.output.as_deref());
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -148,26 +176,32 @@ fn run_sweep(a: SweepRunArgs) -> Result<bool, AnyError> {
     write_all(&files, &spec.keys, &rows)?;
     let mine = match shard {
         Some((i, n)) => spec.shard(i, n),
-        None => (0..spec.configs.len()).collect(),
+        None => 0..spec.configs.len(),
     };
+    // The configurations to run are made one at a time as workers take them.
     let done: std::collections::HashSet<usize> = rows.iter().map(|r| r.index).collect();
-    let todo: Vec<usize> = mine.iter().copied().filter(|i| !done.contains(i)).collect();
-    let jobs = a
-        .jobs
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1);
+    let todo_len = mine.len() - done.iter().filter(|i| mine.contains(i)).count();
+    // Estimates are CPU-bound: more at a time than CPUs adds only memory.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let jobs = a.jobs.unwrap_or(cpus).max(1);
+    if jobs > cpus {
+        return Err(format!(
+            "--jobs {jobs}: this machine gives the sweep {cpus} CPU(s); more estimates at a time than CPUs only add memory"
+        )
+        .into());
+    }
     eprintln!(
         "{}: {} configurations{}, {} done already, {} to run, {jobs} at a time; rows go to {}",
         spec.name,
         mine.len(),
         shard.map_or(String::new(), |(i, n)| format!(" in shard {i} of {n}")),
-        mine.len() - todo.len(),
-        todo.len(),
+        mine.len() - todo_len,
+        todo_len,
         files.jsonl.display()
     );
     tessera_sim::cache::set_lowering_cache(a.lowering_cache);
     let mut appender = Appender::open(&files, &spec.keys)?;
-    let bar = ProgressBar::new(todo.len() as u64);
+    let bar = ProgressBar::new(todo_len as u64);
     bar.set_style(
         ProgressStyle::with_template(
             "{elapsed_precise} [{bar:40}] {pos}/{len} configurations, {eta} left {msg}",
@@ -185,20 +219,32 @@ fn run_sweep(a: SweepRunArgs) -> Result<bool, AnyError> {
     let mut failure: Option<AnyError> = None;
     let (mut fits, mut failed) = (0usize, 0usize);
     std::thread::scope(|scope| {
-        let (todo, args, spec, stop) = (&todo, &args, &spec, &stop);
-        scope.spawn(move || {
+        let (done, spec, stop, mine) = (&done, &spec, &stop, mine.clone());
+        let workers = std::thread::Builder::new().spawn_scoped(scope, move || {
             pool.install(|| {
-                todo.par_iter().for_each_with(tx, |tx, &i| {
-                    if stop.load(Ordering::Relaxed) {
-                        return;
-                    }
-                    let row = estimate_row(i, &spec.configs[i], &args[i]);
-                    if tx.send(row).is_err() {
-                        stop.store(true, Ordering::Relaxed);
-                    }
-                });
+                mine.into_par_iter()
+                    .filter(|i| !done.contains(i))
+                    .for_each_with(tx, |tx, i| {
+                        if stop.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        let Some(c) = spec.configs.get(i) else {
+                            return;
+                        };
+                        let row = match estimate_args(spec, i, &c) {
+                            Ok(args) => estimate_row(i, &c, &args),
+                            Err(e) => Row::failed(i, &c, &e.to_string()),
+                        };
+                        if tx.send(row).is_err() {
+                            stop.store(true, Ordering::Relaxed);
+                        }
+                    });
             });
         });
+        if let Err(e) = workers {
+            // The sender went with the closure: the loop below ends at once.
+            failure = Some(format!("cannot start the sweep's workers: {e}").into());
+        }
         let mut last_line = Instant::now();
         for row in rx {
             if let Err(e) = appender.push(&row) {
@@ -220,7 +266,7 @@ fn run_sweep(a: SweepRunArgs) -> Result<bool, AnyError> {
                 eprintln!(
                     "{}/{} configurations ({fits} fit, {failed} failed), {} elapsed, {} left",
                     bar.position(),
-                    todo.len(),
+                    todo_len,
                     seconds(start.elapsed().as_secs_f64()),
                     seconds(bar.eta().as_secs_f64())
                 );
@@ -236,7 +282,7 @@ fn run_sweep(a: SweepRunArgs) -> Result<bool, AnyError> {
     let (hits, misses) = tessera_sim::cache::lowering_cache_stats();
     eprintln!(
         "{} configurations estimated in {} ({misses} IPU programs lowered, {hits} reused)",
-        todo.len(),
+        todo_len,
         seconds(start.elapsed().as_secs_f64())
     );
     match shard {
@@ -325,7 +371,7 @@ fn finish(spec: &Spec, dir: &Path, rows: &[Row], missing: &[usize]) -> Result<bo
             missing.len(),
             spec.configs.len(),
             missing[0],
-            spec.configs[missing[0]]
+            spec.configs.get(missing[0]).unwrap_or_default()
         );
         return Ok(false);
     }
@@ -351,9 +397,7 @@ fn absolute(p: &Path) -> Result<PathBuf, AnyError> {
 
 fn submit(s: SubmitArgs) -> Result<bool, AnyError> {
     let spec = Spec::load(&s.spec)?;
-    for (i, c) in spec.configs.iter().enumerate() {
-        estimate_args(&spec, i, c)?;
-    }
+    check_spec(&spec)?;
     if s.array_size == 0 {
         return Err("--array-size must be at least 1".into());
     }

@@ -152,6 +152,27 @@ pub fn import(
 ) -> Result<Imported, OnnxError> {
     let graph = model.graph();
     super::validate_graph(graph)?;
+    // A negative size is neither a size nor a symbol (onnx.checker refuses it too).
+    for i in &graph.input {
+        use super::proto::tensor_shape_proto::dimension::Value as D;
+        use super::proto::type_proto::Value as T;
+        let Some(T::TensorType(t)) = i.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
+            continue;
+        };
+        for (axis, d) in t.shape.iter().flat_map(|s| s.dim.iter()).enumerate() {
+            if let Some(D::DimValue(v)) = d.value {
+                if v < 0 {
+                    return Err(OnnxError::BadNode {
+                        node: i.name.clone().unwrap_or_default(),
+                        op: "input".into(),
+                        message: format!(
+                            "dimension {axis} is {v}; a dimension is a size (0 or more) or a symbol"
+                        ),
+                    });
+                }
+            }
+        }
+    }
     let batch_axes = batch_axes(model);
     let file_batch = file_batch(model, &batch_axes)?;
     let batch = match (opts.batch_size, file_batch) {
@@ -527,7 +548,7 @@ impl<'a> Importer<'a> {
                             input: name,
                             axis: k,
                             param: p.clone(),
-                            hint: "only the batch dimension can be bound (--batch-size); export the model with this dimension fixed".into(),
+                            hint: "only the batch dimension is bound (by `estimate --batch-size`, or by the array `run` is given); export the model with this dimension fixed".into(),
                         })
                     }
                 });

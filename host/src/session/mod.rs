@@ -28,7 +28,9 @@ use tessera_core::{
 use tessera_sim::lower::LowerOptions;
 use tessera_sim::machine::{IpuConfig, Preset};
 use tessera_sim::matmul::{PartialsType, PlanOptions};
-use tessera_sim::system::{estimate_system, SystemError, SystemEstimate, SystemOptions};
+use tessera_sim::system::{
+    estimate_system, SystemError, SystemEstimate, SystemOptions, MAX_LOOP_COUNT, MAX_SYSTEM_IPUS,
+};
 
 use crate::dataset::DatasetError;
 use crate::infeed::InfeedError;
@@ -431,6 +433,32 @@ fn check_options(options: &SessionOptions) -> Result<(), SessionError> {
     if options.replicas == 0 {
         return Err(opt_err("--replicas", "must be at least 1".into()));
     }
+    if options.replicas > MAX_SYSTEM_IPUS {
+        return Err(opt_err(
+            "--replicas",
+            format!(
+                "{} is more replicas than IPUs in the largest IPU-POD system ({MAX_SYSTEM_IPUS})",
+                options.replicas
+            ),
+        ));
+    }
+    for (option, count) in [
+        (
+            "--gradient-accumulation-count",
+            Some(options.gradient_accumulation_count),
+        ),
+        ("--repeat-count", options.repeat_count),
+        ("--steps-per-execution", options.steps_per_execution),
+    ] {
+        if let Some(count) = count.filter(|&c| c > MAX_LOOP_COUNT) {
+            return Err(opt_err(
+                option,
+                format!(
+                    "{count} is more than an on-device loop runs (Poplar's repeat count is 32-bit: at most {MAX_LOOP_COUNT})"
+                ),
+            ));
+        }
+    }
     if !(options.learning_rate.is_finite() && options.learning_rate > 0.0) {
         return Err(opt_err(
             "--learning-rate",
@@ -452,8 +480,8 @@ fn check_options(options: &SessionOptions) -> Result<(), SessionError> {
 pub fn compile(model: &Model, options: &SessionOptions) -> Result<Compiled, SessionError> {
     check_options(options)?;
     let model = placed(model, options);
-    let m = u32::try_from(options.gradient_accumulation_count)
-        .map_err(|_| opt_err("--gradient-accumulation-count", "is too large".to_string()))?;
+    // At most MAX_LOOP_COUNT (check_options).
+    let m = u32::try_from(options.gradient_accumulation_count).unwrap_or(u32::MAX);
     let mut g: Graph<Heap> = Graph::new();
     let built = model.build(&mut g, options.batch_size, options.dtype, true)?;
     let labels = g.input("labels", &[options.batch_size], DType::I32)?;

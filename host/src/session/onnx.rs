@@ -145,8 +145,8 @@ pub fn compile_onnx(
     } else {
         let (loss, kind, h) = add_loss(&mut g, &imported, oo.loss, oo.mask_tokens, so.dtype)?;
         head = h;
-        let m = u32::try_from(so.gradient_accumulation_count)
-            .map_err(|_| opt_err("--gradient-accumulation-count", "is too large".into()))?;
+        // At most MAX_LOOP_COUNT (check_options).
+        let m = u32::try_from(so.gradient_accumulation_count).unwrap_or(u32::MAX);
         super::differentiate(
             &mut g,
             loss,
@@ -533,15 +533,45 @@ pub fn run_onnx(
     model: &OnnxModel,
     inputs: &[NamedTensor],
 ) -> Result<Vec<NamedTensor>, SessionError> {
+    let import_at = |batch_size: Option<usize>, g: &mut Graph<Heap>| {
+        import(
+            model,
+            g,
+            &ImportOptions {
+                batch_size,
+                stages: Stages::One,
+                ..ImportOptions::default()
+            },
+        )
+    };
     let mut g: Graph<Heap> = Graph::new();
-    let imported = import(
-        model,
-        &mut g,
-        &ImportOptions {
-            stages: Stages::One,
-            ..ImportOptions::default()
-        },
-    )?;
+    // A symbolic batch is bound by the array given for its input, as onnxruntime binds it.
+    let imported = match import_at(None, &mut g) {
+        Err(crate::onnx::OnnxError::UnboundDim { input, axis, .. })
+            if inputs.iter().any(|t| t.name == input) =>
+        {
+            let dims = &inputs
+                .iter()
+                .find(|t| t.name == input)
+                .map(|t| t.dims.clone())
+                .unwrap_or_default();
+            let batch = dims.get(axis).copied().ok_or_else(|| {
+                opt_err(
+                    "--input",
+                    format!("`{input}` is {dims:?}; the model's input has a dimension {axis}"),
+                )
+            })?;
+            g = Graph::new();
+            import_at(Some(batch), &mut g)?
+        }
+        Err(crate::onnx::OnnxError::UnboundDim { input, .. }) => {
+            return Err(opt_err(
+                "--input",
+                format!("the model's input `{input}` is not given (its batch is taken from it)"),
+            ))
+        }
+        other => other?,
+    };
     imported.require_weights()?;
     let plan = Plan::new(&g)?;
     let mut arena = vec![0u8; plan.arena_bytes()];

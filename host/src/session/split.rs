@@ -353,6 +353,15 @@ pub fn split(
     if n == 0 {
         return Err(opt_err("--pipeline-ipus", "must be at least 1".into()));
     }
+    if n > tessera_sim::system::MAX_SYSTEM_IPUS {
+        return Err(opt_err(
+            "--pipeline-ipus",
+            format!(
+                "{n} is more IPUs than the largest IPU-POD system has ({})",
+                tessera_sim::system::MAX_SYSTEM_IPUS
+            ),
+        ));
+    }
     let machine = tessera_sim::machine::IpuConfig::preset(so.ipu);
     let sram = machine.sram_bytes_per_tile * u64::from(machine.tiles);
     let mut caps = vec![sram; n];

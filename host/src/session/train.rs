@@ -221,6 +221,10 @@ impl Prepared {
     }
 }
 
+/// The most micro-batch steps (per replica) one training run takes: the 32-bit count of
+/// Poplar's repeat loops, which a run's steps would be on the device.
+pub const MAX_RUN_STEPS: usize = tessera_sim::system::MAX_LOOP_COUNT;
+
 /// Plans the executions: R as given (or one pass's worth of updates), and how many.
 fn plan_executions(
     c: &Compiled,
@@ -229,12 +233,36 @@ fn plan_executions(
 ) -> Result<Executions, SessionError> {
     let so = &c.options;
     let (b, m, replicas) = (so.batch_size, so.gradient_accumulation_count, so.replicas);
-    let per_update = b * m * replicas;
+    // The run trains `--epochs` passes over the data (rounded to whole executions, which may
+    // be longer than the run, as the tensor-inspection example's is); one weight update must
+    // fit in it, and a run steps at most MAX_RUN_STEPS micro-batches.
+    let run_samples = options.epochs.checked_mul(dataset_len).ok_or_else(|| {
+        opt_err(
+            "--epochs",
+            format!(
+                "{} passes over {dataset_len} samples overflow a 64-bit sample count",
+                options.epochs
+            ),
+        )
+    })?;
+    let per_update = b
+        .checked_mul(m)
+        .and_then(|x| x.checked_mul(replicas))
+        .filter(|&x| x <= run_samples)
+        .ok_or_else(|| {
+            opt_err(
+                "--gradient-accumulation-count",
+                format!(
+                    "one weight update of {m} micro-batches of {b} on {replicas} replica(s) takes more samples than the run trains ({run_samples}: {} epoch(s) of {dataset_len}); lower the count or the batch size, or raise --epochs",
+                    options.epochs
+                ),
+            )
+        })?;
     let repeat = match (so.repeat_count, so.steps_per_execution) {
         (None, None) => (dataset_len / per_update).max(1),
         (r, k) => loop_repeat(k, r, m)?,
     };
-    let per_execution = (repeat * per_update) as f64;
+    let per_execution = repeat as f64 * per_update as f64;
     let nearest = |x: f64| (x.round() as usize).max(1);
     let (executions, executions_per_report) = if options.run_single_step {
         (1, 1)
@@ -244,6 +272,23 @@ fn plan_executions(
             nearest(dataset_len as f64 / per_execution),
         )
     };
+    // Micro-batch steps per replica: the executions', and the epochs' own.
+    let execution_steps = executions as u128 * repeat as u128 * m as u128;
+    let epoch_steps = run_samples as u128 / (b * replicas).max(1) as u128;
+    let steps = execution_steps.max(epoch_steps);
+    if steps > MAX_RUN_STEPS as u128 {
+        let option = match (execution_steps > epoch_steps, so.repeat_count.is_some()) {
+            (false, _) => "--epochs",
+            (true, true) => "--repeat-count",
+            (true, false) => "--steps-per-execution",
+        };
+        return Err(opt_err(
+            option,
+            format!(
+                "the run would be {steps} micro-batch steps; a run takes at most {MAX_RUN_STEPS}"
+            ),
+        ));
+    }
     Ok(Executions {
         repeat,
         executions,

@@ -249,16 +249,25 @@ pub fn read_rows(path: &Path) -> Result<Vec<Row>, SweepError> {
 /// Keeps the rows of `spec`'s configurations, each given its index in the spec; rows of
 /// other configurations are an error (a results file of another sweep).
 pub fn match_rows(spec: &Spec, path: &Path, rows: Vec<Row>) -> Result<Vec<Row>, SweepError> {
-    let index: HashMap<String, usize> = spec
-        .configs
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (c.key(), i))
-        .collect();
+    // A row names its index; only when the spec has changed since (the index holds another
+    // configuration) are all configurations indexed by identity.
+    let mut index: Option<HashMap<String, usize>> = None;
     let mut out = Vec::with_capacity(rows.len());
     let mut foreign = Vec::new();
     for mut r in rows {
-        match index.get(&r.config.key()) {
+        let key = r.config.key();
+        if spec.configs.get(r.index).is_some_and(|c| c.key() == key) {
+            out.push(r);
+            continue;
+        }
+        let index = index.get_or_insert_with(|| {
+            spec.configs
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (c.key(), i))
+                .collect()
+        });
+        match index.get(&key) {
             Some(&i) => {
                 r.index = i;
                 out.push(r);
@@ -591,7 +600,7 @@ mod tests {
         )
         .unwrap();
         let mut r = row(5, true, 1, 1.0);
-        r.config = spec.configs[1].clone();
+        r.config = spec.configs.get(1).unwrap();
         let kept = match_rows(&spec, Path::new("x.jsonl"), vec![r]).unwrap();
         assert_eq!(kept[0].index, 1, "re-indexed by the spec");
         let e = match_rows(

@@ -86,7 +86,7 @@ pub const KEYS: &[(&str, Kind)] = &[
 
 /// One configuration: option name to value, keys sorted. Its JSON text is its identity (a
 /// resumed sweep skips configurations whose rows it already has).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Config(pub BTreeMap<String, Value>);
 
 impl Config {
@@ -187,6 +187,72 @@ fn quote(w: &str) -> String {
     }
 }
 
+/// The configurations of a spec, made one at a time from `[base]`, the `[[configs]]` entries
+/// and the `[grid]` axes: a grid of millions of points takes no more memory than its axes.
+/// Configuration `i` is entry `i / points` at grid point `i % points`, the point in mixed
+/// radix with the last axis fastest.
+#[derive(Clone, Debug)]
+pub struct Configs {
+    base: BTreeMap<String, Value>,
+    entries: Vec<BTreeMap<String, Value>>,
+    grid: Vec<(String, Vec<Value>)>,
+    points: usize,
+    len: usize,
+}
+
+impl Configs {
+    /// How many configurations.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are none (never, for a parsed spec).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Configuration `i` (`None` past the end).
+    pub fn get(&self, i: usize) -> Option<Config> {
+        if i >= self.len {
+            return None;
+        }
+        let mut c = self.base.clone();
+        c.extend(
+            self.entries[i / self.points]
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        let mut rest = i % self.points;
+        for (key, vals) in self.grid.iter().rev() {
+            c.insert(key.clone(), vals[rest % vals.len()].clone());
+            rest /= vals.len();
+        }
+        Some(Config(c))
+    }
+
+    /// Every configuration, in order.
+    pub fn iter(&self) -> impl Iterator<Item = Config> + '_ {
+        (0..self.len).filter_map(|i| self.get(i))
+    }
+
+    /// Configurations that between them hold every value the spec names: each entry at the
+    /// grid's first point and at every other value of each axis (the others at their first).
+    /// A value a configuration cannot take is in one of them.
+    pub fn representatives(&self) -> Vec<usize> {
+        let mut out = Vec::new();
+        for e in 0..self.entries.len() {
+            let first = e * self.points;
+            out.push(first);
+            let mut stride = 1;
+            for (_, vals) in self.grid.iter().rev() {
+                out.extend((1..vals.len()).map(|v| first + v * stride));
+                stride *= vals.len();
+            }
+        }
+        out
+    }
+}
+
 /// A parsed sweep specification.
 #[derive(Clone, Debug)]
 pub struct Spec {
@@ -194,8 +260,8 @@ pub struct Spec {
     pub name: String,
     /// The spec file.
     pub path: PathBuf,
-    /// Every configuration, in order (a row's `index` is its place here).
-    pub configs: Vec<Config>,
+    /// Every configuration, in order (a row's `index` is its place here), made on demand.
+    pub configs: Configs,
     /// The keys any configuration sets, sorted: the CSV's configuration columns.
     pub keys: Vec<String>,
 }
@@ -279,34 +345,42 @@ impl Spec {
                 )));
             }
         }
-        let points: usize = grid.iter().map(|(_, v)| v.len()).product();
-        let mut configs = Vec::new();
-        for e in &entries {
-            for p in 0..points {
-                let mut c = base.clone();
-                c.extend(e.iter().map(|(k, v)| (k.clone(), v.clone())));
-                // Point `p` in mixed radix, the last axis fastest.
-                let mut rest = p;
-                for (key, vals) in grid.iter().rev() {
-                    c.insert(key.clone(), vals[rest % vals.len()].clone());
-                    rest /= vals.len();
-                }
-                if !c.contains_key("model") {
-                    return Err(bad(format!(
-                        "configuration {} has no `model` (set it in [base], an entry or the grid)",
-                        configs.len()
-                    )));
-                }
-                configs.push(Config(c));
+        let points = grid
+            .iter()
+            .try_fold(1usize, |n, (_, v)| n.checked_mul(v.len()));
+        let len = points.and_then(|p| p.checked_mul(entries.len()));
+        let (Some(points), Some(len)) = (points, len) else {
+            return Err(bad(
+                "the grid has more configurations than can be counted (2^64)".into(),
+            ));
+        };
+        let grid_model = grid.iter().any(|(k, _)| k == "model");
+        for (n, e) in entries.iter().enumerate() {
+            if !(grid_model || base.contains_key("model") || e.contains_key("model")) {
+                return Err(bad(format!(
+                    "configuration {} has no `model` (set it in [base], an entry or the grid)",
+                    n * points
+                )));
             }
         }
-        let mut keys: Vec<String> = configs.iter().flat_map(|c| c.0.keys().cloned()).collect();
+        let mut keys: Vec<String> = base
+            .keys()
+            .chain(entries.iter().flat_map(BTreeMap::keys))
+            .chain(grid.iter().map(|(k, _)| k))
+            .cloned()
+            .collect();
         keys.sort();
         keys.dedup();
         Ok(Spec {
             name,
             path: path.to_path_buf(),
-            configs,
+            configs: Configs {
+                base,
+                entries,
+                grid,
+                points,
+                len,
+            },
             keys,
         })
     }
@@ -331,12 +405,13 @@ impl Spec {
     /// the blocks as even as can be. Neighbours in the grid (differing in the fastest axes,
     /// often ones that leave the lowered programs unchanged) stay together, so each shard
     /// reuses its programs.
-    pub fn shard(&self, shard: usize, of: usize) -> Vec<usize> {
-        let n = self.configs.len();
+    pub fn shard(&self, shard: usize, of: usize) -> std::ops::Range<usize> {
+        let n = self.configs.len() as u128;
         if of == 0 {
-            return (0..n).collect();
+            return 0..self.configs.len();
         }
-        (shard * n / of..(shard + 1) * n / of).collect()
+        let at = |k: usize| (k as u128 * n / of as u128) as usize;
+        at(shard)..at(shard + 1)
     }
 }
 
@@ -455,14 +530,14 @@ mod tests {
         .unwrap();
         assert_eq!(s.configs.len(), 12);
         assert_eq!(s.name, "s");
-        let first = &s.configs[0];
+        let first = &s.configs.get(0).unwrap();
         assert_eq!(
             first.key(),
             r#"{"batch_size":1,"dtype":"f16","model":"m.onnx","pipeline_ipus":2,"replicas":1}"#
         );
-        assert_eq!(s.configs[1].0["replicas"], 2);
-        assert_eq!(s.configs[3].0["batch_size"], 2);
-        let last = &s.configs[11];
+        assert_eq!(s.configs.get(1).unwrap().0["replicas"], 2);
+        assert_eq!(s.configs.get(3).unwrap().0["batch_size"], 2);
+        let last = &s.configs.get(11).unwrap();
         assert_eq!(last.0["dtype"], "f32");
         assert_eq!(
             last.options(),
@@ -488,7 +563,7 @@ mod tests {
                 "replicas"
             ]
         );
-        let keys: std::collections::HashSet<String> = s.configs.iter().map(Config::key).collect();
+        let keys: std::collections::HashSet<String> = s.configs.iter().map(|c| c.key()).collect();
         assert_eq!(keys.len(), 12, "every configuration is distinct");
     }
 
@@ -533,11 +608,14 @@ mod tests {
         // IPU numbers, as an array or a comma-separated string.
         for mapping in ["[0, 0]", "'0,0'"] {
             let s = parse(&format!("[base]\nmodel = 'm'\ndevice_mapping = {mapping}")).unwrap();
-            assert_eq!(s.configs[0].options().join(" "), "--device-mapping 0,0");
+            assert_eq!(
+                s.configs.get(0).unwrap().options().join(" "),
+                "--device-mapping 0,0"
+            );
         }
         assert!(parse("[base]\nmodel = 'm'\ndevice_mapping = [0, -1]").is_err());
         assert_eq!(
-            s.configs[1].command(),
+            s.configs.get(1).unwrap().command(),
             "tessera estimate m --offload-optimizer-state --recompute"
         );
     }
