@@ -95,11 +95,62 @@ pub(super) fn outline<S: Storage>(l: &Lowering<'_, S>, keys: &[Option<u128>]) ->
         calls: Vec::new(),
     };
     let mut seen: std::collections::HashSet<u128> = std::collections::HashSet::new();
+    // Repeated layers first: each instance of a run of identical consecutive sequences (the
+    // layers of a stage, their backward passes, their updates) is one call, as PopART's
+    // outliner picks the most valuable repeated sequences (a whole layer) before smaller ones.
+    // Variables, inputs and views lower to no code: they neither break nor make a repeat.
+    // A normalisation's moments (never memoised: they read the normalisation's statistics)
+    // are the same in every repeat of a layer; they do not break one either.
+    let codeless = |i: usize| {
+        let op = graph.nodes()[i].op();
+        view(i)
+            || op.is_state()
+            || matches!(
+                op,
+                Op::Input | Op::Norm(tessera_core::ops::norm::Norm::Moment { .. })
+            )
+    };
+    let sequence: Vec<(usize, u128)> = (0..n)
+        .filter(|&i| l.include[i] && !codeless(i))
+        .map(|i| {
+            let k = match keys[i] {
+                Some(k) if outlined(i) => k,
+                // Never equal to another node's.
+                _ => u128::MAX - i as u128,
+            };
+            (i, k)
+        })
+        .collect();
+    // (first, last, whole layer): a whole layer's call holds every node in its range.
+    let mut runs: Vec<(usize, usize, bool)> = Vec::new();
+    let mut in_layer = vec![false; n];
+    // The second and later repeats of each layer: all their code is the first's.
+    let mut repeats: Vec<(usize, usize)> = Vec::new();
+    for (start, len, reps) in repeated_layers(&sequence.iter().map(|&(_, k)| k).collect::<Vec<_>>())
+    {
+        for r in 0..reps {
+            let (a, b) = (start + r * len, start + (r + 1) * len - 1);
+            let (first, last) = (sequence[a].0, sequence[b].0);
+            runs.push((first, last, true));
+            in_layer[first..=last].iter_mut().for_each(|x| *x = true);
+            if r > 0 {
+                repeats.push((first, last));
+            }
+        }
+    }
     // The open call: its first node, last outlined node and the keys in it.
     let mut open: Option<(usize, usize, std::collections::HashSet<u128>)> = None;
-    let mut runs: Vec<(usize, usize)> = Vec::new();
     for (i, key) in keys.iter().enumerate().take(n) {
         if !l.include[i] {
+            continue;
+        }
+        if in_layer[i] {
+            if let Some(k) = key.filter(|_| outlined(i)) {
+                out.shared[i] = !seen.insert(k);
+            }
+            if let Some((a, b, _)) = open.take() {
+                runs.push((a, b, false));
+            }
             continue;
         }
         if !outlined(i) {
@@ -107,7 +158,7 @@ pub(super) fn outline<S: Storage>(l: &Lowering<'_, S>, keys: &[Option<u128>]) ->
                 continue;
             }
             if let Some((a, b, _)) = open.take() {
-                runs.push((a, b));
+                runs.push((a, b, false));
             }
             continue;
         }
@@ -120,17 +171,28 @@ pub(super) fn outline<S: Storage>(l: &Lowering<'_, S>, keys: &[Option<u128>]) ->
             }
             _ => {
                 if let Some((a, b, _)) = open.take() {
-                    runs.push((a, b));
+                    runs.push((a, b, false));
                 }
                 open = Some((i, i, std::collections::HashSet::from([k])));
             }
         }
     }
     if let Some((a, b, _)) = open.take() {
-        runs.push((a, b));
+        runs.push((a, b, false));
     }
-    for (first, last) in runs {
-        let member = |i: usize| (first..=last).contains(&i) && (outlined(i) || view(i));
+    for &(first, last) in &repeats {
+        for i in first..=last {
+            let op = graph.nodes()[i].op();
+            if l.include[i] && !op.is_state() && !matches!(op, Op::Input) {
+                out.shared[i] = true;
+            }
+        }
+    }
+    runs.sort_unstable();
+    for (first, last, whole) in runs {
+        let member = |i: usize| {
+            (first..=last).contains(&i) && l.include[i] && (whole || outlined(i) || view(i))
+        };
         let mut inputs: Vec<NodeId> = Vec::new();
         let mut outputs: Vec<NodeId> = Vec::new();
         for i in (first..=last).filter(|&i| member(i)) {
@@ -183,6 +245,79 @@ pub(super) fn outline<S: Storage>(l: &Lowering<'_, S>, keys: &[Option<u128>]) ->
             outputs,
         });
     }
+    out
+}
+
+/// The least nodes in a repeated layer: shorter repeats (an op and its twin) are left to the
+/// node-by-node calls.
+const MIN_LAYER_NODES: usize = 2;
+
+/// Runs of identical consecutive sequences in `keys`: `(start, length, repeats)`, repeats at
+/// least 2, not overlapping. Each position's longest-covering run is found (a sequence and
+/// its repeats that follow it); runs are then taken by the nodes they cover, most first, as
+/// PopART's outliner takes the most valuable repeated sequences first
+/// (`willow/src/subgraph/outliner.cpp`).
+fn repeated_layers(keys: &[u128]) -> Vec<(usize, usize, usize)> {
+    let m = keys.len();
+    // Where each key occurs, in order.
+    let mut at: std::collections::HashMap<u128, Vec<usize>> = std::collections::HashMap::new();
+    for (p, &k) in keys.iter().enumerate() {
+        at.entry(k).or_default().push(p);
+    }
+    // Polynomial prefix hashes for O(1) comparison of two windows (verified when equal).
+    const BASE: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut prefix = vec![0u64; m + 1];
+    let mut power = vec![1u64; m + 1];
+    for p in 0..m {
+        let k = keys[p];
+        let h = (k as u64) ^ ((k >> 64) as u64).rotate_left(17);
+        prefix[p + 1] = prefix[p].wrapping_mul(BASE).wrapping_add(h);
+        power[p + 1] = power[p].wrapping_mul(BASE);
+    }
+    let hash =
+        |a: usize, len: usize| prefix[a + len].wrapping_sub(prefix[a].wrapping_mul(power[len]));
+    let same = |a: usize, b: usize, len: usize| {
+        hash(a, len) == hash(b, len) && keys[a..a + len] == keys[b..b + len]
+    };
+    let mut candidates: Vec<(usize, usize, usize)> = Vec::new();
+    for i in 0..m {
+        let mut best: Option<(usize, usize)> = None;
+        for &j in at[&keys[i]].iter().filter(|&&j| j > i) {
+            let len = j - i;
+            if len < MIN_LAYER_NODES || i + 2 * len > m {
+                if i + 2 * len > m {
+                    break;
+                }
+                continue;
+            }
+            if !same(i, j, len) {
+                continue;
+            }
+            let mut reps = 2;
+            while i + (reps + 1) * len <= m && same(i, i + reps * len, len) {
+                reps += 1;
+            }
+            if best.is_none_or(|(bl, br)| len * reps > bl * br) {
+                best = Some((len, reps));
+            }
+        }
+        if let Some((len, reps)) = best {
+            candidates.push((i, len, reps));
+        }
+    }
+    // Most nodes covered first; on a tie, the earlier start, then the longer sequence.
+    candidates
+        .sort_by_key(|&(i, len, reps)| (std::cmp::Reverse(len * reps), i, std::cmp::Reverse(len)));
+    let mut taken = vec![false; m];
+    let mut out = Vec::new();
+    for (i, len, reps) in candidates {
+        if taken[i..i + len * reps].iter().any(|&t| t) {
+            continue;
+        }
+        taken[i..i + len * reps].iter_mut().for_each(|t| *t = true);
+        out.push((i, len, reps));
+    }
+    out.sort_unstable();
     out
 }
 
@@ -274,5 +409,63 @@ impl<S: Storage> Lowering<'_, S> {
             self.local_compute(at, phase, vertices);
         }
         copied
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::repeated_layers;
+
+    #[test]
+    fn a_whole_repeated_layer_is_taken_before_the_repeats_inside_it() {
+        // A stem, then three layers `A B A C` (an op repeated inside each layer, as a ReLU
+        // after each of a block's normalisations), then a head.
+        let (s, a, b, c, h) = (10, 1, 2, 3, 11);
+        let mut keys = vec![s];
+        for _ in 0..3 {
+            keys.extend([a, b, a, c]);
+        }
+        keys.push(h);
+        assert_eq!(repeated_layers(&keys), vec![(1, 4, 3)]);
+        // Two runs of different layers, and an op twice in a row (too short to be a layer).
+        let keys = [a, a, b, c, b, c, b, c, s, a, h, a, h];
+        assert_eq!(repeated_layers(&keys), vec![(2, 2, 3), (9, 2, 2)]);
+        // Nothing repeats back to back: no layers.
+        assert!(repeated_layers(&[a, b, c, a, s, b]).is_empty());
+    }
+
+    proptest::proptest! {
+        /// Every run found is a sequence of at least two nodes followed by identical copies
+        /// of itself, the runs do not overlap, and a sequence made of `r` copies of a layer
+        /// with no repeat inside it is found whole.
+        #[test]
+        fn runs_are_disjoint_back_to_back_copies(
+            keys in proptest::collection::vec(0u128..4, 0..60),
+            layer in proptest::collection::vec(10u128..40, 2..8),
+            r in 2usize..6,
+        ) {
+            let runs = repeated_layers(&keys);
+            let mut end = 0;
+            for &(start, len, reps) in &runs {
+                proptest::prop_assert!(start >= end && len >= super::MIN_LAYER_NODES && reps >= 2);
+                for k in 1..reps {
+                    proptest::prop_assert_eq!(
+                        &keys[start..start + len],
+                        &keys[start + k * len..start + (k + 1) * len]
+                    );
+                }
+                end = start + len * reps;
+            }
+            let distinct = {
+                let mut l = layer.clone();
+                l.sort_unstable();
+                l.dedup();
+                l.len() == layer.len()
+            };
+            if distinct {
+                let stacked: Vec<u128> = std::iter::repeat_n(layer.clone(), r).flatten().collect();
+                proptest::prop_assert_eq!(repeated_layers(&stacked), vec![(0, layer.len(), r)]);
+            }
+        }
     }
 }
