@@ -1614,3 +1614,42 @@ fn sizes_are_held_to_the_machine() {
     let o = tessera(&["train", "--epochs", "4294967295"]);
     assert_clean_failure(&o, &["--epochs", "micro-batch steps"]);
 }
+
+/// A long pipeline's steady state is counted, not listed: the report's timeline and trace
+/// show it as one block on every IPU, and the trace stays the size of a short one.
+#[test]
+fn a_long_pipelines_steady_state_is_one_block_in_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = |m: &str| {
+        let out = dir.path().join(format!("m{m}"));
+        let o = tessera(&[
+            "estimate",
+            "--gradient-accumulation-count",
+            m,
+            "--report-dir",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        (
+            std::fs::read_to_string(out.join("timeline.svg")).unwrap(),
+            std::fs::read_to_string(out.join("trace.json")).unwrap(),
+        )
+    };
+    let (svg, trace) = report("200");
+    assert!(
+        svg.contains("181 steady steps"),
+        "no steady block in the timeline"
+    );
+    assert!(
+        trace.contains("181 steady-state steps"),
+        "no steady slice in the trace"
+    );
+    let (_, long_trace) = report("100000");
+    assert!(long_trace.contains("99,981 steady") || long_trace.contains("99981 steady-state"));
+    assert!(
+        long_trace.len() < trace.len() * 2,
+        "{} vs {}",
+        long_trace.len(),
+        trace.len()
+    );
+}

@@ -87,6 +87,11 @@ enum SliceArgs<'a> {
         cycles: u64,
         slowest_ipu_cycles_with_sync: u64,
     },
+    Steady {
+        first_step: usize,
+        steps: usize,
+        cycles: u64,
+    },
 }
 
 /// Which stage run a BSP-phase slice belongs to.
@@ -133,6 +138,28 @@ pub fn chrome_trace_with_limit(report: &Report, limit: usize) -> Trace<'_> {
     let mut budget = Budget::new(limit);
     let mut events = metadata_events(e);
     events.extend(e.runs.iter().map(stage_slice));
+    // The steady-state steps the timeline counted without listing: one slice on each IPU.
+    if let Some(el) = e.elided {
+        for row in &e.ipus {
+            events.push(Event::Slice {
+                name: format!(
+                    "{} steady-state steps (each as the period before)",
+                    el.steps
+                ),
+                cat: "stage",
+                ph: "X",
+                ts: el.start,
+                dur: el.cycles,
+                pid: row.ipu + 1,
+                tid: TID_STAGES,
+                args: SliceArgs::Steady {
+                    first_step: el.first_step,
+                    steps: el.steps,
+                    cycles: el.cycles,
+                },
+            });
+        }
+    }
     let mut runs_with_phases = 0;
     for run in &e.runs {
         let Some(stage) = stage_row(e, run.stage) else {
