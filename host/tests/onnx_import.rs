@@ -183,9 +183,12 @@ fn named_boundaries_make_pipeline_stages_with_the_schedules_stash_depths() {
         assert_eq!(e.ipus.len(), 2);
         let p = Pipeline::new(2, 4, schedule, true).unwrap();
         for s in &e.stages {
+            // PopART's stash (ONNX models are PopART's): one entry more than the schedule's
+            // depth for a Grouped stage whose backward is in a later pipeline stage.
+            let popart = usize::from(schedule == Schedule::Grouped && s.stage == 0);
             assert_eq!(
                 s.stash_depth,
-                p.stash_depth(s.stage),
+                p.stash_depth(s.stage) + popart,
                 "{schedule:?} stage {}",
                 s.stage
             );

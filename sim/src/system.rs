@@ -219,7 +219,8 @@ pub struct StageRow {
     pub forward_cycles: u64,
     /// Backward cycles per micro-batch (recomputation included).
     pub backward_cycles: u64,
-    /// Stash depth (micro-batches).
+    /// Stash entries (micro-batches) the stage holds: the schedule's depth, one more under
+    /// PopART's rule ([`stash_entries`]).
     pub stash_depth: usize,
     /// Bytes one stash entry holds.
     pub stash_entry_bytes: u64,
@@ -629,7 +630,9 @@ where
             });
         }
         for k in 0..s {
-            if pipeline.stash_depth(positions[k]) == 0 || stash_entry[k] == 0 {
+            if stash_entries(&pipeline, positions[k], opts.accumulation_rule) == 0
+                || stash_entry[k] == 0
+            {
                 continue;
             }
             let x = (stash_entry[k] as f64 / cfg.streaming_memory_bytes_per_cycle()).ceil() as u64
@@ -669,7 +672,7 @@ where
     let mut stash_bytes = vec![0u64; ipus];
     let mut offloaded_stash = vec![0u64; ipus];
     for &(k, t) in &stashed {
-        let depth = pipeline.stash_depth(positions[k]) as u64;
+        let depth = stash_entries(&pipeline, positions[k], opts.accumulation_rule) as u64;
         let d = mapping[k];
         if offload_stash {
             offloaded_stash[d] += depth * g.nodes()[t].bytes() as u64;
@@ -818,7 +821,7 @@ where
             let mut r = account_part(programs[d], summaries[d], cfg, Some(&part));
             // Its own stash, as its IPU's holds it.
             if !offload_stash {
-                let depth = pipeline.stash_depth(positions[k]) as u64;
+                let depth = stash_entries(&pipeline, positions[k], opts.accumulation_rule) as u64;
                 for &(_, t) in stashed.iter().filter(|&&(j, _)| j == k) {
                     for (tile, bytes) in stash_per_tile(&programs[d].tensors[t], depth) {
                         r.tiles[tile].stash += bytes;
@@ -842,7 +845,7 @@ where
             ipu: mapping[k],
             forward_cycles: costs[k].forward,
             backward_cycles: costs[k].backward,
-            stash_depth: pipeline.stash_depth(positions[k]),
+            stash_depth: stash_entries(&pipeline, positions[k], opts.accumulation_rule),
             stash_entry_bytes: stash_entry[k],
             idle_fraction: tl.ipus[mapping[k]].idle_fraction(),
             forward_phases: phases[k].0,
@@ -879,6 +882,24 @@ where
         runs: tl.runs,
         elided: tl.elided,
     })
+}
+
+/// The entries of stage position `p`'s stash. TensorFlow's depth is the schedule's: the
+/// micro-batches whose activations wait for their backward while a newer one's are the
+/// stage's working tensors ([`Pipeline::stash_depth`]). PopART sizes a stash by the pipeline
+/// stages from the stashing one to the restoring one, both counted
+/// (`Pipeline::getStashSize`: `numIndependentStages(stash stage, restore stage + 1)`, with a
+/// forward stage `s` of `N` restored in backward stage `2(N - 1) - s`), one entry more for
+/// every stage but the last, whose forward and backward share a stage and stash nothing.
+pub fn stash_entries(pipeline: &Pipeline, p: usize, rule: AccumulationRule) -> usize {
+    let depth = pipeline.stash_depth(p);
+    let popart_grouped =
+        rule == AccumulationRule::PopArt && pipeline.schedule() == Schedule::Grouped;
+    if popart_grouped && pipeline.training() && p + 1 < pipeline.stages() {
+        depth + 1
+    } else {
+        depth
+    }
 }
 
 /// Checks stage positions: one per stage, no empty position, concurrent stages on distinct
