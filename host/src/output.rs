@@ -204,9 +204,11 @@ pub fn write_atomically(
     if let Ok(old) = std::fs::metadata(path) {
         tmp.as_file().set_permissions(old.permissions())?;
     }
-    let mut w = BufWriter::new(tmp);
+    // Written through the plain file, so that an error is the operating system's alone: the
+    // caller names `path`, and the temporary's name (removed on failure) is not in it.
+    let mut w = BufWriter::new(tmp.as_file());
     write(&mut w)?;
-    let tmp = w.into_inner().map_err(io::IntoInnerError::into_error)?;
+    w.into_inner().map_err(io::IntoInnerError::into_error)?;
     tmp.as_file().sync_all()?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())

@@ -1387,6 +1387,10 @@ echo "left: $(ls -A "$d" "$d/report" | grep '^\.' || true)"
             "{m}"
         );
         assert!(m.contains(name) && m.contains("No space left"), "{m}");
+        assert!(
+            !m.contains("at path"),
+            "names the removed temporary file: {m}"
+        );
         assert!(!m.contains("panicked"), "{m}");
     }
     assert!(out.contains("contents: old old old\n"), "{out}");
