@@ -1506,20 +1506,11 @@ fn onnx_run_reads_npy_files_as_numpy_does() {
 /// named as what it is, not as a symbol.
 #[test]
 fn run_binds_the_batch_from_its_inputs_and_negative_dims_are_named() {
-    use npyz::WriterBuilder as _;
     use prost::Message as _;
     let dir = tempfile::tempdir().unwrap();
     let x = dir.path().join("x.npy");
-    let mut w = npyz::WriteOptions::<f32>::new()
-        .default_dtype()
-        .shape(&[3, 4])
-        .writer(std::fs::File::create(&x).unwrap())
-        .begin_nd()
-        .unwrap();
-    for v in 0..12 {
-        w.push(&(v as f32 / 10.0)).unwrap();
-    }
-    w.finish().unwrap();
+    let values: Vec<f32> = (0..12).map(|v| v as f32 / 10.0).collect();
+    std::fs::write(&x, npy_bytes(&[3, 4], &values, false)).unwrap();
     let out = dir.path().join("out");
     let model = fixture("dynamic_batch.onnx");
     let o = tessera(&[
@@ -1580,12 +1571,9 @@ fn idx_dimensions_are_checked_against_the_model() {
 #[test]
 fn sizes_are_held_to_the_machine() {
     let dir = tempfile::tempdir().unwrap();
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../examples/models/pipelined_sequential.toml"
-    ))
-    .unwrap()
-    .replace("device_mapping = [0, 1]", "device_mapping = [0, 1000000]");
+    let (name, text) = SHIPPED[0];
+    assert_eq!(name, "pipelined_sequential");
+    let text = text.replace("device_mapping = [0, 1]", "device_mapping = [0, 1000000]");
     assert!(text.contains("1000000"));
     let model = write(dir.path(), "far.toml", &text);
     let o = tessera(&["estimate", model.to_str().unwrap()]);

@@ -490,6 +490,10 @@ where
     let pipeline = Pipeline::with_rule(count, m, opts.schedule, training, opts.accumulation_rule)
         .map_err(SystemError::Schedule)?;
     let repeat = loop_repeat(opts.steps_per_execution, opts.repeat_count, m)?;
+    // Each stage's stash entries, under the accumulation rule's framework.
+    let entries: Vec<usize> = (0..s)
+        .map(|k| stash_entries(&pipeline, positions[k], opts.accumulation_rule))
+        .collect();
     if opts.stage_positions.is_none() {
         pipeline
             .check_mapping(&mapping)
@@ -630,9 +634,7 @@ where
             });
         }
         for k in 0..s {
-            if stash_entries(&pipeline, positions[k], opts.accumulation_rule) == 0
-                || stash_entry[k] == 0
-            {
+            if entries[k] == 0 || stash_entry[k] == 0 {
                 continue;
             }
             let x = (stash_entry[k] as f64 / cfg.streaming_memory_bytes_per_cycle()).ceil() as u64
@@ -672,7 +674,7 @@ where
     let mut stash_bytes = vec![0u64; ipus];
     let mut offloaded_stash = vec![0u64; ipus];
     for &(k, t) in &stashed {
-        let depth = stash_entries(&pipeline, positions[k], opts.accumulation_rule) as u64;
+        let depth = entries[k] as u64;
         let d = mapping[k];
         if offload_stash {
             offloaded_stash[d] += depth * g.nodes()[t].bytes() as u64;
@@ -821,7 +823,7 @@ where
             let mut r = account_part(programs[d], summaries[d], cfg, Some(&part));
             // Its own stash, as its IPU's holds it.
             if !offload_stash {
-                let depth = stash_entries(&pipeline, positions[k], opts.accumulation_rule) as u64;
+                let depth = entries[k] as u64;
                 for &(_, t) in stashed.iter().filter(|&&(j, _)| j == k) {
                     for (tile, bytes) in stash_per_tile(&programs[d].tensors[t], depth) {
                         r.tiles[tile].stash += bytes;
@@ -845,7 +847,7 @@ where
             ipu: mapping[k],
             forward_cycles: costs[k].forward,
             backward_cycles: costs[k].backward,
-            stash_depth: stash_entries(&pipeline, positions[k], opts.accumulation_rule),
+            stash_depth: entries[k],
             stash_entry_bytes: stash_entry[k],
             idle_fraction: tl.ipus[mapping[k]].idle_fraction(),
             forward_phases: phases[k].0,

@@ -16,7 +16,8 @@ use tessera_host::session::onnx::{
     OnnxOptions, ONNX_ACCUMULATION_RULE,
 };
 use tessera_host::session::split::{
-    fewest_ipus, is_profile_estimate, profile, profile_of, split, SplitInfo, MAX_IPUS,
+    check_pipeline_ipus, fewest_ipus, is_profile_estimate, profile, profile_of, split, SplitInfo,
+    MAX_IPUS,
 };
 use tessera_host::session::{EstimateSummary, SessionOptions};
 
@@ -183,15 +184,9 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
         mask_tokens: a.mask_tokens,
         device_mapping: (!a.device_mapping.is_empty()).then(|| a.device_mapping.clone()),
     };
-    if let Some(n) = a
-        .pipeline_ipus
-        .filter(|&n| n > tessera_sim::system::MAX_SYSTEM_IPUS)
-    {
-        return Err(format!(
-            "--pipeline-ipus: {n} is more IPUs than the largest IPU-POD system has ({})",
-            tessera_sim::system::MAX_SYSTEM_IPUS
-        )
-        .into());
+    // Before the defaults that depend on the stages are worked out from it.
+    if let Some(n) = a.pipeline_ipus {
+        check_pipeline_ipus(n)?;
     }
     let stage_guess = match (&oo.stages, a.pipeline_ipus) {
         (_, Some(n)) => n,

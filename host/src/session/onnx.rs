@@ -547,28 +547,26 @@ pub fn run_onnx(
     let mut g: Graph<Heap> = Graph::new();
     // A symbolic batch is bound by the array given for its input, as onnxruntime binds it.
     let imported = match import_at(None, &mut g) {
-        Err(crate::onnx::OnnxError::UnboundDim { input, axis, .. })
-            if inputs.iter().any(|t| t.name == input) =>
-        {
-            let dims = &inputs
-                .iter()
-                .find(|t| t.name == input)
-                .map(|t| t.dims.clone())
-                .unwrap_or_default();
-            let batch = dims.get(axis).copied().ok_or_else(|| {
+        Err(crate::onnx::OnnxError::UnboundDim { input, axis, .. }) => {
+            let Some(t) = inputs.iter().find(|t| t.name == input) else {
+                return Err(opt_err(
+                    "--input",
+                    format!(
+                        "the model's input `{input}` is not given (its batch is taken from it)"
+                    ),
+                ));
+            };
+            let batch = t.dims.get(axis).copied().ok_or_else(|| {
                 opt_err(
                     "--input",
-                    format!("`{input}` is {dims:?}; the model's input has a dimension {axis}"),
+                    format!(
+                        "`{input}` is {:?}; the model's input has a dimension {axis}",
+                        t.dims
+                    ),
                 )
             })?;
             g = Graph::new();
             import_at(Some(batch), &mut g)?
-        }
-        Err(crate::onnx::OnnxError::UnboundDim { input, .. }) => {
-            return Err(opt_err(
-                "--input",
-                format!("the model's input `{input}` is not given (its batch is taken from it)"),
-            ))
         }
         other => other?,
     };

@@ -335,6 +335,23 @@ fn stages_of(p: &Profile, part: &Partition) -> Vec<usize> {
     out
 }
 
+/// Checks an IPU count for a split: at least one, at most the largest system's.
+///
+/// # Errors
+///
+/// [`SessionError::Option`] naming `--pipeline-ipus`.
+pub fn check_pipeline_ipus(n: usize) -> Result<(), SessionError> {
+    let max = tessera_sim::system::MAX_SYSTEM_IPUS;
+    match n {
+        0 => Err(opt_err("--pipeline-ipus", "must be at least 1".into())),
+        n if n > max => Err(opt_err(
+            "--pipeline-ipus",
+            format!("{n} is more IPUs than the largest IPU-POD system has ({max})"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Splits `model` into `n` stages on `n` IPUs (see the module's documentation).
 ///
 /// # Errors
@@ -350,18 +367,7 @@ pub fn split(
     n: usize,
     profile: &Profile,
 ) -> Result<Split, SessionError> {
-    if n == 0 {
-        return Err(opt_err("--pipeline-ipus", "must be at least 1".into()));
-    }
-    if n > tessera_sim::system::MAX_SYSTEM_IPUS {
-        return Err(opt_err(
-            "--pipeline-ipus",
-            format!(
-                "{n} is more IPUs than the largest IPU-POD system has ({})",
-                tessera_sim::system::MAX_SYSTEM_IPUS
-            ),
-        ));
-    }
+    check_pipeline_ipus(n)?;
     let machine = tessera_sim::machine::IpuConfig::preset(so.ipu);
     let sram = machine.sram_bytes_per_tile * u64::from(machine.tiles);
     let mut caps = vec![sram; n];

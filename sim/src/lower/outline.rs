@@ -284,13 +284,10 @@ fn repeated_layers(keys: &[u128]) -> Vec<(usize, usize, usize)> {
         let mut best: Option<(usize, usize)> = None;
         for &j in at[&keys[i]].iter().filter(|&&j| j > i) {
             let len = j - i;
-            if len < MIN_LAYER_NODES || i + 2 * len > m {
-                if i + 2 * len > m {
-                    break;
-                }
-                continue;
+            if i + 2 * len > m {
+                break;
             }
-            if !same(i, j, len) {
+            if len < MIN_LAYER_NODES || !same(i, j, len) {
                 continue;
             }
             let mut reps = 2;
