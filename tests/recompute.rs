@@ -313,6 +313,78 @@ fn a_pipelined_stage_stashes_only_its_inputs_and_checkpoints() {
     }
 }
 
+/// A post-norm residual MLP as a post-LN transformer's layers are: each block's residual sum
+/// is layer-normalised (`block{b}/norm`), a second stage from block `second_stage` on.
+fn post_norm_mlp(
+    g: &mut Graph<Heap>,
+    batch: usize,
+    width: usize,
+    blocks: usize,
+    second_stage: usize,
+) -> NodeId {
+    let x = g.input("x", &[batch, 6], DType::F32).unwrap();
+    let labels = g.input("labels", &[batch], DType::I32).unwrap();
+    let mut h = g
+        .dense("stem", x, width, Activation::Relu, DType::F32)
+        .unwrap();
+    for b in 0..blocks {
+        if b == second_stage {
+            g.set_stage(1).unwrap();
+        }
+        let y = g
+            .dense(
+                &format!("block{b}/a"),
+                h,
+                width,
+                Activation::Tanh,
+                DType::F32,
+            )
+            .unwrap();
+        let sum = g.add(&format!("block{b}/residual"), h, y).unwrap();
+        h = g
+            .layer_norm(&format!("block{b}/norm"), sum, 1, 1e-5)
+            .unwrap();
+    }
+    classified(g, h, labels)
+}
+
+#[test]
+fn checkpoints_are_block_outputs_and_a_stage_stashes_none_of_its_own_output() {
+    let (batch, width) = (16, 32);
+    let mut g: Graph<Heap> = Graph::new();
+    let loss = post_norm_mlp(&mut g, batch, width, 4, 2);
+    let cps = g.auto_checkpoints(loss).unwrap().to_vec();
+    let names: Vec<&str> = cps.iter().map(|&c| g.node(c).name()).collect();
+    // The stem's output, then each block's normalised output (where PopTorch's
+    // `recomputationCheckpoint` goes), not its residual sum; the last block's too, before the
+    // classifier changes the shape.
+    assert_eq!(names.len(), 5, "{names:?}");
+    assert!(names[0].starts_with("stem"), "{names:?}");
+    for b in 0..4 {
+        assert_eq!(names[b + 1], format!("block{b}/norm"), "{names:?}");
+    }
+    g.differentiate_recomputing(loss, Optimizer::sgd(0.1), Accumulation::new(8), &cps)
+        .unwrap();
+    let plan = Plan::new(&g).unwrap();
+    let opts = SystemOptions {
+        micro_batch: batch as u64,
+        allow_out_of_memory: true,
+        ..SystemOptions::default()
+    };
+    let e = estimate_system(&plan, &IpuConfig::preset(Preset::Mk2), &opts).unwrap();
+    // Stage 0 (the stem, blocks 0 and 1) stashes its input, the stem's output and block 0's;
+    // block 1's output is the stage's output, which the next stage stashes as its input.
+    let activation = (batch * width * 4) as u64;
+    assert!(e.stages[0].stash_depth > 0);
+    assert_eq!(
+        e.stages[0].stash_entry_bytes,
+        (batch * 6 * 4) as u64 + 2 * activation
+    );
+    // Stage 1 is the loss's stage, whose backward follows its forward at once: no stash.
+    assert_eq!(e.stages[1].stash_depth, 0);
+    assert_eq!(e.ipus[1].stash_bytes, 0);
+}
+
 /// A residual MLP whose stem and blocks normalise their batches (training batch norms, with
 /// running averages) after products with a bias.
 fn normalised_mlp(g: &mut Graph<Heap>, batch: usize, width: usize, blocks: usize) -> NodeId {

@@ -526,9 +526,15 @@ impl<S: Storage> Graph<S> {
     /// earlier activation that depends on a trainable variable is read again (masks and other
     /// tensors made from the inputs alone may be). Residual blocks, transformer sublayers
     /// (attention and feed-forward, each closed by its residual add and norm) and the
-    /// embeddings end at such points. Of a chain of such points (a stem's convolution, norm
-    /// and activation) only the first is taken: recomputing a chain from its start costs
-    /// little. The loss is never one.
+    /// embeddings end at such points. Of a chain of such points (a residual add and the norm
+    /// or activation after it, a stem's convolution, norm, activation and pooling) only the
+    /// last is taken: the block's output, where PopTorch's `recomputationCheckpoint` and
+    /// TensorFlow's `recomputation_checkpoint` go in Graphcore's models, and where a stage
+    /// ending with the block hands one tensor to the next and stashes none of its own
+    /// (taking the chain's first point, a post-norm layer's residual sum, left its norm to be
+    /// recomputed from a stashed copy of that sum). A chain that runs into the loss (the
+    /// last block's output, then the head) gives the last block's output: its last point
+    /// of its first point's shape, before the head pools or gathers. The loss is never one.
     ///
     /// # Errors
     ///
@@ -563,7 +569,10 @@ impl<S: Storage> Graph<S> {
         let mut closing: S::Vec<u32> = S::filled(len + 1, 0).ok_or_else(full)?;
         let mut open = 0u32;
         let mut out: S::Vec<NodeId> = S::vec();
-        let mut previous_cut = false;
+        // The chain under way: its last cut of the first cut's shape, and its last cut. The
+        // last is pushed when an activation ends the chain; when the chain runs into the loss,
+        // the last of the first shape (the last block's output, before a head changes it).
+        let mut chain: Option<(usize, usize)> = None;
         for i in 0..len {
             open -= closing[i];
             let n = &self.nodes[i];
@@ -581,12 +590,18 @@ impl<S: Storage> Graph<S> {
             // `open` counts the activations read after node i, i among them: a cut when i is
             // the only one.
             let cut = lives_on && i != last && open == 1;
-            if cut && !previous_cut {
-                out.push(NodeId::at(i)).map_err(|_| full())?;
-            }
             // A chain runs over activations: variables and inputs between them do not end it.
-            if activation {
-                previous_cut = cut;
+            if cut {
+                chain = Some(match chain {
+                    Some((block, _)) if n.shape == self.nodes[block].shape => (i, i),
+                    Some((block, _)) => (block, i),
+                    None => (i, i),
+                });
+            } else if activation || i == last {
+                if let Some((block, end)) = chain.take() {
+                    let at = if i == last { block } else { end };
+                    out.push(NodeId::at(at)).map_err(|_| full())?;
+                }
             }
         }
         self.repeated_blocks(&mut out)?;
@@ -596,7 +611,9 @@ impl<S: Storage> Graph<S> {
     /// Keeps, of the narrowing points `cuts`, those that end each repeated block: when the
     /// segments between them repeat with a period of several segments (a transformer layer
     /// is an attention and a feed-forward sublayer, each ending at a narrowing point), every
-    /// period-th point, the last one kept; the first point (the embeddings', the stem's) stays.
+    /// period-th point, the last one kept. The first such point closes the stem or the
+    /// embeddings; points before it (a BERT's word-embedding lookup, before the other
+    /// embeddings are added) are inside that first segment and are not kept.
     /// Segments compare by their ops and shapes; the period is the one of 1 to 4 under which
     /// most segments equal the one a period later (the shortest of equals).
     fn repeated_blocks(&self, cuts: &mut S::Vec<NodeId>) -> Result<(), GraphError> {
@@ -642,7 +659,7 @@ impl<S: Storage> Graph<S> {
         let keep_phase = (n - 1) % p;
         let mut kept: S::Vec<NodeId> = S::vec();
         for (j, &c) in cuts.iter().enumerate() {
-            if j == 0 || j % p == keep_phase {
+            if j % p == keep_phase {
                 kept.push(c).map_err(|_| full())?;
             }
         }
