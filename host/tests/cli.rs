@@ -1645,3 +1645,54 @@ fn a_long_pipelines_steady_state_is_one_block_in_the_report() {
         trace.len()
     );
 }
+
+/// `--layers-per-ipu` (PopTorch's `layers_per_ipu`) is `--pipeline-stages` after each IPU's
+/// last whole layer, the embeddings with the first IPU; bad counts are one-line errors.
+#[test]
+fn layers_per_ipu_splits_after_whole_layers() {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../data/onnx/bert_tiny.stripped.onnx")
+        .display()
+        .to_string();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["estimate", &model, "--batch-size", "4", "--json"];
+        args.extend_from_slice(extra);
+        tessera(&args)
+    };
+    // Its three layers each end with their second layer norm.
+    for (counts, after) in [
+        ("1,1,1", "node_layer_norm_2,node_layer_norm_4"),
+        ("0,2,1", "node_layer_norm,node_layer_norm_4"),
+    ] {
+        let by_layers = run(&["--layers-per-ipu", counts]);
+        let by_nodes = run(&["--pipeline-stages", after]);
+        assert!(
+            by_layers.status.success(),
+            "{counts}: {}",
+            stderr(&by_layers)
+        );
+        assert!(by_nodes.status.success(), "{after}: {}", stderr(&by_nodes));
+        let (a, b) = (last_json(&by_layers), last_json(&by_nodes));
+        assert_eq!(a["ipus"].as_array().unwrap().len(), 3, "{counts}");
+        for key in ["samples_per_second", "cycles_per_step", "ipus", "stages"] {
+            assert_eq!(a[key], b[key], "{counts} against {after}: {key}");
+        }
+    }
+    // The inference schedule finds the same layers, from the model's output.
+    let o = run(&["--layers-per-ipu", "1,2", "--inference"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(last_json(&o)["ipus"].as_array().unwrap().len(), 2);
+    assert_bad_option(
+        &run(&["--layers-per-ipu", "1,1"]),
+        &["--layers-per-ipu", "add up to 2", "3 repeated blocks"],
+    );
+    assert_bad_option(
+        &run(&["--layers-per-ipu", "1,0,2"]),
+        &["--layers-per-ipu", "IPU 1 would hold no layer"],
+    );
+    // It is a split of its own: not with another.
+    assert_bad_option(
+        &run(&["--layers-per-ipu", "1,2", "--pipeline-ipus", "2"]),
+        &["--layers-per-ipu", "cannot be used with", "--pipeline-ipus"],
+    );
+}

@@ -366,6 +366,12 @@ pub struct EstimateArgs {
     /// stages' cycles within each IPU's memory.
     #[arg(long)]
     pub pipeline_ipus: Option<usize>,
+    /// ONNX models: the repeated blocks (transformer layers, residual blocks) on each IPU,
+    /// comma-separated, PopTorch's and Optimum Graphcore's `layers_per_ipu`. The embeddings
+    /// or the stem go with the first IPU and a masked-LM head with the embedding: `0,4,4,4`
+    /// is Graphcore's BERT-Base phase-1 split, `3,7,7,7` its BERT-Large one.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["pipeline_stages", "pipeline_ipus"])]
+    pub layers_per_ipu: Vec<usize>,
     /// ONNX models: when the model does not fit, do not search for the fewest IPUs an
     /// automatic split fits on (the search makes several estimates; sweeps want only this one).
     #[arg(long)]

@@ -56,9 +56,13 @@ pub struct ModelEstimate {
 /// The estimate `run` prints for a model file (not ONNX), without printing it (but with the
 /// report written when `--report-dir` asks for one).
 pub fn estimate(a: &EstimateArgs) -> Result<ModelEstimate, AnyError> {
-    if !a.pipeline_stages.is_empty() || a.pipeline_ipus.is_some() || a.loss.is_some() || a.no_search
+    if !a.pipeline_stages.is_empty()
+        || a.pipeline_ipus.is_some()
+        || !a.layers_per_ipu.is_empty()
+        || a.loss.is_some()
+        || a.no_search
     {
-        return Err("--pipeline-stages, --pipeline-ipus, --loss and --no-search apply to ONNX models; a model file places its layers with `stage`".into());
+        return Err("--pipeline-stages, --pipeline-ipus, --layers-per-ipu, --loss and --no-search apply to ONNX models; a model file places its layers with `stage`".into());
     }
     let model = load_model(&a.model.model)?;
     let opts = session_options(&a.model, &model)?;

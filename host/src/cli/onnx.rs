@@ -16,8 +16,8 @@ use tessera_host::session::onnx::{
     OnnxOptions, ONNX_ACCUMULATION_RULE,
 };
 use tessera_host::session::split::{
-    check_pipeline_ipus, fewest_ipus, is_profile_estimate, profile, profile_of, split, SplitInfo,
-    MAX_IPUS,
+    check_pipeline_ipus, fewest_ipus, is_profile_estimate, layers_per_ipu, profile, profile_of,
+    split, SplitInfo, MAX_IPUS,
 };
 use tessera_host::session::{EstimateSummary, SessionOptions};
 
@@ -176,7 +176,7 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
     } else {
         Stages::Attributes
     };
-    let oo = OnnxOptions {
+    let mut oo = OnnxOptions {
         stages,
         loss: a.loss.unwrap_or_default(),
         inference: a.inference,
@@ -187,6 +187,17 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
     // Before the defaults that depend on the stages are worked out from it.
     if let Some(n) = a.pipeline_ipus {
         check_pipeline_ipus(n)?;
+    }
+    if !a.layers_per_ipu.is_empty() {
+        // The blocks are found on the model as one stage; the boundaries then name the ONNX
+        // nodes each IPU's last block ends with, as `--pipeline-stages` would.
+        let one = OnnxOptions {
+            stages: Stages::One,
+            device_mapping: None,
+            ..oo.clone()
+        };
+        let whole = compile_onnx(&model, &options_with(&a.model, &defaults, &name, 1)?, &one)?;
+        oo.stages = Stages::After(layers_per_ipu(&whole, &a.layers_per_ipu)?);
     }
     let stage_guess = match (&oo.stages, a.pipeline_ipus) {
         (_, Some(n)) => n,
@@ -239,7 +250,7 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
         // automatic split.
         let known = match a.pipeline_ipus {
             Some(n) => Some(n),
-            None => (a.pipeline_stages.is_empty() && e.ipus.len() == 1).then_some(1),
+            None => (matches!(oo.stages, Stages::Attributes) && e.ipus.len() == 1).then_some(1),
         }
         .zip(e.ipus.iter().map(|i| i.max_tile_bytes).max());
         // The search's split on n IPUs is the run `--pipeline-ipus n` makes, with its options.

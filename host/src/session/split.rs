@@ -335,6 +335,98 @@ fn stages_of(p: &Profile, part: &Partition) -> Vec<usize> {
     out
 }
 
+/// PopTorch's `layers_per_ipu` (Optimum Graphcore's too, and the runs of `"hid"` blocks in
+/// Graphcore's TensorFlow BERT `pipeline_stages`): the stage boundaries, as ONNX node names
+/// for [`Stages::After`], that put `counts[k]` repeated blocks (transformer layers, residual
+/// blocks) on IPU `k`. The embeddings or the stem, which end where the first block starts, go
+/// with the first IPU, so `[0, 4, 4, 4]` is Graphcore's BERT-Base phase-1 split (the
+/// embeddings alone on IPU 0) and `[3, 7, 7, 7]` its BERT-Large one. The blocks are those
+/// `--recompute-checkpoints auto` finds ([`tessera_core::Graph::auto_checkpoints`]): a stage
+/// ends after a block's output. `compiled` is the model compiled as one stage; inference,
+/// with no loss, finds the blocks from the model's first output.
+///
+/// # Errors
+///
+/// [`SessionError::Option`] naming `--layers-per-ipu`: no counts, more IPUs than a system
+/// has, an IPU after the first with no block, counts that do not add up to the model's
+/// blocks (the message gives how many it has), or a model without repeated blocks.
+pub fn layers_per_ipu(
+    compiled: &OnnxCompiled,
+    counts: &[usize],
+) -> Result<Vec<String>, SessionError> {
+    const OPTION: &str = "--layers-per-ipu";
+    if counts.is_empty() {
+        return Err(opt_err(OPTION, "give one count per IPU".into()));
+    }
+    check_pipeline_ipus(counts.len()).map_err(|_| {
+        opt_err(
+            OPTION,
+            format!(
+                "{} IPUs are more than the largest IPU-POD system has ({})",
+                counts.len(),
+                tessera_sim::system::MAX_SYSTEM_IPUS
+            ),
+        )
+    })?;
+    if let Some(k) = counts.iter().skip(1).position(|&n| n == 0) {
+        return Err(opt_err(
+            OPTION,
+            format!(
+                "IPU {} would hold no layer; only the first IPU, which holds the embeddings or \
+                 the stem, may have none",
+                k + 1
+            ),
+        ));
+    }
+    let g = compiled.plan.graph();
+    let end = match compiled.loss {
+        Some(loss) => loss,
+        None => compiled
+            .imported
+            .outputs
+            .first()
+            .map(|o| o.node)
+            .ok_or_else(|| opt_err(OPTION, "the model has no output".into()))?,
+    };
+    let ends = g.auto_checkpoints(end)?;
+    let blocks = ends.len().saturating_sub(1);
+    if blocks == 0 {
+        return Err(opt_err(
+            OPTION,
+            "the model has no repeated blocks (layers) to count; split it with \
+             --pipeline-stages or --pipeline-ipus"
+                .into(),
+        ));
+    }
+    let total: usize = counts.iter().sum();
+    if total != blocks {
+        return Err(opt_err(
+            OPTION,
+            format!(
+                "the counts add up to {total}, but the model has {blocks} repeated blocks \
+                 (layers) after its embeddings or stem"
+            ),
+        ));
+    }
+    let mut names = Vec::with_capacity(counts.len() - 1);
+    let mut at = 0;
+    for &n in &counts[..counts.len() - 1] {
+        at += n;
+        let node = ends[at].index();
+        let layer = compiled.imported.layer_of(node).ok_or_else(|| {
+            opt_err(
+                OPTION,
+                format!(
+                    "block {at} ends at graph node `{}`, which no ONNX node made",
+                    g.node(ends[at]).name()
+                ),
+            )
+        })?;
+        names.push(layer.name.clone());
+    }
+    Ok(names)
+}
+
 /// Checks an IPU count for a split: at least one, at most the largest system's.
 ///
 /// # Errors

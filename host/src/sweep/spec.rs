@@ -48,7 +48,7 @@ pub enum Kind {
     Flag,
     /// Node names: an array of strings, or one comma-separated string.
     Names,
-    /// IPU numbers: an array of whole numbers, or one comma-separated string.
+    /// Whole numbers (IPU numbers, layers per IPU): an array, or one comma-separated string.
     Indices,
 }
 
@@ -80,6 +80,7 @@ pub const KEYS: &[(&str, Kind)] = &[
     ("available_memory_proportion", Kind::Number),
     ("pipeline_ipus", Kind::Count),
     ("pipeline_stages", Kind::Names),
+    ("layers_per_ipu", Kind::Indices),
     ("device_mapping", Kind::Indices),
     ("loss", Kind::Text),
 ];
@@ -481,9 +482,7 @@ fn value(
         (Kind::Indices, toml::Value::String(s)) => {
             let mut ipus = Vec::new();
             for n in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-                let i: u64 = n
-                    .parse()
-                    .map_err(|_| wrong("IPU numbers (whole numbers)"))?;
+                let i: u64 = n.parse().map_err(|_| wrong("whole numbers"))?;
                 ipus.push(Value::from(i));
             }
             Value::Array(ipus)
@@ -493,12 +492,12 @@ fn value(
             for n in a {
                 match n {
                     toml::Value::Integer(i) if *i >= 0 => ipus.push(Value::from(*i as u64)),
-                    _ => return Err(wrong("IPU numbers (whole numbers)")),
+                    _ => return Err(wrong("whole numbers")),
                 }
             }
             Value::Array(ipus)
         }
-        (Kind::Indices, _) => return Err(wrong("IPU numbers (an array of whole numbers)")),
+        (Kind::Indices, _) => return Err(wrong("an array of whole numbers")),
     })
 }
 
