@@ -26,7 +26,8 @@ use prost::Message;
 use tessera_core::{DType, GraphError, NodeId};
 
 pub use consts::{Elem, Missing};
-pub use import::{import, Stages, SUPPORTED_OPS};
+pub use import::ops::{converters, markdown_table as op_table_markdown, Converter, Family};
+pub use import::{import, supported_ops, Stages};
 
 /// The oldest default-domain opset the importer reads.
 pub const MIN_OPSET: i64 = 11;
@@ -63,7 +64,7 @@ pub enum OnnxError {
         opset: i64,
     },
     /// A node's op (or op variant) is not supported.
-    #[error("node `{node}`: {op} (opset {opset}) is not supported{}; supported ops: {}", if detail.is_empty() { String::new() } else { format!(" ({detail})") }, SUPPORTED_OPS.join(", "))]
+    #[error("node `{node}`: {op} (opset {opset}) is not supported{}; supported ops: {}", if detail.is_empty() { String::new() } else { format!(" ({detail})") }, supported_ops().join(", "))]
     Unsupported {
         /// The node.
         node: String,

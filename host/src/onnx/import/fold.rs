@@ -1,0 +1,350 @@
+//! Constant folding: a node whose inputs are all known at import computes its outputs here,
+//! so shape arithmetic (`Shape`, `Gather`, `Concat`, `Unsqueeze`, ...) leaves static shapes.
+
+use super::*;
+
+impl<'a> Importer<'a> {
+    /// The node's outputs when every input is a constant and the op folds.
+    pub(in crate::onnx::import) fn fold(
+        &mut self,
+        node: &NodeProto,
+        op: &str,
+    ) -> R<Option<Vec<Val>>> {
+        const FOLDS: &[&str] = &[
+            "Identity",
+            "Cast",
+            "Add",
+            "Sub",
+            "Mul",
+            "Div",
+            "Pow",
+            "Max",
+            "Min",
+            "Sum",
+            "Equal",
+            "Less",
+            "LessOrEqual",
+            "Greater",
+            "GreaterOrEqual",
+            "And",
+            "Or",
+            "Not",
+            "Neg",
+            "Sqrt",
+            "Where",
+            "Unsqueeze",
+            "Squeeze",
+            "Reshape",
+            "Flatten",
+            "Concat",
+            "Gather",
+            "GatherElements",
+            "GatherND",
+            "Slice",
+            "Expand",
+            "Range",
+            "Transpose",
+            "Split",
+        ];
+        if !FOLDS.contains(&op) {
+            return Ok(None);
+        }
+        let mut ins: Vec<Option<Rc<Const>>> = Vec::new();
+        for k in 0..node.input.len() {
+            match self.opt(node, k)? {
+                None => ins.push(None),
+                Some(Val::C(c)) => ins.push(Some(c)),
+                Some(_) => return Ok(None),
+            }
+        }
+        let Some(Some(a)) = ins.first().cloned() else {
+            return Ok(None);
+        };
+        let get = |k: usize| ins.get(k).cloned().flatten();
+        let c = |x: Const| Ok(Some(vec![Val::C(Rc::new(x))]));
+        let bin = |f: &dyn Fn(f64, f64) -> f64, elem: Elem| -> R<Option<Vec<Val>>> {
+            let b = get(1).ok_or_else(|| self.bad("input 1 is required"))?;
+            let out = consts::zip(&a, &b, elem, f).ok_or_else(|| {
+                self.bad(format!("{:?} and {:?} do not broadcast", a.dims, b.dims))
+            })?;
+            if out.len() > FOLD_LIMIT {
+                return Err(self.unsupported("folding a constant that large"));
+            }
+            Ok(Some(vec![Val::C(Rc::new(out))]))
+        };
+        let int = !a.elem.is_float();
+        let b01 = |x: bool| f64::from(u8::from(x));
+        match op {
+            "Identity" => c((*a).clone()),
+            "Cast" => {
+                let to = Elem::from_code(self.attr_i(node, "to", 1) as i32)
+                    .ok_or_else(|| self.unsupported("the target element type"))?;
+                let mut out = (*a).clone();
+                out.elem = to;
+                out.data = out.data.iter().map(|&v| cast_value(v, to)).collect();
+                c(out)
+            }
+            "Add" | "Sum" if ins.len() <= 2 => bin(&|x, y| x + y, a.elem),
+            "Sub" => bin(&|x, y| x - y, a.elem),
+            "Mul" => bin(&|x, y| x * y, a.elem),
+            "Div" => bin(
+                &move |x, y| if int { (x / y).trunc() } else { x / y },
+                a.elem,
+            ),
+            "Pow" => bin(&f64::powf, a.elem),
+            "Max" if ins.len() == 2 => bin(&f64::max, a.elem),
+            "Min" if ins.len() == 2 => bin(&f64::min, a.elem),
+            "Equal" => bin(&|x, y| b01(x == y), Elem::Bool),
+            "Less" => bin(&|x, y| b01(x < y), Elem::Bool),
+            "LessOrEqual" => bin(&|x, y| b01(x <= y), Elem::Bool),
+            "Greater" => bin(&|x, y| b01(x > y), Elem::Bool),
+            "GreaterOrEqual" => bin(&|x, y| b01(x >= y), Elem::Bool),
+            "And" => bin(&|x, y| b01(x != 0.0 && y != 0.0), Elem::Bool),
+            "Or" => bin(&|x, y| b01(x != 0.0 || y != 0.0), Elem::Bool),
+            "Not" => {
+                let mut out = (*a).clone();
+                out.data = out.data.iter().map(|&v| b01(v == 0.0)).collect();
+                c(out)
+            }
+            "Neg" => {
+                let mut out = (*a).clone();
+                out.data = out.data.iter().map(|&v| -v).collect();
+                c(out)
+            }
+            "Sqrt" => {
+                let mut out = (*a).clone();
+                out.data = out.data.iter().map(|&v| v.sqrt()).collect();
+                c(out)
+            }
+            "Where" => {
+                let (x, y) = (
+                    get(1).ok_or_else(|| self.bad("input 1 is required"))?,
+                    get(2).ok_or_else(|| self.bad("input 2 is required"))?,
+                );
+                let xy = consts::broadcast(&x.dims, &y.dims)
+                    .and_then(|d| consts::broadcast(&a.dims, &d))
+                    .ok_or_else(|| self.bad("inputs do not broadcast"))?;
+                let (ce, xe, ye) = (
+                    consts::expand(&a, &xy),
+                    consts::expand(&x, &xy),
+                    consts::expand(&y, &xy),
+                );
+                let (Some(ce), Some(xe), Some(ye)) = (ce, xe, ye) else {
+                    return Err(self.bad("inputs do not broadcast"));
+                };
+                let data = (0..ce.len())
+                    .map(|i| {
+                        if ce.data[i] != 0.0 {
+                            xe.data[i]
+                        } else {
+                            ye.data[i]
+                        }
+                    })
+                    .collect();
+                c(Const::new(xy, x.elem, data, a.baked || x.baked || y.baked))
+            }
+            "Unsqueeze" | "Squeeze" | "Reshape" | "Flatten" => {
+                let v = Val::C(a.clone());
+                let dims = self.reshaped_dims(node, &v)?;
+                let mut out = (*a).clone();
+                out.dims = dims;
+                c(out)
+            }
+            "Expand" => {
+                let v = Val::C(a.clone());
+                let dims = self.expand_dims(node, &v)?;
+                let out =
+                    consts::expand(&a, &dims).ok_or_else(|| self.bad("does not broadcast"))?;
+                if out.len() > FOLD_LIMIT {
+                    return Err(self.unsupported("folding a constant that large"));
+                }
+                c(out)
+            }
+            "Concat" => {
+                let r = a.dims.len();
+                let axis = self.axis(self.attr_i(node, "axis", 0), r)?;
+                let parts: Vec<Rc<Const>> = ins.iter().flatten().cloned().collect();
+                let mut dims = a.dims.clone();
+                dims[axis] = parts
+                    .iter()
+                    .map(|p| p.dims.get(axis).copied().unwrap_or(0))
+                    .sum();
+                let outer: usize = a.dims[..axis].iter().product();
+                let mut data = Vec::new();
+                for o in 0..outer {
+                    for p in &parts {
+                        if p.dims.len() != r {
+                            return Err(self.bad("inputs differ in rank"));
+                        }
+                        let inner: usize = p.dims[axis..].iter().product();
+                        data.extend_from_slice(&p.data[o * inner..(o + 1) * inner]);
+                    }
+                }
+                let baked = parts.iter().any(|p| p.baked);
+                c(Const::new(dims, a.elem, data, baked))
+            }
+            "Gather" => {
+                let idx = get(1).ok_or_else(|| self.bad("input 1 is required"))?;
+                let axis = self.axis(self.attr_i(node, "axis", 0), a.dims.len())?;
+                let n = a.dims[axis] as i64;
+                let outer: usize = a.dims[..axis].iter().product();
+                let inner: usize = a.dims[axis + 1..].iter().product();
+                let mut data = Vec::new();
+                for o in 0..outer {
+                    for &i in &idx.data {
+                        let mut i = i as i64;
+                        if i < 0 {
+                            i += n;
+                        }
+                        if i < 0 || i >= n {
+                            return Err(
+                                self.bad(format!("index {i} is out of range (axis of {n})"))
+                            );
+                        }
+                        let base = (o * n as usize + i as usize) * inner;
+                        data.extend_from_slice(&a.data[base..base + inner]);
+                    }
+                }
+                let mut dims = a.dims[..axis].to_vec();
+                dims.extend_from_slice(&idx.dims);
+                dims.extend_from_slice(&a.dims[axis + 1..]);
+                c(Const::new(dims, a.elem, data, a.baked))
+            }
+            "GatherElements" => {
+                let idx = get(1).ok_or_else(|| self.bad("input 1 is required"))?;
+                let axis = self.axis(self.attr_i(node, "axis", 0), a.dims.len())?;
+                let (st, ist) = (consts::strides(&a.dims), consts::strides(&idx.dims));
+                let mut data = Vec::with_capacity(idx.len());
+                for (p, &v) in idx.data.iter().enumerate() {
+                    let mut off = 0;
+                    for k in 0..a.dims.len() {
+                        let pos = (p / ist[k]) % idx.dims[k].max(1);
+                        let pos = if k == axis {
+                            let v = v as i64;
+                            (if v < 0 { v + a.dims[k] as i64 } else { v }) as usize
+                        } else {
+                            pos
+                        };
+                        off += pos * st[k];
+                    }
+                    data.push(
+                        *a.data
+                            .get(off)
+                            .ok_or_else(|| self.bad("index out of range"))?,
+                    );
+                }
+                c(Const::new(idx.dims.clone(), a.elem, data, a.baked))
+            }
+            "GatherND" => {
+                let idx = get(1).ok_or_else(|| self.bad("input 1 is required"))?;
+                if self.attr_i(node, "batch_dims", 0) != 0 {
+                    return Err(self.unsupported("batch_dims != 0"));
+                }
+                let k = *idx
+                    .dims
+                    .last()
+                    .ok_or_else(|| self.bad("indices of rank 0"))?;
+                let st = consts::strides(&a.dims);
+                let inner: usize = a.dims[k..].iter().product();
+                let mut data = Vec::new();
+                for t in idx.data.chunks(k.max(1)) {
+                    let off: usize = t.iter().enumerate().map(|(j, &v)| v as usize * st[j]).sum();
+                    data.extend_from_slice(
+                        a.data
+                            .get(off..off + inner)
+                            .ok_or_else(|| self.bad("index out of range"))?,
+                    );
+                }
+                let mut dims = idx.dims[..idx.dims.len() - 1].to_vec();
+                dims.extend_from_slice(&a.dims[k..]);
+                c(Const::new(dims, a.elem, data, a.baked))
+            }
+            "Slice" => {
+                let ranges = self.slice_ranges(node, &a.dims)?;
+                let mut cur = (*a).clone();
+                for (axis, s, e, step) in ranges {
+                    let picks: Vec<usize> = if step > 0 {
+                        (s..e).step_by(step as usize).map(|v| v as usize).collect()
+                    } else {
+                        let mut v = Vec::new();
+                        let mut i = s;
+                        while i > e {
+                            v.push(i as usize);
+                            i += step;
+                        }
+                        v
+                    };
+                    let outer: usize = cur.dims[..axis].iter().product();
+                    let n = cur.dims[axis];
+                    let inner: usize = cur.dims[axis + 1..].iter().product();
+                    let mut data = Vec::new();
+                    for o in 0..outer {
+                        for &p in &picks {
+                            let base = (o * n + p) * inner;
+                            data.extend_from_slice(&cur.data[base..base + inner]);
+                        }
+                    }
+                    cur.dims[axis] = picks.len();
+                    cur.data = data;
+                }
+                c(cur)
+            }
+            "Range" => {
+                let (s, l, d) = (
+                    a.scalar(),
+                    get(1).and_then(|c| c.scalar()),
+                    get(2).and_then(|c| c.scalar()),
+                );
+                let (Some(s), Some(l), Some(d)) = (s, l, d) else {
+                    return Err(self.bad("start, limit and delta must be scalars"));
+                };
+                if d == 0.0 {
+                    return Err(self.bad("delta is 0"));
+                }
+                let n = ((l - s) / d).ceil().max(0.0) as usize;
+                if n > FOLD_LIMIT {
+                    return Err(self.unsupported("folding a constant that large"));
+                }
+                let data = (0..n).map(|i| s + i as f64 * d).collect();
+                c(Const::new(vec![n], a.elem, data, a.baked))
+            }
+            "Transpose" => {
+                let perm = self.perm(node, a.dims.len())?;
+                let st = consts::strides(&a.dims);
+                let dims: Vec<usize> = perm.iter().map(|&p| a.dims[p]).collect();
+                let ost = consts::strides(&dims);
+                let mut data = vec![0.0; a.len()];
+                for (o, slot) in data.iter_mut().enumerate() {
+                    let mut off = 0;
+                    for (k, &p) in perm.iter().enumerate() {
+                        off += ((o / ost[k]) % dims[k].max(1)) * st[p];
+                    }
+                    *slot = a.data[off];
+                }
+                c(Const::new(dims, a.elem, data, a.baked))
+            }
+            "Split" => {
+                let axis = self.axis(self.attr_i(node, "axis", 0), a.dims.len())?;
+                let sizes = self.split_sizes(node, a.dims[axis])?;
+                let outer: usize = a.dims[..axis].iter().product();
+                let inner: usize = a.dims[axis + 1..].iter().product();
+                let n = a.dims[axis];
+                let mut outs = Vec::new();
+                let mut start = 0;
+                for len in sizes {
+                    let mut data = Vec::new();
+                    for o in 0..outer {
+                        let base = (o * n + start) * inner;
+                        data.extend_from_slice(&a.data[base..base + len * inner]);
+                    }
+                    let mut dims = a.dims.clone();
+                    dims[axis] = len;
+                    outs.push(Val::C(Rc::new(Const::new(dims, a.elem, data, a.baked))));
+                    start += len;
+                }
+                Ok(Some(outs))
+            }
+            _ => Ok(None),
+        }
+    }
+}

@@ -1,0 +1,984 @@
+//! The import: ONNX nodes in file order (ONNX graphs are topologically sorted) become graph
+//! nodes; shape arithmetic on constants folds away; every tensor gets its static shape from
+//! the graph builder, which checks it.
+
+// The core's GraphError carries node names inline (the core has no heap), so closures that
+// return it are large; they run once per node.
+#![allow(clippy::result_large_err)]
+
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use tessera_core::ops::conv::{ConvParams, DataLayout, Padding};
+use tessera_core::ops::elementwise::{BinaryFn, GeluForm, UnaryFn};
+use tessera_core::ops::norm::{BatchNorm, BatchNormParams};
+use tessera_core::ops::pool::{PoolKind, PoolParams};
+use tessera_core::ops::reduce::ReduceKind;
+use tessera_core::{DType, Graph, GraphError, Init, NodeId};
+use tessera_sim::Heap;
+
+use super::consts::{self, cast_value, decode, Const, Elem, Missing};
+use super::proto::{attribute_proto::AttributeType, AttributeProto, NodeProto, TensorProto};
+use super::{
+    node_name, Embedding, ImportOptions, Imported, ImportedInput, ImportedOutput, Layer, OnnxError,
+    OnnxModel, StateValue,
+};
+
+/// Where pipeline stages start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stages {
+    /// Every node in stage 0.
+    One,
+    /// PopART's `__pipeline_stage` (else `__ipu_number`) node attributes when present, else
+    /// one stage.
+    Attributes,
+    /// A new stage after each named node (or the node making the named tensor).
+    After(Vec<String>),
+    /// The stage of every node, in file order.
+    PerNode(Vec<usize>),
+}
+
+/// The most elements a folded constant may have.
+const FOLD_LIMIT: usize = 1 << 24;
+
+/// A value during import.
+#[derive(Clone, Debug)]
+enum Val {
+    /// A tensor of the graph, with its ONNX element type.
+    T(NodeId, Elem),
+    /// A tensor known at import time.
+    C(Rc<Const>),
+    /// A weight (index into `Importer::weights`), placed in a stage on first use.
+    W(usize),
+}
+
+/// An initializer (or weight-like constant) that becomes a variable when used.
+#[derive(Clone, Debug)]
+struct Weight {
+    name: String,
+    dims: Vec<usize>,
+    values: Result<Arc<Vec<f64>>, Missing>,
+    trainable: bool,
+    init: Init,
+}
+
+type R<T> = Result<T, OnnxError>;
+
+/// A graph-builder call whose error names the node being imported.
+macro_rules! chk {
+    ($s:ident, $e:expr) => {{
+        let r = $e;
+        $s.check(r)
+    }};
+}
+
+mod fold;
+pub mod ops;
+pub mod versions;
+
+/// The ONNX ops the importer reads (default domain), sorted: the registry's.
+pub fn supported_ops() -> Vec<&'static str> {
+    ops::supported_ops()
+}
+
+/// Imports `model` into `g`.
+///
+/// # Errors
+///
+/// Any [`OnnxError`] naming the node, tensor or input at fault.
+pub fn import(
+    model: &OnnxModel,
+    g: &mut Graph<Heap>,
+    opts: &ImportOptions,
+) -> Result<Imported, OnnxError> {
+    let graph = model.graph();
+    super::validate_graph(graph)?;
+    // A negative size is neither a size nor a symbol (onnx.checker refuses it too).
+    for i in &graph.input {
+        use super::proto::tensor_shape_proto::dimension::Value as D;
+        use super::proto::type_proto::Value as T;
+        let Some(T::TensorType(t)) = i.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
+            continue;
+        };
+        for (axis, d) in t.shape.iter().flat_map(|s| s.dim.iter()).enumerate() {
+            if let Some(D::DimValue(v)) = d.value {
+                if v < 0 {
+                    return Err(OnnxError::BadNode {
+                        node: i.name.clone().unwrap_or_default(),
+                        op: "input".into(),
+                        message: format!(
+                            "dimension {axis} is {v}; a dimension is a size (0 or more) or a symbol"
+                        ),
+                    });
+                }
+            }
+        }
+    }
+    let batch_axes = batch_axes(model);
+    let file_batch = file_batch(model, &batch_axes)?;
+    let batch = match (opts.batch_size, file_batch) {
+        (Some(b), _) => b,
+        (None, Some(b)) => b,
+        (None, None) => {
+            let (input, axis, param) =
+                symbolic_batch(model, &batch_axes).unwrap_or_else(|| ("?".into(), 0, "?".into()));
+            return Err(OnnxError::UnboundDim {
+                input,
+                axis,
+                param,
+                hint: "bind the batch with --batch-size".into(),
+            });
+        }
+    };
+    if batch == 0 {
+        return Err(OnnxError::BadStages(String::new())).or(Err(OnnxError::UnboundDim {
+            input: graph
+                .input
+                .first()
+                .and_then(|i| i.name.clone())
+                .unwrap_or_default(),
+            axis: 0,
+            param: "0".into(),
+            hint: "--batch-size must be at least 1".into(),
+        }));
+    }
+    // Rebinding the batch rewrites the shapes written into the file (Reshape targets and
+    // the like), which needs every tensor's shape at the file's own batch first.
+    let original = match file_batch {
+        Some(fb) if fb != batch => {
+            let mut scratch: Graph<Heap> = Graph::new();
+            let first = Importer::new(model, &mut scratch, opts, fb, fb, None, &batch_axes)?
+                .run(&vec![0; graph.node.len()])?;
+            Some(first.shapes)
+        }
+        _ => None,
+    };
+    let stages = stage_of(model, &opts.stages)?;
+    let device_mapping = match opts.stages {
+        Stages::Attributes => ipu_mapping(model, &stages),
+        _ => None,
+    };
+    let fb = file_batch.unwrap_or(batch);
+    let mut imported =
+        Importer::new(model, g, opts, batch, fb, original.as_ref(), &batch_axes)?.run(&stages)?;
+    imported.device_mapping = device_mapping;
+    Ok(imported)
+}
+
+/// The batch axis of each graph input: 0, or 1 for a sequence-first input of an LSTM
+/// (ONNX's `layout` 0 is `[seq, batch, input]`).
+fn batch_axes(model: &OnnxModel) -> HashMap<String, usize> {
+    let graph = model.graph();
+    graph
+        .input
+        .iter()
+        .filter_map(|i| i.name.clone())
+        .map(|name| {
+            let seq_first = graph.node.iter().any(|n| {
+                n.op_type.as_deref() == Some("LSTM")
+                    && n.input.first() == Some(&name)
+                    && attr(n, "layout").and_then(|a| a.i).unwrap_or(0) == 0
+            });
+            let axis = usize::from(seq_first);
+            (name, axis)
+        })
+        .collect()
+}
+
+/// Real graph inputs (ONNX before IR 4 lists initializers among inputs too).
+fn real_inputs(model: &OnnxModel) -> Vec<&super::proto::ValueInfoProto> {
+    let graph = model.graph();
+    let inits: HashSet<&str> = graph
+        .initializer
+        .iter()
+        .filter_map(|t| t.name.as_deref())
+        .collect();
+    graph
+        .input
+        .iter()
+        .filter(|i| !inits.contains(i.name.as_deref().unwrap_or("")))
+        .collect()
+}
+
+/// The dims of a value info: `Ok(size)` or `Err(symbol)` per axis.
+fn info_dims(v: &super::proto::ValueInfoProto) -> Option<Vec<Result<usize, String>>> {
+    use super::proto::tensor_shape_proto::dimension::Value as D;
+    use super::proto::type_proto::Value as T;
+    let Some(T::TensorType(t)) = v.r#type.as_ref()?.value.as_ref() else {
+        return None;
+    };
+    let shape = t.shape.as_ref()?;
+    Some(
+        shape
+            .dim
+            .iter()
+            .map(|d| match &d.value {
+                Some(D::DimValue(v)) if *v >= 0 => Ok(*v as usize),
+                Some(D::DimParam(p)) => Err(p.clone()),
+                _ => Err("?".into()),
+            })
+            .collect(),
+    )
+}
+
+/// The batch size the file was exported with (`None` when symbolic).
+fn file_batch(model: &OnnxModel, axes: &HashMap<String, usize>) -> R<Option<usize>> {
+    for i in real_inputs(model) {
+        let name = i.name.clone().unwrap_or_default();
+        let dims = info_dims(i).ok_or_else(|| OnnxError::UnboundDim {
+            input: name.clone(),
+            axis: 0,
+            param: "?".into(),
+            hint: "the input has no tensor shape in the file".into(),
+        })?;
+        let axis = axes.get(&name).copied().unwrap_or(0);
+        if let Some(Ok(b)) = dims.get(axis) {
+            return Ok(Some(*b));
+        }
+    }
+    Ok(None)
+}
+
+/// The first input whose batch axis is symbolic.
+fn symbolic_batch(
+    model: &OnnxModel,
+    axes: &HashMap<String, usize>,
+) -> Option<(String, usize, String)> {
+    real_inputs(model).into_iter().find_map(|i| {
+        let name = i.name.clone().unwrap_or_default();
+        let axis = axes.get(&name).copied().unwrap_or(0);
+        match info_dims(i)?.get(axis)? {
+            Err(p) => Some((name, axis, p.clone())),
+            Ok(_) => None,
+        }
+    })
+}
+
+/// The stage of every node.
+fn stage_of(model: &OnnxModel, stages: &Stages) -> R<Vec<usize>> {
+    let graph = model.graph();
+    let n = graph.node.len();
+    match stages {
+        Stages::One => Ok(vec![0; n]),
+        Stages::PerNode(v) => {
+            if v.len() == n {
+                Ok(v.clone())
+            } else {
+                Err(OnnxError::BadStages(format!(
+                    "{} stages given for {n} nodes",
+                    v.len()
+                )))
+            }
+        }
+        Stages::Attributes => {
+            let mut out = Vec::with_capacity(n);
+            let mut current = 0usize;
+            for node in &graph.node {
+                let a = attr(node, "__pipeline_stage").or_else(|| attr(node, "__ipu_number"));
+                if let Some(s) = a.and_then(|a| a.i) {
+                    current = usize::try_from(s).map_err(|_| {
+                        OnnxError::BadStages(format!(
+                            "node `{}` has stage attribute {s}",
+                            node.name.as_deref().unwrap_or("")
+                        ))
+                    })?;
+                }
+                out.push(current);
+            }
+            Ok(out)
+        }
+        Stages::After(names) => {
+            let names_of: Vec<String> = model.node_names();
+            let mut cuts = Vec::new();
+            for name in names {
+                let found = names_of.iter().position(|s| s == name).or_else(|| {
+                    graph
+                        .node
+                        .iter()
+                        .position(|nd| nd.output.iter().any(|o| o == name))
+                });
+                let Some(i) = found else {
+                    let lower = name.to_lowercase();
+                    let mut suggestions: Vec<String> = names_of
+                        .iter()
+                        .filter(|s| {
+                            let s = s.to_lowercase();
+                            s.contains(&lower) || (!s.is_empty() && lower.contains(&s))
+                        })
+                        .take(5)
+                        .cloned()
+                        .collect();
+                    if suggestions.is_empty() {
+                        suggestions = names_of.iter().take(3).cloned().collect();
+                        suggestions.push("... (see `tessera estimate MODEL --layers`)".into());
+                    }
+                    return Err(OnnxError::UnknownStageNode {
+                        name: name.clone(),
+                        suggestions,
+                    });
+                };
+                if let Some(&last) = cuts.last() {
+                    if i <= last {
+                        return Err(OnnxError::BadStages(format!(
+                            "`{name}` (node {i}) does not come after the previous boundary (node {last}); list boundaries in graph order"
+                        )));
+                    }
+                }
+                if i + 1 >= n {
+                    return Err(OnnxError::BadStages(format!(
+                        "`{name}` is the last node; a stage after it would be empty"
+                    )));
+                }
+                cuts.push(i);
+            }
+            Ok((0..n)
+                .map(|i| cuts.iter().filter(|&&c| c < i).count())
+                .collect())
+        }
+    }
+}
+
+/// Stage -> IPU from `__ipu_number` attributes, when nodes have both attributes.
+fn ipu_mapping(model: &OnnxModel, stages: &[usize]) -> Option<Vec<usize>> {
+    let graph = model.graph();
+    let count = stages.iter().copied().max().map_or(1, |s| s + 1);
+    let mut map: Vec<Option<usize>> = vec![None; count];
+    let mut any = false;
+    for (node, &s) in graph.node.iter().zip(stages) {
+        if attr(node, "__pipeline_stage").is_none() {
+            continue;
+        }
+        if let Some(ipu) = attr(node, "__ipu_number").and_then(|a| a.i) {
+            any = true;
+            map[s] = usize::try_from(ipu).ok();
+        }
+    }
+    if !any {
+        return None;
+    }
+    let mut last = 0;
+    Some(
+        map.into_iter()
+            .map(|m| {
+                last = m.unwrap_or(last);
+                last
+            })
+            .collect(),
+    )
+}
+
+/// The tensors nodes read as weights: convolution and product weights and biases,
+/// normalisation parameters, recurrent weights and embedding tables.
+fn weight_slots(graph: &super::proto::GraphProto) -> HashSet<String> {
+    let mut out = HashSet::new();
+    for n in &graph.node {
+        let slots: &[usize] = match n.op_type.as_deref().unwrap_or("") {
+            "Conv" | "Gemm" | "LayerNormalization" => &[1, 2],
+            "MatMul" => &[1],
+            "BatchNormalization" => &[1, 2, 3, 4],
+            "LSTM" => &[1, 2, 3],
+            "Gather" => &[0],
+            _ => &[],
+        };
+        for &k in slots {
+            if let Some(t) = n.input.get(k).filter(|t| !t.is_empty()) {
+                out.insert(t.clone());
+            }
+        }
+    }
+    out
+}
+
+/// A node's attribute.
+fn attr<'a>(node: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
+    node.attribute
+        .iter()
+        .find(|a| a.name.as_deref() == Some(name))
+}
+
+struct Importer<'a> {
+    model: &'a OnnxModel,
+    g: &'a mut Graph<Heap>,
+    opts: &'a ImportOptions,
+    batch: usize,
+    file_batch: usize,
+    original: Option<&'a HashMap<String, Vec<usize>>>,
+    batch_axes: &'a HashMap<String, usize>,
+    values: HashMap<String, Val>,
+    weights: Vec<Weight>,
+    placed: HashMap<(usize, usize), NodeId>,
+    state: Vec<StateValue>,
+    embeddings: Vec<Embedding>,
+    used: HashSet<String>,
+    stage: usize,
+    /// Tensors that nodes read as weights (a light model's ConstantOfShape there is one).
+    weight_slots: HashSet<String>,
+    // The node being imported, for messages.
+    node: String,
+    op: String,
+}
+
+impl<'a> Importer<'a> {
+    fn new(
+        model: &'a OnnxModel,
+        g: &'a mut Graph<Heap>,
+        opts: &'a ImportOptions,
+        batch: usize,
+        file_batch: usize,
+        original: Option<&'a HashMap<String, Vec<usize>>>,
+        batch_axes: &'a HashMap<String, usize>,
+    ) -> R<Importer<'a>> {
+        let graph = model.graph();
+        let mut im = Importer {
+            model,
+            g,
+            opts,
+            batch,
+            file_batch,
+            original,
+            batch_axes,
+            values: HashMap::new(),
+            weights: Vec::new(),
+            placed: HashMap::new(),
+            state: Vec::new(),
+            embeddings: Vec::new(),
+            used: HashSet::new(),
+            stage: 0,
+            weight_slots: weight_slots(graph),
+            node: String::new(),
+            op: String::new(),
+        };
+        for t in &graph.initializer {
+            let name = t.name.clone().unwrap_or_default();
+            im.node = name.clone();
+            im.op = "initializer".into();
+            let v = im.tensor_value(t, &name, true)?;
+            im.values.insert(name, v);
+        }
+        Ok(im)
+    }
+
+    fn run(mut self, stages: &[usize]) -> R<Imported> {
+        let model = self.model;
+        let graph = model.graph();
+        let mut inputs = Vec::new();
+        for i in real_inputs(model) {
+            let name = i.name.clone().unwrap_or_default();
+            let dims = info_dims(i).unwrap_or_default();
+            let elem = match i.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+                Some(super::proto::type_proto::Value::TensorType(t)) => {
+                    Elem::from_code(t.elem_type.unwrap_or(0))
+                }
+                _ => None,
+            };
+            let Some(elem) = elem else {
+                return Err(OnnxError::BadNode {
+                    node: name,
+                    op: "input".into(),
+                    message: "the input is not a tensor of a type the importer reads (float, float16, int64, int32, bool, uint8)".into(),
+                });
+            };
+            let axis = self.batch_axes.get(&name).copied().unwrap_or(0);
+            let mut bound = Vec::with_capacity(dims.len());
+            for (k, d) in dims.iter().enumerate() {
+                bound.push(match d {
+                    _ if k == axis => self.batch,
+                    Ok(v) => *v,
+                    Err(p) => {
+                        return Err(OnnxError::UnboundDim {
+                            input: name,
+                            axis: k,
+                            param: p.clone(),
+                            hint: "only the batch dimension is bound (by `estimate --batch-size`, or by the array `run` is given); export the model with this dimension fixed".into(),
+                        })
+                    }
+                });
+            }
+            self.node = name.clone();
+            self.op = "input".into();
+            let core_name = self.fresh(&name);
+            let dtype = self.dtype(elem);
+            let id = self
+                .g
+                .input(&core_name, &bound, dtype)
+                .map_err(|e| self.graph_err(e))?;
+            self.values.insert(name.clone(), Val::T(id, elem));
+            inputs.push(ImportedInput {
+                name,
+                node: id,
+                dims: bound,
+                elem,
+                batch_axis: axis,
+            });
+        }
+        let mut layers = Vec::with_capacity(graph.node.len());
+        let mut shapes: HashMap<String, Vec<usize>> = HashMap::new();
+        for (i, node) in graph.node.iter().enumerate() {
+            self.stage = stages[i];
+            self.g
+                .set_stage(self.stage)
+                .map_err(|e| self.graph_err(e))?;
+            self.node = node_name(node, i);
+            self.op = node.op_type.clone().unwrap_or_default();
+            let first = self.g.len();
+            let outs = self.convert(node)?;
+            for (name, v) in node.output.iter().zip(outs) {
+                if name.is_empty() {
+                    continue;
+                }
+                shapes.insert(name.clone(), self.dims(&v));
+                self.values.insert(name.clone(), v);
+            }
+            layers.push(Layer {
+                name: self.node.clone(),
+                op: self.op.clone(),
+                first,
+                end: self.g.len(),
+                stage: self.stage,
+            });
+        }
+        for i in &inputs {
+            shapes.insert(i.name.clone(), i.dims.clone());
+        }
+        for t in &graph.initializer {
+            let name = t.name.clone().unwrap_or_default();
+            if let Some(v) = self.values.get(&name) {
+                shapes.entry(name).or_insert_with(|| self.dims(v));
+            }
+        }
+        let mut outputs = Vec::new();
+        for o in &graph.output {
+            let name = o.name.clone().unwrap_or_default();
+            self.node = name.clone();
+            self.op = "output".into();
+            let v = self
+                .values
+                .get(&name)
+                .cloned()
+                .ok_or_else(|| OnnxError::MissingTensor {
+                    node: "graph outputs".into(),
+                    tensor: name.clone(),
+                })?;
+            let id = self.t(&v, &name)?;
+            // Inference returns the outputs to the host. Training feeds them to the loss and
+            // returns the loss, as the frameworks' training loops outfeed it alone (PopART's
+            // anchors, TensorFlow's outfeed of the step's results): they are neither kept to
+            // the end of the step nor streamed out.
+            if !self.opts.training {
+                self.g.mark_output(id).map_err(|e| self.graph_err(e))?;
+            }
+            let dims = self.dims(&v);
+            shapes.insert(name.clone(), dims.clone());
+            outputs.push(ImportedOutput {
+                name,
+                node: id,
+                dims,
+            });
+        }
+        let count = stages.iter().copied().max().map_or(1, |s| s + 1);
+        Ok(Imported {
+            inputs,
+            outputs,
+            layers,
+            shapes,
+            state: self.state,
+            embeddings: self.embeddings,
+            batch: self.batch,
+            file_batch: self.file_batch,
+            stages: count,
+            device_mapping: None,
+        })
+    }
+
+    // ----- helpers -----
+
+    fn bad(&self, message: impl Into<String>) -> OnnxError {
+        OnnxError::BadNode {
+            node: self.node.clone(),
+            op: self.op.clone(),
+            message: message.into(),
+        }
+    }
+
+    fn unsupported(&self, detail: impl Into<String>) -> OnnxError {
+        OnnxError::Unsupported {
+            node: self.node.clone(),
+            op: self.op.clone(),
+            opset: self.model.opset,
+            detail: detail.into(),
+        }
+    }
+
+    fn graph_err(&self, e: GraphError) -> OnnxError {
+        OnnxError::Graph {
+            node: self.node.clone(),
+            op: self.op.clone(),
+            source: Box::new(e),
+        }
+    }
+
+    /// A graph node name from `base` that is unique and short enough.
+    fn fresh(&mut self, base: &str) -> String {
+        let limit = 64;
+        let mut stem: String = if base.len() > limit {
+            let mut cut = limit;
+            while !base.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            base[..cut].to_string()
+        } else if base.is_empty() {
+            "tensor".to_string()
+        } else {
+            base.to_string()
+        };
+        if stem.len() != base.len() || self.used.contains(&stem) {
+            let root = stem.clone();
+            let mut k = 1;
+            loop {
+                stem = format!("{root}~{k}");
+                if !self.used.contains(&stem) {
+                    break;
+                }
+                k += 1;
+            }
+        }
+        self.used.insert(stem.clone());
+        stem
+    }
+
+    /// The graph element type of an ONNX element type.
+    fn dtype(&self, e: Elem) -> DType {
+        match e {
+            Elem::F32 | Elem::F16 | Elem::Bf16 | Elem::F64 => self.opts.dtype,
+            Elem::I64 | Elem::I32 | Elem::I8 => DType::I32,
+            Elem::U8 | Elem::Bool => DType::U8,
+        }
+    }
+
+    fn dims(&self, v: &Val) -> Vec<usize> {
+        match v {
+            Val::T(id, _) => self
+                .g
+                .node(*id)
+                .shape()
+                .dims()
+                .iter()
+                .map(|&d| d as usize)
+                .collect(),
+            Val::C(c) => c.dims.clone(),
+            Val::W(i) => self.weights[*i].dims.clone(),
+        }
+    }
+
+    fn elem(&self, v: &Val) -> Elem {
+        match v {
+            Val::T(_, e) => *e,
+            Val::C(c) => c.elem,
+            Val::W(_) => Elem::F32,
+        }
+    }
+
+    /// A tensor of the file (initializer or `Constant`) as a value: a weight when it is a
+    /// float tensor of more than one element (`trainable` initializers), else a constant.
+    fn tensor_value(&mut self, t: &TensorProto, name: &str, trainable: bool) -> R<Val> {
+        let code = t.data_type.unwrap_or(0);
+        let elem = Elem::from_code(code).ok_or_else(|| OnnxError::BadNode {
+            node: name.to_string(),
+            op: self.op.clone(),
+            message: format!(
+                "element type {} is not one the importer reads",
+                consts::code_name(code)
+            ),
+        })?;
+        let mut dims = Vec::with_capacity(t.dims.len());
+        for &d in &t.dims {
+            dims.push(usize::try_from(d).map_err(|_| OnnxError::BadNode {
+                node: name.to_string(),
+                op: self.op.clone(),
+                message: format!("dimension {d} is negative"),
+            })?);
+        }
+        let count: usize = dims.iter().product();
+        let values = match decode(t, elem, count) {
+            Ok(v) => Ok(v),
+            Err(Some(m)) => Err(m),
+            Err(None) => {
+                return Err(OnnxError::BadNode {
+                    node: name.to_string(),
+                    op: self.op.clone(),
+                    message: format!(
+                        "the tensor's data does not hold {count} {} values",
+                        elem.name()
+                    ),
+                })
+            }
+        };
+        if elem.is_float() && count > 1 || values.is_err() {
+            let init = if dims.len() >= 2 {
+                Init::GlorotUniform
+            } else {
+                Init::Zeros
+            };
+            self.weights.push(Weight {
+                name: name.to_string(),
+                dims,
+                values: values.map(Arc::new),
+                trainable: trainable && elem.is_float(),
+                init,
+            });
+            return Ok(Val::W(self.weights.len() - 1));
+        }
+        let data = values.unwrap_or_default();
+        Ok(Val::C(Rc::new(Const::new(dims, elem, data, true))))
+    }
+
+    /// Input `k` of `node`, or `None` when absent or empty.
+    fn opt(&self, node: &NodeProto, k: usize) -> R<Option<Val>> {
+        match node.input.get(k) {
+            None => Ok(None),
+            Some(s) if s.is_empty() => Ok(None),
+            Some(s) => {
+                self.values
+                    .get(s)
+                    .cloned()
+                    .map(Some)
+                    .ok_or_else(|| OnnxError::MissingTensor {
+                        node: self.node.clone(),
+                        tensor: s.clone(),
+                    })
+            }
+        }
+    }
+
+    fn req(&self, node: &NodeProto, k: usize) -> R<Val> {
+        self.opt(node, k)?
+            .ok_or_else(|| self.bad(format!("input {k} is required")))
+    }
+
+    /// A constant input (shape, axes, pads ...).
+    fn konst(&self, node: &NodeProto, k: usize, what: &str) -> R<Option<Rc<Const>>> {
+        match self.opt(node, k)? {
+            None => Ok(None),
+            Some(Val::C(c)) => Ok(Some(c)),
+            Some(Val::W(i)) if self.weights[i].values.is_err() => {
+                let missing = self.weights[i].values.as_ref().err().cloned();
+                Err(self.bad(format!(
+                    "input {k} ({what}) must be known at import time, but `{}` has no values: {}",
+                    self.weights[i].name,
+                    missing.map(|m| m.to_string()).unwrap_or_default()
+                )))
+            }
+            Some(_) => Err(self.unsupported(format!(
+                "input {k} ({what}) must be known at import time; here it is computed at run time"
+            ))),
+        }
+    }
+
+    fn attr_i(&self, node: &NodeProto, name: &str, default: i64) -> i64 {
+        attr(node, name).and_then(|a| a.i).unwrap_or(default)
+    }
+
+    fn attr_f(&self, node: &NodeProto, name: &str, default: f32) -> f32 {
+        attr(node, name).and_then(|a| a.f).unwrap_or(default)
+    }
+
+    fn attr_ints(&self, node: &NodeProto, name: &str) -> Option<Vec<i64>> {
+        attr(node, name).map(|a| a.ints.clone())
+    }
+
+    fn attr_s(&self, node: &NodeProto, name: &str) -> Option<String> {
+        attr(node, name)
+            .and_then(|a| a.s.as_ref())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+    }
+
+    /// Axis `a` (negative from the end) of a rank-`r` tensor.
+    fn axis(&self, a: i64, r: usize) -> R<usize> {
+        let ai = if a < 0 { a + r as i64 } else { a };
+        if ai < 0 || ai >= r.max(1) as i64 {
+            return Err(self.bad(format!("axis {a} is out of range for rank {r}")));
+        }
+        Ok(ai as usize)
+    }
+
+    /// The graph node of a value, materialising constants and placing weights in the
+    /// current stage. `name` is the ONNX tensor's name.
+    fn t(&mut self, v: &Val, name: &str) -> R<NodeId> {
+        match v {
+            Val::T(id, _) => Ok(*id),
+            Val::W(i) => self.place(*i),
+            Val::C(c) => {
+                if c.light && c.elem.is_float() && c.len() > 1 {
+                    self.weights.push(Weight {
+                        name: name.to_string(),
+                        dims: c.dims.clone(),
+                        values: Err(Missing::Light),
+                        trainable: true,
+                        init: if c.dims.len() >= 2 {
+                            Init::GlorotUniform
+                        } else {
+                            Init::Zeros
+                        },
+                    });
+                    let i = self.weights.len() - 1;
+                    return self.place(i);
+                }
+                let dtype = self.dtype(c.elem);
+                let core = self.fresh(name);
+                if let Some(value) = c.uniform().filter(|_| c.len() > 0) {
+                    return self
+                        .g
+                        .constant(&core, &c.dims, dtype, value as f32)
+                        .map_err(|e| self.graph_err(e));
+                }
+                let id = self
+                    .g
+                    .state(&core, &c.dims, dtype, Init::Zeros)
+                    .map_err(|e| self.graph_err(e))?;
+                self.state.push(StateValue {
+                    node: id,
+                    tensor: name.to_string(),
+                    values: Ok(Arc::new(c.data.clone())),
+                });
+                Ok(id)
+            }
+        }
+    }
+
+    /// Input `k` as a graph node.
+    fn ti(&mut self, node: &NodeProto, k: usize) -> R<NodeId> {
+        let v = self.req(node, k)?;
+        let name = node.input[k].clone();
+        self.t(&v, &name)
+    }
+
+    /// Weight `i` as a variable of the current stage (one per stage: a weight used on two
+    /// IPUs is held on each, as tied weights are).
+    fn place(&mut self, i: usize) -> R<NodeId> {
+        if let Some(&id) = self.placed.get(&(i, self.stage)) {
+            return Ok(id);
+        }
+        let w = self.weights[i].clone();
+        let base = if self.placed.keys().any(|&(j, _)| j == i) {
+            format!("{}@stage{}", w.name, self.stage)
+        } else {
+            w.name.clone()
+        };
+        let core = self.fresh(&base);
+        let dtype = self.opts.dtype;
+        let id = if w.trainable {
+            self.g.variable(&core, &w.dims, dtype, w.init)
+        } else {
+            self.g.state(&core, &w.dims, dtype, w.init)
+        }
+        .map_err(|e| self.graph_err(e))?;
+        self.placed.insert((i, self.stage), id);
+        self.state.push(StateValue {
+            node: id,
+            tensor: w.name,
+            values: w.values,
+        });
+        Ok(id)
+    }
+
+    /// A new graph node name for output `k` of the current node.
+    fn out_name(&mut self, node: &NodeProto, suffix: &str) -> String {
+        let base = node
+            .output
+            .first()
+            .filter(|s| !s.is_empty())
+            .cloned()
+            .unwrap_or_else(|| self.node.clone());
+        if suffix.is_empty() {
+            self.fresh(&base)
+        } else {
+            self.fresh(&format!("{base}/{suffix}"))
+        }
+    }
+
+    fn check<T>(&self, r: Result<T, GraphError>) -> R<T> {
+        r.map_err(|e| self.graph_err(e))
+    }
+
+    // ----- the ops -----
+
+    /// Converts one node: folded when its inputs are constants, else by its op's converter
+    /// ([`ops::REGISTRY`]), which must read the op's version at the model's opset.
+    fn convert(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let domain = node.domain.as_deref().unwrap_or("");
+        if !(domain.is_empty() || domain == "ai.onnx") {
+            self.op = format!("{domain}.{}", self.op);
+            return Err(self.unsupported(""));
+        }
+        let op = self.op.clone();
+        // Constant inputs everywhere: fold.
+        if let Some(v) = self.fold(node, &op)? {
+            return Ok(v);
+        }
+        let Some(converter) = ops::converter(&op) else {
+            return Err(self.unsupported(""));
+        };
+        if let Some(v) = versions::version_at(&op, self.model.opset) {
+            if !converter.versions.contains(&v) {
+                return Err(self.unsupported(format!(
+                    "version {v}; the importer reads versions {}",
+                    converter
+                        .versions
+                        .iter()
+                        .map(u32::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        }
+        (converter.convert)(self, node)
+    }
+
+    /// A node of one run-time operand (input 0) whose output has its element type, made by
+    /// `build` (graph, output name, operand).
+    fn one_input(
+        &mut self,
+        node: &NodeProto,
+        build: impl FnOnce(&mut Graph<Heap>, &str, NodeId) -> Result<NodeId, GraphError>,
+    ) -> R<Vec<Val>> {
+        let e = self.elem(&self.req(node, 0)?);
+        let x = self.ti(node, 0)?;
+        let name = self.out_name(node, "");
+        let id = chk!(self, build(self.g, &name, x))?;
+        Ok(vec![Val::T(id, e)])
+    }
+
+    /// Two operands broadcast together: constants take the other operand's element type.
+    fn pair(&mut self, node: &NodeProto) -> R<(NodeId, NodeId)> {
+        self.pair_at(node, 0, 1)
+    }
+
+    fn pair_at(&mut self, node: &NodeProto, i: usize, j: usize) -> R<(NodeId, NodeId)> {
+        let (va, vb) = (self.req(node, i)?, self.req(node, j)?);
+        let (na, nb) = (node.input[i].clone(), node.input[j].clone());
+        // A constant's element type follows its partner's (int64 0 against float x).
+        let (va, vb) = (self.retype(&va, &vb), self.retype(&vb, &va));
+        Ok((self.t(&va, &na)?, self.t(&vb, &nb)?))
+    }
+
+    /// `v` with `other`'s element type when `v` is a constant and `other` is not.
+    fn retype(&self, v: &Val, other: &Val) -> Val {
+        match (v, other) {
+            (Val::C(c), Val::T(..) | Val::W(_)) => {
+                let e = self.elem(other);
+                if self.dtype(c.elem) == self.dtype(e) {
+                    v.clone()
+                } else {
+                    let mut c2 = (**c).clone();
+                    c2.elem = e;
+                    c2.data = c2.data.iter().map(|&x| cast_value(x, e)).collect();
+                    Val::C(Rc::new(c2))
+                }
+            }
+            _ => v.clone(),
+        }
+    }
+
+    // ----- folding -----
+}

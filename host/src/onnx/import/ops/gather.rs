@@ -1,0 +1,177 @@
+//! Gathers: embeddings (`Gather` of a table), `GatherElements` and `GatherND`.
+
+use super::super::*;
+use super::{Converter, Family};
+
+/// The family's ops.
+pub(super) const CONVERTERS: &[Converter] = &[
+    Converter {
+        op: "Gather",
+        family: Family::Gather,
+        versions: &[11, 13],
+        convert: |im, n| im.gather(n),
+    },
+    Converter {
+        op: "GatherElements",
+        family: Family::Gather,
+        versions: &[11, 13],
+        convert: |im, n| im.gather_flat(n),
+    },
+    Converter {
+        op: "GatherND",
+        family: Family::Gather,
+        versions: &[11, 12, 13],
+        convert: |im, n| im.gather_flat(n),
+    },
+];
+
+impl<'a> Importer<'a> {
+    pub(in crate::onnx::import) fn gather(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let data = self.req(node, 0)?;
+        let idx = self.req(node, 1)?;
+        let d = self.dims(&data);
+        let e = self.elem(&data);
+        let axis = self.axis(self.attr_i(node, "axis", 0), d.len())?;
+        // A constant index on a run-time tensor: a slice (the LSTM's last step, say).
+        if let Val::C(c) = &idx {
+            if c.len() == 1 && !matches!(data, Val::W(_)) || axis != 0 {
+                if c.len() != 1 {
+                    return Err(self.unsupported(format!(
+                        "axis {axis} with {} indices (only one index off axis 0)",
+                        c.len()
+                    )));
+                }
+                let mut i = c.data[0] as i64;
+                if i < 0 {
+                    i += d[axis] as i64;
+                }
+                if i < 0 || i >= d[axis] as i64 {
+                    return Err(self.bad(format!(
+                        "index {} is out of range for axis {axis} of size {}",
+                        c.data[0], d[axis]
+                    )));
+                }
+                let x = self.ti(node, 0)?;
+                let name = self.out_name(node, "slice");
+                let s = chk!(self, self.g.slice(&name, x, axis as isize, i as usize, 1))?;
+                let mut dims: Vec<usize> = d.clone();
+                if c.dims.is_empty() {
+                    dims.remove(axis);
+                } else {
+                    dims[axis] = 1;
+                    // Indices of shape [1, ...] replace the axis by their dims.
+                    dims.splice(axis..=axis, c.dims.iter().copied());
+                }
+                let name = self.out_name(node, "");
+                let id = chk!(self, self.g.reshape(&name, s, &dims))?;
+                return Ok(vec![Val::T(id, e)]);
+            }
+        }
+        let idx = match idx {
+            Val::C(c) => {
+                // Negative indices count from the end.
+                let n = d[0] as f64;
+                let mut c2 = (*c).clone();
+                for v in &mut c2.data {
+                    if *v < 0.0 {
+                        *v += n;
+                    }
+                }
+                Val::C(Rc::new(c2))
+            }
+            v => v,
+        };
+        let table = self.ti(node, 0)?;
+        if let Val::W(i) = data {
+            let name = self.weights[i].name.clone();
+            if !self.embeddings.iter().any(|e| e.tensor == name) {
+                self.embeddings.push(Embedding {
+                    tensor: name,
+                    node: table,
+                    dims: d.clone(),
+                });
+            }
+        }
+        let iname = node.input[1].clone();
+        let indices = self.t(&idx, &iname)?;
+        let name = self.out_name(node, "");
+        let id = chk!(self, self.g.gather(&name, table, indices))?;
+        Ok(vec![Val::T(id, e)])
+    }
+
+    /// GatherElements / GatherND with constant indices on a run-time tensor: the flat
+    /// element (or row) indices are computed here and gathered as rows.
+    pub(in crate::onnx::import) fn gather_flat(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let data = self.req(node, 0)?;
+        let d = self.dims(&data);
+        let e = self.elem(&data);
+        let Some(idx) = self.konst(node, 1, "indices")? else {
+            return Err(self.unsupported("indices computed at run time"));
+        };
+        let st = consts::strides(&d);
+        let (rows, row_len, flat, out_dims) = if self.op == "GatherElements" {
+            let axis = self.axis(self.attr_i(node, "axis", 0), d.len())?;
+            let ist = consts::strides(&idx.dims);
+            let mut flat = Vec::with_capacity(idx.len());
+            for (p, &v) in idx.data.iter().enumerate() {
+                let mut off = 0usize;
+                for a in 0..d.len() {
+                    let pos = (p / ist[a]) % idx.dims[a].max(1);
+                    let pos = if a == axis {
+                        let n = d[a] as i64;
+                        let v = v as i64;
+                        usize::try_from(if v < 0 { v + n } else { v })
+                            .map_err(|_| self.bad(format!("index {v} out of range")))?
+                    } else {
+                        pos
+                    };
+                    off += pos * st[a];
+                }
+                flat.push(off as f64);
+            }
+            (d.iter().product::<usize>(), 1, flat, idx.dims.clone())
+        } else {
+            if self.attr_i(node, "batch_dims", 0) != 0 {
+                return Err(self.unsupported("batch_dims != 0"));
+            }
+            let k = *idx
+                .dims
+                .last()
+                .ok_or_else(|| self.bad("indices must have rank >= 1"))?;
+            if k > d.len() {
+                return Err(self.bad("index tuples longer than the data's rank"));
+            }
+            let row_len: usize = d[k..].iter().product();
+            let rows: usize = d[..k].iter().product();
+            let mut flat = Vec::new();
+            for t in idx.data.chunks(k.max(1)) {
+                let mut off = 0usize;
+                for (a, &v) in t.iter().enumerate() {
+                    let n = d[a] as i64;
+                    let v = v as i64;
+                    let v = usize::try_from(if v < 0 { v + n } else { v })
+                        .map_err(|_| self.bad(format!("index {v} out of range")))?;
+                    off += v * st[a] / row_len.max(1);
+                }
+                flat.push(off as f64);
+            }
+            let mut out = idx.dims[..idx.dims.len() - 1].to_vec();
+            out.extend_from_slice(&d[k..]);
+            (rows, row_len, flat, out)
+        };
+        let x = self.ti(node, 0)?;
+        let name = self.out_name(node, "rows");
+        let table = chk!(self, self.g.reshape(&name, x, &[rows, row_len]))?;
+        let ic = Const::new(vec![flat.len()], Elem::I64, flat, false);
+        let iname = format!(
+            "{}/indices",
+            node.output.first().cloned().unwrap_or_default()
+        );
+        let indices = self.t(&Val::C(Rc::new(ic)), &iname)?;
+        let name = self.out_name(node, "gather");
+        let rows_g = chk!(self, self.g.gather(&name, table, indices))?;
+        let name = self.out_name(node, "");
+        let id = chk!(self, self.g.reshape(&name, rows_g, &out_dims))?;
+        Ok(vec![Val::T(id, e)])
+    }
+}

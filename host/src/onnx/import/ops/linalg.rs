@@ -1,0 +1,68 @@
+//! Matrix products: `MatMul` and `Gemm`.
+
+use super::super::*;
+use super::{Converter, Family};
+
+/// The family's ops.
+pub(super) const CONVERTERS: &[Converter] = &[
+    Converter {
+        op: "MatMul",
+        family: Family::LinearAlgebra,
+        versions: &[9, 13],
+        convert: |im, n| im.matmul(n),
+    },
+    Converter {
+        op: "Gemm",
+        family: Family::LinearAlgebra,
+        versions: &[11, 13],
+        convert: |im, n| im.gemm(n),
+    },
+];
+
+impl<'a> Importer<'a> {
+    pub(in crate::onnx::import) fn gemm(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let (ta, tb) = (
+            self.attr_i(node, "transA", 0) != 0,
+            self.attr_i(node, "transB", 0) != 0,
+        );
+        let (alpha, beta) = (
+            self.attr_f(node, "alpha", 1.0),
+            self.attr_f(node, "beta", 1.0),
+        );
+        let (a, b) = (self.ti(node, 0)?, self.ti(node, 1)?);
+        let has_c = self.opt(node, 2)?.is_some();
+        let product = if alpha != 1.0 || has_c {
+            self.out_name(node, "product")
+        } else {
+            self.out_name(node, "")
+        };
+        let mut y = chk!(self, self.g.matmul_t(&product, a, b, ta, tb))?;
+        if alpha != 1.0 {
+            let name = if has_c {
+                self.out_name(node, "alpha")
+            } else {
+                self.out_name(node, "")
+            };
+            y = chk!(self, self.g.scale(&name, y, alpha))?;
+        }
+        if has_c {
+            let mut c = self.ti(node, 2)?;
+            if beta != 1.0 {
+                let name = self.out_name(node, "beta");
+                c = chk!(self, self.g.scale(&name, c, beta))?;
+            }
+            let name = self.out_name(node, "");
+            y = chk!(self, self.g.add(&name, y, c))?;
+        }
+        Ok(vec![Val::T(y, Elem::F32)])
+    }
+}
+
+impl<'a> Importer<'a> {
+    fn matmul(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let (a, b) = (self.ti(node, 0)?, self.ti(node, 1)?);
+        let name = self.out_name(node, "");
+        let id = chk!(self, self.g.matmul(&name, a, b))?;
+        Ok(vec![Val::T(id, Elem::F32)])
+    }
+}
