@@ -11,14 +11,15 @@ Two kinds of small models, all built with onnx.helper and numpy (no exporter):
   encoder layers), `transformer_opset14` (the same layers as older exporters
   wrote them: decomposed LayerNorm, tanh GELU, Constant nodes and Shape
   arithmetic), `lstm`, `lstm_noinit` (opset 17) and `gpt_block` (opset 20, as
-  the dynamo exporter writes one GPT-2 block). Each model's intermediate
+  the dynamo exporter writes one GPT-2 block) and `cnn_opset9` (opset 9, with
+  the attribute forms later versions replaced by inputs). Each model's intermediate
   shapes are stored as `value_info` (ONNX shape inference with data
   propagation, checked against the shapes onnxruntime computes), and every
   onnxruntime output is cross-checked against onnx's own numpy reference
   evaluator (onnx.reference).
 * Models the importer must reject or import without weights:
   `unsupported_op` (an Einsum node named `my_einsum`), `dynamic_batch` (a
-  symbolic batch dimension `batch`), `old_opset` (opset 9), `stripped` (weight
+  symbolic batch dimension `batch`), `old_opset` (opset 6), `stripped` (weight
   bytes removed as data/onnx/export/strip.py removes them) and `light_cnn`
   (weights replaced by ConstantOfShape nodes, as in the "light" models the
   onnx package ships under onnx/backend/test/data/light/).
@@ -84,6 +85,7 @@ SEEDS = {
     "gpt_block": 1006,
     "dynamic_batch": 1101,
     "old_opset": 1102,
+    "cnn_opset9": 1007,
     "unsupported_op": 1103,
 }
 
@@ -236,11 +238,12 @@ def elem_dims(vi):
     return t.elem_type, (dims if t.HasField("shape") else None)
 
 
-def finish_numerics(name, model, feeds):
+def finish_numerics(name, model, feeds, reference=True):
     """Runs onnxruntime, fixes the output shapes, stores inferred value_info.
 
     `feeds` is a list of (input name, array). Returns (model, outputs) with
-    outputs a list of (name, array)."""
+    outputs a list of (name, array). `reference=False` skips the cross-check with
+    onnx.reference (for a model whose emit gives its own numpy check instead)."""
     onnx.checker.check_model(model, full_check=True)
     out_names = [o.name for o in model.graph.output]
     results = session(model).run(out_names, dict(feeds))
@@ -251,9 +254,10 @@ def finish_numerics(name, model, feeds):
             raise TypeError(f"{name}: output {o.name} has dtype {res.dtype}")
         outputs.append((o.name, res))
     # An independent implementation: onnx's numpy reference evaluator.
-    ref = ReferenceEvaluator(model).run(None, dict(feeds))
-    for (oname, got), want in zip(outputs, ref):
-        check_close(f"{name} {oname} (onnx.reference)", got, want, rtol=1e-4, atol=1e-5)
+    if reference:
+        ref = ReferenceEvaluator(model).run(None, dict(feeds))
+        for (oname, got), want in zip(outputs, ref):
+            check_close(f"{name} {oname} (onnx.reference)", got, want, rtol=1e-4, atol=1e-5)
 
     # The declared output shapes are the computed ones; every intermediate shape
     # comes from ONNX shape inference (strict, with data propagation through
@@ -924,9 +928,82 @@ def old_opset_model():
     h = b.op("Relu", [h], "relu")
     b.op("Softmax", [h], "softmax", outputs=["y"], axis=1)
     return make_model(b, "old_opset", [value_info("x", F32, [1, 4])],
-                      [value_info("y", F32, [1, 3])], 9,
-                      "Gemm, Relu and Softmax declaring opset 9 (IR version 4).",
+                      [value_info("y", F32, [1, 3])], 6,
+                      "Gemm, Relu and Softmax declaring opset 6 (IR version 4), older than "
+                      "the importer reads.",
                       ir_version=4)
+
+
+def cnn_opset9_model():
+    """cnn_opset9.onnx: the versions of opset 9 whose attributes later became inputs or
+    whose meaning changed: Slice (version 1, starts/ends/axes attributes), Clip (6, min and
+    max attributes), Split (2, the split attribute), Unsqueeze and Squeeze (1, the axes
+    attribute), ReduceMean (1), Softmax (1, coercing to 2-D at axis 1), BatchNormalization
+    (9), MaxPool (8), Dropout (7, inference), Sum (8), Gemm (9)."""
+    rng = rng_for("cnn_opset9")
+    x = uniform(rng, (2, 3, 12, 12))
+    b = Builder()
+    w1 = b.init("conv1.weight", fan_in_uniform(rng, (8, 3, 3, 3), 27, 2.0))
+    b1 = b.init("conv1.bias", fan_in_uniform(rng, (8,), 27))
+    bn1 = bn_params(rng, b, "bn1", 8)
+    w2 = b.init("conv2.weight", fan_in_uniform(rng, (4, 4, 1, 1), 4, 2.0))
+    fc_w = b.init("fc.weight", fan_in_uniform(rng, (6, 4), 4))
+    fc_b = b.init("fc.bias", fan_in_uniform(rng, (6,), 4))
+
+    h = b.op("Conv", ["x", w1, b1], "conv1", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    h = b.op("BatchNormalization", [h] + bn1, "bn1", epsilon=1e-5, momentum=0.9)
+    h = b.op("Clip", [h], "relu6", min=0.0, max=6.0)
+    h = b.op("MaxPool", [h], "pool", kernel_shape=[2, 2], strides=[2, 2])
+    # Two halves of the channels: the second through a 1x1 convolution of the first.
+    lo, hi = b.op("Split", [h], "split", n_out=2, axis=1, split=[4, 4])
+    lo = b.op("Conv", [lo, w2], "conv2", kernel_shape=[1, 1])
+    h = b.op("Sum", [lo, hi], "sum")
+    h = b.op("Dropout", [h], "dropout", ratio=0.25)
+    # Rows 1 to 4 of the 6 and every column, by attributes.
+    h = b.op("Slice", [h], "slice", starts=[1, 0], ends=[5, 6], axes=[2, 3])
+    h = b.op("ReduceMean", [h], "mean", axes=[2, 3], keepdims=0)
+    h = b.op("Unsqueeze", [h], "unsqueeze", axes=[2])
+    h = b.op("Squeeze", [h], "squeeze", axes=[2])
+    h = b.op("Gemm", [h, fc_w, fc_b], "fc", transB=1)
+    b.op("Softmax", [h], "softmax", outputs=["probs"], axis=1)
+    model = make_model(b, "cnn_opset9", [value_info("x", F32, [2, 3, 12, 12])],
+                       [value_info("probs", F32, [2, 6])], 9,
+                       "Opset 9 as older exporters wrote it: Slice, Clip, Split, Unsqueeze, "
+                       "Squeeze and ReduceMean with attributes where later versions take "
+                       "inputs; BatchNormalization 9, MaxPool 8, Dropout 7, Sum 8, Gemm 9, "
+                       "Softmax 1.", ir_version=4)
+    return model, [("x", x)]
+
+
+def cnn_opset9_self_check(model, x, y):
+    """cnn_opset9 in numpy, from its initializers."""
+    w = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    x = x.astype(np.float64)
+
+    def conv(x, k, pad):
+        n, c, hh, ww = x.shape
+        o, _, kh, kw = k.shape
+        xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+        out = np.zeros((n, o, hh + 2 * pad - kh + 1, ww + 2 * pad - kw + 1))
+        for i in range(kh):
+            for j in range(kw):
+                patch = xp[:, :, i:i + out.shape[2], j:j + out.shape[3]]
+                out += np.einsum("nchw,oc->nohw", patch, k[:, :, i, j])
+        return out
+
+    h = conv(x, w["conv1.weight"], 1) + w["conv1.bias"].reshape(1, -1, 1, 1)
+    p = {k: w[f"bn1.{k}"].reshape(1, -1, 1, 1)
+         for k in ("weight", "bias", "running_mean", "running_var")}
+    h = (h - p["running_mean"]) / np.sqrt(p["running_var"] + 1e-5) * p["weight"] + p["bias"]
+    h = np.clip(h, 0.0, 6.0)
+    n, c, hh, ww = h.shape
+    h = h.reshape(n, c, hh // 2, 2, ww // 2, 2).max(axis=(3, 5))
+    lo, hi = h[:, :4], h[:, 4:]
+    h = conv(lo, w["conv2.weight"], 0) + hi
+    h = h[:, :, 1:5, 0:6].mean(axis=(2, 3))
+    z = h @ w["fc.weight"].T + w["fc.bias"]
+    z = np.exp(z - z.max(axis=1, keepdims=True))
+    check_close("cnn_opset9 (numpy)", y, z / z.sum(axis=1, keepdims=True))
 
 
 STRIP_LIMIT = 8  # elements; data/onnx used strip.py's default of 1024 for full-size models
@@ -1123,8 +1200,8 @@ def numerics_fixtures():
     """Returns the manifest entries of the models with weights."""
     entries = []
 
-    def emit(name, model, feeds, self_check=None, external=False):
-        model, outputs = finish_numerics(name, model, feeds)
+    def emit(name, model, feeds, self_check=None, external=False, reference=True):
+        model, outputs = finish_numerics(name, model, feeds, reference)
         if self_check is not None:
             self_check(model, feeds, outputs)
         file = save_model(name, model, external)
@@ -1195,6 +1272,13 @@ def numerics_fixtures():
 
     model, feeds = gpt_block_model()
     emit("gpt_block", model, feeds)
+
+    # onnx.reference's BatchNormalization 9 normalises with the batch's statistics (onnx
+    # 1.23.2), onnxruntime with the running ones as the operator's inference form does:
+    # numpy checks this model instead.
+    model, feeds = cnn_opset9_model()
+    emit("cnn_opset9", model, feeds, lambda m, f, o: cnn_opset9_self_check(m, f[0][1], o[0][1]),
+         reference=False)
     return entries
 
 
@@ -1233,9 +1317,10 @@ def other_fixtures():
          {"error": "unbound_dim", "input": "x", "axis": 0, "param": "batch",
           "note": "imports when a batch size is given"})
 
+    # onnxruntime no longer runs opset 6's Gemm; the checker reads the model.
     model = old_opset_model()
-    session(model)
-    emit("old_opset", model, {"error": "opset", "opset": 9})
+    onnx.checker.check_model(model, full_check=True)
+    emit("old_opset", model, {"error": "opset", "opset": 6})
 
     model, count = stripped_model()
     emit("stripped", model,

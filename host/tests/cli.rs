@@ -1200,7 +1200,7 @@ fn onnx_bad_inputs_fail_on_one_line() {
         ),
         (
             vec!["estimate".into(), fixture("old_opset.onnx")],
-            vec!["opset 9", "supported: 11 to 20"],
+            vec!["opset 6", "supported: 7 to 21"],
         ),
         (
             vec![

@@ -30,9 +30,9 @@ pub use import::ops::{converters, markdown_table as op_table_markdown, Converter
 pub use import::{import, supported_ops, Stages};
 
 /// The oldest default-domain opset the importer reads.
-pub const MIN_OPSET: i64 = 11;
+pub const MIN_OPSET: i64 = 7;
 /// The newest default-domain opset the importer reads.
-pub const MAX_OPSET: i64 = 20;
+pub const MAX_OPSET: i64 = 21;
 
 /// Why an ONNX model cannot be read or imported.
 #[derive(Debug, thiserror::Error)]

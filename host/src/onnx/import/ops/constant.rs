@@ -8,25 +8,25 @@ pub(super) const CONVERTERS: &[Converter] = &[
     Converter {
         op: "Identity",
         family: Family::Constant,
-        versions: &[1, 13, 14, 16, 19],
+        versions: &[1, 13, 14, 16, 19, 21],
         convert: |im, n| im.identity(n),
     },
     Converter {
         op: "Dropout",
         family: Family::Constant,
-        versions: &[10, 12, 13],
+        versions: &[7, 10, 12, 13],
         convert: |im, n| im.identity(n),
     },
     Converter {
         op: "Constant",
         family: Family::Constant,
-        versions: &[11, 12, 13, 19],
+        versions: &[1, 9, 11, 12, 13, 19, 21],
         convert: |im, n| im.constant_node(n),
     },
     Converter {
         op: "ConstantOfShape",
         family: Family::Constant,
-        versions: &[9, 20],
+        versions: &[9, 20, 21],
         convert: |im, n| im.constant_of_shape_node(n),
     },
     Converter {

@@ -8,19 +8,19 @@ pub(super) const CONVERTERS: &[Converter] = &[
     Converter {
         op: "Conv",
         family: Family::ConvolutionAndPooling,
-        versions: &[11],
+        versions: &[1, 11],
         convert: |im, n| im.conv(n),
     },
     Converter {
         op: "MaxPool",
         family: Family::ConvolutionAndPooling,
-        versions: &[11, 12],
+        versions: &[1, 8, 10, 11, 12],
         convert: |im, n| im.pool(n),
     },
     Converter {
         op: "AveragePool",
         family: Family::ConvolutionAndPooling,
-        versions: &[11, 19],
+        versions: &[7, 10, 11, 19],
         convert: |im, n| im.pool(n),
     },
     Converter {

@@ -38,31 +38,31 @@ pub(super) const CONVERTERS: &[Converter] = &[
     Converter {
         op: "Max",
         family: Family::Elementwise,
-        versions: &[8, 12, 13],
+        versions: &[6, 8, 12, 13],
         convert: |im, n| im.arith(n),
     },
     Converter {
         op: "Min",
         family: Family::Elementwise,
-        versions: &[8, 12, 13],
+        versions: &[6, 8, 12, 13],
         convert: |im, n| im.arith(n),
     },
     Converter {
         op: "Sum",
         family: Family::Elementwise,
-        versions: &[8, 13],
+        versions: &[6, 8, 13],
         convert: |im, n| im.arith(n),
     },
     Converter {
         op: "Equal",
         family: Family::Elementwise,
-        versions: &[11, 13, 19],
+        versions: &[7, 11, 13, 19],
         convert: |im, n| im.compare(n),
     },
     Converter {
         op: "Less",
         family: Family::Elementwise,
-        versions: &[9, 13],
+        versions: &[7, 9, 13],
         convert: |im, n| im.compare(n),
     },
     Converter {
@@ -74,7 +74,7 @@ pub(super) const CONVERTERS: &[Converter] = &[
     Converter {
         op: "Greater",
         family: Family::Elementwise,
-        versions: &[9, 13],
+        versions: &[7, 9, 13],
         convert: |im, n| im.compare(n),
     },
     Converter {
@@ -164,7 +164,7 @@ pub(super) const CONVERTERS: &[Converter] = &[
     Converter {
         op: "Clip",
         family: Family::Elementwise,
-        versions: &[11, 12, 13],
+        versions: &[6, 11, 12, 13],
         convert: |im, n| im.unary(n),
     },
     Converter {
@@ -176,7 +176,7 @@ pub(super) const CONVERTERS: &[Converter] = &[
     Converter {
         op: "Cast",
         family: Family::Elementwise,
-        versions: &[9, 13, 19],
+        versions: &[6, 9, 13, 19, 21],
         convert: |im, n| im.cast(n),
     },
 ];

@@ -8,7 +8,7 @@ pub(super) const CONVERTERS: &[Converter] = &[
     Converter {
         op: "Gather",
         family: Family::Gather,
-        versions: &[11, 13],
+        versions: &[1, 11, 13],
         convert: |im, n| im.gather(n),
     },
     Converter {

@@ -8,13 +8,13 @@ pub(super) const CONVERTERS: &[Converter] = &[
     Converter {
         op: "MatMul",
         family: Family::LinearAlgebra,
-        versions: &[9, 13],
+        versions: &[1, 9, 13],
         convert: |im, n| im.matmul(n),
     },
     Converter {
         op: "Gemm",
         family: Family::LinearAlgebra,
-        versions: &[11, 13],
+        versions: &[7, 9, 11, 13],
         convert: |im, n| im.gemm(n),
     },
 ];

@@ -8,7 +8,7 @@ pub(super) const CONVERTERS: &[Converter] = &[
     Converter {
         op: "BatchNormalization",
         family: Family::Normalization,
-        versions: &[9, 14, 15],
+        versions: &[7, 9, 14, 15],
         convert: |im, n| im.batch_norm(n),
     },
     Converter {
@@ -20,13 +20,13 @@ pub(super) const CONVERTERS: &[Converter] = &[
     Converter {
         op: "Softmax",
         family: Family::Normalization,
-        versions: &[11, 13],
+        versions: &[1, 11, 13],
         convert: |im, n| im.softmax(n),
     },
     Converter {
         op: "LogSoftmax",
         family: Family::Normalization,
-        versions: &[11, 13],
+        versions: &[1, 11, 13],
         convert: |im, n| im.softmax(n),
     },
 ];
@@ -35,6 +35,10 @@ impl<'a> Importer<'a> {
     pub(in crate::onnx::import) fn batch_norm(&mut self, node: &NodeProto) -> R<Vec<Val>> {
         if node.output.iter().skip(1).any(|s| !s.is_empty()) {
             return Err(self.unsupported("the running mean and variance outputs"));
+        }
+        // Version 7's `spatial = 0` normalises each element over the batch alone.
+        if self.attr_i(node, "spatial", 1) != 1 {
+            return Err(self.unsupported("spatial = 0"));
         }
         let x = self.ti(node, 0)?;
         let scale = self.ti(node, 1)?;

@@ -8,19 +8,19 @@ pub(super) const CONVERTERS: &[Converter] = &[
     Converter {
         op: "ReduceMean",
         family: Family::Reduction,
-        versions: &[11, 13, 18],
+        versions: &[1, 11, 13, 18],
         convert: |im, n| im.reduce(n),
     },
     Converter {
         op: "ReduceSum",
         family: Family::Reduction,
-        versions: &[11, 13],
+        versions: &[1, 11, 13],
         convert: |im, n| im.reduce(n),
     },
     Converter {
         op: "ReduceMax",
         family: Family::Reduction,
-        versions: &[11, 12, 13, 18, 20],
+        versions: &[1, 11, 12, 13, 18, 20],
         convert: |im, n| im.reduce(n),
     },
 ];

@@ -8,49 +8,49 @@ pub(super) const CONVERTERS: &[Converter] = &[
     Converter {
         op: "Reshape",
         family: Family::Shape,
-        versions: &[5, 13, 14, 19],
+        versions: &[5, 13, 14, 19, 21],
         convert: |im, n| im.reshape(n),
     },
     Converter {
         op: "Flatten",
         family: Family::Shape,
-        versions: &[11, 13],
+        versions: &[1, 9, 11, 13, 21],
         convert: |im, n| im.reshape(n),
     },
     Converter {
         op: "Squeeze",
         family: Family::Shape,
-        versions: &[11, 13],
+        versions: &[1, 11, 13, 21],
         convert: |im, n| im.reshape(n),
     },
     Converter {
         op: "Unsqueeze",
         family: Family::Shape,
-        versions: &[11, 13],
+        versions: &[1, 11, 13, 21],
         convert: |im, n| im.reshape(n),
     },
     Converter {
         op: "Transpose",
         family: Family::Shape,
-        versions: &[1, 13],
+        versions: &[1, 13, 21],
         convert: |im, n| im.transpose(n),
     },
     Converter {
         op: "Concat",
         family: Family::Shape,
-        versions: &[11, 13],
+        versions: &[4, 11, 13],
         convert: |im, n| im.concat(n),
     },
     Converter {
         op: "Split",
         family: Family::Shape,
-        versions: &[11, 13, 18],
+        versions: &[2, 11, 13, 18],
         convert: |im, n| im.split(n),
     },
     Converter {
         op: "Slice",
         family: Family::Shape,
-        versions: &[11, 13],
+        versions: &[1, 10, 11, 13],
         convert: |im, n| im.slice(n),
     },
     Converter {
@@ -62,13 +62,13 @@ pub(super) const CONVERTERS: &[Converter] = &[
     Converter {
         op: "Shape",
         family: Family::Shape,
-        versions: &[1, 13, 15, 19],
+        versions: &[1, 13, 15, 19, 21],
         convert: |im, n| im.shape(n),
     },
     Converter {
         op: "Size",
         family: Family::Shape,
-        versions: &[1, 13, 19],
+        versions: &[1, 13, 19, 21],
         convert: |im, n| im.size(n),
     },
 ];
