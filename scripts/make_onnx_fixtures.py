@@ -935,8 +935,8 @@ def old_opset_model():
 
 
 def cnn_opset9_model():
-    """cnn_opset9.onnx: the versions of opset 9 whose attributes later became inputs or
-    whose meaning changed: Slice (version 1, starts/ends/axes attributes), Clip (6, min and
+    """cnn_opset9.onnx: LRN (as AlexNet and GoogLeNet use it) and the versions of opset 9
+    whose attributes later became inputs or whose meaning changed: Slice (version 1, starts/ends/axes attributes), Clip (6, min and
     max attributes), Split (2, the split attribute), Unsqueeze and Squeeze (1, the axes
     attribute), ReduceMean (1), Softmax (1, coercing to 2-D at axis 1), BatchNormalization
     (9), MaxPool (8), Dropout (7, inference), Sum (8), Gemm (9)."""
@@ -953,6 +953,7 @@ def cnn_opset9_model():
     h = b.op("Conv", ["x", w1, b1], "conv1", kernel_shape=[3, 3], pads=[1, 1, 1, 1])
     h = b.op("BatchNormalization", [h] + bn1, "bn1", epsilon=1e-5, momentum=0.9)
     h = b.op("Clip", [h], "relu6", min=0.0, max=6.0)
+    h = b.op("LRN", [h], "lrn", size=3, alpha=0.01, beta=0.75, bias=2.0)
     h = b.op("MaxPool", [h], "pool", kernel_shape=[2, 2], strides=[2, 2])
     # Two halves of the channels: the second through a 1x1 convolution of the first.
     lo, hi = b.op("Split", [h], "split", n_out=2, axis=1, split=[4, 4])
@@ -968,7 +969,8 @@ def cnn_opset9_model():
     b.op("Softmax", [h], "softmax", outputs=["probs"], axis=1)
     model = make_model(b, "cnn_opset9", [value_info("x", F32, [2, 3, 12, 12])],
                        [value_info("probs", F32, [2, 6])], 9,
-                       "Opset 9 as older exporters wrote it: Slice, Clip, Split, Unsqueeze, "
+                       "Opset 9 as older exporters wrote it, with an LRN: Slice, Clip, Split, "
+                       "Unsqueeze, "
                        "Squeeze and ReduceMean with attributes where later versions take "
                        "inputs; BatchNormalization 9, MaxPool 8, Dropout 7, Sum 8, Gemm 9, "
                        "Softmax 1.", ir_version=4)
@@ -996,6 +998,10 @@ def cnn_opset9_self_check(model, x, y):
          for k in ("weight", "bias", "running_mean", "running_var")}
     h = (h - p["running_mean"]) / np.sqrt(p["running_var"] + 1e-5) * p["weight"] + p["bias"]
     h = np.clip(h, 0.0, 6.0)
+    # LRN over 3 channels: one before and one after each (zeros beyond the ends).
+    sq = np.pad(h * h, ((0, 0), (1, 1), (0, 0), (0, 0)))
+    window = sq[:, :-2] + sq[:, 1:-1] + sq[:, 2:]
+    h = h / (2.0 + 0.01 / 3 * window) ** 0.75
     n, c, hh, ww = h.shape
     h = h.reshape(n, c, hh // 2, 2, ww // 2, 2).max(axis=(3, 5))
     lo, hi = h[:, :4], h[:, 4:]

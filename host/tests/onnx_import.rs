@@ -261,3 +261,41 @@ fn a_tied_masked_lm_head_runs_on_its_embeddings_ipu() {
         other => panic!("expected a schedule error, got {:?}", other.map(|e| e.fits)),
     }
 }
+
+/// The `onnx` package's weight-free zoo models (opset 9, as shipped; data/onnx/zoo_light/)
+/// estimate for inference and training at batch 1 and 8: every op of theirs is read (LRN,
+/// Dropout's mask, ConstantOfShape weights of up to 102.8 M elements).
+#[test]
+fn the_light_zoo_models_estimate_as_shipped() {
+    use tessera_host::session::onnx::{compile_onnx, OnnxOptions};
+    use tessera_host::session::SessionOptions;
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/onnx/zoo_light");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("data/onnx/zoo_light")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "onnx"))
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 9, "{files:?}");
+    for f in &files {
+        let m = OnnxModel::load(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        assert_eq!(m.opset, 9);
+        for inference in [true, false] {
+            for batch in [1, 8] {
+                let so = SessionOptions {
+                    batch_size: batch,
+                    ..SessionOptions::default()
+                };
+                let oo = OnnxOptions {
+                    inference,
+                    ..OnnxOptions::default()
+                };
+                let what = format!("{} batch {batch} inference {inference}", f.display());
+                let c = compile_onnx(&m, &so, &oo).unwrap_or_else(|e| panic!("{what}: {e}"));
+                let e = c.estimate().unwrap_or_else(|e| panic!("{what}: {e}"));
+                assert_eq!(c.imported.batch, batch, "{what}");
+                assert!(e.samples_per_second > 0.0, "{what}");
+            }
+        }
+    }
+}

@@ -882,6 +882,13 @@ impl<'a> Importer<'a> {
         Ok(id)
     }
 
+    /// Whether a node or a graph output reads the tensor `name`.
+    fn is_read(&self, name: &str) -> bool {
+        let graph = self.model.graph();
+        graph.node.iter().any(|n| n.input.iter().any(|i| i == name))
+            || graph.output.iter().any(|o| o.name.as_deref() == Some(name))
+    }
+
     /// A new graph node name for output `k` of the current node.
     fn out_name(&mut self, node: &NodeProto, suffix: &str) -> String {
         let base = node

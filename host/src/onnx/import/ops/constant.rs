@@ -97,18 +97,35 @@ impl<'a> Importer<'a> {
             }
             None => (Elem::F32, 0.0),
         };
-        let n: usize = dims.iter().product();
+        let n = dims
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| self.bad(format!("shape {dims:?} has too many elements")))?;
+        // A float fill of a written shape read as a weight: a "light" model's placeholder.
+        let output = node.output.first().filter(|o| !o.is_empty());
+        let light =
+            shape.baked && elem.is_float() && output.is_some_and(|o| self.weight_slots.contains(o));
         if n > FOLD_LIMIT {
-            return Err(self.unsupported(format!("a constant of {n} elements")));
+            // Too large to hold as values (VGG-19's first fully connected weight is 102.8 M
+            // elements): a weight placeholder of its shape, never materialised.
+            if !light {
+                return Err(self.unsupported(format!("a constant of {n} elements")));
+            }
+            self.weights.push(Weight {
+                name: output.cloned().unwrap_or_default(),
+                dims: dims.clone(),
+                values: Err(Missing::Light),
+                trainable: true,
+                init: if dims.len() >= 2 {
+                    Init::GlorotUniform
+                } else {
+                    Init::Zeros
+                },
+            });
+            return Ok(Val::W(self.weights.len() - 1));
         }
         let mut c = Const::new(dims, elem, vec![value; n], shape.baked);
-        // A float fill of a written shape read as a weight: a "light" model's placeholder.
-        c.light = shape.baked
-            && elem.is_float()
-            && node
-                .output
-                .first()
-                .is_some_and(|o| self.weight_slots.contains(o));
+        c.light = light;
         Ok(Val::C(Rc::new(c)))
     }
 }
@@ -124,8 +141,20 @@ impl<'a> Importer<'a> {
             } else if self.opt(node, 2)?.is_some() {
                 return Err(self.unsupported("a run-time training_mode"));
             }
-            if node.output.get(1).is_some_and(|s| !s.is_empty()) {
-                return Err(self.unsupported("the mask output"));
+            // At inference the mask keeps every element: ones of the input's shape (bool
+            // from version 10, the input's type before), made only when a node reads it.
+            if let Some(mask) = node.output.get(1).filter(|s| !s.is_empty()) {
+                if self.is_read(mask) {
+                    let x = self.req(node, 0)?;
+                    let dims = self.dims(&x);
+                    let bool_mask =
+                        versions::version_at("Dropout", self.model.opset).is_none_or(|v| v >= 10);
+                    let elem = if bool_mask { Elem::Bool } else { self.elem(&x) };
+                    let name = self.out_name(node, "mask");
+                    let dtype = self.dtype(elem);
+                    let id = chk!(self, self.g.constant(&name, &dims, dtype, 1.0))?;
+                    return Ok(vec![x, Val::T(id, elem)]);
+                }
             }
         }
         Ok(vec![self.req(node, 0)?])

@@ -18,6 +18,12 @@ pub(super) const CONVERTERS: &[Converter] = &[
         convert: |im, n| im.layer_norm(n),
     },
     Converter {
+        op: "LRN",
+        family: Family::Normalization,
+        versions: &[1, 13],
+        convert: |im, n| im.lrn(n),
+    },
+    Converter {
         op: "Softmax",
         family: Family::Normalization,
         versions: &[1, 11, 13],
@@ -141,5 +147,68 @@ impl<'a> Importer<'a> {
             y = chk!(self, self.g.unary(&name, y, UnaryFn::Log))?;
         }
         Ok(vec![Val::T(y, Elem::F32)])
+    }
+}
+
+impl<'a> Importer<'a> {
+    /// Local response normalisation across channels (AlexNet's, GoogLeNet's), as ONNX defines
+    /// it: `x / (bias + alpha / size * sum of x^2 over the `size` channels around)^beta`. It
+    /// is built of graph ops, so it has their kernels, gradients and costs: the squares
+    /// viewed as `[N, 1, C, H * W]`, an average pool over `size` channels (zero padding
+    /// counted, `floor((size - 1) / 2)` before and `ceil((size - 1) / 2)` after: the window
+    /// sum over `size`), then `alpha`, `bias`, `beta` and the division.
+    fn lrn(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let xv = self.req(node, 0)?;
+        let d = self.dims(&xv);
+        if d.len() != 4 {
+            return Err(self.unsupported("only [N, C, H, W] inputs"));
+        }
+        let size = self.attr_i(node, "size", 0);
+        if size < 1 || size as usize > d[1] + size as usize - 1 {
+            return Err(self.bad(format!(
+                "size {size}: a positive window of channels expected"
+            )));
+        }
+        let size = size as u32;
+        let alpha = self.attr_f(node, "alpha", 1e-4);
+        let beta = self.attr_f(node, "beta", 0.75);
+        let bias = self.attr_f(node, "bias", 1.0);
+        let x = self.ti(node, 0)?;
+        let dtype = self.g.node(x).dtype();
+        let n = self.out_name(node, "square");
+        let sq = chk!(self, self.g.binary(&n, x, x, BinaryFn::Mul))?;
+        let n = self.out_name(node, "channels");
+        let view = chk!(self, self.g.reshape(&n, sq, &[d[0], 1, d[1], d[2] * d[3]]))?;
+        let params = PoolParams::new(
+            PoolKind::Average {
+                count_include_pad: true,
+            },
+            DataLayout::Nchw,
+            [size, 1],
+            [1, 1],
+        );
+        let pads = [(size - 1) / 2, 0, size / 2, 0];
+        let n = self.out_name(node, "window_mean");
+        let mean = chk!(
+            self,
+            self.g.pool2d(&n, view, params, Padding::Explicit(pads))
+        )?;
+        let n = self.out_name(node, "window_mean_nchw");
+        let mean = chk!(self, self.g.reshape(&n, mean, &d))?;
+        let n = self.out_name(node, "alpha");
+        let a = chk!(self, self.g.constant(&n, &[], dtype, alpha))?;
+        let n = self.out_name(node, "scaled");
+        let scaled = chk!(self, self.g.binary(&n, mean, a, BinaryFn::Mul))?;
+        let n = self.out_name(node, "bias");
+        let b = chk!(self, self.g.constant(&n, &[], dtype, bias))?;
+        let n = self.out_name(node, "base");
+        let base = chk!(self, self.g.binary(&n, scaled, b, BinaryFn::Add))?;
+        let n = self.out_name(node, "beta");
+        let e = chk!(self, self.g.constant(&n, &[], dtype, beta))?;
+        let n = self.out_name(node, "denominator");
+        let den = chk!(self, self.g.binary(&n, base, e, BinaryFn::Pow))?;
+        let n = self.out_name(node, "");
+        let id = chk!(self, self.g.binary(&n, x, den, BinaryFn::Div))?;
+        Ok(vec![Val::T(id, Elem::F32)])
     }
 }
