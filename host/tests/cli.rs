@@ -1186,6 +1186,15 @@ fn onnx_bad_inputs_fail_on_one_line() {
             vec!["my_einsum", "Einsum", "opset 17", "supported ops:"],
         ),
         (
+            vec!["estimate".into(), fixture("unsupported_ops.onnx")],
+            vec![
+                "3 op types are not supported",
+                "Det (opset 17; 2 nodes, the first `det_a`)",
+                "NonZero",
+                "com.example.MyOp",
+            ],
+        ),
+        (
             vec!["estimate".into(), fixture("dynamic_batch.onnx")],
             vec!["input `x`", "symbolic (`batch`)", "--batch-size"],
         ),

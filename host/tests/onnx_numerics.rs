@@ -124,6 +124,33 @@ fn bad_models_fail_with_a_typed_error_naming_the_culprit() {
     );
     assert!(e.to_string().contains("supported ops: Add"), "{e}");
 
+    // Three unsupported op types: one error names them all, with their counts.
+    let e = import(
+        &load("unsupported_ops.onnx"),
+        &mut Graph::new(),
+        &ImportOptions::default(),
+    )
+    .expect_err("Det, NonZero, MyOp");
+    let OnnxError::UnsupportedOps { ops } = &e else {
+        panic!("{e:?}")
+    };
+    let got: Vec<(&str, usize, &str)> = ops
+        .iter()
+        .map(|o| (o.op.as_str(), o.nodes, o.first.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("Det", 2, "det_a"),
+            ("NonZero", 1, "nonzero"),
+            ("com.example.MyOp", 1, "custom")
+        ]
+    );
+    assert!(
+        e.to_string().starts_with("3 op types are not supported"),
+        "{e}"
+    );
+
     let e = import(
         &load("dynamic_batch.onnx"),
         &mut Graph::new(),

@@ -29,6 +29,33 @@ pub use consts::{Elem, Missing};
 pub use import::ops::{converters, markdown_table as op_table_markdown, Converter, Family};
 pub use import::{import, supported_ops, Stages};
 
+/// An op type the importer does not read, as [`OnnxError::UnsupportedOps`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnsupportedOp {
+    /// The op type, with its domain when not the default (`com.example.MyOp`).
+    pub op: String,
+    /// The opset of its domain the model imports.
+    pub opset: i64,
+    /// The version of the op in force at that opset, when it is an ONNX op the importer reads
+    /// in other versions.
+    pub version: Option<u32>,
+    /// How many nodes use it.
+    pub nodes: usize,
+    /// The first of them.
+    pub first: String,
+}
+
+impl std::fmt::Display for UnsupportedOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (opset {}", self.op, self.opset)?;
+        if let Some(v) = self.version {
+            write!(f, ", version {v}")?;
+        }
+        let s = if self.nodes == 1 { "" } else { "s" };
+        write!(f, "; {} node{s}, the first `{}`)", self.nodes, self.first)
+    }
+}
+
 /// The oldest default-domain opset the importer reads.
 pub const MIN_OPSET: i64 = 7;
 /// The newest default-domain opset the importer reads.
@@ -74,6 +101,13 @@ pub enum OnnxError {
         opset: i64,
         /// Which variant is unsupported, if the op itself is.
         detail: String,
+    },
+    /// Several op types of the model are not read by the importer: each with its opset, how
+    /// many nodes use it and the first of them, so that one run tells everything missing.
+    #[error("{} op types are not supported: {}; supported ops: {}", ops.len(), ops.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "), supported_ops().join(", "))]
+    UnsupportedOps {
+        /// The op types, in the order their first nodes appear.
+        ops: Vec<UnsupportedOp>,
     },
     /// A graph input has a symbolic dimension that nothing binds.
     #[error("input `{input}`: dimension {axis} is symbolic (`{param}`); {hint}")]

@@ -512,6 +512,7 @@ impl<'a> Importer<'a> {
                 batch_axis: axis,
             });
         }
+        self.check_ops()?;
         let mut layers = Vec::with_capacity(graph.node.len());
         let mut shapes: HashMap<String, Vec<usize>> = HashMap::new();
         for (i, node) in graph.node.iter().enumerate() {
@@ -589,6 +590,52 @@ impl<'a> Importer<'a> {
             stages: count,
             device_mapping: None,
         })
+    }
+
+    /// Before converting anything: every op type of the graph that no converter reads (or
+    /// not in the version the opset gives) in one error, when there are several; one such op
+    /// type is reported by its node as it is reached.
+    fn check_ops(&self) -> R<()> {
+        let graph = self.model.graph();
+        let mut missing: Vec<super::UnsupportedOp> = Vec::new();
+        for (i, node) in graph.node.iter().enumerate() {
+            let op = node.op_type.as_deref().unwrap_or("");
+            let domain = node.domain.as_deref().unwrap_or("");
+            let (name, opset, version) = if domain.is_empty() || domain == "ai.onnx" {
+                let version = versions::version_at(op, self.model.opset);
+                let read = ops::converter(op)
+                    .is_some_and(|c| version.is_none_or(|v| c.versions.contains(&v)));
+                if read {
+                    continue;
+                }
+                let known = ops::converter(op).map(|_| version).unwrap_or(None);
+                (op.to_string(), self.model.opset, known)
+            } else {
+                let opset = self
+                    .model
+                    .proto
+                    .opset_import
+                    .iter()
+                    .find(|o| o.domain.as_deref() == Some(domain))
+                    .and_then(|o| o.version)
+                    .unwrap_or(0);
+                (format!("{domain}.{op}"), opset, None)
+            };
+            match missing.iter_mut().find(|m| m.op == name) {
+                Some(m) => m.nodes += 1,
+                None => missing.push(super::UnsupportedOp {
+                    op: name,
+                    opset,
+                    version,
+                    nodes: 1,
+                    first: node_name(node, i),
+                }),
+            }
+        }
+        if missing.len() > 1 {
+            return Err(OnnxError::UnsupportedOps { ops: missing });
+        }
+        Ok(())
     }
 
     // ----- helpers -----
