@@ -12,7 +12,10 @@ Two kinds of small models, all built with onnx.helper and numpy (no exporter):
   wrote them: decomposed LayerNorm, tanh GELU, Constant nodes and Shape
   arithmetic), `lstm`, `lstm_noinit` (opset 17) and `gpt_block` (opset 20, as
   the dynamo exporter writes one GPT-2 block) and `cnn_opset9` (opset 9, with
-  the attribute forms later versions replaced by inputs). Each model's intermediate
+  the attribute forms later versions replaced by inputs) and `matmul_fixed`
+  (two inputs of fixed shapes, X[5, 3] and Y[3, 4]), `activations` (opset 18:
+  the activations ONNX has as ops, PRelu, InstanceNormalization, Pad, Tile,
+  Resize), `pad_crop` and `upsample_opset9`. Each model's intermediate
   shapes are stored as `value_info` (ONNX shape inference with data
   propagation, checked against the shapes onnxruntime computes), and every
   onnxruntime output is cross-checked against onnx's own numpy reference
@@ -86,6 +89,10 @@ SEEDS = {
     "dynamic_batch": 1101,
     "old_opset": 1102,
     "cnn_opset9": 1007,
+    "matmul_fixed": 1008,
+    "activations": 1009,
+    "upsample_opset9": 1010,
+    "pad_crop": 1011,
     "unsupported_op": 1103,
 }
 
@@ -996,6 +1003,100 @@ def cnn_opset9_model():
     return model, [("x", x)]
 
 
+def activations_model():
+    """activations.onnx (opset 18): the activations ONNX has as ops of their own, PRelu,
+    InstanceNormalization, Pad (constant), Tile and Resize (nearest, whole factors), each a
+    graph output."""
+    rng = rng_for("activations")
+    x = uniform(rng, (2, 3, 4, 5), -3.0, 3.0)
+    b = Builder()
+    slope = b.init("prelu.slope", uniform(rng, (3, 1, 1), 0.05, 0.5))
+    scale = b.init("inorm.scale", uniform(rng, (3,), 0.5, 1.5))
+    bias = b.init("inorm.bias", uniform(rng, (3,), -0.5, 0.5))
+    pads = b.init("pad.pads", np.array([0, 0, 1, 0, 0, 0, 2, 1], dtype=I64))
+    value = b.init("pad.value", np.array(0.5, dtype=F32))
+    reps = b.init("tile.repeats", np.array([1, 2, 1, 2], dtype=I64))
+    scales = b.init("resize.scales", np.array([1.0, 1.0, 2.0, 3.0], dtype=F32))
+    outs = []
+
+    def out(op, inputs, **attrs):
+        name = f"y_{op.lower()}"
+        b.op(op, inputs, op.lower(), outputs=[name], **attrs)
+        outs.append(name)
+
+    out("LeakyRelu", ["x"], alpha=0.1)
+    out("Elu", ["x"], alpha=0.7)
+    out("Selu", ["x"])
+    out("Softplus", ["x"])
+    out("Softsign", ["x"])
+    out("Abs", ["x"])
+    out("Sign", ["x"])
+    out("Shrink", ["x"], bias=0.2, lambd=0.4)
+    out("HardSigmoid", ["x"], alpha=0.3, beta=0.4)
+    out("HardSwish", ["x"])
+    out("Mish", ["x"])
+    out("PRelu", ["x", slope])
+    out("InstanceNormalization", ["x", scale, bias], epsilon=1e-4)
+    out("Pad", ["x", pads, value], mode="constant")
+    out("Tile", ["x", reps])
+    out("Resize", ["x", "", scales], mode="nearest")
+    shapes = {"y_pad": [2, 3, 7, 6], "y_tile": [2, 6, 4, 10], "y_resize": [2, 3, 8, 15]}
+    model = make_model(b, "activations", [value_info("x", F32, [2, 3, 4, 5])],
+                       [value_info(o, F32, shapes.get(o, [2, 3, 4, 5])) for o in outs], 18,
+                       "LeakyRelu, Elu, Selu, Softplus, Softsign, Abs, Sign, Shrink, "
+                       "HardSigmoid, HardSwish, Mish, PRelu, InstanceNormalization, Pad "
+                       "(constant), Tile and Resize (nearest, x2 and x3), "
+                       "each a graph output.")
+    return model, [("x", x)]
+
+
+def pad_crop_model():
+    """pad_crop.onnx: Pad with negative pads (a crop) on one axis and positive on another."""
+    rng = rng_for("pad_crop")
+    x = uniform(rng, (2, 3, 5))
+    b = Builder()
+    pads = b.init("pads", np.array([0, -1, 2, 0, 1, -2], dtype=I64))
+    b.op("Pad", ["x", pads], "pad", outputs=["y"], mode="constant")
+    model = make_model(b, "pad_crop", [value_info("x", F32, [2, 3, 5])],
+                       [value_info("y", F32, [2, 3, 5])], 18,
+                       "Pad cropping the first row and last two columns, padding a row after "
+                       "and two columns before with zeros.")
+    return model, [("x", x)]
+
+
+def pad_crop_self_check(x, y):
+    want = np.pad(x[:, 1:, :3], ((0, 0), (0, 1), (2, 0)))
+    check_close("pad_crop (numpy)", y, want)
+
+
+def upsample_opset9_model():
+    """upsample_opset9.onnx: Upsample 9 (nearest, scales as an input), as YOLOv3 exports."""
+    rng = rng_for("upsample_opset9")
+    x = uniform(rng, (1, 2, 3, 3))
+    b = Builder()
+    scales = b.init("scales", np.array([1.0, 1.0, 2.0, 2.0], dtype=F32))
+    b.op("Upsample", ["x", scales], "up", outputs=["y"], mode="nearest")
+    model = make_model(b, "upsample_opset9", [value_info("x", F32, [1, 2, 3, 3])],
+                       [value_info("y", F32, [1, 2, 6, 6])], 9,
+                       "Upsample 9, nearest, by 2 along H and W.", ir_version=4)
+    return model, [("x", x)]
+
+
+def matmul_fixed_model():
+    """matmul_fixed.onnx: X[5, 3] . Y[3, 4], both shapes fixed by the file (the batch of X
+    is 5; Y's first axis is 3 and must stay 3)."""
+    rng = rng_for("matmul_fixed")
+    x = uniform(rng, (5, 3))
+    y = uniform(rng, (3, 4))
+    b = Builder()
+    b.op("MatMul", ["X", "Y"], "matmul", outputs=["Z"])
+    model = make_model(b, "matmul_fixed", [value_info("X", F32, [5, 3]),
+                                          value_info("Y", F32, [3, 4])],
+                       [value_info("Z", F32, [5, 4])], 17,
+                       "One MatMul of two inputs of fixed shapes, X[5, 3] and Y[3, 4].")
+    return model, [("X", x), ("Y", y)]
+
+
 def cnn_opset9_self_check(model, x, y):
     """cnn_opset9 in numpy, from its initializers."""
     w = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
@@ -1304,6 +1405,22 @@ def numerics_fixtures():
     model, feeds = cnn_opset9_model()
     emit("cnn_opset9", model, feeds, lambda m, f, o: cnn_opset9_self_check(m, f[0][1], o[0][1]),
          reference=False)
+
+    model, feeds = activations_model()
+    emit("activations", model, feeds)
+    # onnx.reference's Pad refuses negative pads: numpy checks this one.
+    model, feeds = pad_crop_model()
+    emit("pad_crop", model, feeds, lambda m, f, o: pad_crop_self_check(f[0][1], o[0][1]),
+         reference=False)
+    model, feeds = upsample_opset9_model()
+    emit("upsample_opset9", model, feeds,
+         lambda m, f, o: check_close("upsample_opset9 (numpy)", o[0][1],
+                                     f[0][1].repeat(2, axis=2).repeat(2, axis=3)))
+
+    model, feeds = matmul_fixed_model()
+    emit("matmul_fixed", model, feeds,
+         lambda m, f, o: check_close("matmul_fixed (numpy)", o[0][1],
+                                     f[0][1].astype(np.float64) @ f[1][1].astype(np.float64)))
     return entries
 
 

@@ -1705,3 +1705,61 @@ fn layers_per_ipu_splits_after_whole_layers() {
         &["--layers-per-ipu", "cannot be used with", "--pipeline-ipus"],
     );
 }
+
+/// The file's input shapes stand: `--batch-size` rebinds only inputs whose batch axis is
+/// symbolic or holds the file's batch, and `--input-shape` gives an input's whole shape.
+#[test]
+fn input_shapes_stand_unless_rebound() {
+    let matmul = fixture("matmul_fixed.onnx");
+    let cnn = fixture("cnn.onnx");
+    let layer_names = |o: &Output| -> Vec<serde_json::Value> {
+        assert!(o.status.success(), "{}", stderr(o));
+        last_json(o)["onnx"]["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["name"].clone())
+            .collect()
+    };
+    // X[5, 3] . Y[3, 4]: Y's first axis is not the batch, at the file's batch or another.
+    for batch in [None, Some("10")] {
+        let mut args = vec!["estimate", &matmul, "--inference", "--json"];
+        if let Some(b) = batch {
+            args.extend_from_slice(&["--batch-size", b]);
+        }
+        let o = tessera(&args);
+        assert!(!layer_names(&o).is_empty());
+        assert_eq!(
+            last_json(&o)["onnx"]["batch_size"],
+            batch.map_or(5, |b| b.parse::<u64>().unwrap())
+        );
+    }
+    // A larger image: the cycles grow, the batch stays the file's.
+    let run = |extra: &[&str]| {
+        let mut args = vec!["estimate", &cnn, "--inference", "--json"];
+        args.extend_from_slice(extra);
+        tessera(&args)
+    };
+    let small = run(&[]);
+    let large = run(&["--input-shape", "x=2,3,32,32"]);
+    assert!(large.status.success(), "{}", stderr(&large));
+    let (s, l) = (last_json(&small), last_json(&large));
+    assert_eq!(l["onnx"]["batch_size"], 2);
+    assert!(l["cycles_per_step"].as_u64() > s["cycles_per_step"].as_u64());
+    assert_bad_option(
+        &run(&["--input-shape", "nope=1,2"]),
+        &["--input-shape nope", "no such input", "x"],
+    );
+    assert_bad_option(
+        &run(&["--input-shape", "x=2,3,32"]),
+        &["--input-shape x", "3 dimensions given; the input has 4"],
+    );
+    assert_bad_option(
+        &run(&["--input-shape", "x=2,3,32,32", "--input-shape", "x=2,3,8,8"]),
+        &["--input-shape x", "given twice"],
+    );
+    assert_bad_option(
+        &run(&["--input-shape", "x=2,3,a,32"]),
+        &["--input-shape", "`a` is not a size"],
+    );
+}

@@ -372,6 +372,12 @@ pub struct EstimateArgs {
     /// is Graphcore's BERT-Base phase-1 split, `3,7,7,7` its BERT-Large one.
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["pipeline_stages", "pipeline_ipus"])]
     pub layers_per_ipu: Vec<usize>,
+    /// ONNX models: the whole shape of a graph input, NAME=D0,D1,... (repeat for several),
+    /// as trtexec's `--shapes` and onnxruntime's free-dimension overrides bind them: the
+    /// sequence length of a transformer, say. It stands as given, its batch axis included;
+    /// `--batch-size` binds the batch of the other inputs.
+    #[arg(long = "input-shape", value_name = "NAME=D0,D1,...", value_parser = parse_input_shape)]
+    pub input_shapes: Vec<(String, Vec<usize>)>,
     /// ONNX models: when the model does not fit, do not search for the fewest IPUs an
     /// automatic split fits on (the search makes several estimates; sweeps want only this one).
     #[arg(long)]
@@ -681,4 +687,23 @@ pub struct MergeArgs {
     /// The directory the shards wrote to [default: SPEC's stem + "-sweep"].
     #[arg(long)]
     pub output: Option<PathBuf>,
+}
+
+/// `NAME=D0,D1,...` of `--input-shape`.
+fn parse_input_shape(s: &str) -> Result<(String, Vec<usize>), String> {
+    let (name, dims) = s
+        .rsplit_once('=')
+        .ok_or_else(|| format!("`{s}`: expected NAME=D0,D1,..."))?;
+    if name.is_empty() {
+        return Err(format!("`{s}`: the input's name is missing"));
+    }
+    let dims = dims
+        .split(',')
+        .map(|d| {
+            d.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("`{s}`: `{d}` is not a size"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((name.to_string(), dims))
 }

@@ -59,10 +59,11 @@ pub fn estimate(a: &EstimateArgs) -> Result<ModelEstimate, AnyError> {
     if !a.pipeline_stages.is_empty()
         || a.pipeline_ipus.is_some()
         || !a.layers_per_ipu.is_empty()
+        || !a.input_shapes.is_empty()
         || a.loss.is_some()
         || a.no_search
     {
-        return Err("--pipeline-stages, --pipeline-ipus, --layers-per-ipu, --loss and --no-search apply to ONNX models; a model file places its layers with `stage`".into());
+        return Err("--pipeline-stages, --pipeline-ipus, --layers-per-ipu, --input-shape, --loss and --no-search apply to ONNX models; a model file places its layers with `stage`".into());
     }
     let model = load_model(&a.model.model)?;
     let opts = session_options(&a.model, &model)?;

@@ -162,6 +162,7 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
             &tessera_host::onnx::ImportOptions {
                 stages: Stages::One,
                 batch_size: a.model.batch_size,
+                input_shapes: a.input_shapes.clone(),
                 ..Default::default()
             },
         )?
@@ -183,6 +184,7 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
         recompute: a.recompute,
         mask_tokens: a.mask_tokens,
         device_mapping: (!a.device_mapping.is_empty()).then(|| a.device_mapping.clone()),
+        input_shapes: a.input_shapes.clone(),
     };
     // Before the defaults that depend on the stages are worked out from it.
     if let Some(n) = a.pipeline_ipus {

@@ -121,6 +121,14 @@ pub enum OnnxError {
         /// How to bind it.
         hint: String,
     },
+    /// An input shape given for the import (`--input-shape`) does not fit the model.
+    #[error("--input-shape {input}: {message}")]
+    InputShape {
+        /// The input named.
+        input: String,
+        /// What is wrong.
+        message: String,
+    },
     /// A node is malformed or does not fit its inputs (attributes, shapes, types).
     #[error("node `{node}` ({op}): {message}")]
     BadNode {
@@ -346,7 +354,7 @@ pub struct ImportedInput {
     /// The ONNX element type.
     pub elem: Elem,
     /// Which axis is the batch.
-    pub batch_axis: usize,
+    pub batch_axis: Option<usize>,
 }
 
 /// A graph output.
@@ -460,6 +468,10 @@ pub struct ImportOptions {
     pub training: bool,
     /// Where pipeline stages start.
     pub stages: Stages,
+    /// Whole shapes of named graph inputs (`--input-shape NAME=D0,D1,...`, as `trtexec
+    /// --shapes` and onnxruntime's free-dimension overrides bind them): they stand as given,
+    /// the batch axis included.
+    pub input_shapes: Vec<(String, Vec<usize>)>,
 }
 
 impl Default for ImportOptions {
@@ -469,6 +481,7 @@ impl Default for ImportOptions {
             dtype: DType::F32,
             training: false,
             stages: Stages::Attributes,
+            input_shapes: Vec::new(),
         }
     }
 }

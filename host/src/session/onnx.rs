@@ -53,6 +53,8 @@ pub struct OnnxOptions {
     /// `ipu` attributes, else stage `k` on IPU `k`). Stages sharing an IPU are reported one
     /// by one.
     pub device_mapping: Option<Vec<usize>>,
+    /// Whole shapes of named inputs (`--input-shape`; see [`ImportOptions::input_shapes`]).
+    pub input_shapes: Vec<(String, Vec<usize>)>,
 }
 
 /// The rule an ONNX model's pipeline takes accumulation counts by: PopART's, as PopART and
@@ -72,6 +74,7 @@ impl Default for OnnxOptions {
             recompute: false,
             mask_tokens: None,
             device_mapping: None,
+            input_shapes: Vec::new(),
         }
     }
 }
@@ -136,6 +139,7 @@ pub fn compile_onnx(
             dtype: so.dtype,
             training: !oo.inference,
             stages,
+            input_shapes: oo.input_shapes.clone(),
         },
     )?;
     let model_stages = g.stage_count();

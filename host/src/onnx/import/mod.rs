@@ -115,19 +115,20 @@ pub fn import(
             }
         }
     }
+    check_input_shapes(model, &opts.input_shapes)?;
     let batch_axes = batch_axes(model);
-    let file_batch = file_batch(model, &batch_axes)?;
+    let file_batch = file_batch(model, &batch_axes, &opts.input_shapes)?;
     let batch = match (opts.batch_size, file_batch) {
         (Some(b), _) => b,
         (None, Some(b)) => b,
         (None, None) => {
-            let (input, axis, param) =
-                symbolic_batch(model, &batch_axes).unwrap_or_else(|| ("?".into(), 0, "?".into()));
+            let (input, axis, param) = symbolic_batch(model, &batch_axes, &opts.input_shapes)
+                .unwrap_or_else(|| ("?".into(), 0, "?".into()));
             return Err(OnnxError::UnboundDim {
                 input,
                 axis,
                 param,
-                hint: "bind the batch with --batch-size".into(),
+                hint: "bind the batch with --batch-size (or the input's whole shape with --input-shape)".into(),
             });
         }
     };
@@ -222,15 +223,66 @@ fn info_dims(v: &super::proto::ValueInfoProto) -> Option<Vec<Result<usize, Strin
     )
 }
 
-/// The batch size the file was exported with (`None` when symbolic).
-fn file_batch(model: &OnnxModel, axes: &HashMap<String, usize>) -> R<Option<usize>> {
+/// The dims of input `i` as given by `--input-shape`, else as the file declares them.
+fn given_dims(
+    i: &super::proto::ValueInfoProto,
+    given: &[(String, Vec<usize>)],
+) -> Option<Vec<Result<usize, String>>> {
+    let name = i.name.as_deref().unwrap_or("");
+    match given.iter().find(|(n, _)| n == name) {
+        Some((_, d)) => Some(d.iter().map(|&v| Ok(v)).collect()),
+        None => info_dims(i),
+    }
+}
+
+/// Checks the `--input-shape` entries: each names a real input, once, with its rank.
+fn check_input_shapes(model: &OnnxModel, given: &[(String, Vec<usize>)]) -> R<()> {
+    let inputs = real_inputs(model);
+    for (k, (name, dims)) in given.iter().enumerate() {
+        let bad = |message: String| OnnxError::InputShape {
+            input: name.clone(),
+            message,
+        };
+        if given[..k].iter().any(|(n, _)| n == name) {
+            return Err(bad("given twice".into()));
+        }
+        let Some(i) = inputs.iter().find(|i| i.name.as_deref() == Some(name)) else {
+            let names: Vec<&str> = inputs.iter().filter_map(|i| i.name.as_deref()).collect();
+            return Err(bad(format!(
+                "the model has no such input; its inputs: {}",
+                names.join(", ")
+            )));
+        };
+        if dims.contains(&0) {
+            return Err(bad(format!("{dims:?} has an axis of size 0")));
+        }
+        if let Some(file) = info_dims(i) {
+            if file.len() != dims.len() {
+                return Err(bad(format!(
+                    "{} dimensions given; the input has {}",
+                    dims.len(),
+                    file.len()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The batch size the file was exported with (`None` when symbolic), the shapes given
+/// standing for the file's.
+fn file_batch(
+    model: &OnnxModel,
+    axes: &HashMap<String, usize>,
+    given: &[(String, Vec<usize>)],
+) -> R<Option<usize>> {
     for i in real_inputs(model) {
         let name = i.name.clone().unwrap_or_default();
-        let dims = info_dims(i).ok_or_else(|| OnnxError::UnboundDim {
+        let dims = given_dims(i, given).ok_or_else(|| OnnxError::UnboundDim {
             input: name.clone(),
             axis: 0,
             param: "?".into(),
-            hint: "the input has no tensor shape in the file".into(),
+            hint: "the input has no tensor shape in the file; give it with --input-shape".into(),
         })?;
         let axis = axes.get(&name).copied().unwrap_or(0);
         if let Some(Ok(b)) = dims.get(axis) {
@@ -244,11 +296,12 @@ fn file_batch(model: &OnnxModel, axes: &HashMap<String, usize>) -> R<Option<usiz
 fn symbolic_batch(
     model: &OnnxModel,
     axes: &HashMap<String, usize>,
+    given: &[(String, Vec<usize>)],
 ) -> Option<(String, usize, String)> {
     real_inputs(model).into_iter().find_map(|i| {
         let name = i.name.clone().unwrap_or_default();
         let axis = axes.get(&name).copied().unwrap_or(0);
-        match info_dims(i)?.get(axis)? {
+        match given_dims(i, given)?.get(axis)? {
             Err(p) => Some((name, axis, p.clone())),
             Ok(_) => None,
         }
@@ -374,7 +427,8 @@ fn weight_slots(graph: &super::proto::GraphProto) -> HashSet<String> {
     let mut out = HashSet::new();
     for n in &graph.node {
         let slots: &[usize] = match n.op_type.as_deref().unwrap_or("") {
-            "Conv" | "Gemm" | "LayerNormalization" => &[1, 2],
+            "Conv" | "Gemm" | "LayerNormalization" | "InstanceNormalization" => &[1, 2],
+            "PRelu" => &[1],
             "MatMul" => &[1],
             "BatchNormalization" => &[1, 2, 3, 4],
             "LSTM" => &[1, 2, 3],
@@ -480,17 +534,30 @@ impl<'a> Importer<'a> {
                 });
             };
             let axis = self.batch_axes.get(&name).copied().unwrap_or(0);
+            let given = self.opts.input_shapes.iter().find(|(n, _)| *n == name);
+            // The batch axis carries the batch when it is symbolic or holds the file's batch
+            // (an input whose first axis is some other fixed size keeps it: a MatMul's
+            // [3, 4] right operand beside a [5, 3] batch of rows); a given shape stands.
+            let batch_axis = match (given, dims.get(axis)) {
+                (Some(_), _) | (None, None) => None,
+                (None, Some(Err(_))) => Some(axis),
+                (None, Some(Ok(v))) => (*v == self.file_batch).then_some(axis),
+            };
+            let dims: Vec<Result<usize, String>> = match given {
+                Some((_, d)) => d.iter().map(|&v| Ok(v)).collect(),
+                None => dims,
+            };
             let mut bound = Vec::with_capacity(dims.len());
             for (k, d) in dims.iter().enumerate() {
                 bound.push(match d {
-                    _ if k == axis => self.batch,
+                    _ if Some(k) == batch_axis => self.batch,
                     Ok(v) => *v,
                     Err(p) => {
                         return Err(OnnxError::UnboundDim {
                             input: name,
                             axis: k,
                             param: p.clone(),
-                            hint: "only the batch dimension is bound (by `estimate --batch-size`, or by the array `run` is given); export the model with this dimension fixed".into(),
+                            hint: "bind it with --input-shape (the input's whole shape), or export the model with it fixed; --batch-size (or the array `run` is given) binds only the batch".into(),
                         })
                     }
                 });
@@ -509,7 +576,7 @@ impl<'a> Importer<'a> {
                 node: id,
                 dims: bound,
                 elem,
-                batch_axis: axis,
+                batch_axis,
             });
         }
         self.check_ops()?;
@@ -815,6 +882,18 @@ impl<'a> Importer<'a> {
                     self.weights[i].name,
                     missing.map(|m| m.to_string()).unwrap_or_default()
                 )))
+            }
+            // A float initializer of several elements is a weight, but one read as an
+            // attribute (Resize's scales, say) is its values.
+            Some(Val::W(i)) => {
+                let w = &self.weights[i];
+                let values = w.values.as_ref().map(|v| v.to_vec()).unwrap_or_default();
+                Ok(Some(Rc::new(Const::new(
+                    w.dims.clone(),
+                    Elem::F32,
+                    values,
+                    true,
+                ))))
             }
             Some(_) => Err(self.unsupported(format!(
                 "input {k} ({what}) must be known at import time; here it is computed at run time"

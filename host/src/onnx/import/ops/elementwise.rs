@@ -179,6 +179,78 @@ pub(super) const CONVERTERS: &[Converter] = &[
         versions: &[6, 9, 13, 19, 21],
         convert: |im, n| im.cast(n),
     },
+    Converter {
+        op: "LeakyRelu",
+        family: Family::Elementwise,
+        versions: &[6, 16],
+        convert: |im, n| im.activation(n),
+    },
+    Converter {
+        op: "PRelu",
+        family: Family::Elementwise,
+        versions: &[7, 9, 16],
+        convert: |im, n| im.prelu(n),
+    },
+    Converter {
+        op: "Elu",
+        family: Family::Elementwise,
+        versions: &[6],
+        convert: |im, n| im.activation(n),
+    },
+    Converter {
+        op: "Selu",
+        family: Family::Elementwise,
+        versions: &[6],
+        convert: |im, n| im.activation(n),
+    },
+    Converter {
+        op: "Softplus",
+        family: Family::Elementwise,
+        versions: &[1],
+        convert: |im, n| im.activation(n),
+    },
+    Converter {
+        op: "Softsign",
+        family: Family::Elementwise,
+        versions: &[1],
+        convert: |im, n| im.activation(n),
+    },
+    Converter {
+        op: "Abs",
+        family: Family::Elementwise,
+        versions: &[6, 13],
+        convert: |im, n| im.activation(n),
+    },
+    Converter {
+        op: "Sign",
+        family: Family::Elementwise,
+        versions: &[9, 13],
+        convert: |im, n| im.activation(n),
+    },
+    Converter {
+        op: "Shrink",
+        family: Family::Elementwise,
+        versions: &[9],
+        convert: |im, n| im.activation(n),
+    },
+    Converter {
+        op: "HardSigmoid",
+        family: Family::Elementwise,
+        versions: &[6],
+        convert: |im, n| im.activation(n),
+    },
+    Converter {
+        op: "HardSwish",
+        family: Family::Elementwise,
+        versions: &[14],
+        convert: |im, n| im.activation(n),
+    },
+    Converter {
+        op: "Mish",
+        family: Family::Elementwise,
+        versions: &[18],
+        convert: |im, n| im.activation(n),
+    },
 ];
 
 impl<'a> Importer<'a> {
@@ -343,5 +415,175 @@ impl<'a> Importer<'a> {
         let dtype = self.dtype(to);
         let id = chk!(self, self.g.cast(&name, x, dtype))?;
         Ok(vec![Val::T(id, to)])
+    }
+}
+
+/// Activations ONNX has as ops of their own, built of the graph's element-wise ops (so they
+/// have those ops' kernels, gradients and costs; Poplar runs several as one codelet, which
+/// costs less than the composition).
+impl<'a> Importer<'a> {
+    /// `f(x)` as a graph node named after the node's output and `suffix`.
+    fn un(&mut self, node: &NodeProto, suffix: &str, x: NodeId, f: UnaryFn) -> R<NodeId> {
+        let name = self.out_name(node, suffix);
+        chk!(self, self.g.unary(&name, x, f))
+    }
+
+    /// `f(a, b)` as a graph node named after the node's output and `suffix`.
+    fn bin(
+        &mut self,
+        node: &NodeProto,
+        suffix: &str,
+        a: NodeId,
+        b: NodeId,
+        f: BinaryFn,
+    ) -> R<NodeId> {
+        let name = self.out_name(node, suffix);
+        chk!(self, self.g.binary(&name, a, b, f))
+    }
+
+    /// A scalar constant of `x`'s type.
+    fn scalar_like(&mut self, node: &NodeProto, suffix: &str, x: NodeId, v: f32) -> R<NodeId> {
+        let dtype = self.g.node(x).dtype();
+        let name = self.out_name(node, suffix);
+        chk!(self, self.g.constant(&name, &[], dtype, v))
+    }
+
+    /// `log(1 + exp(x))` without overflow: `relu(x) + log(1 + exp(-|x|))`.
+    fn softplus_of(&mut self, node: &NodeProto, x: NodeId, suffix: &str) -> R<NodeId> {
+        let neg = self.un(node, "neg", x, UnaryFn::Neg)?;
+        let abs = self.bin(node, "abs", x, neg, BinaryFn::Max)?;
+        let nabs = self.un(node, "neg_abs", abs, UnaryFn::Neg)?;
+        let e = self.un(node, "exp", nabs, UnaryFn::Exp)?;
+        let one = self.scalar_like(node, "one", x, 1.0)?;
+        let e1 = self.bin(node, "one_plus", e, one, BinaryFn::Add)?;
+        let l = self.un(node, "log", e1, UnaryFn::Log)?;
+        let r = self.un(node, "relu", x, UnaryFn::Relu)?;
+        self.bin(node, suffix, r, l, BinaryFn::Add)
+    }
+
+    /// `alpha * (exp(min(x, 0)) - 1)` for negative `x`, `x` otherwise.
+    fn elu_of(&mut self, node: &NodeProto, x: NodeId, alpha: f32, suffix: &str) -> R<NodeId> {
+        let r = self.un(node, "relu", x, UnaryFn::Relu)?;
+        let m = self.bin(node, "min0", x, r, BinaryFn::Sub)?;
+        let e = self.un(node, "exp", m, UnaryFn::Exp)?;
+        let one = self.scalar_like(node, "one", x, 1.0)?;
+        let em1 = self.bin(node, "expm1", e, one, BinaryFn::Sub)?;
+        let neg = self.un(node, "negative", em1, UnaryFn::Scale(alpha))?;
+        self.bin(node, suffix, r, neg, BinaryFn::Add)
+    }
+
+    /// `clip(alpha * x + beta, 0, 1)`.
+    fn hard_sigmoid_of(
+        &mut self,
+        node: &NodeProto,
+        x: NodeId,
+        alpha: f32,
+        beta: f32,
+        suffix: &str,
+    ) -> R<NodeId> {
+        let ax = self.un(node, "scaled", x, UnaryFn::Scale(alpha))?;
+        let b = self.scalar_like(node, "beta", x, beta)?;
+        let z = self.bin(node, "shifted", ax, b, BinaryFn::Add)?;
+        self.un(node, suffix, z, UnaryFn::Clip { min: 0.0, max: 1.0 })
+    }
+
+    fn activation(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let xv = self.req(node, 0)?;
+        let e = self.elem(&xv);
+        if !e.is_float() {
+            return Err(self.unsupported(format!("{e:?} input (float types only)")));
+        }
+        let x = self.ti(node, 0)?;
+        let op = self.op.clone();
+        let y = match op.as_str() {
+            "LeakyRelu" => {
+                let alpha = self.attr_f(node, "alpha", 0.01);
+                let ax = self.un(node, "scaled", x, UnaryFn::Scale(alpha))?;
+                // x for x >= 0, alpha * x below: the larger of the two when alpha <= 1.
+                let f = if alpha <= 1.0 {
+                    BinaryFn::Max
+                } else {
+                    BinaryFn::Min
+                };
+                self.bin(node, "", x, ax, f)?
+            }
+            "Elu" => {
+                let alpha = self.attr_f(node, "alpha", 1.0);
+                self.elu_of(node, x, alpha, "")?
+            }
+            "Selu" => {
+                let alpha = self.attr_f(node, "alpha", 1.673_263_2);
+                let gamma = self.attr_f(node, "gamma", 1.050_701);
+                let elu = self.elu_of(node, x, alpha, "elu")?;
+                self.un(node, "", elu, UnaryFn::Scale(gamma))?
+            }
+            "Softplus" => self.softplus_of(node, x, "")?,
+            "Softsign" => {
+                let neg = self.un(node, "neg", x, UnaryFn::Neg)?;
+                let abs = self.bin(node, "abs", x, neg, BinaryFn::Max)?;
+                let one = self.scalar_like(node, "one", x, 1.0)?;
+                let d = self.bin(node, "one_plus", abs, one, BinaryFn::Add)?;
+                self.bin(node, "", x, d, BinaryFn::Div)?
+            }
+            "Abs" => {
+                let neg = self.un(node, "neg", x, UnaryFn::Neg)?;
+                self.bin(node, "", x, neg, BinaryFn::Max)?
+            }
+            "Sign" => {
+                let zero = self.scalar_like(node, "zero", x, 0.0)?;
+                let dtype = self.g.node(x).dtype();
+                let gt = self.bin(node, "positive", x, zero, BinaryFn::Greater)?;
+                let lt = self.bin(node, "negative", x, zero, BinaryFn::Less)?;
+                let n = self.out_name(node, "positive_f");
+                let gt = chk!(self, self.g.cast(&n, gt, dtype))?;
+                let n = self.out_name(node, "negative_f");
+                let lt = chk!(self, self.g.cast(&n, lt, dtype))?;
+                self.bin(node, "", gt, lt, BinaryFn::Sub)?
+            }
+            "Shrink" => {
+                let bias = self.attr_f(node, "bias", 0.0);
+                let lambd = self.attr_f(node, "lambd", 0.5);
+                let lo = self.scalar_like(node, "minus_lambd", x, -lambd)?;
+                let hi = self.scalar_like(node, "lambd", x, lambd)?;
+                let b = self.scalar_like(node, "bias", x, bias)?;
+                let zero = self.scalar_like(node, "zero", x, 0.0)?;
+                let below = self.bin(node, "below", x, lo, BinaryFn::Less)?;
+                let above = self.bin(node, "above", x, hi, BinaryFn::Greater)?;
+                let up = self.bin(node, "plus_bias", x, b, BinaryFn::Add)?;
+                let down = self.bin(node, "minus_bias", x, b, BinaryFn::Sub)?;
+                let n = self.out_name(node, "upper");
+                let upper = chk!(self, self.g.select(&n, above, down, zero))?;
+                let n = self.out_name(node, "");
+                chk!(self, self.g.select(&n, below, up, upper))?
+            }
+            "HardSigmoid" => {
+                let alpha = self.attr_f(node, "alpha", 0.2);
+                let beta = self.attr_f(node, "beta", 0.5);
+                self.hard_sigmoid_of(node, x, alpha, beta, "")?
+            }
+            "HardSwish" => {
+                let h = self.hard_sigmoid_of(node, x, 1.0 / 6.0, 0.5, "gate")?;
+                self.bin(node, "", x, h, BinaryFn::Mul)?
+            }
+            _ => {
+                // Mish: x * tanh(softplus(x)).
+                let sp = self.softplus_of(node, x, "softplus")?;
+                let t = self.un(node, "tanh", sp, UnaryFn::Tanh)?;
+                self.bin(node, "", x, t, BinaryFn::Mul)?
+            }
+        };
+        Ok(vec![Val::T(y, e)])
+    }
+
+    /// `relu(x) + slope * min(x, 0)`, the slope broadcast (one per channel, say).
+    fn prelu(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let e = self.elem(&self.req(node, 0)?);
+        let x = self.ti(node, 0)?;
+        let slope = self.ti(node, 1)?;
+        let r = self.un(node, "relu", x, UnaryFn::Relu)?;
+        let m = self.bin(node, "min0", x, r, BinaryFn::Sub)?;
+        let sm = self.bin(node, "sloped", slope, m, BinaryFn::Mul)?;
+        let y = self.bin(node, "", r, sm, BinaryFn::Add)?;
+        Ok(vec![Val::T(y, e)])
     }
 }

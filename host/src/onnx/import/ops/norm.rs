@@ -18,6 +18,12 @@ pub(super) const CONVERTERS: &[Converter] = &[
         convert: |im, n| im.layer_norm(n),
     },
     Converter {
+        op: "InstanceNormalization",
+        family: Family::Normalization,
+        versions: &[6],
+        convert: |im, n| im.instance_norm(n),
+    },
+    Converter {
         op: "LRN",
         family: Family::Normalization,
         versions: &[1, 13],
@@ -210,5 +216,34 @@ impl<'a> Importer<'a> {
         let n = self.out_name(node, "");
         let id = chk!(self, self.g.binary(&n, x, den, BinaryFn::Div))?;
         Ok(vec![Val::T(id, Elem::F32)])
+    }
+}
+
+impl<'a> Importer<'a> {
+    /// Instance normalisation: each sample's channel normalised over its spatial axes, then
+    /// the per-channel `scale` and `B`.
+    fn instance_norm(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let d = self.dims(&self.req(node, 0)?);
+        if d.len() < 3 {
+            return Err(self.bad(format!("input {d:?}: [N, C, D1, ...] expected")));
+        }
+        let eps = self.attr_f(node, "epsilon", 1e-5);
+        let x = self.ti(node, 0)?;
+        let scale = self.ti(node, 1)?;
+        let bias = self.ti(node, 2)?;
+        let axes: Vec<isize> = (2..d.len() as isize).collect();
+        let n = self.out_name(node, "normalize");
+        let xhat = chk!(self, self.g.normalize(&n, x, &axes, eps))?;
+        let mut view = vec![1usize; d.len() - 1];
+        view[0] = d[1];
+        let n = self.out_name(node, "scale_view");
+        let scale = chk!(self, self.g.reshape(&n, scale, &view))?;
+        let n = self.out_name(node, "bias_view");
+        let bias = chk!(self, self.g.reshape(&n, bias, &view))?;
+        let n = self.out_name(node, "scaled");
+        let y = chk!(self, self.g.binary(&n, xhat, scale, BinaryFn::Mul))?;
+        let n = self.out_name(node, "");
+        let y = chk!(self, self.g.binary(&n, y, bias, BinaryFn::Add))?;
+        Ok(vec![Val::T(y, Elem::F32)])
     }
 }

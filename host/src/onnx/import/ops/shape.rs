@@ -71,6 +71,30 @@ pub(super) const CONVERTERS: &[Converter] = &[
         versions: &[1, 13, 19, 21],
         convert: |im, n| im.size(n),
     },
+    Converter {
+        op: "Pad",
+        family: Family::Shape,
+        versions: &[2, 11, 13, 18, 19, 21],
+        convert: |im, n| im.pad(n),
+    },
+    Converter {
+        op: "Tile",
+        family: Family::Shape,
+        versions: &[6, 13],
+        convert: |im, n| im.tile(n),
+    },
+    Converter {
+        op: "Upsample",
+        family: Family::Shape,
+        versions: &[7, 9],
+        convert: |im, n| im.upsample(n),
+    },
+    Converter {
+        op: "Resize",
+        family: Family::Shape,
+        versions: &[10, 11, 13, 18, 19],
+        convert: |im, n| im.upsample(n),
+    },
 ];
 
 impl<'a> Importer<'a> {
@@ -508,5 +532,232 @@ impl<'a> Importer<'a> {
             vec![n as f64],
             false,
         )))])
+    }
+}
+
+/// Padding, tiling and nearest-neighbour resizing, built of the graph's concatenations,
+/// broadcasts and reshapes (copies, as Poplar makes them).
+impl<'a> Importer<'a> {
+    /// `Pad` in `constant` mode: a block of the value before and after each padded axis;
+    /// negative pads crop.
+    fn pad(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let xv = self.req(node, 0)?;
+        let e = self.elem(&xv);
+        let d = self.dims(&xv);
+        let r = d.len();
+        let mode = self
+            .attr_s(node, "mode")
+            .unwrap_or_else(|| "constant".into());
+        if mode != "constant" {
+            return Err(self.unsupported(format!("mode = {mode}")));
+        }
+        let (pads, value, axes) = if self.model.opset >= 11 {
+            let pads = self
+                .konst(node, 1, "pads")?
+                .ok_or_else(|| self.bad("pads are required"))?
+                .as_ints();
+            let value = self
+                .konst(node, 2, "constant_value")?
+                .and_then(|c| c.scalar())
+                .unwrap_or(0.0);
+            let axes = self.konst(node, 3, "axes")?.map(|c| c.as_ints());
+            (pads, value, axes)
+        } else {
+            let pads = self
+                .attr_ints(node, "pads")
+                .ok_or_else(|| self.bad("pads are required"))?;
+            (pads, f64::from(self.attr_f(node, "value", 0.0)), None)
+        };
+        let axes: Vec<usize> = match axes {
+            Some(a) => a.iter().map(|&a| self.axis(a, r)).collect::<R<Vec<_>>>()?,
+            None => (0..r).collect(),
+        };
+        if pads.len() != 2 * axes.len() {
+            return Err(self.bad(format!(
+                "{} pads for {} axes: a begin and an end per axis expected",
+                pads.len(),
+                axes.len()
+            )));
+        }
+        let x0 = self.ti(node, 0)?;
+        let mut x = x0;
+        let dtype = self.g.node(x).dtype();
+        let mut cur = d.clone();
+        for (k, &axis) in axes.iter().enumerate() {
+            let (begin, end) = (pads[k], pads[k + axes.len()]);
+            for (at_end, p) in [(false, begin), (true, end)] {
+                if p == 0 {
+                    continue;
+                }
+                let side = if at_end { "end" } else { "begin" };
+                if p < 0 {
+                    let cut = p.unsigned_abs() as usize;
+                    if cut > cur[axis] {
+                        return Err(
+                            self.bad(format!("pads crop {cut} of {} on axis {axis}", cur[axis]))
+                        );
+                    }
+                    let start = if at_end { 0 } else { cut };
+                    let n = self.out_name(node, &format!("crop{axis}_{side}"));
+                    x = chk!(
+                        self,
+                        self.g.slice(&n, x, axis as isize, start, cur[axis] - cut)
+                    )?;
+                    cur[axis] -= cut;
+                    continue;
+                }
+                let mut block = cur.clone();
+                block[axis] = p as usize;
+                let n = self.out_name(node, &format!("pad{axis}_{side}"));
+                let c = chk!(self, self.g.constant(&n, &block, dtype, value as f32))?;
+                let n = self.out_name(node, &format!("padded{axis}_{side}"));
+                let (a, b) = if at_end { (x, c) } else { (c, x) };
+                x = chk!(self, self.g.concat_axis(&n, a, b, axis as isize))?;
+                cur[axis] += p as usize;
+            }
+        }
+        if x == x0 {
+            let n = self.out_name(node, "");
+            x = chk!(self, self.g.unary(&n, x, UnaryFn::Identity))?;
+        }
+        Ok(vec![Val::T(x, e)])
+    }
+
+    /// `x` (of `dims`) with axis `k` repeated `r` times, as a rank-3 view broadcast and
+    /// reshaped: the whole block from axis `k` on repeated (`Tile`), or each element of axis
+    /// `k` (`nearest` resizing). Returns the new node and dims.
+    fn repeat_axis(
+        &mut self,
+        node: &NodeProto,
+        x: NodeId,
+        dims: &[usize],
+        k: usize,
+        r: usize,
+        each: bool,
+    ) -> R<(NodeId, Vec<usize>)> {
+        let split = if each { k + 1 } else { k };
+        let outer: usize = dims[..split].iter().product();
+        let inner: usize = dims[split..].iter().product();
+        let n = self.out_name(node, &format!("axis{k}_view"));
+        let v = chk!(self, self.g.reshape(&n, x, &[outer, 1, inner]))?;
+        let n = self.out_name(node, &format!("axis{k}_repeated"));
+        let v = chk!(self, self.g.broadcast_to(&n, v, &[outer, r, inner]))?;
+        let mut out = dims.to_vec();
+        out[k] *= r;
+        let n = self.out_name(node, &format!("axis{k}"));
+        let v = chk!(self, self.g.reshape(&n, v, &out))?;
+        Ok((v, out))
+    }
+
+    /// `x` with each axis `k` repeated `reps[k]` times (see [`Self::repeat_axis`]), named after
+    /// the node's output at the end.
+    fn repeat_axes(&mut self, node: &NodeProto, reps: &[usize], each: bool) -> R<NodeId> {
+        let mut dims = self.dims(&self.req(node, 0)?);
+        let mut x = self.ti(node, 0)?;
+        for (k, &r) in reps.iter().enumerate() {
+            if r > 1 {
+                (x, dims) = self.repeat_axis(node, x, &dims, k, r, each)?;
+            }
+        }
+        let n = self.out_name(node, "");
+        chk!(self, self.g.unary(&n, x, UnaryFn::Identity))
+    }
+
+    /// `Tile`: each axis repeated `repeats[k]` times.
+    fn tile(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let xv = self.req(node, 0)?;
+        let e = self.elem(&xv);
+        let d = self.dims(&xv);
+        let reps = self
+            .konst(node, 1, "repeats")?
+            .ok_or_else(|| self.bad("repeats are required"))?
+            .as_ints();
+        if reps.len() != d.len() || reps.iter().any(|&r| r < 1) {
+            return Err(self.bad(format!("repeats {reps:?} for a rank-{} input", d.len())));
+        }
+        let reps: Vec<usize> = reps.iter().map(|&r| r as usize).collect();
+        let y = self.repeat_axes(node, &reps, false)?;
+        Ok(vec![Val::T(y, e)])
+    }
+
+    /// `Upsample` and `Resize` in `nearest` mode by whole factors (the common case: YOLO's
+    /// and U-Net's 2x): each element repeated `s` times along its axis. For whole factors every coordinate
+    /// transformation but `align_corners` and `tf_crop_and_resize` picks element `i / s`
+    /// (with `nearest_mode` other than `ceil`); others are refused, as is `linear` mode.
+    fn upsample(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let xv = self.req(node, 0)?;
+        let e = self.elem(&xv);
+        let d = self.dims(&xv);
+        let mode = self
+            .attr_s(node, "mode")
+            .unwrap_or_else(|| "nearest".into());
+        if mode != "nearest" {
+            return Err(self.unsupported(format!("mode = {mode}")));
+        }
+        let resize = self.op == "Resize";
+        if resize {
+            let ct = self
+                .attr_s(node, "coordinate_transformation_mode")
+                .unwrap_or_else(|| "half_pixel".into());
+            if matches!(ct.as_str(), "align_corners" | "tf_crop_and_resize") {
+                return Err(self.unsupported(format!("coordinate_transformation_mode = {ct}")));
+            }
+            let nm = self
+                .attr_s(node, "nearest_mode")
+                .unwrap_or_else(|| "round_prefer_floor".into());
+            if nm == "ceil" {
+                return Err(self.unsupported("nearest_mode = ceil"));
+            }
+            if self.attr_ints(node, "axes").is_some() {
+                return Err(self.unsupported("the axes attribute"));
+            }
+        }
+        // The factors: Upsample 7's attribute, else the scales input (Resize's 2nd from
+        // version 11, after roi), or Resize's sizes.
+        let scales: Option<Vec<f64>> = if !resize && self.model.opset < 9 {
+            attr(node, "scales").map(|a| a.floats.iter().map(|&f| f64::from(f)).collect())
+        } else {
+            let k = if resize && self.model.opset >= 11 {
+                2
+            } else {
+                1
+            };
+            self.konst(node, k, "scales")?
+                .filter(|c| c.len() > 0)
+                .map(|c| c.data.clone())
+        };
+        let factors: Vec<f64> = match scales {
+            Some(s) => s,
+            None if resize => {
+                let sizes = self
+                    .konst(node, 3, "sizes")?
+                    .ok_or_else(|| self.bad("scales or sizes are required"))?
+                    .as_ints();
+                sizes
+                    .iter()
+                    .zip(&d)
+                    .map(|(&o, &i)| o as f64 / i as f64)
+                    .collect()
+            }
+            None => return Err(self.bad("scales are required")),
+        };
+        if factors.len() != d.len() {
+            return Err(self.bad(format!(
+                "{} scales for a rank-{} input",
+                factors.len(),
+                d.len()
+            )));
+        }
+        let mut whole = Vec::with_capacity(d.len());
+        for &f in &factors {
+            if !(f >= 1.0 && f.fract() == 0.0 && f <= 1024.0) {
+                return Err(
+                    self.unsupported(format!("scale {f} (whole factors of 1 or more only)"))
+                );
+            }
+            whole.push(f as usize);
+        }
+        let y = self.repeat_axes(node, &whole, true)?;
+        Ok(vec![Val::T(y, e)])
     }
 }
