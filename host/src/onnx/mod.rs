@@ -56,6 +56,65 @@ impl std::fmt::Display for UnsupportedOp {
     }
 }
 
+impl OnnxModel {
+    /// Checks that every graph input and output is of a type numerics compute as the file
+    /// says: not float64, float16 or bfloat16 (run in float32).
+    ///
+    /// # Errors
+    ///
+    /// [`OnnxError::FloatType`] naming the first such tensor.
+    pub fn require_float32_io(&self) -> Result<(), OnnxError> {
+        use proto::type_proto::Value as T;
+        let graph = self.graph();
+        for v in graph.input.iter().chain(&graph.output) {
+            let Some(T::TensorType(t)) = v.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
+                continue;
+            };
+            let elem = match Elem::from_code(t.elem_type.unwrap_or(0)) {
+                Some(Elem::F64) => "float64",
+                Some(Elem::F16) => "float16",
+                Some(Elem::Bf16) => "bfloat16",
+                _ => continue,
+            };
+            return Err(OnnxError::FloatType {
+                tensor: v.name.clone().unwrap_or_default(),
+                elem,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A serialised `TensorProto` (a `.pb` file of ONNX's test data sets) as its dims, element
+/// type and values.
+///
+/// # Errors
+///
+/// [`OnnxError::Decode`] naming `path` when the bytes are not a tensor of a type the importer
+/// reads, or hold fewer values than their dims.
+pub fn read_tensor(bytes: &[u8], path: &Path) -> Result<(Vec<usize>, Elem, Vec<f64>), OnnxError> {
+    let err = |message: String| OnnxError::Decode {
+        path: path.to_path_buf(),
+        message,
+    };
+    let t = proto::TensorProto::decode(bytes).map_err(|e| err(e.to_string()))?;
+    let code = t.data_type.unwrap_or(0);
+    let elem = Elem::from_code(code)
+        .ok_or_else(|| err(format!("element type {}", consts::code_name(code))))?;
+    let dims: Vec<usize> = t
+        .dims
+        .iter()
+        .map(|&d| usize::try_from(d).map_err(|_| err(format!("dimension {d}"))))
+        .collect::<Result<_, _>>()?;
+    let count = dims
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| err(format!("{dims:?} has too many elements")))?;
+    let values = consts::decode(&t, elem, count)
+        .map_err(|_| err(format!("the values of a {dims:?} tensor do not decode")))?;
+    Ok((dims, elem, values))
+}
+
 /// The oldest default-domain opset the importer reads.
 pub const MIN_OPSET: i64 = 7;
 /// The newest default-domain opset the importer reads.
@@ -120,6 +179,15 @@ pub enum OnnxError {
         param: String,
         /// How to bind it.
         hint: String,
+    },
+    /// A graph input or output of a floating-point type other than float32 where numerics
+    /// run (`tessera run` computes in float32; onnxruntime would compute in that type).
+    #[error("tensor `{tensor}` is {elem}: `tessera run` computes in float32, so its values would not be the {elem} ones onnxruntime gives; convert the model to float32 (estimates read it, with --dtype)")]
+    FloatType {
+        /// The graph input or output.
+        tensor: String,
+        /// Its element type (`float64`, `float16`, `bfloat16`).
+        elem: &'static str,
     },
     /// An input shape given for the import (`--input-shape`) does not fit the model.
     #[error("--input-shape {input}: {message}")]

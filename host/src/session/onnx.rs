@@ -548,6 +548,7 @@ pub fn run_onnx(
             },
         )
     };
+    model.require_float32_io()?;
     let mut g: Graph<Heap> = Graph::new();
     // A symbolic batch is bound by the array given for its input, as onnxruntime binds it.
     let imported = match import_at(None, &mut g) {

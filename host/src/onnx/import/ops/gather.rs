@@ -67,6 +67,11 @@ impl<'a> Importer<'a> {
                 return Ok(vec![Val::T(id, e)]);
             }
         }
+        if axis != 0 {
+            return Err(self.unsupported(format!(
+                "axis {axis} with indices computed at run time (only axis 0)"
+            )));
+        }
         let idx = match idx {
             Val::C(c) => {
                 // Negative indices count from the end.
