@@ -72,6 +72,15 @@ impl<'a> Importer<'a> {
             }
             Ok(Some(vec![Val::C(Rc::new(out))]))
         };
+        // Ops that index an axis of their first input need one.
+        if a.dims.is_empty()
+            && matches!(
+                op,
+                "Concat" | "Gather" | "GatherElements" | "GatherND" | "Split"
+            )
+        {
+            return Err(self.bad("input 0 has rank 0: it has no axis to index"));
+        }
         let int = !a.elem.is_float();
         let b01 = |x: bool| f64::from(u8::from(x));
         match op {
