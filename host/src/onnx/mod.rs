@@ -540,6 +540,11 @@ pub struct ImportOptions {
     /// --shapes` and onnxruntime's free-dimension overrides bind them): they stand as given,
     /// the batch axis included.
     pub input_shapes: Vec<(String, Vec<usize>)>,
+    /// Graph inputs whose values are known at import (`tessera run` is given them): each
+    /// becomes a constant of those values (dims, values), so that a node needing it at
+    /// import (axes, starts, sizes, clip bounds, indices) reads it, as onnxruntime reads it
+    /// at run time. They are no graph inputs of the import.
+    pub known_inputs: Vec<(String, Vec<usize>, Vec<f64>)>,
 }
 
 impl Default for ImportOptions {
@@ -550,6 +555,7 @@ impl Default for ImportOptions {
             training: false,
             stages: Stages::Attributes,
             input_shapes: Vec::new(),
+            known_inputs: Vec::new(),
         }
     }
 }

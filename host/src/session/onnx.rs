@@ -140,6 +140,7 @@ pub fn compile_onnx(
             training: !oo.inference,
             stages,
             input_shapes: oo.input_shapes.clone(),
+            known_inputs: Vec::new(),
         },
     )?;
     let model_stages = g.stage_count();
@@ -524,6 +525,10 @@ pub struct NamedTensor {
     pub data: Vec<f32>,
 }
 
+/// The most elements a float input of `run_onnx` may have to be read at import as a
+/// constant of its values (integer and boolean inputs always are).
+const KNOWN_INPUT_ELEMENTS: usize = 16;
+
 /// Runs an imported model's forward pass with the core's reference kernels (f32, the file's
 /// batch) on `inputs` (by ONNX name) and returns its outputs. Every weight must have its
 /// values.
@@ -537,6 +542,33 @@ pub fn run_onnx(
     model: &OnnxModel,
     inputs: &[NamedTensor],
 ) -> Result<Vec<NamedTensor>, SessionError> {
+    model.require_float32_io()?;
+    // Inputs that are index or shape data (integers, booleans) or a few values (a clip's
+    // bounds, a resize's scales) are read at import as constants of the values given, as
+    // onnxruntime reads them when it runs: a node needing them at import finds them.
+    let known: Vec<(String, Vec<usize>, Vec<f64>)> = {
+        use crate::onnx::proto::type_proto::Value as T;
+        model
+            .graph()
+            .input
+            .iter()
+            .filter_map(|vi| {
+                let name = vi.name.as_deref()?;
+                let t = inputs.iter().find(|t| t.name == name)?;
+                let elem = match vi.r#type.as_ref()?.value.as_ref()? {
+                    T::TensorType(tt) => crate::onnx::Elem::from_code(tt.elem_type.unwrap_or(0))?,
+                    _ => return None,
+                };
+                (!elem.is_float() || t.data.len() <= KNOWN_INPUT_ELEMENTS).then(|| {
+                    (
+                        t.name.clone(),
+                        t.dims.clone(),
+                        t.data.iter().map(|&v| f64::from(v)).collect(),
+                    )
+                })
+            })
+            .collect()
+    };
     let import_at = |batch_size: Option<usize>, g: &mut Graph<Heap>| {
         import(
             model,
@@ -544,11 +576,11 @@ pub fn run_onnx(
             &ImportOptions {
                 batch_size,
                 stages: Stages::One,
+                known_inputs: known.clone(),
                 ..ImportOptions::default()
             },
         )
     };
-    model.require_float32_io()?;
     let mut g: Graph<Heap> = Graph::new();
     // A symbolic batch is bound by the array given for its input, as onnxruntime binds it.
     let imported = match import_at(None, &mut g) {
@@ -594,7 +626,8 @@ pub fn run_onnx(
                 format!("`{}` is given twice; give each input once", t.name),
             ));
         }
-        if !imported.inputs.iter().any(|i| i.name == t.name) {
+        if !imported.inputs.iter().any(|i| i.name == t.name) && !known.iter().any(|k| k.0 == t.name)
+        {
             let names: Vec<&str> = imported.inputs.iter().map(|i| i.name.as_str()).collect();
             return Err(opt_err(
                 "--input",

@@ -533,6 +533,13 @@ impl<'a> Importer<'a> {
                     message: "the input is not a tensor of a type the importer reads (float, float16, int64, int32, bool, uint8)".into(),
                 });
             };
+            if let Some((_, kdims, values)) =
+                self.opts.known_inputs.iter().find(|(n, _, _)| *n == name)
+            {
+                let c = Const::new(kdims.clone(), elem, values.clone(), false);
+                self.values.insert(name.clone(), Val::C(Rc::new(c)));
+                continue;
+            }
             let axis = self.batch_axes.get(&name).copied().unwrap_or(0);
             let given = self.opts.input_shapes.iter().find(|(n, _)| *n == name);
             // The batch axis carries the batch when it is symbolic or holds the file's batch

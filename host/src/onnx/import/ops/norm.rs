@@ -91,9 +91,6 @@ impl<'a> Importer<'a> {
     }
 
     pub(in crate::onnx::import) fn layer_norm(&mut self, node: &NodeProto) -> R<Vec<Val>> {
-        if node.output.iter().skip(1).any(|s| !s.is_empty()) {
-            return Err(self.unsupported("the Mean and InvStdDev outputs"));
-        }
         let xv = self.req(node, 0)?;
         let r = self.dims(&xv).len();
         let axis = self.axis(self.attr_i(node, "axis", -1), r)?;
@@ -115,7 +112,33 @@ impl<'a> Importer<'a> {
             let name = self.out_name(node, "");
             y = chk!(self, self.g.add(&name, y, b))?;
         }
-        Ok(vec![Val::T(y, Elem::F32)])
+        let mut outs = vec![Val::T(y, Elem::F32)];
+        // The Mean and InvStdDev outputs (training exports keep them for the gradient): the
+        // statistics over the normalised axes, kept as axes of size 1.
+        if node.output.iter().skip(1).any(|s| !s.is_empty()) {
+            let n = self.out_name(node, "mean");
+            let mean = chk!(self, self.g.reduce(&n, x, &axes, true, ReduceKind::Mean))?;
+            let n = self.out_name(node, "centered");
+            let c = chk!(self, self.g.binary(&n, x, mean, BinaryFn::Sub))?;
+            let n = self.out_name(node, "squares");
+            let sq = chk!(self, self.g.binary(&n, c, c, BinaryFn::Mul))?;
+            let n = self.out_name(node, "variance");
+            let var = chk!(self, self.g.reduce(&n, sq, &axes, true, ReduceKind::Mean))?;
+            let dtype = self.g.node(x).dtype();
+            let n = self.out_name(node, "epsilon");
+            let e = chk!(self, self.g.constant(&n, &[], dtype, eps))?;
+            let n = self.out_name(node, "variance_eps");
+            let ve = chk!(self, self.g.binary(&n, var, e, BinaryFn::Add))?;
+            let n = self.out_name(node, "std");
+            let sd = chk!(self, self.g.unary(&n, ve, UnaryFn::Sqrt))?;
+            let n = self.out_name(node, "one");
+            let one = chk!(self, self.g.constant(&n, &[], dtype, 1.0))?;
+            let n = self.out_name(node, "inv_std_dev");
+            let inv = chk!(self, self.g.binary(&n, one, sd, BinaryFn::Div))?;
+            outs.push(Val::T(mean, Elem::F32));
+            outs.push(Val::T(inv, Elem::F32));
+        }
+        Ok(outs)
     }
 
     pub(in crate::onnx::import) fn softmax(&mut self, node: &NodeProto) -> R<Vec<Val>> {

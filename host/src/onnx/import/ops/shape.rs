@@ -681,9 +681,10 @@ impl<'a> Importer<'a> {
     }
 
     /// `Upsample` and `Resize` in `nearest` mode by whole factors (the common case: YOLO's
-    /// and U-Net's 2x): each element repeated `s` times along its axis. For whole factors every coordinate
-    /// transformation but `align_corners` and `tf_crop_and_resize` picks element `i / s`
-    /// (with `nearest_mode` other than `ceil`); others are refused, as is `linear` mode.
+    /// and U-Net's 2x): each element repeated `s` times along its axis. That is exact for
+    /// `half_pixel` (and `pytorch_half_pixel`) with `round_prefer_floor` or
+    /// `round_prefer_ceil` (Resize's default) and for `asymmetric` with `floor` (Upsample's
+    /// rule); other combinations, and `linear` and `cubic` modes, are refused.
     fn upsample(&mut self, node: &NodeProto) -> R<Vec<Val>> {
         let xv = self.req(node, 0)?;
         let e = self.elem(&xv);
@@ -699,14 +700,23 @@ impl<'a> Importer<'a> {
             let ct = self
                 .attr_s(node, "coordinate_transformation_mode")
                 .unwrap_or_else(|| "half_pixel".into());
-            if matches!(ct.as_str(), "align_corners" | "tf_crop_and_resize") {
-                return Err(self.unsupported(format!("coordinate_transformation_mode = {ct}")));
-            }
             let nm = self
                 .attr_s(node, "nearest_mode")
                 .unwrap_or_else(|| "round_prefer_floor".into());
-            if nm == "ceil" {
-                return Err(self.unsupported("nearest_mode = ceil"));
+            // Output position i = k * s + j maps to input k exactly when: half_pixel's
+            // (i + 0.5) / s - 0.5 = k + (j + 0.5) / s - 0.5 rounds (never at a half) to k, or
+            // asymmetric's i / s floors to k.
+            let exact = match ct.as_str() {
+                "half_pixel" | "pytorch_half_pixel" => {
+                    matches!(nm.as_str(), "round_prefer_floor" | "round_prefer_ceil")
+                }
+                "asymmetric" => nm == "floor",
+                _ => false,
+            };
+            if !exact {
+                return Err(self.unsupported(format!(
+                    "coordinate_transformation_mode = {ct} with nearest_mode = {nm}"
+                )));
             }
             if self.attr_ints(node, "axes").is_some() {
                 return Err(self.unsupported("the axes attribute"));
