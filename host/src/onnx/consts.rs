@@ -18,6 +18,10 @@ pub enum Elem {
     I64,
     /// `INT32`.
     I32,
+    /// `INT16`.
+    I16,
+    /// `UINT16`.
+    U16,
     /// `INT8`.
     I8,
     /// `UINT8`.
@@ -36,6 +40,8 @@ impl Elem {
             DataType::Double => Elem::F64,
             DataType::Int64 => Elem::I64,
             DataType::Int32 => Elem::I32,
+            DataType::Int16 => Elem::I16,
+            DataType::Uint16 => Elem::U16,
             DataType::Int8 => Elem::I8,
             DataType::Uint8 => Elem::U8,
             DataType::Bool => Elem::Bool,
@@ -53,7 +59,7 @@ impl Elem {
         match self {
             Elem::F64 | Elem::I64 => 8,
             Elem::F32 | Elem::I32 => 4,
-            Elem::F16 | Elem::Bf16 => 2,
+            Elem::F16 | Elem::Bf16 | Elem::I16 | Elem::U16 => 2,
             Elem::I8 | Elem::U8 | Elem::Bool => 1,
         }
     }
@@ -67,6 +73,8 @@ impl Elem {
             Elem::F64 => "double",
             Elem::I64 => "int64",
             Elem::I32 => "int32",
+            Elem::I16 => "int16",
+            Elem::U16 => "uint16",
             Elem::I8 => "int8",
             Elem::U8 => "uint8",
             Elem::Bool => "bool",
@@ -204,6 +212,8 @@ pub fn decode(t: &TensorProto, elem: Elem, count: usize) -> Result<Vec<f64>, Opt
                 )),
                 Elem::I64 => i64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f64,
                 Elem::I32 => f64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                Elem::I16 => f64::from(i16::from_le_bytes([c[0], c[1]])),
+                Elem::U16 => f64::from(u16::from_le_bytes([c[0], c[1]])),
                 Elem::I8 => f64::from(c[0] as i8),
                 Elem::U8 | Elem::Bool => f64::from(c[0]),
             })
@@ -213,8 +223,9 @@ pub fn decode(t: &TensorProto, elem: Elem, count: usize) -> Result<Vec<f64>, Opt
         Elem::F32 => t.float_data.iter().map(|&v| f64::from(v)).collect(),
         Elem::F64 => t.double_data.clone(),
         Elem::I64 => t.int64_data.iter().map(|&v| v as f64).collect(),
-        // int32_data carries int32, int8, uint8, bool, and float16 / bfloat16 bit patterns.
-        Elem::I32 | Elem::I8 | Elem::U8 | Elem::Bool => {
+        // int32_data carries int32, int16, uint16, int8, uint8, bool, and float16 / bfloat16
+        // bit patterns.
+        Elem::I32 | Elem::I16 | Elem::U16 | Elem::I8 | Elem::U8 | Elem::Bool => {
             t.int32_data.iter().map(|&v| f64::from(v)).collect()
         }
         Elem::F16 => t
@@ -318,7 +329,7 @@ pub fn expand(x: &Const, dims: &[usize]) -> Option<Const> {
 pub fn cast_value(v: f64, to: Elem) -> f64 {
     match to {
         Elem::Bool => f64::from(u8::from(v != 0.0)),
-        Elem::I64 | Elem::I32 | Elem::I8 | Elem::U8 => v.trunc(),
+        Elem::I64 | Elem::I32 | Elem::I16 | Elem::U16 | Elem::I8 | Elem::U8 => v.trunc(),
         Elem::F32 | Elem::F16 | Elem::Bf16 => f64::from(v as f32),
         Elem::F64 => v,
     }

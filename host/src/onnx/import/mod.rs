@@ -530,7 +530,7 @@ impl<'a> Importer<'a> {
                 return Err(OnnxError::BadNode {
                     node: name,
                     op: "input".into(),
-                    message: "the input is not a tensor of a type the importer reads (float, float16, int64, int32, bool, uint8)".into(),
+                    message: "the input is not a tensor of a type the importer reads (float, double, float16, bfloat16, int64, int32, int16, uint16, int8, uint8, bool)".into(),
                 });
             };
             if let Some((_, kdims, values)) =
@@ -772,7 +772,7 @@ impl<'a> Importer<'a> {
     fn dtype(&self, e: Elem) -> DType {
         match e {
             Elem::F32 | Elem::F16 | Elem::Bf16 | Elem::F64 => self.opts.dtype,
-            Elem::I64 | Elem::I32 | Elem::I8 => DType::I32,
+            Elem::I64 | Elem::I32 | Elem::I16 | Elem::U16 | Elem::I8 => DType::I32,
             Elem::U8 | Elem::Bool => DType::U8,
         }
     }
