@@ -933,6 +933,20 @@ def unsupported_ops_model():
     return model
 
 
+def double_model():
+    """float64 throughout: onnxruntime computes it in float64, which the IPU has not."""
+    b = Builder()
+    w = b.init("w", np.array([[1e-3, 2.0], [3.0, 4.0], [5.0, 6.0]], dtype=np.float64))
+    b.op("MatMul", ["x", w], "matmul", outputs=["y"])
+    graph = helper.make_graph(b.nodes, "double", [helper.make_tensor_value_info(
+        "x", TensorProto.DOUBLE, [2, 3])], [helper.make_tensor_value_info(
+            "y", TensorProto.DOUBLE, [2, 2])], initializer=b.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                              ir_version=IR_VERSION, producer_name=PRODUCER)
+    model.doc_string = "A float64 MatMul: tessera run refuses it, estimate notes it."
+    return model
+
+
 def dynamic_batch_model():
     rng = rng_for("dynamic_batch")
     b = Builder()
@@ -1313,7 +1327,7 @@ def save_model(name, model, external=False):
 
 def io_entry(vi, file=None):
     elem, dims = elem_dims(vi)
-    dtype = {TensorProto.FLOAT: "f32", TensorProto.INT64: "i64"}[elem]
+    dtype = {TensorProto.FLOAT: "f32", TensorProto.INT64: "i64", TensorProto.DOUBLE: "f64"}[elem]
     shape = [d.dim_value if d.HasField("dim_value") else d.dim_param
              for d in vi.type.tensor_type.shape.dim]
     entry = {"name": vi.name, "dtype": dtype, "shape": shape}
@@ -1458,6 +1472,10 @@ def other_fixtures():
     emit("unsupported_ops", model,
          {"error": "unsupported_ops", "ops": ["Det", "NonZero", "com.example.MyOp"]},
          checked=True)
+
+    model = double_model()
+    session(model)
+    emit("double", model, {"error": "float_type", "tensor": "x"})
 
     model = dynamic_batch_model()
     session(model)

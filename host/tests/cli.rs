@@ -1220,6 +1220,15 @@ fn onnx_bad_inputs_fail_on_one_line() {
             ],
             vec!["has no values", "__stripped__", "numerics need the weights"],
         ),
+        (
+            vec![
+                "run".into(),
+                fixture("double.onnx"),
+                "--input".into(),
+                "x=unused.npy".into(),
+            ],
+            vec!["tensor `x` is float64", "computes in float32"],
+        ),
     ];
     for (args, needles) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -1762,4 +1771,25 @@ fn input_shapes_stand_unless_rebound() {
         &run(&["--input-shape", "x=2,3,a,32"]),
         &["--input-shape", "`a` is not a size"],
     );
+}
+
+/// The IPU has no float64: an estimate of a float64 model says so and names the tensors.
+#[test]
+fn a_float64_model_is_estimated_with_a_note() {
+    let model = fixture("double.onnx");
+    let o = tessera(&["estimate", &model, "--inference"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o)
+            .contains("the IPU has no float64; the model's 3 float64 tensors (`w`, `x`, `y`)"),
+        "{}",
+        stdout(&o)
+    );
+    let o = tessera(&["estimate", &model, "--inference", "--json"]);
+    assert_eq!(
+        last_json(&o)["onnx"]["float64"],
+        serde_json::json!(["w", "x", "y"])
+    );
+    let o = tessera(&["estimate", &fixture("cnn.onnx"), "--inference", "--json"]);
+    assert!(last_json(&o)["onnx"].get("float64").is_none());
 }

@@ -48,6 +48,10 @@ struct ImportFacts {
     stages: usize,
     split: Option<SplitInfo>,
     fewest_ipus: Option<FewestIpus>,
+    /// The model's float64 graph inputs, outputs and initializers: the IPU has no float64,
+    /// and the estimate takes them as `--dtype`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    float64: Vec<String>,
     layers: Vec<LayerRow>,
     seconds: f64,
 }
@@ -309,6 +313,7 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
         stages: g.stage_count(),
         split: split_info,
         fewest_ipus: fewest,
+        float64: float64_tensors(&model),
         layers,
         seconds: start.elapsed().as_secs_f64(),
     };
@@ -320,6 +325,29 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
         inference_line: a.inference.then(|| inference_line(&e)),
         report_files,
     })
+}
+
+/// The names of `model`'s float64 graph inputs, outputs and initializers.
+fn float64_tensors(model: &OnnxModel) -> Vec<String> {
+    use tessera_host::onnx::proto::type_proto::Value as T;
+    use tessera_host::onnx::Elem;
+    let graph = model.graph();
+    let f64_code = |code: Option<i32>| Elem::from_code(code.unwrap_or(0)) == Some(Elem::F64);
+    let io = graph.input.iter().chain(&graph.output).filter(|v| {
+        matches!(
+            v.r#type.as_ref().and_then(|t| t.value.as_ref()),
+            Some(T::TensorType(t)) if f64_code(t.elem_type)
+        )
+    });
+    let mut out: Vec<String> = io.filter_map(|v| v.name.clone()).collect();
+    for t in &graph.initializer {
+        if f64_code(t.data_type) {
+            out.extend(t.name.clone());
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// The import's facts and the layer table as text.
@@ -341,6 +369,16 @@ fn facts_text(f: &ImportFacts, all_layers: bool) -> String {
             None => "inference".into(),
         }
     );
+    if !f.float64.is_empty() {
+        let shown: Vec<&str> = f.float64.iter().take(3).map(String::as_str).collect();
+        let more = if f.float64.len() > 3 { ", ..." } else { "" };
+        let _ = writeln!(
+            s,
+            "note: the IPU has no float64; the model's {} float64 tensors (`{}`{more}) are estimated in the --dtype given (float32 by default)",
+            f.float64.len(),
+            shown.join("`, `")
+        );
+    }
     if let Some(sp) = &f.split {
         let _ = writeln!(
             s,
@@ -394,8 +432,9 @@ pub fn run_model(a: RunArgs) -> Result<bool, AnyError> {
     // Where the outputs go is checked before any work.
     tessera_host::output::check_output_dir(&a.output_dir)?;
     let model = OnnxModel::load(&a.model)?;
-    // Weights first: without them no input matters. (A symbolic batch is bound by the
-    // inputs, read next; `run_onnx` checks the weights again then.)
+    // The types and the weights first: without them no input matters. (A symbolic batch is
+    // bound by the inputs, read next; `run_onnx` checks the weights again then.)
+    model.require_float32_io()?;
     match tessera_host::onnx::import(
         &model,
         &mut tessera_core::Graph::<tessera_sim::Heap>::new(),
