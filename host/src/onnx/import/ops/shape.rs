@@ -718,10 +718,21 @@ impl<'a> Importer<'a> {
                     "coordinate_transformation_mode = {ct} with nearest_mode = {nm}"
                 )));
             }
-            if self.attr_ints(node, "axes").is_some() {
-                return Err(self.unsupported("the axes attribute"));
+            let policy = self
+                .attr_s(node, "keep_aspect_ratio_policy")
+                .unwrap_or_else(|| "stretch".into());
+            if policy != "stretch" {
+                return Err(self.unsupported(format!("keep_aspect_ratio_policy = {policy}")));
             }
         }
+        // Resize 18's axes: the scales or sizes given are those of these axes.
+        let axes: Vec<usize> = match self.attr_ints(node, "axes").filter(|_| resize) {
+            Some(a) => a
+                .iter()
+                .map(|&a| self.axis(a, d.len()))
+                .collect::<R<Vec<_>>>()?,
+            None => (0..d.len()).collect(),
+        };
         // The factors: Upsample 7's attribute, else the scales input (Resize's 2nd from
         // version 11, after roi), or Resize's sizes.
         let scales: Option<Vec<f64>> = if !resize && self.model.opset < 9 {
@@ -745,19 +756,24 @@ impl<'a> Importer<'a> {
                     .as_ints();
                 sizes
                     .iter()
-                    .zip(&d)
-                    .map(|(&o, &i)| o as f64 / i as f64)
+                    .zip(&axes)
+                    .map(|(&o, &a)| o as f64 / d[a] as f64)
                     .collect()
             }
             None => return Err(self.bad("scales are required")),
         };
-        if factors.len() != d.len() {
+        if factors.len() != axes.len() {
             return Err(self.bad(format!(
-                "{} scales for a rank-{} input",
+                "{} scales or sizes for {} axes",
                 factors.len(),
-                d.len()
+                axes.len()
             )));
         }
+        let mut full = vec![1.0; d.len()];
+        for (&a, &f) in axes.iter().zip(&factors) {
+            full[a] = f;
+        }
+        let factors = full;
         let mut whole = Vec::with_capacity(d.len());
         for &f in &factors {
             if !(f >= 1.0 && f.fract() == 0.0 && f <= 1024.0) {
