@@ -4,18 +4,14 @@
 //! without bound: it gives an estimate or a one-line error. Each run has a 1 GiB ceiling on
 //! its address space (`prlimit --as`) and 10 seconds.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use prost::Message;
 use tessera_host::onnx::proto::ModelProto;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tessera");
-const CEILING_BYTES: u64 = 1 << 30;
-const LIMIT: Duration = Duration::from_secs(10);
+mod common;
+use common::run_capped;
 
 fn models() -> Vec<PathBuf> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -137,45 +133,17 @@ fn mutate(bytes: &[u8], m: &Mutation) -> Vec<u8> {
 /// Runs `tessera estimate FILE` under the ceiling: an estimate (exit 0, or 1 when it does not
 /// fit) or a one-line error (exit 1).
 fn acceptable(file: &Path, training: bool) -> Result<(), String> {
-    let ceiling = Command::new("prlimit")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    let mut cmd = if ceiling {
-        let mut c = Command::new("prlimit");
-        c.arg(format!("--as={CEILING_BYTES}")).arg("--").arg(BIN);
-        c
-    } else {
-        Command::new(BIN)
-    };
-    cmd.arg("estimate")
-        .arg(file)
-        .args(["--no-search", "--batch-size", "2"]);
+    let mut args: Vec<String> = ["estimate", &file.to_string_lossy(), "--no-search"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(["--batch-size".into(), "2".into()]);
     if !training {
-        cmd.arg("--inference");
+        args.push("--inference".into());
     }
-    let mut child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
-            break s;
-        }
-        if start.elapsed() > LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!("still running after {LIMIT:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut err);
-    }
-    match status.code() {
+    let dir = file.parent().unwrap_or(Path::new("."));
+    let (code, err) = run_capped(&args, dir)?;
+    match code {
         Some(0) => Ok(()),
         Some(1) if !err.contains("panicked") && err.contains("error: ") => Ok(()),
         other => Err(format!("exit {other:?} (a crash or an abort): {err}")),

@@ -4,20 +4,17 @@
 //! on its address space (`prlimit --as`, so an allocation beyond it aborts and fails the
 //! test) and must finish within 10 seconds.
 
-use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tessera");
+mod common;
+use common::run_capped;
+
 const BERT_TINY: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../data/onnx/bert_tiny.stripped.onnx"
 );
-const CEILING_BYTES: u64 = 1 << 30;
-const LIMIT: Duration = Duration::from_secs(10);
 
 /// `train`'s numeric options.
 const TRAIN: &[&str] = &[
@@ -65,48 +62,9 @@ fn value() -> impl Strategy<Value = u64> {
     ]
 }
 
-/// Runs `args` under the ceiling; `(status code, stderr)` or why it is not acceptable.
-fn run(args: &[String], dir: &Path) -> Result<(Option<i32>, String), String> {
-    let ceiling = Command::new("prlimit")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    let mut cmd = if ceiling {
-        let mut c = Command::new("prlimit");
-        c.arg(format!("--as={CEILING_BYTES}")).arg("--").arg(BIN);
-        c
-    } else {
-        Command::new(BIN)
-    };
-    let mut child = cmd
-        .args(args)
-        .current_dir(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().map_err(|e| e.to_string())? {
-            break s;
-        }
-        if start.elapsed() > LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!("still running after {LIMIT:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut err = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut err);
-    }
-    Ok((status.code(), err))
-}
-
 /// A result (exit 0), or one error line (then only `caused by:` lines), exit 1.
 fn acceptable(args: &[String], dir: &Path) -> Result<(), String> {
-    let (code, err) = run(args, dir)?;
+    let (code, err) = run_capped(args, dir)?;
     let shown = format!("tessera {}: {err}", args.join(" "));
     match code {
         Some(0) => Ok(()),

@@ -329,19 +329,15 @@ pub fn estimate(a: &EstimateArgs) -> Result<OnnxEstimate, AnyError> {
 
 /// The names of `model`'s float64 graph inputs, outputs and initializers.
 fn float64_tensors(model: &OnnxModel) -> Vec<String> {
-    use tessera_host::onnx::proto::type_proto::Value as T;
-    use tessera_host::onnx::Elem;
+    use tessera_host::onnx::{tensor_elem, Elem};
     let graph = model.graph();
-    let f64_code = |code: Option<i32>| Elem::from_code(code.unwrap_or(0)) == Some(Elem::F64);
-    let io = graph.input.iter().chain(&graph.output).filter(|v| {
-        matches!(
-            v.r#type.as_ref().and_then(|t| t.value.as_ref()),
-            Some(T::TensorType(t)) if f64_code(t.elem_type)
-        )
-    });
-    let mut out: Vec<String> = io.filter_map(|v| v.name.clone()).collect();
+    let io = graph.input.iter().chain(&graph.output);
+    let mut out: Vec<String> = io
+        .filter(|v| tensor_elem(v) == Some(Elem::F64))
+        .filter_map(|v| v.name.clone())
+        .collect();
     for t in &graph.initializer {
-        if f64_code(t.data_type) {
+        if Elem::from_code(t.data_type.unwrap_or(0)) == Some(Elem::F64) {
             out.extend(t.name.clone());
         }
     }

@@ -56,6 +56,14 @@ impl std::fmt::Display for UnsupportedOp {
     }
 }
 
+/// The element type a value info declares, when it is a tensor of a type the importer reads.
+pub fn tensor_elem(v: &proto::ValueInfoProto) -> Option<Elem> {
+    match v.r#type.as_ref()?.value.as_ref()? {
+        proto::type_proto::Value::TensorType(t) => Elem::from_code(t.elem_type.unwrap_or(0)),
+        _ => None,
+    }
+}
+
 impl OnnxModel {
     /// Checks that every graph input and output is of a type numerics compute as the file
     /// says: not float64, float16 or bfloat16 (run in float32).
@@ -64,13 +72,9 @@ impl OnnxModel {
     ///
     /// [`OnnxError::FloatType`] naming the first such tensor.
     pub fn require_float32_io(&self) -> Result<(), OnnxError> {
-        use proto::type_proto::Value as T;
         let graph = self.graph();
         for v in graph.input.iter().chain(&graph.output) {
-            let Some(T::TensorType(t)) = v.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
-                continue;
-            };
-            let elem = match Elem::from_code(t.elem_type.unwrap_or(0)) {
+            let elem = match tensor_elem(v) {
                 Some(Elem::F64) => "float64",
                 Some(Elem::F16) => "float16",
                 Some(Elem::Bf16) => "bfloat16",

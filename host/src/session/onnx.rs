@@ -547,7 +547,6 @@ pub fn run_onnx(
     // bounds, a resize's scales) are read at import as constants of the values given, as
     // onnxruntime reads them when it runs: a node needing them at import finds them.
     let known: Vec<(String, Vec<usize>, Vec<f64>)> = {
-        use crate::onnx::proto::type_proto::Value as T;
         model
             .graph()
             .input
@@ -555,10 +554,7 @@ pub fn run_onnx(
             .filter_map(|vi| {
                 let name = vi.name.as_deref()?;
                 let t = inputs.iter().find(|t| t.name == name)?;
-                let elem = match vi.r#type.as_ref()?.value.as_ref()? {
-                    T::TensorType(tt) => crate::onnx::Elem::from_code(tt.elem_type.unwrap_or(0))?,
-                    _ => return None,
-                };
+                let elem = crate::onnx::tensor_elem(vi)?;
                 (!elem.is_float() || t.data.len() <= KNOWN_INPUT_ELEMENTS).then(|| {
                     (
                         t.name.clone(),

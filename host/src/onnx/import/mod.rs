@@ -520,13 +520,7 @@ impl<'a> Importer<'a> {
         for i in real_inputs(model) {
             let name = i.name.clone().unwrap_or_default();
             let dims = info_dims(i).unwrap_or_default();
-            let elem = match i.r#type.as_ref().and_then(|t| t.value.as_ref()) {
-                Some(super::proto::type_proto::Value::TensorType(t)) => {
-                    Elem::from_code(t.elem_type.unwrap_or(0))
-                }
-                _ => None,
-            };
-            let Some(elem) = elem else {
+            let Some(elem) = super::tensor_elem(i) else {
                 return Err(OnnxError::BadNode {
                     node: name,
                     op: "input".into(),
@@ -676,14 +670,12 @@ impl<'a> Importer<'a> {
             let op = node.op_type.as_deref().unwrap_or("");
             let domain = node.domain.as_deref().unwrap_or("");
             let (name, opset, version) = if domain.is_empty() || domain == "ai.onnx" {
-                let version = versions::version_at(op, self.model.opset);
-                let read = ops::converter(op)
-                    .is_some_and(|c| version.is_none_or(|v| c.versions.contains(&v)));
-                if read {
-                    continue;
-                }
-                let known = ops::converter(op).map(|_| version).unwrap_or(None);
-                (op.to_string(), self.model.opset, known)
+                let version = match ops::converter_at(op, self.model.opset) {
+                    Ok(_) => continue,
+                    Err(ops::NotRead::Op) => None,
+                    Err(ops::NotRead::Version(v)) => Some(v),
+                };
+                (op.to_string(), self.model.opset, version)
             } else {
                 let opset = self
                     .model
@@ -1056,23 +1048,19 @@ impl<'a> Importer<'a> {
         if let Some(v) = self.fold(node, &op)? {
             return Ok(v);
         }
-        let Some(converter) = ops::converter(&op) else {
-            return Err(self.unsupported(""));
-        };
-        if let Some(v) = versions::version_at(&op, self.model.opset) {
-            if !converter.versions.contains(&v) {
-                return Err(self.unsupported(format!(
+        match ops::converter_at(&op, self.model.opset) {
+            Ok(c) => (c.convert)(self, node),
+            Err(ops::NotRead::Op) => Err(self.unsupported("")),
+            Err(ops::NotRead::Version(v)) => {
+                let read: Vec<String> = ops::converter(&op)
+                    .map(|c| c.versions.iter().map(u32::to_string).collect())
+                    .unwrap_or_default();
+                Err(self.unsupported(format!(
                     "version {v}; the importer reads versions {}",
-                    converter
-                        .versions
-                        .iter()
-                        .map(u32::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )));
+                    read.join(", ")
+                )))
             }
         }
-        (converter.convert)(self, node)
     }
 
     /// A node of one run-time operand (input 0) whose output has its element type, made by

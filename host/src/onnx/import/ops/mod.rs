@@ -93,6 +93,24 @@ pub fn converter(op: &str) -> Option<&'static Converter> {
     converters().find(|c| c.op == op)
 }
 
+/// Why the importer does not read an op at an opset.
+pub(super) enum NotRead {
+    /// No converter reads the op.
+    Op,
+    /// Its converter does not read the op's version there.
+    Version(u32),
+}
+
+/// The converter of `op` at `opset`: registered, and reading the op's version in force there
+/// (an op that has no version at that opset is left to its converter).
+pub(super) fn converter_at(op: &str, opset: i64) -> Result<&'static Converter, NotRead> {
+    let c = converter(op).ok_or(NotRead::Op)?;
+    match super::versions::version_at(op, opset) {
+        Some(v) if !c.versions.contains(&v) => Err(NotRead::Version(v)),
+        _ => Ok(c),
+    }
+}
+
 /// The ops the importer reads, sorted.
 pub fn supported_ops() -> Vec<&'static str> {
     let mut v: Vec<&str> = converters().map(|c| c.op).collect();
