@@ -14,6 +14,7 @@ mod gather;
 mod linalg;
 mod norm;
 mod reduce;
+mod resize;
 mod rnn;
 mod shape;
 
@@ -78,6 +79,7 @@ pub const REGISTRY: &[&[Converter]] = &[
     norm::CONVERTERS,
     reduce::CONVERTERS,
     shape::CONVERTERS,
+    resize::CONVERTERS,
     gather::CONVERTERS,
     constant::CONVERTERS,
     rnn::CONVERTERS,

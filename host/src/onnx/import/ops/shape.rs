@@ -83,18 +83,6 @@ pub(super) const CONVERTERS: &[Converter] = &[
         versions: &[6, 13],
         convert: |im, n| im.tile(n),
     },
-    Converter {
-        op: "Upsample",
-        family: Family::Shape,
-        versions: &[7, 9],
-        convert: |im, n| im.upsample(n),
-    },
-    Converter {
-        op: "Resize",
-        family: Family::Shape,
-        versions: &[10, 11, 13, 18, 19],
-        convert: |im, n| im.upsample(n),
-    },
 ];
 
 impl<'a> Importer<'a> {
@@ -651,7 +639,12 @@ impl<'a> Importer<'a> {
 
     /// `x` with each axis `k` repeated `reps[k]` times (see [`Self::repeat_axis`]), named after
     /// the node's output at the end.
-    fn repeat_axes(&mut self, node: &NodeProto, reps: &[usize], each: bool) -> R<NodeId> {
+    pub(in crate::onnx::import) fn repeat_axes(
+        &mut self,
+        node: &NodeProto,
+        reps: &[usize],
+        each: bool,
+    ) -> R<NodeId> {
         let mut dims = self.dims(&self.req(node, 0)?);
         let mut x = self.ti(node, 0)?;
         for (k, &r) in reps.iter().enumerate() {
@@ -677,113 +670,6 @@ impl<'a> Importer<'a> {
         }
         let reps: Vec<usize> = reps.iter().map(|&r| r as usize).collect();
         let y = self.repeat_axes(node, &reps, false)?;
-        Ok(vec![Val::T(y, e)])
-    }
-
-    /// `Upsample` and `Resize` in `nearest` mode by whole factors (the common case: YOLO's
-    /// and U-Net's 2x): each element repeated `s` times along its axis. That is exact for
-    /// `half_pixel` (and `pytorch_half_pixel`) with `round_prefer_floor` or
-    /// `round_prefer_ceil` (Resize's default) and for `asymmetric` with `floor` (Upsample's
-    /// rule); other combinations, and `linear` and `cubic` modes, are refused.
-    fn upsample(&mut self, node: &NodeProto) -> R<Vec<Val>> {
-        let xv = self.req(node, 0)?;
-        let e = self.elem(&xv);
-        let d = self.dims(&xv);
-        let mode = self
-            .attr_s(node, "mode")
-            .unwrap_or_else(|| "nearest".into());
-        if mode != "nearest" {
-            return Err(self.unsupported(format!("mode = {mode}")));
-        }
-        let resize = self.op == "Resize";
-        if resize {
-            let ct = self
-                .attr_s(node, "coordinate_transformation_mode")
-                .unwrap_or_else(|| "half_pixel".into());
-            let nm = self
-                .attr_s(node, "nearest_mode")
-                .unwrap_or_else(|| "round_prefer_floor".into());
-            // Output position i = k * s + j maps to input k exactly when: half_pixel's
-            // (i + 0.5) / s - 0.5 = k + (j + 0.5) / s - 0.5 rounds (never at a half) to k, or
-            // asymmetric's i / s floors to k.
-            let exact = match ct.as_str() {
-                "half_pixel" | "pytorch_half_pixel" => {
-                    matches!(nm.as_str(), "round_prefer_floor" | "round_prefer_ceil")
-                }
-                "asymmetric" => nm == "floor",
-                _ => false,
-            };
-            if !exact {
-                return Err(self.unsupported(format!(
-                    "coordinate_transformation_mode = {ct} with nearest_mode = {nm}"
-                )));
-            }
-            let policy = self
-                .attr_s(node, "keep_aspect_ratio_policy")
-                .unwrap_or_else(|| "stretch".into());
-            if policy != "stretch" {
-                return Err(self.unsupported(format!("keep_aspect_ratio_policy = {policy}")));
-            }
-        }
-        // Resize 18's axes: the scales or sizes given are those of these axes.
-        let axes: Vec<usize> = match self.attr_ints(node, "axes").filter(|_| resize) {
-            Some(a) => a
-                .iter()
-                .map(|&a| self.axis(a, d.len()))
-                .collect::<R<Vec<_>>>()?,
-            None => (0..d.len()).collect(),
-        };
-        // The factors: Upsample 7's attribute, else the scales input (Resize's 2nd from
-        // version 11, after roi), or Resize's sizes.
-        let scales: Option<Vec<f64>> = if !resize && self.model.opset < 9 {
-            attr(node, "scales").map(|a| a.floats.iter().map(|&f| f64::from(f)).collect())
-        } else {
-            let k = if resize && self.model.opset >= 11 {
-                2
-            } else {
-                1
-            };
-            self.konst(node, k, "scales")?
-                .filter(|c| c.len() > 0)
-                .map(|c| c.data.clone())
-        };
-        let factors: Vec<f64> = match scales {
-            Some(s) => s,
-            None if resize => {
-                let sizes = self
-                    .konst(node, 3, "sizes")?
-                    .ok_or_else(|| self.bad("scales or sizes are required"))?
-                    .as_ints();
-                sizes
-                    .iter()
-                    .zip(&axes)
-                    .map(|(&o, &a)| o as f64 / d[a] as f64)
-                    .collect()
-            }
-            None => return Err(self.bad("scales are required")),
-        };
-        if factors.len() != axes.len() {
-            return Err(self.bad(format!(
-                "{} scales or sizes for {} axes",
-                factors.len(),
-                axes.len()
-            )));
-        }
-        let mut full = vec![1.0; d.len()];
-        for (&a, &f) in axes.iter().zip(&factors) {
-            full[a] = f;
-        }
-        let factors = full;
-        let mut whole = Vec::with_capacity(d.len());
-        for &f in &factors {
-            if !(f >= 1.0 && f.fract() == 0.0 && f <= 1024.0) {
-                return Err(
-                    self.unsupported(format!("scale {f} (whole factors of 1 or more only)"))
-                );
-            }
-            whole.push(f as usize);
-        }
-        let y = self.repeat_axes(node, &whole, true)?;
         Ok(vec![Val::T(y, e)])
     }
 }
