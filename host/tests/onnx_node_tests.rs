@@ -33,6 +33,17 @@ fn close(got: f64, want: f64) -> bool {
     (got - want).abs() <= 1e-5 + 1e-3 * want.abs()
 }
 
+/// An error and its causes, on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    s
+}
+
 fn run_case(case: &Path) -> Outcome {
     let model = match OnnxModel::load(&case.join("model.onnx")) {
         Ok(m) => m,
@@ -56,7 +67,7 @@ fn run_case(case: &Path) -> Outcome {
     }
     let outputs = match run_onnx(&model, &inputs) {
         Ok(o) => o,
-        Err(e) => return Outcome::Refused(e.to_string()),
+        Err(e) => return Outcome::Refused(chain(&e)),
     };
     for (j, vi) in graph.output.iter().enumerate() {
         let name = vi.name.clone().unwrap_or_default();

@@ -22,6 +22,10 @@ pub enum Elem {
     I16,
     /// `UINT16`.
     U16,
+    /// `UINT32`.
+    U32,
+    /// `UINT64`.
+    U64,
     /// `INT8`.
     I8,
     /// `UINT8`.
@@ -42,6 +46,8 @@ impl Elem {
             DataType::Int32 => Elem::I32,
             DataType::Int16 => Elem::I16,
             DataType::Uint16 => Elem::U16,
+            DataType::Uint32 => Elem::U32,
+            DataType::Uint64 => Elem::U64,
             DataType::Int8 => Elem::I8,
             DataType::Uint8 => Elem::U8,
             DataType::Bool => Elem::Bool,
@@ -57,8 +63,8 @@ impl Elem {
     /// Bytes per element in ONNX's raw encoding.
     pub fn size(self) -> usize {
         match self {
-            Elem::F64 | Elem::I64 => 8,
-            Elem::F32 | Elem::I32 => 4,
+            Elem::F64 | Elem::I64 | Elem::U64 => 8,
+            Elem::F32 | Elem::I32 | Elem::U32 => 4,
             Elem::F16 | Elem::Bf16 | Elem::I16 | Elem::U16 => 2,
             Elem::I8 | Elem::U8 | Elem::Bool => 1,
         }
@@ -75,6 +81,8 @@ impl Elem {
             Elem::I32 => "int32",
             Elem::I16 => "int16",
             Elem::U16 => "uint16",
+            Elem::U32 => "uint32",
+            Elem::U64 => "uint64",
             Elem::I8 => "int8",
             Elem::U8 => "uint8",
             Elem::Bool => "bool",
@@ -214,6 +222,8 @@ pub fn decode(t: &TensorProto, elem: Elem, count: usize) -> Result<Vec<f64>, Opt
                 Elem::I32 => f64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
                 Elem::I16 => f64::from(i16::from_le_bytes([c[0], c[1]])),
                 Elem::U16 => f64::from(u16::from_le_bytes([c[0], c[1]])),
+                Elem::U32 => f64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                Elem::U64 => u64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f64,
                 Elem::I8 => f64::from(c[0] as i8),
                 Elem::U8 | Elem::Bool => f64::from(c[0]),
             })
@@ -223,6 +233,7 @@ pub fn decode(t: &TensorProto, elem: Elem, count: usize) -> Result<Vec<f64>, Opt
         Elem::F32 => t.float_data.iter().map(|&v| f64::from(v)).collect(),
         Elem::F64 => t.double_data.clone(),
         Elem::I64 => t.int64_data.iter().map(|&v| v as f64).collect(),
+        Elem::U32 | Elem::U64 => t.uint64_data.iter().map(|&v| v as f64).collect(),
         // int32_data carries int32, int16, uint16, int8, uint8, bool, and float16 / bfloat16
         // bit patterns.
         Elem::I32 | Elem::I16 | Elem::U16 | Elem::I8 | Elem::U8 | Elem::Bool => {
@@ -311,8 +322,85 @@ pub fn zip(a: &Const, b: &Const, elem: Elem, f: impl Fn(f64, f64) -> f64) -> Opt
                 b.data[broadcast_index(&b.dims, &dims, i)],
             )
         })
+        .map(|v| {
+            if elem.is_float() {
+                v
+            } else {
+                cast_value(v, elem)
+            }
+        })
         .collect();
     Some(Const::new(dims, elem, data, a.baked || b.baked))
+}
+
+/// `x` reduced over the axes marked in `reduced` by `op` (`ReduceMax`, `ReduceSum` or
+/// `ReduceMean`), the reduced axes kept as 1 when `keep`.
+pub fn reduce(x: &Const, reduced: &[bool], keep: bool, op: &str) -> Const {
+    let kept: Vec<usize> = x
+        .dims
+        .iter()
+        .zip(reduced)
+        .map(|(&d, &r)| if r { 1 } else { d })
+        .collect();
+    let n: usize = kept.iter().product();
+    let init = if op == "ReduceMax" {
+        f64::NEG_INFINITY
+    } else {
+        0.0
+    };
+    let mut acc = vec![init; n];
+    let mut count = vec![0usize; n];
+    for (i, &v) in x.data.iter().enumerate() {
+        // The output position of input position i: its index with the reduced axes at 0.
+        let (mut rest, mut j, mut stride) = (i, 0, 1);
+        for k in (0..x.dims.len()).rev() {
+            let pos = rest % x.dims[k];
+            rest /= x.dims[k];
+            if !reduced[k] {
+                j += pos * stride;
+            }
+            stride *= kept[k];
+        }
+        acc[j] = if op == "ReduceMax" {
+            acc[j].max(v)
+        } else {
+            acc[j] + v
+        };
+        count[j] += 1;
+    }
+    if op == "ReduceMean" {
+        for (a, &c) in acc.iter_mut().zip(&count) {
+            *a /= c as f64;
+        }
+    }
+    if op == "ReduceMax" {
+        // The maximum of nothing: the type's least value (false for booleans).
+        let least = match x.elem {
+            Elem::Bool | Elem::U8 | Elem::U16 | Elem::U32 | Elem::U64 => 0.0,
+            Elem::I8 => f64::from(i8::MIN),
+            Elem::I16 => f64::from(i16::MIN),
+            Elem::I32 => f64::from(i32::MIN),
+            Elem::I64 => i64::MIN as f64,
+            Elem::F32 | Elem::F16 | Elem::Bf16 | Elem::F64 => f64::NEG_INFINITY,
+        };
+        for (a, &c) in acc.iter_mut().zip(&count) {
+            if c == 0 {
+                *a = least;
+            }
+        }
+    }
+    let data = acc.into_iter().map(|v| cast_value(v, x.elem)).collect();
+    let dims = if keep {
+        kept
+    } else {
+        x.dims
+            .iter()
+            .zip(reduced)
+            .filter(|&(_, &r)| !r)
+            .map(|(&d, _)| d)
+            .collect()
+    };
+    Const::new(dims, x.elem, data, x.baked)
 }
 
 /// `x` broadcast to `dims` (numpy rules).
@@ -325,11 +413,30 @@ pub fn expand(x: &Const, dims: &[usize]) -> Option<Const> {
     Some(Const::new(out, x.elem, data, x.baked))
 }
 
-/// Rounds a value to what an integer or boolean element type holds.
+/// Rounds a value to what an integer or boolean element type holds: integers of up to 32
+/// bits wrap around their range (two's complement, as numpy and onnxruntime compute them),
+/// unsigned 64-bit ones wrap below zero; int64 is held as `f64` holds it.
 pub fn cast_value(v: f64, to: Elem) -> f64 {
+    let wrap = |bits: i32, signed: bool| {
+        let m = 2f64.powi(bits);
+        let r = v.trunc().rem_euclid(m);
+        if signed && r >= m / 2.0 {
+            r - m
+        } else {
+            r
+        }
+    };
     match to {
         Elem::Bool => f64::from(u8::from(v != 0.0)),
-        Elem::I64 | Elem::I32 | Elem::I16 | Elem::U16 | Elem::I8 | Elem::U8 => v.trunc(),
+        Elem::I64 => v.trunc(),
+        Elem::U64 if v < 0.0 => wrap(64, false),
+        Elem::U64 => v.trunc(),
+        Elem::I32 => wrap(32, true),
+        Elem::U32 => wrap(32, false),
+        Elem::I16 => wrap(16, true),
+        Elem::U16 => wrap(16, false),
+        Elem::I8 => wrap(8, true),
+        Elem::U8 => wrap(8, false),
         Elem::F32 | Elem::F16 | Elem::Bf16 => f64::from(v as f32),
         Elem::F64 => v,
     }
@@ -338,6 +445,54 @@ pub fn cast_value(v: f64, to: Elem) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn integer_casts_wrap_as_the_type_wraps() {
+        assert_eq!(cast_value(-1.0, Elem::U8), 255.0);
+        assert_eq!(cast_value(128.0, Elem::I8), -128.0);
+        assert_eq!(cast_value(-2.0, Elem::U32), 4_294_967_294.0);
+        assert_eq!(cast_value(2_147_483_648.0, Elem::I32), -2_147_483_648.0);
+        assert_eq!(cast_value(-3.7, Elem::I16), -3.0);
+        // int64 is held as it is: INT64_MAX (an "until the end" slice bound) stays positive.
+        assert_eq!(cast_value(i64::MAX as f64, Elem::I64), i64::MAX as f64);
+        let a = Const::new(vec![2], Elem::U32, vec![3.0, 5.0], false);
+        let b = Const::new(vec![2], Elem::U32, vec![5.0, 3.0], false);
+        let d = zip(&a, &b, Elem::U32, |x, y| x - y).unwrap();
+        assert_eq!(d.data, vec![4_294_967_294.0, 2.0]);
+    }
+
+    #[test]
+    fn reductions_fold_over_the_marked_axes() {
+        let x = Const::new(
+            vec![2, 3],
+            Elem::F32,
+            vec![1.0, 5.0, 3.0, 4.0, 2.0, 6.0],
+            false,
+        );
+        let m = reduce(&x, &[false, true], true, "ReduceMax");
+        assert_eq!(
+            (m.dims.clone(), m.data.clone()),
+            (vec![2, 1], vec![5.0, 6.0])
+        );
+        let s = reduce(&x, &[true, false], false, "ReduceSum");
+        assert_eq!(
+            (s.dims.clone(), s.data.clone()),
+            (vec![3], vec![5.0, 7.0, 9.0])
+        );
+        let a = reduce(&x, &[true, true], false, "ReduceMean");
+        assert_eq!((a.dims.clone(), a.data.clone()), (vec![], vec![3.5]));
+        // The maximum of nothing is the type's least value.
+        let e = Const::new(vec![2, 0], Elem::Bool, vec![], false);
+        assert_eq!(
+            reduce(&e, &[false, true], true, "ReduceMax").data,
+            vec![0.0, 0.0]
+        );
+        let e = Const::new(vec![0], Elem::F32, vec![], false);
+        assert_eq!(
+            reduce(&e, &[true], false, "ReduceMax").data,
+            vec![f64::NEG_INFINITY]
+        );
+    }
 
     #[test]
     fn broadcasting_follows_numpy() {

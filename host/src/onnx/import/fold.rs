@@ -21,6 +21,11 @@ impl<'a> Importer<'a> {
             "Max",
             "Min",
             "Sum",
+            "Mean",
+            "Clip",
+            "ReduceMax",
+            "ReduceSum",
+            "ReduceMean",
             "Equal",
             "Less",
             "LessOrEqual",
@@ -93,7 +98,68 @@ impl<'a> Importer<'a> {
                 out.data = out.data.iter().map(|&v| cast_value(v, to)).collect();
                 c(out)
             }
-            "Add" | "Sum" if ins.len() <= 2 => bin(&|x, y| x + y, a.elem),
+            "Add" => bin(&|x, y| x + y, a.elem),
+            "Sum" | "Max" | "Min" | "Mean" => {
+                let f: fn(f64, f64) -> f64 = match op {
+                    "Max" => f64::max,
+                    "Min" => f64::min,
+                    _ => |x, y| x + y,
+                };
+                let mut out = (*a).clone();
+                for (k, b) in ins.iter().enumerate().skip(1) {
+                    let b = b
+                        .as_ref()
+                        .ok_or_else(|| self.bad(format!("input {k} is required")))?;
+                    out = consts::zip(&out, b, a.elem, f).ok_or_else(|| {
+                        self.bad(format!("{:?} and {:?} do not broadcast", out.dims, b.dims))
+                    })?;
+                    if out.len() > FOLD_LIMIT {
+                        return Err(self.unsupported("folding a constant that large"));
+                    }
+                }
+                if op == "Mean" {
+                    let n = ins.len() as f64;
+                    out.data
+                        .iter_mut()
+                        .for_each(|v| *v = cast_value(*v / n, a.elem));
+                }
+                c(out)
+            }
+            "Clip" => {
+                // Bounds: attributes before opset 11, optional inputs since.
+                let bound = |k: usize, name: &str| -> Option<f64> {
+                    if self.model.opset < 11 {
+                        attr(node, name).and_then(|a| a.f).map(f64::from)
+                    } else {
+                        get(k).and_then(|c| c.data.first().copied())
+                    }
+                };
+                let (lo, hi) = (bound(1, "min"), bound(2, "max"));
+                let mut out = (*a).clone();
+                for v in &mut out.data {
+                    if let Some(lo) = lo {
+                        *v = v.max(lo);
+                    }
+                    if let Some(hi) = hi {
+                        *v = v.min(hi);
+                    }
+                }
+                c(out)
+            }
+            "ReduceMax" | "ReduceSum" | "ReduceMean" => {
+                let since = if op == "ReduceSum" { 13 } else { 18 };
+                let axes = self.reduce_axes(node, since)?.unwrap_or_default();
+                if axes.is_empty() && self.attr_i(node, "noop_with_empty_axes", 0) != 0 {
+                    return c((*a).clone());
+                }
+                let r = a.dims.len();
+                let mut reduced = vec![axes.is_empty(); r];
+                for &ax in &axes {
+                    reduced[self.axis(ax, r)?] = true;
+                }
+                let keep = self.attr_i(node, "keepdims", 1) != 0;
+                c(consts::reduce(&a, &reduced, keep, op))
+            }
             "Sub" => bin(&|x, y| x - y, a.elem),
             "Mul" => bin(&|x, y| x * y, a.elem),
             "Div" => bin(
@@ -101,8 +167,6 @@ impl<'a> Importer<'a> {
                 a.elem,
             ),
             "Pow" => bin(&f64::powf, a.elem),
-            "Max" if ins.len() == 2 => bin(&f64::max, a.elem),
-            "Min" if ins.len() == 2 => bin(&f64::min, a.elem),
             "Equal" => bin(&|x, y| b01(x == y), Elem::Bool),
             "Less" => bin(&|x, y| b01(x < y), Elem::Bool),
             "LessOrEqual" => bin(&|x, y| b01(x <= y), Elem::Bool),

@@ -764,7 +764,9 @@ impl<'a> Importer<'a> {
     fn dtype(&self, e: Elem) -> DType {
         match e {
             Elem::F32 | Elem::F16 | Elem::Bf16 | Elem::F64 => self.opts.dtype,
-            Elem::I64 | Elem::I32 | Elem::I16 | Elem::U16 | Elem::I8 => DType::I32,
+            Elem::I64 | Elem::U64 | Elem::I32 | Elem::U32 | Elem::I16 | Elem::U16 | Elem::I8 => {
+                DType::I32
+            }
             Elem::U8 | Elem::Bool => DType::U8,
         }
     }

@@ -34,13 +34,7 @@ impl<'a> Importer<'a> {
         let axis = self.axis(self.attr_i(node, "axis", 0), d.len())?;
         // A constant index on a run-time tensor: a slice (the LSTM's last step, say).
         if let Val::C(c) = &idx {
-            if c.len() == 1 && !matches!(data, Val::W(_)) || axis != 0 {
-                if c.len() != 1 {
-                    return Err(self.unsupported(format!(
-                        "axis {axis} with {} indices (only one index off axis 0)",
-                        c.len()
-                    )));
-                }
+            if c.len() == 1 && (!matches!(data, Val::W(_)) || axis != 0) {
                 let mut i = c.data[0] as i64;
                 if i < 0 {
                     i += d[axis] as i64;
@@ -67,15 +61,10 @@ impl<'a> Importer<'a> {
                 return Ok(vec![Val::T(id, e)]);
             }
         }
-        if axis != 0 {
-            return Err(self.unsupported(format!(
-                "axis {axis} with indices computed at run time (only axis 0)"
-            )));
-        }
         let idx = match idx {
             Val::C(c) => {
                 // Negative indices count from the end.
-                let n = d[0] as f64;
+                let n = d[axis] as f64;
                 let mut c2 = (*c).clone();
                 for v in &mut c2.data {
                     if *v < 0.0 {
@@ -86,6 +75,14 @@ impl<'a> Importer<'a> {
             }
             v => v,
         };
+        if axis != 0 {
+            let x = self.ti(node, 0)?;
+            let iname = node.input[1].clone();
+            let idims = self.dims(&idx);
+            let indices = self.t(&idx, &iname)?;
+            let id = self.gather_along(node, x, &d, axis, indices, &idims)?;
+            return Ok(vec![Val::T(id, e)]);
+        }
         let table = self.ti(node, 0)?;
         if let Val::W(i) = data {
             let name = self.weights[i].name.clone();
@@ -102,6 +99,46 @@ impl<'a> Importer<'a> {
         let name = self.out_name(node, "");
         let id = chk!(self, self.g.gather(&name, table, indices))?;
         Ok(vec![Val::T(id, e)])
+    }
+
+    /// `x` (of `dims`) gathered along `axis` by `indices` (of `idims`): the axis moved first,
+    /// its rows gathered, and the indices' axes moved to where the axis was (ONNX `Gather`'s
+    /// shape, `dims[..axis] ++ idims ++ dims[axis + 1..]`). Named after the node's output.
+    pub(in crate::onnx::import) fn gather_along(
+        &mut self,
+        node: &NodeProto,
+        x: NodeId,
+        dims: &[usize],
+        axis: usize,
+        indices: NodeId,
+        idims: &[usize],
+    ) -> R<NodeId> {
+        let r = dims.len();
+        let mut front = vec![axis];
+        front.extend((0..r).filter(|&i| i != axis));
+        let mut y = x;
+        if axis != 0 {
+            let name = self.out_name(node, &format!("axis{axis}_first"));
+            y = chk!(self, self.g.transpose(&name, y, &front))?;
+        }
+        let q = idims.len();
+        let name = if axis == 0 {
+            self.out_name(node, "")
+        } else {
+            self.out_name(node, &format!("axis{axis}_gathered"))
+        };
+        y = chk!(self, self.g.gather(&name, y, indices))?;
+        if axis != 0 {
+            // [idims..., dims[..axis]..., dims[axis + 1..]...] -> ONNX's order.
+            let back: Vec<usize> = (0..axis)
+                .map(|i| q + i)
+                .chain(0..q)
+                .chain(q + axis..q + r - 1)
+                .collect();
+            let name = self.out_name(node, "");
+            y = chk!(self, self.g.transpose(&name, y, &back))?;
+        }
+        Ok(y)
     }
 
     /// GatherElements / GatherND with constant indices on a run-time tensor: the flat

@@ -59,10 +59,51 @@ impl<'a> Importer<'a> {
 }
 
 impl<'a> Importer<'a> {
+    /// `MatMul` with numpy's rules: a 1-D first operand is a row (`[1, K]`), a 1-D second
+    /// one a column (`[K, 1]`), and the axis each added is removed from the product.
     fn matmul(&mut self, node: &NodeProto) -> R<Vec<Val>> {
-        let (a, b) = (self.ti(node, 0)?, self.ti(node, 1)?);
-        let name = self.out_name(node, "");
-        let id = chk!(self, self.g.matmul(&name, a, b))?;
+        let (ra, rb) = (
+            self.dims(&self.req(node, 0)?).len(),
+            self.dims(&self.req(node, 1)?).len(),
+        );
+        let (mut a, mut b) = (self.ti(node, 0)?, self.ti(node, 1)?);
+        if ra == 0 || rb == 0 {
+            return Err(self.bad("MatMul of a rank-0 operand"));
+        }
+        if ra == 1 {
+            let name = self.out_name(node, "a_row");
+            a = chk!(self, self.g.unsqueeze(&name, a, &[0]))?;
+        }
+        if rb == 1 {
+            let name = self.out_name(node, "b_column");
+            b = chk!(self, self.g.unsqueeze(&name, b, &[1]))?;
+        }
+        let plain = ra > 1 && rb > 1;
+        let name = if plain {
+            self.out_name(node, "")
+        } else {
+            self.out_name(node, "product")
+        };
+        let mut id = chk!(self, self.g.matmul(&name, a, b))?;
+        if !plain {
+            let mut dims: Vec<usize> = self
+                .g
+                .node(id)
+                .shape()
+                .dims()
+                .iter()
+                .map(|&d| d as usize)
+                .collect();
+            let r = dims.len();
+            if rb == 1 {
+                dims.remove(r - 1);
+            }
+            if ra == 1 {
+                dims.remove(r - 2);
+            }
+            let name = self.out_name(node, "");
+            id = chk!(self, self.g.reshape(&name, id, &dims))?;
+        }
         Ok(vec![Val::T(id, Elem::F32)])
     }
 }

@@ -456,7 +456,28 @@ impl<'a> Importer<'a> {
         let n = ranges.len();
         for (k, &(a, s, e_, step)) in ranges.iter().enumerate() {
             if step != 1 {
-                return Err(self.unsupported(format!("step {step} on a run-time tensor")));
+                if rebound == Some(a) {
+                    return Err(self.unsupported(
+                        "rebinding the batch through a Slice with a step on the batch axis",
+                    ));
+                }
+                // Every step-th position: a gather of them.
+                let mut idx = Vec::new();
+                let mut i = s;
+                while (step > 0 && i < e_) || (step < 0 && i > e_) {
+                    idx.push(i as f64);
+                    i += step;
+                }
+                if idx.is_empty() {
+                    return Err(self.unsupported("an empty slice"));
+                }
+                let len = idx.len();
+                let c = Val::C(Rc::new(Const::new(vec![len], Elem::I64, idx, true)));
+                let name = self.out_name(node, &format!("axis{a}_positions"));
+                let indices = self.t(&c, &name)?;
+                let dims = self.dims(&Val::T(x, e));
+                x = self.gather_along(node, x, &dims, a, indices, &[len])?;
+                continue;
             }
             let (mut start, mut len) = (s as usize, (e_ - s).max(0) as usize);
             if rebound == Some(a) {
