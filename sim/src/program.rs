@@ -97,6 +97,8 @@ struct Derived {
     digest: std::sync::OnceLock<u128>,
     /// [`Mapping::regions_per_tile`].
     regions: std::sync::OnceLock<Vec<(TileId, u64, u64)>>,
+    /// [`Mapping::runs_per_tile`].
+    runs: std::sync::OnceLock<Vec<(TileId, Vec<Region>)>>,
 }
 
 impl PartialEq for Mapping {
@@ -164,6 +166,53 @@ impl Mapping {
                     j.finish(&mut done);
                     let elements = group.iter().map(|g| g.2).sum();
                     (group[0].0, elements, done.len() as u64)
+                })
+                .collect()
+        })
+    }
+
+    /// The intervals ordered by tile, then start (a counting sort by tile of the intervals,
+    /// which are in order of start).
+    pub fn intervals_by_tile(&self) -> Vec<Interval> {
+        let ivs = &self.intervals;
+        let tiles = ivs.iter().map(|i| i.tile.0 as usize + 1).max().unwrap_or(0);
+        let mut first = vec![0usize; tiles + 1];
+        for iv in ivs.iter() {
+            first[iv.tile.0 as usize + 1] += 1;
+        }
+        for t in 0..tiles {
+            first[t + 1] += first[t];
+        }
+        let mut out = vec![
+            Interval {
+                tile: TileId(0),
+                start: 0,
+                len: 0
+            };
+            ivs.len()
+        ];
+        for iv in ivs.iter() {
+            let k = &mut first[iv.tile.0 as usize];
+            out[*k] = *iv;
+            *k += 1;
+        }
+        out
+    }
+
+    /// Each tile's intervals joined as [`SpanJoiner`] joins them (regions of tensor 0, in the
+    /// joiner's order), sorted by tile; made once and shared by the copies.
+    pub fn runs_per_tile(&self) -> &[(TileId, Vec<Region>)] {
+        self.derived.runs.get_or_init(|| {
+            self.intervals_by_tile()
+                .chunk_by(|a, b| a.tile == b.tile)
+                .map(|group| {
+                    let mut j = SpanJoiner::new(TensorId(0));
+                    for iv in group {
+                        j.push(iv.start, iv.len);
+                    }
+                    let mut runs = Vec::new();
+                    j.finish(&mut runs);
+                    (group[0].tile, runs)
                 })
                 .collect()
         })

@@ -7,7 +7,7 @@ use tessera_core::{Node, NodeId, Storage};
 
 use super::{broadcast_reads, Lowering, Placement};
 use crate::cost::{self, UnaryKind};
-use crate::program::{Codelet, VertexType};
+use crate::program::{Codelet, TensorId, VertexType};
 
 /// The cost class of a unary function.
 fn unary_kind(f: UnaryFn) -> UnaryKind {
@@ -222,9 +222,15 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Element
         l.per_tile_same(i, "op", out, codelet, cycles, &reads, &[out], &[]);
         return;
     }
-    l.elementwise(i, out, &[], codelet, cycles, move |s, len| {
+    let same: Vec<TensorId> = operands
+        .iter()
+        .filter(|&&(_, from)| from == shape)
+        .map(|&(t, _)| t)
+        .collect();
+    l.elementwise(i, out, &same, codelet, cycles, move |s, len| {
         operands
             .iter()
+            .filter(|&&(_, from)| from != shape)
             .flat_map(|&(t, from)| broadcast_reads(t, from, shape, s, len))
             .collect()
     });

@@ -28,7 +28,7 @@ use crate::machine::IpuConfig;
 use crate::matmul::Operand;
 use crate::program::{
     compress, exchange_for, Codelet, ComputeSet, Interval, Mapping, ProgTensor, Program, Region,
-    SpanJoiner, Step, TensorClass, TensorId, TileId, Vertex,
+    Step, TensorClass, TensorId, TileId, Vertex,
 };
 
 mod conv;
@@ -466,8 +466,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
         cycles: impl Fn(u64) -> u64,
         mut regions: impl FnMut(&[Interval]) -> (Vec<Region>, Vec<Region>),
     ) {
-        let mut ivs: Vec<Interval> = self.tensors[over.index()].mapping.intervals().to_vec();
-        ivs.sort_by_key(|iv| (iv.tile, iv.start));
+        let ivs = self.tensors[over.index()].mapping.intervals_by_tile();
         let vertices = ivs
             .chunk_by(|a, b| a.tile == b.tile)
             .map(|group| {
@@ -547,15 +546,13 @@ impl<'a, S: Storage> Lowering<'a, S> {
             out.dedup();
             out
         };
-        let mut runs: Vec<Region> = Vec::new();
+        let mapping = self.tensors[over.index()].mapping.clone();
+        let mut tiles = mapping.runs_per_tile().iter();
         self.per_tile_groups(node, phase, over, codelet, cycles, |group| {
-            runs.clear();
-            let mut b = SpanJoiner::new(over);
-            for iv in group {
-                b.push(iv.start, iv.len);
-            }
-            b.finish(&mut runs);
-            (on(&reads, &runs, fixed), on(&writes, &runs, &[]))
+            // The groups come in the order of the tiles.
+            let (tile, runs) = tiles.next().expect("a group per tile");
+            debug_assert_eq!(*tile, group[0].tile);
+            (on(&reads, runs, fixed), on(&writes, runs, &[]))
         });
     }
 
@@ -570,13 +567,46 @@ impl<'a, S: Storage> Lowering<'a, S> {
         cycles: impl Fn(u64) -> u64,
         extra: impl Fn(u64, u64) -> Vec<Region>,
     ) {
-        self.per_tile(node, "op", out, codelet, cycles, |iv| {
-            let mut reads: Vec<Region> = same
-                .iter()
-                .map(|&t| Region::span(t, iv.start, iv.len))
-                .collect();
-            reads.extend(extra(iv.start, iv.len));
-            (reads, vec![Region::span(out, iv.start, iv.len)])
+        // The vertices `per_tile` gives with each interval's spans of `same` and `extra`'s
+        // regions as reads and its span of `out` as the write, computed with less work: a
+        // tile's intervals are joined into runs once, and every tensor of `same` reads those
+        // runs (joining each tensor's spans is separate from joining another's).
+        let mut once = same.to_vec();
+        once.sort_unstable();
+        once.dedup();
+        let mapping = self.tensors[out.index()].mapping.clone();
+        let mut tiles = mapping.runs_per_tile().iter();
+        let mut runs: Vec<Region> = Vec::new();
+        let mut others: Vec<Region> = Vec::new();
+        self.per_tile_groups(node, "op", out, codelet, cycles, |group| {
+            // The groups come in the order of the tiles.
+            let (tile, joined) = tiles.next().expect("a group per tile");
+            debug_assert_eq!(*tile, group[0].tile);
+            runs.clear();
+            runs.extend(joined.iter().map(|r| Region { tensor: out, ..*r }));
+            others.clear();
+            for iv in group {
+                others.extend(extra(iv.start, iv.len));
+            }
+            let reads = if others.iter().any(|r| once.binary_search(&r.tensor).is_ok()) {
+                // `extra` reads a tensor of `same` too: join their regions together.
+                let mut reads: Vec<Region> = group
+                    .iter()
+                    .flat_map(|iv| same.iter().map(|&t| Region::span(t, iv.start, iv.len)))
+                    .collect();
+                reads.append(&mut others);
+                compress(reads)
+            } else {
+                let mut reads = compress(std::mem::take(&mut others));
+                for &t in &once {
+                    reads.extend(runs.iter().map(|r| Region { tensor: t, ..*r }));
+                }
+                reads.sort_unstable();
+                reads
+            };
+            let mut writes = runs.clone();
+            writes.sort_unstable();
+            (reads, writes)
         });
     }
 
@@ -1243,7 +1273,7 @@ pub(crate) fn broadcast_reads(
     let rank = to.rank();
     let pad = rank - from.rank();
     // Operand strides in output coordinates (0 on broadcast axes).
-    let mut strides = vec![0u64; rank];
+    let mut strides = [0u64; tessera_core::MAX_RANK];
     let mut s = 1u64;
     for i in (0..rank).rev() {
         let d = if i >= pad { from.dim(i - pad) } else { 1 } as u64;
@@ -1747,7 +1777,7 @@ mod tests {
             let start = start % n;
             let len = len.min(n - start);
             let rank = to.rank();
-            let mut strides = vec![0u64; rank];
+            let mut strides = [0u64; tessera_core::MAX_RANK];
             let mut s = 1u64;
             for i in (0..rank).rev() {
                 let d = from.dim(i) as u64;

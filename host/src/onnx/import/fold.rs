@@ -317,6 +317,12 @@ impl<'a> Importer<'a> {
                     .dims
                     .last()
                     .ok_or_else(|| self.bad("indices of rank 0"))?;
+                if k > a.dims.len() {
+                    return Err(self.bad(format!(
+                        "index tuples of {k} for a rank-{} input",
+                        a.dims.len()
+                    )));
+                }
                 let st = consts::strides(&a.dims);
                 let inner: usize = a.dims[k..].iter().product();
                 let mut data = Vec::new();

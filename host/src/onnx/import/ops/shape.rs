@@ -94,6 +94,9 @@ impl<'a> Importer<'a> {
                 let mut out = Vec::with_capacity(r);
                 for &a in &p {
                     let a = self.axis(a, r)?;
+                    if a >= r {
+                        return Err(self.bad(format!("perm {p:?} for a rank-{r} input")));
+                    }
                     if seen[a] {
                         return Err(self.bad(format!("perm {p:?} repeats an axis")));
                     }
