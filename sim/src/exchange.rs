@@ -707,18 +707,18 @@ impl Locality {
 
 /// A tensor's intervals joined into strided blocks per tile, sorted by (tile, start).
 fn tile_blocks(t: &ProgTensor) -> Vec<(TileId, Region)> {
-    let mut ivs: Vec<(TileId, u64, u64)> = t
-        .mapping
-        .intervals()
-        .iter()
-        .map(|iv| (iv.tile, iv.start, iv.len))
-        .collect();
-    ivs.sort_unstable();
     let mut blocks = Vec::new();
-    for group in ivs.chunk_by(|a, b| a.0 == b.0) {
-        let tile = group[0].0;
+    for group in t
+        .mapping
+        .intervals_by_tile()
+        .chunk_by(|a, b| a.tile == b.tile)
+    {
+        let tile = group[0].tile;
         let mut b = RunBuilder::new(TensorId(0));
-        for &(_, s, l) in group {
+        for &crate::program::Interval {
+            start: s, len: l, ..
+        } in group
+        {
             if let Some(done) = b.push(s, l) {
                 blocks.push((tile, done));
             }

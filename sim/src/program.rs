@@ -99,6 +99,8 @@ struct Derived {
     regions: std::sync::OnceLock<Vec<(TileId, u64, u64)>>,
     /// [`Mapping::runs_per_tile`].
     runs: std::sync::OnceLock<Vec<(TileId, Vec<Region>)>>,
+    /// [`Mapping::intervals_by_tile`].
+    by_tile: std::sync::OnceLock<Vec<Interval>>,
 }
 
 impl PartialEq for Mapping {
@@ -149,31 +151,25 @@ impl Mapping {
     /// as (tile, elements, regions), sorted by tile.
     pub fn regions_per_tile(&self) -> &[(TileId, u64, u64)] {
         self.derived.regions.get_or_init(|| {
-            let mut ivs: Vec<(TileId, u64, u64)> = self
-                .intervals
+            self.runs_per_tile()
                 .iter()
-                .map(|iv| (iv.tile, iv.start, iv.len))
-                .collect();
-            ivs.sort_unstable();
-            let mut done = Vec::new();
-            ivs.chunk_by(|a, b| a.0 == b.0)
-                .map(|group| {
-                    let mut j = SpanJoiner::new(TensorId(0));
-                    for &(_, s, l) in group {
-                        j.push(s, l);
-                    }
-                    done.clear();
-                    j.finish(&mut done);
-                    let elements = group.iter().map(|g| g.2).sum();
-                    (group[0].0, elements, done.len() as u64)
+                .zip(self.intervals_by_tile().chunk_by(|a, b| a.tile == b.tile))
+                .map(|((tile, runs), group)| {
+                    let elements = group.iter().map(|g| g.len).sum();
+                    (*tile, elements, runs.len() as u64)
                 })
                 .collect()
         })
     }
 
     /// The intervals ordered by tile, then start (a counting sort by tile of the intervals,
-    /// which are in order of start).
-    pub fn intervals_by_tile(&self) -> Vec<Interval> {
+    /// which are in order of start); made once and shared by the copies.
+    pub fn intervals_by_tile(&self) -> &[Interval] {
+        self.derived.by_tile.get_or_init(|| self.sort_by_tile())
+    }
+
+    /// [`intervals_by_tile`](Self::intervals_by_tile), computed.
+    fn sort_by_tile(&self) -> Vec<Interval> {
         let ivs = &self.intervals;
         let tiles = ivs.iter().map(|i| i.tile.0 as usize + 1).max().unwrap_or(0);
         let mut first = vec![0usize; tiles + 1];

@@ -466,7 +466,8 @@ impl<'a, S: Storage> Lowering<'a, S> {
         cycles: impl Fn(u64) -> u64,
         mut regions: impl FnMut(&[Interval]) -> (Vec<Region>, Vec<Region>),
     ) {
-        let ivs = self.tensors[over.index()].mapping.intervals_by_tile();
+        let mapping = self.tensors[over.index()].mapping.clone();
+        let ivs = mapping.intervals_by_tile();
         let vertices = ivs
             .chunk_by(|a, b| a.tile == b.tile)
             .map(|group| {

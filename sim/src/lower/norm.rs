@@ -191,22 +191,24 @@ fn by_use<S: Storage>(
         kept = Some(k);
         inner *= d;
     }
+    let hull = reduce::Hull::new(shape, axes);
     let mut users: Vec<(u64, u32)> = Vec::new();
+    let mut hulls = Vec::new();
     for iv in l.tensors[xt.index()].mapping.intervals() {
         // The groups of each run (their hull when there are too many runs to walk).
         let runs = iv.len / inner.max(1) + 2;
-        let mut hulls = Vec::new();
+        hulls.clear();
         if runs > STATS_RUNS {
-            hulls.push(reduce::group_hull(shape, axes, iv.start, iv.len));
+            hulls.push(hull.of(iv.start, iv.len));
         } else {
             let mut e = iv.start;
             while e < iv.end() {
                 let run = (inner - e % inner).min(iv.end() - e);
-                hulls.push(reduce::group_hull(shape, axes, e, run));
+                hulls.push(hull.of(e, run));
                 e += run;
             }
         }
-        for (g0, g1) in hulls {
+        for &(g0, g1) in &hulls {
             users.extend((g0 / STATS_GRAIN..g1.div_ceil(STATS_GRAIN)).map(|q| (q, iv.tile.0)));
         }
     }

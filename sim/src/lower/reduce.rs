@@ -122,64 +122,99 @@ const HULL_RUNS: u64 = 64;
 /// batch norm's `[N, C, H, W]` over `N, H, W` is `[N] [C] [H*W]`. Exact when the group index
 /// grows with the element index (no reduced block outside a kept one) or when the elements
 /// take at most [`HULL_RUNS`] runs of the innermost block, else every group.
+#[cfg(test)]
 pub(super) fn group_hull(
     sx: Shape,
     axes: tessera_core::ops::Axes,
     start: u64,
     len: u64,
 ) -> (u64, u64) {
-    // (size, kept) of each block, outermost first.
-    let mut blocks: Vec<(u64, bool)> = Vec::with_capacity(sx.rank());
-    for a in 0..sx.rank() {
-        let (d, kept) = (sx.dim(a) as u64, !axes.contains(a));
-        if d == 1 {
-            continue;
+    Hull::new(sx, axes).of(start, len)
+}
+
+/// [`group_hull`] for one shape and set of axes, its blocks worked out once for the many
+/// intervals of a mapping.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Hull {
+    /// (size, kept) of each block, outermost first.
+    blocks: [(u64, bool); tessera_core::MAX_RANK],
+    n: usize,
+    /// Strides of the kept blocks in the group index (0 for reduced blocks).
+    gst: [u64; tessera_core::MAX_RANK],
+    groups: u64,
+    monotonic: bool,
+}
+
+impl Hull {
+    pub(super) fn new(sx: Shape, axes: tessera_core::ops::Axes) -> Self {
+        let mut blocks = [(0u64, false); tessera_core::MAX_RANK];
+        let mut n = 0;
+        for a in 0..sx.rank() {
+            let (d, kept) = (sx.dim(a) as u64, !axes.contains(a));
+            if d == 1 {
+                continue;
+            }
+            if n > 0 && blocks[n - 1].1 == kept {
+                blocks[n - 1].0 *= d;
+            } else {
+                blocks[n] = (d, kept);
+                n += 1;
+            }
         }
-        match blocks.last_mut() {
-            Some(b) if b.1 == kept => b.0 *= d,
-            _ => blocks.push((d, kept)),
+        let groups: u64 = blocks[..n].iter().filter(|b| b.1).map(|b| b.0).product();
+        let mut gst = [0u64; tessera_core::MAX_RANK];
+        let mut acc = 1u64;
+        for k in (0..n).rev() {
+            if blocks[k].1 {
+                gst[k] = acc;
+                acc *= blocks[k].0;
+            }
+        }
+        let monotonic = blocks[..n].windows(2).all(|w| w[0].1 || !w[1].1);
+        Hull {
+            blocks,
+            n,
+            gst,
+            groups,
+            monotonic,
         }
     }
-    let groups: u64 = blocks.iter().filter(|b| b.1).map(|b| b.0).product();
-    if len == 0 || blocks.is_empty() {
-        return (0, groups.min(1));
-    }
-    // Strides of the kept blocks in the group index.
-    let mut gst = vec![0u64; blocks.len()];
-    let mut acc = 1u64;
-    for (k, b) in blocks.iter().enumerate().rev() {
-        if b.1 {
-            gst[k] = acc;
-            acc *= b.0;
-        }
-    }
-    let group_of = |e: u64| {
+
+    /// The group of element `e`.
+    fn group_of(&self, e: u64) -> u64 {
         let (mut rem, mut g) = (e, 0u64);
-        for (k, b) in blocks.iter().enumerate().rev() {
-            g += (rem % b.0) * gst[k];
-            rem /= b.0;
+        for k in (0..self.n).rev() {
+            let b = self.blocks[k].0;
+            g += (rem % b) * self.gst[k];
+            rem /= b;
         }
         g
-    };
-    let monotonic = blocks.windows(2).all(|w| w[0].1 || !w[1].1);
-    if monotonic {
-        return (group_of(start), group_of(start + len - 1) + 1);
     }
-    let (last, last_kept) = blocks[blocks.len() - 1];
-    if len / last + 2 > HULL_RUNS {
-        return (0, groups);
+
+    /// The hull of the groups elements `start .. start + len` belong to.
+    pub(super) fn of(&self, start: u64, len: u64) -> (u64, u64) {
+        if len == 0 || self.n == 0 {
+            return (0, self.groups.min(1));
+        }
+        if self.monotonic {
+            return (self.group_of(start), self.group_of(start + len - 1) + 1);
+        }
+        let (last, last_kept) = self.blocks[self.n - 1];
+        if len / last + 2 > HULL_RUNS {
+            return (0, self.groups);
+        }
+        let (mut g0, mut g1) = (u64::MAX, 0u64);
+        let mut e = start;
+        while e < start + len {
+            let run = (last - e % last).min(start + len - e);
+            let g = self.group_of(e);
+            let span = if last_kept { run } else { 1 };
+            g0 = g0.min(g);
+            g1 = g1.max(g + span);
+            e += run;
+        }
+        (g0, g1)
     }
-    let (mut g0, mut g1) = (u64::MAX, 0u64);
-    let mut e = start;
-    while e < start + len {
-        let run = (last - e % last).min(start + len - e);
-        let g = group_of(e);
-        let span = if last_kept { run } else { 1 };
-        g0 = g0.min(g);
-        g1 = g1.max(g + span);
-        e += run;
-    }
-    (g0, g1)
 }
 
 /// Whether a reduction to `outputs` values of `length` elements each is one that may run in
@@ -286,15 +321,13 @@ pub(super) fn two_stage<S: Storage>(
 ) -> bool {
     // Stage 1: per tile holding the input, partial blocks over the groups it touches (the
     // hulls of its intervals' groups, merged where they touch).
-    let mut ivs: Vec<Interval> = l.tensors[xs[0].index()].mapping.intervals().to_vec();
-    ivs.sort_by_key(|iv| (iv.tile, iv.start));
+    let mapping = l.tensors[xs[0].index()].mapping.clone();
+    let ivs = mapping.intervals_by_tile();
+    let hull = Hull::new(sx, axes);
     let tiles: Vec<TileHulls<'_>> = ivs
         .chunk_by(|a, b| a.tile == b.tile)
         .map(|g| {
-            let mut hulls: Vec<(u64, u64)> = g
-                .iter()
-                .map(|iv| group_hull(sx, axes, iv.start, iv.len))
-                .collect();
+            let mut hulls: Vec<(u64, u64)> = g.iter().map(|iv| hull.of(iv.start, iv.len)).collect();
             hulls.sort_unstable();
             let mut merged: Vec<(u64, u64)> = Vec::with_capacity(hulls.len());
             for (a, b) in hulls {
@@ -398,10 +431,24 @@ fn first_stage<S: Storage>(
         offset,
         Mapping::from_intervals(layout),
     );
+    // Each tile reads its intervals of every input: the runs they join into (the same for
+    // every input, laid out alike), made once per mapping.
+    let mapping = l.tensors[xs[0].index()].mapping.clone();
+    let runs = mapping.runs_per_tile();
+    let mut inputs = xs.to_vec();
+    inputs.sort_unstable();
+    inputs.dedup();
     let stage1 = tiles
         .iter()
         .enumerate()
         .map(|(t, (g, hulls))| {
+            let (tile, joined) = &runs[t];
+            debug_assert_eq!(*tile, g[0].tile);
+            let mut reads: Vec<Region> = inputs
+                .iter()
+                .flat_map(|&x| joined.iter().map(move |r| Region { tensor: x, ..*r }))
+                .collect();
+            reads.sort_unstable();
             let n: u64 = g.iter().map(|iv| iv.len).sum();
             let touched = hulls.iter().map(|&(a, b)| b - a).sum::<u64>().max(1);
             let mine = &pieces[first_piece[t]..first_piece[t + 1]];
@@ -417,11 +464,7 @@ fn first_stage<S: Storage>(
                 }),
                 cycles: passes * cost::reduce_cycles(cfg, touched, n.div_ceil(touched), dt)
                     + super::REGION_OVERHEAD_CYCLES * (mine.len() as u64).saturating_sub(1),
-                reads: compress(
-                    xs.iter()
-                        .flat_map(|&x| g.iter().map(move |iv| Region::span(x, iv.start, iv.len)))
-                        .collect(),
-                ),
+                reads,
                 writes: compress(
                     mine.iter()
                         .map(|&(v0, v1, off)| Region::span(partials, off, v1 - v0))
