@@ -15,7 +15,8 @@ Two kinds of small models, all built with onnx.helper and numpy (no exporter):
   the attribute forms later versions replaced by inputs) and `matmul_fixed`
   (two inputs of fixed shapes, X[5, 3] and Y[3, 4]), `activations` (opset 18:
   the activations ONNX has as ops, PRelu, InstanceNormalization, Pad, Tile,
-  Resize), `pad_crop` and `upsample_opset9`. Each model's intermediate
+  Resize), `window1d` (1-D Conv and pooling), `pad_crop` and
+  `upsample_opset9`. Each model's intermediate
   shapes are stored as `value_info` (ONNX shape inference with data
   propagation, checked against the shapes onnxruntime computes), and every
   onnxruntime output is cross-checked against onnx's own numpy reference
@@ -93,6 +94,7 @@ SEEDS = {
     "activations": 1009,
     "upsample_opset9": 1010,
     "pad_crop": 1011,
+    "window1d": 1012,
     "unsupported_op": 1103,
 }
 
@@ -1064,6 +1066,55 @@ def activations_model():
     return model, [("x", x)]
 
 
+def window1d_model():
+    """window1d.onnx (opset 18): 1-D Conv (bias, stride 2, dilation 2, uneven pads, two
+    groups), MaxPool and AveragePool 1-D, GlobalAveragePool and GlobalMaxPool of [N, C, L],
+    each a graph output."""
+    rng = rng_for("window1d")
+    x = uniform(rng, (2, 4, 11))
+    b = Builder()
+    w = b.init("conv.w", uniform(rng, (6, 2, 3)))
+    bias = b.init("conv.b", uniform(rng, (6,)))
+    b.op("Conv", ["x", w, bias], "conv", outputs=["y_conv"], strides=[2], dilations=[2],
+         pads=[1, 2], group=2)
+    b.op("MaxPool", ["x"], "maxpool", outputs=["y_maxpool"], kernel_shape=[3], strides=[2],
+         pads=[1, 1])
+    b.op("AveragePool", ["x"], "avgpool", outputs=["y_avgpool"], kernel_shape=[2],
+         pads=[0, 1], count_include_pad=0)
+    b.op("GlobalAveragePool", ["x"], "gap", outputs=["y_gap"])
+    b.op("GlobalMaxPool", ["x"], "gmp", outputs=["y_gmp"])
+    shapes = {"y_conv": [2, 6, 5], "y_maxpool": [2, 4, 6], "y_avgpool": [2, 4, 11],
+              "y_gap": [2, 4, 1], "y_gmp": [2, 4, 1]}
+    model = make_model(b, "window1d", [value_info("x", F32, [2, 4, 11])],
+                       [value_info(o, F32, d) for o, d in shapes.items()], 18,
+                       "1-D Conv (bias, stride 2, dilation 2, pads [1, 2], two groups), "
+                       "MaxPool 1-D, AveragePool 1-D and the global poolings of [N, C, L].")
+    return model, [("x", x)]
+
+
+def window1d_self_check(model, x, outputs):
+    """window1d in numpy, from its initializers."""
+    w = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    x = x.astype(np.float64)
+    got = dict(outputs)
+    # Conv: stride 2, dilation 2, pads [1, 2], two groups of 2 input channels.
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 2)))
+    k, conv = w["conv.w"], np.zeros((2, 6, 5))
+    for o in range(6):
+        g = o // 3
+        for t in range(5):
+            taps = xp[:, 2 * g:2 * g + 2, 2 * t:2 * t + 5:2]
+            conv[:, o, t] = (taps * k[o][None]).sum(axis=(1, 2)) + w["conv.b"][o]
+    check_close("window1d y_conv (numpy)", got["y_conv"], conv)
+    xm = np.pad(x, ((0, 0), (0, 0), (1, 1)), constant_values=-np.inf)
+    check_close("window1d y_maxpool (numpy)", got["y_maxpool"],
+                np.stack([xm[:, :, 2 * t:2 * t + 3].max(axis=2) for t in range(6)], axis=2))
+    avg = np.stack([x[:, :, t:t + 2].mean(axis=2) for t in range(11)], axis=2)
+    check_close("window1d y_avgpool (numpy)", got["y_avgpool"], avg)
+    check_close("window1d y_gap (numpy)", got["y_gap"], x.mean(axis=2, keepdims=True))
+    check_close("window1d y_gmp (numpy)", got["y_gmp"], x.max(axis=2, keepdims=True))
+
+
 def pad_crop_model():
     """pad_crop.onnx: Pad with negative pads (a crop) on one axis and positive on another."""
     rng = rng_for("pad_crop")
@@ -1422,6 +1473,11 @@ def numerics_fixtures():
 
     model, feeds = activations_model()
     emit("activations", model, feeds)
+    # onnx.reference's GlobalMaxPool reduces axes 2 and 3 whatever the rank (onnx 1.23.2):
+    # numpy checks this model instead.
+    model, feeds = window1d_model()
+    emit("window1d", model, feeds, lambda m, f, o: window1d_self_check(m, f[0][1], o),
+         reference=False)
     # onnx.reference's Pad refuses negative pads: numpy checks this one.
     model, feeds = pad_crop_model()
     emit("pad_crop", model, feeds, lambda m, f, o: pad_crop_self_check(f[0][1], o[0][1]),

@@ -1,4 +1,5 @@
-//! Convolutions and pooling (2-D, NCHW).
+//! Convolutions and pooling (2-D, NCHW; 1-D as 2-D with a height of 1, as poplin plans a
+//! 1-D convolution: a spatial axis of size 1 costs nothing).
 
 use super::super::*;
 use super::{Converter, Family};
@@ -38,7 +39,8 @@ pub(super) const CONVERTERS: &[Converter] = &[
 ];
 
 impl<'a> Importer<'a> {
-    /// Explicit `[top, left, bottom, right]` pads of a 2-D window op.
+    /// Explicit `[top, left, bottom, right]` pads of a 2-D window op (of a 1-D one, of
+    /// `spatial` 1, as 2-D with a height of 1: `[0, begin, 0, end]`).
     pub(in crate::onnx::import) fn pads2d(
         &self,
         node: &NodeProto,
@@ -46,15 +48,24 @@ impl<'a> Importer<'a> {
         kernel: [usize; 2],
         stride: [usize; 2],
         dilation: [usize; 2],
+        spatial: usize,
     ) -> R<[u32; 4]> {
         let auto = self
             .attr_s(node, "auto_pad")
             .unwrap_or_else(|| "NOTSET".into());
         match auto.as_str() {
             "NOTSET" => {
-                let p = self.attr_ints(node, "pads").unwrap_or_else(|| vec![0; 4]);
-                if p.len() != 4 || p.iter().any(|&x| x < 0) {
-                    return Err(self.bad(format!("pads {p:?}: four non-negative values expected")));
+                let p = self
+                    .attr_ints(node, "pads")
+                    .unwrap_or_else(|| vec![0; 2 * spatial]);
+                if p.len() != 2 * spatial || p.iter().any(|&x| x < 0) {
+                    return Err(self.bad(format!(
+                        "pads {p:?}: {} non-negative values expected",
+                        2 * spatial
+                    )));
+                }
+                if spatial == 1 {
+                    return Ok([0, p[0] as u32, 0, p[1] as u32]);
                 }
                 Ok([p[0] as u32, p[1] as u32, p[2] as u32, p[3] as u32])
             }
@@ -81,39 +92,88 @@ impl<'a> Importer<'a> {
         }
     }
 
-    pub(in crate::onnx::import) fn pair2(&self, node: &NodeProto, name: &str) -> R<[usize; 2]> {
+    /// A window attribute (strides, dilations) of a 2-D op, or of a 1-D one (`spatial` 1) as
+    /// 2-D with a height of 1; absent, ones.
+    pub(in crate::onnx::import) fn pair2(
+        &self,
+        node: &NodeProto,
+        name: &str,
+        spatial: usize,
+    ) -> R<[usize; 2]> {
         match self.attr_ints(node, name) {
             None => Ok([1, 1]),
-            Some(v) if v.len() == 2 && v.iter().all(|&x| x >= 1) => {
-                Ok([v[0] as usize, v[1] as usize])
-            }
-            Some(v) => Err(self.unsupported(format!(
-                "{name} {v:?} (2-D windows with positive values only)"
+            Some(v) if v.len() == spatial && v.iter().all(|&x| x >= 1) => Ok(if spatial == 1 {
+                [1, v[0] as usize]
+            } else {
+                [v[0] as usize, v[1] as usize]
+            }),
+            Some(v) => Err(self.bad(format!("{name} {v:?}: {spatial} positive values expected"))),
+        }
+    }
+
+    /// The number of spatial axes of a window op's input of rank `r`: 1 or 2 are read (a 1-D
+    /// op as 2-D with a height of 1), others refused.
+    fn spatial_axes(&self, r: usize, what: &str) -> R<usize> {
+        match r {
+            3 | 4 => Ok(r - 2),
+            _ => Err(self.unsupported(format!(
+                "a {}-D {what} (1-D and 2-D: input [N, C, L] or [N, C, H, W])",
+                r.saturating_sub(2)
             ))),
         }
+    }
+
+    /// `v` (of `dims`) with a unit axis inserted before its last, as a view (a 1-D window op's
+    /// operand as 2-D).
+    fn lift_1d(&mut self, node: &NodeProto, v: NodeId, dims: &[usize], what: &str) -> R<NodeId> {
+        let mut d = dims.to_vec();
+        d.insert(d.len() - 1, 1);
+        let name = self.out_name(node, &format!("{what}_2d"));
+        chk!(self, self.g.reshape(&name, v, &d))
     }
 
     pub(in crate::onnx::import) fn conv(&mut self, node: &NodeProto) -> R<Vec<Val>> {
         let xv = self.req(node, 0)?;
         let wv = self.req(node, 1)?;
-        let (sx, sw) = (self.dims(&xv), self.dims(&wv));
-        if sx.len() != 4 || sw.len() != 4 {
-            return Err(self.unsupported(format!(
-                "a {}-D convolution (only 2-D: input [N, C, H, W])",
-                sx.len().saturating_sub(2)
+        let (sx0, sw0) = (self.dims(&xv), self.dims(&wv));
+        let spatial = self.spatial_axes(sx0.len(), "convolution")?;
+        if sw0.len() != sx0.len() {
+            return Err(self.bad(format!(
+                "weights of rank {} for an input of rank {}",
+                sw0.len(),
+                sx0.len()
             )));
         }
-        let stride = self.pair2(node, "strides")?;
-        let dilation = self.pair2(node, "dilations")?;
+        let lift = |d: &[usize]| {
+            let mut d = d.to_vec();
+            if spatial == 1 {
+                d.insert(2, 1);
+            }
+            d
+        };
+        let (sx, sw) = (lift(&sx0), lift(&sw0));
+        let stride = self.pair2(node, "strides", spatial)?;
+        let dilation = self.pair2(node, "dilations", spatial)?;
         let groups = self.attr_i(node, "group", 1).max(1) as u32;
-        let pads = self.pads2d(node, [sx[2], sx[3]], [sw[2], sw[3]], stride, dilation)?;
+        let pads = self.pads2d(
+            node,
+            [sx[2], sx[3]],
+            [sw[2], sw[3]],
+            stride,
+            dilation,
+            spatial,
+        )?;
         let mut p = ConvParams::new(DataLayout::Nchw);
         p.stride = [stride[0] as u32, stride[1] as u32];
         p.dilation = [dilation[0] as u32, dilation[1] as u32];
         p.groups = groups;
-        let (x, w) = (self.ti(node, 0)?, self.ti(node, 1)?);
+        let (mut x, mut w) = (self.ti(node, 0)?, self.ti(node, 1)?);
+        if spatial == 1 {
+            x = self.lift_1d(node, x, &sx0, "input")?;
+            w = self.lift_1d(node, w, &sw0, "weights")?;
+        }
         let has_b = self.opt(node, 2)?.is_some();
-        let name = if has_b {
+        let name = if has_b || spatial == 1 {
             self.out_name(node, "conv")
         } else {
             self.out_name(node, "")
@@ -123,33 +183,68 @@ impl<'a> Importer<'a> {
             let b = self.ti(node, 2)?;
             let vname = self.out_name(node, "bias_view");
             let bv = chk!(self, self.g.reshape(&vname, b, &[sw[0], 1, 1]))?;
-            let name = self.out_name(node, "");
+            let name = if spatial == 1 {
+                self.out_name(node, "biased")
+            } else {
+                self.out_name(node, "")
+            };
             y = chk!(self, self.g.add(&name, y, bv))?;
+        }
+        if spatial == 1 {
+            y = self.lower_1d(node, y)?;
         }
         Ok(vec![Val::T(y, Elem::F32)])
     }
 
+    /// A 2-D result of a lifted 1-D op back to 1-D (the unit height dropped), named after the
+    /// node's output.
+    fn lower_1d(&mut self, node: &NodeProto, y: NodeId) -> R<NodeId> {
+        let mut d: Vec<usize> = self
+            .g
+            .node(y)
+            .shape()
+            .dims()
+            .iter()
+            .map(|&v| v as usize)
+            .collect();
+        d.remove(2);
+        let name = self.out_name(node, "");
+        chk!(self, self.g.reshape(&name, y, &d))
+    }
+
     pub(in crate::onnx::import) fn pool(&mut self, node: &NodeProto) -> R<Vec<Val>> {
         let xv = self.req(node, 0)?;
-        let sx = self.dims(&xv);
-        if sx.len() != 4 {
-            return Err(self.unsupported("only 2-D pooling (input [N, C, H, W])"));
+        let sx0 = self.dims(&xv);
+        let spatial = self.spatial_axes(sx0.len(), "pooling")?;
+        let mut sx = sx0.clone();
+        if spatial == 1 {
+            sx.insert(2, 1);
         }
         if self.attr_i(node, "ceil_mode", 0) != 0 {
             return Err(self.unsupported("ceil_mode = 1"));
         }
-        if self.pair2(node, "dilations")? != [1, 1] {
+        if self.pair2(node, "dilations", spatial)? != [1, 1] {
             return Err(self.unsupported("dilated pooling"));
         }
         if node.output.get(1).is_some_and(|s| !s.is_empty()) {
             return Err(self.unsupported("the Indices output"));
         }
         let kernel = match self.attr_ints(node, "kernel_shape") {
-            Some(k) if k.len() == 2 && k.iter().all(|&v| v >= 1) => [k[0] as usize, k[1] as usize],
-            k => return Err(self.bad(format!("kernel_shape {k:?}: two positive values expected"))),
+            Some(k) if k.len() == spatial && k.iter().all(|&v| v >= 1) => {
+                if spatial == 1 {
+                    [1, k[0] as usize]
+                } else {
+                    [k[0] as usize, k[1] as usize]
+                }
+            }
+            k => {
+                return Err(self.bad(format!(
+                    "kernel_shape {k:?}: {spatial} positive values expected"
+                )))
+            }
         };
-        let stride = self.pair2(node, "strides")?;
-        let pads = self.pads2d(node, [sx[2], sx[3]], kernel, stride, [1, 1])?;
+        let stride = self.pair2(node, "strides", spatial)?;
+        let pads = self.pads2d(node, [sx[2], sx[3]], kernel, stride, [1, 1], spatial)?;
         let kind = if self.op == "MaxPool" {
             PoolKind::Max
         } else {
@@ -163,18 +258,37 @@ impl<'a> Importer<'a> {
             [kernel[0] as u32, kernel[1] as u32],
             [stride[0] as u32, stride[1] as u32],
         );
-        let x = self.ti(node, 0)?;
-        let name = self.out_name(node, "");
-        let id = chk!(
+        let mut x = self.ti(node, 0)?;
+        if spatial == 1 {
+            x = self.lift_1d(node, x, &sx0, "input")?;
+        }
+        let name = if spatial == 1 {
+            self.out_name(node, "pool")
+        } else {
+            self.out_name(node, "")
+        };
+        let mut id = chk!(
             self,
             self.g.pool2d(&name, x, params, Padding::Explicit(pads))
         )?;
+        if spatial == 1 {
+            id = self.lower_1d(node, id)?;
+        }
         Ok(vec![Val::T(id, Elem::F32)])
     }
 }
 
 impl<'a> Importer<'a> {
     fn global_average_pool(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let r = self.dims(&self.req(node, 0)?).len();
+        if r != 4 {
+            // Over every spatial axis, kept.
+            let axes: Vec<isize> = (2..r as isize).collect();
+            let x = self.ti(node, 0)?;
+            let name = self.out_name(node, "");
+            let id = chk!(self, self.g.reduce(&name, x, &axes, true, ReduceKind::Mean))?;
+            return Ok(vec![Val::T(id, Elem::F32)]);
+        }
         let x = self.ti(node, 0)?;
         let name = self.out_name(node, "");
         let id = chk!(
@@ -185,12 +299,11 @@ impl<'a> Importer<'a> {
     }
 
     fn global_max_pool(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let r = self.dims(&self.req(node, 0)?).len();
+        let axes: Vec<isize> = (2..r.max(2) as isize).collect();
         let x = self.ti(node, 0)?;
         let name = self.out_name(node, "");
-        let id = chk!(
-            self,
-            self.g.reduce(&name, x, &[2, 3], true, ReduceKind::Max)
-        )?;
+        let id = chk!(self, self.g.reduce(&name, x, &axes, true, ReduceKind::Max))?;
         Ok(vec![Val::T(id, Elem::F32)])
     }
 }
