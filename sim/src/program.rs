@@ -551,6 +551,7 @@ impl SpanJoiner {
             let starts: Vec<u64> = class.iter().map(|c| c.1).collect();
             let mut used = vec![false; starts.len()];
             let at = |x: u64| starts.binary_search(&x).ok();
+            let mut supports: std::collections::HashMap<u64, usize> = Default::default();
             for i in 0..starts.len() {
                 if used[i] {
                     continue;
@@ -584,7 +585,12 @@ impl SpanJoiner {
                 // a partner at (the rows of a block are all that far apart; a stride that
                 // strings rows of different blocks together rarely recurs), the nearest
                 // among equals.
-                let support = |d: u64| starts.iter().filter(|&&x| at(x + d).is_some()).count();
+                // (A distance's support depends on the class alone: counted once.)
+                let mut support = |d: u64| {
+                    *supports
+                        .entry(d)
+                        .or_insert_with(|| starts.iter().filter(|&&x| at(x + d).is_some()).count())
+                };
                 let tied: Vec<usize> = rows.iter().filter(|r| r.0 == most).map(|r| r.1).collect();
                 let j = if tied.len() == 1 {
                     tied[0]

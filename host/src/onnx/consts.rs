@@ -403,6 +403,39 @@ pub fn reduce(x: &Const, reduced: &[bool], keep: bool, op: &str) -> Const {
     Const::new(dims, x.elem, data, x.baked)
 }
 
+/// The index of the greatest (`max`) or least value of `x` along `axis`, the first of equal
+/// ones (the last with `last`), as int64; the axis kept as 1 when `keep`.
+pub fn arg_extreme(x: &Const, axis: usize, keep: bool, max: bool, last: bool) -> Const {
+    let n = x.dims[axis];
+    let inner: usize = x.dims[axis + 1..].iter().product();
+    let outer: usize = x.dims[..axis].iter().product();
+    let mut data = Vec::with_capacity(outer * inner);
+    for o in 0..outer {
+        for i in 0..inner {
+            let mut best: Option<(usize, f64)> = None;
+            for k in 0..n {
+                let v = x.data[(o * n + k) * inner + i];
+                let better = match best {
+                    None => true,
+                    Some((_, b)) if max => v > b || (last && v == b),
+                    Some((_, b)) => v < b || (last && v == b),
+                };
+                if better {
+                    best = Some((k, v));
+                }
+            }
+            data.push(best.map_or(0.0, |b| b.0 as f64));
+        }
+    }
+    let mut dims = x.dims.clone();
+    if keep {
+        dims[axis] = 1;
+    } else {
+        dims.remove(axis);
+    }
+    Const::new(dims, Elem::I64, data, x.baked)
+}
+
 /// `x` broadcast to `dims` (numpy rules).
 pub fn expand(x: &Const, dims: &[usize]) -> Option<Const> {
     let out = broadcast(&x.dims, dims)?;

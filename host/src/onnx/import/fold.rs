@@ -26,6 +26,8 @@ impl<'a> Importer<'a> {
             "ReduceMax",
             "ReduceSum",
             "ReduceMean",
+            "ArgMax",
+            "ArgMin",
             "Equal",
             "Less",
             "LessOrEqual",
@@ -145,6 +147,16 @@ impl<'a> Importer<'a> {
                     }
                 }
                 c(out)
+            }
+            "ArgMax" | "ArgMin" => {
+                let r = a.dims.len();
+                if r == 0 {
+                    return Err(self.bad("an input of rank 0"));
+                }
+                let axis = self.axis(self.attr_i(node, "axis", 0), r)?;
+                let keep = self.attr_i(node, "keepdims", 1) != 0;
+                let last = self.attr_i(node, "select_last_index", 0) != 0;
+                c(consts::arg_extreme(&a, axis, keep, op == "ArgMax", last))
             }
             "ReduceMax" | "ReduceSum" | "ReduceMean" => {
                 let since = if op == "ReduceSum" { 13 } else { 18 };

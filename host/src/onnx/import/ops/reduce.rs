@@ -1,4 +1,4 @@
-//! Reductions over axes.
+//! Reductions over axes, and ArgMax / ArgMin.
 
 use super::super::*;
 use super::{Converter, Family};
@@ -22,6 +22,18 @@ pub(super) const CONVERTERS: &[Converter] = &[
         family: Family::Reduction,
         versions: &[1, 11, 12, 13, 18, 20],
         convert: |im, n| im.reduce(n),
+    },
+    Converter {
+        op: "ArgMax",
+        family: Family::Reduction,
+        versions: &[1, 11, 12, 13],
+        convert: |im, n| im.arg_extreme(n),
+    },
+    Converter {
+        op: "ArgMin",
+        family: Family::Reduction,
+        versions: &[1, 11, 12, 13],
+        convert: |im, n| im.arg_extreme(n),
     },
 ];
 
@@ -57,5 +69,68 @@ impl<'a> Importer<'a> {
         let name = self.out_name(node, "");
         let id = chk!(self, self.g.reduce(&name, x, &axes, keep, kind))?;
         Ok(vec![Val::T(id, e)])
+    }
+
+    /// `ArgMax` / `ArgMin` along `axis`, built of graph ops (the maximum, a comparison with
+    /// it, a selection of each position's index where it equals it, and a maximum of those):
+    /// the first index of the extreme (the last with `select_last_index`), as int64.
+    fn arg_extreme(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let v = self.req(node, 0)?;
+        let d = self.dims(&v);
+        if d.is_empty() {
+            return Err(self.bad("an input of rank 0"));
+        }
+        if !self.elem(&v).is_float() {
+            return Err(self.unsupported(format!("{:?} input", self.elem(&v))));
+        }
+        let r = d.len();
+        let a = self.axis(self.attr_i(node, "axis", 0), r)?;
+        let keep = self.attr_i(node, "keepdims", 1) != 0;
+        let last = self.attr_i(node, "select_last_index", 0) != 0;
+        let n = d[a];
+        let dtype = self.dtype(Elem::F32);
+        let mut x = self.ti(node, 0)?;
+        if self.op == "ArgMin" {
+            // The least of x is the greatest of -x.
+            let name = self.out_name(node, "negated");
+            x = chk!(self, self.g.unary(&name, x, UnaryFn::Neg))?;
+        }
+        let name = self.out_name(node, "extreme");
+        let m = chk!(
+            self,
+            self.g
+                .reduce(&name, x, &[a as isize], true, ReduceKind::Max)
+        )?;
+        let name = self.out_name(node, "at_extreme");
+        let at = chk!(self, self.g.binary(&name, x, m, BinaryFn::Equal))?;
+        // Each position's index along the axis (negated for the first: the greatest of -i),
+        // and what a position not at the extreme takes (below every index).
+        let mut idims = vec![1usize; r];
+        idims[a] = n;
+        let (index, none): (Vec<f64>, f64) = if last {
+            ((0..n).map(|i| i as f64).collect(), -1.0)
+        } else {
+            ((0..n).map(|i| -(i as f64)).collect(), -(n as f64))
+        };
+        let name = self.out_name(node, "indices");
+        let ic = Val::C(Rc::new(Const::new(idims, Elem::F32, index, true)));
+        let index = self.t(&ic, &name)?;
+        let name = self.out_name(node, "elsewhere");
+        let none = chk!(self, self.g.constant(&name, &[], dtype, none as f32))?;
+        let name = self.out_name(node, "candidates");
+        let cand = chk!(self, self.g.select(&name, at, index, none))?;
+        let name = self.out_name(node, "chosen");
+        let mut idx = chk!(
+            self,
+            self.g
+                .reduce(&name, cand, &[a as isize], keep, ReduceKind::Max)
+        )?;
+        if !last {
+            let name = self.out_name(node, "index");
+            idx = chk!(self, self.g.unary(&name, idx, UnaryFn::Neg))?;
+        }
+        let name = self.out_name(node, "");
+        let id = chk!(self, self.g.cast(&name, idx, DType::I32))?;
+        Ok(vec![Val::T(id, Elem::I64)])
     }
 }
