@@ -15,7 +15,8 @@ Two kinds of small models, all built with onnx.helper and numpy (no exporter):
   the attribute forms later versions replaced by inputs) and `matmul_fixed`
   (two inputs of fixed shapes, X[5, 3] and Y[3, 4]), `activations` (opset 18:
   the activations ONNX has as ops, PRelu, InstanceNormalization, Pad, Tile,
-  Resize), `window1d` (1-D Conv and pooling), `pad_crop` and
+  Resize), `window1d` (1-D Conv and pooling), `conv_transpose` (2-D and
+  1-D), `pad_crop` and
   `upsample_opset9`. Each model's intermediate
   shapes are stored as `value_info` (ONNX shape inference with data
   propagation, checked against the shapes onnxruntime computes), and every
@@ -95,6 +96,7 @@ SEEDS = {
     "upsample_opset9": 1010,
     "pad_crop": 1011,
     "window1d": 1012,
+    "conv_transpose": 1013,
     "unsupported_op": 1103,
 }
 
@@ -1092,6 +1094,64 @@ def window1d_model():
     return model, [("x", x)]
 
 
+def conv_transpose_model():
+    """conv_transpose.onnx (opset 17): ConvTranspose 2-D (two groups, strides 2, dilations
+    [1, 2], pads [1, 0, 0, 1], output_padding [1, 0], bias) and 1-D (stride 3, output_shape
+    with auto_pad SAME_UPPER, an even total padding), each a graph output."""
+    rng = rng_for("conv_transpose")
+    x = uniform(rng, (2, 4, 3, 4))
+    x1 = uniform(rng, (2, 3, 5))
+    b = Builder()
+    w = b.init("ct2d.w", uniform(rng, (4, 3, 3, 3)))
+    bias = b.init("ct2d.b", uniform(rng, (6,)))
+    w1 = b.init("ct1d.w", uniform(rng, (3, 2, 4)))
+    b.op("ConvTranspose", ["x", w, bias], "ct2d", outputs=["y2d"], group=2, strides=[2, 2],
+         dilations=[1, 2], pads=[1, 0, 0, 1], output_padding=[1, 0])
+    b.op("ConvTranspose", ["x1", w1], "ct1d", outputs=["y1d"], strides=[3],
+         output_shape=[14], auto_pad="SAME_UPPER")
+    model = make_model(b, "conv_transpose", [value_info("x", F32, [2, 4, 3, 4]),
+                                            value_info("x1", F32, [2, 3, 5])],
+                       [value_info("y2d", F32, [2, 6, 7, 10]),
+                        value_info("y1d", F32, [2, 2, 14])], 17,
+                       "ConvTranspose 2-D (groups, strides, dilations, pads, output_padding, "
+                       "bias) and 1-D (output_shape, SAME_UPPER).")
+    return model, [("x", x), ("x1", x1)]
+
+
+def conv_transpose_np(x, w, groups, strides, dilations, pads_begin, out_shape):
+    """A transposed convolution in numpy (float64): each input element scatters its products
+    with the kernel into the output, which is then cropped by the begin pads."""
+    n, c_in = x.shape[:2]
+    spatial = x.shape[2:]
+    c_out_g = w.shape[1]
+    k = w.shape[2:]
+    full = [strides[a] * (spatial[a] - 1) + (k[a] - 1) * dilations[a] + 1 + 8
+            for a in range(len(spatial))]
+    y = np.zeros((n, c_out_g * groups, *full))
+    c_in_g = c_in // groups
+    for ci in range(c_in):
+        g = ci // c_in_g
+        for idx in np.ndindex(*spatial):
+            for kk in np.ndindex(*k):
+                pos = tuple(idx[a] * strides[a] + kk[a] * dilations[a] for a in range(len(k)))
+                for co in range(c_out_g):
+                    y[(slice(None), g * c_out_g + co) + pos] += x[(slice(None), ci) + idx] * w[(ci, co) + kk]
+    sl = tuple(slice(pads_begin[a], pads_begin[a] + out_shape[a]) for a in range(len(k)))
+    return y[(slice(None), slice(None)) + sl]
+
+
+def conv_transpose_self_check(model, x, x1, outputs):
+    """conv_transpose in numpy, from its initializers."""
+    w = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    got = dict(outputs)
+    y2 = conv_transpose_np(x.astype(np.float64), w["ct2d.w"], 2, [2, 2], [1, 2], [1, 0], [7, 10])
+    y2 += w["ct2d.b"][None, :, None, None]
+    check_close("conv_transpose y2d (numpy)", got["y2d"], y2)
+    # output_shape 14 of a full 16: one row of padding at each end.
+    y1 = conv_transpose_np(x1.astype(np.float64), w["ct1d.w"], 1, [3], [1], [1], [14])
+    check_close("conv_transpose y1d (numpy)", got["y1d"], y1)
+
+
 def window1d_self_check(model, x, outputs):
     """window1d in numpy, from its initializers."""
     w = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
@@ -1478,6 +1538,10 @@ def numerics_fixtures():
     model, feeds = window1d_model()
     emit("window1d", model, feeds, lambda m, f, o: window1d_self_check(m, f[0][1], o),
          reference=False)
+    # onnx.reference's ConvTranspose reads group 2 as 1 (onnx 1.23.2): numpy checks this one.
+    model, feeds = conv_transpose_model()
+    emit("conv_transpose", model, feeds,
+         lambda m, f, o: conv_transpose_self_check(m, f[0][1], f[1][1], o), reference=False)
     # onnx.reference's Pad refuses negative pads: numpy checks this one.
     model, feeds = pad_crop_model()
     emit("pad_crop", model, feeds, lambda m, f, o: pad_crop_self_check(f[0][1], o[0][1]),

@@ -306,6 +306,26 @@ proptest! {
         })?;
     }
 
+    /// Transposed convolutions (ONNX `ConvTranspose`: a convolution's input gradient as an
+    /// op of its own), through both operands.
+    #[test]
+    fn transposed_convolutions(n in 1usize..3, cg in 1usize..3, og in 1usize..3, groups in 1u32..3,
+                    h in 3usize..7, w in 3usize..7, kh in 1usize..4, kw in 1usize..4,
+                    sh in 1u32..3, sw in 1u32..3, pads in prop::array::uniform4(0u32..2),
+                    seed in any::<u64>()) {
+        let g_ = groups as usize;
+        let (c, o) = (cg * g_, og * g_);
+        let p = ConvParams::new(DataLayout::Nchw).stride(sh, sw).groups(groups).pads(pads);
+        let fits = (h + (pads[0] + pads[2]) as usize) >= kh && (w + (pads[1] + pads[3]) as usize) >= kw;
+        prop_assume!(fits);
+        // The forward convolution's output: the transposed one's input.
+        let oh = (h + (pads[0] + pads[2]) as usize - kh) / sh as usize + 1;
+        let ow = (w + (pads[1] + pads[3]) as usize - kw) / sw as usize + 1;
+        check(&[(&[n, o, oh, ow], Range::Signed), (&[o, cg, kh, kw], Range::Signed)], seed, |g, v| {
+            g.conv2d_grad_input("op", v[0], v[1], p, &[n, c, h, w]).unwrap()
+        })?;
+    }
+
     #[test]
     fn pooling(n in 1usize..3, c in 1usize..3, h in 2usize..7, w in 2usize..7, k in 1u32..4, s in 1u32..3,
                pad in any::<bool>(), kind in 0usize..3, nhwc in any::<bool>(), seed in any::<u64>()) {

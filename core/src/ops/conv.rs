@@ -767,17 +767,26 @@ fn direct<S: Storage>(
     Ok(())
 }
 
-/// The gradient: the input-gradient and weight-gradient convolutions.
+/// The gradient: of a convolution, the input-gradient and weight-gradient convolutions; of
+/// an input gradient (a transposed convolution, ONNX `ConvTranspose`), the convolution of its
+/// gradient (it is the convolution's adjoint, whose adjoint is the convolution) and the weight
+/// gradient with the roles of input and output gradient swapped.
 pub(crate) fn backward<S: Storage>(
     op: &Conv,
     bp: &mut Backprop<'_, S>,
     id: NodeId,
     dy: NodeId,
 ) -> Result<(), GraphError> {
-    let Conv::Forward { x, w, p } = *op else {
-        return Err(bp.not_differentiable(id));
-    };
-    bp.pass(x, Op::Conv(Conv::GradInput { dy, w, p }))?;
-    bp.pass(w, Op::Conv(Conv::GradWeight { x, dy, p }))?;
+    match *op {
+        Conv::Forward { x, w, p } => {
+            bp.pass(x, Op::Conv(Conv::GradInput { dy, w, p }))?;
+            bp.pass(w, Op::Conv(Conv::GradWeight { x, dy, p }))?;
+        }
+        Conv::GradInput { dy: a, w, p } => {
+            bp.pass(a, Op::Conv(Conv::Forward { x: dy, w, p }))?;
+            bp.pass(w, Op::Conv(Conv::GradWeight { x: dy, dy: a, p }))?;
+        }
+        Conv::GradWeight { .. } => return Err(bp.not_differentiable(id)),
+    }
     Ok(())
 }

@@ -13,6 +13,12 @@ pub(super) const CONVERTERS: &[Converter] = &[
         convert: |im, n| im.conv(n),
     },
     Converter {
+        op: "ConvTranspose",
+        family: Family::ConvolutionAndPooling,
+        versions: &[1, 11],
+        convert: |im, n| im.conv_transpose(n),
+    },
+    Converter {
         op: "MaxPool",
         family: Family::ConvolutionAndPooling,
         versions: &[1, 8, 10, 11, 12],
@@ -305,5 +311,171 @@ impl<'a> Importer<'a> {
         let name = self.out_name(node, "");
         let id = chk!(self, self.g.reduce(&name, x, &axes, true, ReduceKind::Max))?;
         Ok(vec![Val::T(id, Elem::F32)])
+    }
+
+    /// `ConvTranspose`: the input gradient of the convolution it transposes (whose input has
+    /// the transposed convolution's output shape, and whose weights `[C_in, C_out / group,
+    /// kH, kW]` are ONNX's as they stand), as PopART lowers it; 1-D as 2-D with a height of 1.
+    /// The output's size along each axis is `stride * (in - 1) + output_padding + (kernel - 1)
+    /// * dilation + 1 - pad_begin - pad_end`, or `output_shape` (pads worked out from it, as
+    /// `auto_pad` works them out from `in * stride`, when they split evenly).
+    fn conv_transpose(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let xv = self.req(node, 0)?;
+        let wv = self.req(node, 1)?;
+        let (sx0, sw0) = (self.dims(&xv), self.dims(&wv));
+        let spatial = self.spatial_axes(sx0.len(), "transposed convolution")?;
+        if sw0.len() != sx0.len() {
+            return Err(self.bad(format!(
+                "weights of rank {} for an input of rank {}",
+                sw0.len(),
+                sx0.len()
+            )));
+        }
+        let lift = |d: &[usize]| {
+            let mut d = d.to_vec();
+            if spatial == 1 {
+                d.insert(2, 1);
+            }
+            d
+        };
+        let (sx, sw) = (lift(&sx0), lift(&sw0));
+        let groups = self.attr_i(node, "group", 1).max(1) as usize;
+        if sx[1] != sw[0] || sw[0] % groups != 0 {
+            return Err(self.bad(format!(
+                "input of {} channels for weights {:?} in {groups} groups",
+                sx[1], sw0
+            )));
+        }
+        let stride = self.pair2(node, "strides", spatial)?;
+        let dilation = self.pair2(node, "dilations", spatial)?;
+        let ints = |name: &str| -> R<[i64; 2]> {
+            match self.attr_ints(node, name) {
+                None => Ok([0, 0]),
+                Some(v) if v.len() == spatial => Ok(if spatial == 1 {
+                    [0, v[0]]
+                } else {
+                    [v[0], v[1]]
+                }),
+                Some(v) => Err(self.bad(format!("{name} {v:?}: {spatial} values expected"))),
+            }
+        };
+        let out_pad = ints("output_padding")?;
+        for a in 0..2 {
+            if out_pad[a] < 0 || out_pad[a] >= stride[a].max(dilation[a]) as i64 {
+                return Err(self.bad(format!(
+                    "output_padding {out_pad:?} (each must be below its stride or dilation)"
+                )));
+            }
+        }
+        let span = |a: usize| (sw[2 + a] as i64 - 1) * dilation[a] as i64 + 1;
+        let full = |a: usize| stride[a] as i64 * (sx[2 + a] as i64 - 1) + out_pad[a] + span(a);
+        let auto = self
+            .attr_s(node, "auto_pad")
+            .unwrap_or_else(|| "NOTSET".into());
+        let wanted = match self.attr_ints(node, "output_shape") {
+            Some(v) => {
+                let v: Vec<i64> = v.iter().rev().take(spatial).rev().copied().collect();
+                if v.len() != spatial {
+                    return Err(self.bad(format!("output_shape {v:?}")));
+                }
+                Some(if spatial == 1 {
+                    [1, v[0]]
+                } else {
+                    [v[0], v[1]]
+                })
+            }
+            None if auto == "SAME_UPPER" || auto == "SAME_LOWER" => Some([
+                sx[2] as i64 * stride[0] as i64,
+                sx[3] as i64 * stride[1] as i64,
+            ]),
+            None => None,
+        };
+        // [top, left, bottom, right].
+        let mut pads = [0i64; 4];
+        match wanted {
+            Some(out) => {
+                for a in 0..2 {
+                    let total = full(a) - out[a];
+                    if total < 0 {
+                        return Err(self.unsupported(format!(
+                            "output_shape {out:?} larger than the transposed convolution gives"
+                        )));
+                    }
+                    // An odd total: onnxruntime and ONNX's reference put the extra row at
+                    // opposite ends (for SAME_UPPER, and for output_shape without auto_pad).
+                    if total % 2 == 1 {
+                        return Err(self.unsupported(format!(
+                            "an odd total padding ({total}) from output_shape or auto_pad \
+                             (onnxruntime and ONNX's reference place the extra row at opposite \
+                             ends); give pads instead"
+                        )));
+                    }
+                    pads[a] = total / 2;
+                    pads[a + 2] = total / 2;
+                }
+            }
+            None if auto == "NOTSET" || auto == "VALID" => {
+                if auto == "NOTSET" {
+                    let p = self
+                        .attr_ints(node, "pads")
+                        .unwrap_or_else(|| vec![0; 2 * spatial]);
+                    if p.len() != 2 * spatial || p.iter().any(|&v| v < 0) {
+                        return Err(self.bad(format!(
+                            "pads {p:?}: {} non-negative values expected",
+                            2 * spatial
+                        )));
+                    }
+                    pads = if spatial == 1 {
+                        [0, p[0], 0, p[1]]
+                    } else {
+                        [p[0], p[1], p[2], p[3]]
+                    };
+                }
+            }
+            None => return Err(self.bad(format!("auto_pad {auto} is not an ONNX value"))),
+        }
+        let out = [full(0) - pads[0] - pads[2], full(1) - pads[1] - pads[3]];
+        if out.iter().any(|&o| o < 1) {
+            return Err(self.bad(format!("an output of {out:?}")));
+        }
+        let c_out = sw[1] * groups;
+        let x_shape = [sx[0], c_out, out[0] as usize, out[1] as usize];
+        let mut p = ConvParams::new(DataLayout::Nchw);
+        p.stride = [stride[0] as u32, stride[1] as u32];
+        p.dilation = [dilation[0] as u32, dilation[1] as u32];
+        p.groups = groups as u32;
+        p.pads = [
+            pads[0] as u32,
+            pads[1] as u32,
+            pads[2] as u32,
+            pads[3] as u32,
+        ];
+        let (mut x, mut w) = (self.ti(node, 0)?, self.ti(node, 1)?);
+        if spatial == 1 {
+            x = self.lift_1d(node, x, &sx0, "input")?;
+            w = self.lift_1d(node, w, &sw0, "weights")?;
+        }
+        let has_b = self.opt(node, 2)?.is_some();
+        let name = if has_b || spatial == 1 {
+            self.out_name(node, "conv_transpose")
+        } else {
+            self.out_name(node, "")
+        };
+        let mut y = chk!(self, self.g.conv2d_grad_input(&name, x, w, p, &x_shape))?;
+        if has_b {
+            let b = self.ti(node, 2)?;
+            let vname = self.out_name(node, "bias_view");
+            let bv = chk!(self, self.g.reshape(&vname, b, &[c_out, 1, 1]))?;
+            let name = if spatial == 1 {
+                self.out_name(node, "biased")
+            } else {
+                self.out_name(node, "")
+            };
+            y = chk!(self, self.g.add(&name, y, bv))?;
+        }
+        if spatial == 1 {
+            y = self.lower_1d(node, y)?;
+        }
+        Ok(vec![Val::T(y, Elem::F32)])
     }
 }
