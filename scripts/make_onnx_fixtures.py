@@ -16,14 +16,14 @@ Two kinds of small models, all built with onnx.helper and numpy (no exporter):
   (two inputs of fixed shapes, X[5, 3] and Y[3, 4]), `activations` (opset 18:
   the activations ONNX has as ops, PRelu, InstanceNormalization, Pad, Tile,
   Resize), `window1d` (1-D Conv and pooling), `conv_transpose` (2-D and
-  1-D), `pad_crop` and
+  1-D), `einsum`, `pad_crop` and
   `upsample_opset9`. Each model's intermediate
   shapes are stored as `value_info` (ONNX shape inference with data
   propagation, checked against the shapes onnxruntime computes), and every
   onnxruntime output is cross-checked against onnx's own numpy reference
   evaluator (onnx.reference).
 * Models the importer must reject or import without weights:
-  `unsupported_op` (an Einsum node named `my_einsum`), `dynamic_batch` (a
+  `unsupported_op` (a Det node named `my_det`), `dynamic_batch` (a
   symbolic batch dimension `batch`), `old_opset` (opset 6), `stripped` (weight
   bytes removed as data/onnx/export/strip.py removes them) and `light_cnn`
   (weights replaced by ConstantOfShape nodes, as in the "light" models the
@@ -97,7 +97,7 @@ SEEDS = {
     "pad_crop": 1011,
     "window1d": 1012,
     "conv_transpose": 1013,
-    "unsupported_op": 1103,
+    "einsum": 1014,
 }
 
 
@@ -907,15 +907,12 @@ def gpt_block_model():
 
 
 def unsupported_op_model():
-    rng = rng_for("unsupported_op")
     b = Builder()
-    w = b.init("proj.weight", uniform(rng, (4, 5)))
-    h = b.op("Einsum", ["x", w], name="my_einsum", outputs=["projected"],
-             equation="bij,jk->bik")
-    b.op("Relu", [h], name="relu", outputs=["y"])
-    return make_model(b, "unsupported_op", [value_info("x", F32, [2, 3, 4])],
-                      [value_info("y", F32, [2, 3, 5])], 17,
-                      "An Einsum node named my_einsum, which the importer does not support.")
+    d = b.op("Det", ["x"], name="my_det", outputs=["det"])
+    b.op("Relu", [d], name="relu", outputs=["y"])
+    return make_model(b, "unsupported_op", [value_info("x", F32, [2, 3, 3])],
+                      [value_info("y", F32, [2])], 17,
+                      "A Det node named my_det, which the importer does not support.")
 
 
 def unsupported_ops_model():
@@ -1116,6 +1113,52 @@ def conv_transpose_model():
                        "ConvTranspose 2-D (groups, strides, dilations, pads, output_padding, "
                        "bias) and 1-D (output_shape, SAME_UPPER).")
     return model, [("x", x), ("x1", x1)]
+
+
+EINSUMS = [
+    ("y_proj", "bij,jk->bik", ["x", "w_proj"], [2, 3, 5]),
+    ("y_attn", "...qd,...kd->...qk", ["q", "k"], [2, 2, 3, 5]),
+    ("y_sum_t", "bij->jb", ["x"], [4, 2]),
+    ("y_implicit", "ij,jk", ["w_a", "w_b"], [3, 2]),
+    ("y_chain", "ab,bc,cd->ad", ["w_a", "w_b", "w_c"], [3, 4]),
+    ("y_bcast", "...ij,jk->...ik", ["x", "w_proj"], [2, 3, 5]),
+    ("y_outer", "i,j->ij", ["v", "v2"], [4, 3]),
+]
+
+
+def einsum_model():
+    """einsum.onnx (opset 17): Einsum as exporters write it - a projection, attention scores
+    over an ellipsis, a sum with a transpose, an implicit output, a chain of three operands,
+    a broadcast ellipsis and an outer product - each a graph output."""
+    rng = rng_for("einsum")
+    x = uniform(rng, (2, 3, 4))
+    q = uniform(rng, (2, 2, 3, 4))
+    k = uniform(rng, (2, 2, 5, 4))
+    b = Builder()
+    b.init("w_proj", uniform(rng, (4, 5)))
+    b.init("w_a", uniform(rng, (3, 4)))
+    b.init("w_b", uniform(rng, (4, 2)))
+    b.init("w_c", uniform(rng, (2, 4)))
+    b.init("v", uniform(rng, (4,)))
+    b.init("v2", uniform(rng, (3,)))
+    for name, eq, ins, _ in EINSUMS:
+        b.op("Einsum", ins, name, outputs=[name], equation=eq)
+    model = make_model(b, "einsum", [value_info("x", F32, [2, 3, 4]),
+                                    value_info("q", F32, [2, 2, 3, 4]),
+                                    value_info("k", F32, [2, 2, 5, 4])],
+                       [value_info(n, F32, d) for n, _, _, d in EINSUMS], 17,
+                       "Einsum: bij,jk->bik; ...qd,...kd->...qk; bij->jb; ij,jk (implicit); "
+                       "ab,bc,cd->ad; ...ij,jk->...ik; i,j->ij.")
+    return model, [("x", x), ("q", q), ("k", k)]
+
+
+def einsum_self_check(model, feeds, outputs):
+    """einsum with numpy's einsum, in float64."""
+    vals = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    vals.update({n: a.astype(np.float64) for n, a in feeds})
+    got = dict(outputs)
+    for name, eq, ins, _ in EINSUMS:
+        check_close(f"einsum {name} (numpy)", got[name], np.einsum(eq, *[vals[i] for i in ins]))
 
 
 def conv_transpose_np(x, w, groups, strides, dilations, pads_begin, out_shape):
@@ -1538,6 +1581,8 @@ def numerics_fixtures():
     model, feeds = window1d_model()
     emit("window1d", model, feeds, lambda m, f, o: window1d_self_check(m, f[0][1], o),
          reference=False)
+    model, feeds = einsum_model()
+    emit("einsum", model, feeds, lambda m, f, o: einsum_self_check(m, f, o))
     # onnx.reference's ConvTranspose reads group 2 as 1 (onnx 1.23.2): numpy checks this one.
     model, feeds = conv_transpose_model()
     emit("conv_transpose", model, feeds,
@@ -1585,7 +1630,7 @@ def other_fixtures():
     model = unsupported_op_model()
     session(model)  # onnxruntime runs it: only the importer lacks the op
     emit("unsupported_op", model,
-         {"error": "unsupported", "node": "my_einsum", "op": "Einsum"})
+         {"error": "unsupported", "node": "my_det", "op": "Det"})
 
     model = unsupported_ops_model()
     onnx.checker.check_model(model)  # MyOp has no schema: the full check cannot type it

@@ -1183,7 +1183,7 @@ fn onnx_bad_inputs_fail_on_one_line() {
         ),
         (
             vec!["estimate".into(), fixture("unsupported_op.onnx")],
-            vec!["my_einsum", "Einsum", "opset 17", "supported ops:"],
+            vec!["my_det", "Det", "opset 17", "supported ops:"],
         ),
         (
             vec!["estimate".into(), fixture("unsupported_ops.onnx")],

@@ -9,6 +9,7 @@ use crate::onnx::proto::NodeProto;
 
 mod constant;
 mod conv;
+mod einsum;
 mod elementwise;
 mod gather;
 mod linalg;
@@ -75,6 +76,7 @@ pub struct Converter {
 pub const REGISTRY: &[&[Converter]] = &[
     elementwise::CONVERTERS,
     linalg::CONVERTERS,
+    einsum::CONVERTERS,
     conv::CONVERTERS,
     norm::CONVERTERS,
     reduce::CONVERTERS,
