@@ -249,8 +249,10 @@ fn summarize_with(
     let mut regions: Vec<Region> = Vec::with_capacity(n_reads);
     let mut readers: Vec<(u32, TileId)> = Vec::with_capacity(n_reads);
     for v in vertices {
+        // The blocks of the tensor last looked up on this vertex's tile.
+        let mut on_tile = None;
         for r in &v.reads {
-            if local.holds(tensors, v.tile, r) {
+            if local.holds(tensors, v.tile, r, &mut on_tile) {
                 continue;
             }
             let k = *index.entry(*r).or_insert_with(|| {
@@ -690,8 +692,16 @@ impl Locality {
         self.same_as.get(t.index()).copied().flatten().unwrap_or(t)
     }
 
-    /// Whether `tile` holds every element of `r` (false when unsure).
-    pub(crate) fn holds(&mut self, tensors: &[ProgTensor], tile: TileId, r: &Region) -> bool {
+    /// Whether `tile` holds every element of `r` (false when unsure). `on_tile` keeps the
+    /// range of the blocks `tile` holds of the tensor looked up last, for the next region of
+    /// the same tensor on the same tile (a vertex's reads come by tensor).
+    pub(crate) fn holds(
+        &mut self,
+        tensors: &[ProgTensor],
+        tile: TileId,
+        r: &Region,
+        on_tile: &mut Option<(usize, TileId, std::ops::Range<usize>)>,
+    ) -> bool {
         if r.rows == 0 || r.len == 0 {
             return true;
         }
@@ -700,8 +710,18 @@ impl Locality {
             self.blocks.resize(t + 1, None);
         }
         let blocks = self.blocks[t].get_or_insert_with(|| tile_blocks(&tensors[t]));
-        let i = blocks.partition_point(|(bt, b)| (*bt, b.start) <= (tile, r.start));
-        i > 0 && blocks[i - 1].0 == tile && contains(&blocks[i - 1].1, r)
+        let range = match on_tile {
+            Some((rt, rtile, range)) if *rt == t && *rtile == tile => range.clone(),
+            _ => {
+                let lo = blocks.partition_point(|(bt, _)| *bt < tile);
+                let hi = lo + blocks[lo..].partition_point(|(bt, _)| *bt == tile);
+                *on_tile = Some((t, tile, lo..hi));
+                lo..hi
+            }
+        };
+        let mine = &blocks[range];
+        let i = mine.partition_point(|(_, b)| b.start <= r.start);
+        i > 0 && contains(&mine[i - 1].1, r)
     }
 }
 
