@@ -195,8 +195,8 @@ impl Mapping {
         out
     }
 
-    /// Each tile's intervals joined as [`SpanJoiner`] joins them (regions of tensor 0, in the
-    /// joiner's order), sorted by tile; made once and shared by the copies.
+    /// Each tile's intervals joined as [`SpanJoiner`] joins them (regions of tensor 0, sorted),
+    /// by tile; made once and shared by the copies.
     pub fn runs_per_tile(&self) -> &[(TileId, Vec<Region>)] {
         self.derived.runs.get_or_init(|| {
             self.intervals_by_tile()
@@ -208,6 +208,7 @@ impl Mapping {
                     }
                     let mut runs = Vec::new();
                     j.finish(&mut runs);
+                    runs.sort_unstable();
                     (group[0].tile, runs)
                 })
                 .collect()

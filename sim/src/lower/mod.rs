@@ -605,9 +605,8 @@ impl<'a, S: Storage> Lowering<'a, S> {
                 reads.sort_unstable();
                 reads
             };
-            let mut writes = runs.clone();
-            writes.sort_unstable();
-            (reads, writes)
+            // (The runs are sorted.)
+            (reads, runs.clone())
         });
     }
 

@@ -128,21 +128,14 @@ impl<'a> Importer<'a> {
                 c(out)
             }
             "Clip" => {
-                // Bounds: attributes before opset 11, optional inputs since.
-                let bound = |k: usize, name: &str| -> Option<f64> {
-                    if self.model.opset < 11 {
-                        attr(node, name).and_then(|a| a.f).map(f64::from)
-                    } else {
-                        get(k).and_then(|c| c.data.first().copied())
-                    }
-                };
-                let (lo, hi) = (bound(1, "min"), bound(2, "max"));
+                let (lo, hi) = self.clip_bounds(node)?;
                 let mut out = (*a).clone();
                 for v in &mut out.data {
-                    if let Some(lo) = lo {
+                    // (Infinite bounds leave a NaN as it is.)
+                    if lo > f64::NEG_INFINITY {
                         *v = v.max(lo);
                     }
-                    if let Some(hi) = hi {
+                    if hi < f64::INFINITY {
                         *v = v.min(hi);
                     }
                 }

@@ -44,6 +44,16 @@ pub(super) const CONVERTERS: &[Converter] = &[
     },
 ];
 
+/// A convolution's input and weight dims: as given (`x`, `w`), and as 2-D (`x2`, `w2`: a 1-D
+/// op's with a unit height), with its number of spatial axes.
+struct Window {
+    spatial: usize,
+    x: Vec<usize>,
+    w: Vec<usize>,
+    x2: Vec<usize>,
+    w2: Vec<usize>,
+}
+
 impl<'a> Importer<'a> {
     /// Explicit `[top, left, bottom, right]` pads of a 2-D window op (of a 1-D one, of
     /// `spatial` 1, as 2-D with a height of 1: `[0, begin, 0, end]`).
@@ -138,16 +148,16 @@ impl<'a> Importer<'a> {
         chk!(self, self.g.reshape(&name, v, &d))
     }
 
-    pub(in crate::onnx::import) fn conv(&mut self, node: &NodeProto) -> R<Vec<Val>> {
-        let xv = self.req(node, 0)?;
-        let wv = self.req(node, 1)?;
-        let (sx0, sw0) = (self.dims(&xv), self.dims(&wv));
-        let spatial = self.spatial_axes(sx0.len(), "convolution")?;
-        if sw0.len() != sx0.len() {
+    /// A convolution's input and weights (inputs 0 and 1), as given and as 2-D.
+    fn window(&self, node: &NodeProto, what: &str) -> R<Window> {
+        let x = self.dims(&self.req(node, 0)?);
+        let w = self.dims(&self.req(node, 1)?);
+        let spatial = self.spatial_axes(x.len(), what)?;
+        if w.len() != x.len() {
             return Err(self.bad(format!(
                 "weights of rank {} for an input of rank {}",
-                sw0.len(),
-                sx0.len()
+                w.len(),
+                x.len()
             )));
         }
         let lift = |d: &[usize]| {
@@ -157,7 +167,76 @@ impl<'a> Importer<'a> {
             }
             d
         };
-        let (sx, sw) = (lift(&sx0), lift(&sw0));
+        Ok(Window {
+            spatial,
+            x2: lift(&x),
+            w2: lift(&w),
+            x,
+            w,
+        })
+    }
+
+    /// Inputs 0 and 1 (of dims `x` and `w`) as graph nodes, lifted to 2-D for a 1-D op.
+    fn window_nodes(
+        &mut self,
+        node: &NodeProto,
+        spatial: usize,
+        x: &[usize],
+        w: &[usize],
+    ) -> R<(NodeId, NodeId)> {
+        let (mut xi, mut wi) = (self.ti(node, 0)?, self.ti(node, 1)?);
+        if spatial == 1 {
+            xi = self.lift_1d(node, xi, x, "input")?;
+            wi = self.lift_1d(node, wi, w, "weights")?;
+        }
+        Ok((xi, wi))
+    }
+
+    /// The name of a convolution's own node: the node's output when nothing follows it (no
+    /// bias, 2-D), else `<output>/<what>`.
+    fn window_name(&mut self, node: &NodeProto, what: &str, spatial: usize) -> R<String> {
+        let last = self.opt(node, 2)?.is_none() && spatial == 2;
+        Ok(if last {
+            self.out_name(node, "")
+        } else {
+            self.out_name(node, what)
+        })
+    }
+
+    /// A convolution's result `y` with the bias (input 2, one per of its `channels`) added
+    /// when there is one, and back to 1-D for a 1-D op.
+    fn window_output(
+        &mut self,
+        node: &NodeProto,
+        mut y: NodeId,
+        channels: usize,
+        spatial: usize,
+    ) -> R<NodeId> {
+        if self.opt(node, 2)?.is_some() {
+            let b = self.ti(node, 2)?;
+            let vname = self.out_name(node, "bias_view");
+            let bv = chk!(self, self.g.reshape(&vname, b, &[channels, 1, 1]))?;
+            let name = if spatial == 1 {
+                self.out_name(node, "biased")
+            } else {
+                self.out_name(node, "")
+            };
+            y = chk!(self, self.g.add(&name, y, bv))?;
+        }
+        if spatial == 1 {
+            y = self.lower_1d(node, y)?;
+        }
+        Ok(y)
+    }
+
+    pub(in crate::onnx::import) fn conv(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let Window {
+            spatial,
+            x: sx0,
+            w: sw0,
+            x2: sx,
+            w2: sw,
+        } = self.window(node, "convolution")?;
         let stride = self.pair2(node, "strides", spatial)?;
         let dilation = self.pair2(node, "dilations", spatial)?;
         let groups = self.attr_i(node, "group", 1).max(1) as u32;
@@ -173,32 +252,10 @@ impl<'a> Importer<'a> {
         p.stride = [stride[0] as u32, stride[1] as u32];
         p.dilation = [dilation[0] as u32, dilation[1] as u32];
         p.groups = groups;
-        let (mut x, mut w) = (self.ti(node, 0)?, self.ti(node, 1)?);
-        if spatial == 1 {
-            x = self.lift_1d(node, x, &sx0, "input")?;
-            w = self.lift_1d(node, w, &sw0, "weights")?;
-        }
-        let has_b = self.opt(node, 2)?.is_some();
-        let name = if has_b || spatial == 1 {
-            self.out_name(node, "conv")
-        } else {
-            self.out_name(node, "")
-        };
-        let mut y = chk!(self, self.g.conv2d(&name, x, w, p, Padding::Explicit(pads)))?;
-        if has_b {
-            let b = self.ti(node, 2)?;
-            let vname = self.out_name(node, "bias_view");
-            let bv = chk!(self, self.g.reshape(&vname, b, &[sw[0], 1, 1]))?;
-            let name = if spatial == 1 {
-                self.out_name(node, "biased")
-            } else {
-                self.out_name(node, "")
-            };
-            y = chk!(self, self.g.add(&name, y, bv))?;
-        }
-        if spatial == 1 {
-            y = self.lower_1d(node, y)?;
-        }
+        let (x, w) = self.window_nodes(node, spatial, &sx0, &sw0)?;
+        let name = self.window_name(node, "conv", spatial)?;
+        let y = chk!(self, self.g.conv2d(&name, x, w, p, Padding::Explicit(pads)))?;
+        let y = self.window_output(node, y, sw[0], spatial)?;
         Ok(vec![Val::T(y, Elem::F32)])
     }
 
@@ -320,25 +377,13 @@ impl<'a> Importer<'a> {
     /// * dilation + 1 - pad_begin - pad_end`, or `output_shape` (pads worked out from it, as
     /// `auto_pad` works them out from `in * stride`, when they split evenly).
     fn conv_transpose(&mut self, node: &NodeProto) -> R<Vec<Val>> {
-        let xv = self.req(node, 0)?;
-        let wv = self.req(node, 1)?;
-        let (sx0, sw0) = (self.dims(&xv), self.dims(&wv));
-        let spatial = self.spatial_axes(sx0.len(), "transposed convolution")?;
-        if sw0.len() != sx0.len() {
-            return Err(self.bad(format!(
-                "weights of rank {} for an input of rank {}",
-                sw0.len(),
-                sx0.len()
-            )));
-        }
-        let lift = |d: &[usize]| {
-            let mut d = d.to_vec();
-            if spatial == 1 {
-                d.insert(2, 1);
-            }
-            d
-        };
-        let (sx, sw) = (lift(&sx0), lift(&sw0));
+        let Window {
+            spatial,
+            x: sx0,
+            w: sw0,
+            x2: sx,
+            w2: sw,
+        } = self.window(node, "transposed convolution")?;
         let groups = self.attr_i(node, "group", 1).max(1) as usize;
         if sx[1] != sw[0] || sw[0] % groups != 0 {
             return Err(self.bad(format!(
@@ -450,32 +495,10 @@ impl<'a> Importer<'a> {
             pads[2] as u32,
             pads[3] as u32,
         ];
-        let (mut x, mut w) = (self.ti(node, 0)?, self.ti(node, 1)?);
-        if spatial == 1 {
-            x = self.lift_1d(node, x, &sx0, "input")?;
-            w = self.lift_1d(node, w, &sw0, "weights")?;
-        }
-        let has_b = self.opt(node, 2)?.is_some();
-        let name = if has_b || spatial == 1 {
-            self.out_name(node, "conv_transpose")
-        } else {
-            self.out_name(node, "")
-        };
-        let mut y = chk!(self, self.g.conv2d_grad_input(&name, x, w, p, &x_shape))?;
-        if has_b {
-            let b = self.ti(node, 2)?;
-            let vname = self.out_name(node, "bias_view");
-            let bv = chk!(self, self.g.reshape(&vname, b, &[c_out, 1, 1]))?;
-            let name = if spatial == 1 {
-                self.out_name(node, "biased")
-            } else {
-                self.out_name(node, "")
-            };
-            y = chk!(self, self.g.add(&name, y, bv))?;
-        }
-        if spatial == 1 {
-            y = self.lower_1d(node, y)?;
-        }
+        let (x, w) = self.window_nodes(node, spatial, &sx0, &sw0)?;
+        let name = self.window_name(node, "conv_transpose", spatial)?;
+        let y = chk!(self, self.g.conv2d_grad_input(&name, x, w, p, &x_shape))?;
+        let y = self.window_output(node, y, c_out, spatial)?;
         Ok(vec![Val::T(y, Elem::F32)])
     }
 }

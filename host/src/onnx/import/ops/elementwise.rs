@@ -369,19 +369,7 @@ impl<'a> Importer<'a> {
                 Some(other) => return Err(self.unsupported(format!("approximate = {other}"))),
             },
             _ => {
-                let (min, max) = if self.model.opset >= 11 {
-                    let lo = self.konst(node, 1, "min")?;
-                    let hi = self.konst(node, 2, "max")?;
-                    (
-                        lo.and_then(|c| c.scalar()).unwrap_or(f64::NEG_INFINITY),
-                        hi.and_then(|c| c.scalar()).unwrap_or(f64::INFINITY),
-                    )
-                } else {
-                    (
-                        f64::from(self.attr_f(node, "min", f32::NEG_INFINITY)),
-                        f64::from(self.attr_f(node, "max", f32::INFINITY)),
-                    )
-                };
+                let (min, max) = self.clip_bounds(node)?;
                 UnaryFn::Clip {
                     min: min as f32,
                     max: max as f32,
@@ -389,6 +377,24 @@ impl<'a> Importer<'a> {
             }
         };
         self.one_input(node, |g, name, x| g.unary(name, x, f))
+    }
+
+    /// Clip's bounds: attributes before opset 11, optional inputs since (infinite when
+    /// absent).
+    pub(in crate::onnx::import) fn clip_bounds(&self, node: &NodeProto) -> R<(f64, f64)> {
+        if self.model.opset >= 11 {
+            let lo = self.konst(node, 1, "min")?;
+            let hi = self.konst(node, 2, "max")?;
+            Ok((
+                lo.and_then(|c| c.scalar()).unwrap_or(f64::NEG_INFINITY),
+                hi.and_then(|c| c.scalar()).unwrap_or(f64::INFINITY),
+            ))
+        } else {
+            Ok((
+                f64::from(self.attr_f(node, "min", f32::NEG_INFINITY)),
+                f64::from(self.attr_f(node, "max", f32::INFINITY)),
+            ))
+        }
     }
 
     fn reciprocal(&mut self, node: &NodeProto) -> R<Vec<Val>> {
