@@ -5,7 +5,7 @@
 use tessera_core::ops::elementwise::{BinaryFn, Elementwise, TernaryFn, UnaryFn};
 use tessera_core::{Node, NodeId, Storage};
 
-use super::{broadcast_reads, Lowering, Placement};
+use super::{BroadcastReads, Lowering, Placement};
 use crate::cost::{self, UnaryKind};
 use crate::program::{Codelet, TensorId, VertexType};
 
@@ -227,12 +227,15 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Element
         .filter(|&&(_, from)| from == shape)
         .map(|&(t, _)| t)
         .collect();
-    l.elementwise(i, out, &same, codelet, cycles, move |s, len| {
-        operands
-            .iter()
-            .filter(|&&(_, from)| from != shape)
-            .flat_map(|&(t, from)| broadcast_reads(t, from, shape, s, len))
-            .collect()
+    let broadcast: Vec<BroadcastReads> = operands
+        .iter()
+        .filter(|&&(_, from)| from != shape)
+        .map(|&(t, from)| BroadcastReads::new(t, from, shape))
+        .collect();
+    l.elementwise(i, out, &same, codelet, cycles, move |s, len, reads| {
+        for b in &broadcast {
+            b.push(s, len, reads);
+        }
     });
 }
 

@@ -40,13 +40,11 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Gather)
                 out,
                 Codelet::Gather(VertexType::of(GATHER_ROWS, dt)),
                 move |n| UnaryKind::Copy.cycles(cfg, n, dt),
-                |iv| {
-                    let mut reads = Vec::new();
+                |iv, reads| {
                     for (r, c0, c1) in row_segments(iv.start, iv.len, row) {
                         reads.push(Region::span(it, r, 1));
                         reads.push(Region::span(tt, (r % rows) * row + c0, c1 - c0));
                     }
-                    (reads, vec![Region::span(out, iv.start, iv.len)])
                 },
             );
         }
@@ -64,8 +62,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Gather)
                     let hits = n * n_idx.div_ceil(rows);
                     UnaryKind::Copy.cycles(cfg, n, dt) + cost::scaled_add_cycles(cfg, hits, dt)
                 },
-                |iv| {
-                    let mut reads = Vec::new();
+                |iv, reads| {
                     for (r, c0, c1) in row_segments(iv.start, iv.len, row) {
                         let mut j = r;
                         while j < n_idx {
@@ -74,7 +71,6 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Gather)
                             j += rows;
                         }
                     }
-                    (reads, vec![Region::span(out, iv.start, iv.len)])
                 },
             );
         }
@@ -87,12 +83,12 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Gather)
                 &[],
                 Codelet::Gather(VertexType::of(ONE_HOT, dt)),
                 move |n| UnaryKind::Copy.cycles(cfg, n, dt),
-                move |s, len| {
-                    vec![Region::span(
+                move |s, len, reads| {
+                    reads.push(Region::span(
                         it,
                         s / depth,
                         (s + len).div_ceil(depth) - s / depth,
-                    )]
+                    ));
                 },
             );
         }

@@ -216,36 +216,32 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Layout)
     let (dt, so) = (node.dtype(), node.shape());
     let out = l.t(i);
     let copy = move |n| UnaryKind::Copy.cycles(cfg, n, dt);
-    let span_out = |s, len| vec![Region::span(out, s, len)];
     match *op {
         Layout::Reshape { .. } => {}
         Layout::Tap { x } => {
             let xt = l.t(x);
-            l.elementwise(i, out, &[xt], Codelet::Copy, copy, |_, _| Vec::new());
+            l.elementwise(i, out, &[xt], Codelet::Copy, copy, |_, _, _| {});
         }
         Layout::Transpose { x, .. } if so.rank() <= 1 => {
             // Nothing moves: a copy.
             let xt = l.t(x);
-            l.elementwise(i, out, &[xt], Codelet::Copy, copy, |_, _| Vec::new());
+            l.elementwise(i, out, &[xt], Codelet::Copy, copy, |_, _, _| {});
         }
         Layout::Transpose { x, perm } => {
             let (xt, tr) = (l.t(x), Transposed::new(l.node(x).shape(), so, &perm));
             let cols = so.last() as u64;
-            l.per_tile(i, "transpose", out, Codelet::Copy, copy, |iv| {
-                let mut reads = Vec::new();
+            l.per_tile(i, "transpose", out, Codelet::Copy, copy, |iv, reads| {
                 for (row, c0, c1) in row_segments(iv.start, iv.len, cols) {
                     let off = tr.offset(row) + c0 * tr.stride();
                     reads.push(Region::strided(xt, off, 1, c1 - c0, tr.stride()));
                 }
-                (reads, span_out(iv.start, iv.len))
             });
         }
         Layout::Concat { a, b, axis } => {
             let (ta, tb) = (l.t(a), l.t(b));
             let ca = chunks(l.node(a).shape(), axis).1;
             let cb = chunks(l.node(b).shape(), axis).1;
-            l.per_tile(i, "concat", out, Codelet::Copy, copy, |iv| {
-                let mut reads = Vec::new();
+            l.per_tile(i, "concat", out, Codelet::Copy, copy, |iv, reads| {
                 for (r, c0, c1) in row_segments(iv.start, iv.len, ca + cb) {
                     if c0 < ca {
                         reads.push(Region::span(ta, r * ca + c0, c1.min(ca) - c0));
@@ -255,7 +251,6 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Layout)
                         reads.push(Region::span(tb, r * cb + b0, c1 - ca - b0));
                     }
                 }
-                (reads, span_out(iv.start, iv.len))
             });
         }
         Layout::Slice { x, axis, start } => {
@@ -263,12 +258,12 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Layout)
             let cx = chunks(sx, axis).1;
             let c = chunks(so, axis).1;
             let at = u64::from(start) * (cx / sx.dim(axis as usize) as u64);
-            l.per_tile(i, "slice", out, Codelet::Copy, copy, |iv| {
-                let reads = row_segments(iv.start, iv.len, c)
-                    .into_iter()
-                    .map(|(r, c0, c1)| Region::span(xt, r * cx + at + c0, c1 - c0))
-                    .collect();
-                (reads, span_out(iv.start, iv.len))
+            l.per_tile(i, "slice", out, Codelet::Copy, copy, |iv, reads| {
+                reads.extend(
+                    row_segments(iv.start, iv.len, c)
+                        .into_iter()
+                        .map(|(r, c0, c1)| Region::span(xt, r * cx + at + c0, c1 - c0)),
+                );
             });
         }
         Layout::Pad { x, axis, before } => {
@@ -276,15 +271,13 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Layout)
             let cx = chunks(sx, axis).1;
             let c = chunks(so, axis).1;
             let at = u64::from(before) * (c / so.dim(axis as usize) as u64);
-            l.per_tile(i, "pad", out, Codelet::Copy, copy, |iv| {
-                let mut reads = Vec::new();
+            l.per_tile(i, "pad", out, Codelet::Copy, copy, |iv, reads| {
                 for (r, c0, c1) in row_segments(iv.start, iv.len, c) {
                     let (s, e) = (c0.max(at), c1.min(at + cx));
                     if s < e {
                         reads.push(Region::span(xt, r * cx + s - at, e - s));
                     }
                 }
-                (reads, span_out(iv.start, iv.len))
             });
         }
         _ => {}

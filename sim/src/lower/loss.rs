@@ -79,13 +79,12 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Loss) {
                 &[xt],
                 Codelet::CrossEntropy,
                 cycles,
-                move |s, len| {
+                move |s, len, reads| {
                     let (r0, r1) = (s / cols, (s + len).div_ceil(cols));
-                    let mut reads = vec![Region::span(lt, r0, r1 - r0), Region::span(dl, 0, 1)];
+                    reads.extend([Region::span(lt, r0, r1 - r0), Region::span(dl, 0, 1)]);
                     if let Some(st) = stats {
                         reads.push(Region::span(st, r0, r1 - r0));
                     }
-                    reads
                 },
             );
         }

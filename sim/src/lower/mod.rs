@@ -488,9 +488,11 @@ impl<'a, S: Storage> Lowering<'a, S> {
         self.compute(node, phase, vertices);
     }
 
-    /// One vertex per tile of `over`'s mapping, covering all the tile's intervals:
-    /// `regions(interval)` gives each interval's reads and writes, and the vertex costs
-    /// `cycles(elements)` plus [`REGION_OVERHEAD_CYCLES`] per region written beyond the first.
+    /// One vertex per tile of `over`'s mapping, covering all the tile's intervals and writing
+    /// them: `reads(interval, out)` appends each interval's reads to `out`, and the vertex
+    /// costs `cycles(elements)` plus [`REGION_OVERHEAD_CYCLES`] per region written beyond the
+    /// first. The writes are the tile's intervals joined into runs (made once per mapping),
+    /// the regions joining each interval's span of `over` gives.
     pub(crate) fn per_tile(
         &mut self,
         node: NodeId,
@@ -498,16 +500,21 @@ impl<'a, S: Storage> Lowering<'a, S> {
         over: TensorId,
         codelet: Codelet,
         cycles: impl Fn(u64) -> u64,
-        regions: impl Fn(&Interval) -> (Vec<Region>, Vec<Region>),
+        mut reads: impl FnMut(&Interval, &mut Vec<Region>),
     ) {
+        let mapping = self.tensors[over.index()].mapping.clone();
+        let mut tiles = mapping.runs_per_tile().iter();
+        let mut buf: Vec<Region> = Vec::new();
         self.per_tile_groups(node, phase, over, codelet, cycles, |group| {
-            let (mut reads, mut writes) = (Vec::new(), Vec::new());
+            // The groups come in the order of the tiles.
+            let (tile, runs) = tiles.next().expect("a group per tile");
+            debug_assert_eq!(*tile, group[0].tile);
+            buf.clear();
             for iv in group {
-                let (r, w) = regions(iv);
-                reads.extend(r);
-                writes.extend(w);
+                reads(iv, &mut buf);
             }
-            (compress(reads), compress(writes))
+            let writes = runs.iter().map(|r| Region { tensor: over, ..*r }).collect();
+            (compress(std::mem::take(&mut buf)), writes)
         });
     }
 
@@ -558,7 +565,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
     }
 
     /// A vertex per tile of `out`'s mapping, reading the same elements of the operands in
-    /// `same` and the regions `extra` gives for each interval.
+    /// `same` and the regions `extra(start, len, out)` appends to `out` for each interval.
     pub(crate) fn elementwise(
         &mut self,
         node: NodeId,
@@ -566,7 +573,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
         same: &[TensorId],
         codelet: Codelet,
         cycles: impl Fn(u64) -> u64,
-        extra: impl Fn(u64, u64) -> Vec<Region>,
+        mut extra: impl FnMut(u64, u64, &mut Vec<Region>),
     ) {
         // The vertices `per_tile` gives with each interval's spans of `same` and `extra`'s
         // regions as reads and its span of `out` as the write, computed with less work: a
@@ -587,7 +594,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
             runs.extend(joined.iter().map(|r| Region { tensor: out, ..*r }));
             others.clear();
             for iv in group {
-                others.extend(extra(iv.start, iv.len));
+                extra(iv.start, iv.len, &mut others);
             }
             let reads = if others.iter().any(|r| once.binary_search(&r.tensor).is_ok()) {
                 // `extra` reads a tensor of `same` too: join their regions together.
@@ -741,7 +748,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
                 let out = TensorId::of(i);
                 let (cfg, dt) = (self.cfg, node.dtype());
                 let c = move |n| crate::cost::UnaryKind::Copy.cycles(cfg, n, dt);
-                self.elementwise(i, out, &[], Codelet::Copy, c, |_, _| Vec::new());
+                self.elementwise(i, out, &[], Codelet::Copy, c, |_, _, _| {});
             }
         }
         if node
@@ -1257,6 +1264,7 @@ fn liveness<S: Storage>(l: &mut Lowering<'_, S>) {
 
 /// The regions of a broadcast operand (of shape `from`) that elements `start .. start + len`
 /// of the output (of shape `to`) read: one span per run along the output's last axis.
+#[cfg(test)]
 pub(crate) fn broadcast_reads(
     t: TensorId,
     from: tessera_core::Shape,
@@ -1264,69 +1272,135 @@ pub(crate) fn broadcast_reads(
     start: u64,
     len: u64,
 ) -> Vec<Region> {
-    if from == to {
-        return vec![Region::span(t, start, len)];
+    let mut out = Vec::new();
+    BroadcastReads::new(t, from, to).push(start, len, &mut out);
+    out
+}
+
+/// The reads of a broadcast operand [`broadcast_reads`] gives, its strides worked out once
+/// for the many intervals of a mapping.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BroadcastReads {
+    t: TensorId,
+    kind: BroadcastKind,
+    rank: usize,
+    /// The output's dims.
+    dims: [u64; tessera_core::MAX_RANK],
+    /// Operand strides in output coordinates (0 on broadcast axes).
+    strides: [u64; tessera_core::MAX_RANK],
+    /// Elements along the output's last axis.
+    cols: u64,
+    /// Rows reading the same element (constant along the last axis): those that differ only
+    /// along broadcast axes just above the last.
+    same_rows: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BroadcastKind {
+    /// The operand has the output's shape.
+    Same,
+    /// The operand is one element.
+    Scalar,
+    /// Rows of the output read one element each.
+    PerRow,
+    /// Rows of the output read a run each.
+    Runs,
+}
+
+impl BroadcastReads {
+    /// The reads of operand `t` of shape `from` broadcast to `to`.
+    pub(crate) fn new(t: TensorId, from: tessera_core::Shape, to: tessera_core::Shape) -> Self {
+        let rank = to.rank();
+        let mut dims = [0u64; tessera_core::MAX_RANK];
+        let mut strides = [0u64; tessera_core::MAX_RANK];
+        for (i, d) in dims.iter_mut().enumerate().take(rank) {
+            *d = to.dim(i) as u64;
+        }
+        let kind = if from == to {
+            BroadcastKind::Same
+        } else if from.elements() == 1 {
+            BroadcastKind::Scalar
+        } else {
+            let pad = rank - from.rank();
+            let mut s = 1u64;
+            for i in (0..rank).rev() {
+                let d = if i >= pad { from.dim(i - pad) } else { 1 } as u64;
+                strides[i] = if d == 1 && dims[i] != 1 { 0 } else { s };
+                s *= d;
+            }
+            if strides[rank - 1] == 0 {
+                BroadcastKind::PerRow
+            } else {
+                BroadcastKind::Runs
+            }
+        };
+        let same_rows: u64 = (0..rank.saturating_sub(1))
+            .rev()
+            .take_while(|&i| strides[i] == 0 || dims[i] == 1)
+            .map(|i| dims[i])
+            .product();
+        BroadcastReads {
+            t,
+            kind,
+            rank,
+            dims,
+            strides,
+            cols: if rank == 0 { 1 } else { dims[rank - 1] },
+            same_rows: same_rows.max(1),
+        }
     }
-    if from.elements() == 1 {
-        return vec![Region::span(t, 0, 1)];
-    }
-    let rank = to.rank();
-    let pad = rank - from.rank();
-    // Operand strides in output coordinates (0 on broadcast axes).
-    let mut strides = [0u64; tessera_core::MAX_RANK];
-    let mut s = 1u64;
-    for i in (0..rank).rev() {
-        let d = if i >= pad { from.dim(i - pad) } else { 1 } as u64;
-        strides[i] = if d == 1 && to.dim(i) != 1 { 0 } else { s };
-        s *= d;
-    }
-    let cols = to.last() as u64;
-    // The operand offset of (row, c0).
-    let offset = |row: u64, c0: u64| {
+
+    /// The operand offset of (row, c0).
+    fn offset(&self, row: u64, c0: u64) -> u64 {
+        let rank = self.rank;
         let mut rem = row;
-        let mut off = c0 * strides[rank - 1];
+        let mut off = c0 * self.strides[rank - 1];
         for i in (0..rank - 1).rev() {
-            let d = to.dim(i) as u64;
-            off += (rem % d) * strides[i];
+            let d = self.dims[i];
+            off += (rem % d) * self.strides[i];
             rem /= d;
         }
         off
-    };
-    let mut out: Vec<Region> = Vec::new();
-    if len == 0 || cols == 0 {
-        return out;
     }
-    if strides[rank - 1] == 0 {
-        // Each row reads one element; rows that differ only along broadcast axes just above
-        // the last (a channel's positions) read the same one: step over them.
-        let same_rows: u64 = (0..rank - 1)
-            .rev()
-            .take_while(|&i| strides[i] == 0 || to.dim(i) == 1)
-            .map(|i| to.dim(i) as u64)
-            .product();
-        let same_rows = same_rows.max(1);
-        let (first, last) = (start / cols, (start + len - 1) / cols);
-        let mut row = first;
-        while row <= last {
-            let r = Region::span(t, offset(row, 0), 1);
+
+    /// Appends the reads of output elements `start .. start + len` to `out` (a region equal
+    /// to the last one there is not repeated).
+    pub(crate) fn push(&self, start: u64, len: u64, out: &mut Vec<Region>) {
+        let t = self.t;
+        let mut push = |r: Region| {
             if out.last() != Some(&r) {
                 out.push(r);
             }
-            row = (row / same_rows + 1) * same_rows;
+        };
+        match self.kind {
+            BroadcastKind::Same => return push(Region::span(t, start, len)),
+            BroadcastKind::Scalar => return push(Region::span(t, 0, 1)),
+            _ => {}
         }
-        return out;
-    }
-    let mut i = start;
-    while i < start + len {
-        let (row, c0) = (i / cols, i % cols);
-        let c1 = cols.min(c0 + (start + len - i));
-        let r = Region::span(t, offset(row, c0), c1 - c0);
-        if out.last() != Some(&r) {
-            out.push(r);
+        let cols = self.cols;
+        if len == 0 || cols == 0 {
+            return;
         }
-        i += c1 - c0;
+        if self.kind == BroadcastKind::PerRow {
+            // Each row reads one element; rows that differ only along broadcast axes just
+            // above the last (a channel's positions) read the same one: step over them.
+            let same_rows = self.same_rows;
+            let (first, last) = (start / cols, (start + len - 1) / cols);
+            let mut row = first;
+            while row <= last {
+                push(Region::span(t, self.offset(row, 0), 1));
+                row = (row / same_rows + 1) * same_rows;
+            }
+            return;
+        }
+        let mut i = start;
+        while i < start + len {
+            let (row, c0) = (i / cols, i % cols);
+            let c1 = cols.min(c0 + (start + len - i));
+            push(Region::span(t, self.offset(row, c0), c1 - c0));
+            i += c1 - c0;
+        }
     }
-    out
 }
 
 #[cfg(test)]

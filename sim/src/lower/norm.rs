@@ -7,7 +7,7 @@ use tessera_core::ops::norm::{Moment, Norm};
 use tessera_core::{DType, Node, NodeId, Storage};
 
 use super::elementwise::{binary_type, BinaryForm};
-use super::{broadcast_reads, reduce, Lowering, Placement};
+use super::{reduce, BroadcastReads, Lowering, Placement};
 use crate::cost::{self, UnaryKind};
 use crate::program::{Codelet, Interval, Region, Vertex, VertexType, REDUCE_SQUARE_ADD};
 use tessera_core::ops::elementwise::BinaryFn;
@@ -274,12 +274,20 @@ fn normalize<S: Storage>(
         // gradient, their like), vertex types of their own.
         Codelet::Binary(binary_type(BinaryFn::Sub, dt, BinaryForm::of_run(run))),
         move |n| passes * cost::binary_pass_cycles(cfg, n, run, dt),
-        move |s, len| {
-            // The statistics of the groups these elements belong to (two values per group).
-            broadcast_reads(stats, kept, shape, s, len)
-                .into_iter()
-                .map(|r| Region::span(r.tensor, r.start * 2, r.len * 2))
-                .collect()
+        {
+            let mut groups = Vec::new();
+            let of = BroadcastReads::new(stats, kept, shape);
+            move |s, len, reads: &mut Vec<Region>| {
+                // The statistics of the groups these elements belong to (two values per
+                // group).
+                groups.clear();
+                of.push(s, len, &mut groups);
+                reads.extend(
+                    groups
+                        .iter()
+                        .map(|r| Region::span(r.tensor, r.start * 2, r.len * 2)),
+                );
+            }
         },
     );
 }

@@ -83,7 +83,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Pool) {
         out,
         Codelet::Reduce(VertexType::of(REDUCE_OTHER, dt)),
         price,
-        |iv| {
+        |iv, out_reads| {
             let mut reads = Vec::new();
             for (row, _, _) in row_segments(iv.start, iv.len, row_len) {
                 let (plane, r) = (row / rows_per_plane, row % rows_per_plane);
@@ -106,8 +106,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Pool) {
                     }
                 }
             }
-            reads.retain(|r| r.elements() > 0);
-            (reads, vec![Region::span(out, iv.start, iv.len)])
+            out_reads.extend(reads.into_iter().filter(|r| r.elements() > 0));
         },
     );
 }

@@ -22,6 +22,6 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Random)
         // The keep-mask's own codelet (popops' `Dropout`-like random vertices).
         Codelet::Unary(VertexType::of(u8::MAX - 1, dt)),
         move |n| UnaryKind::Sigmoid.cycles(cfg, n, dt),
-        move |_, _| vec![Region::span(ct, 0, 1)],
+        move |_, _, reads| reads.push(Region::span(ct, 0, 1)),
     );
 }

@@ -8,7 +8,7 @@
 use tessera_core::ops::reduce::{Reduce, ReduceKind};
 use tessera_core::{DType, Node, NodeId, Shape, Storage};
 
-use super::{broadcast_reads, Lowering, Placement};
+use super::{BroadcastReads, Lowering, Placement};
 use crate::cost::{self, UnaryKind};
 use crate::machine::IpuConfig;
 use crate::program::{
@@ -606,11 +606,9 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Reduce)
                 out,
                 Codelet::Broadcast,
                 move |n| UnaryKind::Copy.cycles(cfg, n, dt),
-                |iv| {
-                    (
-                        broadcast_reads(xt, sx, so, iv.start, iv.len),
-                        vec![Region::span(out, iv.start, iv.len)],
-                    )
+                {
+                    let of = BroadcastReads::new(xt, sx, so);
+                    move |iv: &Interval, reads: &mut Vec<Region>| of.push(iv.start, iv.len, reads)
                 },
             );
         }
