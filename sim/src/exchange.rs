@@ -214,11 +214,15 @@ struct Lists {
 
 /// The summary of the exchange that `vertices` need (the one
 /// [`exchange_for`](crate::program::exchange_for) makes), or `None` when nothing moves.
+/// `local` are tensors that every vertex reads only on its own tile (the caller knows: its
+/// vertices read the tiles' own runs of tensors laid out alike); their reads are not looked
+/// up.
 pub(crate) fn summarize_vertices(
     tiles: u32,
     tensors: &[ProgTensor],
     vertices: &[Vertex],
     local: &mut Locality,
+    local_reads: &[TensorId],
 ) -> Option<ExchangeSummary> {
     // The lists are kept from one compute set to the next: a large reduction's lists hold
     // hundreds of thousands of pieces, and growing them afresh each time cost more than
@@ -227,7 +231,7 @@ pub(crate) fn summarize_vertices(
     lists.pieces.clear();
     lists.groups.clear();
     lists.per_tile.clear();
-    let summary = summarize_with(tiles, tensors, vertices, local, &mut lists);
+    let summary = summarize_with(tiles, tensors, vertices, local, local_reads, &mut lists);
     local.scratch = lists;
     summary
 }
@@ -237,33 +241,39 @@ fn summarize_with(
     tensors: &[ProgTensor],
     vertices: &[Vertex],
     local: &mut Locality,
+    local_reads: &[TensorId],
     lists: &mut Lists,
 ) -> Option<ExchangeSummary> {
     // Distinct regions read from elsewhere, and (region, reader) pairs. A tile holding all
     // of a region it reads receives nothing for it, and every piece of it comes from that
     // tile, so whether others read it decides what it sends: such reads are left out.
-    // Sized for every read up front: growing the index rehashed it many times over.
-    let n_reads: usize = vertices.iter().map(|v| v.reads.len()).sum();
-    let mut index: HashMap<Region, u32, FastHash> =
-        HashMap::with_capacity_and_hasher(n_reads, FastHash::default());
-    let mut regions: Vec<Region> = Vec::with_capacity(n_reads);
-    let mut readers: Vec<(u32, TileId)> = Vec::with_capacity(n_reads);
+    // The reads from elsewhere first, so that the index is sized for them up front (growing
+    // it rehashed it many times over; sizing it for every read, most of them local, cost
+    // more than filling it).
+    let mut remote: Vec<(&Region, TileId)> = Vec::new();
     for v in vertices {
         // The blocks of the tensor last looked up on this vertex's tile.
         let mut on_tile = None;
         for r in &v.reads {
-            if local.holds(tensors, v.tile, r, &mut on_tile) {
+            if local_reads.contains(&r.tensor) || local.holds(tensors, v.tile, r, &mut on_tile) {
                 continue;
             }
-            let k = *index.entry(*r).or_insert_with(|| {
-                regions.push(*r);
-                regions.len() as u32 - 1
-            });
-            readers.push((k, v.tile));
+            remote.push((r, v.tile));
         }
     }
-    if readers.is_empty() {
+    if remote.is_empty() {
         return None;
+    }
+    let mut index: HashMap<Region, u32, FastHash> =
+        HashMap::with_capacity_and_hasher(remote.len(), FastHash::default());
+    let mut regions: Vec<Region> = Vec::with_capacity(remote.len());
+    let mut readers: Vec<(u32, TileId)> = Vec::with_capacity(remote.len());
+    for (r, tile) in remote {
+        let k = *index.entry(*r).or_insert_with(|| {
+            regions.push(*r);
+            regions.len() as u32 - 1
+        });
+        readers.push((k, tile));
     }
     let readers = group_readers(readers, regions.len());
     let mut reads: Vec<Read> = Vec::with_capacity(regions.len());
@@ -883,7 +893,7 @@ mod tests {
             }
             let transfers = exchange_for(&tensors, &vertices);
             let exact = (!transfers.is_empty()).then(|| summarize(tiles, &tensors, &transfers));
-            let fast = summarize_vertices(tiles, &tensors, &vertices, &mut Locality::default());
+            let fast = summarize_vertices(tiles, &tensors, &vertices, &mut Locality::default(), &[]);
             prop_assert_eq!(fast, exact);
         }
 
@@ -939,7 +949,7 @@ mod tests {
         };
         for (tiles, paired, busiest) in [([2, 3], 800, 400), ([2, 4], 0, 800), ([3, 4], 0, 800)] {
             let vertices = read_on(tiles);
-            let s = summarize_vertices(4 + 2, &tensors, &vertices, &mut Locality::default())
+            let s = summarize_vertices(4 + 2, &tensors, &vertices, &mut Locality::default(), &[])
                 .expect("moves data");
             let exact = summarize(6, &tensors, &exchange_for(&tensors, &vertices));
             assert_eq!(s, exact);

@@ -141,6 +141,12 @@ impl Mapping {
         }
     }
 
+    /// Whether `other` lays its tensor out as this one does (a copy of it, or equal
+    /// intervals).
+    pub(crate) fn same_layout(&self, other: &Mapping) -> bool {
+        std::sync::Arc::ptr_eq(&self.intervals, &other.intervals) || self == other
+    }
+
     /// A 128-bit hash of the intervals (XXH3): equal mappings have equal digests, and
     /// different ones differ but with negligible chance.
     pub fn digest(&self) -> u128 {
@@ -578,6 +584,21 @@ fn seek(class: &[(u64, u64)], from: usize, x: u64) -> usize {
     lo + class[lo..hi].partition_point(|c| c.1 < x)
 }
 
+/// How many spans of `class` (sorted by start) have a span of the class starting `d` after
+/// them: one pass of two cursors.
+fn support_at(class: &[(u64, u64)], d: u64) -> usize {
+    let mut k = 0;
+    class
+        .iter()
+        .filter(|&&(_, x)| {
+            while k < class.len() && class[k].1 < x + d {
+                k += 1;
+            }
+            k < class.len() && class[k].1 == x + d
+        })
+        .count()
+}
+
 /// [`SpanJoiner::finish`] for the spans of one length `len` (`class`, (len, start) sorted by
 /// start, at least two), `used` marking those a run took.
 fn join_class(
@@ -652,14 +673,7 @@ fn join_class(
                 .map(|r| r.1)
                 .max_by_key(|&j| {
                     let d = class[j].1 - a;
-                    let support = *supports.entry(d).or_insert_with(|| {
-                        class
-                            .iter()
-                            .filter(|&&(_, x)| {
-                                class.binary_search_by_key(&(x + d), |c| c.1).is_ok()
-                            })
-                            .count()
-                    });
+                    let support = *supports.entry(d).or_insert_with(|| support_at(class, d));
                     (support, std::cmp::Reverse(j))
                 })
                 .expect("a tie has members")

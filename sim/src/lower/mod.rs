@@ -423,12 +423,30 @@ impl<'a, S: Storage> Lowering<'a, S> {
 
     /// Appends a compute set, preceded by the exchange its vertices need.
     pub(crate) fn compute(&mut self, node: NodeId, phase: &str, vertices: Vec<Vertex>) {
+        self.compute_reading_locally(node, phase, vertices, &[]);
+    }
+
+    /// [`compute`](Self::compute) for vertices that read the tensors `local` only on their
+    /// own tiles (the tiles' runs of tensors laid out like what they write), which the
+    /// exchange's summary then need not look up.
+    fn compute_reading_locally(
+        &mut self,
+        node: NodeId,
+        phase: &str,
+        vertices: Vec<Vertex>,
+        local: &[TensorId],
+    ) {
         if vertices.is_empty() {
             return;
         }
         if let Some(summaries) = &mut self.summaries {
-            let s =
-                summarize_vertices(self.cfg.tiles, &self.tensors, &vertices, &mut self.locality);
+            let s = summarize_vertices(
+                self.cfg.tiles,
+                &self.tensors,
+                &vertices,
+                &mut self.locality,
+                local,
+            );
             if let Some(s) = s {
                 summaries.push(self.steps.len(), s);
                 self.steps.push(Step::Exchange {
@@ -458,18 +476,15 @@ impl<'a, S: Storage> Lowering<'a, S> {
     /// costs `cycles(elements)` plus [`REGION_OVERHEAD_CYCLES`] per region written beyond the
     /// first.
     fn per_tile_groups(
-        &mut self,
-        node: NodeId,
-        phase: &str,
+        &self,
         over: TensorId,
         codelet: Codelet,
         cycles: impl Fn(u64) -> u64,
         mut regions: impl FnMut(&[Interval]) -> (Vec<Region>, Vec<Region>),
-    ) {
+    ) -> Vec<Vertex> {
         let mapping = self.tensors[over.index()].mapping.clone();
         let ivs = mapping.intervals_by_tile();
-        let vertices = ivs
-            .chunk_by(|a, b| a.tile == b.tile)
+        ivs.chunk_by(|a, b| a.tile == b.tile)
             .map(|group| {
                 let (reads, writes) = regions(group);
                 let elements: u64 = group.iter().map(|iv| iv.len).sum();
@@ -484,8 +499,20 @@ impl<'a, S: Storage> Lowering<'a, S> {
                     writes,
                 }
             })
-            .collect();
-        self.compute(node, phase, vertices);
+            .collect()
+    }
+
+    /// The tensors among `ts` laid out like `over` (but `except`): a vertex reading its tile's
+    /// runs of `over`'s mapping in them reads only its own tile.
+    fn laid_out_like(&self, over: TensorId, ts: &[TensorId], except: &[Region]) -> Vec<TensorId> {
+        let m = &self.tensors[over.index()].mapping;
+        ts.iter()
+            .copied()
+            .filter(|&t| {
+                self.tensors[t.index()].mapping.same_layout(m)
+                    && !except.iter().any(|r| r.tensor == t)
+            })
+            .collect()
     }
 
     /// One vertex per tile of `over`'s mapping, covering all the tile's intervals and writing
@@ -505,7 +532,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
         let mapping = self.tensors[over.index()].mapping.clone();
         let mut tiles = mapping.runs_per_tile().iter();
         let mut buf: Vec<Region> = Vec::new();
-        self.per_tile_groups(node, phase, over, codelet, cycles, |group| {
+        let vertices = self.per_tile_groups(over, codelet, cycles, |group| {
             // The groups come in the order of the tiles.
             let (tile, runs) = tiles.next().expect("a group per tile");
             debug_assert_eq!(*tile, group[0].tile);
@@ -516,6 +543,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
             let writes = runs.iter().map(|r| Region { tensor: over, ..*r }).collect();
             (compress(std::mem::take(&mut buf)), writes)
         });
+        self.compute(node, phase, vertices);
     }
 
     /// [`per_tile`](Self::per_tile) for the common case of vertices reading and writing the
@@ -556,12 +584,14 @@ impl<'a, S: Storage> Lowering<'a, S> {
         };
         let mapping = self.tensors[over.index()].mapping.clone();
         let mut tiles = mapping.runs_per_tile().iter();
-        self.per_tile_groups(node, phase, over, codelet, cycles, |group| {
+        let vertices = self.per_tile_groups(over, codelet, cycles, |group| {
             // The groups come in the order of the tiles.
             let (tile, runs) = tiles.next().expect("a group per tile");
             debug_assert_eq!(*tile, group[0].tile);
             (on(&reads, runs, fixed), on(&writes, runs, &[]))
         });
+        let local = self.laid_out_like(over, &reads, fixed);
+        self.compute_reading_locally(node, phase, vertices, &local);
     }
 
     /// A vertex per tile of `out`'s mapping, reading the same elements of the operands in
@@ -586,7 +616,10 @@ impl<'a, S: Storage> Lowering<'a, S> {
         let mut tiles = mapping.runs_per_tile().iter();
         let mut runs: Vec<Region> = Vec::new();
         let mut others: Vec<Region> = Vec::new();
-        self.per_tile_groups(node, "op", out, codelet, cycles, |group| {
+        // Whether some tile's `extra` reads a tensor of `same` (its reads are then joined
+        // with the others).
+        let mut mixed = false;
+        let vertices = self.per_tile_groups(out, codelet, cycles, |group| {
             // The groups come in the order of the tiles.
             let (tile, joined) = tiles.next().expect("a group per tile");
             debug_assert_eq!(*tile, group[0].tile);
@@ -598,6 +631,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
             }
             let reads = if others.iter().any(|r| once.binary_search(&r.tensor).is_ok()) {
                 // `extra` reads a tensor of `same` too: join their regions together.
+                mixed = true;
                 let mut reads: Vec<Region> = group
                     .iter()
                     .flat_map(|iv| same.iter().map(|&t| Region::span(t, iv.start, iv.len)))
@@ -615,6 +649,12 @@ impl<'a, S: Storage> Lowering<'a, S> {
             // (The runs are sorted.)
             (reads, runs.clone())
         });
+        let local = if mixed {
+            Vec::new()
+        } else {
+            self.laid_out_like(out, &once, &[])
+        };
+        self.compute_reading_locally(node, "op", vertices, &local);
     }
 
     /// The first node on this IPU that reads `x` (or a view of it); `None` for a view

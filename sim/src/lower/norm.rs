@@ -215,19 +215,48 @@ fn by_use<S: Storage>(
     if users.is_empty() {
         return None;
     }
-    users.sort_unstable();
-    users.dedup();
+    // The tiles using each grain, without repeats: a counting sort by grain (the tiles'
+    // order within a grain does not matter, the least loaded is taken).
+    let grains = users.iter().map(|u| u.0 + 1).max().unwrap_or(0) as usize;
+    let mut first = vec![0usize; grains + 1];
+    for u in &users {
+        first[u.0 as usize + 1] += 1;
+    }
+    for q in 0..grains {
+        first[q + 1] += first[q];
+    }
+    let mut by_grain = vec![0u32; users.len()];
+    let mut fill = first.clone();
+    for &(q, t) in &users {
+        by_grain[fill[q as usize]] = t;
+        fill[q as usize] += 1;
+    }
+    // Each grain's tiles once (`fill` becomes the end of the kept ones).
+    let mut seen = vec![usize::MAX; l.tile_count() as usize];
+    for q in 0..grains {
+        let mut kept = first[q];
+        for k in first[q]..fill[q] {
+            let t = by_grain[k];
+            if seen[t as usize] != q {
+                seen[t as usize] = q;
+                by_grain[kept] = t;
+                kept += 1;
+            }
+        }
+        fill[q] = kept;
+    }
     let mut load = vec![0u64; l.tile_count() as usize];
     let mut out: Vec<Interval> = Vec::new();
     let values = groups * 2;
     let mut next = 0u64;
-    for same in users.chunk_by(|a, b| a.0 == b.0) {
-        let q = same[0].0;
+    for q in (0..grains).filter(|&q| fill[q] > first[q]) {
+        let same = &by_grain[first[q]..fill[q]];
+        let q = q as u64;
         let tile = same
             .iter()
-            .map(|u| u.1)
+            .copied()
             .min_by_key(|&t| (load[t as usize], t))
-            .expect("a chunk is never empty");
+            .expect("a grain here has users");
         load[tile as usize] += 1;
         let (start, end) = (q * STATS_GRAIN * 2, ((q + 1) * STATS_GRAIN * 2).min(values));
         // Grains no tile uses (none, when `x` covers every group) go with the next one.
