@@ -15,7 +15,6 @@ use crate::ops::{
 /// What a node computes. Operands are [`NodeId`]s of earlier nodes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[non_exhaustive]
 pub enum Op {
     /// Data fed by the host before each run.
     Input,

@@ -27,7 +27,6 @@ pub enum GeluForm {
 /// A function of one operand.
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[non_exhaustive]
 pub enum UnaryFn {
     /// `x`, converted to the node's element type (a cast).
     Identity,
@@ -63,7 +62,6 @@ pub enum UnaryFn {
 /// A function of two operands (broadcast).
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[non_exhaustive]
 pub enum BinaryFn {
     /// `a + b`.
     Add,
@@ -121,7 +119,6 @@ pub enum BinaryFn {
 /// A function of three operands (broadcast).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[non_exhaustive]
 pub enum TernaryFn {
     /// `b` where the mask `a` is non-zero, else `c` (ONNX `Where`).
     Where,

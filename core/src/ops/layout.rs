@@ -14,7 +14,6 @@ use crate::{Roles, Shape, MAX_RANK};
 /// Layout ops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[non_exhaustive]
 pub enum Layout {
     /// The same data in another shape (same element count): a view, with no copy.
     Reshape {

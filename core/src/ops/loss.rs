@@ -14,7 +14,6 @@ use crate::{DType, Roles, Shape};
 /// Losses and their gradients.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[non_exhaustive]
 pub enum Loss {
     /// Mean of `-log p[label]` over the positions whose label is not `ignore_index`: a scalar.
     /// With `from_logits` the operand is logits (log-softmax is applied inside); otherwise it

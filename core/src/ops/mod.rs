@@ -1,8 +1,35 @@
 //! The op families. Each module holds, for its family: the op enum, the builders on
 //! [`Graph`](crate::Graph) with their shape rules, the reference kernel and the gradient.
 //!
-//! Adding an element-wise function touches `elementwise.rs` only (its enum variant, formula and
-//! derivative) in the core, and the simulator's `lower/elementwise.rs` for its cost.
+//! # Adding an op
+//!
+//! No `match` over [`Op`] or over the element-wise functions has a wildcard arm, in the core or
+//! in the simulator's lowering, so the compiler names every place a new op or function must
+//! be handled: an op without a lowering and a cost does not build.
+//!
+//! An element-wise function ([`UnaryFn`](elementwise::UnaryFn),
+//! [`BinaryFn`](elementwise::BinaryFn), [`TernaryFn`](elementwise::TernaryFn)):
+//! 1. core, `ops/elementwise.rs`: the variant, its formula (`apply`), its name (`name`) and
+//!    its derivative (`backward`);
+//! 2. simulator, `lower/elementwise.rs`: its cost (`unary_kind` for a unary function; for a
+//!    binary one its vertex type in `binary_type` and what it computes beyond an add in
+//!    `binary_extra`; for a ternary one its vertex type);
+//! 3. to import it from ONNX, host, `onnx/import/ops/`: a converter in its family's module,
+//!    listed in that module's table of converters (`docs/onnx.md`'s op table is made from
+//!    the tables: the host's unit test `the_docs_op_table_is_the_registrys` prints the new
+//!    table when it differs), and `scripts/make_onnx_node_tests.py` run again to take in
+//!    ONNX's own test cases of the op.
+//!
+//! A new op of a family, or a new family:
+//! 1. core: the variant (in the family's enum, or a new [`Op`] variant in `op.rs` with its
+//!    `name`, `operands` and operand renaming), the family's module here (builders on
+//!    [`Graph`](crate::Graph) with their shape rules, the reference kernel, the gradient),
+//!    and, for a new family, its arms in `run` and `backward` below;
+//! 2. simulator, `lower/`: the family's `placement` and `lower` (its vertices, their cycles
+//!    from named constants in `cost.rs`), dispatched from `lower/mod.rs` (`layout_of`,
+//!    `lower_op`);
+//! 3. host: its ONNX converter as above, and, if model files name it, its layer in
+//!    `model.rs`.
 
 use crate::error::GraphError;
 use crate::graph::{Node, NodeId};

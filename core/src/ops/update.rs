@@ -14,7 +14,6 @@ use crate::{AccumulationMethod, DType};
 /// An in-place update of state tensors.
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
-#[non_exhaustive]
 pub enum Update {
     /// `var -= lr * grad`.
     Sgd {

@@ -24,7 +24,6 @@ fn unary_kind(f: UnaryFn) -> UnaryKind {
         UnaryFn::Erf => UnaryKind::Erf,
         UnaryFn::Gelu(_) => UnaryKind::Gelu,
         UnaryFn::Clip { .. } => UnaryKind::Clip,
-        _ => UnaryKind::Copy,
     }
 }
 
@@ -79,7 +78,6 @@ pub(crate) fn binary_type(f: BinaryFn, dtype: tessera_core::DType, form: BinaryF
         BinaryFn::ClipGrad { .. } => 21,
         BinaryFn::Keep => 22,
         BinaryFn::Drop => 23,
-        _ => 63,
     };
     let family = match form {
         BinaryForm::Plain => 0,
@@ -109,7 +107,25 @@ fn binary_extra(f: BinaryFn) -> Option<UnaryKind> {
         // The derivative of GELU or erf re-evaluates the function.
         BinaryFn::GeluGrad(_) => Some(UnaryKind::Gelu),
         BinaryFn::ErfGrad => Some(UnaryKind::Exp),
-        _ => None,
+        // One add, sub, mul, compare or select a vector.
+        BinaryFn::Add
+        | BinaryFn::Sub
+        | BinaryFn::Mul
+        | BinaryFn::Max
+        | BinaryFn::Min
+        | BinaryFn::Equal
+        | BinaryFn::Less
+        | BinaryFn::LessOrEqual
+        | BinaryFn::Greater
+        | BinaryFn::GreaterOrEqual
+        | BinaryFn::And
+        | BinaryFn::Or
+        | BinaryFn::ReluGrad
+        | BinaryFn::SigmoidGrad
+        | BinaryFn::TanhGrad
+        | BinaryFn::ClipGrad { .. }
+        | BinaryFn::Keep
+        | BinaryFn::Drop => None,
     }
 }
 
@@ -199,7 +215,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Element
                 TernaryFn::DivGradDivisor => 2,
                 TernaryFn::PowGradBase => 3,
                 TernaryFn::PowGradExponent => 4,
-                _ => 31,
+                TernaryFn::PickGrad => 31,
             };
             (
                 // Ternary functions are vertex types of their own (`popops::Select`, the

@@ -22,7 +22,7 @@ pub(super) fn placement(op: &Layout) -> Placement {
         Layout::Reshape { .. } => Placement::Nothing,
         Layout::Tap { x } => Placement::Like(x),
         Layout::Transpose { .. } | Layout::Concat { .. } | Layout::Slice { .. } => Placement::Image,
-        _ => Placement::Rows(1),
+        Layout::Pad { .. } => Placement::Rows(1),
     }
 }
 
@@ -116,7 +116,7 @@ fn sources<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Layout) -> Vec<Sourc
             let at = u64::from(start) * (cx / sx.dim(axis as usize) as u64);
             (0..outer).map(|r| span(l.t(x), r * cx + at, c)).collect()
         }
-        _ => Vec::new(),
+        Layout::Reshape { .. } | Layout::Tap { .. } | Layout::Pad { .. } => Vec::new(),
     }
 }
 
@@ -280,6 +280,5 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Layout)
                 }
             });
         }
-        _ => {}
     }
 }

@@ -19,7 +19,7 @@ pub(super) fn placement(op: &Loss) -> Placement {
     match op {
         // Laid out like the logits, so the gradient needs no exchange of them.
         Loss::SparseCrossEntropyGrad { x, .. } => Placement::Like(*x),
-        _ => Placement::Rows(1),
+        Loss::SparseCrossEntropy { .. } => Placement::Rows(1),
     }
 }
 
@@ -88,7 +88,6 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Loss) {
                 },
             );
         }
-        _ => {}
     }
 }
 

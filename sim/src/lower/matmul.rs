@@ -16,7 +16,7 @@ use tessera_core::ops::update::Update;
 use tessera_core::{DType, Graph, NodeId, Op, Roles, Shape, Storage};
 
 use super::elementwise::{binary_type, BinaryForm};
-use super::{rect, Lowering};
+use super::{rect, Lowering, Placement};
 use crate::cost::{self, UnaryKind};
 use crate::matmul::{
     casts_partials, plan_fc_cached, plan_matmul_cached, FcPlans, LaidOut, MatMulPlan, Operand,
@@ -764,6 +764,12 @@ struct Block {
     m: Range,
     k: Range,
     n: Range,
+}
+
+/// Where a product's output goes (a matmul's or a convolution's): laid out by its plan
+/// ([`output_mapping`]), as poplin creates it.
+pub(super) fn placement() -> Placement {
+    Placement::Own
 }
 
 /// Lowers product `i`: partial products on the AMP, then (when `k` is split) the reduction,

@@ -782,14 +782,6 @@ impl<'a, S: Storage> Lowering<'a, S> {
             Op::Reduce(r) => reduce::lower(self, i, &r),
             Op::Layout(l) => layout::lower(self, i, &l),
             Op::Update(u) => update::lower(self, i, &u),
-            // Every op of the core has a lowering above; an op added to the core later
-            // without one is costed as a copy of its output so estimates still run.
-            _ => {
-                let out = TensorId::of(i);
-                let (cfg, dt) = (self.cfg, node.dtype());
-                let c = move |n| crate::cost::UnaryKind::Copy.cycles(cfg, n, dt);
-                self.elementwise(i, out, &[], Codelet::Copy, c, |_, _, _| {});
-            }
         }
         if node
             .roles()
@@ -807,18 +799,20 @@ impl<'a, S: Storage> Lowering<'a, S> {
     fn layout_of(&self, i: NodeId) -> Placement {
         let node = self.node(i);
         match node.op() {
+            // Sources: spread by rows (a weight a product reads first is laid out by that
+            // product instead, see `map_graph_tensors`).
             Op::Input | Op::Variable { .. } | Op::Constant { .. } => Placement::Rows(1),
             Op::Elementwise(e) => elementwise::placement(self, node, e),
-            Op::MatMul(_) | Op::Conv(_) => Placement::Own,
+            Op::MatMul(_) | Op::Conv(_) => matmul::placement(),
             Op::Norm(n) => norm::placement(self, node, n),
             Op::Gather(g) => gather::placement(node, g),
-            Op::Pool(_) | Op::Random(_) => Placement::Rows(1),
+            Op::Pool(p) => pool::placement(p),
+            Op::Random(r) => random::placement(r),
             Op::Softmax(s) => softmax::placement(node, s),
             Op::Loss(l) => loss::placement(l),
             Op::Reduce(r) => reduce::placement(self, node, r),
             Op::Layout(l) => layout::placement(l),
-            Op::Update(_) => Placement::Nothing,
-            _ => Placement::Rows(1),
+            Op::Update(u) => update::placement(u),
         }
     }
 

@@ -8,7 +8,7 @@ use tessera_core::ops::conv::DataLayout;
 use tessera_core::ops::pool::Pool;
 use tessera_core::{NodeId, Shape, Storage};
 
-use super::{row_segments, Lowering};
+use super::{row_segments, Lowering, Placement};
 use crate::cost;
 use crate::program::{Codelet, Region, TensorId, VertexType, REDUCE_OTHER};
 
@@ -30,6 +30,11 @@ fn window_reads(
         DataLayout::Nchw => Region::span(t, (plane * h + r0) * w, (r1 - r0) * w),
         DataLayout::Nhwc => Region::span(t, (plane * h + r0) * w * c, (r1 - r0) * w * c),
     }
+}
+
+/// Where a pooling's output goes: spread by rows, as a new tensor.
+pub(super) fn placement(_op: &Pool) -> Placement {
+    Placement::Rows(1)
 }
 
 pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Pool) {

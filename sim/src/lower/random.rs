@@ -4,9 +4,14 @@
 use tessera_core::ops::random::Random;
 use tessera_core::{NodeId, Storage};
 
-use super::Lowering;
+use super::{Lowering, Placement};
 use crate::cost::UnaryKind;
 use crate::program::{Codelet, Region, VertexType};
+
+/// Where a random mask goes: spread by rows, as a new tensor.
+pub(super) fn placement(_op: &Random) -> Placement {
+    Placement::Rows(1)
+}
 
 pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Random) {
     let cfg = l.cfg;

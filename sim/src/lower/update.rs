@@ -4,12 +4,17 @@
 use tessera_core::ops::update::Update;
 use tessera_core::{NodeId, Storage};
 
-use super::Lowering;
+use super::{Lowering, Placement};
 use crate::cost::{self, UnaryKind};
 use crate::program::{
     Codelet, Interval, Mapping, Region, TensorClass, TensorId, Vertex, VertexType, REDUCE_OTHER,
 };
 use tessera_core::DType;
+
+/// An update writes its variable in place: it has no tensor of its own to lay out.
+pub(super) fn placement(_op: &Update) -> Placement {
+    Placement::Nothing
+}
 
 pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update) {
     let cfg = l.cfg;
@@ -160,7 +165,6 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
             };
             l.compute(i, "increment", vec![v]);
         }
-        _ => {}
     }
 }
 
