@@ -214,9 +214,9 @@ struct Lists {
 
 /// The summary of the exchange that `vertices` need (the one
 /// [`exchange_for`](crate::program::exchange_for) makes), or `None` when nothing moves.
-/// `local` are tensors that every vertex reads only on its own tile (the caller knows: its
-/// vertices read the tiles' own runs of tensors laid out alike); their reads are not looked
-/// up.
+/// `local_reads` are tensors that every vertex reads only on its own tile (the caller knows:
+/// its vertices read their tiles' own runs of tensors laid out alike); their reads are not
+/// looked up. Such a read never moves anything, looked up or not, so the summary is the same.
 pub(crate) fn summarize_vertices(
     tiles: u32,
     tensors: &[ProgTensor],

@@ -736,11 +736,16 @@ impl RunBuilder {
 /// Joins the spans among `regions` into strided regions, tensor by tensor; keeps strided
 /// regions as they are. The result is sorted.
 pub fn compress(mut regions: Vec<Region>) -> Vec<Region> {
+    compress_from(&mut regions)
+}
+
+/// [`compress`], leaving `regions` empty (its capacity kept for reuse).
+pub fn compress_from(regions: &mut Vec<Region>) -> Vec<Region> {
     regions.sort_unstable();
     regions.dedup();
     let mut out = Vec::with_capacity(regions.len());
     let mut joiner: Option<SpanJoiner> = None;
-    for r in regions {
+    for r in regions.drain(..) {
         if r.rows > 1 {
             out.push(r);
             continue;

@@ -803,9 +803,22 @@ pub(crate) fn backward<S: Storage>(
                     Grad::Of(ternary(dy, b, id, TernaryFn::PickGrad)),
                 ),
                 // Masks carry no gradient.
-                f if f.is_predicate() => (Grad::None, Grad::None),
+                BinaryFn::Equal
+                | BinaryFn::Less
+                | BinaryFn::LessOrEqual
+                | BinaryFn::Greater
+                | BinaryFn::GreaterOrEqual
+                | BinaryFn::And
+                | BinaryFn::Or => (Grad::None, Grad::None),
                 BinaryFn::Keep | BinaryFn::Drop => (Grad::Of(binary(dy, b, f)), Grad::None),
-                _ => return Err(bp.not_differentiable(id)),
+                // Gradients of gradients: not differentiated again.
+                BinaryFn::ReluGrad
+                | BinaryFn::SigmoidGrad
+                | BinaryFn::TanhGrad
+                | BinaryFn::SqrtGrad
+                | BinaryFn::ErfGrad
+                | BinaryFn::GeluGrad(_)
+                | BinaryFn::ClipGrad { .. } => return Err(bp.not_differentiable(id)),
             };
             for (x, g) in [(a, da), (b, db)] {
                 if !bp.wants(x) {
@@ -831,7 +844,11 @@ pub(crate) fn backward<S: Storage>(
                 }
                 Ok(())
             }
-            _ => Err(bp.not_differentiable(id)),
+            // Gradients' own functions: not differentiated again.
+            TernaryFn::DivGradDivisor
+            | TernaryFn::PowGradBase
+            | TernaryFn::PowGradExponent
+            | TernaryFn::PickGrad => Err(bp.not_differentiable(id)),
         },
     }
 }

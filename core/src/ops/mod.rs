@@ -3,9 +3,11 @@
 //!
 //! # Adding an op
 //!
-//! No `match` over [`Op`] or over the element-wise functions has a wildcard arm, in the core or
-//! in the simulator's lowering, so the compiler names every place a new op or function must
-//! be handled: an op without a lowering and a cost does not build.
+//! The matches that run, differentiate, lower, lay out and cost an op or an element-wise
+//! function have no wildcard arm, in the core or in the simulator's lowering, so the compiler
+//! names every place a new op or function must be handled: an op without a kernel, a
+//! gradient rule, a lowering and a cost does not build. (Predicates that pick out a few ops,
+//! `matches!` and `if let`, still have their default.)
 //!
 //! An element-wise function ([`UnaryFn`](elementwise::UnaryFn),
 //! [`BinaryFn`](elementwise::BinaryFn), [`TernaryFn`](elementwise::TernaryFn)):
@@ -73,7 +75,20 @@ pub(crate) fn run<S: Storage>(node: &Node, ex: &mut Exec<'_, S>) -> Result<(), R
 pub(crate) fn workspace_bytes<S: Storage>(graph: &crate::Graph<S>, node: &Node) -> usize {
     match node.op {
         Op::Conv(c) => conv::workspace_bytes(graph, node, &c),
-        _ => 0,
+        Op::Input
+        | Op::Variable { .. }
+        | Op::Constant { .. }
+        | Op::Elementwise(_)
+        | Op::MatMul(_)
+        | Op::Softmax(_)
+        | Op::Loss(_)
+        | Op::Reduce(_)
+        | Op::Layout(_)
+        | Op::Pool(_)
+        | Op::Norm(_)
+        | Op::Gather(_)
+        | Op::Random(_)
+        | Op::Update(_) => 0,
     }
 }
 

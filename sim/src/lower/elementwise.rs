@@ -107,7 +107,7 @@ fn binary_extra(f: BinaryFn) -> Option<UnaryKind> {
         // The derivative of GELU or erf re-evaluates the function.
         BinaryFn::GeluGrad(_) => Some(UnaryKind::Gelu),
         BinaryFn::ErfGrad => Some(UnaryKind::Exp),
-        // One add, sub, mul, compare or select a vector.
+        // Costed as one pass (an estimate for the gradients' few operations a vector).
         BinaryFn::Add
         | BinaryFn::Sub
         | BinaryFn::Mul
@@ -215,6 +215,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Element
                 TernaryFn::DivGradDivisor => 2,
                 TernaryFn::PowGradBase => 3,
                 TernaryFn::PowGradExponent => 4,
+                // (The number every other ternary function had before they were named.)
                 TernaryFn::PickGrad => 31,
             };
             (

@@ -27,8 +27,8 @@ use crate::exchange::{summarize_vertices, Locality, Summaries};
 use crate::machine::IpuConfig;
 use crate::matmul::Operand;
 use crate::program::{
-    compress, exchange_for, Codelet, ComputeSet, Interval, Mapping, ProgTensor, Program, Region,
-    Step, TensorClass, TensorId, TileId, Vertex,
+    compress, compress_from, exchange_for, Codelet, ComputeSet, Interval, Mapping, ProgTensor,
+    Program, Region, Step, TensorClass, TensorId, TileId, Vertex,
 };
 
 mod conv;
@@ -456,6 +456,13 @@ impl<'a, S: Storage> Lowering<'a, S> {
             }
         } else {
             let transfers = exchange_for(&self.tensors, &vertices);
+            // What the summaries take on trust: nothing of a tensor read locally moves (the
+            // unit tests compare both lowerings, so a wrong hint fails them).
+            debug_assert!(
+                transfers.iter().all(|t| !local.contains(&t.region.tensor)),
+                "a tensor said to be read locally moves in {}",
+                self.node(node).name()
+            );
             if !transfers.is_empty() {
                 self.steps.push(Step::Exchange { node, transfers });
             }
@@ -474,7 +481,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
     /// One vertex per tile of `over`'s mapping, covering all the tile's intervals (in order
     /// of their start): `regions(intervals)` gives the vertex's reads and writes, and the vertex
     /// costs `cycles(elements)` plus [`REGION_OVERHEAD_CYCLES`] per region written beyond the
-    /// first.
+    /// first. Gives the vertices; the caller appends their compute set.
     fn per_tile_groups(
         &self,
         over: TensorId,
@@ -502,8 +509,9 @@ impl<'a, S: Storage> Lowering<'a, S> {
             .collect()
     }
 
-    /// The tensors among `ts` laid out like `over` (but `except`): a vertex reading its tile's
-    /// runs of `over`'s mapping in them reads only its own tile.
+    /// The tensors among `ts` laid out like `over`, leaving out those `except` names (regions
+    /// read besides the runs): a vertex reading its tile's runs of `over`'s mapping in them
+    /// reads only its own tile.
     fn laid_out_like(&self, over: TensorId, ts: &[TensorId], except: &[Region]) -> Vec<TensorId> {
         let m = &self.tensors[over.index()].mapping;
         ts.iter()
@@ -531,17 +539,17 @@ impl<'a, S: Storage> Lowering<'a, S> {
     ) {
         let mapping = self.tensors[over.index()].mapping.clone();
         let mut tiles = mapping.runs_per_tile().iter();
+        // Each tile's reads, before they are joined (the buffer is reused from tile to tile).
         let mut buf: Vec<Region> = Vec::new();
         let vertices = self.per_tile_groups(over, codelet, cycles, |group| {
             // The groups come in the order of the tiles.
             let (tile, runs) = tiles.next().expect("a group per tile");
             debug_assert_eq!(*tile, group[0].tile);
-            buf.clear();
             for iv in group {
                 reads(iv, &mut buf);
             }
             let writes = runs.iter().map(|r| Region { tensor: over, ..*r }).collect();
-            (compress(std::mem::take(&mut buf)), writes)
+            (compress_from(&mut buf), writes)
         });
         self.compute(node, phase, vertices);
     }
@@ -639,7 +647,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
                 reads.append(&mut others);
                 compress(reads)
             } else {
-                let mut reads = compress(std::mem::take(&mut others));
+                let mut reads = compress_from(&mut others);
                 for &t in &once {
                     reads.extend(runs.iter().map(|r| Region { tensor: t, ..*r }));
                 }
@@ -1296,27 +1304,16 @@ fn liveness<S: Storage>(l: &mut Lowering<'_, S>) {
     }
 }
 
-/// The regions of a broadcast operand (of shape `from`) that elements `start .. start + len`
-/// of the output (of shape `to`) read: one span per run along the output's last axis.
-#[cfg(test)]
-pub(crate) fn broadcast_reads(
-    t: TensorId,
-    from: tessera_core::Shape,
-    to: tessera_core::Shape,
-    start: u64,
-    len: u64,
-) -> Vec<Region> {
-    let mut out = Vec::new();
-    BroadcastReads::new(t, from, to).push(start, len, &mut out);
-    out
-}
-
-/// The reads of a broadcast operand [`broadcast_reads`] gives, its strides worked out once
-/// for the many intervals of a mapping.
+/// The regions of a broadcast operand (of shape `from`) that elements of the output (of shape
+/// `to`) read, one span per run along the output's last axis, with the operand's strides
+/// worked out once for the many intervals of a mapping.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BroadcastReads {
+    /// The operand.
     t: TensorId,
+    /// How the operand's elements are read.
     kind: BroadcastKind,
+    /// The output's rank.
     rank: usize,
     /// The output's dims.
     dims: [u64; tessera_core::MAX_RANK],
@@ -1329,6 +1326,7 @@ pub(crate) struct BroadcastReads {
     same_rows: u64,
 }
 
+/// How a broadcast operand is read ([`BroadcastReads`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum BroadcastKind {
     /// The operand has the output's shape.
@@ -1448,6 +1446,20 @@ mod tests {
     use crate::machine::Preset;
     use crate::matmul::AVAILABLE_MEMORY_PROPORTION;
     use crate::memory::{account, account_with};
+
+    /// The regions of a broadcast operand (of shape `from`) that elements `start .. start + len`
+    /// of the output (of shape `to`) read: one span per run along the output's last axis.
+    fn broadcast_reads(
+        t: TensorId,
+        from: tessera_core::Shape,
+        to: tessera_core::Shape,
+        start: u64,
+        len: u64,
+    ) -> Vec<Region> {
+        let mut out = Vec::new();
+        BroadcastReads::new(t, from, to).push(start, len, &mut out);
+        out
+    }
 
     /// Lowering with summaries gives the program lowering with transfers gives, less the
     /// transfers, and each exchange's summary is the summary of its transfers.
@@ -1874,13 +1886,23 @@ mod tests {
         fn broadcast_reads_are_each_row_segments(
             dims in proptest::collection::vec(1usize..5, 1..5),
             keep in proptest::collection::vec(proptest::bool::ANY, 5),
+            lead in 0usize..3,
             start in 0u64..600,
             len in 1u64..300,
         ) {
             let to = tessera_core::Shape::new(&dims).unwrap();
             let from_dims: Vec<usize> =
                 dims.iter().zip(&keep).map(|(&d, &k)| if k { d } else { 1 }).collect();
-            let from = tessera_core::Shape::new(&from_dims).unwrap();
+            // The operand's leading axes of size 1 may be left out (a lower rank, as NumPy
+            // broadcasting pads it).
+            let lead = lead.min(from_dims.len() - 1);
+            let dropped = from_dims[..lead].iter().all(|&d| d == 1);
+            let from = if dropped {
+                tessera_core::Shape::new(&from_dims[lead..]).unwrap()
+            } else {
+                tessera_core::Shape::new(&from_dims).unwrap()
+            };
+            let full = tessera_core::Shape::new(&from_dims).unwrap();
             let n = to.elements() as u64;
             let start = start % n;
             let len = len.min(n - start);
@@ -1888,7 +1910,7 @@ mod tests {
             let mut strides = [0u64; tessera_core::MAX_RANK];
             let mut s = 1u64;
             for i in (0..rank).rev() {
-                let d = from.dim(i) as u64;
+                let d = full.dim(i) as u64;
                 strides[i] = if d == 1 && to.dim(i) != 1 { 0 } else { s };
                 s *= d;
             }
@@ -1913,7 +1935,7 @@ mod tests {
             }
             let got = if from == to {
                 vec![Region::span(t, start, len)]
-            } else if from.elements() == 1 {
+            } else if full.elements() == 1 {
                 vec![Region::span(t, 0, 1)]
             } else {
                 want.clone()

@@ -231,7 +231,8 @@ fn by_use<S: Storage>(
         by_grain[fill[q as usize]] = t;
         fill[q as usize] += 1;
     }
-    // Each grain's tiles once (`fill` becomes the end of the kept ones).
+    // Each grain's tiles once (`fill` becomes the end of the kept ones): `seen[tile]` is the
+    // last grain the tile was kept for (`usize::MAX`, no grain, at first).
     let mut seen = vec![usize::MAX; l.tile_count() as usize];
     for q in 0..grains {
         let mut kept = first[q];

@@ -580,7 +580,7 @@ fn intermediate_and_last<S: Storage>(
 pub(super) fn placement<S: Storage>(l: &Lowering<'_, S>, node: &Node, op: &Reduce) -> Placement {
     match *op {
         Reduce::Reduce { x, .. } => by_input(l, node, x),
-        _ => Placement::Rows(1),
+        Reduce::Broadcast { .. } => Placement::Rows(1),
     }
 }
 
@@ -616,7 +616,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Reduce)
             let vt = VertexType::of(
                 match kind {
                     ReduceKind::Max => REDUCE_MAX,
-                    _ => REDUCE_ADD,
+                    ReduceKind::Sum | ReduceKind::Mean => REDUCE_ADD,
                 },
                 dt,
             );

@@ -27,7 +27,10 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
         | Update::Adam { var, .. }
         | Update::Lamb { var, .. }
         | Update::Lars { var, .. } => l.opts.shards_of(l.node(var).shape().elements() as u64),
-        _ => 1,
+        Update::Increment { .. }
+        | Update::Accumulate { .. }
+        | Update::Fill { .. }
+        | Update::MovingAverage { .. } => 1,
     };
     let scaled_add = move |n: u64| cost::scaled_add_cycles(cfg, n, dt);
     // An optimizer's per-tile cost over the tile's share of the variable's shard.
