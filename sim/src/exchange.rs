@@ -412,10 +412,11 @@ fn summarize_with(
     Some(finish(&tally, bytes, moved))
 }
 
-/// `readers` (region, tile) sorted and without repeats, for regions numbered below
-/// `regions`: a counting sort on the region (the bulk of the work, in linear time), then each
-/// region's tiles sorted (they mostly come in tile order already) and deduplicated.
-fn group_readers(readers: Vec<(u32, TileId)>, regions: usize) -> Vec<(u32, TileId)> {
+/// `readers` (key, tile) sorted and without repeats, for keys below `regions` (the regions a
+/// compute set reads, the grains of a statistics tensor): a counting sort on the key (the
+/// bulk of the work, in linear time), then each key's tiles sorted (they mostly come in tile
+/// order already) and deduplicated.
+pub(crate) fn group_readers(readers: Vec<(u32, TileId)>, regions: usize) -> Vec<(u32, TileId)> {
     let mut at = vec![0usize; regions + 1];
     for &(k, _) in &readers {
         at[k as usize + 1] += 1;

@@ -1288,6 +1288,35 @@ mod tests {
         out
     }
 
+    /// Spans (start, len).
+    type Spans = Vec<(u64, u64)>;
+
+    /// Column blocks `(gap before, width)` laid side by side in a matrix wider than all of
+    /// them, as (start, width), and the spans of each block on each of `rows` rows, in
+    /// element order, the `k`-th kept when `keep(k)` (`k` counts the spans kept so far).
+    fn block_rows(
+        blocks: &[(u64, u64)],
+        rows: u64,
+        keep: impl Fn(usize) -> bool,
+    ) -> (Spans, Spans) {
+        let mut cols: Vec<(u64, u64)> = Vec::new();
+        let mut c = 0;
+        for &(gap, w) in blocks {
+            cols.push((c + gap + 1, w));
+            c += gap + 1 + w;
+        }
+        let width = c + 1;
+        let mut fed = Vec::new();
+        for r in 0..rows {
+            for &(c0, w) in &cols {
+                if keep(fed.len()) {
+                    fed.push((r * width + c0, w));
+                }
+            }
+        }
+        (cols, fed)
+    }
+
     /// Spans fed twice (a region read twice) still join, and the joiner ends.
     #[test]
     fn repeated_spans_join_and_end() {
@@ -1328,19 +1357,7 @@ mod tests {
             prop_assert!(out.len() <= spans.len());
             // Disjoint column blocks (start, width), each over every row of a matrix whose
             // rows are wider than all of them.
-            let mut cols: Vec<(u64, u64)> = Vec::new();
-            let mut c = 0;
-            for &(gap, w) in &blocks {
-                cols.push((c + gap + 1, w));
-                c += gap + 1 + w;
-            }
-            let width = c + 1;
-            let mut fed = Vec::new();
-            for r in 0..rows {
-                for &(c0, w) in &cols {
-                    fed.push((r * width + c0, w));
-                }
-            }
+            let (cols, fed) = block_rows(&blocks, rows, |_| true);
             let out = joined(&fed);
             let want: Vec<u64> = fed.iter().flat_map(|&(s, l)| s..s + l).collect();
             prop_assert_eq!(elements_of(&out), want);
@@ -1365,21 +1382,7 @@ mod tests {
                 at += gap + len;
             }
             prop_assert_eq!(joined(&spans), joined_reference(&spans));
-            let mut cols: Vec<(u64, u64)> = Vec::new();
-            let mut c = 0;
-            for &(gap, w) in &blocks {
-                cols.push((c + gap + 1, w));
-                c += gap + 1 + w;
-            }
-            let width = c + 1;
-            let mut fed = Vec::new();
-            for r in 0..rows {
-                for &(c0, w) in &cols {
-                    if !skip[fed.len() % skip.len()] {
-                        fed.push((r * width + c0, w));
-                    }
-                }
-            }
+            let (_, fed) = block_rows(&blocks, rows, |k| !skip[k % skip.len()]);
             prop_assert_eq!(joined(&fed), joined_reference(&fed));
         }
 

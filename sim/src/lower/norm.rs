@@ -192,7 +192,7 @@ fn by_use<S: Storage>(
         inner *= d;
     }
     let hull = reduce::Hull::new(shape, axes);
-    let mut users: Vec<(u64, u32)> = Vec::new();
+    let mut users: Vec<(u32, crate::program::TileId)> = Vec::new();
     let mut hulls = Vec::new();
     for iv in l.tensors[xt.index()].mapping.intervals() {
         // The groups of each run (their hull when there are too many runs to walk).
@@ -209,55 +209,29 @@ fn by_use<S: Storage>(
             }
         }
         for &(g0, g1) in &hulls {
-            users.extend((g0 / STATS_GRAIN..g1.div_ceil(STATS_GRAIN)).map(|q| (q, iv.tile.0)));
+            // (Grains are numbered in 32 bits: past that, the statistics are spread linearly.)
+            let (q0, q1) = (g0 / STATS_GRAIN, g1.div_ceil(STATS_GRAIN));
+            let q1 = u32::try_from(q1).ok()?;
+            users.extend((q0 as u32..q1).map(|q| (q, iv.tile)));
         }
     }
     if users.is_empty() {
         return None;
     }
-    // The tiles using each grain, without repeats: a counting sort by grain (the tiles'
-    // order within a grain does not matter, the least loaded is taken).
-    let grains = users.iter().map(|u| u.0 + 1).max().unwrap_or(0) as usize;
-    let mut first = vec![0usize; grains + 1];
-    for u in &users {
-        first[u.0 as usize + 1] += 1;
-    }
-    for q in 0..grains {
-        first[q + 1] += first[q];
-    }
-    let mut by_grain = vec![0u32; users.len()];
-    let mut fill = first.clone();
-    for &(q, t) in &users {
-        by_grain[fill[q as usize]] = t;
-        fill[q as usize] += 1;
-    }
-    // Each grain's tiles once (`fill` becomes the end of the kept ones): `seen[tile]` is the
-    // last grain the tile was kept for (`usize::MAX`, no grain, at first).
-    let mut seen = vec![usize::MAX; l.tile_count() as usize];
-    for q in 0..grains {
-        let mut kept = first[q];
-        for k in first[q]..fill[q] {
-            let t = by_grain[k];
-            if seen[t as usize] != q {
-                seen[t as usize] = q;
-                by_grain[kept] = t;
-                kept += 1;
-            }
-        }
-        fill[q] = kept;
-    }
+    // The tiles using each grain, without repeats.
+    let grains = users.iter().map(|u| u.0 as usize + 1).max().unwrap_or(0);
+    let users = crate::exchange::group_readers(users, grains);
     let mut load = vec![0u64; l.tile_count() as usize];
     let mut out: Vec<Interval> = Vec::new();
     let values = groups * 2;
     let mut next = 0u64;
-    for q in (0..grains).filter(|&q| fill[q] > first[q]) {
-        let same = &by_grain[first[q]..fill[q]];
-        let q = q as u64;
+    for same in users.chunk_by(|a, b| a.0 == b.0) {
+        let q = u64::from(same[0].0);
         let tile = same
             .iter()
-            .copied()
+            .map(|u| u.1 .0)
             .min_by_key(|&t| (load[t as usize], t))
-            .expect("a grain here has users");
+            .expect("a chunk is never empty");
         load[tile as usize] += 1;
         let (start, end) = (q * STATS_GRAIN * 2, ((q + 1) * STATS_GRAIN * 2).min(values));
         // Grains no tile uses (none, when `x` covers every group) go with the next one.
