@@ -9,10 +9,12 @@
 
 pub mod calibration;
 pub mod dataset;
+pub mod estimation;
 pub mod idx;
 pub mod infeed;
 pub mod inspect;
 pub mod model;
+pub mod names;
 pub mod onnx;
 pub mod outfeed;
 pub mod output;

@@ -113,6 +113,65 @@ impl DTypeArg {
     }
 }
 
+/// The optimizers (the library's [`OptimizerKind`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OptimizerArg {
+    /// Plain SGD.
+    Sgd,
+    /// SGD with momentum 0.9.
+    Momentum,
+    /// Adam (Keras defaults).
+    Adam,
+    /// LAMB (beta1 0.9, beta2 0.999, epsilon 1e-6, weight decay 0.01: Graphcore's BERT
+    /// pre-training's), Adam's moments with a per-tensor trust ratio.
+    Lamb,
+    /// LARS (momentum 0.9, weight decay 1e-4, trust coefficient 0.001), momentum SGD with a
+    /// per-tensor trust ratio.
+    Lars,
+}
+
+impl OptimizerArg {
+    pub fn kind(self) -> OptimizerKind {
+        match self {
+            OptimizerArg::Sgd => OptimizerKind::Sgd,
+            OptimizerArg::Momentum => OptimizerKind::Momentum,
+            OptimizerArg::Adam => OptimizerKind::Adam,
+            OptimizerArg::Lamb => OptimizerKind::Lamb,
+            OptimizerArg::Lars => OptimizerKind::Lars,
+        }
+    }
+}
+
+/// The losses of an ONNX model's training (the library's [`LossKind`]).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LossArg {
+    /// By the output: `[batch, classes]` gets sparse cross-entropy; `[batch, seq, hidden]`
+    /// of a model with a token embedding gets the masked-LM head; anything else MSE.
+    Auto,
+    /// Sparse categorical cross-entropy on the output as logits (`[batch, classes]` or
+    /// `[batch, seq, classes]`), integer labels.
+    SparseCategoricalCrossentropy,
+    /// Mean squared error against a target of the output's shape.
+    Mse,
+    /// A masked-LM head as BERT's pre-training: the hidden states of the masked positions
+    /// (`--mask-tokens` per sequence, gathered from the output `[batch, seq, hidden]`)
+    /// projected onto the token embedding (tied; when the embedding is in an earlier pipeline
+    /// stage the projection is a stage of its own on the embedding's IPU) to
+    /// `[batch, masked, vocab]` logits, cross-entropy with labels (-100 ignored).
+    MaskedLm,
+}
+
+impl LossArg {
+    pub fn kind(self) -> LossKind {
+        match self {
+            LossArg::Auto => LossKind::Auto,
+            LossArg::SparseCategoricalCrossentropy => LossKind::SparseCategoricalCrossentropy,
+            LossArg::Mse => LossKind::Mse,
+            LossArg::MaskedLm => LossKind::MaskedLm,
+        }
+    }
+}
+
 /// The pipeline schedules.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ScheduleArg {
@@ -171,7 +230,7 @@ pub struct ModelArgs {
     pub ipu: IpuArg,
     /// Optimizer (momentum is 0.9) [default: the model file's, else sgd].
     #[arg(long, value_enum)]
-    pub optimizer: Option<OptimizerKind>,
+    pub optimizer: Option<OptimizerArg>,
     /// Learning rate [default: the model file's for its optimizer, else 0.1 for sgd, 0.01 for
     /// momentum, 0.001 for adam].
     #[arg(long)]
@@ -384,7 +443,7 @@ pub struct EstimateArgs {
     pub no_search: bool,
     /// ONNX models: the loss of training [default: auto, by the output's shape].
     #[arg(long, value_enum)]
-    pub loss: Option<LossKind>,
+    pub loss: Option<LossArg>,
     /// ONNX models, masked-LM loss: masked positions per sequence that the head projects
     /// onto the vocabulary (BERT's `max_predictions_per_seq`, Graphcore's `mask_tokens`)
     /// [default: 15% of the sequence, rounded up: 20 for 128 tokens].

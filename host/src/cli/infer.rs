@@ -13,9 +13,9 @@ use tessera_host::session::{
 use tessera_sim::machine::IpuConfig;
 
 use super::args::{EvaluateArgs, InferenceArgs, PredictArgs};
-use super::estimate::inference_line;
 use super::options::{data_dir, load_data, load_model, session_options};
 use super::AnyError;
+use tessera_host::estimation::inference_line;
 
 /// Prediction files this command writes, by extension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -281,8 +281,10 @@ fn whole_model_rows(
     let w = whole_models::WholeModels::parse(&text).map_err(|e| format!("{source}: {e}"))?;
     // Each entry as a sweep estimates a configuration.
     let estimate = |model: &str, c: &tessera_host::sweep::Config| -> Result<_, String> {
-        let args = super::sweep::config_args(&dir.join(model).display().to_string(), c)?;
-        super::sweep::estimate_config(&args)
+        let (source, options) =
+            super::sweep::config_request(&dir.join(model).display().to_string(), c)
+                .map_err(|e| super::one_line(&e.to_string()))?;
+        super::sweep::estimate_config(&source, &options)
             .map(|(summary, _)| summary)
             .map_err(|e| super::one_line(&e.to_string()))
     };

@@ -19,10 +19,10 @@ use tessera_host::sweep::{
 };
 
 use super::args::{parse_shard, SweepRunArgs};
-use super::args::{Cli, Command, EstimateArgs, MergeArgs, SubmitArgs, SweepArgs, SweepCommand};
-use super::estimate::is_onnx;
-use super::{clap_message, one_line, AnyError};
-use clap::Parser as _;
+use super::args::{MergeArgs, SubmitArgs, SweepArgs, SweepCommand};
+use super::estimate::summary_of;
+use super::{one_line, AnyError};
+use tessera_host::estimation::{estimate, EstimateError, EstimateOptions, ModelSource};
 
 pub fn run(a: SweepArgs) -> Result<bool, AnyError> {
     match a.action {
@@ -54,7 +54,7 @@ fn check_spec(spec: &Spec) -> Result<(), AnyError> {
         let Some(c) = spec.configs.get(i) else {
             continue;
         };
-        estimate_args(spec, i, &c)?;
+        request(spec, i, &c)?;
         if models.insert(c.model().to_string()) {
             let path = spec.model_path(&c);
             let shipped = tessera_host::model::SHIPPED
@@ -78,42 +78,33 @@ fn check_spec(spec: &Spec) -> Result<(), AnyError> {
     Ok(())
 }
 
-fn estimate_args(spec: &Spec, index: usize, c: &Config) -> Result<EstimateArgs, AnyError> {
-    config_args(&spec.model_path(c), c)
+/// What configuration `index` of `spec` estimates: its model and options.
+fn request(
+    spec: &Spec,
+    index: usize,
+    c: &Config,
+) -> Result<(ModelSource, EstimateOptions), AnyError> {
+    config_request(&spec.model_path(c), c)
         .map_err(|e| format!("{}: configuration {index} ({c}): {e}", spec.path.display()).into())
 }
 
-/// `tessera estimate MODEL` with configuration `c`'s options, one estimate (no search for
-/// the fewest IPUs: a configuration is one point), as JSON, parsed as the command line is;
-/// the error is clap's message on one line.
-pub(super) fn config_args(model: &str, c: &Config) -> Result<EstimateArgs, String> {
-    let mut argv = vec!["tessera".to_string(), "estimate".into(), model.to_string()];
-    argv.extend(c.options());
-    if is_onnx(model) {
-        argv.push("--no-search".into());
-    }
-    argv.push("--json".into());
-    match Cli::try_parse_from(&argv) {
-        Ok(Cli {
-            command: Command::Estimate(a),
-        }) => Ok(a),
-        Ok(_) => Err("not an estimate".into()),
-        Err(e) => Err(clap_message(&e.to_string())),
-    }
+/// Configuration `c` of the model at `model` (a path, or a shipped model's name): the
+/// source and options of its one estimate.
+pub(super) fn config_request(
+    model: &str,
+    c: &Config,
+) -> Result<(ModelSource, EstimateOptions), EstimateError> {
+    let source = ModelSource::from_arg(model);
+    let options = c.estimate_options(source.is_onnx())?;
+    Ok((source, options))
 }
 
-/// The estimate `args` ask for (of an ONNX model or a model file), and an automatic split's
-/// stage boundaries.
+/// The estimate of a configuration: its summary, and an automatic split's stage boundaries.
 pub(super) fn estimate_config(
-    args: &EstimateArgs,
+    source: &ModelSource,
+    options: &EstimateOptions,
 ) -> Result<(EstimateSummary, Option<Vec<String>>), AnyError> {
-    if is_onnx(&args.model.model) {
-        let o = super::onnx::estimate(args)?;
-        let boundaries = o.boundaries().map(<[String]>::to_vec);
-        Ok((o.summary, boundaries))
-    } else {
-        Ok((super::estimate::estimate(args)?.summary, None))
-    }
+    Ok(summary_of(estimate(source, options)?))
 }
 
 /// An error with its causes, on one line.
@@ -129,9 +120,9 @@ fn chain(e: &AnyError) -> String {
 }
 
 /// Configuration `index`'s row: its estimate, or the error (a panic included) that stopped it.
-fn estimate_row(index: usize, c: &Config, args: &EstimateArgs) -> Row {
+fn estimate_row(index: usize, c: &Config, source: &ModelSource, options: &EstimateOptions) -> Row {
     let result = catch_unwind(AssertUnwindSafe(|| -> Result<Row, AnyError> {
-        let (summary, boundaries) = estimate_config(args)?;
+        let (summary, boundaries) = estimate_config(source, options)?;
         Ok(Row::estimated(index, c, &summary, boundaries))
     }));
     match result {
@@ -231,8 +222,8 @@ fn run_sweep(a: SweepRunArgs) -> Result<bool, AnyError> {
                         let Some(c) = spec.configs.get(i) else {
                             return;
                         };
-                        let row = match estimate_args(spec, i, &c) {
-                            Ok(args) => estimate_row(i, &c, &args),
+                        let row = match request(spec, i, &c) {
+                            Ok((source, options)) => estimate_row(i, &c, &source, &options),
                             Err(e) => Row::failed(i, &c, &e.to_string()),
                         };
                         if tx.send(row).is_err() {

@@ -11,9 +11,10 @@ use tessera_host::session::{
 };
 
 use super::args::TrainArgs;
-use super::estimate::{files_list, inference_line, make_report};
-use super::options::{data_dir, load_data, load_model, session_options};
+use super::estimate::files_list;
+use super::options::{command_line, data_dir, load_data, load_model, session_options};
 use super::AnyError;
+use tessera_host::estimation::{inference_line, report as make_report};
 
 fn train_options(a: &TrainArgs, epochs_default: Option<usize>) -> TrainOptions {
     TrainOptions {
@@ -179,6 +180,7 @@ pub fn run(a: TrainArgs) -> Result<bool, AnyError> {
             &machine,
             report.estimate.clone(),
             Some(training),
+            &command_line(),
         );
         let files = write_report(dir, &r)?;
         if !quiet {

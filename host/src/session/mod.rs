@@ -49,7 +49,7 @@ pub use train::{
 pub use tessera_sim::Heap;
 
 /// The optimizers a session offers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum OptimizerKind {
     /// Plain SGD.
     #[default]

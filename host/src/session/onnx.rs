@@ -15,7 +15,7 @@ use super::{check_options, opt_err, Heap, SessionError, SessionOptions};
 use crate::onnx::{import, ImportOptions, Imported, OnnxModel, Stages};
 
 /// The loss a training estimate of an imported model adds to its (first) output.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LossKind {
     /// By the output: `[batch, classes]` gets sparse cross-entropy; `[batch, seq, hidden]`

@@ -34,6 +34,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::SweepError;
+use crate::estimation::{EstimateError, EstimateOptions};
 
 /// What a key's values are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,6 +142,25 @@ impl Config {
             }
         }
         out
+    }
+
+    /// The estimate options this configuration stands for: its keys but `model`, one
+    /// estimate (for an ONNX model, `onnx`, no search for the fewest IPUs: a configuration is
+    /// one point). `pipeline_ipus = 1` is one IPU, as [`options`](Self::options) has it.
+    pub fn estimate_options(&self, onnx: bool) -> Result<EstimateOptions, EstimateError> {
+        let map: serde_json::Map<String, Value> = self
+            .0
+            .iter()
+            .filter(|(k, v)| match k.as_str() {
+                "model" => false,
+                "pipeline_ipus" => v.as_u64() != Some(1),
+                _ => true,
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut o = EstimateOptions::from_map(&map)?;
+        o.no_search = onnx;
+        Ok(o)
     }
 
     /// The command that estimates this configuration alone.
@@ -504,6 +524,38 @@ fn value(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_key_is_an_estimate_option() {
+        for (key, kind) in KEYS.iter().filter(|(k, _)| *k != "model") {
+            let value = match kind {
+                Kind::Text => match *key {
+                    "pipeline_schedule" => Value::from("sequential"),
+                    "ipu" => Value::from("bow"),
+                    "optimizer" => Value::from("adam"),
+                    "dtype" | "gradient_accumulation_dtype" => Value::from("f16"),
+                    "partials_type" => Value::from("half"),
+                    "loss" => Value::from("mse"),
+                    other => panic!("a text key without a test value: {other}"),
+                },
+                Kind::Count => Value::from(2u64),
+                Kind::Number => Value::from(0.5),
+                Kind::Flag => Value::Bool(true),
+                Kind::Names => Value::from(vec!["n1"]),
+                Kind::Indices => Value::from(vec![1u64]),
+            };
+            let c = Config(BTreeMap::from([(key.to_string(), value.clone())]));
+            let o = c.estimate_options(false);
+            // Each key sets its option (device_mapping alone is refused: it needs stages).
+            match *key {
+                "device_mapping" => assert!(o.is_err(), "{key}"),
+                _ => {
+                    let o = o.unwrap_or_else(|e| panic!("{key}: {e}"));
+                    assert_ne!(o, EstimateOptions::default(), "{key} = {value} set nothing");
+                }
+            }
+        }
+    }
 
     fn parse(text: &str) -> Result<Spec, SweepError> {
         Spec::parse(text, Path::new("dir/s.toml"), "s")

@@ -1,0 +1,350 @@
+//! An ONNX model's estimate: on one IPU, split at named nodes, split by blocks per IPU or
+//! automatically; and, when it does not fit, the fewest IPUs an automatic split fits on.
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde::Serialize;
+use tessera_core::schedule::least_accumulation;
+
+use super::{EstimateError, EstimateOptions, Estimation, Progress};
+use crate::model::TrainingDefaults;
+use crate::onnx::{OnnxModel, Stages};
+use crate::report::format::{bytes, count};
+use crate::session::onnx::{
+    compile_onnx, layer_rows, pipeline_stages, LayerRow, LossKind, OnnxOptions,
+    ONNX_ACCUMULATION_RULE,
+};
+use crate::session::split::{
+    check_pipeline_ipus, fewest_ipus, is_profile_estimate, layers_per_ipu, profile, profile_of,
+    split, SplitInfo, MAX_IPUS,
+};
+use crate::session::{EstimateSummary, SessionOptions};
+
+/// An ONNX model's import, split and search facts (under `onnx` in the JSON).
+#[derive(Clone, Debug, Serialize)]
+pub struct OnnxFacts {
+    /// The file (or the name the bytes were given).
+    pub file: String,
+    /// The default domain's opset.
+    pub opset: i64,
+    /// ONNX nodes.
+    pub nodes: usize,
+    /// Graph nodes they became (training included).
+    pub graph_nodes: usize,
+    /// Trainable parameters.
+    pub parameters: u64,
+    /// The batch size estimated.
+    pub batch_size: usize,
+    /// The file's own batch size.
+    pub file_batch_size: usize,
+    /// Training (not inference).
+    pub training: bool,
+    /// The loss training added.
+    pub loss: Option<LossKind>,
+    /// Pipeline stages.
+    pub stages: usize,
+    /// The automatic split, when the estimate is of one.
+    pub split: Option<SplitInfo>,
+    /// The search for the fewest IPUs, when the model did not fit and it ran.
+    pub fewest_ipus: Option<FewestIpus>,
+    /// The model's float64 graph inputs, outputs and initializers: the IPU has no float64,
+    /// and the estimate takes them as `dtype`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub float64: Vec<String>,
+    /// Memory and cycles per ONNX node.
+    pub layers: Vec<LayerRow>,
+    /// Wall-clock seconds the estimate took.
+    pub seconds: f64,
+}
+
+/// The search for the fewest IPUs an automatic split fits on.
+#[derive(Clone, Debug, Serialize)]
+pub struct FewestIpus {
+    /// The fewest IPUs an automatic split fits on, if any up to the limit.
+    pub ipus: Option<usize>,
+    /// The most IPUs the search would try.
+    pub limit: usize,
+    /// The most IPUs it tried.
+    pub tried_up_to: usize,
+    /// Why it stopped before the limit without a fit, if it did.
+    pub stopped: Option<String>,
+    /// When splits on some IPU counts could not run (counted as not fitting): the fewest
+    /// such, with why.
+    pub unrunnable: Option<String>,
+    /// The fitting split's stage boundaries.
+    pub boundaries: Vec<String>,
+}
+
+/// The estimate of `model` (read from `path`) with options `o`; `start` is when the work
+/// began (for `seconds`).
+pub(super) fn estimate(
+    model: &OnnxModel,
+    path: &Path,
+    o: &EstimateOptions,
+    start: Instant,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Estimation, EstimateError> {
+    let name = model.name();
+    // The file's batch is the default batch size; the probe also tells what the loss adds.
+    let probe = {
+        let mut g = tessera_core::Graph::<tessera_sim::Heap>::new();
+        crate::onnx::import(
+            model,
+            &mut g,
+            &crate::onnx::ImportOptions {
+                stages: Stages::One,
+                batch_size: o.batch_size,
+                input_shapes: o.input_shapes.clone(),
+                ..Default::default()
+            },
+        )?
+    };
+    let file_batch = probe.file_batch;
+    let defaults = TrainingDefaults {
+        batch_size: Some(file_batch),
+        ..TrainingDefaults::default()
+    };
+    let stages = if !o.pipeline_stages.is_empty() {
+        Stages::After(o.pipeline_stages.clone())
+    } else {
+        Stages::Attributes
+    };
+    let mut oo = OnnxOptions {
+        stages,
+        loss: o.loss.unwrap_or_default(),
+        inference: o.inference,
+        recompute: o.recompute,
+        mask_tokens: o.mask_tokens,
+        device_mapping: (!o.device_mapping.is_empty()).then(|| o.device_mapping.clone()),
+        input_shapes: o.input_shapes.clone(),
+    };
+    // Before the defaults that depend on the stages are worked out from it.
+    if let Some(n) = o.pipeline_ipus {
+        check_pipeline_ipus(n)?;
+    }
+    if !o.layers_per_ipu.is_empty() {
+        // The blocks are found on the model as one stage; the boundaries then name the ONNX
+        // nodes each IPU's last block ends with, as `pipeline_stages` would.
+        let one = OnnxOptions {
+            stages: Stages::One,
+            device_mapping: None,
+            ..oo.clone()
+        };
+        let whole = compile_onnx(model, &o.session_options(&defaults, &name, 1)?, &one)?;
+        oo.stages = Stages::After(layers_per_ipu(&whole, &o.layers_per_ipu)?);
+    }
+    let stage_guess = match (&oo.stages, o.pipeline_ipus) {
+        (_, Some(n)) => n,
+        (Stages::After(v), None) => v.len() + 1,
+        _ => 1,
+    };
+    // The options of a run on `stages` stages: the defaults depend on them.
+    let options_for = |stages: usize| -> Result<SessionOptions, EstimateError> {
+        let mut so = o.session_options(&defaults, &name, stages)?;
+        if o.gradient_accumulation_count.is_none() && stages > 1 {
+            // A pipeline needs enough micro-batches per update to fill: the schedule's least
+            // under PopART's rule, for its stages with a masked-LM head's.
+            let piped = pipeline_stages(&probe, oo.loss, o.inference, stages);
+            so.gradient_accumulation_count =
+                least_accumulation(ONNX_ACCUMULATION_RULE, so.schedule, piped, !o.inference);
+        }
+        Ok(so)
+    };
+    let so = options_for(stage_guess)?;
+    // The one-IPU profile the automatic split balances on: made once, and read from the
+    // estimate itself when that is a one-IPU estimate.
+    let mut prof = None;
+    let (compiled, e, split_info) = match o.pipeline_ipus {
+        Some(n) => {
+            let p = prof.insert(profile(model, &so, &oo)?);
+            let s = split(model, &so, &oo, n, p)?;
+            (s.compiled, s.estimate, Some(s.info))
+        }
+        None => {
+            let c = compile_onnx(model, &so, &oo)?;
+            let e = c.estimate()?;
+            if !e.fits && is_profile_estimate(&so, &oo) {
+                prof = Some(profile_of(&c, &e));
+            }
+            (c, e, None)
+        }
+    };
+    let layers = layer_rows(&compiled, &e);
+    let fewest = if e.fits || o.no_search {
+        None
+    } else {
+        progress(Progress::Searching {
+            model: name.clone(),
+            limit: MAX_IPUS,
+        });
+        let p = match prof {
+            Some(p) => p,
+            None => profile(model, &so, &oo)?,
+        };
+        // The estimate just made is where the search starts when it was of one IPU or of an
+        // automatic split.
+        let known = match o.pipeline_ipus {
+            Some(n) => Some(n),
+            None => (matches!(oo.stages, Stages::Attributes) && e.ipus.len() == 1).then_some(1),
+        }
+        .zip(e.ipus.iter().map(|i| i.max_tile_bytes).max());
+        // The search's split on n IPUs is the run `pipeline_ipus = n` makes, with its options.
+        let by_stages = (0..=MAX_IPUS)
+            .map(|n| options_for(n.max(1)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let found = fewest_ipus(
+            model,
+            &|n| by_stages[n.min(MAX_IPUS)].clone(),
+            &oo,
+            &p,
+            known,
+        )?;
+        Some(FewestIpus {
+            ipus: found.split.as_ref().map(|s| s.info.ipus),
+            limit: MAX_IPUS,
+            tried_up_to: found.tried_up_to,
+            stopped: found.stopped,
+            unrunnable: found
+                .unrunnable
+                .map(|(n, why)| format!("the split on {n} IPUs cannot run: {why}")),
+            boundaries: found.split.map(|s| s.info.boundaries).unwrap_or_default(),
+        })
+    };
+    let machine = compiled.machine.clone();
+    let summary = EstimateSummary::new(&name, so.ipu, &machine, &e);
+    let g = compiled.plan.graph();
+    let parameters: u64 = g
+        .nodes()
+        .iter()
+        .filter(|n| n.roles().contains(tessera_core::Roles::TRAINABLE))
+        .map(|n| n.shape().elements() as u64)
+        .sum();
+    let facts = OnnxFacts {
+        file: path.display().to_string(),
+        opset: model.opset,
+        nodes: model.graph().node.len(),
+        graph_nodes: g.len(),
+        parameters,
+        batch_size: compiled.imported.batch,
+        file_batch_size: compiled.imported.file_batch,
+        training: !o.inference,
+        loss: compiled.loss_kind,
+        stages: g.stage_count(),
+        split: split_info,
+        fewest_ipus: fewest,
+        float64: float64_tensors(model),
+        layers,
+        seconds: start.elapsed().as_secs_f64(),
+    };
+    Ok(Estimation {
+        name,
+        summary,
+        estimate: e,
+        session: compiled.options.clone(),
+        machine,
+        inference: o.inference,
+        onnx: Some(facts),
+        model_summary: None,
+    })
+}
+
+/// The names of `model`'s float64 graph inputs, outputs and initializers.
+fn float64_tensors(model: &OnnxModel) -> Vec<String> {
+    use crate::onnx::{tensor_elem, Elem};
+    let graph = model.graph();
+    let io = graph.input.iter().chain(&graph.output);
+    let mut out: Vec<String> = io
+        .filter(|v| tensor_elem(v) == Some(Elem::F64))
+        .filter_map(|v| v.name.clone())
+        .collect();
+    for t in &graph.initializer {
+        if Elem::from_code(t.data_type.unwrap_or(0)) == Some(Elem::F64) {
+            out.extend(t.name.clone());
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+impl OnnxFacts {
+    /// The import's facts and the layer table as text: every layer, or the 12 with the most
+    /// cycles.
+    pub fn to_text(&self, all_layers: bool) -> String {
+        use std::fmt::Write as _;
+        let f = self;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{}: ONNX opset {}, {} nodes -> {} graph nodes, {} parameters; batch {} (the file's {}); {}",
+            f.file,
+            f.opset,
+            f.nodes,
+            f.graph_nodes,
+            count(f.parameters),
+            f.batch_size,
+            f.file_batch_size,
+            match f.loss {
+                Some(l) => format!("training with {} loss", crate::names::Named::name(l)),
+                None => "inference".into(),
+            }
+        );
+        if !f.float64.is_empty() {
+            let shown: Vec<&str> = f.float64.iter().take(3).map(String::as_str).collect();
+            let more = if f.float64.len() > 3 { ", ..." } else { "" };
+            let _ = writeln!(
+                s,
+                "note: the IPU has no float64; the model's {} float64 tensors (`{}`{more}) are estimated in the --dtype given (float32 by default)",
+                f.float64.len(),
+                shown.join("`, `")
+            );
+        }
+        if let Some(sp) = &f.split {
+            let _ = writeln!(
+                s,
+                "automatic split into {} IPUs after {}: IPU cycles (one-IPU estimate) {:?}, weight state {} (caps {}, attempt {} of {})",
+                sp.ipus,
+                sp.boundaries.join(", "),
+                sp.stage_cycles,
+                sp.stage_weight_bytes.iter().map(|&b| bytes(b)).collect::<Vec<_>>().join(" / "),
+                sp.cap_bytes.iter().map(|&b| bytes(b)).collect::<Vec<_>>().join(" / "),
+                sp.attempts,
+                sp.tried
+            );
+        }
+        let mut rows: Vec<&LayerRow> = f.layers.iter().collect();
+        if !all_layers {
+            rows.sort_by_key(|r| std::cmp::Reverse(r.forward_cycles + r.backward_cycles));
+            rows.truncate(12);
+        }
+        let _ = writeln!(
+            s,
+            "{} (cycles per micro-batch):",
+            if all_layers {
+                "every layer"
+            } else {
+                "the 12 layers with the most cycles"
+            }
+        );
+        let _ = writeln!(
+            s,
+            "  {:<40} {:<20} {:>5} {:>12} {:>12} {:>12} {:>12}",
+            "node", "op", "stage", "forward", "backward", "weights", "activations"
+        );
+        for r in rows {
+            let _ = writeln!(
+                s,
+                "  {:<40} {:<20} {:>5} {:>12} {:>12} {:>12} {:>12}",
+                r.name,
+                r.op,
+                r.stage,
+                count(r.forward_cycles),
+                count(r.backward_cycles),
+                bytes(r.weight_bytes),
+                bytes(r.activation_bytes)
+            );
+        }
+        s
+    }
+}

@@ -1,0 +1,459 @@
+//! [`EstimateOptions`]: every option of an estimate, in one serde type that the command
+//! line, sweep specs, whole-model calibration entries and Python fill alike.
+
+use serde::{Deserialize, Serialize};
+use tessera_core::schedule::Schedule;
+use tessera_core::DType;
+use tessera_sim::machine::{IpuConfig, Preset};
+use tessera_sim::matmul::PartialsType;
+
+use super::EstimateError;
+use crate::model::TrainingDefaults;
+use crate::names::{named, Named};
+use crate::session::onnx::LossKind;
+use crate::session::{
+    default_offload, default_sharding, Checkpoints, OptimizerKind, SessionOptions,
+};
+
+/// The most pieces `embedding_serialization` may cut the vocabulary products into.
+pub const MAX_EMBEDDING_SERIALIZATION: u64 = 4096;
+
+/// How a model is estimated: `tessera estimate`'s options, named as its flags are with
+/// underscores for dashes (`batch_size` is `--batch-size`). A value left out takes the model
+/// file's, else Tessera's default; every field is optional in serde.
+///
+/// A flag that has a `no_` form on the command line and an automatic default
+/// (`offload_optimizer_state`, `replicated_tensor_sharding`) is `Option<bool>`: `Some(true)`
+/// asks for it, `Some(false)` refuses it, `None` takes the default.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EstimateOptions {
+    /// Samples per micro-batch [the model file's, else 32; an ONNX file's batch].
+    pub batch_size: Option<usize>,
+    /// Micro-batches per weight update, M [the model file's, else 1; pipelines: the least
+    /// their schedule takes].
+    pub gradient_accumulation_count: Option<usize>,
+    /// Weight updates per execution of the on-device loop, R.
+    pub repeat_count: Option<usize>,
+    /// Micro-batches per execution, K (a multiple of M).
+    pub steps_per_execution: Option<usize>,
+    /// Pipeline schedule [the model file's, else grouped].
+    #[serde(with = "named::option")]
+    pub pipeline_schedule: Option<Schedule>,
+    /// Every layer on one IPU (the model's pipeline stages ignored).
+    pub no_pipelining: bool,
+    /// Replicas of the whole model.
+    pub replicas: usize,
+    /// IPU generation.
+    #[serde(with = "named")]
+    pub ipu: Preset,
+    /// Optimizer [the model file's, else sgd].
+    #[serde(with = "named::option")]
+    pub optimizer: Option<OptimizerKind>,
+    /// Learning rate [the model file's for its optimizer, else the optimizer's default].
+    pub learning_rate: Option<f32>,
+    /// Optimizer state in streaming memory [on for pipelines and accumulation when the
+    /// machine has streaming memory].
+    pub offload_optimizer_state: Option<bool>,
+    /// Element type of weights and activations.
+    #[serde(with = "named")]
+    pub dtype: DType,
+    /// poplin's `partialsType` [the model file's, else float].
+    #[serde(with = "named::option")]
+    pub partials_type: Option<PartialsType>,
+    /// Element type of the gradient accumulators [the model file's, else the weights'].
+    #[serde(with = "named::option")]
+    pub gradient_accumulation_dtype: Option<DType>,
+    /// poplin's `availableMemoryProportion`: one value, or one per pipeline stage [the model
+    /// file's, else 0.6]. A single number reads as one value.
+    #[serde(deserialize_with = "one_or_many")]
+    pub available_memory_proportion: Vec<f64>,
+    /// Recomputation checkpoints: `["auto"]`, or node names.
+    pub recompute_checkpoints: Vec<String>,
+    /// The optimizer state sharded over the replicas [on wherever the state is offloaded and
+    /// there are several replicas].
+    pub replicated_tensor_sharding: Option<bool>,
+    /// Code reuse off.
+    pub no_outlining: bool,
+    /// The products over the vocabulary in this many serial pieces [the model file's, else 1].
+    pub embedding_serialization: Option<u64>,
+    /// The pipeline stash in streaming memory.
+    pub offload_activations: bool,
+    /// The gradient accumulators in streaming memory.
+    pub offload_gradient_accumulation_buffers: bool,
+    /// Inference (the forward pass) instead of training.
+    pub inference: bool,
+    /// Each pipeline stage's forward pass recomputed before its backward pass.
+    pub recompute: bool,
+    /// ONNX models: a new pipeline stage after each named node.
+    pub pipeline_stages: Vec<String>,
+    /// ONNX models: the IPU of each pipeline stage.
+    pub device_mapping: Vec<usize>,
+    /// ONNX models: an automatic split into this many IPUs.
+    pub pipeline_ipus: Option<usize>,
+    /// ONNX models: the repeated blocks on each IPU.
+    pub layers_per_ipu: Vec<usize>,
+    /// ONNX models: whole shapes of named inputs, as (name, dims).
+    #[serde(alias = "input_shape")]
+    pub input_shapes: Vec<(String, Vec<usize>)>,
+    /// ONNX models: no search for the fewest IPUs when the model does not fit.
+    pub no_search: bool,
+    /// ONNX models: the loss of training [auto].
+    #[serde(with = "named::option")]
+    pub loss: Option<LossKind>,
+    /// ONNX models, masked-LM loss: masked positions per sequence [15% of the sequence].
+    pub mask_tokens: Option<usize>,
+}
+
+impl Default for EstimateOptions {
+    fn default() -> Self {
+        EstimateOptions {
+            batch_size: None,
+            gradient_accumulation_count: None,
+            repeat_count: None,
+            steps_per_execution: None,
+            pipeline_schedule: None,
+            no_pipelining: false,
+            replicas: 1,
+            ipu: Preset::Mk2,
+            optimizer: None,
+            learning_rate: None,
+            offload_optimizer_state: None,
+            dtype: DType::F32,
+            partials_type: None,
+            gradient_accumulation_dtype: None,
+            available_memory_proportion: Vec::new(),
+            recompute_checkpoints: Vec::new(),
+            replicated_tensor_sharding: None,
+            no_outlining: false,
+            embedding_serialization: None,
+            offload_activations: false,
+            offload_gradient_accumulation_buffers: false,
+            inference: false,
+            recompute: false,
+            pipeline_stages: Vec::new(),
+            device_mapping: Vec::new(),
+            pipeline_ipus: None,
+            layers_per_ipu: Vec::new(),
+            input_shapes: Vec::new(),
+            no_search: false,
+            loss: None,
+            mask_tokens: None,
+        }
+    }
+}
+
+/// A list of numbers, or one number as a list of one.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(f64),
+        Many(Vec<f64>),
+    }
+    match OneOrMany::deserialize(d) {
+        Ok(OneOrMany::One(x)) => Ok(vec![x]),
+        Ok(OneOrMany::Many(v)) => Ok(v),
+        Err(_) => Err(serde::de::Error::custom(
+            "expected a number, or an array of numbers (one per pipeline stage)",
+        )),
+    }
+}
+
+/// A value of a model file's `[training]` table: a name of `T`, letter case aside.
+fn file_value<T: Named>(model: &str, key: &str, value: &str) -> Result<T, EstimateError> {
+    T::from_name(value, true).ok_or_else(|| {
+        EstimateError::Options(format!(
+            "model `{model}`: {key} `{value}` is not one of {}",
+            T::names()
+        ))
+    })
+}
+
+impl EstimateOptions {
+    /// The options a map of option names to values sets (a sweep configuration, Python's
+    /// keyword arguments), checked: an unknown name, or a value of the wrong type, is an
+    /// error naming the option.
+    pub fn from_map(
+        map: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<EstimateOptions, EstimateError> {
+        for (k, v) in map {
+            let one = serde_json::Map::from_iter([(k.clone(), v.clone())]);
+            serde_json::from_value::<EstimateOptions>(serde_json::Value::Object(one))
+                .map_err(|e| EstimateError::Options(format!("{k}: {e}")))?;
+        }
+        let o: EstimateOptions = serde_json::from_value(serde_json::Value::Object(map.clone()))
+            .map_err(|e| EstimateError::Options(e.to_string()))?;
+        o.check()?;
+        Ok(o)
+    }
+
+    /// Checks what the options say together, before any work: exclusive options, options
+    /// one needs another for, and values out of range. (The command line's parser checks
+    /// the same; this is for the other ways in.)
+    pub fn check(&self) -> Result<(), EstimateError> {
+        let bad = |m: &str| Err(EstimateError::Options(m.to_string()));
+        if self.repeat_count.is_some() && self.steps_per_execution.is_some() {
+            return bad("repeat_count and steps_per_execution exclude each other: give one");
+        }
+        let placements = [
+            !self.pipeline_stages.is_empty(),
+            self.pipeline_ipus.is_some(),
+            !self.layers_per_ipu.is_empty(),
+        ];
+        if placements.iter().filter(|&&p| p).count() > 1 {
+            return bad(
+                "pipeline_stages, pipeline_ipus and layers_per_ipu exclude each other: give one",
+            );
+        }
+        if !self.device_mapping.is_empty() && self.pipeline_stages.is_empty() {
+            return bad("device_mapping needs pipeline_stages (the stages it maps to IPUs)");
+        }
+        for &p in &self.available_memory_proportion {
+            tessera_sim::matmul::check_proportion(p)
+                .map_err(|e| EstimateError::Options(format!("available_memory_proportion: {e}")))?;
+        }
+        if let Some(n) = self.embedding_serialization {
+            if !(1..=MAX_EMBEDDING_SERIALIZATION).contains(&n) {
+                return Err(EstimateError::Options(format!(
+                    "embedding_serialization: {n} is not in 1..={MAX_EMBEDDING_SERIALIZATION}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether an option for ONNX models only is set (a model file places its layers with
+    /// `stage`).
+    pub(crate) fn onnx_only(&self) -> bool {
+        !self.pipeline_stages.is_empty()
+            || self.pipeline_ipus.is_some()
+            || !self.layers_per_ipu.is_empty()
+            || !self.input_shapes.is_empty()
+            || self.loss.is_some()
+            || self.no_search
+    }
+
+    /// The session options: these options', else the defaults `t` of model `model` (with
+    /// `model_stages` pipeline stages), else Tessera's.
+    pub fn session_options(
+        &self,
+        t: &TrainingDefaults,
+        model: &str,
+        model_stages: usize,
+    ) -> Result<SessionOptions, EstimateError> {
+        let schedule = match (self.pipeline_schedule, &t.pipeline_schedule) {
+            (Some(s), _) => s,
+            (None, Some(name)) => file_value::<Schedule>(model, "pipeline_schedule", name)?,
+            (None, None) => Schedule::Grouped,
+        };
+        let file_optimizer = t
+            .optimizer
+            .as_deref()
+            .map(|o| file_value::<OptimizerKind>(model, "optimizer", o))
+            .transpose()?;
+        let optimizer = self.optimizer.or(file_optimizer).unwrap_or_default();
+        let accumulation = self
+            .gradient_accumulation_count
+            .or(t.gradient_accumulation_count)
+            .unwrap_or(1);
+        let stages = if self.no_pipelining { 1 } else { model_stages };
+        let machine = IpuConfig::preset(self.ipu);
+        let offload = self
+            .offload_optimizer_state
+            .unwrap_or_else(|| default_offload(stages, accumulation, &machine));
+        Ok(SessionOptions {
+            batch_size: self.batch_size.or(t.batch_size).unwrap_or(32),
+            gradient_accumulation_count: accumulation,
+            repeat_count: self.repeat_count,
+            steps_per_execution: self.steps_per_execution,
+            schedule,
+            replicas: self.replicas,
+            ipu: self.ipu,
+            optimizer,
+            // The file's rate goes with the file's optimizer; another optimizer gets its own
+            // default.
+            learning_rate: self.learning_rate.unwrap_or_else(|| match t.learning_rate {
+                Some(lr) if file_optimizer.is_none_or(|o| o == optimizer) => lr,
+                _ => optimizer.default_learning_rate(),
+            }),
+            offload_optimizer_state: offload,
+            dtype: self.dtype,
+            no_pipelining: self.no_pipelining,
+            partials: match (self.partials_type, &t.partials_type) {
+                (Some(p), _) => p,
+                (None, Some(name)) => file_value::<PartialsType>(model, "partials_type", name)?,
+                (None, None) => PartialsType::Float,
+            },
+            accumulation_dtype: match (self.gradient_accumulation_dtype, &t.gradient_accumulation_dtype)
+            {
+                (Some(d), _) => Some(d),
+                (None, Some(name)) => {
+                    Some(file_value::<DType>(model, "gradient_accumulation_dtype", name)?)
+                }
+                (None, None) => None,
+            },
+            replicated_tensor_sharding: self
+                .replicated_tensor_sharding
+                .unwrap_or_else(|| default_sharding(offload, self.replicas)),
+            outlining: !self.no_outlining && t.outlining.unwrap_or(true),
+            offload_activations: self.offload_activations,
+            offload_gradient_accumulation_buffers: self.offload_gradient_accumulation_buffers,
+            embedding_serialization: match self.embedding_serialization.or(t.embedding_serialization)
+            {
+                Some(0) => {
+                    return Err(EstimateError::Options(format!(
+                        "{model}: embedding_serialization must be at least 1 (1 leaves the embedding whole)"
+                    )))
+                }
+                Some(n) => n,
+                None => 1,
+            },
+            recompute_checkpoints: match self.recompute_checkpoints.as_slice() {
+                [] => None,
+                [one] if one == "auto" => Some(Checkpoints::Auto),
+                names => {
+                    if names.iter().any(|n| n == "auto") {
+                        return Err(EstimateError::Options(
+                            "--recompute-checkpoints: `auto` stands alone (or name the checkpoints)"
+                                .into(),
+                        ));
+                    }
+                    Some(Checkpoints::Named(names.to_vec()))
+                }
+            },
+            available_memory_proportion: if self.available_memory_proportion.is_empty() {
+                let file = t.available_memory_proportion.clone().unwrap_or_default();
+                for &p in &file {
+                    tessera_sim::matmul::check_proportion(p).map_err(|e| {
+                        EstimateError::Options(format!("{model}: available_memory_proportion {e}"))
+                    })?;
+                }
+                file
+            } else {
+                self.available_memory_proportion.clone()
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_read_from_json_as_the_flags_name_them() {
+        let o: EstimateOptions = serde_json::from_str(
+            r#"{"batch_size": 8, "dtype": "f16", "pipeline_schedule": "interleaved",
+                "offload_optimizer_state": false, "available_memory_proportion": 0.3,
+                "loss": "masked-lm", "input_shape": [["input_ids", [1, 384]]]}"#,
+        )
+        .unwrap();
+        assert_eq!(o.batch_size, Some(8));
+        assert_eq!(o.dtype, DType::F16);
+        assert_eq!(o.pipeline_schedule, Some(Schedule::Interleaved));
+        assert_eq!(o.offload_optimizer_state, Some(false));
+        assert_eq!(o.available_memory_proportion, vec![0.3]);
+        assert_eq!(o.loss, Some(LossKind::MaskedLm));
+        assert_eq!(
+            o.input_shapes,
+            vec![("input_ids".to_string(), vec![1, 384])]
+        );
+        assert_eq!(o.replicas, 1);
+        assert_eq!(o.ipu, Preset::Mk2);
+        // And back: what is written reads as the same options.
+        let again: EstimateOptions =
+            serde_json::from_str(&serde_json::to_string(&o).unwrap()).unwrap();
+        assert_eq!(again, o);
+    }
+
+    #[test]
+    fn unknown_keys_and_names_are_refused_by_name() {
+        let e = serde_json::from_str::<EstimateOptions>(r#"{"batch_sise": 8}"#).unwrap_err();
+        assert!(e.to_string().contains("batch_sise"), "{e}");
+        let e = serde_json::from_str::<EstimateOptions>(r#"{"ipu": "mk3"}"#).unwrap_err();
+        assert!(
+            e.to_string().contains("`mk3` is not one of mk1, mk2, bow"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_map_names_the_option_at_fault() {
+        let map = |j: &str| serde_json::from_str::<serde_json::Map<_, _>>(j).unwrap();
+        let e = EstimateOptions::from_map(&map(r#"{"batch_size": 4, "dtype": "f8"}"#))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "dtype: `f8` is not one of f32, f16");
+        let e = EstimateOptions::from_map(&map(r#"{"replicas": "two"}"#))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("replicas: invalid type"), "{e}");
+        let e =
+            EstimateOptions::from_map(&map(r#"{"pipeline_ipus": 2, "layers_per_ipu": [2, 2]}"#))
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("exclude each other"), "{e}");
+        let o = EstimateOptions::from_map(&map(r#"{"batch_size": 4, "ipu": "bow"}"#)).unwrap();
+        assert_eq!((o.batch_size, o.ipu), (Some(4), Preset::Bow));
+    }
+
+    #[test]
+    fn exclusive_options_and_ranges_are_checked() {
+        let both = EstimateOptions {
+            pipeline_ipus: Some(4),
+            layers_per_ipu: vec![0, 4, 4, 4],
+            ..EstimateOptions::default()
+        };
+        assert!(both.check().unwrap_err().to_string().contains("exclude"));
+        let mapping = EstimateOptions {
+            device_mapping: vec![0, 1],
+            ..EstimateOptions::default()
+        };
+        assert!(mapping.check().is_err());
+        let amp = EstimateOptions {
+            available_memory_proportion: vec![0.5, 1.5],
+            ..EstimateOptions::default()
+        };
+        assert!(amp
+            .check()
+            .unwrap_err()
+            .to_string()
+            .starts_with("available_memory_proportion"));
+        let serial = EstimateOptions {
+            embedding_serialization: Some(0),
+            ..EstimateOptions::default()
+        };
+        assert!(serial.check().is_err());
+        assert!(EstimateOptions::default().check().is_ok());
+    }
+
+    #[test]
+    fn a_model_files_names_are_read_in_any_case_and_wrong_ones_named() {
+        let t = TrainingDefaults {
+            pipeline_schedule: Some("Interleaved".into()),
+            optimizer: Some("ADAM".into()),
+            ..TrainingDefaults::default()
+        };
+        let so = EstimateOptions::default()
+            .session_options(&t, "m", 2)
+            .unwrap();
+        assert_eq!(so.schedule, Schedule::Interleaved);
+        assert_eq!(so.optimizer, OptimizerKind::Adam);
+        assert_eq!(
+            so.learning_rate,
+            OptimizerKind::Adam.default_learning_rate()
+        );
+        let t = TrainingDefaults {
+            partials_type: Some("quarter".into()),
+            ..TrainingDefaults::default()
+        };
+        let e = EstimateOptions::default()
+            .session_options(&t, "m", 1)
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "model `m`: partials_type `quarter` is not one of float, half"
+        );
+    }
+}
