@@ -435,6 +435,112 @@ impl fmt::Display for Table<'_> {
     }
 }
 
+/// Everything `tessera calibrate` compares: the op table's rows with their summary and the
+/// bounds they are held to, and (unless only the ops were asked for) Graphcore's published
+/// whole-model runs and Poplar's memory profiles beside their estimates.
+#[derive(Clone, Debug, Serialize)]
+pub struct Calibration {
+    /// Each op row's estimate beside the IPU Model's figures.
+    pub rows: Vec<Compared>,
+    /// Their medians and worst rows.
+    pub summary: Summary,
+    /// The bounds the op table is held to.
+    pub bounds: Bounds,
+    /// How the op table falls outside them.
+    pub breaks: Vec<String>,
+    /// The bounds of the whole models.
+    pub whole_model_bounds: crate::whole_models::WholeModelBounds,
+    /// How the whole models fall outside them.
+    pub whole_model_breaks: Vec<String>,
+    /// The published runs beside their estimates.
+    pub published_runs: Vec<crate::whole_models::RunRow>,
+    /// Poplar's memory profiles beside their estimates.
+    pub profiles: Vec<crate::whole_models::ProfileRow>,
+}
+
+impl Calibration {
+    /// Whether everything is within its bounds.
+    pub fn within_bounds(&self) -> bool {
+        self.breaks.is_empty() && self.whole_model_breaks.is_empty()
+    }
+}
+
+/// Why a calibration could not be run: a file that cannot be read or used, named.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {message}")]
+pub struct CalibrateError {
+    /// The file (or "the bundled ..." set).
+    pub file: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// Runs a calibration: the op table of `ops` (a CSV of [`HEADER`]'s form; the bundled
+/// [`BUNDLED`] when `None`), and unless `ops_only` the whole models of `whole_models` (a TOML
+/// of [`crate::whole_models`]' form; the bundled set when `None`).
+pub fn calibrate(
+    ops: Option<&std::path::Path>,
+    whole_models: Option<&std::path::Path>,
+    ops_only: bool,
+) -> Result<Calibration, CalibrateError> {
+    use crate::whole_models::{self as wm, WholeModelBounds, WholeModels};
+    let read = |p: &std::path::Path| {
+        std::fs::read_to_string(p).map_err(|e| CalibrateError {
+            file: p.display().to_string(),
+            message: format!("cannot read: {e}"),
+        })
+    };
+    let text = match ops {
+        Some(p) => read(p)?,
+        None => BUNDLED.to_string(),
+    };
+    let file = ops.map_or("the bundled calibration set".to_string(), |p| {
+        p.display().to_string()
+    });
+    let bad = |e: CalibrationError| CalibrateError {
+        file: file.clone(),
+        message: e.to_string(),
+    };
+    let rows = compare(parse(&text).map_err(bad)?).map_err(bad)?;
+    let summary = Summary::of(&rows);
+    let breaks = summary.breaks(&Bounds::default());
+    let (published_runs, profiles) = if ops_only {
+        (Vec::new(), Vec::new())
+    } else {
+        let (text, dir) = match whole_models {
+            Some(p) => (
+                read(p)?,
+                p.parent()
+                    .map(std::path::Path::to_path_buf)
+                    .unwrap_or_default(),
+            ),
+            None => (
+                wm::BUNDLED.to_string(),
+                std::path::PathBuf::from(wm::BUNDLED_DIR),
+            ),
+        };
+        let w = WholeModels::parse(&text).map_err(|e| CalibrateError {
+            file: whole_models.map_or("the bundled whole-model set".to_string(), |p| {
+                p.display().to_string()
+            }),
+            message: e.to_string(),
+        })?;
+        wm::estimate_rows(&w, &dir)
+    };
+    let whole_model_bounds = WholeModelBounds::default();
+    let whole_model_breaks = whole_model_bounds.breaks(&published_runs, &profiles);
+    Ok(Calibration {
+        rows,
+        summary,
+        bounds: Bounds::default(),
+        breaks,
+        whole_model_bounds,
+        whole_model_breaks,
+        published_runs,
+        profiles,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

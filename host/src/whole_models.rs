@@ -123,6 +123,42 @@ impl WholeModels {
     }
 }
 
+/// Estimates every entry of `w` (model paths relative to `dir`) as `tessera estimate MODEL
+/// OPTIONS --json` would, and compares each: the published runs' fit and throughput, the
+/// profiles' memory by category. An entry whose options Tessera cannot express, or whose
+/// estimate fails, is a row saying why.
+pub fn estimate_rows(w: &WholeModels, dir: &std::path::Path) -> (Vec<RunRow>, Vec<ProfileRow>) {
+    use crate::estimation::{estimate, ModelSource};
+    let one_line = crate::report::format::one_line;
+    // Each entry as a sweep estimates a configuration.
+    let estimate = |model: &str, c: &Config| -> Result<EstimateSummary, String> {
+        let source = ModelSource::from_arg(&dir.join(model).display().to_string());
+        let options = c
+            .estimate_options(source.is_onnx())
+            .map_err(|e| one_line(&e.to_string()))?;
+        estimate(&source, &options)
+            .map(|e| e.summary)
+            .map_err(|e| one_line(&e.to_string()))
+    };
+    let runs = w
+        .run
+        .iter()
+        .map(|r| {
+            let e = estimate(&r.model, &r.config());
+            RunRow::of(r, e.as_ref().map_err(Clone::clone))
+        })
+        .collect();
+    let profiles = w
+        .profile
+        .iter()
+        .map(|p| {
+            let e = estimate(&p.model, &p.config());
+            ProfileRow::of(p, e.as_ref().map_err(Clone::clone))
+        })
+        .collect();
+    (runs, profiles)
+}
+
 fn positive(entry: &str, field: &'static str, value: f64) -> Result<(), WholeModelError> {
     if value.is_finite() && value > 0.0 {
         Ok(())

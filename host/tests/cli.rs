@@ -465,7 +465,7 @@ fn calibrate_prints_the_error_table() {
     // Poplar's profiles, category by category.
     assert!(out.contains("tiny BERT "), "{out}");
     assert!(
-        out.contains("not estimated: invalid value 'rmsprop'"),
+        out.contains("not estimated: optimizer: `rmsprop` is not one of sgd, momentum"),
         "{out}"
     );
     assert!(

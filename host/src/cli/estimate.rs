@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use tessera_host::estimation::{estimate_with, Estimation, FewestIpus, ModelSource, Progress};
+use tessera_host::estimation::{estimate_with, FewestIpus, ModelSource, Progress};
 use tessera_host::report::write_report;
 
 use super::args::EstimateArgs;
@@ -76,13 +76,6 @@ fn search_outcome(f: &FewestIpus) -> String {
             )
         }
     }
-}
-
-/// The estimate of a sweep configuration or calibration entry: its summary and an
-/// automatic split's stage boundaries.
-pub fn summary_of(e: Estimation) -> (tessera_host::session::EstimateSummary, Option<Vec<String>>) {
-    let boundaries = e.boundaries().map(<[String]>::to_vec);
-    (e.summary, boundaries)
 }
 
 pub fn files_list(files: &[PathBuf]) -> String {

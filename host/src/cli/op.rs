@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use tessera_host::calibration::{self, Bounds, Summary, Table};
+use tessera_host::calibration::{self, Table};
 use tessera_host::dataset::Dataset;
 use tessera_host::infeed::dataset_benchmark;
 use tessera_host::whole_models;
@@ -179,132 +179,39 @@ pub fn run_op(c: OpCommand) -> Result<bool, AnyError> {
 }
 
 pub fn run_calibrate(a: CalibrateArgs) -> Result<bool, AnyError> {
-    let text = match &a.file {
-        Some(p) => {
-            std::fs::read_to_string(p).map_err(|e| format!("{}: cannot read: {e}", p.display()))?
-        }
-        None => calibration::BUNDLED.to_string(),
-    };
-    let source = a
-        .file
-        .as_ref()
-        .map_or("the bundled calibration set".to_string(), |p| {
-            p.display().to_string()
-        });
-    let rows = calibration::parse(&text).map_err(|e| format!("{source}: {e}"))?;
-    let compared = calibration::compare(rows).map_err(|e| format!("{source}: {e}"))?;
-    let summary = Summary::of(&compared);
-    let breaks = summary.breaks(&Bounds::default());
-    let (runs, profiles) = if a.ops_only {
-        (Vec::new(), Vec::new())
-    } else {
-        whole_model_rows(a.whole_models.as_deref())?
-    };
-    let whole_bounds = whole_models::WholeModelBounds::default();
-    let whole_breaks = whole_bounds.breaks(&runs, &profiles);
+    let c = calibration::calibrate(a.file.as_deref(), a.whole_models.as_deref(), a.ops_only)?;
     if a.json {
-        #[derive(Serialize)]
-        struct Out<'a> {
-            rows: &'a [calibration::Compared],
-            summary: Summary,
-            bounds: Bounds,
-            breaks: &'a [String],
-            whole_model_bounds: whole_models::WholeModelBounds,
-            whole_model_breaks: &'a [String],
-            published_runs: &'a [whole_models::RunRow],
-            profiles: &'a [whole_models::ProfileRow],
-        }
-        let out = Out {
-            rows: &compared,
-            summary,
-            bounds: Bounds::default(),
-            breaks: &breaks,
-            whole_model_bounds: whole_bounds,
-            whole_model_breaks: &whole_breaks,
-            published_runs: &runs,
-            profiles: &profiles,
-        };
-        println!("{}", serde_json::to_string(&out)?);
+        println!("{}", serde_json::to_string(&c)?);
     } else {
-        println!("{}", Table(&compared));
-        if breaks.is_empty() {
+        println!("{}", Table(&c.rows));
+        if c.breaks.is_empty() {
             println!("within the bounds (median |error| 15% / 15% / 25%, no row 2x off in cycles)");
         } else {
-            for b in &breaks {
+            for b in &c.breaks {
                 println!("outside the bounds: {b}");
             }
         }
+        let (runs, profiles) = (&c.published_runs, &c.profiles);
         if !runs.is_empty() {
             println!();
-            print!("{}", whole_models::RunTable(&runs));
+            print!("{}", whole_models::RunTable(runs));
         }
         if !profiles.is_empty() {
             println!();
             println!("Poplar's memory by category (MB = 10^6 bytes, one IPU):");
-            print!("{}", whole_models::ProfileTable(&profiles));
+            print!("{}", whole_models::ProfileTable(profiles));
         }
         if !runs.is_empty() || !profiles.is_empty() {
             println!();
-            if whole_breaks.is_empty() {
+            if c.whole_model_breaks.is_empty() {
                 println!("whole models within the bounds (runs fit and within 10%, a host-inclusive figure 1.0x-1.1x; profile categories within 25%, total and fullest tile within 10%)");
             }
-            for b in &whole_breaks {
+            for b in &c.whole_model_breaks {
                 println!("outside the whole-model bounds: {b}");
             }
         }
     }
-    Ok(!a.check || (breaks.is_empty() && whole_breaks.is_empty()))
-}
-
-/// Estimates every entry of a whole-model calibration file (the bundled one by default) as
-/// `tessera estimate MODEL OPTIONS --json` would, and compares each: the published runs' fit
-/// and throughput, the profiles' memory by category. An entry whose options Tessera cannot
-/// yet express, or whose estimate fails, is a row saying why.
-fn whole_model_rows(
-    file: Option<&std::path::Path>,
-) -> Result<(Vec<whole_models::RunRow>, Vec<whole_models::ProfileRow>), AnyError> {
-    let (text, dir) = match file {
-        Some(p) => (
-            std::fs::read_to_string(p).map_err(|e| format!("{}: cannot read: {e}", p.display()))?,
-            p.parent()
-                .map(std::path::Path::to_path_buf)
-                .unwrap_or_default(),
-        ),
-        None => (
-            whole_models::BUNDLED.to_string(),
-            std::path::PathBuf::from(whole_models::BUNDLED_DIR),
-        ),
-    };
-    let source = file.map_or("the bundled whole-model set".to_string(), |p| {
-        p.display().to_string()
-    });
-    let w = whole_models::WholeModels::parse(&text).map_err(|e| format!("{source}: {e}"))?;
-    // Each entry as a sweep estimates a configuration.
-    let estimate = |model: &str, c: &tessera_host::sweep::Config| -> Result<_, String> {
-        let (source, options) =
-            super::sweep::config_request(&dir.join(model).display().to_string(), c)
-                .map_err(|e| super::one_line(&e.to_string()))?;
-        super::sweep::estimate_config(&source, &options)
-            .map(|(summary, _)| summary)
-            .map_err(|e| super::one_line(&e.to_string()))
-    };
-    let runs = w
-        .run
-        .iter()
-        .map(|r| {
-            let e = estimate(&r.model, &r.config());
-            whole_models::RunRow::of(r, e.as_ref().map_err(Clone::clone))
-        })
-        .collect();
-    let profiles = w
-        .profile
-        .iter()
-        .map(|p| {
-            let e = estimate(&p.model, &p.config());
-            whole_models::ProfileRow::of(p, e.as_ref().map_err(Clone::clone))
-        })
-        .collect();
-    Ok((runs, profiles))
+    Ok(!a.check || c.within_bounds())
 }
 
 pub fn run_bench(a: BenchArgs) -> Result<bool, AnyError> {

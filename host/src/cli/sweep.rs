@@ -2,7 +2,6 @@
 //! job array when asked.
 
 use std::io::IsTerminal as _;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -12,17 +11,14 @@ use rayon::prelude::*;
 use tessera_host::report::format::{decimal, seconds};
 use tessera_host::report::sweep::{pareto_svg, sweep_page, PARETO_FILE};
 use tessera_host::report::INDEX_FILE;
-use tessera_host::session::EstimateSummary;
 use tessera_host::sweep::{
-    best, match_rows, merge as merge_rows, pareto_front, read_rows, replace, stem, write_all,
-    Appender, Config, Files, Row, Spec,
+    best, check, estimate_row, match_rows, merge as merge_rows, pareto_front, read_rows, replace,
+    stem, write_all, Appender, Files, Row, Spec,
 };
 
 use super::args::{parse_shard, SweepRunArgs};
 use super::args::{MergeArgs, SubmitArgs, SweepArgs, SweepCommand};
-use super::estimate::summary_of;
 use super::{one_line, AnyError};
-use tessera_host::estimation::{estimate, EstimateError, EstimateOptions, ModelSource};
 
 pub fn run(a: SweepArgs) -> Result<bool, AnyError> {
     match a.action {
@@ -43,102 +39,6 @@ fn output_dir(spec: &Path, output: Option<&Path>) -> PathBuf {
     })
 }
 
-/// The estimate options of configuration `c`, checked as the command line checks them.
-/// Checks a spec before any configuration runs, so that a typo fails now, not hours in:
-/// every value it names (each configuration that holds a value no other checked one does,
-/// see `Configs::representatives`) parses as `tessera estimate` options, and every model it
-/// names is a shipped model or a file that is there.
-fn check_spec(spec: &Spec) -> Result<(), AnyError> {
-    let mut models = std::collections::BTreeSet::new();
-    for i in spec.configs.representatives() {
-        let Some(c) = spec.configs.get(i) else {
-            continue;
-        };
-        request(spec, i, &c)?;
-        if models.insert(c.model().to_string()) {
-            let path = spec.model_path(&c);
-            let shipped = tessera_host::model::SHIPPED
-                .iter()
-                .any(|(name, _)| *name == c.model());
-            if !shipped && !Path::new(&path).is_file() {
-                return Err(format!(
-                    "{}: configuration {i} ({c}): model `{}` is neither a shipped model ({}) nor a file (looked for {path})",
-                    spec.path.display(),
-                    c.model(),
-                    tessera_host::model::SHIPPED
-                        .iter()
-                        .map(|(n, _)| *n)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-                .into());
-            }
-        }
-    }
-    Ok(())
-}
-
-/// What configuration `index` of `spec` estimates: its model and options.
-fn request(
-    spec: &Spec,
-    index: usize,
-    c: &Config,
-) -> Result<(ModelSource, EstimateOptions), AnyError> {
-    config_request(&spec.model_path(c), c)
-        .map_err(|e| format!("{}: configuration {index} ({c}): {e}", spec.path.display()).into())
-}
-
-/// Configuration `c` of the model at `model` (a path, or a shipped model's name): the
-/// source and options of its one estimate.
-pub(super) fn config_request(
-    model: &str,
-    c: &Config,
-) -> Result<(ModelSource, EstimateOptions), EstimateError> {
-    let source = ModelSource::from_arg(model);
-    let options = c.estimate_options(source.is_onnx())?;
-    Ok((source, options))
-}
-
-/// The estimate of a configuration: its summary, and an automatic split's stage boundaries.
-pub(super) fn estimate_config(
-    source: &ModelSource,
-    options: &EstimateOptions,
-) -> Result<(EstimateSummary, Option<Vec<String>>), AnyError> {
-    Ok(summary_of(estimate(source, options)?))
-}
-
-/// An error with its causes, on one line.
-fn chain(e: &AnyError) -> String {
-    let mut s = one_line(&e.to_string());
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        s.push_str(": ");
-        s.push_str(&one_line(&c.to_string()));
-        cause = c.source();
-    }
-    s
-}
-
-/// Configuration `index`'s row: its estimate, or the error (a panic included) that stopped it.
-fn estimate_row(index: usize, c: &Config, source: &ModelSource, options: &EstimateOptions) -> Row {
-    let result = catch_unwind(AssertUnwindSafe(|| -> Result<Row, AnyError> {
-        let (summary, boundaries) = estimate_config(source, options)?;
-        Ok(Row::estimated(index, c, &summary, boundaries))
-    }));
-    match result {
-        Ok(Ok(row)) => row,
-        Ok(Err(e)) => Row::failed(index, c, &chain(&e)),
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            Row::failed(index, c, &format!("internal error (a bug): {what}"))
-        }
-    }
-}
-
 /// The shard Slurm gives this task of a job array, if it is one.
 fn slurm_shard() -> Option<(usize, usize)> {
     let var = |k: &str| {
@@ -157,7 +57,7 @@ fn run_sweep(a: SweepRunArgs) -> Result<bool, AnyError> {
     let start = Instant::now();
     let spec_path = a.spec.clone().unwrap_or_default();
     let spec = Spec::load(&spec_path)?;
-    check_spec(&spec)?;
+    check(&spec)?;
     let shard = a.shard.or_else(slurm_shard);
     let dir = output_dir(&spec_path, a.output.as_deref());
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -219,12 +119,8 @@ fn run_sweep(a: SweepRunArgs) -> Result<bool, AnyError> {
                         if stop.load(Ordering::Relaxed) {
                             return;
                         }
-                        let Some(c) = spec.configs.get(i) else {
+                        let Some(row) = estimate_row(spec, i) else {
                             return;
-                        };
-                        let row = match request(spec, i, &c) {
-                            Ok((source, options)) => estimate_row(i, &c, &source, &options),
-                            Err(e) => Row::failed(i, &c, &e.to_string()),
                         };
                         if tx.send(row).is_err() {
                             stop.store(true, Ordering::Relaxed);
@@ -388,7 +284,7 @@ fn absolute(p: &Path) -> Result<PathBuf, AnyError> {
 
 fn submit(s: SubmitArgs) -> Result<bool, AnyError> {
     let spec = Spec::load(&s.spec)?;
-    check_spec(&spec)?;
+    check(&spec)?;
     if s.array_size == 0 {
         return Err("--array-size must be at least 1".into());
     }

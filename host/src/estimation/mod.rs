@@ -36,6 +36,8 @@ use crate::session::{compile, inference_estimate, EstimateSummary, SessionError,
 
 pub use onnx::{FewestIpus, OnnxFacts};
 pub use options::{EstimateOptions, MAX_EMBEDDING_SERIALIZATION};
+/// Reuse of lowered IPU programs across estimates in this process (sweeps).
+pub use tessera_sim::cache::{lowering_cache_stats, set_lowering_cache};
 
 /// The model an estimate is of.
 #[derive(Clone, Debug)]

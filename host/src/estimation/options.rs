@@ -68,7 +68,9 @@ pub struct EstimateOptions {
     /// file's, else 0.6]. A single number reads as one value.
     #[serde(deserialize_with = "one_or_many")]
     pub available_memory_proportion: Vec<f64>,
-    /// Recomputation checkpoints: `["auto"]`, or node names.
+    /// Recomputation checkpoints: `["auto"]`, or node names. A string reads as its
+    /// comma-separated names.
+    #[serde(deserialize_with = "names")]
     pub recompute_checkpoints: Vec<String>,
     /// The optimizer state sharded over the replicas [on wherever the state is offloaded and
     /// there are several replicas].
@@ -85,13 +87,17 @@ pub struct EstimateOptions {
     pub inference: bool,
     /// Each pipeline stage's forward pass recomputed before its backward pass.
     pub recompute: bool,
-    /// ONNX models: a new pipeline stage after each named node.
+    /// ONNX models: a new pipeline stage after each named node (or a comma-separated
+    /// string of them).
+    #[serde(deserialize_with = "names")]
     pub pipeline_stages: Vec<String>,
-    /// ONNX models: the IPU of each pipeline stage.
+    /// ONNX models: the IPU of each pipeline stage (or a comma-separated string of them).
+    #[serde(deserialize_with = "indices")]
     pub device_mapping: Vec<usize>,
     /// ONNX models: an automatic split into this many IPUs.
     pub pipeline_ipus: Option<usize>,
-    /// ONNX models: the repeated blocks on each IPU.
+    /// ONNX models: the repeated blocks on each IPU (or a comma-separated string of them).
+    #[serde(deserialize_with = "indices")]
     pub layers_per_ipu: Vec<usize>,
     /// ONNX models: whole shapes of named inputs, as (name, dims).
     #[serde(alias = "input_shape")]
@@ -158,6 +164,49 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<f64>, D::Er
             "expected a number, or an array of numbers (one per pipeline stage)",
         )),
     }
+}
+
+/// Names: an array of strings, or one string of comma-separated names (as the command line
+/// takes them).
+fn names<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Names {
+        One(String),
+        Many(Vec<String>),
+    }
+    match Names::deserialize(d) {
+        Ok(Names::One(s)) => Ok(split(&s).map(str::to_string).collect()),
+        Ok(Names::Many(v)) => Ok(v),
+        Err(_) => Err(serde::de::Error::custom(
+            "expected names: an array of strings, or one comma-separated string",
+        )),
+    }
+}
+
+/// Whole numbers: an array, or one string of comma-separated numbers.
+fn indices<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<usize>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Indices {
+        One(String),
+        Many(Vec<usize>),
+    }
+    let wrong = || {
+        serde::de::Error::custom("expected whole numbers: an array, or one comma-separated string")
+    };
+    match Indices::deserialize(d) {
+        Ok(Indices::One(s)) => split(&s)
+            .map(|n| n.parse::<usize>().map_err(|_| wrong()))
+            .collect(),
+        Ok(Indices::Many(v)) => Ok(v),
+        Err(_) => Err(wrong()),
+    }
+}
+
+/// The non-empty, trimmed parts of a comma-separated list.
+fn split(s: &str) -> impl Iterator<Item = &str> {
+    s.split(',').map(str::trim).filter(|p| !p.is_empty())
 }
 
 /// A value of a model file's `[training]` table: a name of `T`, letter case aside.
@@ -365,6 +414,22 @@ mod tests {
         let again: EstimateOptions =
             serde_json::from_str(&serde_json::to_string(&o).unwrap()).unwrap();
         assert_eq!(again, o);
+    }
+
+    #[test]
+    fn lists_read_from_arrays_or_comma_separated_strings() {
+        let o: EstimateOptions = serde_json::from_str(
+            r#"{"recompute_checkpoints": "auto", "pipeline_stages": "a, b",
+                "layers_per_ipu": "0,4,4,4", "device_mapping": [0, 0]}"#,
+        )
+        .unwrap();
+        assert_eq!(o.recompute_checkpoints, vec!["auto"]);
+        assert_eq!(o.pipeline_stages, vec!["a", "b"]);
+        assert_eq!(o.layers_per_ipu, vec![0, 4, 4, 4]);
+        assert_eq!(o.device_mapping, vec![0, 0]);
+        let e =
+            serde_json::from_str::<EstimateOptions>(r#"{"layers_per_ipu": "0,x"}"#).unwrap_err();
+        assert!(e.to_string().contains("whole numbers"), "{e}");
     }
 
     #[test]

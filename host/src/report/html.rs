@@ -63,6 +63,47 @@ pub fn html_page(report: &Report) -> String {
     page
 }
 
+/// The layers a notebook's summary lists: the ones with the most cycles.
+const NOTEBOOK_LAYERS: usize = 12;
+
+/// The report as an HTML fragment for a notebook cell (Jupyter's `_repr_html_`): the page's
+/// tables with its style scoped to the fragment, the layers with the most cycles, and both
+/// pictures inline (a notebook has no files beside it).
+pub fn html_fragment(report: &Report) -> String {
+    let e = &report.estimate;
+    // The page's style, each rule scoped to the fragment so that it leaves the notebook's own.
+    let css: String = CSS
+        .lines()
+        .filter(|l| !l.starts_with("body"))
+        .map(|l| format!(".tessera-report {l}\n"))
+        .collect();
+    let layers = &report.layers;
+    let shown = layers.len().min(NOTEBOOK_LAYERS);
+    let fragment = html! {
+        div.tessera-report {
+            style { (PreEscaped(css)) }
+            h3 { (report.title) }
+            (summary_table(report))
+            @if let Some(o) = &e.out_of_memory {
+                div.warn { p { b { "Out of memory." } " " (o) } }
+            }
+            h4 { "IPUs" }
+            (ipu_table(e))
+            h4 { "Pipeline stages" }
+            (stage_table(e))
+            @if !layers.is_empty() {
+                h4 { "Layers (ONNX nodes): the " (shown) " with the most cycles of " (layers.len()) }
+                (layer_table_top(layers, NOTEBOOK_LAYERS))
+            }
+            h4 { "Memory per tile" }
+            div { (PreEscaped(super::memory_svg(report))) }
+            h4 { "Pipeline timeline" }
+            div { (PreEscaped(super::timeline_svg(report))) }
+        }
+    };
+    fragment.into_string()
+}
+
 /// A row of a two-column table: a key and its value.
 fn row(key: &str, value: impl Render) -> Markup {
     html! { tr { th.k { (key) } td { (value) } } }
@@ -187,11 +228,17 @@ fn stage_table(e: &SystemEstimate) -> Markup {
 
 /// Every layer with cycles or memory, the most cycles first: where time and memory go.
 fn layer_table(layers: &[crate::session::onnx::LayerRow]) -> Markup {
+    layer_table_top(layers, usize::MAX)
+}
+
+/// [`layer_table`] of the `top` layers with the most cycles.
+fn layer_table_top(layers: &[crate::session::onnx::LayerRow], top: usize) -> Markup {
     let mut rows: Vec<_> = layers
         .iter()
         .filter(|r| r.forward_cycles + r.backward_cycles + r.weight_bytes + r.activation_bytes > 0)
         .collect();
     rows.sort_by_key(|r| std::cmp::Reverse(r.forward_cycles + r.backward_cycles));
+    rows.truncate(top);
     let headings = [
         "node",
         "op",

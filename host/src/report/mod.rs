@@ -34,7 +34,7 @@ use tessera_sim::system::SystemEstimate;
 
 use crate::summary::EstimateSummary;
 
-pub use html::html_page;
+pub use html::{html_fragment, html_page};
 pub use memory::memory_svg;
 pub use timeline::timeline_svg;
 pub use trace::{chrome_trace, chrome_trace_with_limit, Trace, MAX_PHASE_SLICES};

@@ -20,6 +20,7 @@ use serde_json::Value;
 
 pub use spec::{Config, Kind, Spec, KEYS};
 
+use crate::estimation::{EstimateOptions, ModelSource};
 use crate::report::format::one_line;
 
 /// What goes wrong reading or writing a sweep.
@@ -74,6 +75,97 @@ pub enum SweepError {
         /// The other.
         second: PathBuf,
     },
+}
+
+/// What configuration `index` (`c`) of `spec` estimates: its model and options.
+pub fn request(
+    spec: &Spec,
+    index: usize,
+    c: &Config,
+) -> Result<(ModelSource, EstimateOptions), SweepError> {
+    let source = ModelSource::from_arg(&spec.model_path(c));
+    c.estimate_options(source.is_onnx())
+        .map(|o| (source, o))
+        .map_err(|e| SweepError::Spec {
+            path: spec.path.clone(),
+            message: format!("configuration {index} ({c}): {e}"),
+        })
+}
+
+/// Checks a spec before any configuration runs, so that a typo fails now, not hours in:
+/// every value it names (each configuration that holds a value no other checked one does,
+/// see [`Configs::representatives`]) makes valid estimate options, and every model it names
+/// is a shipped model or a file that is there.
+pub fn check(spec: &Spec) -> Result<(), SweepError> {
+    let mut models = std::collections::BTreeSet::new();
+    for i in spec.configs.representatives() {
+        let Some(c) = spec.configs.get(i) else {
+            continue;
+        };
+        request(spec, i, &c)?;
+        if models.insert(c.model().to_string()) {
+            let path = spec.model_path(&c);
+            let shipped = crate::model::SHIPPED
+                .iter()
+                .any(|(name, _)| *name == c.model());
+            if !shipped && !Path::new(&path).is_file() {
+                return Err(SweepError::Spec {
+                    path: spec.path.clone(),
+                    message: format!(
+                        "configuration {i} ({c}): model `{}` is neither a shipped model ({}) nor a file (looked for {path})",
+                        c.model(),
+                        crate::model::SHIPPED
+                            .iter()
+                            .map(|(n, _)| *n)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Configuration `index` of `spec`'s row: its estimate, or the error (a panic included, as
+/// an internal error) that stopped it. One estimate, no search for the fewest IPUs.
+pub fn estimate_row(spec: &Spec, index: usize) -> Option<Row> {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let c = spec.configs.get(index)?;
+    let (source, options) = match request(spec, index, &c) {
+        Ok(r) => r,
+        Err(e) => return Some(Row::failed(index, &c, &e.to_string())),
+    };
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        crate::estimation::estimate(&source, &options).map(|e| {
+            let boundaries = e.boundaries().map(<[String]>::to_vec);
+            Row::estimated(index, &c, &e.summary, boundaries)
+        })
+    }));
+    Some(match result {
+        Ok(Ok(row)) => row,
+        Ok(Err(e)) => Row::failed(index, &c, &chain(&e)),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Row::failed(index, &c, &format!("internal error (a bug): {what}"))
+        }
+    })
+}
+
+/// An error with its causes, on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = one_line(&e.to_string());
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s.push_str(": ");
+        s.push_str(&one_line(&c.to_string()));
+        cause = c.source();
+    }
+    s
 }
 
 fn io_error(path: &Path, e: std::io::Error) -> SweepError {

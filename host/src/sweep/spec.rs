@@ -310,12 +310,26 @@ impl Spec {
         let doc: toml::Table = text
             .parse()
             .map_err(|e: toml::de::Error| bad(crate::report::format::one_line(&e.to_string())))?;
+        Spec::from_table(&doc, path, default_name)
+    }
+
+    /// A spec from its tables already read (from TOML, or from JSON: a Python dict);
+    /// `path` names it in errors and anchors relative model paths.
+    pub fn from_table(
+        doc: &toml::Table,
+        path: &Path,
+        default_name: &str,
+    ) -> Result<Spec, SweepError> {
+        let bad = |message: String| SweepError::Spec {
+            path: path.to_path_buf(),
+            message,
+        };
         let mut name = default_name.to_string();
         let mut base = BTreeMap::new();
         let mut entries: Vec<BTreeMap<String, Value>> = Vec::new();
         let mut grid: Vec<(String, Vec<Value>)> = Vec::new();
         let mut has_entries = false;
-        for (k, v) in &doc {
+        for (k, v) in doc {
             match (k.as_str(), v) {
                 ("name", toml::Value::String(s)) => name = s.clone(),
                 ("base", toml::Value::Table(t)) => base = values(t, "[base]", &bad)?,

@@ -1,0 +1,85 @@
+//! Whole-model estimates through the library's one entry
+//! (`tessera_host::estimation::estimate`), as `tessera estimate MODEL OPTIONS --no-search`
+//! makes them: import, compile (the backward pass for training), lower every IPU program and
+//! cost it.
+//!
+//! The models are the slowest of the bundled ONNX set: the ONNX Model Zoo's DenseNet-121 in
+//! its weight-free light form (opset 9; its concatenations fragment every layout, the worst
+//! case for the lowering's mappings) for training at batch 8 and 1 and for inference at batch
+//! 8, and BERT-Base split automatically over 4 IPUs at batch 8 (the profile, the split's
+//! attempts and the estimate of the split).
+//!
+//! `cargo bench --bench estimate [-- FILTER]`; each sample is one whole estimate, so the
+//! group takes 10 samples.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use tessera::host::estimation::{estimate, EstimateOptions, ModelSource};
+
+fn model(path: &str) -> ModelSource {
+    ModelSource::OnnxFile(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path))
+}
+
+fn estimates(c: &mut Criterion) {
+    let densenet = model("data/onnx/zoo_light/light_densenet121.onnx");
+    let bert = model("data/onnx/bert_base.stripped.onnx");
+    let cases: [(&str, &ModelSource, EstimateOptions); 4] = [
+        (
+            "densenet121 training b8",
+            &densenet,
+            EstimateOptions {
+                batch_size: Some(8),
+                no_search: true,
+                ..EstimateOptions::default()
+            },
+        ),
+        (
+            "densenet121 training b1",
+            &densenet,
+            EstimateOptions {
+                batch_size: Some(1),
+                no_search: true,
+                ..EstimateOptions::default()
+            },
+        ),
+        (
+            "densenet121 inference b8",
+            &densenet,
+            EstimateOptions {
+                batch_size: Some(8),
+                inference: true,
+                no_search: true,
+                ..EstimateOptions::default()
+            },
+        ),
+        (
+            "bert-base training b8, 4 IPUs split automatically",
+            &bert,
+            EstimateOptions {
+                batch_size: Some(8),
+                pipeline_ipus: Some(4),
+                no_search: true,
+                ..EstimateOptions::default()
+            },
+        ),
+    ];
+    let mut group = c.benchmark_group("estimate");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(1))
+        .measurement_time(Duration::from_secs(60));
+    for (name, source, options) in &cases {
+        group.bench_function(*name, |b| {
+            b.iter(|| {
+                let e = estimate(source, options).expect("the bundled model estimates");
+                std::hint::black_box(e.summary.cycles_per_step)
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, estimates);
+criterion_main!(benches);
