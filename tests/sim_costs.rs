@@ -7,7 +7,7 @@ use tessera::core::{DType, NodeId};
 use tessera::sim::cost::UnaryKind;
 use tessera::sim::estimate::cost_steps;
 use tessera::sim::memory::{account, MemoryCategory};
-use tessera::sim::ops::{fully_connected, fully_connected_training, matmul, FcPass};
+use tessera::sim::op_estimates::{fully_connected, fully_connected_training, matmul, FcPass};
 use tessera::sim::program::{
     exchange_for, Codelet, ComputeSet, Mapping, ProgTensor, Program, Region, Step, TensorClass,
     TensorId, TileId, Vertex, VertexType,

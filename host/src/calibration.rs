@@ -11,7 +11,7 @@ use std::fmt;
 use serde::Serialize;
 use tessera_core::DType;
 use tessera_sim::machine::{IpuConfig, Preset};
-use tessera_sim::ops::{fully_connected_training, matmul, OpError, OpEstimate};
+use tessera_sim::op_estimates::{fully_connected_training, matmul, OpError, OpEstimate};
 
 /// The calibration set shipped with Tessera (poplibs' published IPU Model figures).
 pub const BUNDLED: &str = include_str!("../../data/calibration/ipu_model_ops.csv");

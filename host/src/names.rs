@@ -8,7 +8,7 @@
 use tessera_core::schedule::Schedule;
 use tessera_core::DType;
 use tessera_sim::machine::Preset;
-use tessera_sim::matmul::PartialsType;
+use tessera_sim::planner::PartialsType;
 
 use crate::session::onnx::LossKind;
 use crate::session::OptimizerKind;

@@ -18,12 +18,17 @@
 
 use std::collections::HashMap;
 
-use crate::memory::{
-    EXCHANGE_CODE_BYTES, EXCHANGE_CODE_PER_RECEIVE_BYTES, EXCHANGE_CODE_PER_SEND_BYTES,
-};
 use crate::program::{
     ProgTensor, Region, RunBuilder, SpanJoiner, TensorClass, TensorId, TileId, Transfer, Vertex,
 };
+
+/// Exchange code per exchange a tile takes part in (estimate).
+pub const EXCHANGE_CODE_BYTES: u64 = 16;
+/// Exchange code per region a tile sends, once however many tiles receive it (estimate: a
+/// send instruction with its address and length).
+pub const EXCHANGE_CODE_PER_SEND_BYTES: u64 = 8;
+/// Exchange code per region a tile receives (estimate: a receive-address update).
+pub const EXCHANGE_CODE_PER_RECEIVE_BYTES: u64 = 4;
 
 /// A hasher for regions and other small keys of integers (multiply and rotate, as rustc's
 /// FxHash): the default SipHash costs more than the work it indexes here.

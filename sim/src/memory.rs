@@ -23,13 +23,6 @@ pub const CONTROL_BYTES_PER_STEP: u64 = 16;
 pub const CONTROL_BYTES_PER_CALL: u64 = 8;
 /// Stack per tile: six worker stacks and the supervisor's (estimate, Poplar's order).
 pub const STACK_BYTES: u64 = 1_024;
-/// Exchange code per exchange a tile takes part in (estimate).
-pub const EXCHANGE_CODE_BYTES: u64 = 16;
-/// Exchange code per region a tile sends, once however many tiles receive it (estimate: a
-/// send instruction with its address and length).
-pub const EXCHANGE_CODE_PER_SEND_BYTES: u64 = 8;
-/// Exchange code per region a tile receives (estimate: a receive-address update).
-pub const EXCHANGE_CODE_PER_RECEIVE_BYTES: u64 = 4;
 
 /// The memory of a part of a program ([`account_part`]): a pipeline stage that shares its
 /// IPU with other stages, as PopLiner attributes a profiled program to layer ranges.

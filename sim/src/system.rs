@@ -417,7 +417,7 @@ fn ipu_lower_options(
     let mut out = vec![opts.lower; ipus];
     let mut set = vec![false; ipus];
     for (stage, (&d, &proportion)) in mapping.iter().zip(p).enumerate() {
-        let plan = crate::matmul::PlanOptions {
+        let plan = crate::planner::PlanOptions {
             available_memory_proportion: proportion,
             ..opts.lower.plan
         };

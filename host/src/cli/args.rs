@@ -9,7 +9,7 @@ use tessera_host::model::DEFAULT_MODEL;
 use tessera_host::session::onnx::LossKind;
 use tessera_host::session::OptimizerKind;
 use tessera_sim::machine::Preset;
-use tessera_sim::matmul::PartialsType;
+use tessera_sim::planner::PartialsType;
 
 /// Train and estimate neural networks on a simulated IPU system.
 #[derive(Parser, Debug)]
@@ -78,7 +78,7 @@ fn proportion(s: &str) -> Result<f64, String> {
         .trim()
         .parse()
         .map_err(|_| format!("`{s}` is not a number"))?;
-    tessera_sim::matmul::check_proportion(p).map(|()| p)
+    tessera_sim::planner::check_proportion(p).map(|()| p)
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]

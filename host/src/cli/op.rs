@@ -8,7 +8,7 @@ use tessera_host::dataset::Dataset;
 use tessera_host::infeed::dataset_benchmark;
 use tessera_host::whole_models;
 use tessera_sim::machine::IpuConfig;
-use tessera_sim::ops::{
+use tessera_sim::op_estimates::{
     convolution, fully_connected, fully_connected_training, matmul, ConvLayer, ConvPass, FcPass,
     OpEstimate,
 };

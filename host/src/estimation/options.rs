@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use tessera_core::schedule::Schedule;
 use tessera_core::DType;
 use tessera_sim::machine::{IpuConfig, Preset};
-use tessera_sim::matmul::PartialsType;
+use tessera_sim::planner::PartialsType;
 
 use super::EstimateError;
 use crate::model::TrainingDefaults;
@@ -259,7 +259,7 @@ impl EstimateOptions {
             return bad("device_mapping needs pipeline_stages (the stages it maps to IPUs)");
         }
         for &p in &self.available_memory_proportion {
-            tessera_sim::matmul::check_proportion(p)
+            tessera_sim::planner::check_proportion(p)
                 .map_err(|e| EstimateError::Options(format!("available_memory_proportion: {e}")))?;
         }
         if let Some(n) = self.embedding_serialization {
@@ -374,7 +374,7 @@ impl EstimateOptions {
             available_memory_proportion: if self.available_memory_proportion.is_empty() {
                 let file = t.available_memory_proportion.clone().unwrap_or_default();
                 for &p in &file {
-                    tessera_sim::matmul::check_proportion(p).map_err(|e| {
+                    tessera_sim::planner::check_proportion(p).map_err(|e| {
                         EstimateError::Options(format!("{model}: available_memory_proportion {e}"))
                     })?;
                 }

@@ -227,12 +227,12 @@ fn stage_table(e: &SystemEstimate) -> Markup {
 }
 
 /// Every layer with cycles or memory, the most cycles first: where time and memory go.
-fn layer_table(layers: &[crate::session::onnx::LayerRow]) -> Markup {
+fn layer_table(layers: &[crate::summary::LayerRow]) -> Markup {
     layer_table_top(layers, usize::MAX)
 }
 
 /// [`layer_table`] of the `top` layers with the most cycles.
-fn layer_table_top(layers: &[crate::session::onnx::LayerRow], top: usize) -> Markup {
+fn layer_table_top(layers: &[crate::summary::LayerRow], top: usize) -> Markup {
     let mut rows: Vec<_> = layers
         .iter()
         .filter(|r| r.forward_cycles + r.backward_cycles + r.weight_bytes + r.activation_bytes > 0)

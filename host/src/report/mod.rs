@@ -69,7 +69,7 @@ pub struct Report {
     pub training: Option<Value>,
     /// Per-layer rows (ONNX nodes) when the model was imported.
     #[serde(default)]
-    pub layers: Vec<crate::session::onnx::LayerRow>,
+    pub layers: Vec<crate::summary::LayerRow>,
 }
 
 impl Report {

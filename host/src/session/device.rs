@@ -5,8 +5,8 @@
 use crossbeam_channel::{Receiver, Sender};
 use tessera_sim::runner::PipelineRunner;
 
+use super::run::Executions;
 use super::taps::Taps;
-use super::train::Executions;
 use super::{Heap, SessionError};
 use crate::dataset::Batch;
 use crate::infeed::InfeedQueue;

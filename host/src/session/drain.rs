@@ -7,8 +7,8 @@
 use crossbeam_channel::{select, Receiver, Sender};
 
 use super::device::DeviceMsg;
+use super::run::TrainEvent;
 use super::taps::{Queue, Taps};
-use super::train::TrainEvent;
 use crate::inspect::Collector;
 
 /// The host's subscriptions to the outfeed queues, in [`Queue::ALL`] order: taken before the

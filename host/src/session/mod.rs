@@ -15,6 +15,7 @@ mod device;
 mod drain;
 pub mod evaluate;
 pub mod onnx;
+mod run;
 pub mod split;
 mod taps;
 pub mod train;
@@ -27,7 +28,7 @@ use tessera_core::{
 };
 use tessera_sim::lower::LowerOptions;
 use tessera_sim::machine::{IpuConfig, Preset};
-use tessera_sim::matmul::{PartialsType, PlanOptions};
+use tessera_sim::planner::{PartialsType, PlanOptions};
 use tessera_sim::system::{
     estimate_system, SystemError, SystemEstimate, SystemOptions, MAX_LOOP_COUNT, MAX_SYSTEM_IPUS,
 };

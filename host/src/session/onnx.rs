@@ -394,29 +394,7 @@ fn add_loss(
     Ok((loss, kind, head))
 }
 
-/// Memory and cycles of one ONNX node (a layer), as PopVision's operation summary gives
-/// them.
-#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
-pub struct LayerRow {
-    /// The ONNX node.
-    pub name: String,
-    /// Its op type.
-    pub op: String,
-    /// Its pipeline stage.
-    pub stage: usize,
-    /// Bytes of the weights and state it holds.
-    pub weight_bytes: u64,
-    /// Bytes of the tensors it makes (forward).
-    pub activation_bytes: u64,
-    /// Forward cycles per micro-batch (its compute sets).
-    pub forward_cycles: u64,
-    /// Backward cycles per micro-batch (its gradients' compute sets).
-    pub backward_cycles: u64,
-    /// The code its steps (forward, backward and update) add, summed over its IPU's tiles:
-    /// vertex state, exchange code and control code, as PopVision's program tree shows them.
-    #[serde(default)]
-    pub code: tessera_sim::memory::NodeCode,
-}
+pub use crate::summary::LayerRow;
 
 /// Per-layer rows: each graph node's bytes and each compute set's cycles summed into the
 /// ONNX node that made it (gradients `X_grad/...` into the node of `X`).

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use tessera_core::{NodeId, Plan, Roles};
 use tessera_sim::runner::Observe;
 
-use super::train::TrainOptions;
+use super::run::TrainOptions;
 use super::{Compiled, Heap, SessionError};
 use crate::inspect::{GradientOutfeedMode, MaybeOutfeedQueue};
 use crate::outfeed::{Element, HostTensor, OutfeedMode, OutfeedQueue};

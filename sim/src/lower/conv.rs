@@ -12,9 +12,9 @@
 use tessera_core::ops::conv::{Conv, ConvDims, ConvParams, DataLayout};
 use tessera_core::{NodeId, Storage};
 
-use super::matmul::{Product, Range};
+use super::product::{Product, Range};
 use super::Lowering;
-use crate::matmul::{Field, LaidOut, Operand};
+use crate::planner::{Field, LaidOut, Operand};
 use crate::program::{Region, TensorId};
 
 /// Index helpers for an activation of `n x c x h x w` in `layout`.

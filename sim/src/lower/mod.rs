@@ -25,7 +25,7 @@ use tessera_core::{DType, Graph, Node, NodeId, Op, Place, Plan, Roles, Storage};
 
 use crate::exchange::{summarize_vertices, Locality, Summaries};
 use crate::machine::IpuConfig;
-use crate::matmul::Operand;
+use crate::planner::Operand;
 use crate::program::{
     compress, compress_from, exchange_for, Codelet, ComputeSet, Interval, Mapping, ProgTensor,
     Program, Region, Step, TensorClass, TensorId, TileId, Vertex,
@@ -41,6 +41,7 @@ mod memo;
 mod norm;
 mod outline;
 mod pool;
+mod product;
 mod random;
 mod reduce;
 mod softmax;
@@ -58,7 +59,7 @@ pub struct LowerOptions {
     pub offload_optimizer_state: bool,
     /// The options of poplin's planner for every product lowered (`availableMemoryProportion`,
     /// `partialsType`).
-    pub plan: crate::matmul::PlanOptions,
+    pub plan: crate::planner::PlanOptions,
     /// Replicated tensor sharding (TensorFlow's `replicated_optimizer_state_sharding`,
     /// PopART's `replicatedTensorSharding`): the replicas the optimizer state and its update
     /// are sharded over (1: none). Each replica keeps, loads, stores and updates `1 / r` of
@@ -88,7 +89,7 @@ impl Default for LowerOptions {
         LowerOptions {
             min_chunk_bytes: 128,
             offload_optimizer_state: false,
-            plan: crate::matmul::PlanOptions::default(),
+            plan: crate::planner::PlanOptions::default(),
             replicated_tensor_sharding: 1,
             outlining: true,
             embedding_serialization: 1,
@@ -1110,7 +1111,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
             plans_by_shape: matmul::PlansByShape::default(),
             fc_layers: matmul::trained_fc_layers(graph, &inc),
             fc_plans: matmul::FcPlansByShape::default(),
-            machine: crate::matmul::machine_key(cfg),
+            machine: crate::planner::machine_key(cfg),
             include: inc,
             first_readers,
             remote,
@@ -1444,8 +1445,8 @@ mod tests {
     use crate::exchange::summarize;
     use crate::heap::Heap;
     use crate::machine::Preset;
-    use crate::matmul::AVAILABLE_MEMORY_PROPORTION;
     use crate::memory::{account, account_with};
+    use crate::planner::AVAILABLE_MEMORY_PROPORTION;
 
     /// The regions of a broadcast operand (of shape `from`) that elements `start .. start + len`
     /// of the output (of shape `to`) read: one span per run along the output's last axis.
@@ -1873,7 +1874,7 @@ mod tests {
             matmul::trained_fc_layers(&g, &inc).len()
         };
         assert_eq!((trained(&|_| true), trained(&|i| i != update)), (1, 0));
-        assert!(crate::matmul::plan_fc(&cfg, 1, 1000, 5, DType::F32, cfg.tiles.into()).joint);
+        assert!(crate::planner::plan_fc(&cfg, 1, 1000, 5, DType::F32, cfg.tiles.into()).joint);
         let opts = LowerOptions::default();
         same_both_ways_on(&plan, &cfg, opts, &|_| true);
         same_both_ways_on(&plan, &cfg, opts, &|i| i != update);
@@ -2015,8 +2016,8 @@ mod tests {
     fn half_partials_halve_the_partials_bytes_and_run_the_amp_at_its_fp16_peak() {
         let float = LowerOptions::default();
         let half = LowerOptions {
-            plan: crate::matmul::PlanOptions {
-                partials: crate::matmul::PartialsType::Half,
+            plan: crate::planner::PlanOptions {
+                partials: crate::planner::PartialsType::Half,
                 ..Default::default()
             },
             ..float
@@ -2039,8 +2040,8 @@ mod tests {
         // the partials hold the same elements at half the bytes.
         let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(64);
         let plan = |o| {
-            let b = crate::matmul::LaidOut::B;
-            crate::matmul::plan_matmul_with(&cfg, 16, 8192, 64, DType::F16, b, 64, o)
+            let b = crate::planner::LaidOut::B;
+            crate::planner::plan_matmul_with(&cfg, 16, 8192, 64, DType::F16, b, 64, o)
         };
         let (mf, mh) = (plan(float.plan), plan(half.plan));
         if (mf.pm, mf.pk, mf.pn, mf.serial) == (mh.pm, mh.pk, mh.pn, mh.serial) {
@@ -2068,13 +2069,13 @@ mod tests {
         // (every bound here can be met; `BoundLevel` ranks plans when none can).
         let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(64);
         let (m, k, n) = (512u64, 2048u64, 512u64);
-        let options = |proportion| crate::matmul::PlanOptions {
+        let options = |proportion| crate::planner::PlanOptions {
             available_memory_proportion: proportion,
             ..Default::default()
         };
         let plan = |proportion| {
-            let none = crate::matmul::LaidOut::NONE;
-            crate::matmul::plan_matmul_with(
+            let none = crate::planner::LaidOut::NONE;
+            crate::planner::plan_matmul_with(
                 &cfg,
                 m,
                 k,
@@ -2127,9 +2128,13 @@ mod tests {
         let ab = g.matmul("A.B", a, b).unwrap();
         g.add("A.B+C", ab, c).unwrap();
         let plan = Plan::new(&g).unwrap();
-        let laid_out = crate::matmul::LaidOut { a: true, b: true };
-        let p = crate::matmul::plan_matmul(&cfg, m, k, n, DType::F16, laid_out, 64);
-        assert_eq!(p.paired_operand(), Some(crate::matmul::Operand::A), "{p:?}");
+        let laid_out = crate::planner::LaidOut { a: true, b: true };
+        let p = crate::planner::plan_matmul(&cfg, m, k, n, DType::F16, laid_out, 64);
+        assert_eq!(
+            p.paired_operand(),
+            Some(crate::planner::Operand::A),
+            "{p:?}"
+        );
         let program = lower(&plan, &cfg, LowerOptions::default());
         // Every element of A is on a tile reading its block: (im, ik, in) for some in.
         for iv in program.tensors[a.index()].mapping.intervals() {

@@ -213,7 +213,7 @@ pub fn fully_connected(
 /// on one IPU, as poplibs' `fully_connected_layer` runs it: one program of the forward pass
 /// `Y = X . W`, the input gradient `dX = dY . W^T`, the weight gradient `dW = X^T . dY` and the
 /// update `W -= lr . dW`, so the three products are planned as one layer (jointly, when that
-/// is cheaper: [`crate::matmul::plan_fc`]). Each pass's cycles are its supersteps' (the
+/// is cheaper: [`crate::planner::plan_fc`]). Each pass's cycles are its supersteps' (the
 /// update's with the weight update); the memory figures are the layer's, the same in every
 /// pass: one program holds them all.
 pub fn fully_connected_training(
