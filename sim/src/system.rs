@@ -431,7 +431,12 @@ fn ipu_lower_options(
     Ok(out)
 }
 
-/// Estimates `plan` across IPUs of `cfg`, as `opts` says.
+/// Estimates `plan` across IPUs of `cfg`, as `opts` says, in phases: the options are checked
+/// ([`check_system_options`]), the stages placed on IPUs and in the schedule ([`topology`]),
+/// each IPU's share lowered ([`lower_ipus`]) and costed by stage ([`cost_stages`]), the stash
+/// sized ([`stash`]), the stages run on the timeline, each IPU's memory accounted
+/// ([`memory_reports`]), the replicas' all-reduce costed ([`all_reduce_cycles`]), and the rows
+/// made per IPU ([`ipu_rows`]) and per stage ([`stage_rows`]).
 pub fn estimate_system<S: Storage>(
     plan: &Plan<S>,
     cfg: &IpuConfig,
@@ -441,6 +446,91 @@ where
     Plan<S>: Sync,
     tessera_core::Graph<S>: Sync,
 {
+    check_system_options(cfg, opts)?;
+    let t = topology(plan, opts)?;
+    let lowered = lower_ipus(plan, cfg, opts, &t)?;
+    let programs: Vec<&Program> = lowered.iter().map(|l| &l.0).collect();
+    let summaries: Vec<&Summaries> = lowered.iter().map(|l| &l.1).collect();
+    let mut costs = cost_stages(plan, cfg, opts, &t, &programs, &summaries);
+    let stash = stash(plan, cfg, opts, &t, &mut costs)?;
+    let sync = cfg.sync_cycles + cfg.inter_ipu_sync_cycles(t.ipus);
+    let placements: Vec<Vec<(usize, usize, StageCost)>> = (0..t.count)
+        .map(|p| {
+            (0..t.s)
+                .filter(|&k| t.positions[k] == p)
+                .map(|k| (k, t.mapping[k], costs.stages[k]))
+                .collect()
+        })
+        .collect();
+    let tl = timeline_concurrent(&t.pipeline, &placements, sync);
+    let memory = memory_reports(plan, cfg, opts, &t, &programs, &summaries, &stash);
+    let all_reduce = all_reduce_cycles(plan, cfg, opts, &t, &programs, sync);
+    let weight_update = if t.training {
+        costs.update.iter().map(Cycles::total).max().unwrap_or(0) + sync
+    } else {
+        0
+    };
+    let overflow = |what| SystemError::Overflow { what };
+    let total = tl
+        .cycles
+        .checked_add(all_reduce)
+        .and_then(|c| c.checked_add(weight_update))
+        .filter(|&c| c < u64::MAX)
+        .ok_or(overflow("the cycles of one weight update"))?;
+    let cycles_per_execution = total
+        .checked_mul(t.repeat as u64)
+        .ok_or(overflow("the cycles of one execution"))?;
+    let seconds = cfg.cycles_to_seconds(total);
+    let samples = opts
+        .micro_batch
+        .checked_mul(t.m as u64)
+        .and_then(|x| x.checked_mul(opts.replicas as u64))
+        .ok_or(overflow("the samples of one weight update"))?;
+    let (ipu_rows, worst) = ipu_rows(
+        plan, cfg, opts, &t, &programs, &summaries, &tl, &memory, &mut costs,
+    );
+    let fits = ipu_rows
+        .iter()
+        .all(|r| r.max_tile_bytes <= cfg.sram_bytes_per_tile);
+    if !fits && !opts.allow_out_of_memory {
+        if let Some(w) = worst {
+            return Err(SystemError::Sim(SimError::OutOfMemory(Box::new(w))));
+        }
+    }
+    let stages = stage_rows(
+        plan, cfg, opts, &t, &programs, &summaries, &tl, &stash, costs,
+    );
+    Ok(SystemEstimate {
+        schedule: opts.schedule.name().to_string(),
+        stages_count: t.s,
+        accumulation: t.m,
+        replicas: opts.replicas,
+        ipus_total: opts.replicas * t.ipus.next_power_of_two(),
+        fits,
+        out_of_memory: if fits { None } else { worst },
+        pipeline_cycles: tl.cycles,
+        weight_update_cycles: weight_update,
+        all_reduce_cycles: all_reduce,
+        cycles_per_weight_update: total,
+        seconds_per_weight_update: seconds,
+        samples_per_weight_update: samples,
+        samples_per_second: if seconds > 0.0 {
+            samples as f64 / seconds
+        } else {
+            0.0
+        },
+        repeat_count: t.repeat,
+        steps_per_execution: t.repeat * t.m,
+        cycles_per_execution,
+        stages,
+        ipus: ipu_rows,
+        runs: tl.runs,
+        elided: tl.elided,
+    })
+}
+
+/// The machine and the counts of the options, checked before any work.
+fn check_system_options(cfg: &IpuConfig, opts: &SystemOptions) -> Result<(), SystemError> {
     cfg.validate()
         .map_err(|e| SystemError::Sim(SimError::Machine(e)))?;
     if opts.replicas == 0 {
@@ -467,6 +557,37 @@ where
             return Err(SystemError::LoopTooLong { what, count });
         }
     }
+    Ok(())
+}
+
+/// Where the stages run: their IPUs and schedule positions, the schedule, its micro-batches
+/// and loop, and each stage's stash entries.
+struct Topology {
+    /// Whether the graph trains.
+    training: bool,
+    /// Pipeline stages.
+    s: usize,
+    /// Micro-batches per weight update (M; inference: per execution).
+    m: usize,
+    /// Each stage's IPU.
+    mapping: Vec<usize>,
+    /// Each stage's position in the schedule.
+    positions: Vec<usize>,
+    /// Positions in the schedule.
+    count: usize,
+    /// The schedule.
+    pipeline: Pipeline,
+    /// Weight updates per execution (R).
+    repeat: usize,
+    /// Each stage's stash entries, under the accumulation rule.
+    entries: Vec<usize>,
+    /// IPUs of one replica.
+    ipus: usize,
+}
+
+/// The stages' places: IPUs, schedule positions and stash entries, checked (a variable's
+/// users share an IPU; the replicas' IPUs fit the system).
+fn topology<S: Storage>(plan: &Plan<S>, opts: &SystemOptions) -> Result<Topology, SystemError> {
     let g = plan.graph();
     let training = g.is_training();
     let s = g.stage_count();
@@ -532,14 +653,38 @@ where
             per_replica: ipus.next_power_of_two(),
         });
     }
-    let forward_len = g.forward_len();
-    let lower_options = ipu_lower_options(opts, &mapping, ipus)?;
+    Ok(Topology {
+        training,
+        s,
+        m,
+        mapping,
+        positions,
+        count,
+        pipeline,
+        repeat,
+        entries,
+        ipus,
+    })
+}
 
-    // Lower each IPU's share, keeping what the estimate needs of its exchanges. The IPUs are
-    // independent, so they are lowered in parallel, the last first: it holds the loss and,
-    // in a language model, the output head, whose nodes no other IPU's lowering shares, so
-    // it tends to take longest (the results do not depend on the order).
-    // With the lowering cache on (sweeps), an IPU's program lowered before is reused.
+/// Each IPU's share of the plan, lowered with what the estimate needs of its exchanges.
+fn lower_ipus<S: Storage>(
+    plan: &Plan<S>,
+    cfg: &IpuConfig,
+    opts: &SystemOptions,
+    t: &Topology,
+) -> Result<Vec<crate::cache::Lowered>, SystemError>
+where
+    Plan<S>: Sync,
+    tessera_core::Graph<S>: Sync,
+{
+    let (ipus, s, mapping) = (t.ipus, t.s, &t.mapping);
+    let lower_options = ipu_lower_options(opts, mapping, ipus)?;
+    // The IPUs are independent, so they are lowered in parallel, the last first: it holds
+    // the loss and, in a language model, the output head, whose nodes no other IPU's
+    // lowering shares, so it tends to take longest (the results do not depend on the
+    // order). With the lowering cache on (sweeps), an IPU's program lowered before is
+    // reused.
     let fingerprint = crate::cache::enabled().then(|| crate::cache::plan_fingerprint(plan));
     // The layouts copies of other IPUs' tensors keep, made once for all the IPUs that lower.
     let layouts = std::sync::OnceLock::new();
@@ -572,17 +717,46 @@ where
         })
         .collect();
     lowered.reverse();
-    let programs: Vec<&Program> = lowered.iter().map(|l| &l.0).collect();
-    let summaries: Vec<&Summaries> = lowered.iter().map(|l| &l.1).collect();
+    Ok(lowered)
+}
+
+/// Cycles by stage and pass, with their phases and traces, and each IPU's weight update.
+struct Costs {
+    /// Each stage's forward and backward cycles per micro-batch.
+    stages: Vec<StageCost>,
+    /// Each stage's (forward, backward) cycles by phase.
+    phases: Vec<(Cycles, Cycles)>,
+    /// Each stage's (forward, backward) trace.
+    traces: Vec<(Vec<TraceEvent>, Vec<TraceEvent>)>,
+    /// Each IPU's weight-update cycles.
+    update: Vec<Cycles>,
+    /// Each IPU's weight-update trace.
+    update_traces: Vec<Vec<TraceEvent>>,
+}
+
+/// Every node's steps costed into its stage's forward or backward pass, or its IPU's weight
+/// update; recomputation adds the forward pass to the backward one.
+fn cost_stages<S: Storage>(
+    plan: &Plan<S>,
+    cfg: &IpuConfig,
+    opts: &SystemOptions,
+    t: &Topology,
+    programs: &[&Program],
+    summaries: &[&Summaries],
+) -> Costs {
+    let g = plan.graph();
+    let (s, ipus, forward_len) = (t.s, t.ipus, g.forward_len());
     let node_cycles = |d: usize, i: usize| {
         let (a, b) = programs[d].node_steps[i];
         cost_steps_with(programs[d], summaries[d], cfg, a..b)
     };
-    let mut costs = vec![StageCost::default(); s];
-    let mut phases = vec![(Cycles::default(), Cycles::default()); s];
-    let mut traces: Vec<(Vec<TraceEvent>, Vec<TraceEvent>)> = vec![Default::default(); s];
-    let mut update = vec![Cycles::default(); ipus];
-    let mut update_traces: Vec<Vec<TraceEvent>> = vec![Vec::new(); ipus];
+    let mut c = Costs {
+        stages: vec![StageCost::default(); s],
+        phases: vec![(Cycles::default(), Cycles::default()); s],
+        traces: vec![Default::default(); s],
+        update: vec![Cycles::default(); ipus],
+        update_traces: vec![Vec::new(); ipus],
+    };
     let append = |trace: &mut Vec<TraceEvent>, at: u64, d: usize, events: Vec<TraceEvent>| {
         trace.extend(events.into_iter().map(|mut e| {
             e.start += at;
@@ -592,78 +766,117 @@ where
     };
     for (i, n) in g.nodes().iter().enumerate() {
         let k = n.stage();
-        let d = mapping[k];
-        let (c, _, events) = node_cycles(d, i);
+        let d = t.mapping[k];
+        let (cycles, _, events) = node_cycles(d, i);
         if n.roles().contains(Roles::UPDATE) {
-            append(&mut update_traces[d], update[d].total(), d, events);
-            add(&mut update[d], &c);
+            append(&mut c.update_traces[d], c.update[d].total(), d, events);
+            add(&mut c.update[d], &cycles);
         } else if i < forward_len {
-            append(&mut traces[k].0, costs[k].forward, d, events);
-            costs[k].forward += c.total();
-            add(&mut phases[k].0, &c);
+            append(&mut c.traces[k].0, c.stages[k].forward, d, events);
+            c.stages[k].forward += cycles.total();
+            add(&mut c.phases[k].0, &cycles);
         } else {
-            append(&mut traces[k].1, costs[k].backward, d, events);
-            costs[k].backward += c.total();
-            add(&mut phases[k].1, &c);
+            append(&mut c.traces[k].1, c.stages[k].backward, d, events);
+            c.stages[k].backward += cycles.total();
+            add(&mut c.phases[k].1, &cycles);
         }
     }
-    if opts.recompute && training {
-        for c in &mut costs {
-            c.backward += c.forward;
+    if opts.recompute && t.training {
+        for cost in &mut c.stages {
+            cost.backward += cost.forward;
         }
     }
-    // Stash: what each stage's backward reads of its forward (or, recomputing, of its
-    // inputs), as (stage, tensor) pairs, and each stage's bytes per micro-batch.
-    let stashed = if training {
+    c
+}
+
+/// What the stages stash for their backward passes.
+struct Stash {
+    /// (stage, tensor) pairs: what each stage's backward reads of its forward (or,
+    /// recomputing, of its inputs).
+    stashed: Vec<(usize, usize)>,
+    /// Each stage's stash bytes per micro-batch.
+    entry_bytes: Vec<u64>,
+    /// Whether the stash is kept in streaming memory.
+    offloaded: bool,
+}
+
+/// The stages' stash; offloaded, each stage with a stash stores it to streaming memory after
+/// its forward pass and loads it before its backward pass (TensorFlow's
+/// `offload_activations`), which `costs` gains.
+fn stash<S: Storage>(
+    plan: &Plan<S>,
+    cfg: &IpuConfig,
+    opts: &SystemOptions,
+    t: &Topology,
+    costs: &mut Costs,
+) -> Result<Stash, SystemError> {
+    let g = plan.graph();
+    let stashed = if t.training {
         stashed_tensors(plan, opts.recompute)
     } else {
         Vec::new()
     };
-    let mut stash_entry = vec![0u64; s];
-    for &(k, t) in &stashed {
-        stash_entry[k] += g.nodes()[t].bytes() as u64;
+    let mut entry_bytes = vec![0u64; t.s];
+    for &(k, i) in &stashed {
+        entry_bytes[k] += g.nodes()[i].bytes() as u64;
     }
-    // Offloaded, a stage with a stash stores it to streaming memory after its forward pass
-    // and loads it before its backward pass (TensorFlow's `offload_activations`).
-    let offload_stash = opts.offload_activations && training;
-    if offload_stash {
+    let offloaded = opts.offload_activations && t.training;
+    if offloaded {
         if cfg.streaming_memory_bytes == 0 {
             return Err(SystemError::StageOption {
                 option: "offload activations",
                 detail: "the machine has no streaming memory (remote buffers) to hold them".into(),
             });
         }
-        for k in 0..s {
-            if entries[k] == 0 || stash_entry[k] == 0 {
+        for (k, &bytes) in entry_bytes.iter().enumerate() {
+            if t.entries[k] == 0 || bytes == 0 {
                 continue;
             }
-            let x = (stash_entry[k] as f64 / cfg.streaming_memory_bytes_per_cycle()).ceil() as u64
+            let x = (bytes as f64 / cfg.streaming_memory_bytes_per_cycle()).ceil() as u64
                 + cfg.exchange_overhead_cycles;
-            costs[k].forward += x;
-            costs[k].backward += x;
-            phases[k].0.remote_buffers += x;
-            phases[k].1.remote_buffers += x;
+            costs.stages[k].forward += x;
+            costs.stages[k].backward += x;
+            costs.phases[k].0.remote_buffers += x;
+            costs.phases[k].1.remote_buffers += x;
         }
     }
-    let sync = cfg.sync_cycles + cfg.inter_ipu_sync_cycles(ipus);
-    let placements: Vec<Vec<(usize, usize, StageCost)>> = (0..count)
-        .map(|p| {
-            (0..s)
-                .filter(|&k| positions[k] == p)
-                .map(|k| (k, mapping[k], costs[k]))
-                .collect()
-        })
-        .collect();
-    let tl = timeline_concurrent(&pipeline, &placements, sync);
+    Ok(Stash {
+        stashed,
+        entry_bytes,
+        offloaded,
+    })
+}
 
+/// Each IPU's memory, with the stash on its tiles.
+struct Memory {
+    /// Each IPU's tiles.
+    reports: Vec<MemoryReport>,
+    /// Each IPU's stash bytes on its tiles.
+    stash_bytes: Vec<u64>,
+    /// Each IPU's stash bytes in streaming memory.
+    offloaded_stash: Vec<u64>,
+}
+
+/// Each IPU's memory by tile (when `opts.memory` asks for it), the stash added as data below
+/// any interleaved data.
+fn memory_reports<S: Storage>(
+    plan: &Plan<S>,
+    cfg: &IpuConfig,
+    opts: &SystemOptions,
+    t: &Topology,
+    programs: &[&Program],
+    summaries: &[&Summaries],
+    stash: &Stash,
+) -> Memory {
+    let g = plan.graph();
     let mut reports: Vec<MemoryReport> = if opts.memory {
         programs
             .par_iter()
-            .zip(&summaries)
+            .zip(summaries)
             .map(|(p, x)| account_with(p, x, cfg))
             .collect()
     } else {
-        (0..ipus)
+        (0..t.ipus)
             .map(|_| MemoryReport {
                 sram_bytes_per_tile: cfg.sram_bytes_per_tile,
                 interleaved_region_start_bytes: cfg.interleaved_region_start_bytes,
@@ -671,19 +884,19 @@ where
             })
             .collect()
     };
-    let mut stash_bytes = vec![0u64; ipus];
-    let mut offloaded_stash = vec![0u64; ipus];
-    for &(k, t) in &stashed {
-        let depth = entries[k] as u64;
-        let d = mapping[k];
-        if offload_stash {
-            offloaded_stash[d] += depth * g.nodes()[t].bytes() as u64;
+    let mut stash_bytes = vec![0u64; t.ipus];
+    let mut offloaded_stash = vec![0u64; t.ipus];
+    for &(k, i) in &stash.stashed {
+        let depth = t.entries[k] as u64;
+        let d = t.mapping[k];
+        if stash.offloaded {
+            offloaded_stash[d] += depth * g.nodes()[i].bytes() as u64;
             continue;
         }
         if !opts.memory {
             continue;
         }
-        for (tile, bytes) in stash_per_tile(&programs[d].tensors[t], depth) {
+        for (tile, bytes) in stash_per_tile(&programs[d].tensors[i], depth) {
             reports[d].tiles[tile].stash += bytes;
             stash_bytes[d] += bytes;
         }
@@ -692,60 +905,69 @@ where
     for r in &mut reports {
         r.settle_gaps();
     }
+    Memory {
+        reports,
+        stash_bytes,
+        offloaded_stash,
+    }
+}
 
-    // Replicas average their gradients: a ring all-reduce over the links, once per update.
-    let all_reduce = if opts.replicas > 1 && training {
-        (0..ipus)
-            .map(|d| {
-                let grad_bytes: u64 = programs[d]
-                    .tensors
-                    .iter()
-                    .zip(g.nodes())
-                    .filter(|(_, n)| n.roles().contains(Roles::TRAINABLE))
-                    .map(|(t, _)| t.elements * t.elem_bytes())
-                    .sum();
-                let r = opts.replicas as f64;
-                (2.0 * (r - 1.0) / r * grad_bytes as f64 / cfg.neighbour_link_bytes_per_cycle())
-                    .ceil() as u64
-                    + sync
-            })
-            .max()
-            .unwrap_or(0)
-    } else {
-        0
-    };
-    let weight_update = if training {
-        update.iter().map(Cycles::total).max().unwrap_or(0) + sync
-    } else {
-        0
-    };
-    let overflow = |what| SystemError::Overflow { what };
-    let total = tl
-        .cycles
-        .checked_add(all_reduce)
-        .and_then(|c| c.checked_add(weight_update))
-        .filter(|&c| c < u64::MAX)
-        .ok_or(overflow("the cycles of one weight update"))?;
-    let cycles_per_execution = total
-        .checked_mul(repeat as u64)
-        .ok_or(overflow("the cycles of one execution"))?;
-    let seconds = cfg.cycles_to_seconds(total);
-    let samples = opts
-        .micro_batch
-        .checked_mul(m as u64)
-        .and_then(|x| x.checked_mul(opts.replicas as u64))
-        .ok_or(overflow("the samples of one weight update"))?;
-
-    let mut worst: Option<OutOfMemory> = None;
-    let ipu_rows: Vec<IpuRow> = (0..ipus)
+/// The replicas' gradient all-reduce: a ring over the links, once per weight update, as long
+/// as the IPU with the most gradient bytes takes.
+fn all_reduce_cycles<S: Storage>(
+    plan: &Plan<S>,
+    cfg: &IpuConfig,
+    opts: &SystemOptions,
+    t: &Topology,
+    programs: &[&Program],
+    sync: u64,
+) -> u64 {
+    if opts.replicas <= 1 || !t.training {
+        return 0;
+    }
+    let g = plan.graph();
+    (0..t.ipus)
         .map(|d| {
-            let r = &reports[d];
+            let grad_bytes: u64 = programs[d]
+                .tensors
+                .iter()
+                .zip(g.nodes())
+                .filter(|(_, n)| n.roles().contains(Roles::TRAINABLE))
+                .map(|(t, _)| t.elements * t.elem_bytes())
+                .sum();
+            let r = opts.replicas as f64;
+            (2.0 * (r - 1.0) / r * grad_bytes as f64 / cfg.neighbour_link_bytes_per_cycle()).ceil()
+                as u64
+                + sync
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Each IPU's row, and the worst tile over the limit (with what it holds), if any.
+#[allow(clippy::too_many_arguments)]
+fn ipu_rows<S: Storage>(
+    plan: &Plan<S>,
+    cfg: &IpuConfig,
+    opts: &SystemOptions,
+    t: &Topology,
+    programs: &[&Program],
+    summaries: &[&Summaries],
+    tl: &crate::pipeline::Timeline,
+    memory: &Memory,
+    costs: &mut Costs,
+) -> (Vec<IpuRow>, Option<OutOfMemory>) {
+    let g = plan.graph();
+    let mut worst: Option<OutOfMemory> = None;
+    let rows = (0..t.ipus)
+        .map(|d| {
+            let r = &memory.reports[d];
             let fullest = r.fullest(10).into_iter().cloned().collect::<Vec<_>>();
-            if let Some(t) = fullest
+            if let Some(tile) = fullest
                 .first()
-                .filter(|t| t.total() > cfg.sram_bytes_per_tile)
+                .filter(|tile| tile.total() > cfg.sram_bytes_per_tile)
             {
-                if worst.as_ref().is_none_or(|w| t.total() > w.needed) {
+                if worst.as_ref().is_none_or(|w| tile.total() > w.needed) {
                     worst = crate::memory::check_fits_with(programs[d], summaries[d], r)
                         .err()
                         .map(|b| *b);
@@ -771,23 +993,23 @@ where
                     (t.elements * t.elem_bytes()).div_ceil(shards)
                 })
                 .sum::<u64>()
-                + offloaded_stash[d];
+                + memory.offloaded_stash[d];
             IpuRow {
                 ipu: d,
-                stages: (0..s).filter(|&k| mapping[k] == d).collect(),
+                stages: (0..t.s).filter(|&k| t.mapping[k] == d).collect(),
                 busy_cycles: tl.ipus[d].busy,
                 idle_cycles: tl.ipus[d].idle,
                 idle_fraction: tl.ipus[d].idle_fraction(),
-                weight_update_cycles: update[d].total(),
+                weight_update_cycles: costs.update[d].total(),
                 bytes_used: r.total_bytes(),
                 max_tile_bytes: r.tiles.iter().map(TileMemory::total).max().unwrap_or(0),
                 tiles_used: r.tiles_used(),
-                stash_bytes: stash_bytes[d],
+                stash_bytes: memory.stash_bytes[d],
                 streaming_memory_bytes: streaming,
                 fullest_tiles: fullest,
                 categories: TileMemory::sum(&r.tiles),
                 tiles: r.tiles.clone(),
-                update_trace: std::mem::take(&mut update_traces[d]),
+                update_trace: std::mem::take(&mut costs.update_traces[d]),
                 vertices: programs[d].vertex_count(),
                 node_code: if opts.memory {
                     crate::memory::node_code(programs[d], summaries[d])
@@ -797,14 +1019,29 @@ where
             }
         })
         .collect();
-    let fits = ipu_rows
-        .iter()
-        .all(|r| r.max_tile_bytes <= cfg.sram_bytes_per_tile);
-    if !fits && !opts.allow_out_of_memory {
-        if let Some(w) = worst {
-            return Err(SystemError::Sim(SimError::OutOfMemory(Box::new(w))));
-        }
-    }
+    (rows, worst)
+}
+
+/// Each stage's row: its cycles, stash, traces and, when it shares its IPU, its own memory
+/// over its own steps.
+#[allow(clippy::too_many_arguments)]
+fn stage_rows<S: Storage>(
+    plan: &Plan<S>,
+    cfg: &IpuConfig,
+    opts: &SystemOptions,
+    t: &Topology,
+    programs: &[&Program],
+    summaries: &[&Summaries],
+    tl: &crate::pipeline::Timeline,
+    stash: &Stash,
+    costs: Costs,
+) -> Vec<StageRow>
+where
+    Plan<S>: Sync,
+    tessera_core::Graph<S>: Sync,
+{
+    let g = plan.graph();
+    let (s, mapping) = (t.s, &t.mapping);
     // The memory of each stage that shares its IPU, over its own steps.
     let stage_memory: Vec<Option<PartMemory>> = (0..s)
         .into_par_iter()
@@ -822,10 +1059,10 @@ where
             }
             let mut r = account_part(programs[d], summaries[d], cfg, Some(&part));
             // Its own stash, as its IPU's holds it.
-            if !offload_stash {
-                let depth = entries[k] as u64;
-                for &(_, t) in stashed.iter().filter(|&&(j, _)| j == k) {
-                    for (tile, bytes) in stash_per_tile(&programs[d].tensors[t], depth) {
+            if !stash.offloaded {
+                let depth = t.entries[k] as u64;
+                for &(_, i) in stash.stashed.iter().filter(|&&(j, _)| j == k) {
+                    for (tile, bytes) in stash_per_tile(&programs[d].tensors[i], depth) {
                         r.tiles[tile].stash += bytes;
                     }
                 }
@@ -838,17 +1075,23 @@ where
             })
         })
         .collect();
-    let stages = (0..s)
+    let Costs {
+        stages: cycles,
+        phases,
+        traces,
+        ..
+    } = costs;
+    (0..s)
         .zip(traces)
         .zip(stage_memory)
         .map(|((k, (forward_trace, backward_trace)), memory)| StageRow {
             stage: k,
-            position: positions[k],
+            position: t.positions[k],
             ipu: mapping[k],
-            forward_cycles: costs[k].forward,
-            backward_cycles: costs[k].backward,
-            stash_depth: entries[k],
-            stash_entry_bytes: stash_entry[k],
+            forward_cycles: cycles[k].forward,
+            backward_cycles: cycles[k].backward,
+            stash_depth: t.entries[k],
+            stash_entry_bytes: stash.entry_bytes[k],
             idle_fraction: tl.ipus[mapping[k]].idle_fraction(),
             forward_phases: phases[k].0,
             backward_phases: phases[k].1,
@@ -856,34 +1099,7 @@ where
             backward_trace,
             memory,
         })
-        .collect();
-    Ok(SystemEstimate {
-        schedule: opts.schedule.name().to_string(),
-        stages_count: s,
-        accumulation: m,
-        replicas: opts.replicas,
-        ipus_total: opts.replicas * ipus.next_power_of_two(),
-        fits,
-        out_of_memory: if fits { None } else { worst },
-        pipeline_cycles: tl.cycles,
-        weight_update_cycles: weight_update,
-        all_reduce_cycles: all_reduce,
-        cycles_per_weight_update: total,
-        seconds_per_weight_update: seconds,
-        samples_per_weight_update: samples,
-        samples_per_second: if seconds > 0.0 {
-            samples as f64 / seconds
-        } else {
-            0.0
-        },
-        repeat_count: repeat,
-        steps_per_execution: repeat * m,
-        cycles_per_execution,
-        stages,
-        ipus: ipu_rows,
-        runs: tl.runs,
-        elided: tl.elided,
-    })
+        .collect()
 }
 
 /// The entries of stage position `p`'s stash. TensorFlow's depth is the schedule's: the

@@ -6,13 +6,14 @@ use std::time::Instant;
 
 use serde::Serialize;
 use tessera_core::schedule::least_accumulation;
+use tessera_sim::system::SystemEstimate;
 
 use super::{EstimateError, EstimateOptions, Estimation, Progress};
 use crate::model::TrainingDefaults;
 use crate::onnx::{OnnxModel, Stages};
 use crate::report::format::{bytes, count};
 use crate::session::onnx::{
-    compile_onnx, layer_rows, pipeline_stages, LayerRow, LossKind, OnnxOptions,
+    compile_onnx, layer_rows, pipeline_stages, LayerRow, LossKind, OnnxCompiled, OnnxOptions,
     ONNX_ACCUMULATION_RULE,
 };
 use crate::session::split::{
@@ -77,7 +78,9 @@ pub struct FewestIpus {
 }
 
 /// The estimate of `model` (read from `path`) with options `o`; `start` is when the work
-/// began (for `seconds`).
+/// began (for `seconds`). In phases: the file's batch and what the loss adds
+/// ([`Job::new`]), the stages ([`Job::stages`]), the estimate on them ([`Job::estimate`]),
+/// the search for the fewest IPUs when it does not fit ([`Job::search`]), and the facts.
 pub(super) fn estimate(
     model: &OnnxModel,
     path: &Path,
@@ -85,134 +88,21 @@ pub(super) fn estimate(
     start: Instant,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Estimation, EstimateError> {
-    let name = model.name();
-    // The file's batch is the default batch size; the probe also tells what the loss adds.
-    let probe = {
-        let mut g = tessera_core::Graph::<tessera_sim::Heap>::new();
-        crate::onnx::import(
-            model,
-            &mut g,
-            &crate::onnx::ImportOptions {
-                stages: Stages::One,
-                batch_size: o.batch_size,
-                input_shapes: o.input_shapes.clone(),
-                ..Default::default()
-            },
-        )?
-    };
-    let file_batch = probe.file_batch;
-    let defaults = TrainingDefaults {
-        batch_size: Some(file_batch),
-        ..TrainingDefaults::default()
-    };
-    let stages = if !o.pipeline_stages.is_empty() {
-        Stages::After(o.pipeline_stages.clone())
-    } else {
-        Stages::Attributes
-    };
-    let mut oo = OnnxOptions {
-        stages,
-        loss: o.loss.unwrap_or_default(),
-        inference: o.inference,
-        recompute: o.recompute,
-        mask_tokens: o.mask_tokens,
-        device_mapping: (!o.device_mapping.is_empty()).then(|| o.device_mapping.clone()),
-        input_shapes: o.input_shapes.clone(),
-    };
-    // Before the defaults that depend on the stages are worked out from it.
-    if let Some(n) = o.pipeline_ipus {
-        check_pipeline_ipus(n)?;
-    }
-    if !o.layers_per_ipu.is_empty() {
-        // The blocks are found on the model as one stage; the boundaries then name the ONNX
-        // nodes each IPU's last block ends with, as `pipeline_stages` would.
-        let one = OnnxOptions {
-            stages: Stages::One,
-            device_mapping: None,
-            ..oo.clone()
-        };
-        let whole = compile_onnx(model, &o.session_options(&defaults, &name, 1)?, &one)?;
-        oo.stages = Stages::After(layers_per_ipu(&whole, &o.layers_per_ipu)?);
-    }
-    let stage_guess = match (&oo.stages, o.pipeline_ipus) {
-        (_, Some(n)) => n,
-        (Stages::After(v), None) => v.len() + 1,
-        _ => 1,
-    };
-    // The options of a run on `stages` stages: the defaults depend on them.
-    let options_for = |stages: usize| -> Result<SessionOptions, EstimateError> {
-        let mut so = o.session_options(&defaults, &name, stages)?;
-        if o.gradient_accumulation_count.is_none() && stages > 1 {
-            // A pipeline needs enough micro-batches per update to fill: the schedule's least
-            // under PopART's rule, for its stages with a masked-LM head's.
-            let piped = pipeline_stages(&probe, oo.loss, o.inference, stages);
-            so.gradient_accumulation_count =
-                least_accumulation(ONNX_ACCUMULATION_RULE, so.schedule, piped, !o.inference);
-        }
-        Ok(so)
-    };
-    let so = options_for(stage_guess)?;
-    // The one-IPU profile the automatic split balances on: made once, and read from the
-    // estimate itself when that is a one-IPU estimate.
-    let mut prof = None;
-    let (compiled, e, split_info) = match o.pipeline_ipus {
-        Some(n) => {
-            let p = prof.insert(profile(model, &so, &oo)?);
-            let s = split(model, &so, &oo, n, p)?;
-            (s.compiled, s.estimate, Some(s.info))
-        }
-        None => {
-            let c = compile_onnx(model, &so, &oo)?;
-            let e = c.estimate()?;
-            if !e.fits && is_profile_estimate(&so, &oo) {
-                prof = Some(profile_of(&c, &e));
-            }
-            (c, e, None)
-        }
-    };
+    let mut job = Job::new(model, o)?;
+    job.stages()?;
+    let (compiled, e, split_info) = job.estimate()?;
     let layers = layer_rows(&compiled, &e);
     let fewest = if e.fits || o.no_search {
         None
     } else {
         progress(Progress::Searching {
-            model: name.clone(),
+            model: job.name.clone(),
             limit: MAX_IPUS,
         });
-        let p = match prof {
-            Some(p) => p,
-            None => profile(model, &so, &oo)?,
-        };
-        // The estimate just made is where the search starts when it was of one IPU or of an
-        // automatic split.
-        let known = match o.pipeline_ipus {
-            Some(n) => Some(n),
-            None => (matches!(oo.stages, Stages::Attributes) && e.ipus.len() == 1).then_some(1),
-        }
-        .zip(e.ipus.iter().map(|i| i.max_tile_bytes).max());
-        // The search's split on n IPUs is the run `pipeline_ipus = n` makes, with its options.
-        let by_stages = (0..=MAX_IPUS)
-            .map(|n| options_for(n.max(1)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let found = fewest_ipus(
-            model,
-            &|n| by_stages[n.min(MAX_IPUS)].clone(),
-            &oo,
-            &p,
-            known,
-        )?;
-        Some(FewestIpus {
-            ipus: found.split.as_ref().map(|s| s.info.ipus),
-            limit: MAX_IPUS,
-            tried_up_to: found.tried_up_to,
-            stopped: found.stopped,
-            unrunnable: found
-                .unrunnable
-                .map(|(n, why)| format!("the split on {n} IPUs cannot run: {why}")),
-            boundaries: found.split.map(|s| s.info.boundaries).unwrap_or_default(),
-        })
+        Some(job.search(&e)?)
     };
     let machine = compiled.machine.clone();
-    let summary = EstimateSummary::new(&name, so.ipu, &machine, &e);
+    let summary = EstimateSummary::new(&job.name, compiled.options.ipu, &machine, &e);
     let g = compiled.plan.graph();
     let parameters: u64 = g
         .nodes()
@@ -238,7 +128,7 @@ pub(super) fn estimate(
         seconds: start.elapsed().as_secs_f64(),
     };
     Ok(Estimation {
-        name,
+        name: job.name,
         summary,
         estimate: e,
         session: compiled.options.clone(),
@@ -247,6 +137,179 @@ pub(super) fn estimate(
         onnx: Some(facts),
         model_summary: None,
     })
+}
+
+/// What an ONNX estimate works out before and between its compiles: the model, the options,
+/// the file's batch and what the loss adds (a probe import), the stages, and the one-IPU
+/// profile that automatic splits balance on once it is made.
+struct Job<'a> {
+    model: &'a OnnxModel,
+    o: &'a EstimateOptions,
+    /// The model's name.
+    name: String,
+    /// The import at the asked batch as one stage: the file's batch and the loss's stages.
+    probe: crate::onnx::Imported,
+    /// The file's batch as the default batch size.
+    defaults: TrainingDefaults,
+    /// How the model is compiled (its stages resolved by [`Job::stages`]).
+    oo: OnnxOptions,
+    /// The one-IPU profile the automatic split balances on, once made.
+    profile: Option<crate::session::split::Profile>,
+}
+
+impl<'a> Job<'a> {
+    /// The probe import and the compile options before the stages are resolved.
+    fn new(model: &'a OnnxModel, o: &'a EstimateOptions) -> Result<Self, EstimateError> {
+        let name = model.name();
+        // The file's batch is the default batch size; the probe also tells what the loss
+        // adds.
+        let probe = {
+            let mut g = tessera_core::Graph::<tessera_sim::Heap>::new();
+            crate::onnx::import(
+                model,
+                &mut g,
+                &crate::onnx::ImportOptions {
+                    stages: Stages::One,
+                    batch_size: o.batch_size,
+                    input_shapes: o.input_shapes.clone(),
+                    ..Default::default()
+                },
+            )?
+        };
+        let defaults = TrainingDefaults {
+            batch_size: Some(probe.file_batch),
+            ..TrainingDefaults::default()
+        };
+        let stages = if !o.pipeline_stages.is_empty() {
+            Stages::After(o.pipeline_stages.clone())
+        } else {
+            Stages::Attributes
+        };
+        let oo = OnnxOptions {
+            stages,
+            loss: o.loss.unwrap_or_default(),
+            inference: o.inference,
+            recompute: o.recompute,
+            mask_tokens: o.mask_tokens,
+            device_mapping: (!o.device_mapping.is_empty()).then(|| o.device_mapping.clone()),
+            input_shapes: o.input_shapes.clone(),
+        };
+        Ok(Job {
+            model,
+            o,
+            name,
+            probe,
+            defaults,
+            oo,
+            profile: None,
+        })
+    }
+
+    /// The stages: the options' boundaries, the file's attributes, or the blocks per IPU
+    /// (found on the model as one stage, then named by the ONNX nodes each IPU's last block
+    /// ends with, as `pipeline_stages` would).
+    fn stages(&mut self) -> Result<(), EstimateError> {
+        // Before the defaults that depend on the stages are worked out from it.
+        if let Some(n) = self.o.pipeline_ipus {
+            check_pipeline_ipus(n)?;
+        }
+        if !self.o.layers_per_ipu.is_empty() {
+            let one = OnnxOptions {
+                stages: Stages::One,
+                device_mapping: None,
+                ..self.oo.clone()
+            };
+            let so = self.o.session_options(&self.defaults, &self.name, 1)?;
+            let whole = compile_onnx(self.model, &so, &one)?;
+            self.oo.stages = Stages::After(layers_per_ipu(&whole, &self.o.layers_per_ipu)?);
+        }
+        Ok(())
+    }
+
+    /// The session options of a run on `stages` stages: the defaults depend on them (a
+    /// pipeline needs enough micro-batches per update to fill: the schedule's least under
+    /// PopART's rule, for its stages with a masked-LM head's).
+    fn options_for(&self, stages: usize) -> Result<SessionOptions, EstimateError> {
+        let o = self.o;
+        let mut so = o.session_options(&self.defaults, &self.name, stages)?;
+        if o.gradient_accumulation_count.is_none() && stages > 1 {
+            let piped = pipeline_stages(&self.probe, self.oo.loss, o.inference, stages);
+            so.gradient_accumulation_count =
+                least_accumulation(ONNX_ACCUMULATION_RULE, so.schedule, piped, !o.inference);
+        }
+        Ok(so)
+    }
+
+    /// The stages the options ask for, counted before compiling.
+    fn stage_guess(&self) -> usize {
+        match (&self.oo.stages, self.o.pipeline_ipus) {
+            (_, Some(n)) => n,
+            (Stages::After(v), None) => v.len() + 1,
+            _ => 1,
+        }
+    }
+
+    /// The estimate on the stages: split automatically over `pipeline_ipus`, or as placed.
+    /// The one-IPU profile an automatic split balances on is made once, and read from the
+    /// estimate itself when that is a one-IPU estimate that does not fit.
+    fn estimate(
+        &mut self,
+    ) -> Result<(OnnxCompiled, SystemEstimate, Option<SplitInfo>), EstimateError> {
+        let so = self.options_for(self.stage_guess())?;
+        Ok(match self.o.pipeline_ipus {
+            Some(n) => {
+                let p = self.profile.insert(profile(self.model, &so, &self.oo)?);
+                let s = split(self.model, &so, &self.oo, n, p)?;
+                (s.compiled, s.estimate, Some(s.info))
+            }
+            None => {
+                let c = compile_onnx(self.model, &so, &self.oo)?;
+                let e = c.estimate()?;
+                if !e.fits && is_profile_estimate(&so, &self.oo) {
+                    self.profile = Some(profile_of(&c, &e));
+                }
+                (c, e, None)
+            }
+        })
+    }
+
+    /// The fewest IPUs an automatic split fits on, searched from the estimate `e` just made
+    /// (its start, when it was of one IPU or of an automatic split).
+    fn search(&mut self, e: &SystemEstimate) -> Result<FewestIpus, EstimateError> {
+        let so = self.options_for(self.stage_guess())?;
+        let p = match self.profile.take() {
+            Some(p) => p,
+            None => profile(self.model, &so, &self.oo)?,
+        };
+        let known = match self.o.pipeline_ipus {
+            Some(n) => Some(n),
+            None => {
+                (matches!(self.oo.stages, Stages::Attributes) && e.ipus.len() == 1).then_some(1)
+            }
+        }
+        .zip(e.ipus.iter().map(|i| i.max_tile_bytes).max());
+        // The search's split on n IPUs is the run `pipeline_ipus = n` makes, with its options.
+        let by_stages = (0..=MAX_IPUS)
+            .map(|n| self.options_for(n.max(1)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let found = fewest_ipus(
+            self.model,
+            &|n| by_stages[n.min(MAX_IPUS)].clone(),
+            &self.oo,
+            &p,
+            known,
+        )?;
+        Ok(FewestIpus {
+            ipus: found.split.as_ref().map(|s| s.info.ipus),
+            limit: MAX_IPUS,
+            tried_up_to: found.tried_up_to,
+            stopped: found.stopped,
+            unrunnable: found
+                .unrunnable
+                .map(|(n, why)| format!("the split on {n} IPUs cannot run: {why}")),
+            boundaries: found.split.map(|s| s.info.boundaries).unwrap_or_default(),
+        })
+    }
 }
 
 /// The names of `model`'s float64 graph inputs, outputs and initializers.
