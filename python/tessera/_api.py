@@ -1,5 +1,6 @@
 """The package's functions and types over the native module (``tessera._native``)."""
 
+import copy
 import inspect
 import io
 import json
@@ -299,8 +300,9 @@ class Estimate:
             raise oom
 
     def to_dict(self):
-        """The estimate as ``tessera estimate --json`` prints it."""
-        return json.loads(self._native.json())
+        """The estimate as ``tessera estimate --json`` prints it (a copy: changing it leaves
+        the estimate as it is)."""
+        return copy.deepcopy(self._dict)
 
     def to_json(self):
         """The estimate as the JSON ``tessera estimate --json`` prints."""

@@ -288,7 +288,11 @@ pub fn estimate_with(
             if options.onnx_only() {
                 return Err(EstimateError::Options("--pipeline-stages, --pipeline-ipus, --layers-per-ipu, --input-shape, --loss and --no-search apply to ONNX models; a model file places its layers with `stage`".into()));
             }
-            model_estimate(&source.load_model()?, options)
+            match source {
+                // A model already read is estimated as it is, not copied.
+                ModelSource::Model(m) => model_estimate(m, options),
+                _ => model_estimate(&source.load_model()?, options),
+            }
         }
     }
 }

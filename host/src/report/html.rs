@@ -78,7 +78,8 @@ pub fn html_fragment(report: &Report) -> String {
         .map(|l| format!(".tessera-report {l}\n"))
         .collect();
     let layers = &report.layers;
-    let shown = layers.len().min(NOTEBOOK_LAYERS);
+    let costed = costed_layers(layers).len();
+    let shown = costed.min(NOTEBOOK_LAYERS);
     let fragment = html! {
         div.tessera-report {
             style { (PreEscaped(css)) }
@@ -91,8 +92,8 @@ pub fn html_fragment(report: &Report) -> String {
             (ipu_table(e))
             h4 { "Pipeline stages" }
             (stage_table(e))
-            @if !layers.is_empty() {
-                h4 { "Layers (ONNX nodes): the " (shown) " with the most cycles of " (layers.len()) }
+            @if costed > 0 {
+                h4 { "Layers (ONNX nodes): the " (shown) " with the most cycles of " (costed) }
                 (layer_table_top(layers, NOTEBOOK_LAYERS))
             }
             h4 { "Memory per tile" }
@@ -231,13 +232,19 @@ fn layer_table(layers: &[crate::summary::LayerRow]) -> Markup {
     layer_table_top(layers, usize::MAX)
 }
 
-/// [`layer_table`] of the `top` layers with the most cycles.
-fn layer_table_top(layers: &[crate::summary::LayerRow], top: usize) -> Markup {
+/// The layers with cycles or memory, the most cycles first.
+fn costed_layers(layers: &[crate::summary::LayerRow]) -> Vec<&crate::summary::LayerRow> {
     let mut rows: Vec<_> = layers
         .iter()
         .filter(|r| r.forward_cycles + r.backward_cycles + r.weight_bytes + r.activation_bytes > 0)
         .collect();
     rows.sort_by_key(|r| std::cmp::Reverse(r.forward_cycles + r.backward_cycles));
+    rows
+}
+
+/// [`layer_table`] of the `top` layers with the most cycles.
+fn layer_table_top(layers: &[crate::summary::LayerRow], top: usize) -> Markup {
+    let mut rows = costed_layers(layers);
     rows.truncate(top);
     let headings = [
         "node",
