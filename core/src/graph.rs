@@ -462,6 +462,70 @@ impl<S: Storage> Graph<S> {
         self.push(n, Op::Variable { init }, shape, dtype, Roles::STATE)
     }
 
+    /// Appends a copy of node `id` of graph `from` (this graph's nodes or another's) in the
+    /// current stage, named `name`, with its roles, reading `f(o)` in place of each operand
+    /// `o`. Each operand read must have the shape and type of the one it replaces, so the
+    /// copy is as well-formed as the original (restaging a graph, as an importer's placement
+    /// of nodes in pipeline stages does, copies it node by node).
+    ///
+    /// # Errors
+    ///
+    /// [`GraphError::UnknownNode`] for an id of neither graph,
+    /// [`GraphError::ShapeMismatch`] / [`GraphError::DTypeMismatch`] for an operand unlike the
+    /// one it replaces, [`GraphError::BadAttribute`] for an update (it writes its operands and
+    /// is never copied), and the name errors of every builder.
+    pub fn push_copy<T: Storage>(
+        &mut self,
+        from: &Graph<T>,
+        id: NodeId,
+        name: &str,
+        f: &mut dyn FnMut(NodeId) -> NodeId,
+    ) -> Result<NodeId, GraphError> {
+        let src = from
+            .get(id)
+            .ok_or(GraphError::UnknownNode { index: id.index() })?;
+        let n = self.check_name(name)?;
+        let mut bad: Option<GraphError> = None;
+        let op = src.op.map_operands(&mut |o| {
+            let to = f(o);
+            if bad.is_some() {
+                return to;
+            }
+            let (Some(was), Some(now)) = (from.get(o), self.get(to)) else {
+                bad = Some(GraphError::UnknownNode { index: to.index() });
+                return to;
+            };
+            if was.shape != now.shape {
+                bad = Some(GraphError::ShapeMismatch {
+                    node: n.clone(),
+                    op: src.op.name(),
+                    rule: "a copy reads operands of the original's shapes",
+                    left: was.shape,
+                    right: now.shape,
+                });
+            } else if was.dtype != now.dtype {
+                bad = Some(GraphError::DTypeMismatch {
+                    node: n.clone(),
+                    op: src.op.name(),
+                    expected: "the original operand's type",
+                    found: now.dtype,
+                });
+            }
+            to
+        });
+        let Some(op) = op else {
+            return Err(GraphError::BadAttribute {
+                node: n,
+                op: src.op.name(),
+                rule: "an update writes its operands and is never copied",
+            });
+        };
+        if let Some(e) = bad {
+            return Err(e);
+        }
+        self.push(n, op, src.shape, src.dtype, src.roles)
+    }
+
     /// A constant tensor, every element `value`.
     pub fn constant(
         &mut self,
@@ -473,5 +537,64 @@ impl<S: Storage> Graph<S> {
         let n = self.check_name(name)?;
         let shape = Self::shape_of(name, dims)?;
         self.push(n, Op::Constant { value }, shape, dtype, Roles::CONSTANT)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Fixed;
+
+    /// A copy reads the operands it is given, keeps the op, shape, type and roles, and takes
+    /// the current stage.
+    #[test]
+    fn a_copy_reads_the_operands_given_in_the_current_stage() {
+        let mut g: Graph<Fixed<16>> = Graph::new();
+        let x = g.input("x", &[2, 3], DType::F32).unwrap();
+        let w = g.variable("w", &[3, 4], DType::F32, Init::Zeros).unwrap();
+        let y = g.matmul("y", x, w).unwrap();
+        let mut h: Graph<Fixed<16>> = Graph::new();
+        let x2 = h.push_copy(&g, x, "x", &mut |o| o).unwrap();
+        h.set_stage(1).unwrap();
+        let w2 = h.push_copy(&g, w, "w@stage1", &mut |o| o).unwrap();
+        let y2 = h
+            .push_copy(&g, y, "y", &mut |o| if o == w { w2 } else { x2 })
+            .unwrap();
+        assert_eq!(h.node(y2).op().operands().as_slice(), &[x2, w2]);
+        assert_eq!(h.node(y2).shape(), g.node(y).shape());
+        assert_eq!(h.node(w2).roles(), Roles::TRAINABLE);
+        assert_eq!((h.node(x2).stage(), h.node(y2).stage()), (0, 1));
+    }
+
+    /// An operand of another shape or type, an unknown id or a name taken is an error,
+    /// never a malformed graph.
+    #[test]
+    fn a_copy_of_other_shapes_or_names_is_refused() {
+        let mut g: Graph<Fixed<16>> = Graph::new();
+        let x = g.input("x", &[2, 3], DType::F32).unwrap();
+        let w = g.variable("w", &[3, 4], DType::F32, Init::Zeros).unwrap();
+        let y = g.matmul("y", x, w).unwrap();
+        let mut h: Graph<Fixed<16>> = Graph::new();
+        let x2 = h.push_copy(&g, x, "x", &mut |o| o).unwrap();
+        let v = h.variable("v", &[3, 5], DType::F32, Init::Zeros).unwrap();
+        let i = h.input("i", &[3, 4], DType::I32).unwrap();
+        let shape = h.push_copy(&g, y, "y", &mut |o| if o == w { v } else { x2 });
+        assert!(
+            matches!(shape, Err(GraphError::ShapeMismatch { .. })),
+            "{shape:?}"
+        );
+        let dtype = h.push_copy(&g, y, "y", &mut |o| if o == w { i } else { x2 });
+        assert!(
+            matches!(dtype, Err(GraphError::DTypeMismatch { .. })),
+            "{dtype:?}"
+        );
+        let unknown = h.push_copy(&g, y, "y", &mut |_| NodeId::from_index(99));
+        assert!(matches!(
+            unknown,
+            Err(GraphError::UnknownNode { index: 99 })
+        ));
+        let taken = h.push_copy(&g, x, "x", &mut |o| o);
+        assert!(matches!(taken, Err(GraphError::DuplicateName { .. })));
+        assert_eq!(h.len(), 3, "nothing was added");
     }
 }

@@ -302,3 +302,156 @@ fn the_light_zoo_models_estimate_as_shipped() {
         }
     }
 }
+
+/// An estimate imports its model once: the stages asked for, an automatic split's attempts
+/// and the search for the fewest IPUs are all placed in copies of that import. Rebinding a
+/// batch the file fixes adds one shape pass at the file's batch (the shapes written into the
+/// file that rebinding rescales). Counted on this thread, where the estimate runs.
+#[test]
+fn an_estimate_imports_its_model_once() {
+    use tessera_host::estimation::{estimate_with, EstimateOptions, ModelSource, Progress};
+    use tessera_host::onnx::import_count;
+    let bert = ModelSource::OnnxFile(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/onnx/bert_base.stripped.onnx"),
+    );
+    let cases = [
+        // The file's batch (1) on one IPU: it does not fit, and the search for the fewest
+        // IPUs tries automatic splits.
+        (
+            "the file's batch with the search",
+            EstimateOptions::default(),
+            0,
+        ),
+        (
+            "batch 8 split over 4 IPUs",
+            EstimateOptions {
+                batch_size: Some(8),
+                pipeline_ipus: Some(4),
+                ..EstimateOptions::default()
+            },
+            1,
+        ),
+    ];
+    for (what, options, shape_passes) in cases {
+        let before = import_count();
+        let mut searched = false;
+        let e = estimate_with(&bert, &options, &mut |p| {
+            searched |= matches!(p, Progress::Searching { .. })
+        })
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let after = import_count();
+        assert_eq!(after.imports - before.imports, 1, "{what}: imports");
+        assert_eq!(
+            after.shape_passes - before.shape_passes,
+            shape_passes,
+            "{what}: shape passes"
+        );
+        let facts = e.onnx.as_ref().expect("ONNX facts");
+        if options.pipeline_ipus.is_none() {
+            assert!(
+                searched && facts.fewest_ipus.is_some(),
+                "{what}: the search ran"
+            );
+        } else {
+            assert_eq!(facts.split.as_ref().map(|s| s.ipus), Some(4), "{what}");
+        }
+    }
+}
+
+mod staging {
+    use std::collections::HashMap;
+
+    use proptest::prelude::*;
+    use tessera_core::Plan;
+    use tessera_host::onnx::{ImportOptions, OnnxGraph, OnnxModel, Stages};
+
+    /// Models whose weights are read by several nodes (products sharing a weight, a layer
+    /// norm's scale read twice), so that stage boundaries between their readers copy them.
+    fn shared() -> Vec<OnnxModel> {
+        [
+            "../tests/fixtures/onnx/einsum.onnx",
+            "../data/onnx/bert_tiny.stripped.onnx",
+        ]
+        .iter()
+        .map(|p| {
+            OnnxModel::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(p))
+                .expect("loads")
+        })
+        .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        /// Any placement of a model's nodes in stages (each node in its ONNX node's stage,
+        /// stages in graph order) keeps the import's nodes and adds, for each weight, one
+        /// variable per other stage that reads it; no node reads a variable of another
+        /// stage; and the graph plans.
+        #[test]
+        fn stages_copy_shared_weights_into_each_stage_that_reads_them(
+            which in 0usize..2,
+            cuts in proptest::collection::vec(0.0f64..1.0, 0..4),
+        ) {
+            let models = shared();
+            let m = &models[which];
+            let og = OnnxGraph::import(m, &ImportOptions::default()).expect("imports");
+            let n = m.graph().node.len();
+            let mut at: Vec<usize> = cuts.iter().map(|c| (c * n as f64) as usize).collect();
+            at.sort_unstable();
+            let per_node: Vec<usize> =
+                (0..n).map(|i| at.iter().filter(|&&c| c < i).count()).collect();
+            let (g, imp) = og.staged(&Stages::PerNode(per_node.clone())).expect("stages");
+            let one = og.imported();
+            for (l, layer) in imp.layers.iter().enumerate() {
+                prop_assert_eq!(layer.stage, per_node[l]);
+                for k in layer.first..layer.end {
+                    prop_assert_eq!(g.nodes()[k].stage(), per_node[l], "node {}", k);
+                }
+            }
+            // Which stages read each variable (by its weight's name).
+            let base = |name: &str| name.split("@stage").next().unwrap_or(name).to_string();
+            let mut readers: HashMap<String, Vec<usize>> = HashMap::new();
+            for n in g.nodes() {
+                for &o in n.op().operands().as_slice() {
+                    let v = g.node(o);
+                    if v.op().is_state() && v.roles().contains(tessera_core::Roles::TRAINABLE) {
+                        prop_assert_eq!(v.stage(), n.stage(), "`{}` reads `{}`", n.name(), v.name());
+                        let r = readers.entry(base(v.name())).or_default();
+                        if !r.contains(&n.stage()) {
+                            r.push(n.stage());
+                        }
+                    }
+                }
+            }
+            let copies: usize = readers.values().map(|r| r.len() - 1).sum();
+            let held = g.nodes().iter().filter(|n| n.name().contains("@stage")).count();
+            prop_assert_eq!(held, copies);
+            prop_assert_eq!(g.len(), one_stage_len(&og) + copies);
+            prop_assert_eq!(imp.state.len(), one.state.len() + copies);
+            prop_assert!(Plan::new(&g).is_ok());
+            prop_assert_eq!(imp.stages, per_node.last().map_or(1, |s| s + 1));
+        }
+    }
+
+    fn one_stage_len(og: &OnnxGraph<'_>) -> usize {
+        og.staged(&Stages::One).expect("one stage").0.len()
+    }
+
+    /// A boundary between two readers of a weight copies it (the property above sees
+    /// copies, not only placements without them).
+    #[test]
+    fn a_boundary_between_readers_copies_their_weight() {
+        let models = shared();
+        let og = OnnxGraph::import(&models[0], &ImportOptions::default()).expect("imports");
+        let n = models[0].graph().node.len();
+        let (g, _) = og
+            .staged(&Stages::PerNode((0..n).collect()))
+            .expect("stages");
+        let held = g
+            .nodes()
+            .iter()
+            .filter(|n| n.name().contains("@stage"))
+            .count();
+        assert!(held > 0, "no weight was copied");
+    }
+}

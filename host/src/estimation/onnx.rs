@@ -10,10 +10,10 @@ use tessera_sim::system::SystemEstimate;
 
 use super::{EstimateError, EstimateOptions, Estimation, Progress};
 use crate::model::TrainingDefaults;
-use crate::onnx::{OnnxModel, Stages};
+use crate::onnx::{ImportOptions, OnnxGraph, OnnxModel, Stages};
 use crate::report::format::{bytes, count};
 use crate::session::onnx::{
-    compile_onnx, layer_rows, pipeline_stages, LayerRow, LossKind, OnnxCompiled, OnnxOptions,
+    compile_imported, layer_rows, pipeline_stages, LayerRow, LossKind, OnnxCompiled, OnnxOptions,
     ONNX_ACCUMULATION_RULE,
 };
 use crate::session::split::{
@@ -139,16 +139,15 @@ pub(super) fn estimate(
     })
 }
 
-/// What an ONNX estimate works out before and between its compiles: the model, the options,
-/// the file's batch and what the loss adds (a probe import), the stages, and the one-IPU
-/// profile that automatic splits balance on once it is made.
+/// What an ONNX estimate works out before and between its compiles: the model imported once,
+/// the options, the file's batch (the default batch size) and what the loss adds, the stages,
+/// and the one-IPU profile that automatic splits balance on once it is made.
 struct Job<'a> {
-    model: &'a OnnxModel,
     o: &'a EstimateOptions,
     /// The model's name.
     name: String,
-    /// The import at the asked batch as one stage: the file's batch and the loss's stages.
-    probe: crate::onnx::Imported,
+    /// The model imported once, in one stage: every compile places its stages in a copy.
+    og: OnnxGraph<'a>,
     /// The file's batch as the default batch size.
     defaults: TrainingDefaults,
     /// How the model is compiled (its stages resolved by [`Job::stages`]).
@@ -158,26 +157,23 @@ struct Job<'a> {
 }
 
 impl<'a> Job<'a> {
-    /// The probe import and the compile options before the stages are resolved.
+    /// The import and the compile options before the stages are resolved.
     fn new(model: &'a OnnxModel, o: &'a EstimateOptions) -> Result<Self, EstimateError> {
         let name = model.name();
-        // The file's batch is the default batch size; the probe also tells what the loss
-        // adds.
-        let probe = {
-            let mut g = tessera_core::Graph::<tessera_sim::Heap>::new();
-            crate::onnx::import(
-                model,
-                &mut g,
-                &crate::onnx::ImportOptions {
-                    stages: Stages::One,
-                    batch_size: o.batch_size,
-                    input_shapes: o.input_shapes.clone(),
-                    ..Default::default()
-                },
-            )?
-        };
+        // At the batch asked for, else the file's (which is then the default batch size).
+        let og = OnnxGraph::import(
+            model,
+            &ImportOptions {
+                batch_size: o.batch_size,
+                dtype: o.dtype,
+                training: !o.inference,
+                stages: Stages::One,
+                input_shapes: o.input_shapes.clone(),
+                known_inputs: Vec::new(),
+            },
+        )?;
         let defaults = TrainingDefaults {
-            batch_size: Some(probe.file_batch),
+            batch_size: Some(og.imported().file_batch),
             ..TrainingDefaults::default()
         };
         let stages = if !o.pipeline_stages.is_empty() {
@@ -195,10 +191,9 @@ impl<'a> Job<'a> {
             input_shapes: o.input_shapes.clone(),
         };
         Ok(Job {
-            model,
             o,
             name,
-            probe,
+            og,
             defaults,
             oo,
             profile: None,
@@ -220,7 +215,7 @@ impl<'a> Job<'a> {
                 ..self.oo.clone()
             };
             let so = self.o.session_options(&self.defaults, &self.name, 1)?;
-            let whole = compile_onnx(self.model, &so, &one)?;
+            let whole = compile_imported(&self.og, &so, &one)?;
             self.oo.stages = Stages::After(layers_per_ipu(&whole, &self.o.layers_per_ipu)?);
         }
         Ok(())
@@ -233,7 +228,7 @@ impl<'a> Job<'a> {
         let o = self.o;
         let mut so = o.session_options(&self.defaults, &self.name, stages)?;
         if o.gradient_accumulation_count.is_none() && stages > 1 {
-            let piped = pipeline_stages(&self.probe, self.oo.loss, o.inference, stages);
+            let piped = pipeline_stages(self.og.imported(), self.oo.loss, o.inference, stages);
             so.gradient_accumulation_count =
                 least_accumulation(ONNX_ACCUMULATION_RULE, so.schedule, piped, !o.inference);
         }
@@ -258,12 +253,12 @@ impl<'a> Job<'a> {
         let so = self.options_for(self.stage_guess())?;
         Ok(match self.o.pipeline_ipus {
             Some(n) => {
-                let p = self.profile.insert(profile(self.model, &so, &self.oo)?);
-                let s = split(self.model, &so, &self.oo, n, p)?;
+                let p = self.profile.insert(profile(&self.og, &so, &self.oo)?);
+                let s = split(&self.og, &so, &self.oo, n, p)?;
                 (s.compiled, s.estimate, Some(s.info))
             }
             None => {
-                let c = compile_onnx(self.model, &so, &self.oo)?;
+                let c = compile_imported(&self.og, &so, &self.oo)?;
                 let e = c.estimate()?;
                 if !e.fits && is_profile_estimate(&so, &self.oo) {
                     self.profile = Some(profile_of(&c, &e));
@@ -279,7 +274,7 @@ impl<'a> Job<'a> {
         let so = self.options_for(self.stage_guess())?;
         let p = match self.profile.take() {
             Some(p) => p,
-            None => profile(self.model, &so, &self.oo)?,
+            None => profile(&self.og, &so, &self.oo)?,
         };
         let known = match self.o.pipeline_ipus {
             Some(n) => Some(n),
@@ -293,7 +288,7 @@ impl<'a> Job<'a> {
             .map(|n| self.options_for(n.max(1)))
             .collect::<Result<Vec<_>, _>>()?;
         let found = fewest_ipus(
-            self.model,
+            &self.og,
             &|n| by_stages[n.min(MAX_IPUS)].clone(),
             &self.oo,
             &p,

@@ -27,7 +27,7 @@ use tessera_core::{DType, GraphError, NodeId};
 
 pub use consts::{Elem, Missing};
 pub use import::ops::{converters, markdown_table as op_table_markdown, Converter, Family};
-pub use import::{import, supported_ops, Stages};
+pub use import::{import, import_count, supported_ops, ImportCount, OnnxGraph, Stages};
 
 /// An op type the importer does not read, as [`OnnxError::UnsupportedOps`] lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]

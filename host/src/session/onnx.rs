@@ -12,7 +12,7 @@ use tessera_sim::machine::IpuConfig;
 use tessera_sim::system::{estimate_system, SystemEstimate, SystemOptions};
 
 use super::{check_options, opt_err, Heap, SessionError, SessionOptions};
-use crate::onnx::{import, ImportOptions, Imported, OnnxModel, Stages};
+use crate::onnx::{import, ImportOptions, Imported, OnnxGraph, OnnxModel, Stages};
 
 /// The loss a training estimate of an imported model adds to its (first) output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize)]
@@ -125,24 +125,64 @@ pub fn compile_onnx(
     oo: &OnnxOptions,
 ) -> Result<OnnxCompiled, SessionError> {
     check_options(so)?;
-    let mut g: Graph<Heap> = Graph::new();
+    let og = OnnxGraph::import(model, &import_options(so, oo))?;
+    compile_imported(&og, so, oo)
+}
+
+/// The import a session of `so` and `oo` compiles (in one stage: the compile places the
+/// stages).
+pub fn import_options(so: &SessionOptions, oo: &OnnxOptions) -> ImportOptions {
+    ImportOptions {
+        batch_size: Some(so.batch_size),
+        dtype: so.dtype,
+        training: !oo.inference,
+        stages: Stages::One,
+        input_shapes: oo.input_shapes.clone(),
+        known_inputs: Vec::new(),
+    }
+}
+
+/// [`compile_onnx`] of a model imported already: its nodes placed in the stages `oo` asks
+/// for, the loss and backward pass added for training, planned. Every compile of an estimate
+/// (the split's attempts, the search's) reads the one import.
+///
+/// # Errors
+///
+/// As [`compile_onnx`]; [`SessionError::Option`] when `og` was imported at another batch
+/// size, element type or input shape, or for inference where `so` trains (or the reverse).
+pub fn compile_imported(
+    og: &OnnxGraph<'_>,
+    so: &SessionOptions,
+    oo: &OnnxOptions,
+) -> Result<OnnxCompiled, SessionError> {
+    check_options(so)?;
+    let have = og.options();
+    if og.imported().batch != so.batch_size
+        || have.dtype != so.dtype
+        || have.training == oo.inference
+        || have.input_shapes != oo.input_shapes
+    {
+        return Err(opt_err(
+            "--batch-size",
+            format!(
+                "the model was imported at batch {} in {:?} for {} with input shapes {:?}; compiling it at batch {} in {:?} for {} with {:?} needs an import of its own",
+                og.imported().batch,
+                have.dtype,
+                if have.training { "training" } else { "inference" },
+                have.input_shapes,
+                so.batch_size,
+                so.dtype,
+                if oo.inference { "inference" } else { "training" },
+                oo.input_shapes
+            ),
+        ));
+    }
     let stages = if so.no_pipelining {
         Stages::One
     } else {
         oo.stages.clone()
     };
-    let imported = import(
-        model,
-        &mut g,
-        &ImportOptions {
-            batch_size: Some(so.batch_size),
-            dtype: so.dtype,
-            training: !oo.inference,
-            stages,
-            input_shapes: oo.input_shapes.clone(),
-            known_inputs: Vec::new(),
-        },
-    )?;
+    let (mut g, imported) = og.staged(&stages)?;
     let model_stages = g.stage_count();
     let mut head = None;
     let (loss, loss_kind) = if oo.inference {

@@ -36,10 +36,10 @@ use serde::Serialize;
 use tessera_sim::system::SystemEstimate;
 
 use super::onnx::{
-    compile_onnx, head_cycles, layer_rows, OnnxCompiled, OnnxOptions, ONNX_ACCUMULATION_RULE,
+    compile_imported, head_cycles, layer_rows, OnnxCompiled, OnnxOptions, ONNX_ACCUMULATION_RULE,
 };
 use super::{opt_err, SessionError, SessionOptions};
-use crate::onnx::{OnnxModel, Stages};
+use crate::onnx::{OnnxGraph, Stages};
 
 /// Splits the memory cap shrinks through before the split is given as it is.
 pub const RETRIES: usize = 5;
@@ -213,13 +213,13 @@ impl Profile {
     }
 }
 
-/// Estimates `model` on one IPU and reads every node's cycles and weight bytes.
+/// Estimates the imported model on one IPU and reads every node's cycles and weight bytes.
 ///
 /// # Errors
 ///
-/// As [`compile_onnx`].
+/// As [`compile_imported`].
 pub fn profile(
-    model: &OnnxModel,
+    og: &OnnxGraph<'_>,
     so: &SessionOptions,
     oo: &OnnxOptions,
 ) -> Result<Profile, SessionError> {
@@ -240,7 +240,7 @@ pub fn profile(
             .fold(f64::INFINITY, f64::min);
         so1.available_memory_proportion = vec![least];
     }
-    let mut c = compile_onnx(model, &so1, &one)?;
+    let mut c = compile_imported(og, &so1, &one)?;
     // The profile is of cycles: the split checks each stage's memory itself.
     c.system.memory = false;
     let e = c.estimate()?;
@@ -444,16 +444,16 @@ pub fn check_pipeline_ipus(n: usize) -> Result<(), SessionError> {
     }
 }
 
-/// Splits `model` into `n` stages on `n` IPUs (see the module's documentation).
+/// Splits the imported model into `n` stages on `n` IPUs (see the module's documentation).
 ///
 /// # Errors
 ///
 /// [`SessionError::Option`] when the model has fewer nodes than stages or no split keeps
 /// its weights under an IPU's memory (when a retry's smaller cap leaves no split, the best
 /// attempt's split is returned instead); import and estimate errors as
-/// [`compile_onnx`].
+/// [`compile_imported`].
 pub fn split(
-    model: &OnnxModel,
+    og: &OnnxGraph<'_>,
     so: &SessionOptions,
     oo: &OnnxOptions,
     n: usize,
@@ -502,7 +502,7 @@ pub fn split(
             device_mapping: None,
             ..oo.clone()
         };
-        let compiled = compile_onnx(model, so, &per)?;
+        let compiled = compile_imported(og, so, &per)?;
         let estimate = compiled.estimate()?;
         let bounds: Vec<usize> = part.starts.iter().skip(1).copied().collect();
         let boundaries = bounds
@@ -647,7 +647,7 @@ pub struct FewestIpus {
 /// As [`split`], except that splits that cannot be made (an option out of range on that
 /// many IPUs) count as not fitting.
 pub fn fewest_ipus(
-    model: &OnnxModel,
+    og: &OnnxGraph<'_>,
     options_for: &dyn Fn(usize) -> SessionOptions,
     oo: &OnnxOptions,
     profile: &Profile,
@@ -655,7 +655,7 @@ pub fn fewest_ipus(
 ) -> Result<FewestIpus, SessionError> {
     // The split on n IPUs, and its fullest tile's bytes when it was made.
     let try_n = |n: usize| -> Result<(Option<Split>, Option<u64>), SessionError> {
-        match split(model, &options_for(n), oo, n, profile) {
+        match split(og, &options_for(n), oo, n, profile) {
             Ok(s) => {
                 let worst = fullest_tile(&s);
                 Ok((s.estimate.fits.then_some(s), worst))

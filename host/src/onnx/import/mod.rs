@@ -73,9 +73,14 @@ macro_rules! chk {
     }};
 }
 
+mod count;
 mod fold;
 pub mod ops;
+mod staging;
 pub mod versions;
+
+pub use count::{import_count, ImportCount};
+pub use staging::OnnxGraph;
 
 /// The ONNX ops the importer reads (default domain), sorted: the registry's.
 pub fn supported_ops() -> Vec<&'static str> {
@@ -92,6 +97,19 @@ pub fn import(
     g: &mut Graph<Heap>,
     opts: &ImportOptions,
 ) -> Result<Imported, OnnxError> {
+    let base = g.len();
+    let (mut imported, placements) = import_unstaged(model, g, opts)?;
+    staging::stage(model, g, base, &mut imported, &placements, &opts.stages)?;
+    Ok(imported)
+}
+
+/// Imports `model` into `g` in the stage `g` is in, with what placing its nodes in stages
+/// needs.
+fn import_unstaged(
+    model: &OnnxModel,
+    g: &mut Graph<Heap>,
+    opts: &ImportOptions,
+) -> R<(Imported, staging::Placements)> {
     let graph = model.graph();
     super::validate_graph(graph)?;
     // A negative size is neither a size nor a symbol (onnx.checker refuses it too).
@@ -149,22 +167,16 @@ pub fn import(
     let original = match file_batch {
         Some(fb) if fb != batch => {
             let mut scratch: Graph<Heap> = Graph::new();
-            let first = Importer::new(model, &mut scratch, opts, fb, fb, None, &batch_axes)?
-                .run(&vec![0; graph.node.len()])?;
+            count::shape_pass();
+            let (first, _) =
+                Importer::new(model, &mut scratch, opts, fb, fb, None, &batch_axes)?.run()?;
             Some(first.shapes)
         }
         _ => None,
     };
-    let stages = stage_of(model, &opts.stages)?;
-    let device_mapping = match opts.stages {
-        Stages::Attributes => ipu_mapping(model, &stages),
-        _ => None,
-    };
     let fb = file_batch.unwrap_or(batch);
-    let mut imported =
-        Importer::new(model, g, opts, batch, fb, original.as_ref(), &batch_axes)?.run(&stages)?;
-    imported.device_mapping = device_mapping;
-    Ok(imported)
+    count::import();
+    Importer::new(model, g, opts, batch, fb, original.as_ref(), &batch_axes)?.run()
 }
 
 /// The batch axis of each graph input: 0, or 1 for a sequence-first input of an LSTM
@@ -444,6 +456,36 @@ fn weight_slots(graph: &super::proto::GraphProto) -> HashSet<String> {
     out
 }
 
+/// A graph node name from `base` that no name in `used` is, cut to 64 bytes (`~k` added
+/// when cut or taken), added to `used`.
+fn fresh(used: &mut HashSet<String>, base: &str) -> String {
+    let limit = 64;
+    let mut stem: String = if base.len() > limit {
+        let mut cut = limit;
+        while !base.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        base[..cut].to_string()
+    } else if base.is_empty() {
+        "tensor".to_string()
+    } else {
+        base.to_string()
+    };
+    if stem.len() != base.len() || used.contains(&stem) {
+        let root = stem.clone();
+        let mut k = 1;
+        loop {
+            stem = format!("{root}~{k}");
+            if !used.contains(&stem) {
+                break;
+            }
+            k += 1;
+        }
+    }
+    used.insert(stem.clone());
+    stem
+}
+
 /// A node's attribute.
 fn attr<'a>(node: &'a NodeProto, name: &str) -> Option<&'a AttributeProto> {
     node.attribute
@@ -461,11 +503,15 @@ struct Importer<'a> {
     batch_axes: &'a HashMap<String, usize>,
     values: HashMap<String, Val>,
     weights: Vec<Weight>,
-    placed: HashMap<(usize, usize), NodeId>,
+    /// Each weight's variable, once placed.
+    placed: HashMap<usize, NodeId>,
+    /// Every read of a weight, for the placement of stages.
+    uses: Vec<staging::WeightUse>,
     state: Vec<StateValue>,
     embeddings: Vec<Embedding>,
     used: HashSet<String>,
-    stage: usize,
+    /// The ONNX node being converted (`None` before and after them).
+    layer: Option<usize>,
     /// Tensors that nodes read as weights (a light model's ConstantOfShape there is one).
     weight_slots: HashSet<String>,
     // The node being imported, for messages.
@@ -495,10 +541,11 @@ impl<'a> Importer<'a> {
             values: HashMap::new(),
             weights: Vec::new(),
             placed: HashMap::new(),
+            uses: Vec::new(),
             state: Vec::new(),
             embeddings: Vec::new(),
             used: HashSet::new(),
-            stage: 0,
+            layer: None,
             weight_slots: weight_slots(graph),
             node: String::new(),
             op: String::new(),
@@ -513,7 +560,9 @@ impl<'a> Importer<'a> {
         Ok(im)
     }
 
-    fn run(mut self, stages: &[usize]) -> R<Imported> {
+    /// Imports the model in one pipeline stage (the stage the graph is in); [`staging`]
+    /// places its nodes in stages.
+    fn run(mut self) -> R<(Imported, staging::Placements)> {
         let model = self.model;
         let graph = model.graph();
         let mut inputs = Vec::new();
@@ -583,11 +632,9 @@ impl<'a> Importer<'a> {
         self.check_ops()?;
         let mut layers = Vec::with_capacity(graph.node.len());
         let mut shapes: HashMap<String, Vec<usize>> = HashMap::new();
+        let stage = self.g.nodes().last().map_or(0, |n| n.stage());
         for (i, node) in graph.node.iter().enumerate() {
-            self.stage = stages[i];
-            self.g
-                .set_stage(self.stage)
-                .map_err(|e| self.graph_err(e))?;
+            self.layer = Some(i);
             self.node = node_name(node, i);
             self.op = node.op_type.clone().unwrap_or_default();
             let first = self.g.len();
@@ -604,9 +651,10 @@ impl<'a> Importer<'a> {
                 op: self.op.clone(),
                 first,
                 end: self.g.len(),
-                stage: self.stage,
+                stage,
             });
         }
+        self.layer = None;
         for i in &inputs {
             shapes.insert(i.name.clone(), i.dims.clone());
         }
@@ -645,8 +693,12 @@ impl<'a> Importer<'a> {
                 dims,
             });
         }
-        let count = stages.iter().copied().max().map_or(1, |s| s + 1);
-        Ok(Imported {
+        let placements = staging::Placements {
+            uses: self.uses,
+            placed: self.placed,
+            used: self.used,
+        };
+        let imported = Imported {
             inputs,
             outputs,
             layers,
@@ -655,9 +707,10 @@ impl<'a> Importer<'a> {
             embeddings: self.embeddings,
             batch: self.batch,
             file_batch: self.file_batch,
-            stages: count,
+            stages: stage + 1,
             device_mapping: None,
-        })
+        };
+        Ok((imported, placements))
     }
 
     /// Before converting anything: every op type of the graph that no converter reads (or
@@ -733,31 +786,7 @@ impl<'a> Importer<'a> {
 
     /// A graph node name from `base` that is unique and short enough.
     fn fresh(&mut self, base: &str) -> String {
-        let limit = 64;
-        let mut stem: String = if base.len() > limit {
-            let mut cut = limit;
-            while !base.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            base[..cut].to_string()
-        } else if base.is_empty() {
-            "tensor".to_string()
-        } else {
-            base.to_string()
-        };
-        if stem.len() != base.len() || self.used.contains(&stem) {
-            let root = stem.clone();
-            let mut k = 1;
-            loop {
-                stem = format!("{root}~{k}");
-                if !self.used.contains(&stem) {
-                    break;
-                }
-                k += 1;
-            }
-        }
-        self.used.insert(stem.clone());
-        stem
+        fresh(&mut self.used, base)
     }
 
     /// The graph element type of an ONNX element type.
@@ -980,19 +1009,20 @@ impl<'a> Importer<'a> {
         self.t(&v, &name)
     }
 
-    /// Weight `i` as a variable of the current stage (one per stage: a weight used on two
-    /// IPUs is held on each, as tied weights are).
+    /// Weight `i` as a variable, placed where it is first read. Every read is recorded:
+    /// when pipeline stages are placed, a weight read in several stages is held on each
+    /// ([`staging`]).
     fn place(&mut self, i: usize) -> R<NodeId> {
-        if let Some(&id) = self.placed.get(&(i, self.stage)) {
+        self.uses.push(staging::WeightUse {
+            weight: i,
+            at: self.g.len(),
+            layer: self.layer,
+        });
+        if let Some(&id) = self.placed.get(&i) {
             return Ok(id);
         }
         let w = self.weights[i].clone();
-        let base = if self.placed.keys().any(|&(j, _)| j == i) {
-            format!("{}@stage{}", w.name, self.stage)
-        } else {
-            w.name.clone()
-        };
-        let core = self.fresh(&base);
+        let core = self.fresh(&w.name);
         let dtype = self.opts.dtype;
         let id = if w.trainable {
             self.g.variable(&core, &w.dims, dtype, w.init)
@@ -1000,7 +1030,7 @@ impl<'a> Importer<'a> {
             self.g.state(&core, &w.dims, dtype, w.init)
         }
         .map_err(|e| self.graph_err(e))?;
-        self.placed.insert((i, self.stage), id);
+        self.placed.insert(i, id);
         self.state.push(StateValue {
             node: id,
             tensor: w.name,
