@@ -47,7 +47,7 @@ fn print_header(p: &Prepared, opts: &SessionOptions, data: &Mnist, source: &str)
         c.model.ipus(),
         opts.ipu.name(),
         opts.replicas,
-        c.options.schedule.name(),
+        c.target.options.schedule.name(),
         opts.batch_size,
         opts.gradient_accumulation_count,
         format!("{:?}", opts.optimizer).to_lowercase(),
@@ -157,7 +157,7 @@ pub fn run(a: TrainArgs) -> Result<bool, AnyError> {
     let data = load_data(&dir)?;
     let options = train_options(&a, model.training.epochs);
     let compiled = compile(&model, &opts)?;
-    let (name, machine) = (compiled.model.name.clone(), compiled.machine.clone());
+    let (name, machine) = (compiled.model.name.clone(), compiled.target.machine.clone());
     // Every check happens here, before anything is printed.
     let prepared = prepare(compiled, &data, &options)?;
     let quiet = a.json;

@@ -304,8 +304,8 @@ fn model_estimate(model: &Model, o: &EstimateOptions) -> Result<Estimation, Esti
         inference_estimate(model, &session)?
     } else {
         let mut c = compile(model, &session)?;
-        c.system.recompute = o.recompute;
-        c.estimate()?
+        c.target.system.recompute = o.recompute;
+        c.target.estimate()?
     };
     let machine = IpuConfig::preset(session.ipu);
     Ok(Estimation {

@@ -101,9 +101,9 @@ pub(super) fn estimate(
         });
         Some(job.search(&e)?)
     };
-    let machine = compiled.machine.clone();
-    let summary = EstimateSummary::new(&job.name, compiled.options.ipu, &machine, &e);
-    let g = compiled.plan.graph();
+    let machine = compiled.target.machine.clone();
+    let summary = EstimateSummary::new(&job.name, compiled.target.options.ipu, &machine, &e);
+    let g = compiled.target.plan.graph();
     let parameters: u64 = g
         .nodes()
         .iter()
@@ -131,7 +131,7 @@ pub(super) fn estimate(
         name: job.name,
         summary,
         estimate: e,
-        session: compiled.options.clone(),
+        session: compiled.target.options.clone(),
         machine,
         inference: o.inference,
         onnx: Some(facts),
@@ -259,7 +259,7 @@ impl<'a> Job<'a> {
             }
             None => {
                 let c = compile_imported(&self.og, &so, &self.oo)?;
-                let e = c.estimate()?;
+                let e = c.target.estimate()?;
                 if !e.fits && is_profile_estimate(&so, &self.oo) {
                     self.profile = Some(profile_of(&c, &e));
                 }

@@ -12,15 +12,16 @@ use std::path::Path;
 use serde::Serialize;
 use tessera_core::schedule::{overlap_length, Schedule};
 use tessera_core::{DType, Graph, NodeId, Plan};
-use tessera_sim::lower::LowerOptions;
-use tessera_sim::machine::IpuConfig;
 use tessera_sim::runner::{Observe, PipelineRunner};
-use tessera_sim::system::{estimate_system, SystemEstimate, SystemOptions};
+use tessera_sim::system::SystemEstimate;
 
 use super::checkpoint::load_checkpoint;
 use super::device::feed;
 use super::taps::read_first;
-use super::{check_fits, check_options, opt_err, placed, Heap, SessionError, SessionOptions};
+use super::{
+    check_fits, check_options, compile_graph, opt_err, placed, Heap, SessionError, SessionOptions,
+    Target,
+};
 use crate::dataset::{Batch, Dataset};
 use crate::idx::Mnist;
 use crate::infeed::InfeedQueue;
@@ -88,10 +89,9 @@ pub struct EvaluateReport {
 
 /// The forward pass compiled for inference.
 struct Inference {
-    plan: Plan<Heap>,
+    target: Target,
     output: NodeId,
     loss: Option<NodeId>,
-    schedule: Schedule,
     overlap: usize,
     k: usize,
     micro_batches: usize,
@@ -122,13 +122,15 @@ fn compile_inference(
     } else {
         None
     };
-    let plan = Plan::new(&g)?;
+    let mut target = compile_graph(
+        g,
+        so,
+        None,
+        model.device_mapping.clone(),
+        so.stage_memory_proportions(),
+    )?;
     let stages = model.stage_count();
-    let schedule = if stages == 1 {
-        Schedule::Sequential
-    } else {
-        so.schedule
-    };
+    let schedule = target.options.schedule;
     let overlap = overlap_length(schedule, stages, false);
     let (k, micro_batches) = choose_k(
         split,
@@ -139,28 +141,19 @@ fn compile_inference(
         stages,
         schedule,
     )?;
-    let machine = IpuConfig::preset(so.ipu);
-    let system = SystemOptions {
-        schedule,
-        device_mapping: model.device_mapping.clone(),
-        replicas: so.replicas,
-        micro_batch: b as u64,
-        inference_micro_batches: k,
-        lower: LowerOptions {
-            // Inference keeps no optimizer state to offload.
-            offload_optimizer_state: false,
-            ..so.lower_options()
-        },
-        stage_memory_proportions: so.stage_memory_proportions(),
-        allow_out_of_memory: true,
-        ..SystemOptions::default()
-    };
-    let estimate = estimate_system(&plan, &machine, &system)?;
+    // An execution runs K micro-batches (the evaluation's loop, not training's), and
+    // inference keeps no optimizer state to offload nor activations to stash.
+    let system = &mut target.system;
+    system.inference_micro_batches = k;
+    system.lower.offload_optimizer_state = false;
+    system.offload_activations = false;
+    system.steps_per_execution = None;
+    system.repeat_count = None;
+    let estimate = target.estimate()?;
     Ok(Inference {
-        plan,
+        target,
         output: built.output,
         loss,
-        schedule,
         overlap,
         k,
         micro_batches,
@@ -270,9 +263,14 @@ fn run_device(
     input_name: &str,
 ) -> Result<Outputs, SessionError> {
     let replicas = so.replicas;
-    let mut runner = PipelineRunner::inference(inf.plan.clone(), inf.schedule, replicas, inf.k)?;
+    let mut runner = PipelineRunner::inference(
+        inf.target.plan.clone(),
+        inf.target.options.schedule,
+        replicas,
+        inf.k,
+    )?;
     load_weights(&mut runner, replicas, weights)?;
-    let width = inf.plan.graph().node(inf.output).shape().elements() / so.batch_size;
+    let width = inf.target.plan.graph().node(inf.output).shape().elements() / so.batch_size;
     let executions = inf.micro_batches / inf.k;
     let per_execution = inf.k * replicas;
     let mut out = Outputs {

@@ -365,18 +365,99 @@ impl From<PlanError> for SessionError {
 pub struct Compiled {
     /// The model (pipelining removed if asked).
     pub model: Model,
-    /// The options.
-    pub options: SessionOptions,
-    /// The training plan.
-    pub plan: Plan<Heap>,
     /// What the model added to the graph.
     pub built: BuiltModel,
     /// The loss node.
     pub loss: NodeId,
+    /// The training plan, the machine and how the system runs it.
+    pub target: Target,
+}
+
+/// A graph compiled for the machine, as every session's compile ends ([`compile_graph`]):
+/// the plan, the machine, how the system runs it and the options as compiled.
+pub struct Target {
+    /// The plan (training or inference).
+    pub plan: Plan<Heap>,
     /// The machine.
     pub machine: IpuConfig,
     /// The system options of the estimate.
     pub system: SystemOptions,
+    /// The session options as compiled (one pipeline stage runs the Sequential schedule).
+    pub options: SessionOptions,
+}
+
+impl Target {
+    /// The estimate (produced even when a tile overflows: see `fits` and `out_of_memory`).
+    ///
+    /// # Errors
+    ///
+    /// [`SessionError::System`] for an invalid schedule, accumulation count, mapping or
+    /// execution size.
+    pub fn estimate(&self) -> Result<SystemEstimate, SessionError> {
+        Ok(estimate_system(&self.plan, &self.machine, &self.system)?)
+    }
+}
+
+/// The compile path every session shares once its front end (a model file's layers, an ONNX
+/// import) has built the forward graph `g` and its loss: for training (`train`: the loss and
+/// the front end's layers, which name recomputation checkpoints), the backward pass and the
+/// optimizer's updates, accumulated over `gradient_accumulation_count` micro-batches; the
+/// plan; the machine; the schedule (one pipeline stage runs Sequential: no overlap, so no
+/// schedule constraint on M); and the system options every estimate shares, with the
+/// stages' IPUs (`device_mapping`) and memory proportions. Front ends adjust what is theirs
+/// (an ONNX pipeline's accumulation rule, an evaluation's executions) on the result.
+///
+/// # Errors
+///
+/// [`SessionError::Graph`] / [`SessionError::Plan`] when the graph cannot be differentiated
+/// or planned, [`SessionError::Option`] for a checkpoint no node is named.
+pub(crate) fn compile_graph(
+    mut g: Graph<Heap>,
+    so: &SessionOptions,
+    train: Option<(NodeId, &[crate::onnx::Layer])>,
+    device_mapping: Option<Vec<usize>>,
+    stage_memory_proportions: Vec<f64>,
+) -> Result<Target, SessionError> {
+    if let Some((loss, layers)) = train {
+        // At most MAX_LOOP_COUNT (check_options).
+        let m = u32::try_from(so.gradient_accumulation_count).unwrap_or(u32::MAX);
+        differentiate(
+            &mut g,
+            loss,
+            so.optimizer.with_rate(so.learning_rate),
+            Accumulation {
+                // The weights' type unless asked (TensorFlow's `gradient_accumulation_dtype`).
+                dtype: so.accumulation_dtype,
+                ..Accumulation::new(m)
+            },
+            so.recompute_checkpoints.as_ref(),
+            layers,
+        )?;
+    }
+    let plan = Plan::new(&g)?;
+    let mut options = so.clone();
+    if g.stage_count() == 1 {
+        options.schedule = Schedule::Sequential;
+    }
+    let system = SystemOptions {
+        schedule: options.schedule,
+        device_mapping,
+        replicas: options.replicas,
+        micro_batch: options.batch_size as u64,
+        lower: options.lower_options(),
+        stage_memory_proportions,
+        offload_activations: options.offload_activations,
+        allow_out_of_memory: true,
+        steps_per_execution: options.steps_per_execution,
+        repeat_count: options.repeat_count,
+        ..SystemOptions::default()
+    };
+    Ok(Target {
+        plan,
+        machine: IpuConfig::preset(options.ipu),
+        system,
+        options,
+    })
 }
 
 /// A rayon pool for the device's kernels, one thread per core (or `RAYON_NUM_THREADS`): the
@@ -481,66 +562,24 @@ fn check_options(options: &SessionOptions) -> Result<(), SessionError> {
 pub fn compile(model: &Model, options: &SessionOptions) -> Result<Compiled, SessionError> {
     check_options(options)?;
     let model = placed(model, options);
-    // At most MAX_LOOP_COUNT (check_options).
-    let m = u32::try_from(options.gradient_accumulation_count).unwrap_or(u32::MAX);
     let mut g: Graph<Heap> = Graph::new();
     let built = model.build(&mut g, options.batch_size, options.dtype, true)?;
     let labels = g.input("labels", &[options.batch_size], DType::I32)?;
     let loss =
         g.sparse_categorical_crossentropy("loss", built.output, labels, !built.softmax_output)?;
-    differentiate(
-        &mut g,
-        loss,
-        options.optimizer.with_rate(options.learning_rate),
-        Accumulation {
-            // The weights' type unless asked (TensorFlow's `gradient_accumulation_dtype`).
-            dtype: options.accumulation_dtype,
-            ..Accumulation::new(m)
-        },
-        options.recompute_checkpoints.as_ref(),
-        &[],
+    let target = compile_graph(
+        g,
+        options,
+        Some((loss, &[])),
+        model.device_mapping.clone(),
+        options.stage_memory_proportions(),
     )?;
-    let plan = Plan::new(&g)?;
-    let machine = IpuConfig::preset(options.ipu);
-    // One stage is plain training: no overlap, so no schedule constraint on M.
-    let mut options = options.clone();
-    if model.stage_count() == 1 {
-        options.schedule = Schedule::Sequential;
-    }
-    let system = SystemOptions {
-        schedule: options.schedule,
-        device_mapping: model.device_mapping.clone(),
-        replicas: options.replicas,
-        micro_batch: options.batch_size as u64,
-        lower: options.lower_options(),
-        stage_memory_proportions: options.stage_memory_proportions(),
-        offload_activations: options.offload_activations,
-        allow_out_of_memory: true,
-        steps_per_execution: options.steps_per_execution,
-        repeat_count: options.repeat_count,
-        ..SystemOptions::default()
-    };
     Ok(Compiled {
         model,
-        options,
-        plan,
         built,
         loss,
-        machine,
-        system,
+        target,
     })
-}
-
-impl Compiled {
-    /// The estimate (produced even when a tile overflows: see `fits` and `out_of_memory`).
-    ///
-    /// # Errors
-    ///
-    /// [`SessionError::System`] for an invalid schedule, accumulation count, mapping or
-    /// execution size.
-    pub fn estimate(&self) -> Result<SystemEstimate, SessionError> {
-        Ok(estimate_system(&self.plan, &self.machine, &self.system)?)
-    }
 }
 
 #[cfg(test)]
@@ -561,7 +600,7 @@ mod tests {
                 ..SessionOptions::default()
             };
             let c = compile(&model, &options).unwrap();
-            let g = c.plan.graph();
+            let g = c.target.plan.graph();
             let found: Vec<DType> = g
                 .nodes()
                 .iter()

@@ -6,12 +6,11 @@
 use std::collections::HashMap;
 
 use serde::Serialize;
-use tessera_core::schedule::{overlap_length, AccumulationRule, Schedule};
-use tessera_core::{Accumulation, DType, Graph, Init, NodeId, Plan, Roles};
-use tessera_sim::machine::IpuConfig;
-use tessera_sim::system::{estimate_system, SystemEstimate, SystemOptions};
+use tessera_core::schedule::{overlap_length, AccumulationRule};
+use tessera_core::{DType, Graph, Init, NodeId, Plan, Roles};
+use tessera_sim::system::SystemEstimate;
 
-use super::{check_options, opt_err, Heap, SessionError, SessionOptions};
+use super::{check_options, compile_graph, opt_err, Heap, SessionError, SessionOptions, Target};
 use crate::onnx::{import, ImportOptions, Imported, OnnxGraph, OnnxModel, Stages};
 
 /// The loss a training estimate of an imported model adds to its (first) output.
@@ -83,20 +82,14 @@ impl Default for OnnxOptions {
 pub struct OnnxCompiled {
     /// What the import made.
     pub imported: Imported,
-    /// The plan (training or inference).
-    pub plan: Plan<Heap>,
     /// The loss node (training).
     pub loss: Option<NodeId>,
     /// The loss that was added (training).
     pub loss_kind: Option<LossKind>,
     /// The masked-LM head, when the loss added one.
     pub head: Option<MlmHead>,
-    /// The machine.
-    pub machine: IpuConfig,
-    /// The system options of the estimate.
-    pub system: SystemOptions,
-    /// The session options.
-    pub options: SessionOptions,
+    /// The plan (training or inference), the machine and how the system runs it.
+    pub target: Target,
 }
 
 /// A masked-LM head the loss added: a projection onto the token embedding's table (tied).
@@ -184,108 +177,72 @@ pub fn compile_imported(
     };
     let (mut g, imported) = og.staged(&stages)?;
     let model_stages = g.stage_count();
-    let mut head = None;
-    let (loss, loss_kind) = if oo.inference {
-        (None, None)
+    let (loss, loss_kind, head) = if oo.inference {
+        (None, None, None)
     } else {
-        let (loss, kind, h) = add_loss(&mut g, &imported, oo.loss, oo.mask_tokens, so.dtype)?;
-        head = h;
-        // At most MAX_LOOP_COUNT (check_options).
-        let m = u32::try_from(so.gradient_accumulation_count).unwrap_or(u32::MAX);
-        super::differentiate(
-            &mut g,
-            loss,
-            so.optimizer.with_rate(so.learning_rate),
-            Accumulation {
-                dtype: so.accumulation_dtype,
-                ..Accumulation::new(m)
-            },
-            so.recompute_checkpoints.as_ref(),
-            &imported.layers,
-        )?;
-        (Some(loss), Some(kind))
+        let (loss, kind, head) = add_loss(&mut g, &imported, oo.loss, oo.mask_tokens, so.dtype)?;
+        (Some(loss), Some(kind), head)
     };
-    let plan = Plan::new(&g)?;
-    let machine = IpuConfig::preset(so.ipu);
-    let stages = g.stage_count();
-    let schedule = if stages == 1 {
-        Schedule::Sequential
-    } else {
-        so.schedule
-    };
-    let overlap = overlap_length(schedule, stages, false);
-    let mut device_mapping = match &oo.device_mapping {
-        Some(m) => {
-            if m.len() != model_stages {
-                return Err(opt_err(
-                    "--device-mapping",
-                    format!(
-                        "has {} entries for {model_stages} pipeline stages (one IPU per stage)",
-                        m.len()
-                    ),
-                ));
-            }
-            if let Some(missing) =
-                (0..=m.iter().copied().max().unwrap_or(0)).find(|i| !m.contains(i))
-            {
-                return Err(opt_err(
-                    "--device-mapping",
-                    format!("{m:?} leaves IPU {missing} without a stage; number the IPUs from 0 without gaps"),
-                ));
-            }
-            Some(m.clone())
-        }
+    let device_mapping = match &oo.device_mapping {
+        Some(m) => Some(check_device_mapping(m, model_stages)?),
         None => imported.device_mapping.clone(),
     };
-    let mut stage_memory_proportions = so.stage_memory_proportions();
+    let mut target = compile_graph(
+        g,
+        so,
+        loss.map(|l| (l, &imported.layers[..])),
+        device_mapping,
+        so.stage_memory_proportions(),
+    )?;
     // A tied masked-LM head is a stage of its own on its embedding's IPU, planned with that
     // stage's proportion.
     if let Some(e) = head.as_ref().and_then(|h| h.tied_to) {
-        let m = device_mapping.get_or_insert_with(|| (0..model_stages).collect());
+        let system = &mut target.system;
+        let m = system
+            .device_mapping
+            .get_or_insert_with(|| (0..model_stages).collect());
         m.push(m[e]);
-        if stage_memory_proportions.len() == model_stages {
-            stage_memory_proportions.push(stage_memory_proportions[e]);
+        let proportions = &mut system.stage_memory_proportions;
+        if proportions.len() == model_stages {
+            proportions.push(proportions[e]);
         }
     }
-    let system = SystemOptions {
-        schedule,
-        device_mapping,
-        accumulation_rule: ONNX_ACCUMULATION_RULE,
-        replicas: so.replicas,
-        micro_batch: so.batch_size as u64,
-        inference_micro_batches: so.gradient_accumulation_count.div_ceil(overlap) * overlap,
-        recompute: oo.recompute,
-        lower: so.lower_options(),
-        stage_memory_proportions,
-        offload_activations: so.offload_activations,
-        allow_out_of_memory: true,
-        steps_per_execution: so.steps_per_execution,
-        repeat_count: so.repeat_count,
-        ..SystemOptions::default()
-    };
-    let mut options = so.clone();
-    options.schedule = schedule;
+    let stages = target.plan.graph().stage_count();
+    let overlap = overlap_length(target.options.schedule, stages, false);
+    target.system.accumulation_rule = ONNX_ACCUMULATION_RULE;
+    target.system.inference_micro_batches =
+        so.gradient_accumulation_count.div_ceil(overlap) * overlap;
+    target.system.recompute = oo.recompute;
     Ok(OnnxCompiled {
         imported,
-        plan,
         loss,
         loss_kind,
         head,
-        machine,
-        system,
-        options,
+        target,
     })
 }
 
-impl OnnxCompiled {
-    /// The estimate (produced even when a tile overflows).
-    ///
-    /// # Errors
-    ///
-    /// [`SessionError::System`] for an invalid schedule, accumulation count or mapping.
-    pub fn estimate(&self) -> Result<SystemEstimate, SessionError> {
-        Ok(estimate_system(&self.plan, &self.machine, &self.system)?)
+/// A `--device-mapping` of `m` for `stages` pipeline stages: one IPU per stage, the IPUs
+/// numbered from 0 without gaps.
+fn check_device_mapping(m: &[usize], stages: usize) -> Result<Vec<usize>, SessionError> {
+    if m.len() != stages {
+        return Err(opt_err(
+            "--device-mapping",
+            format!(
+                "has {} entries for {stages} pipeline stages (one IPU per stage)",
+                m.len()
+            ),
+        ));
     }
+    if let Some(missing) = (0..=m.iter().copied().max().unwrap_or(0)).find(|i| !m.contains(i)) {
+        return Err(opt_err(
+            "--device-mapping",
+            format!(
+                "{m:?} leaves IPU {missing} without a stage; number the IPUs from 0 without gaps"
+            ),
+        ));
+    }
+    Ok(m.to_vec())
 }
 
 /// The loss `kind` is for `imported` (`Auto` resolved by its first output, float or not).
@@ -439,7 +396,7 @@ pub use crate::summary::LayerRow;
 /// Per-layer rows: each graph node's bytes and each compute set's cycles summed into the
 /// ONNX node that made it (gradients `X_grad/...` into the node of `X`).
 pub fn layer_rows(c: &OnnxCompiled, e: &SystemEstimate) -> Vec<LayerRow> {
-    let g = c.plan.graph();
+    let g = c.target.plan.graph();
     let imp = &c.imported;
     let mut rows: Vec<LayerRow> = imp
         .layers
@@ -464,7 +421,7 @@ pub fn layer_rows(c: &OnnxCompiled, e: &SystemEstimate) -> Vec<LayerRow> {
         let bytes = n.bytes() as u64;
         if n.op().is_state() && n.roles().intersects(Roles::TRAINABLE | Roles::STATE) {
             rows[l].weight_bytes += bytes;
-        } else if c.plan.slots()[i].view_of.is_none() {
+        } else if c.target.plan.slots()[i].view_of.is_none() {
             rows[l].activation_bytes += bytes;
         }
     }
@@ -511,7 +468,7 @@ pub fn head_cycles(c: &OnnxCompiled, e: &SystemEstimate) -> u64 {
     let Some(head) = &c.head else {
         return 0;
     };
-    let g = c.plan.graph();
+    let g = c.target.plan.graph();
     let by_name: HashMap<&str, usize> = g.nodes()[head.first..g.forward_len()]
         .iter()
         .map(|n| (n.name(), 0))

@@ -242,8 +242,8 @@ pub fn profile(
     }
     let mut c = compile_imported(og, &so1, &one)?;
     // The profile is of cycles: the split checks each stage's memory itself.
-    c.system.memory = false;
-    let e = c.estimate()?;
+    c.target.system.memory = false;
+    let e = c.target.estimate()?;
     Ok(profile_of(&c, &e))
 }
 
@@ -292,7 +292,7 @@ fn block_starts(c: &OnnxCompiled, units: &[usize]) -> Vec<bool> {
     let Some(loss) = c.loss else {
         return Vec::new();
     };
-    let g = c.plan.graph();
+    let g = c.target.plan.graph();
     let Ok(ends) = g.auto_checkpoints(loss) else {
         return Vec::new();
     };
@@ -378,7 +378,7 @@ pub fn layers_per_ipu(
             ),
         ));
     }
-    let g = compiled.plan.graph();
+    let g = compiled.target.plan.graph();
     let end = match compiled.loss {
         Some(loss) => loss,
         None => compiled
@@ -503,7 +503,7 @@ pub fn split(
             ..oo.clone()
         };
         let compiled = compile_imported(og, so, &per)?;
-        let estimate = compiled.estimate()?;
+        let estimate = compiled.target.estimate()?;
         let bounds: Vec<usize> = part.starts.iter().skip(1).copied().collect();
         let boundaries = bounds
             .iter()

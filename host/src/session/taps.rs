@@ -80,8 +80,8 @@ fn queue(
 impl Taps {
     /// Finds the loss, the tapped layers and the gradients the filters keep.
     pub(super) fn new(c: &Compiled, options: &TrainOptions) -> Result<Self, SessionError> {
-        let replicas = c.options.replicas;
-        let g = c.plan.graph();
+        let replicas = c.target.options.replicas;
+        let g = c.target.plan.graph();
         let mut watch: Vec<Option<Watch>> = vec![None; g.len()];
         watch[c.loss.index()] = Some(Watch::Loss);
         for (name, id, _) in &c.built.outfeeds {

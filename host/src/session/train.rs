@@ -125,7 +125,7 @@ fn plan_executions(
     dataset_len: usize,
     options: &TrainOptions,
 ) -> Result<Executions, SessionError> {
-    let so = &c.options;
+    let so = &c.target.options;
     let (b, m, replicas) = (so.batch_size, so.gradient_accumulation_count, so.replicas);
     // The run trains `--epochs` passes over the data (rounded to whole executions, which may
     // be longer than the run, as the tensor-inspection example's is); one weight update must
@@ -222,13 +222,13 @@ pub fn prepare(
         return Err(opt_err("--epochs", "must be at least 1".into()));
     }
     let executions = plan_executions(&compiled, data.train_images.count, options)?;
-    let mut system = compiled.system.clone();
+    let mut system = compiled.target.system.clone();
     system.repeat_count = Some(executions.repeat);
     system.steps_per_execution = None;
-    let estimate = estimate_system(&compiled.plan, &compiled.machine, &system)?;
+    let estimate = estimate_system(&compiled.target.plan, &compiled.target.machine, &system)?;
     check_fits(&estimate)?;
     let taps = Taps::new(&compiled, options)?;
-    let so = &compiled.options;
+    let so = &compiled.target.options;
     let train_set = Dataset::from_mnist_split(&data.train_images, &data.train_labels)?
         .map("images", |x| x / 255.0)?
         .cast("images", so.dtype)?
@@ -290,8 +290,9 @@ impl Prepared {
             evaluation,
             options,
         } = self;
-        let so = &compiled.options;
-        let mut runner = PipelineRunner::new(compiled.plan.clone(), so.schedule, so.replicas)?;
+        let so = &compiled.target.options;
+        let mut runner =
+            PipelineRunner::new(compiled.target.plan.clone(), so.schedule, so.replicas)?;
         runner.init_state(options.seed)?;
         let per_report = (x.executions_per_report * x.steps_per_execution()) as u64;
         on_event(TrainEvent::Start {
@@ -341,8 +342,12 @@ impl Prepared {
         if let Some(path) = &options.checkpoint {
             save_checkpoint(path, runner.plan(), runner.state(0))?;
         }
-        let summary =
-            EstimateSummary::new(&compiled.model.name, so.ipu, &compiled.machine, &estimate);
+        let summary = EstimateSummary::new(
+            &compiled.model.name,
+            so.ipu,
+            &compiled.target.machine,
+            &estimate,
+        );
         let outfeeds = Queue::ALL
             .iter()
             .map(|&q| {
