@@ -55,58 +55,87 @@ fn core_inference(
     (loss_sum / (samples / b) as f64, outputs)
 }
 
-#[test]
-fn every_shipped_model_evaluates_and_predicts_as_the_core_does() {
+/// One test per shipped model (they run in parallel), and a check that none is missed.
+macro_rules! evaluation_tests {
+    ($($test:ident: $name:literal,)*) => {
+        $(
+            #[test]
+            fn $test() {
+                evaluates_and_predicts_as_the_core_does($name);
+            }
+        )*
+
+        #[test]
+        fn every_shipped_model_has_an_evaluation_test() {
+            let tested = [$($name),*];
+            for (name, _) in SHIPPED {
+                assert!(tested.contains(&name), "`{name}` has no evaluation test");
+            }
+        }
+    };
+}
+
+evaluation_tests! {
+    pipelined_sequential_evaluates_as_the_core_does: "pipelined_sequential",
+    pipelined_model_evaluates_as_the_core_does: "pipelined_model",
+    sequential_evaluates_as_the_core_does: "sequential",
+    model_evaluates_as_the_core_does: "model",
+    mnist_cnn_evaluates_as_the_core_does: "mnist_cnn",
+    residual_cnn_evaluates_as_the_core_does: "residual_cnn",
+    transformer_encoder_evaluates_as_the_core_does: "transformer_encoder",
+}
+
+/// The shipped model `name`, pipelined and not, replicated or not, evaluates and predicts
+/// as the core's inference plan does.
+fn evaluates_and_predicts_as_the_core_does(name: &str) {
     // Sessions run the fast kernels where the CPU has them (the switch is process-wide): the
     // core's reference below runs them too, whatever test of this binary runs first.
     tessera_sim::use_fast_kernels();
     let d = data();
-    for (name, _) in SHIPPED {
-        let model = shipped(name).unwrap().unwrap();
-        for (no_pipelining, replicas) in [(false, 1), (true, 1), (false, 2)] {
-            let so = SessionOptions {
-                batch_size: 16,
-                no_pipelining,
-                replicas,
-                ..SessionOptions::default()
-            };
-            let opts = EvaluateOptions::default();
-            let e = evaluate(&model, &so, Weights::Seed(3), &d, &opts).unwrap();
-            let p = predict(&model, &so, Weights::Seed(3), &d, &opts).unwrap();
-            assert_eq!(e.samples, p.samples);
-            assert!(
-                e.samples > 1900 && e.samples <= 2000,
-                "{name}: {}",
-                e.samples
-            );
-            let (loss, outputs) = core_inference(&model, 16, 3, &d, e.samples);
-            let what = format!("{name}, no_pipelining {no_pipelining}, replicas {replicas}");
-            assert!(
-                (e.loss - loss).abs() <= 1e-9 * loss.abs(),
-                "{what}: {} vs {loss}",
-                e.loss
-            );
-            let preds = p.predictions.as_ref().unwrap();
-            assert_eq!(preds.shape, vec![e.samples, 10], "{what}");
-            assert_eq!(
-                preds.data, outputs,
-                "{what}: predictions differ from the core's"
-            );
-            assert_eq!(e.accuracy, p.accuracy, "{what}");
-            // The inference estimate uses the inference schedule: no stash, forward only.
-            let stages = if no_pipelining {
-                1
-            } else {
-                model.stage_count()
-            };
-            assert_eq!(e.estimate.stages.len(), stages, "{what}");
-            assert!(e
-                .estimate
-                .stages
-                .iter()
-                .all(|s| s.stash_depth == 0 && s.backward_cycles == 0));
-            assert_eq!(e.steps_per_execution % e.overlap, 0, "{what}");
-        }
+    let model = shipped(name).unwrap().unwrap();
+    for (no_pipelining, replicas) in [(false, 1), (true, 1), (false, 2)] {
+        let so = SessionOptions {
+            batch_size: 16,
+            no_pipelining,
+            replicas,
+            ..SessionOptions::default()
+        };
+        let opts = EvaluateOptions::default();
+        let e = evaluate(&model, &so, Weights::Seed(3), &d, &opts).unwrap();
+        let p = predict(&model, &so, Weights::Seed(3), &d, &opts).unwrap();
+        assert_eq!(e.samples, p.samples);
+        assert!(
+            e.samples > 1900 && e.samples <= 2000,
+            "{name}: {}",
+            e.samples
+        );
+        let (loss, outputs) = core_inference(&model, 16, 3, &d, e.samples);
+        let what = format!("{name}, no_pipelining {no_pipelining}, replicas {replicas}");
+        assert!(
+            (e.loss - loss).abs() <= 1e-9 * loss.abs(),
+            "{what}: {} vs {loss}",
+            e.loss
+        );
+        let preds = p.predictions.as_ref().unwrap();
+        assert_eq!(preds.shape, vec![e.samples, 10], "{what}");
+        assert_eq!(
+            preds.data, outputs,
+            "{what}: predictions differ from the core's"
+        );
+        assert_eq!(e.accuracy, p.accuracy, "{what}");
+        // The inference estimate uses the inference schedule: no stash, forward only.
+        let stages = if no_pipelining {
+            1
+        } else {
+            model.stage_count()
+        };
+        assert_eq!(e.estimate.stages.len(), stages, "{what}");
+        assert!(e
+            .estimate
+            .stages
+            .iter()
+            .all(|s| s.stash_depth == 0 && s.backward_cycles == 0));
+        assert_eq!(e.steps_per_execution % e.overlap, 0, "{what}");
     }
 }
 

@@ -181,7 +181,7 @@ fn named_boundaries_make_pipeline_stages_with_the_schedules_stash_depths() {
             ..OnnxOptions::default()
         };
         let c = compile_onnx(&m, &so, &oo).expect("compiles");
-        let e = c.estimate().expect("estimates");
+        let e = c.target.estimate().expect("estimates");
         assert_eq!(e.stages.len(), 2);
         assert_eq!(e.ipus.len(), 2);
         let p = Pipeline::new(2, 4, schedule, true).unwrap();
@@ -221,7 +221,7 @@ fn a_tied_masked_lm_head_runs_on_its_embeddings_ipu() {
         ..OnnxOptions::default()
     };
     let params = |c: &tessera_host::session::onnx::OnnxCompiled| -> usize {
-        let g = c.plan.graph();
+        let g = c.target.plan.graph();
         g.nodes()
             .iter()
             .filter(|n| n.roles().contains(Roles::TRAINABLE))
@@ -238,8 +238,11 @@ fn a_tied_masked_lm_head_runs_on_its_embeddings_ipu() {
     );
     let head = c.head.as_ref().expect("a masked-LM head");
     assert_eq!(head.tied_to, Some(0));
-    assert_eq!(c.system.device_mapping.as_deref(), Some(&[0, 1, 0][..]));
-    let g = c.plan.graph();
+    assert_eq!(
+        c.target.system.device_mapping.as_deref(),
+        Some(&[0, 1, 0][..])
+    );
+    let g = c.target.plan.graph();
     let table = g.node(head.table).name().to_string();
     let accumulates: Vec<usize> = g
         .nodes()
@@ -251,13 +254,13 @@ fn a_tied_masked_lm_head_runs_on_its_embeddings_ipu() {
     // Training returns the loss alone: the model's output is not kept for the host.
     let out = c.imported.outputs[0].node;
     assert!(!g.node(out).roles().contains(Roles::OUTPUT));
-    let e = c.estimate().expect("estimates");
+    let e = c.target.estimate().expect("estimates");
     assert_eq!(e.stages.len(), 3);
     assert_eq!(e.stages[2].ipu, 0);
     assert_eq!(e.ipus.len(), 2);
     // Fewer micro-batches than the pipeline's 2 x 3 - 1 stages: refused, saying so.
     let c = compile_onnx(&m, &so(4), &piped).expect("compiles");
-    match c.estimate() {
+    match c.target.estimate() {
         Err(SessionError::System(e)) => {
             assert!(e.to_string().contains("at least 5"), "{e}")
         }
@@ -295,7 +298,10 @@ fn the_light_zoo_models_estimate_as_shipped() {
                 };
                 let what = format!("{} batch {batch} inference {inference}", f.display());
                 let c = compile_onnx(&m, &so, &oo).unwrap_or_else(|e| panic!("{what}: {e}"));
-                let e = c.estimate().unwrap_or_else(|e| panic!("{what}: {e}"));
+                let e = c
+                    .target
+                    .estimate()
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
                 assert_eq!(c.imported.batch, batch, "{what}");
                 assert!(e.samples_per_second > 0.0, "{what}");
             }
