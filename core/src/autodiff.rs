@@ -428,8 +428,8 @@ fn copied(op: &Op, j: usize, segment: &[u32], recomputed: &[bool]) -> bool {
 fn recompute_segment<S: Storage>(
     bp: &mut Backprop<'_, S>,
     c: usize,
-    segment: &S::Vec<u32>,
-    recomputed: &S::Vec<bool>,
+    segment: &[u32],
+    recomputed: &[bool],
     copy: &mut S::Vec<Option<NodeId>>,
 ) -> Result<(), GraphError> {
     let full = || GraphError::CapacityExceeded {
@@ -456,6 +456,134 @@ fn recompute_segment<S: Storage>(
         bp.clones.push((id, NodeId::at(j))).map_err(|_| full())?;
     }
     Ok(())
+}
+
+/// The backward pass from node `last` down: each relevant node's gradient rule (through its
+/// recomputed copy when its segment is recomputed, the segment's copies made first), in the
+/// stage of the node it differentiates, then the updates of the variables whose gradients it
+/// finished.
+fn backward_pass<S: Storage>(
+    bp: &mut Backprop<'_, S>,
+    last: usize,
+    (segment, recomputed): (&[u32], &[bool]),
+    updates: &mut Updates<'_, S>,
+) -> Result<(), GraphError> {
+    // Each forward node's recomputed copy, once its segment is recomputed.
+    let mut copy: S::Vec<Option<NodeId>> =
+        S::filled(segment.len(), None).ok_or(GraphError::CapacityExceeded {
+            node: crate::error::name_lossy("autodiff"),
+            capacity: segment.len(),
+        })?;
+    for i in (0..=last).rev() {
+        if !bp.relevant[i] {
+            continue;
+        }
+        // A recomputed node, or a checkpoint whose gradient reads recomputed operands, is
+        // differentiated through its copy: its segment is recomputed first.
+        let through_copy = copied(&bp.graph.nodes[i].op, i, segment, recomputed);
+        let at = if through_copy {
+            let c = segment[i] as usize;
+            if copy[i].is_none() {
+                recompute_segment(bp, c, segment, recomputed, &mut copy)?;
+            }
+            copy[i].unwrap_or(NodeId::at(i))
+        } else {
+            NodeId::at(i)
+        };
+        // Backward nodes belong to the stage of the node they differentiate.
+        bp.graph.current_stage = bp.graph.nodes[i].stage;
+        if let Some(dy) = bp.grad[i] {
+            crate::ops::backward(bp, at, dy)?;
+        }
+        updates.variables_of(bp, i)?;
+    }
+    Ok(())
+}
+
+/// Each forward node's recomputation segment (the checkpoint closing it) and whether it is
+/// recomputed.
+type Segments<S> = (<S as Storage>::Vec<u32>, <S as Storage>::Vec<bool>);
+
+/// What the backward pass does with a trainable variable's gradient once it is final: the
+/// optimizer's update, or (accumulating) its accumulation, a stage's partial of a gradient
+/// split over stages included.
+struct Updates<'a, S: Storage> {
+    optimizer: Optimizer,
+    /// The optimizer's step counter (Adam, LAMB).
+    step: Option<NodeId>,
+    accumulation: Accumulation,
+    /// Each stage's micro-batch counter (accumulating).
+    counters: &'a [NodeId],
+    /// Each accumulated variable's accumulator.
+    accumulators: S::Vec<(NodeId, NodeId)>,
+    /// Each node's earliest relevant consumer.
+    first_consumer: &'a [usize],
+    /// The variables whose gradient is split over stages.
+    split_grad: &'a [bool],
+    /// The forward pass's length (for the capacity error).
+    full: usize,
+}
+
+impl<S: Storage> Updates<'_, S> {
+    /// After node `i`'s backward: the update (or accumulation) of each trainable operand of
+    /// `i` whose gradient, or this stage's partial of it, is now final.
+    fn variables_of(&mut self, bp: &mut Backprop<'_, S>, i: usize) -> Result<(), GraphError> {
+        let operands = bp.graph.nodes[i].op.operands();
+        for (k, &o) in operands.as_slice().iter().enumerate() {
+            let repeated = operands.as_slice()[..k].contains(&o);
+            if repeated || !bp.graph.nodes[o.index()].roles.contains(Roles::TRAINABLE) {
+                continue;
+            }
+            let stage = bp.graph.nodes[i].stage;
+            let whole = self.first_consumer[o.index()] == i;
+            // A split gradient's partial is complete at the stage's first reader.
+            let partial = !whole
+                && self.split_grad[o.index()]
+                && !bp.graph.nodes[..i].iter().enumerate().any(|(j, n)| {
+                    bp.relevant[j] && n.stage == stage && n.op.operands().as_slice().contains(&o)
+                });
+            if !(whole || partial) {
+                continue;
+            }
+            let Some(g) = bp.grad[o.index()] else {
+                continue;
+            };
+            let g_ = &mut *bp.graph;
+            if partial {
+                bp.grad[o.index()] = None;
+            } else {
+                g_.current_stage = g_.nodes[o.index()].stage;
+            }
+            let split = self.split_grad[o.index()].then_some(usize::from(g_.current_stage));
+            let g = g_.finalize_var_grad(o, g, if partial { split } else { None })?;
+            if self.counters.is_empty() {
+                g_.emit_update(o, g, self.optimizer, self.step)?;
+                continue;
+            }
+            let stage_counter = self.counters[usize::from(g_.current_stage)];
+            let held = (self.accumulators.iter())
+                .find(|(v, _)| *v == o)
+                .map(|&(_, a)| a);
+            // RUNNING_MEAN rescales the accumulator by each stage's own count, which partials
+            // from stages at different micro-batches would break; MEAN gives the same result
+            // in any order.
+            let mut a = self.accumulation;
+            if split.is_some() && a.method == AccumulationMethod::RunningMean {
+                a.method = AccumulationMethod::Mean;
+            }
+            let acc = g_.accumulate(o, g, stage_counter, a, held, split)?;
+            if held.is_none() {
+                let full = self.full;
+                self.accumulators
+                    .push((o, acc))
+                    .map_err(|_| GraphError::CapacityExceeded {
+                        node: crate::error::name_lossy("autodiff"),
+                        capacity: full,
+                    })?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl<S: Storage> Graph<S> {
@@ -723,6 +851,11 @@ impl<S: Storage> Graph<S> {
         result
     }
 
+    /// Appends the backward pass of `loss` and the optimizer's updates, in phases: the
+    /// checks, which forward nodes the gradients run through (and which are recomputed),
+    /// the optimizer's step and micro-batch counters, the backward pass in reverse with each
+    /// variable's update (or accumulation) once its gradient is final, and, accumulating, the
+    /// updates and resets of each weight update.
     fn append_backward(
         &mut self,
         loss: impl NodeRef,
@@ -731,6 +864,119 @@ impl<S: Storage> Graph<S> {
         accumulating: bool,
         checkpoints: &[NodeId],
     ) -> Result<(), GraphError> {
+        let last = self.check_backward(loss, optimizer, accumulation)?;
+        let forward_len = self.len();
+        let full = || GraphError::CapacityExceeded {
+            node: crate::error::name_lossy("autodiff"),
+            capacity: forward_len,
+        };
+        // Which nodes lie on a path from a trainable variable to the loss.
+        let reaches_loss = self.reaching(forward_len, last).ok_or_else(full)?;
+        let depends_on_var = self.on_variables(forward_len, last).ok_or_else(full)?;
+        let mut relevant: S::Vec<bool> = S::filled(forward_len, false).ok_or_else(full)?;
+        for i in 0..forward_len {
+            relevant[i] = reaches_loss[i] && depends_on_var[i];
+        }
+        let (segment, recomputed) =
+            self.segments(checkpoints, last, &reaches_loss, &depends_on_var)?;
+        drop((reaches_loss, depends_on_var));
+        if !self.nodes[..=last]
+            .iter()
+            .enumerate()
+            .any(|(i, n)| relevant[i] && n.roles.contains(Roles::TRAINABLE))
+        {
+            return Err(GraphError::NothingToTrain {
+                loss: self.nodes[last].name.clone(),
+            });
+        }
+        // The earliest relevant consumer of each variable: its gradient is final after that
+        // consumer's backward.
+        let mut first_consumer: S::Vec<usize> =
+            S::filled(forward_len, usize::MAX).ok_or_else(full)?;
+        for i in (0..=last).rev() {
+            if relevant[i] {
+                for o in self.nodes[i].op.operands().as_slice() {
+                    first_consumer[o.index()] = i;
+                }
+            }
+        }
+        let split_grad = match accumulating {
+            true => self.split_gradients(last, &relevant, &first_consumer)?,
+            false => S::filled(forward_len, false).ok_or_else(full)?,
+        };
+        let step = match optimizer {
+            Optimizer::Adam { .. } | Optimizer::Lamb { .. } => Some(self.push(
+                derived("optimizer", format_args!("/iterations"))?,
+                Op::Variable { init: Init::Zeros },
+                Shape::scalar(),
+                DType::I32,
+                Roles::OPTIMIZER_STATE,
+            )?),
+            _ => None,
+        };
+        let scope = self.current_stage;
+        let counters = match accumulating {
+            true => self.micro_batch_counters()?,
+            false => heapless::Vec::new(),
+        };
+        let mut updates = Updates::<S> {
+            optimizer,
+            step,
+            accumulation,
+            counters: &counters,
+            accumulators: S::vec(),
+            first_consumer: &first_consumer,
+            split_grad: &split_grad,
+            full: forward_len,
+        };
+        let grad = S::filled(forward_len, None).ok_or_else(full)?;
+        let count = S::filled(forward_len, 0u32).ok_or_else(full)?;
+        let ldt = self.nodes[last].dtype;
+        self.current_stage = self.nodes[last].stage;
+        let seed = self.push(
+            derived(&self.nodes[last].name.clone(), format_args!("_grad/seed"))?,
+            Op::Constant { value: 1.0 },
+            Shape::scalar(),
+            ldt,
+            Roles::CONSTANT | Roles::BACKWARD,
+        )?;
+        let mut bp = Backprop {
+            graph: self,
+            grad,
+            count,
+            relevant,
+            clones: S::vec(),
+        };
+        bp.grad[last] = Some(seed);
+        backward_pass(&mut bp, last, (&segment, &recomputed), &mut updates)?;
+        let accumulators = updates.accumulators;
+        if let Some(&counter) = counters.first() {
+            self.apply_accumulated(&counters, &accumulators, optimizer, step)?;
+            self.accumulation = Some((counter, accumulation.count));
+        }
+        if let Some(step) = step {
+            self.current_stage = 0;
+            self.push(
+                derived("optimizer", format_args!("/increment"))?,
+                Op::Update(Update::Increment { counter: step }),
+                Shape::scalar(),
+                DType::I32,
+                Roles::UPDATE | Roles::BACKWARD,
+            )?;
+        }
+        self.forward_len = Some(forward_len as u32);
+        self.current_stage = scope;
+        Ok(())
+    }
+
+    /// Checks what differentiating takes: an accumulation count and type, an optimizer's
+    /// hyper-parameters, a graph not yet differentiated and a float scalar loss (its index).
+    fn check_backward(
+        &self,
+        loss: impl NodeRef,
+        optimizer: Optimizer,
+        accumulation: Accumulation,
+    ) -> Result<usize, GraphError> {
         if accumulation.count == 0 {
             return Err(GraphError::BadHyperParameter {
                 name: "gradient accumulation count",
@@ -755,319 +1001,197 @@ impl<S: Storage> Graph<S> {
                 shape: ln.shape,
             });
         }
-        let forward_len = self.len();
-        let last = loss.index();
+        Ok(loss.index())
+    }
 
-        // Which nodes lie on a path from a trainable variable to the loss.
+    /// Which of the first `len` nodes (up to `last`) depend on a trainable variable.
+    fn on_variables(&self, len: usize, last: usize) -> Option<S::Vec<bool>> {
+        let mut out: S::Vec<bool> = S::filled(len, false)?;
+        for i in 0..=last {
+            let n = &self.nodes[i];
+            out[i] = n.roles.contains(Roles::TRAINABLE)
+                || n.op.operands().as_slice().iter().any(|o| out[o.index()]);
+        }
+        Some(out)
+    }
+
+    /// Recomputation: each forward node's segment (the checkpoint closing it, in its stage),
+    /// and whether it is recomputed. Checkpoints, state, inputs, activations that depend on no
+    /// trainable variable and what follows a stage's last checkpoint are kept.
+    fn segments(
+        &self,
+        checkpoints: &[NodeId],
+        last: usize,
+        reaches_loss: &[bool],
+        depends_on_var: &[bool],
+    ) -> Result<Segments<S>, GraphError> {
+        let forward_len = reaches_loss.len();
         let full = || GraphError::CapacityExceeded {
             node: crate::error::name_lossy("autodiff"),
             capacity: forward_len,
         };
-        let reaches_loss = self.reaching(forward_len, last).ok_or_else(full)?;
-        let mut depends_on_var: S::Vec<bool> = S::filled(forward_len, false).ok_or_else(full)?;
-        for i in 0..=last {
-            let n = &self.nodes[i];
-            depends_on_var[i] = n.roles.contains(Roles::TRAINABLE)
-                || n.op
-                    .operands()
-                    .as_slice()
-                    .iter()
-                    .any(|o| depends_on_var[o.index()]);
-        }
-        let mut relevant: S::Vec<bool> = S::filled(forward_len, false).ok_or_else(full)?;
-        for i in 0..forward_len {
-            relevant[i] = reaches_loss[i] && depends_on_var[i];
-        }
-        // Recomputation: each forward node's segment (the checkpoint closing it, in its
-        // stage), and whether it is recomputed. Checkpoints, state, inputs, activations that
-        // depend on no trainable variable and what follows a stage's last checkpoint are kept.
         let mut segment: S::Vec<u32> = S::filled(forward_len, u32::MAX).ok_or_else(full)?;
         let mut recomputed: S::Vec<bool> = S::filled(forward_len, false).ok_or_else(full)?;
-        if !checkpoints.is_empty() {
-            let mut is_checkpoint: S::Vec<bool> = S::filled(forward_len, false).ok_or_else(full)?;
-            for &c in checkpoints {
-                let ok = c.index() < forward_len
-                    && c.index() != last
-                    && reaches_loss[c.index()]
-                    && depends_on_var[c.index()]
-                    && !self.nodes[c.index()].op.is_state()
-                    && !matches!(self.nodes[c.index()].op, Op::Input);
-                if !ok {
-                    let node = match self.nodes.get(c.index()) {
-                        Some(n) => n.name.clone(),
-                        None => crate::error::name_lossy("?"),
-                    };
-                    return Err(GraphError::BadCheckpoint { node });
-                }
-                is_checkpoint[c.index()] = true;
+        if checkpoints.is_empty() {
+            return Ok((segment, recomputed));
+        }
+        let mut is_checkpoint: S::Vec<bool> = S::filled(forward_len, false).ok_or_else(full)?;
+        for &c in checkpoints {
+            let ok = c.index() < forward_len
+                && c.index() != last
+                && reaches_loss[c.index()]
+                && depends_on_var[c.index()]
+                && !self.nodes[c.index()].op.is_state()
+                && !matches!(self.nodes[c.index()].op, Op::Input);
+            if !ok {
+                let node = match self.nodes.get(c.index()) {
+                    Some(n) => n.name.clone(),
+                    None => crate::error::name_lossy("?"),
+                };
+                return Err(GraphError::BadCheckpoint { node });
             }
-            // Walking backwards: the next checkpoint of each stage. A stage before the loss's
-            // ends a segment with its last node too: its activations after its last checkpoint
-            // are recomputed as well (only the stage's inputs and checkpoints are stashed, as
-            // PopART's pipelined recomputation does); the loss's stage keeps what follows its
-            // last checkpoint, which its backward reads at once.
-            let parameter = self.parameter_derived(forward_len).ok_or_else(full)?;
-            let mut next: [u32; 256] = [u32::MAX; 256];
-            let loss_stage = usize::from(self.nodes[last].stage);
-            for i in 0..=last {
-                let st = usize::from(self.nodes[i].stage);
-                if st != loss_stage {
-                    next[st] = i as u32;
-                }
-            }
-            for i in (0..=last).rev() {
-                let n = &self.nodes[i];
-                let st = usize::from(n.stage);
-                if is_checkpoint[i] {
-                    next[st] = i as u32;
-                    segment[i] = i as u32;
-                    continue;
-                }
-                let activation = !n.op.is_state() && !matches!(n.op, Op::Input) && !parameter[i];
-                // Only what the backward pass reads: a value that does not reach the loss
-                // (a batch norm's statistics for its running averages) is no gradient's
-                // operand, so no copy of it is made (as dead-code elimination drops it).
-                if activation && depends_on_var[i] && reaches_loss[i] && next[st] != u32::MAX {
-                    segment[i] = next[st];
-                    recomputed[i] = true;
-                }
+            is_checkpoint[c.index()] = true;
+        }
+        // Walking backwards: the next checkpoint of each stage. A stage before the loss's
+        // ends a segment with its last node too: its activations after its last checkpoint
+        // are recomputed as well (only the stage's inputs and checkpoints are stashed, as
+        // PopART's pipelined recomputation does); the loss's stage keeps what follows its
+        // last checkpoint, which its backward reads at once.
+        let parameter = self.parameter_derived(forward_len).ok_or_else(full)?;
+        let mut next: [u32; 256] = [u32::MAX; 256];
+        let loss_stage = usize::from(self.nodes[last].stage);
+        for i in 0..=last {
+            let st = usize::from(self.nodes[i].stage);
+            if st != loss_stage {
+                next[st] = i as u32;
             }
         }
-        drop((reaches_loss, depends_on_var));
-        if !self.nodes[..=last]
-            .iter()
-            .enumerate()
-            .any(|(i, n)| relevant[i] && n.roles.contains(Roles::TRAINABLE))
-        {
-            return Err(GraphError::NothingToTrain {
-                loss: self.nodes[last].name.clone(),
-            });
-        }
-        // The earliest relevant consumer of each variable: its gradient is final after that
-        // consumer's backward.
-        let mut first_consumer: S::Vec<usize> =
-            S::filled(forward_len, usize::MAX).ok_or_else(full)?;
         for i in (0..=last).rev() {
-            if relevant[i] {
-                for o in self.nodes[i].op.operands().as_slice() {
-                    first_consumer[o.index()] = i;
-                }
+            let n = &self.nodes[i];
+            let st = usize::from(n.stage);
+            if is_checkpoint[i] {
+                next[st] = i as u32;
+                segment[i] = i as u32;
+                continue;
+            }
+            let activation = !n.op.is_state() && !matches!(n.op, Op::Input) && !parameter[i];
+            // Only what the backward pass reads: a value that does not reach the loss
+            // (a batch norm's statistics for its running averages) is no gradient's
+            // operand, so no copy of it is made (as dead-code elimination drops it).
+            if activation && depends_on_var[i] && reaches_loss[i] && next[st] != u32::MAX {
+                segment[i] = next[st];
+                recomputed[i] = true;
             }
         }
-        // Trainable variables read by relevant nodes of more than one pipeline stage (a tied
-        // embedding and masked-LM decoder, say). Accumulating, each stage adds its partial
-        // gradient into the variable's one accumulator as its own backward pass ends (PopART's
-        // `InplaceAccumulateGradPartialsIntoOptimizerAccumTensor`), so no stage waits for
-        // another's partial and nothing is carried across the pipeline.
-        let mut split_grad: S::Vec<bool> = S::filled(forward_len, false).ok_or_else(full)?;
-        if accumulating {
-            for i in 0..=last {
-                if !relevant[i] {
-                    continue;
-                }
-                for o in self.nodes[i].op.operands().as_slice() {
-                    let f = first_consumer[o.index()];
-                    if self.nodes[o.index()].roles.contains(Roles::TRAINABLE)
-                        && f != usize::MAX
-                        && self.nodes[f].stage != self.nodes[i].stage
-                    {
-                        split_grad[o.index()] = true;
-                    }
-                }
-            }
-        }
+        Ok((segment, recomputed))
+    }
 
-        let step = match optimizer {
-            Optimizer::Adam { .. } | Optimizer::Lamb { .. } => Some(self.push(
-                derived("optimizer", format_args!("/iterations"))?,
+    /// Trainable variables read by relevant nodes of more than one pipeline stage (a tied
+    /// embedding and masked-LM decoder, say). Accumulating, each stage adds its partial
+    /// gradient into the variable's one accumulator as its own backward pass ends (PopART's
+    /// `InplaceAccumulateGradPartialsIntoOptimizerAccumTensor`), so no stage waits for
+    /// another's partial and nothing is carried across the pipeline.
+    fn split_gradients(
+        &self,
+        last: usize,
+        relevant: &[bool],
+        first_consumer: &[usize],
+    ) -> Result<S::Vec<bool>, GraphError> {
+        let mut split_grad: S::Vec<bool> =
+            S::filled(relevant.len(), false).ok_or(GraphError::CapacityExceeded {
+                node: crate::error::name_lossy("autodiff"),
+                capacity: relevant.len(),
+            })?;
+        for i in (0..=last).filter(|&i| relevant[i]) {
+            for o in self.nodes[i].op.operands().as_slice() {
+                let f = first_consumer[o.index()];
+                if self.nodes[o.index()].roles.contains(Roles::TRAINABLE)
+                    && f != usize::MAX
+                    && self.nodes[f].stage != self.nodes[i].stage
+                {
+                    split_grad[o.index()] = true;
+                }
+            }
+        }
+        Ok(split_grad)
+    }
+
+    /// One micro-batch counter per pipeline stage, so each stage's RUNNING_MEAN sees its own
+    /// count however the schedule interleaves the stages' backward passes.
+    fn micro_batch_counters(&mut self) -> Result<heapless::Vec<NodeId, 256>, GraphError> {
+        let mut counters: heapless::Vec<NodeId, 256> = heapless::Vec::new();
+        for k in 0..self.stage_count() {
+            self.current_stage = k as u8;
+            let name = if k == 0 {
+                derived("optimizer", format_args!("/micro_batches"))?
+            } else {
+                derived("optimizer", format_args!("/micro_batches_stage{k}"))?
+            };
+            let c = self.push(
+                name,
                 Op::Variable { init: Init::Zeros },
                 Shape::scalar(),
                 DType::I32,
-                Roles::OPTIMIZER_STATE,
-            )?),
-            _ => None,
-        };
+                Roles::ACCUMULATOR,
+            )?;
+            let _ = counters.push(c);
+        }
+        Ok(counters)
+    }
 
-        let scope = self.current_stage;
-        self.current_stage = 0;
-        // One micro-batch counter per pipeline stage, so each stage's RUNNING_MEAN sees its own
-        // count however the schedule interleaves the stages' backward passes.
-        let stages = self.stage_count();
-        let mut counters: heapless::Vec<NodeId, 256> = heapless::Vec::new();
-        if accumulating {
-            for k in 0..stages {
-                self.current_stage = k as u8;
-                let name = if k == 0 {
-                    derived("optimizer", format_args!("/micro_batches"))?
-                } else {
-                    derived("optimizer", format_args!("/micro_batches_stage{k}"))?
-                };
-                let c = self.push(
-                    name,
-                    Op::Variable { init: Init::Zeros },
-                    Shape::scalar(),
-                    DType::I32,
-                    Roles::ACCUMULATOR,
-                )?;
-                let _ = counters.push(c);
-            }
-        }
-        let counter = counters.first().copied();
-        let mut accumulators: S::Vec<(NodeId, NodeId)> = S::vec();
-        let grad = S::filled(forward_len, None).ok_or_else(full)?;
-        let count = S::filled(forward_len, 0u32).ok_or_else(full)?;
-        let ldt = self.nodes[last].dtype;
-        self.current_stage = self.nodes[last].stage;
-        let seed = self.push(
-            derived(&self.nodes[last].name.clone(), format_args!("_grad/seed"))?,
-            Op::Constant { value: 1.0 },
-            Shape::scalar(),
-            ldt,
-            Roles::CONSTANT | Roles::BACKWARD,
-        )?;
-        let mut bp = Backprop {
-            graph: self,
-            grad,
-            count,
-            relevant,
-            clones: S::vec(),
-        };
-        bp.grad[last] = Some(seed);
-        // Each forward node's recomputed copy, once its segment is recomputed.
-        let mut copy: S::Vec<Option<NodeId>> = S::filled(forward_len, None).ok_or_else(full)?;
-
-        for i in (0..=last).rev() {
-            if !bp.relevant[i] {
-                continue;
-            }
-            // A recomputed node, or a checkpoint whose gradient reads recomputed operands, is
-            // differentiated through its copy: its segment is recomputed first.
-            let through_copy = copied(&bp.graph.nodes[i].op, i, &segment, &recomputed);
-            let at = if through_copy {
-                let c = segment[i] as usize;
-                if copy[i].is_none() {
-                    recompute_segment(&mut bp, c, &segment, &recomputed, &mut copy)?;
-                }
-                copy[i].unwrap_or(NodeId::at(i))
-            } else {
-                NodeId::at(i)
-            };
-            // Backward nodes belong to the stage of the node they differentiate.
-            bp.graph.current_stage = bp.graph.nodes[i].stage;
-            if let Some(dy) = bp.grad[i] {
-                crate::ops::backward(&mut bp, at, dy)?;
-            }
-            let operands = bp.graph.nodes[i].op.operands();
-            for (k, &o) in operands.as_slice().iter().enumerate() {
-                let repeated = operands.as_slice()[..k].contains(&o);
-                if repeated || !bp.graph.nodes[o.index()].roles.contains(Roles::TRAINABLE) {
-                    continue;
-                }
-                let stage = bp.graph.nodes[i].stage;
-                let whole = first_consumer[o.index()] == i;
-                // A split gradient's partial is complete at the stage's first reader.
-                let partial = !whole
-                    && split_grad[o.index()]
-                    && !bp.graph.nodes[..i].iter().enumerate().any(|(j, n)| {
-                        bp.relevant[j]
-                            && n.stage == stage
-                            && n.op.operands().as_slice().contains(&o)
-                    });
-                if !(whole || partial) {
-                    continue;
-                }
-                let Some(g) = bp.grad[o.index()] else {
-                    continue;
-                };
-                let g_ = &mut *bp.graph;
-                if partial {
-                    bp.grad[o.index()] = None;
-                } else {
-                    g_.current_stage = g_.nodes[o.index()].stage;
-                }
-                let split = split_grad[o.index()].then_some(usize::from(g_.current_stage));
-                let g = g_.finalize_var_grad(o, g, if partial { split } else { None })?;
-                match counter {
-                    None => g_.emit_update(o, g, optimizer, step)?,
-                    Some(_) => {
-                        let stage_counter = counters[usize::from(g_.current_stage)];
-                        let held = accumulators.iter().find(|(v, _)| *v == o).map(|&(_, a)| a);
-                        // RUNNING_MEAN rescales the accumulator by each stage's own count,
-                        // which partials from stages at different micro-batches would break;
-                        // MEAN gives the same result in any order.
-                        let mut a = accumulation;
-                        if split.is_some() && a.method == AccumulationMethod::RunningMean {
-                            a.method = AccumulationMethod::Mean;
-                        }
-                        let acc = g_.accumulate(o, g, stage_counter, a, held, split)?;
-                        if held.is_none() {
-                            accumulators.push((o, acc)).map_err(|_| full())?;
-                        }
-                    }
-                }
-            }
-        }
-        if let Some(counter) = counter {
-            // Each stage's micro-batch is done; once per weight update, apply and reset.
-            // Last stage first, as the backward pass runs.
-            for (k, &c) in counters.iter().enumerate().rev() {
-                self.current_stage = k as u8;
-                let name = derived(
-                    &self.nodes[c.index()].name.clone(),
-                    format_args!("/increment"),
-                )?;
-                self.push(
-                    name,
-                    Op::Update(Update::Increment { counter: c }),
-                    Shape::scalar(),
-                    DType::I32,
-                    Roles::BACKWARD,
-                )?;
-            }
-            for &(var, acc) in accumulators.iter() {
-                self.current_stage = self.nodes[var.index()].stage;
-                self.emit_update(var, acc, optimizer, step)?;
-                let name = derived(
-                    &self.nodes[acc.index()].name.clone(),
-                    format_args!("/reset"),
-                )?;
-                let dt = self.node(acc).dtype;
-                self.push(
-                    name,
-                    Op::Update(Update::Fill { x: acc, value: 0.0 }),
-                    Shape::scalar(),
-                    dt,
-                    Roles::UPDATE | Roles::BACKWARD,
-                )?;
-            }
-            for (k, &c) in counters.iter().enumerate() {
-                self.current_stage = k as u8;
-                let name = derived(&self.nodes[c.index()].name.clone(), format_args!("/reset"))?;
-                self.push(
-                    name,
-                    Op::Update(Update::Fill { x: c, value: 0.0 }),
-                    Shape::scalar(),
-                    DType::I32,
-                    Roles::UPDATE | Roles::BACKWARD,
-                )?;
-            }
-            self.accumulation = Some((counter, accumulation.count));
-        }
-        if let Some(step) = step {
-            self.current_stage = 0;
+    /// Each stage's micro-batch is done: the counters' increments (last stage first, as the
+    /// backward pass runs); then, once per weight update, each variable's update from its
+    /// accumulator and the accumulator's reset, and the counters' resets.
+    fn apply_accumulated(
+        &mut self,
+        counters: &[NodeId],
+        accumulators: &[(NodeId, NodeId)],
+        optimizer: Optimizer,
+        step: Option<NodeId>,
+    ) -> Result<(), GraphError> {
+        for (k, &c) in counters.iter().enumerate().rev() {
+            self.current_stage = k as u8;
+            let name = derived(
+                &self.nodes[c.index()].name.clone(),
+                format_args!("/increment"),
+            )?;
             self.push(
-                derived("optimizer", format_args!("/increment"))?,
-                Op::Update(Update::Increment { counter: step }),
+                name,
+                Op::Update(Update::Increment { counter: c }),
+                Shape::scalar(),
+                DType::I32,
+                Roles::BACKWARD,
+            )?;
+        }
+        for &(var, acc) in accumulators {
+            self.current_stage = self.nodes[var.index()].stage;
+            self.emit_update(var, acc, optimizer, step)?;
+            let name = derived(
+                &self.nodes[acc.index()].name.clone(),
+                format_args!("/reset"),
+            )?;
+            let dt = self.node(acc).dtype;
+            self.push(
+                name,
+                Op::Update(Update::Fill { x: acc, value: 0.0 }),
+                Shape::scalar(),
+                dt,
+                Roles::UPDATE | Roles::BACKWARD,
+            )?;
+        }
+        for (k, &c) in counters.iter().enumerate() {
+            self.current_stage = k as u8;
+            let name = derived(&self.nodes[c.index()].name.clone(), format_args!("/reset"))?;
+            self.push(
+                name,
+                Op::Update(Update::Fill { x: c, value: 0.0 }),
                 Shape::scalar(),
                 DType::I32,
                 Roles::UPDATE | Roles::BACKWARD,
             )?;
         }
-        self.forward_len = Some(forward_len as u32);
-        self.current_stage = scope;
         Ok(())
     }
-
     /// Gives a variable's final gradient the name `<variable>_grad` (a stage's partial of a
     /// split gradient: `<variable>_grad_stage<k>`).
     fn finalize_var_grad(

@@ -125,163 +125,19 @@ impl Op {
     /// graph (recomputation's copies of forward nodes). `None` for updates, which write their
     /// operands and are never cloned.
     pub(crate) fn map_operands(&self, f: &mut dyn FnMut(NodeId) -> NodeId) -> Option<Op> {
-        use crate::ops::{
-            conv::Conv as C, elementwise::Elementwise as E, gather::Gather as G,
-            layout::Layout as L, loss::Loss as Lo, norm::Norm as N, pool::Pool as P,
-            random::Random as R, reduce::Reduce as Re, softmax::Softmax as S,
-        };
-        Some(match *self {
+        Some(match self {
             Op::Input | Op::Variable { .. } | Op::Constant { .. } => *self,
-            Op::Elementwise(e) => Op::Elementwise(match e {
-                E::Unary { x, f: u } => E::Unary { x: f(x), f: u },
-                E::Binary { a, b, f: g } => E::Binary {
-                    a: f(a),
-                    b: f(b),
-                    f: g,
-                },
-                E::Ternary { a, b, c, f: t } => E::Ternary {
-                    a: f(a),
-                    b: f(b),
-                    c: f(c),
-                    f: t,
-                },
-            }),
-            Op::MatMul(m) => Op::MatMul(MatMul {
-                a: f(m.a),
-                b: f(m.b),
-                ..m
-            }),
-            Op::Softmax(sm) => Op::Softmax(match sm {
-                S::Forward { x, axis } => S::Forward { x: f(x), axis },
-                S::Backward { dy, y, axis } => S::Backward {
-                    dy: f(dy),
-                    y: f(y),
-                    axis,
-                },
-            }),
-            Op::Loss(l) => Op::Loss(match l {
-                Lo::SparseCrossEntropy {
-                    x,
-                    labels,
-                    from_logits,
-                    ignore_index,
-                } => Lo::SparseCrossEntropy {
-                    x: f(x),
-                    labels: f(labels),
-                    from_logits,
-                    ignore_index,
-                },
-                Lo::SparseCrossEntropyGrad {
-                    x,
-                    labels,
-                    dloss,
-                    from_logits,
-                    ignore_index,
-                } => Lo::SparseCrossEntropyGrad {
-                    x: f(x),
-                    labels: f(labels),
-                    dloss: f(dloss),
-                    from_logits,
-                    ignore_index,
-                },
-            }),
-            Op::Reduce(r) => Op::Reduce(match r {
-                Re::Reduce {
-                    x,
-                    axes,
-                    keep_dims,
-                    kind,
-                } => Re::Reduce {
-                    x: f(x),
-                    axes,
-                    keep_dims,
-                    kind,
-                },
-                Re::Broadcast { x } => Re::Broadcast { x: f(x) },
-            }),
-            Op::Layout(l) => Op::Layout(match l {
-                L::Reshape { x } => L::Reshape { x: f(x) },
-                L::Transpose { x, perm } => L::Transpose { x: f(x), perm },
-                L::Concat { a, b, axis } => L::Concat {
-                    a: f(a),
-                    b: f(b),
-                    axis,
-                },
-                L::Slice { x, axis, start } => L::Slice {
-                    x: f(x),
-                    axis,
-                    start,
-                },
-                L::Pad { x, axis, before } => L::Pad {
-                    x: f(x),
-                    axis,
-                    before,
-                },
-                L::Tap { x } => L::Tap { x: f(x) },
-            }),
-            Op::Conv(c) => Op::Conv(match c {
-                C::Forward { x, w, p } => C::Forward {
-                    x: f(x),
-                    w: f(w),
-                    p,
-                },
-                C::GradInput { dy, w, p } => C::GradInput {
-                    dy: f(dy),
-                    w: f(w),
-                    p,
-                },
-                C::GradWeight { x, dy, p } => C::GradWeight {
-                    x: f(x),
-                    dy: f(dy),
-                    p,
-                },
-            }),
-            Op::Pool(pl) => Op::Pool(match pl {
-                P::Forward { x, p } => P::Forward { x: f(x), p },
-                P::Backward { dy, x, p } => P::Backward {
-                    dy: f(dy),
-                    x: f(x),
-                    p,
-                },
-            }),
-            Op::Norm(n) => Op::Norm(match n {
-                N::Normalize { x, axes, eps } => N::Normalize { x: f(x), axes, eps },
-                N::NormalizeGrad { dy, x, axes, eps } => N::NormalizeGrad {
-                    dy: f(dy),
-                    x: f(x),
-                    axes,
-                    eps,
-                },
-                N::Moment { x, axes, moment } => N::Moment {
-                    x: f(x),
-                    axes,
-                    moment,
-                },
-            }),
-            Op::Gather(g) => Op::Gather(match g {
-                G::Rows { table, indices } => G::Rows {
-                    table: f(table),
-                    indices: f(indices),
-                },
-                G::ScatterAdd { dy, indices } => G::ScatterAdd {
-                    dy: f(dy),
-                    indices: f(indices),
-                },
-                G::OneHot { indices } => G::OneHot {
-                    indices: f(indices),
-                },
-            }),
-            Op::Random(r) => Op::Random(match r {
-                R::KeepMask {
-                    counter,
-                    rate,
-                    seed,
-                } => R::KeepMask {
-                    counter: f(counter),
-                    rate,
-                    seed,
-                },
-            }),
+            Op::Elementwise(e) => Op::Elementwise(e.map_operands(f)),
+            Op::MatMul(m) => Op::MatMul(m.map_operands(f)),
+            Op::Softmax(s) => Op::Softmax(s.map_operands(f)),
+            Op::Loss(l) => Op::Loss(l.map_operands(f)),
+            Op::Reduce(r) => Op::Reduce(r.map_operands(f)),
+            Op::Layout(l) => Op::Layout(l.map_operands(f)),
+            Op::Conv(c) => Op::Conv(c.map_operands(f)),
+            Op::Pool(p) => Op::Pool(p.map_operands(f)),
+            Op::Norm(n) => Op::Norm(n.map_operands(f)),
+            Op::Gather(g) => Op::Gather(g.map_operands(f)),
+            Op::Random(r) => Op::Random(r.map_operands(f)),
             Op::Update(_) => return None,
         })
     }

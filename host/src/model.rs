@@ -1116,19 +1116,14 @@ fn build_layer<S: Storage>(
             strides,
             padding,
         } => {
-            let kind = if *max {
-                PoolKind::Max
-            } else {
-                PoolKind::Average {
+            let kind = match max {
+                true => PoolKind::Max,
+                false => PoolKind::Average {
                     count_include_pad: false,
-                }
+                },
             };
-            g.pool2d(
-                name,
-                x,
-                PoolParams::new(kind, nhwc, *pool_size, *strides),
-                padding.core(),
-            )
+            let p = PoolParams::new(kind, nhwc, *pool_size, *strides);
+            g.pool2d(name, x, p, padding.core())
         }
         LayerKind::GlobalAveragePooling2D => g.global_average_pool(name, x, nhwc, false),
         LayerKind::GlobalAveragePooling1D => g.reduce(name, x, &[1], false, ReduceKind::Mean),
@@ -1149,13 +1144,7 @@ fn build_layer<S: Storage>(
         } => g.embedding(name, x, *input_dim, *output_dim, dtype),
         LayerKind::Dropout { rate, seed } => g.dropout(name, x, *rate, *seed, training),
         LayerKind::Add => g.add(name, x, extra[0]),
-        LayerKind::Activation { activation } => match activation {
-            LayerActivation::Linear => g.tap(name, x),
-            LayerActivation::Relu => g.relu(name, x),
-            LayerActivation::Sigmoid => g.sigmoid(name, x),
-            LayerActivation::Tanh => g.tanh(name, x),
-            LayerActivation::Softmax => g.softmax(name, x),
-        },
+        LayerKind::Activation { activation } => activation_layer(g, name, x, *activation),
         LayerKind::Reshape { target_shape } => {
             let mut dims = vec![batch];
             dims.extend_from_slice(target_shape);
@@ -1181,6 +1170,23 @@ fn build_layer<S: Storage>(
             };
             g.multi_head_attention(name, x, value, a, training, dtype)
         }
+    }
+}
+
+/// An Activation layer of `activation` named `name` on `x`.
+#[allow(clippy::result_large_err)]
+fn activation_layer<S: Storage>(
+    g: &mut Graph<S>,
+    name: &str,
+    x: NodeId,
+    activation: LayerActivation,
+) -> Result<NodeId, GraphError> {
+    match activation {
+        LayerActivation::Linear => g.tap(name, x),
+        LayerActivation::Relu => g.relu(name, x),
+        LayerActivation::Sigmoid => g.sigmoid(name, x),
+        LayerActivation::Tanh => g.tanh(name, x),
+        LayerActivation::Softmax => g.softmax(name, x),
     }
 }
 

@@ -189,30 +189,10 @@ pub(crate) fn cost_steps_with(
     steps: std::ops::Range<usize>,
 ) -> (Cycles, u64, Vec<TraceEvent>) {
     let mut c = Cycles::default();
-    let mut trace = Vec::new();
-    let mut clock = 0u64;
-    let mut superstep = 0usize;
+    let mut tr = Tracer::default();
     let host_bytes_per_cycle = cfg.host_link_bytes_per_second_per_direction / cfg.clock_hz;
     let mut per_tile = vec![0u64; program.tiles as usize];
     let mut c_bytes = 0u64;
-    let push = |trace: &mut Vec<TraceEvent>,
-                clock: &mut u64,
-                superstep: usize,
-                phase,
-                tiles,
-                cycles,
-                op: &str| {
-        trace.push(TraceEvent {
-            superstep,
-            phase,
-            ipu: 0,
-            tiles,
-            start: *clock,
-            cycles,
-            op: op.to_string(),
-        });
-        *clock += cycles;
-    };
     let first = steps.start;
     for (index, step) in program.steps[steps].iter().enumerate() {
         match step {
@@ -224,15 +204,8 @@ pub(crate) fn cost_steps_with(
                 c_bytes += s.bytes;
                 let x = cost::exchange_cycles(cfg, s.busiest, false);
                 c.exchange += x;
-                push(
-                    &mut trace,
-                    &mut clock,
-                    superstep,
-                    Phase::Exchange,
-                    s.tiles_range,
-                    x,
-                    &program.node_names[node.index()],
-                );
+                let op = &program.node_names[node.index()];
+                tr.push(Phase::Exchange, s.tiles_range, x, op);
             }
             Step::Compute(cs) => {
                 per_tile.iter_mut().for_each(|x| *x = 0);
@@ -245,27 +218,12 @@ pub(crate) fn cost_steps_with(
                 let slowest = per_tile.iter().copied().max().unwrap_or(0)
                     + cost::compute_set_overhead_cycles();
                 let op = &program.node_names[cs.node.index()];
-                push(
-                    &mut trace,
-                    &mut clock,
-                    superstep,
-                    Phase::Sync,
-                    (0, program.tiles - 1),
-                    cfg.sync_cycles,
-                    op,
-                );
-                push(
-                    &mut trace,
-                    &mut clock,
-                    superstep,
-                    Phase::Compute,
-                    (lo, hi),
-                    slowest,
-                    op,
-                );
+                let all = (0, program.tiles - 1);
+                tr.push(Phase::Sync, all, cfg.sync_cycles, op);
+                tr.push(Phase::Compute, (lo, hi), slowest, op);
                 c.sync += cfg.sync_cycles;
                 c.compute += slowest;
-                superstep += 1;
+                tr.superstep += 1;
             }
             Step::LinkReceive { tensor, bytes } | Step::RemoteBuffer { tensor, bytes, .. } => {
                 let remote = matches!(step, Step::RemoteBuffer { .. });
@@ -276,35 +234,12 @@ pub(crate) fn cost_steps_with(
                 };
                 let x = (*bytes as f64 / per_cycle).ceil() as u64 + cfg.exchange_overhead_cycles;
                 let t = &program.tensors[tensor.index()];
-                let tiles = t
-                    .mapping
-                    .intervals()
-                    .iter()
-                    .fold((u32::MAX, 0), |(l, h), iv| {
-                        (l.min(iv.tile.0), h.max(iv.tile.0))
-                    });
                 if remote {
                     c.remote_buffers += x;
-                    push(
-                        &mut trace,
-                        &mut clock,
-                        superstep,
-                        Phase::RemoteBuffer,
-                        tiles,
-                        x,
-                        &t.name,
-                    );
+                    tr.push(Phase::RemoteBuffer, tile_span(t), x, &t.name);
                 } else {
                     c.exchange += x;
-                    push(
-                        &mut trace,
-                        &mut clock,
-                        superstep,
-                        Phase::Exchange,
-                        tiles,
-                        x,
-                        &t.name,
-                    );
+                    tr.push(Phase::Exchange, tile_span(t), x, &t.name);
                 }
             }
             Step::HostToDevice { tensor, bytes } | Step::DeviceToHost { tensor, bytes } => {
@@ -316,18 +251,46 @@ pub(crate) fn cost_steps_with(
                     Phase::DeviceToHost
                 };
                 let t = &program.tensors[tensor.index()];
-                let tiles = t
-                    .mapping
-                    .intervals()
-                    .iter()
-                    .fold((u32::MAX, 0), |(l, h), iv| {
-                        (l.min(iv.tile.0), h.max(iv.tile.0))
-                    });
-                push(&mut trace, &mut clock, superstep, phase, tiles, x, &t.name);
+                tr.push(phase, tile_span(t), x, &t.name);
             }
         }
     }
-    (c, c_bytes, trace)
+    (c, c_bytes, tr.trace)
+}
+
+/// The first and last tiles a tensor is mapped to.
+fn tile_span(t: &crate::program::ProgTensor) -> (u32, u32) {
+    t.mapping
+        .intervals()
+        .iter()
+        .fold((u32::MAX, 0), |(l, h), iv| {
+            (l.min(iv.tile.0), h.max(iv.tile.0))
+        })
+}
+
+/// A trace being written: the phases one after another on one clock, each in the superstep
+/// it belongs to.
+#[derive(Default)]
+struct Tracer {
+    trace: Vec<TraceEvent>,
+    clock: u64,
+    superstep: usize,
+}
+
+impl Tracer {
+    /// A phase of `cycles` on `tiles`, for op `op`, starting where the last ended.
+    fn push(&mut self, phase: Phase, tiles: (u32, u32), cycles: u64, op: &str) {
+        self.trace.push(TraceEvent {
+            superstep: self.superstep,
+            phase,
+            ipu: 0,
+            tiles,
+            start: self.clock,
+            cycles,
+            op: op.to_string(),
+        });
+        self.clock += cycles;
+    }
 }
 
 fn ipu_memory(report: &MemoryReport, cfg: &IpuConfig) -> IpuMemory {

@@ -241,6 +241,28 @@ pub(crate) fn summarize_vertices(
     summary
 }
 
+/// The reads of `vertices` from elsewhere: (region, reader), the tensors of `local_reads`
+/// and regions the reader holds whole left out.
+fn remote_reads<'v>(
+    tensors: &[ProgTensor],
+    vertices: &'v [Vertex],
+    local: &mut Locality,
+    local_reads: &[TensorId],
+) -> Vec<(&'v Region, TileId)> {
+    let mut remote: Vec<(&Region, TileId)> = Vec::new();
+    for v in vertices {
+        // The blocks of the tensor last looked up on this vertex's tile.
+        let mut on_tile = None;
+        for r in &v.reads {
+            if local_reads.contains(&r.tensor) || local.holds(tensors, v.tile, r, &mut on_tile) {
+                continue;
+            }
+            remote.push((r, v.tile));
+        }
+    }
+    remote
+}
+
 fn summarize_with(
     tiles: u32,
     tensors: &[ProgTensor],
@@ -255,17 +277,7 @@ fn summarize_with(
     // The reads from elsewhere first, so that the index is sized for them up front (growing
     // it rehashed it many times over; sizing it for every read, most of them local, cost
     // more than filling it).
-    let mut remote: Vec<(&Region, TileId)> = Vec::new();
-    for v in vertices {
-        // The blocks of the tensor last looked up on this vertex's tile.
-        let mut on_tile = None;
-        for r in &v.reads {
-            if local_reads.contains(&r.tensor) || local.holds(tensors, v.tile, r, &mut on_tile) {
-                continue;
-            }
-            remote.push((r, v.tile));
-        }
-    }
+    let remote = remote_reads(tensors, vertices, local, local_reads);
     if remote.is_empty() {
         return None;
     }
@@ -290,7 +302,6 @@ fn summarize_with(
         reads.push(rd);
     }
     let reader_tiles: Vec<TileId> = readers.iter().map(|p| p.1).collect();
-    let who = |rd: &Read| reader_tiles[rd.readers.clone()].iter().copied();
     // Only a group of a region that overlaps another region can be sent for two reads: the
     // others skip the (sender, group) index, which is most of the work for big reductions.
     let overlapping = overlapping_regions(&regions);
@@ -364,6 +375,25 @@ fn summarize_with(
     }
     // A region sent by a tile for two different reads (overlapping reads) is one transfer per
     // receiver and one send: take back what was counted twice.
+    bytes -= take_back_shared(&mut shared, tensors, &reads, &reader_tiles, &mut tally);
+    moved.sort_unstable();
+    moved.dedup();
+    Some(finish(&tally, bytes, moved))
+}
+
+/// For each group a tile sends for several overlapping reads (`shared`: (sender, group,
+/// read)), what was counted more than once: each receiver's extra receptions, the pairing
+/// counted for each read, the sender's extra sends. Takes them back from `tally`; the bytes
+/// counted twice in all.
+fn take_back_shared(
+    shared: &mut [(TileId, Region, u32)],
+    tensors: &[ProgTensor],
+    reads: &[Read],
+    reader_tiles: &[TileId],
+    tally: &mut [Tally],
+) -> u64 {
+    let who = |rd: &Read| reader_tiles[rd.readers.clone()].iter().copied();
+    let mut bytes = 0u64;
     shared.sort_unstable();
     for same in shared.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
         let (f, g) = (same[0].0, same[0].1);
@@ -409,12 +439,10 @@ fn summarize_with(
             if tensors[g.tensor.index()].class == TensorClass::AlwaysLive {
                 e.state_sends -= senders - 1;
             }
-            bytes -= (senders - 1) * b;
+            bytes += (senders - 1) * b;
         }
     }
-    moved.sort_unstable();
-    moved.dedup();
-    Some(finish(&tally, bytes, moved))
+    bytes
 }
 
 /// `readers` (key, tile) sorted and without repeats, for keys below `regions` (the regions a

@@ -573,7 +573,6 @@ pub(crate) fn account_part(
     cfg: &IpuConfig,
     part: Option<&[bool]>,
 ) -> MemoryReport {
-    let in_part = |s: usize| step_in(part, s);
     let sram_bytes_per_tile = cfg.sram_bytes_per_tile;
     let interleaved_start = cfg.interleaved_region_start_bytes;
     let tiles = program.tiles as usize;
@@ -583,40 +582,107 @@ pub(crate) fn account_part(
             ..Default::default()
         })
         .collect();
-    // Not-always-live data arrives and leaves at steps: (step, what), where `what` is a tensor
-    // (its bytes on each tile) or an exchange's receive buffers (each receiving tile's bytes).
-    // The steps are swept in order with each tile's running total, and a tile's peak is
-    // looked at after all of a step's changes to it: no per-tile lists of events are kept.
-    // A tensor's or a buffer's index, and +1 when it arrives or -1 when it leaves.
-    #[derive(Clone, Copy)]
-    enum What {
-        Tensor(u32, i64),
-        Buffer(u32, i64),
-        /// A call's clone of a tensor (`Program::call_clones`): the tensor's bytes again.
-        Clone(u32, i64),
-        /// Every tile looked at (the start of a run of a part's steps).
-        Probe,
+    let mut changes = live_changes(program);
+    let shared = shared_steps(program);
+    let walk = walk_steps(program, summaries, part, &shared, &mut tm, &mut changes);
+    for (t, _) in program
+        .tensors
+        .iter()
+        .zip(&walk.used)
+        .filter(|&(t, &u)| u && t.class == TensorClass::AlwaysLive)
+    {
+        let eb = t.elem_bytes();
+        for (tile, n) in t.mapping.elements_per_tile() {
+            tm[tile.index()].always_live += n * eb;
+        }
     }
-    let mut changes: Vec<(usize, What)> = Vec::new();
+    // Each run of a part's steps looks at every tile when it starts: a tile's data may have
+    // arrived before the part and not changed in it.
+    if let Some(p) = part {
+        for s in (0..p.len()).filter(|&s| p[s] && (s == 0 || !p[s - 1])) {
+            changes.push((s, Change::Probe));
+        }
+    }
+    changes.sort_by_key(|c| c.0);
+    let (best, peak_il) = peaks(program, &changes, &walk.buffers, part);
+    let control = control_code_per_tile(program, summaries, &shared, part);
+    for (t, mem) in tm.iter_mut().enumerate() {
+        mem.vertex_code = walk.codelets[t].iter().map(|c| c.code_bytes()).sum();
+        mem.control_code = control[t];
+        mem.stack = STACK_BYTES;
+        let (_, best_live, best_buf, best_step) = best[t];
+        mem.not_always_live = best_live.max(0) as u64;
+        mem.exchange_buffers = best_buf.max(0) as u64;
+        mem.interleaved = peak_il[t].max(0) as u64;
+        mem.peak_step = best_step;
+        mem.settle_gaps(interleaved_start);
+    }
+    MemoryReport {
+        sram_bytes_per_tile,
+        interleaved_region_start_bytes: interleaved_start,
+        tiles: tm,
+    }
+}
+
+/// What changes a tile's not-always-live bytes at a step: a tensor (its bytes on each tile)
+/// or an exchange's receive buffers (each receiving tile's bytes) arriving (+1) or leaving
+/// (-1), by index.
+#[derive(Clone, Copy)]
+enum Change {
+    Tensor(u32, i64),
+    Buffer(u32, i64),
+    /// A call's clone of a tensor (`Program::call_clones`): the tensor's bytes again.
+    Clone(u32, i64),
+    /// Every tile looked at (the start of a run of a part's steps).
+    Probe,
+}
+
+/// The steps where each not-always-live tensor and call clone arrives and leaves.
+fn live_changes(program: &Program) -> Vec<(usize, Change)> {
+    let mut changes: Vec<(usize, Change)> = Vec::new();
     for (i, t) in program.tensors.iter().enumerate() {
         if t.class == TensorClass::AlwaysLive {
             continue;
         }
         if t.elements > 0 {
-            changes.push((t.live.0, What::Tensor(i as u32, 1)));
-            changes.push((t.live.1 + 1, What::Tensor(i as u32, -1)));
+            changes.push((t.live.0, Change::Tensor(i as u32, 1)));
+            changes.push((t.live.1 + 1, Change::Tensor(i as u32, -1)));
         }
     }
     for (k, &(_, first, last)) in program.call_clones.iter().enumerate() {
-        changes.push((first, What::Clone(k as u32, 1)));
-        changes.push((last + 1, What::Clone(k as u32, -1)));
+        changes.push((first, Change::Clone(k as u32, 1)));
+        changes.push((last + 1, Change::Clone(k as u32, -1)));
     }
+    changes
+}
+
+/// What a walk over a program's steps found.
+struct StepWalk {
+    /// The codelets each tile runs (in the part's steps).
+    codelets: Vec<BTreeSet<crate::program::Codelet>>,
+    /// Each exchange's receiving tiles and the bytes each receives.
+    buffers: Vec<Vec<(usize, i64)>>,
+    /// The tensors the (part's) steps touch: a part holds only those of its variables.
+    used: Vec<bool>,
+}
+
+/// Walks the steps: the vertex state and exchange code of the part's steps into `tm` (code
+/// an earlier exchange paid, in the part or before it, is not paid again; a shared step's is
+/// paid once), each exchange's receive buffers into `changes` (they live through the exchange
+/// and the compute set after it), and the codelets and tensors the part's steps use.
+fn walk_steps(
+    program: &Program,
+    summaries: &Summaries,
+    part: Option<&[bool]>,
+    shared: &[bool],
+    tm: &mut [TileMemory],
+    changes: &mut Vec<(usize, Change)>,
+) -> StepWalk {
+    let in_part = |s: usize| step_in(part, s);
+    let tiles = program.tiles as usize;
     let mut codelets: Vec<BTreeSet<crate::program::Codelet>> = vec![BTreeSet::new(); tiles];
-    // Each exchange's receiving tiles and the bytes each receives.
     let mut buffers: Vec<Vec<(usize, i64)>> = Vec::new();
-    let shared = shared_steps(program);
     let mut exchange_code = SharedExchangeCode::new(program);
-    // The tensors the (part's) steps touch: a part holds only those of its variables.
     let mut used = vec![part.is_none(); program.tensors.len()];
     for (s, step) in program.steps.iter().enumerate() {
         match step {
@@ -634,9 +700,6 @@ pub(crate) fn account_part(
                 }
             }
             Step::Exchange { transfers, .. } => {
-                // A broadcast's code is counted once; receive buffers live through the
-                // exchange and the compute set after it. Code an earlier exchange paid (in
-                // the part or before it) is not paid again.
                 let summary = summaries.of(s, program.tiles, &program.tensors, transfers);
                 if in_part(s) {
                     summary.tensors.iter().for_each(|t| used[t.index()] = true);
@@ -650,8 +713,8 @@ pub(crate) fn account_part(
                     });
                 }
                 let b = buffers.len() as u32;
-                changes.push((s, What::Buffer(b, 1)));
-                changes.push((s + 2, What::Buffer(b, -1)));
+                changes.push((s, Change::Buffer(b, 1)));
+                changes.push((s + 2, Change::Buffer(b, -1)));
                 buffers.push(
                     summary
                         .tiles
@@ -671,28 +734,28 @@ pub(crate) fn account_part(
             }
         }
     }
-    for (t, _) in program
-        .tensors
-        .iter()
-        .zip(&used)
-        .filter(|&(t, &u)| u && t.class == TensorClass::AlwaysLive)
-    {
-        let eb = t.elem_bytes();
-        for (tile, n) in t.mapping.elements_per_tile() {
-            tm[tile.index()].always_live += n * eb;
-        }
+    StepWalk {
+        codelets,
+        buffers,
+        used,
     }
-    // Each run of a part's steps looks at every tile when it starts: a tile's data may have
-    // arrived before the part and not changed in it.
-    if let Some(p) = part {
-        for s in (0..p.len()).filter(|&s| p[s] && (s == 0 || !p[s - 1])) {
-            changes.push((s, What::Probe));
-        }
-    }
-    changes.sort_by_key(|c| c.0);
+}
+
+/// Each tile's peak of not-always-live data and buffers over the part's steps, from the
+/// `changes` sorted by step: (live + buffers, live, buffers, step) at the peak, and the peak
+/// of interleaved data. The steps are swept in order with each tile's running total, and a
+/// tile's peak is looked at after all of a step's changes to it: no per-tile lists of events
+/// are kept.
+#[allow(clippy::type_complexity)]
+fn peaks(
+    program: &Program,
+    changes: &[(usize, Change)],
+    buffers: &[Vec<(usize, i64)>],
+    part: Option<&[bool]>,
+) -> (Vec<(i64, i64, i64, usize)>, Vec<i64>) {
+    let tiles = program.tiles as usize;
     let (mut live, mut buf, mut il) = (vec![0i64; tiles], vec![0i64; tiles], vec![0i64; tiles]);
     let mut peak_il = vec![0i64; tiles];
-    // Per tile: (live + buffers, live, buffers, step) at its peak.
     let mut best = vec![(0i64, 0i64, 0i64, 0usize); tiles];
     let mut touched = vec![false; tiles];
     let mut touched_list: Vec<usize> = Vec::new();
@@ -707,7 +770,7 @@ pub(crate) fn account_part(
                 }
             };
             match what {
-                What::Tensor(i, sign) => {
+                Change::Tensor(i, sign) => {
                     // Each tile's bytes, made when the tensor's first change comes and kept
                     // for its second.
                     let t = &program.tensors[i as usize];
@@ -735,13 +798,13 @@ pub(crate) fn account_part(
                         held[i as usize] = Some(per_tile);
                     }
                 }
-                What::Buffer(b, sign) => {
+                Change::Buffer(b, sign) => {
                     for &(k, received) in &buffers[b as usize] {
                         buf[k] += sign * received;
                         touch(k);
                     }
                 }
-                What::Clone(c, sign) => {
+                Change::Clone(c, sign) => {
                     let t = &program.tensors[program.call_clones[c as usize].0.index()];
                     let eb = t.elem_bytes() as i64;
                     for (tile, n) in t.mapping.elements_per_tile() {
@@ -749,10 +812,10 @@ pub(crate) fn account_part(
                         touch(tile.index());
                     }
                 }
-                What::Probe => (0..tiles).for_each(&mut touch),
+                Change::Probe => (0..tiles).for_each(&mut touch),
             }
         }
-        let looked_at = in_part(step);
+        let looked_at = step_in(part, step);
         for k in touched_list.drain(..) {
             touched[k] = false;
             if !looked_at {
@@ -764,23 +827,7 @@ pub(crate) fn account_part(
             }
         }
     }
-    let control = control_code_per_tile(program, summaries, &shared, part);
-    for (t, mem) in tm.iter_mut().enumerate() {
-        mem.vertex_code = codelets[t].iter().map(|c| c.code_bytes()).sum();
-        mem.control_code = control[t];
-        mem.stack = STACK_BYTES;
-        let (_, best_live, best_buf, best_step) = best[t];
-        mem.not_always_live = best_live.max(0) as u64;
-        mem.exchange_buffers = best_buf.max(0) as u64;
-        mem.interleaved = peak_il[t].max(0) as u64;
-        mem.peak_step = best_step;
-        mem.settle_gaps(interleaved_start);
-    }
-    MemoryReport {
-        sram_bytes_per_tile,
-        interleaved_region_start_bytes: interleaved_start,
-        tiles: tm,
-    }
+    (best, peak_il)
 }
 
 /// Checks the report against SRAM: the typed error names the fullest tile, how far over it

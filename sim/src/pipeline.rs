@@ -130,9 +130,10 @@ pub fn timeline_concurrent(
             ..Default::default()
         })
         .collect();
-    let mut stash: Vec<std::collections::VecDeque<usize>> =
-        vec![Default::default(); pipeline.stages()];
-    let mut observed = vec![0usize; pipeline.stages()];
+    let mut stashes = Stashes {
+        queues: vec![Default::default(); pipeline.stages()],
+        observed: vec![0usize; pipeline.stages()],
+    };
     let mut runs = Vec::new();
     let mut clock = 0u64;
     let mut busy = vec![0u64; ipus];
@@ -166,7 +167,7 @@ pub fn timeline_concurrent(
                 tm.idle = tm.idle.saturating_add(period_idle[d].saturating_mul(n));
             }
             // Every slot ran once per period: the stashed micro-batches move on as many.
-            for q in &mut stash {
+            for q in &mut stashes.queues {
                 q.iter_mut().for_each(|b| *b += skipped_periods);
             }
             elided = Some(ElidedSteps {
@@ -194,39 +195,16 @@ pub fn timeline_concurrent(
             }
         }
         busy.iter_mut().for_each(|x| *x = 0);
-        for &(slot, b) in &active {
-            let k = slot.stage();
-            for &(stage, ipu, cost) in &placements[k] {
-                let (cycles, backward) = match slot {
-                    Slot::Forward(_) => (cost.forward, false),
-                    Slot::Backward(_) => (cost.backward, true),
-                };
-                runs.push(SlotRun {
-                    step: t,
-                    ipu,
-                    stage,
-                    backward,
-                    micro_batch: b,
-                    start: clock.saturating_add(busy[ipu]),
-                    cycles,
-                });
-                busy[ipu] = busy[ipu].saturating_add(cycles);
-            }
-            if pipeline.training() {
-                match slot {
-                    Slot::Forward(_) => {
-                        // Older micro-batches still waiting when this one is pushed.
-                        observed[k] = observed[k].max(stash[k].len());
-                        stash[k].push_back(b);
-                    }
-                    Slot::Backward(_) => {
-                        // FIFO: the backward consumes the oldest stashed micro-batch.
-                        let oldest = stash[k].pop_front();
-                        debug_assert_eq!(oldest, Some(b));
-                    }
-                }
-            }
-        }
+        let at = (t, clock);
+        run_slots(
+            pipeline,
+            placements,
+            at,
+            &active,
+            &mut busy,
+            &mut runs,
+            &mut stashes,
+        );
         let step = busy.iter().copied().max().unwrap_or(0);
         let in_period = skipped_periods > 0 && t + period >= gap_start && t < gap_start;
         for (d, tm) in time.iter_mut().enumerate() {
@@ -247,8 +225,61 @@ pub fn timeline_concurrent(
     Timeline {
         cycles: clock,
         ipus: time,
-        stash_observed: observed,
+        stash_observed: stashes.observed,
         runs,
         elided,
+    }
+}
+
+/// Each stage's stashed micro-batches (oldest first) and the most seen waiting.
+struct Stashes {
+    queues: Vec<std::collections::VecDeque<usize>>,
+    observed: Vec<usize>,
+}
+
+/// Step `t`'s active slots (slot, micro-batch) starting at `clock`: each placement's run on
+/// its IPU after what the IPU ran already in the step (`busy`), and, training, the stash
+/// pushed by a forward slot and popped by a backward one.
+fn run_slots(
+    pipeline: &Pipeline,
+    placements: &[Vec<(usize, usize, StageCost)>],
+    (t, clock): (usize, u64),
+    active: &[(Slot, usize)],
+    busy: &mut [u64],
+    runs: &mut Vec<SlotRun>,
+    stash: &mut Stashes,
+) {
+    for &(slot, b) in active {
+        let k = slot.stage();
+        for &(stage, ipu, cost) in &placements[k] {
+            let (cycles, backward) = match slot {
+                Slot::Forward(_) => (cost.forward, false),
+                Slot::Backward(_) => (cost.backward, true),
+            };
+            runs.push(SlotRun {
+                step: t,
+                ipu,
+                stage,
+                backward,
+                micro_batch: b,
+                start: clock.saturating_add(busy[ipu]),
+                cycles,
+            });
+            busy[ipu] = busy[ipu].saturating_add(cycles);
+        }
+        if pipeline.training() {
+            match slot {
+                Slot::Forward(_) => {
+                    // Older micro-batches still waiting when this one is pushed.
+                    stash.observed[k] = stash.observed[k].max(stash.queues[k].len());
+                    stash.queues[k].push_back(b);
+                }
+                Slot::Backward(_) => {
+                    // FIFO: the backward consumes the oldest stashed micro-batch.
+                    let oldest = stash.queues[k].pop_front();
+                    debug_assert_eq!(oldest, Some(b));
+                }
+            }
+        }
     }
 }

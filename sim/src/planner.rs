@@ -497,7 +497,10 @@ pub type BoundLevel = u32;
 /// The level of a plan within none of the doubled bounds.
 pub const OVER_EVERY_BOUND: BoundLevel = BoundLevel::MAX;
 
-/// Prices the plan `pm x pk x pn` of `[m, k] x [k, n]`: (its bound level, plan).
+/// Prices the plan `pm x pk x pn` of `[m, k] x [k, n]`: (its bound level, plan). The
+/// fewest serial steps that bring a tile's temporary memory under the lowest bound some
+/// number of steps meets ([`Pricing::serial_steps`]), and the cycles of the plan with them
+/// ([`Pricing::cycles`]).
 #[allow(clippy::too_many_arguments)]
 fn price(
     cfg: &IpuConfig,
@@ -511,187 +514,38 @@ fn price(
     method: Method,
     field: Option<Field>,
 ) -> (BoundLevel, MatMulPlan) {
-    let s = dtype.size() as u64;
-    // The partial sums' type and bytes (fp16 only for fp16 products with half partials, and
-    // only on the AMP: the other methods' vertices keep fp32 partials).
+    // The partial sums' type (fp16 only for fp16 products with half partials, and only on
+    // the AMP: the other methods' vertices keep fp32 partials).
     let partials = match method {
         Method::Amp => opts.partials.of(dtype),
         _ => DType::F32,
     };
-    let ps = partials.size() as u64;
-    let sync = cfg.sync_cycles;
     let (bm, bk, bn) = (m.div_ceil(pm), k.div_ceil(pk), n.div_ceil(pn));
-    // An operand laid out by the plan is spread over the tiles that read each block (each
-    // holds 1/pn of its block of a, 1/pm of its block of b): each receives the rest.
-    let share = |bytes: u64, over: u64, laid_out: bool| {
-        if laid_out {
-            bytes * (over - 1) / over
-        } else {
-            bytes
-        }
+    let pr = Pricing {
+        cfg,
+        opts,
+        k,
+        n,
+        grid: [pm, pk, pn],
+        block: [bm, bk, bn],
+        dtype,
+        partials,
+        laid_out,
+        orientation,
+        method,
+        field,
+        superstep: cost::compute_set_overhead_cycles() + cfg.sync_cycles,
+        // In serial steps over k (poplin's loop) each step's fresh partials are added into an
+        // fp32 accumulator of the tile's share of the output (and, when k is split, first
+        // reduced into an fp32 sum of the same share).
+        out_share: (bm * bn).div_ceil(pk),
+        // Partial sums are of the partials' type when k is split (over tiles or serially) and
+        // when the output is narrower but poplin's AMP cannot write it (`casts_partials`): a
+        // cast then makes it.
+        casts: casts_partials(k, 1, dtype, partials),
     };
-    // The operand bytes a tile receives for a step over `bk` of k and `bn` of n (a
-    // convolution's input with its receptive field, `Field`).
-    let a_elements = |bk: u64| match field {
-        Some(f) if f.operand == Operand::A => f.elements(bm, bk),
-        _ => bm * bk,
-    };
-    let b_elements = |bk: u64, bn: u64| match field {
-        Some(f) if f.operand == Operand::B => f.elements(bk, bn),
-        _ => bk * bn,
-    };
-    let received_of = |bk: u64, bn: u64| {
-        share(a_elements(bk) * s, pn, laid_out.a) + share(b_elements(bk, bn) * s, pm, laid_out.b)
-    };
-    // The plan's temporary memory on a tile (the operand copies it receives and its fp32
-    // partial sums) may take `AVAILABLE_MEMORY_PROPORTION` of the tile, as poplibs' planner
-    // bounds it; plans over that are a last resort, ranked by the doubled bound they meet
-    // (`BoundLevel`). A block over the bound runs in serial steps, over k (each step bringing
-    // its share of both operands, its partials added into an accumulator) or over n (each
-    // bringing the whole block of a and its share of b's columns, and making its share of the
-    // output in full): the fewest steps of either kind that bring it under the lowest bound
-    // some number of steps meets, the cheaper kind when both do.
-    let bound = opts.bound_bytes(cfg);
-    // Partial sums are of the partials' type when k is split (over tiles or serially) and
-    // when the output is narrower but poplin's AMP cannot write it (`casts_partials`): a cast
-    // then makes it.
-    let casts = casts_partials(k, 1, dtype, partials);
-    // In serial steps over k (poplin's loop) each step's fresh partials are added into an fp32
-    // accumulator of the tile's share of the output (and, when k is split, first reduced into
-    // an fp32 sum of the same share).
-    let out_share = (bm * bn).div_ceil(pk);
-    // Temporary bytes of `sk` steps over k or `sn` steps over n (one of them 1).
-    // An fp32 output is its own accumulator (only a reduced step's sum is temporary).
-    let accumulators = u64::from(pk > 1) + u64::from(dtype != partials);
-    let block_bytes = |sk: u64, sn: u64| {
-        let bn_s = bn.div_ceil(sn);
-        received_of(bk.div_ceil(sk), bn_s)
-            + if sk > 1 {
-                bm * bn * ps + out_share * ps * accumulators
-            } else if pk > 1 || casts {
-                bm * bn_s * ps
-            } else {
-                0
-            }
-    };
-    let superstep = cost::compute_set_overhead_cycles() + sync;
-    // The partials' reduction of blocks `bn` wide into `out`, stage by stage as poplin plans
-    // it: a stage summing f blocks spreads each result over the f x (tiles so far) tiles
-    // holding them.
-    let reduction = |out: DType, bn: u64| {
-        let mut spread = 1;
-        let mut cycles = 0;
-        let factors = cost::reduce_stage_factors(pk);
-        for (st, &f) in factors.iter().enumerate() {
-            let last = st + 1 == factors.len();
-            let holders = if last { pk } else { (spread * f).min(pk) };
-            let share = (bm * bn).div_ceil(holders);
-            let out = if last { out } else { partials };
-            cycles += cost::exchange_cycles(cfg, share * (f - 1) * ps, false)
-                + cost::partials_reduce_cycles(cfg, share, f, out, partials)
-                + superstep;
-            spread *= f;
-        }
-        cycles
-    };
-    // Cycles of `sk` steps over k or `sn` steps over n, and whether the AMP runs transposed.
-    let cycles_of = |sk: u64, sn: u64| {
-        let (bk_s, bn_s) = (bk.div_ceil(sk), bn.div_ceil(sn));
-        // The AMP's cost of one step (the whole block when it runs at once), in the
-        // orientation allowed, the cheaper when both are.
-        let vertex = |field: u64, k: u64, out: u64| match method {
-            Method::Amp => cost::matmul_amp_cycles_with(cfg, field, k, out, dtype, partials),
-            Method::Hmac { group } => cost::hmac_cycles(cfg, field, k, out, group),
-            Method::OuterProduct { group } => cost::outer_product_cycles(cfg, field, out, group),
-        };
-        let transposed = vertex(bn_s, bk_s, bm);
-        let (step_amp, swapped) = match orientation {
-            Orientation::Swapped => (transposed, true),
-            Orientation::Either => {
-                // Positions along the AMP's field that no product reaches are skipped (a
-                // strided convolution's input gradient); transposed, they are output channels
-                // and are computed.
-                let field_m = field.map_or(bm, |f| f.contributing_positions(bm));
-                let straight = vertex(field_m, bk_s, bn_s);
-                (straight.min(transposed), transposed < straight)
-            }
-        };
-        // The planner prices no exchange-bus pair discount (poplin's does, for its input when
-        // the output-channel split is even): in Tessera's element-order layouts the plans it
-        // favours, with many narrow column blocks, cut every downstream tensor into a region
-        // per row of a block, which costs region overheads and exchange code the planner does
-        // not see. The exchanges of the lowered program count what pairs do share.
-        let mut total = sk
-            * sn
-            * (step_amp + cost::exchange_cycles(cfg, received_of(bk_s, bn_s), false) + superstep);
-        // Each tile casts its share of fp32 results to the output.
-        let cast = |n: u64| cost::cast_cycles(cfg, n) + superstep;
-        if sk > 1 {
-            // poplin's serial loop over k: every step reduces its partials to fp32 and copies
-            // (the first) or adds them into the accumulator, which is cast to the output after
-            // the loop.
-            total += sk * (reduction(partials, bn) + superstep)
-                + UnaryKind::Copy.cycles(cfg, out_share, partials)
-                + (sk - 1) * cost::binary_in_place_cycles(cfg, out_share, partials);
-            if dtype != partials {
-                total += cast(out_share);
-            }
-        } else {
-            total += sn * reduction(dtype, bn_s);
-            if pk == 1 && casts {
-                total += sn * cast(bm * bn_s);
-            }
-        }
-        (total, swapped)
-    };
-    let most_k = bk
-        .div_ceil(cost::amp_in_group(dtype))
-        .clamp(1, MAX_SERIAL_STEPS);
-    let most_n = bn
-        .div_ceil(cost::amp_conv_units_with(cfg, dtype, partials))
-        .clamp(1, MAX_SERIAL_STEPS);
-    // A serialized dimension takes at least its serialization's steps.
-    let (min_k, min_n) = (opts.min_steps(k), opts.min_steps(n));
-    let (level, (sk, sn)) = {
-        let mut level = 0;
-        let mut bound = bound;
-        loop {
-            let over_k = if min_n > 1 {
-                None
-            } else {
-                (min_k..=most_k.max(min_k)).find(|&st| block_bytes(st, 1) <= bound)
-            };
-            // Steps over n are taken only when k is not split across tiles (each step's
-            // reduction would share out a narrower block than the output's layout).
-            let over_n = if pk == 1 && min_k == 1 {
-                (min_n.max(2)..=most_n.max(min_n)).find(|&st| block_bytes(1, st) <= bound)
-            } else {
-                None
-            };
-            let steps = match (over_k, over_n) {
-                (Some(1), _) => Some((1, 1)),
-                (Some(st_k), Some(st_n)) => {
-                    if cycles_of(1, st_n).0 < cycles_of(st_k, 1).0 {
-                        Some((1, st_n))
-                    } else {
-                        Some((st_k, 1))
-                    }
-                }
-                (Some(st_k), None) => Some((st_k, 1)),
-                (None, Some(st_n)) => Some((1, st_n)),
-                (None, None) => None,
-            };
-            if let Some(steps) = steps {
-                break (level, steps);
-            }
-            if bound >= 2 * cfg.sram_bytes_per_tile {
-                break (OVER_EVERY_BOUND, (1, 1));
-            }
-            level += 1;
-            bound = bound.saturating_mul(2);
-        }
-    };
-    let (total, swapped) = cycles_of(sk, sn);
+    let (level, (sk, sn)) = pr.serial_steps();
+    let (total, swapped) = pr.cycles(sk, sn);
     let plan = MatMulPlan {
         pm,
         pk,
@@ -712,6 +566,213 @@ fn price(
         },
     };
     (level, plan)
+}
+
+/// A plan being priced ([`price`]).
+struct Pricing<'c> {
+    cfg: &'c IpuConfig,
+    opts: PlanOptions,
+    k: u64,
+    n: u64,
+    /// Tiles along m, k and n.
+    grid: [u64; 3],
+    /// A tile's block along m, k and n.
+    block: [u64; 3],
+    dtype: DType,
+    /// The partial sums' type.
+    partials: DType,
+    laid_out: LaidOut,
+    orientation: Orientation,
+    method: Method,
+    field: Option<Field>,
+    /// A compute set's overhead and its sync.
+    superstep: u64,
+    /// A tile's share of the output when k is split.
+    out_share: u64,
+    /// Whether a cast makes the output from the partial sums.
+    casts: bool,
+}
+
+impl Pricing<'_> {
+    /// The operand bytes a tile receives for a step over `bk` of k and `bn` of n (a
+    /// convolution's input with its receptive field, `Field`). An operand laid out by the
+    /// plan is spread over the tiles that read each block (each holds 1/pn of its block of a,
+    /// 1/pm of its block of b): each receives the rest.
+    fn received(&self, bk: u64, bn: u64) -> u64 {
+        let [pm, _, pn] = self.grid;
+        let bm = self.block[0];
+        let s = self.dtype.size() as u64;
+        let share = |bytes: u64, over: u64, laid_out: bool| {
+            if laid_out {
+                bytes * (over - 1) / over
+            } else {
+                bytes
+            }
+        };
+        let a_elements = match self.field {
+            Some(f) if f.operand == Operand::A => f.elements(bm, bk),
+            _ => bm * bk,
+        };
+        let b_elements = match self.field {
+            Some(f) if f.operand == Operand::B => f.elements(bk, bn),
+            _ => bk * bn,
+        };
+        share(a_elements * s, pn, self.laid_out.a) + share(b_elements * s, pm, self.laid_out.b)
+    }
+
+    /// Temporary bytes on a tile of `sk` steps over k or `sn` steps over n (one of them 1):
+    /// the operand copies it receives and its partial sums. An fp32 output is its own
+    /// accumulator (only a reduced step's sum is temporary).
+    fn block_bytes(&self, sk: u64, sn: u64) -> u64 {
+        let [bm, bk, bn] = self.block;
+        let pk = self.grid[1];
+        let ps = self.partials.size() as u64;
+        let accumulators = u64::from(pk > 1) + u64::from(self.dtype != self.partials);
+        let bn_s = bn.div_ceil(sn);
+        self.received(bk.div_ceil(sk), bn_s)
+            + if sk > 1 {
+                bm * bn * ps + self.out_share * ps * accumulators
+            } else if pk > 1 || self.casts {
+                bm * bn_s * ps
+            } else {
+                0
+            }
+    }
+
+    /// The partials' reduction of blocks `bn` wide into `out`, stage by stage as poplin plans
+    /// it: a stage summing f blocks spreads each result over the f x (tiles so far) tiles
+    /// holding them.
+    fn reduction(&self, out: DType, bn: u64) -> u64 {
+        let (cfg, partials, pk, bm) = (self.cfg, self.partials, self.grid[1], self.block[0]);
+        let ps = partials.size() as u64;
+        let mut spread = 1;
+        let mut cycles = 0;
+        let factors = cost::reduce_stage_factors(pk);
+        for (st, &f) in factors.iter().enumerate() {
+            let last = st + 1 == factors.len();
+            let holders = if last { pk } else { (spread * f).min(pk) };
+            let share = (bm * bn).div_ceil(holders);
+            let out = if last { out } else { partials };
+            cycles += cost::exchange_cycles(cfg, share * (f - 1) * ps, false)
+                + cost::partials_reduce_cycles(cfg, share, f, out, partials)
+                + self.superstep;
+            spread *= f;
+        }
+        cycles
+    }
+
+    /// Cycles of `sk` steps over k or `sn` steps over n, and whether the AMP runs transposed.
+    fn cycles(&self, sk: u64, sn: u64) -> (u64, bool) {
+        let (cfg, dtype, partials) = (self.cfg, self.dtype, self.partials);
+        let [bm, bk, bn] = self.block;
+        let pk = self.grid[1];
+        let superstep = self.superstep;
+        let (bk_s, bn_s) = (bk.div_ceil(sk), bn.div_ceil(sn));
+        // The AMP's cost of one step (the whole block when it runs at once), in the
+        // orientation allowed, the cheaper when both are.
+        let vertex = |field: u64, k: u64, out: u64| match self.method {
+            Method::Amp => cost::matmul_amp_cycles_with(cfg, field, k, out, dtype, partials),
+            Method::Hmac { group } => cost::hmac_cycles(cfg, field, k, out, group),
+            Method::OuterProduct { group } => cost::outer_product_cycles(cfg, field, out, group),
+        };
+        let transposed = vertex(bn_s, bk_s, bm);
+        let (step_amp, swapped) = match self.orientation {
+            Orientation::Swapped => (transposed, true),
+            Orientation::Either => {
+                // Positions along the AMP's field that no product reaches are skipped (a
+                // strided convolution's input gradient); transposed, they are output channels
+                // and are computed.
+                let field_m = self.field.map_or(bm, |f| f.contributing_positions(bm));
+                let straight = vertex(field_m, bk_s, bn_s);
+                (straight.min(transposed), transposed < straight)
+            }
+        };
+        // The planner prices no exchange-bus pair discount (poplin's does, for its input when
+        // the output-channel split is even): in Tessera's element-order layouts the plans it
+        // favours, with many narrow column blocks, cut every downstream tensor into a region
+        // per row of a block, which costs region overheads and exchange code the planner does
+        // not see. The exchanges of the lowered program count what pairs do share.
+        let exchange = cost::exchange_cycles(cfg, self.received(bk_s, bn_s), false);
+        let mut total = sk * sn * (step_amp + exchange + superstep);
+        // Each tile casts its share of fp32 results to the output.
+        let cast = |n: u64| cost::cast_cycles(cfg, n) + superstep;
+        if sk > 1 {
+            // poplin's serial loop over k: every step reduces its partials to fp32 and copies
+            // (the first) or adds them into the accumulator, which is cast to the output after
+            // the loop.
+            total += sk * (self.reduction(partials, bn) + superstep)
+                + UnaryKind::Copy.cycles(cfg, self.out_share, partials)
+                + (sk - 1) * cost::binary_in_place_cycles(cfg, self.out_share, partials);
+            if dtype != partials {
+                total += cast(self.out_share);
+            }
+        } else {
+            total += sn * self.reduction(dtype, bn_s);
+            if pk == 1 && self.casts {
+                total += sn * cast(bm * bn_s);
+            }
+        }
+        (total, swapped)
+    }
+
+    /// The plan's temporary memory on a tile (the operand copies it receives and its fp32
+    /// partial sums) may take `AVAILABLE_MEMORY_PROPORTION` of the tile, as poplibs' planner
+    /// bounds it; plans over that are a last resort, ranked by the doubled bound they meet
+    /// (`BoundLevel`). A block over the bound runs in serial steps, over k (each step bringing
+    /// its share of both operands, its partials added into an accumulator) or over n (each
+    /// bringing the whole block of a and its share of b's columns, and making its share of the
+    /// output in full): the fewest steps of either kind that bring it under the lowest bound
+    /// some number of steps meets, the cheaper kind when both do. (The level, (sk, sn)).
+    fn serial_steps(&self) -> (BoundLevel, (u64, u64)) {
+        let (cfg, dtype) = (self.cfg, self.dtype);
+        let [_, bk, bn] = self.block;
+        let pk = self.grid[1];
+        let most_k = bk
+            .div_ceil(cost::amp_in_group(dtype))
+            .clamp(1, MAX_SERIAL_STEPS);
+        let most_n = bn
+            .div_ceil(cost::amp_conv_units_with(cfg, dtype, self.partials))
+            .clamp(1, MAX_SERIAL_STEPS);
+        // A serialized dimension takes at least its serialization's steps.
+        let (min_k, min_n) = (self.opts.min_steps(self.k), self.opts.min_steps(self.n));
+        let mut level = 0;
+        let mut bound = self.opts.bound_bytes(cfg);
+        loop {
+            let over_k = if min_n > 1 {
+                None
+            } else {
+                (min_k..=most_k.max(min_k)).find(|&st| self.block_bytes(st, 1) <= bound)
+            };
+            // Steps over n are taken only when k is not split across tiles (each step's
+            // reduction would share out a narrower block than the output's layout).
+            let over_n = if pk == 1 && min_k == 1 {
+                (min_n.max(2)..=most_n.max(min_n)).find(|&st| self.block_bytes(1, st) <= bound)
+            } else {
+                None
+            };
+            let steps = match (over_k, over_n) {
+                (Some(1), _) => Some((1, 1)),
+                (Some(st_k), Some(st_n)) => {
+                    if self.cycles(1, st_n).0 < self.cycles(st_k, 1).0 {
+                        Some((1, st_n))
+                    } else {
+                        Some((st_k, 1))
+                    }
+                }
+                (Some(st_k), None) => Some((st_k, 1)),
+                (None, Some(st_n)) => Some((1, st_n)),
+                (None, None) => None,
+            };
+            if let Some(steps) = steps {
+                return (level, steps);
+            }
+            if bound >= 2 * cfg.sram_bytes_per_tile {
+                return (OVER_EVERY_BOUND, (1, 1));
+            }
+            level += 1;
+            bound = bound.saturating_mul(2);
+        }
+    }
 }
 
 /// Every candidate grid `(pm, pk, pn)` of `[m, k] x [k, n]` on up to `tiles` tiles.
@@ -994,7 +1055,7 @@ pub fn plan_fc_with(
         false,
     );
     let separate_cycles = separate.planned_cycles().saturating_add(gradient_move);
-    let mut best: Option<((BoundLevel, u64, u64), FcPlans)> = None;
+    let mut best: BestFc = None;
     for [pm, pk, pn] in candidates(cfg, opts, [batch, input, output], dtype, tiles) {
         let (big_f, forward) = price(
             cfg,
@@ -1071,22 +1132,39 @@ pub fn plan_fc_with(
     // Joint plans do not split the batch (`outChanSplit.parallel` is 1, `ConvModel.cpp`) and
     // split the other two dimensions in whole groups (the field grain is `g`).
     if batch == 1 && dtype == DType::F32 {
-        for g in hmac_groups(input, output) {
-            let divisors = |n: u64| (1..=n).filter(move |d| n % d == 0);
-            for cs in divisors(input / g) {
-                for fs in divisors(output / g).take_while(|&fs| cs * fs <= tiles) {
-                    let plans = hmac_joint(cfg, opts, input, output, g, cs, fs, dtype);
-                    let key = (plans.0, plans.1.planned_cycles(), cs * fs);
-                    if best.as_ref().is_none_or(|(k, _)| key < *k) {
-                        best = Some((key, plans.1));
-                    }
-                }
-            }
-        }
+        hmac_joints(cfg, opts, [input, output], dtype, tiles, &mut best);
     }
     match best {
         Some(((0, cycles, _), joint)) if cycles <= separate_cycles => joint,
         _ => separate,
+    }
+}
+
+/// The best joint plan so far, a key (bound level, cycles, tiles) with its plans.
+type BestFc = Option<((BoundLevel, u64, u64), FcPlans)>;
+
+/// Batch-1 joint plans on horizontal MACs ([`hmac_joint`]) of a layer of `input` x `output`
+/// on up to `tiles` tiles, over every group size and whole-group split: `best` becomes the
+/// best of them when it beats it.
+fn hmac_joints(
+    cfg: &IpuConfig,
+    opts: PlanOptions,
+    [input, output]: [u64; 2],
+    dtype: DType,
+    tiles: u64,
+    best: &mut BestFc,
+) {
+    for g in hmac_groups(input, output) {
+        let divisors = |n: u64| (1..=n).filter(move |d| n % d == 0);
+        for cs in divisors(input / g) {
+            for fs in divisors(output / g).take_while(|&fs| cs * fs <= tiles) {
+                let plans = hmac_joint(cfg, opts, input, output, g, cs, fs, dtype);
+                let key = (plans.0, plans.1.planned_cycles(), cs * fs);
+                if best.as_ref().is_none_or(|(k, _)| key < *k) {
+                    *best = Some((key, plans.1));
+                }
+            }
+        }
     }
 }
 

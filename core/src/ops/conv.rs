@@ -187,6 +187,29 @@ impl Conv {
         }
     }
 
+    /// The same op reading `f(o)` for each operand `o` (a copy of a node elsewhere in the
+    /// graph, as recomputation makes).
+    pub(crate) fn map_operands(&self, f: &mut dyn FnMut(NodeId) -> NodeId) -> Self {
+        let c = *self;
+        match c {
+            Conv::Forward { x, w, p } => Conv::Forward {
+                x: f(x),
+                w: f(w),
+                p,
+            },
+            Conv::GradInput { dy, w, p } => Conv::GradInput {
+                dy: f(dy),
+                w: f(w),
+                p,
+            },
+            Conv::GradWeight { x, dy, p } => Conv::GradWeight {
+                x: f(x),
+                dy: f(dy),
+                p,
+            },
+        }
+    }
+
     /// The geometry.
     pub const fn params(&self) -> ConvParams {
         match *self {
@@ -548,134 +571,197 @@ pub(crate) fn run<S: Storage>(
     let (col, rest) = work.split_at_mut(pp * kk * es);
     let (wtmp, rest) = rest.split_at_mut(kk * og * es);
     let (ytmp, acc) = rest.split_at_mut(pp * og * es);
-    let out = &mut *ex.out;
+    let mut scratch = Scratch {
+        col,
+        wtmp,
+        ytmp,
+        acc,
+    };
+    let (out, ins) = (&mut *ex.out, &ex.ins);
     match *op {
         Conv::Forward { x, w, .. } => {
-            let (xb, wb) = (ex.ins.bytes(x), ex.ins.bytes(w));
-            for n in 0..d.n {
-                for g in 0..d.g {
-                    unfold(&d, &p, xb, t, n, g, col);
-                    let wg = group_weights(&d, &p, wb, es, g, wtmp);
-                    match p.layout {
-                        // [Og, P] = W_g [Og, K] . col^T, contiguous in NCHW.
-                        DataLayout::Nchw => {
-                            let o0 = (n * d.o + g * og) * pp * es;
-                            k::matmul(
-                                wg,
-                                col,
-                                t,
-                                &mut out[o0..o0 + og * pp * es],
-                                og,
-                                kk,
-                                pp,
-                                false,
-                                true,
-                            );
-                        }
-                        // [P, Og] = col . W_g [K, Og].
-                        DataLayout::Nhwc => {
-                            let img = &mut out[n * pp * d.o * es..(n + 1) * pp * d.o * es];
-                            if d.g == 1 {
-                                k::matmul(col, wg, t, img, pp, kk, d.o, false, false);
-                            } else {
-                                k::matmul(col, wg, t, ytmp, pp, kk, og, false, false);
-                                for r in 0..pp {
-                                    let s = (r * d.o + g * og) * es;
-                                    img[s..s + og * es]
-                                        .copy_from_slice(&ytmp[r * og * es..(r + 1) * og * es]);
-                                }
-                            }
-                        }
-                    }
-                }
-            }
+            forward(&d, &p, t, ins.bytes(x), ins.bytes(w), &mut scratch, out);
         }
         Conv::GradInput { dy, w, .. } => {
-            let (gb, wb) = (ex.ins.bytes(dy), ex.ins.bytes(w));
-            out.fill(0);
-            for n in 0..d.n {
-                for g in 0..d.g {
-                    let wg = group_weights(&d, &p, wb, es, g, wtmp);
-                    match p.layout {
-                        // col [P, K] = dy_g^T [P, Og] . W_g [Og, K].
-                        DataLayout::Nchw => {
-                            let o0 = (n * d.o + g * og) * pp * es;
-                            k::matmul(
-                                &gb[o0..o0 + og * pp * es],
-                                wg,
-                                t,
-                                col,
-                                pp,
-                                og,
-                                kk,
-                                true,
-                                false,
-                            );
-                        }
-                        // col [P, K] = dy_g [P, Og] . W_g^T.
-                        DataLayout::Nhwc => {
-                            let img = &gb[n * pp * d.o * es..(n + 1) * pp * d.o * es];
-                            if d.g == 1 {
-                                k::matmul(img, wg, t, col, pp, d.o, kk, false, true);
-                            } else {
-                                take_cols(img, d.o, g * og, og, es, ytmp);
-                                k::matmul(ytmp, wg, t, col, pp, og, kk, false, true);
-                            }
-                        }
-                    }
-                    fold(&d, &p, col, t, n, g, out);
-                }
-            }
+            grad_input(&d, &p, t, ins.bytes(dy), ins.bytes(w), &mut scratch, out);
         }
         Conv::GradWeight { x, dy, .. } => {
-            let (xb, gb) = (ex.ins.bytes(x), ex.ins.bytes(dy));
-            out.fill(0);
-            let acc = &mut acc[..kk * og * es];
-            for n in 0..d.n {
-                for g in 0..d.g {
-                    unfold(&d, &p, xb, t, n, g, col);
-                    match p.layout {
-                        // dW_g [Og, K] += dy_g [Og, P] . col [P, K].
-                        DataLayout::Nchw => {
-                            let o0 = (n * d.o + g * og) * pp * es;
-                            k::matmul(
-                                &gb[o0..o0 + og * pp * es],
-                                col,
-                                t,
-                                acc,
-                                og,
-                                pp,
-                                kk,
-                                false,
-                                false,
-                            );
-                            let dst = &mut out[g * og * kk * es..(g + 1) * og * kk * es];
-                            k::zip_in_place(dst, acc, t, og * kk, |a, b| a + b);
-                        }
-                        // dW_g [K, Og] += col^T . dy_g [P, Og].
-                        DataLayout::Nhwc => {
-                            let img = &gb[n * pp * d.o * es..(n + 1) * pp * d.o * es];
-                            let dyg: &[u8] = if d.g == 1 {
-                                img
-                            } else {
-                                take_cols(img, d.o, g * og, og, es, ytmp);
-                                ytmp
-                            };
-                            k::matmul(col, dyg, t, acc, kk, pp, og, true, false);
-                            for r in 0..kk {
-                                for c in 0..og {
-                                    let i = r * d.o + g * og + c;
-                                    let v = k::load(out, t, i) + k::load(acc, t, r * og + c);
-                                    k::store(out, t, i, v);
-                                }
-                            }
+            grad_weight(&d, &p, t, ins.bytes(x), ins.bytes(dy), &mut scratch, out);
+        }
+    }
+    Ok(())
+}
+
+/// The unfolded product's workspace: the unfolded input (`[P, K]`), a group's weights, a
+/// group's output rows and the weight gradient's partial sums.
+struct Scratch<'a> {
+    col: &'a mut [u8],
+    wtmp: &'a mut [u8],
+    ytmp: &'a mut [u8],
+    acc: &'a mut [u8],
+}
+
+/// The forward convolution of `xb` by `wb` into `out`: per image and group, the input
+/// unfolded and multiplied by the group's weights.
+fn forward(
+    d: &ConvDims,
+    p: &ConvParams,
+    t: DType,
+    xb: &[u8],
+    wb: &[u8],
+    s: &mut Scratch<'_>,
+    out: &mut [u8],
+) {
+    let (kk, pp, og, es) = (d.k(), d.p(), d.o / d.g, t.size());
+    let (col, wtmp, ytmp) = (&mut *s.col, &mut *s.wtmp, &mut *s.ytmp);
+    let p = *p;
+    for n in 0..d.n {
+        for g in 0..d.g {
+            unfold(d, &p, xb, t, n, g, col);
+            let wg = group_weights(d, &p, wb, es, g, wtmp);
+            match p.layout {
+                // [Og, P] = W_g [Og, K] . col^T, contiguous in NCHW.
+                DataLayout::Nchw => {
+                    let o0 = (n * d.o + g * og) * pp * es;
+                    k::matmul(
+                        wg,
+                        col,
+                        t,
+                        &mut out[o0..o0 + og * pp * es],
+                        og,
+                        kk,
+                        pp,
+                        false,
+                        true,
+                    );
+                }
+                // [P, Og] = col . W_g [K, Og].
+                DataLayout::Nhwc => {
+                    let img = &mut out[n * pp * d.o * es..(n + 1) * pp * d.o * es];
+                    if d.g == 1 {
+                        k::matmul(col, wg, t, img, pp, kk, d.o, false, false);
+                    } else {
+                        k::matmul(col, wg, t, ytmp, pp, kk, og, false, false);
+                        for r in 0..pp {
+                            let s = (r * d.o + g * og) * es;
+                            img[s..s + og * es]
+                                .copy_from_slice(&ytmp[r * og * es..(r + 1) * og * es]);
                         }
                     }
                 }
             }
         }
     }
-    Ok(())
+}
+
+/// The gradient of the input from `gb` (the output's) and the weights `wb` into `out`: per
+/// image and group, the product unfolded back (folded) onto the input.
+fn grad_input(
+    d: &ConvDims,
+    p: &ConvParams,
+    t: DType,
+    gb: &[u8],
+    wb: &[u8],
+    s: &mut Scratch<'_>,
+    out: &mut [u8],
+) {
+    let (kk, pp, og, es) = (d.k(), d.p(), d.o / d.g, t.size());
+    let (col, wtmp, ytmp) = (&mut *s.col, &mut *s.wtmp, &mut *s.ytmp);
+    let p = *p;
+    out.fill(0);
+    for n in 0..d.n {
+        for g in 0..d.g {
+            let wg = group_weights(d, &p, wb, es, g, wtmp);
+            match p.layout {
+                // col [P, K] = dy_g^T [P, Og] . W_g [Og, K].
+                DataLayout::Nchw => {
+                    let o0 = (n * d.o + g * og) * pp * es;
+                    k::matmul(
+                        &gb[o0..o0 + og * pp * es],
+                        wg,
+                        t,
+                        col,
+                        pp,
+                        og,
+                        kk,
+                        true,
+                        false,
+                    );
+                }
+                // col [P, K] = dy_g [P, Og] . W_g^T.
+                DataLayout::Nhwc => {
+                    let img = &gb[n * pp * d.o * es..(n + 1) * pp * d.o * es];
+                    if d.g == 1 {
+                        k::matmul(img, wg, t, col, pp, d.o, kk, false, true);
+                    } else {
+                        take_cols(img, d.o, g * og, og, es, ytmp);
+                        k::matmul(ytmp, wg, t, col, pp, og, kk, false, true);
+                    }
+                }
+            }
+            fold(d, &p, col, t, n, g, out);
+        }
+    }
+}
+
+/// The gradient of the weights from the input `xb` and `gb` (the output's) into `out`: per
+/// image and group, the output's gradient times the unfolded input, summed.
+fn grad_weight(
+    d: &ConvDims,
+    p: &ConvParams,
+    t: DType,
+    xb: &[u8],
+    gb: &[u8],
+    s: &mut Scratch<'_>,
+    out: &mut [u8],
+) {
+    let (kk, pp, og, es) = (d.k(), d.p(), d.o / d.g, t.size());
+    let (col, ytmp, acc) = (&mut *s.col, &mut *s.ytmp, &mut *s.acc);
+    let p = *p;
+    out.fill(0);
+    let acc = &mut acc[..kk * og * es];
+    for n in 0..d.n {
+        for g in 0..d.g {
+            unfold(d, &p, xb, t, n, g, col);
+            match p.layout {
+                // dW_g [Og, K] += dy_g [Og, P] . col [P, K].
+                DataLayout::Nchw => {
+                    let o0 = (n * d.o + g * og) * pp * es;
+                    k::matmul(
+                        &gb[o0..o0 + og * pp * es],
+                        col,
+                        t,
+                        acc,
+                        og,
+                        pp,
+                        kk,
+                        false,
+                        false,
+                    );
+                    let dst = &mut out[g * og * kk * es..(g + 1) * og * kk * es];
+                    k::zip_in_place(dst, acc, t, og * kk, |a, b| a + b);
+                }
+                // dW_g [K, Og] += col^T . dy_g [P, Og].
+                DataLayout::Nhwc => {
+                    let img = &gb[n * pp * d.o * es..(n + 1) * pp * d.o * es];
+                    let dyg: &[u8] = if d.g == 1 {
+                        img
+                    } else {
+                        take_cols(img, d.o, g * og, og, es, ytmp);
+                        ytmp
+                    };
+                    k::matmul(col, dyg, t, acc, kk, pp, og, true, false);
+                    for r in 0..kk {
+                        for c in 0..og {
+                            let i = r * d.o + g * og + c;
+                            let v = k::load(out, t, i) + k::load(acc, t, r * og + c);
+                            k::store(out, t, i, v);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The same sums as [`run`] without a workspace: each output element is summed in the order

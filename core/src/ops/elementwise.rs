@@ -418,6 +418,26 @@ impl Elementwise {
             Elementwise::Ternary { a, b, c, .. } => Operands::of(&[a, b, c]),
         }
     }
+
+    /// The same op reading `f(o)` for each operand `o` (a copy of a node elsewhere in the
+    /// graph, as recomputation makes).
+    pub(crate) fn map_operands(&self, f: &mut dyn FnMut(NodeId) -> NodeId) -> Self {
+        let e = *self;
+        match e {
+            Elementwise::Unary { x, f: u } => Elementwise::Unary { x: f(x), f: u },
+            Elementwise::Binary { a, b, f: g } => Elementwise::Binary {
+                a: f(a),
+                b: f(b),
+                f: g,
+            },
+            Elementwise::Ternary { a, b, c, f: t } => Elementwise::Ternary {
+                a: f(a),
+                b: f(b),
+                c: f(c),
+                f: t,
+            },
+        }
+    }
 }
 
 /// Builders.
@@ -758,83 +778,7 @@ pub(crate) fn backward<S: Storage>(
             };
             bp.pass(x, g)
         }
-        Elementwise::Binary { a, b, f } => {
-            let (da, db) = match f {
-                BinaryFn::Add => (Grad::Upstream, Grad::Upstream),
-                BinaryFn::Sub => (
-                    Grad::Upstream,
-                    Grad::Of(Op::Elementwise(Elementwise::Unary {
-                        x: dy,
-                        f: UnaryFn::Neg,
-                    })),
-                ),
-                BinaryFn::Mul => {
-                    // A normalised operand (a norm's scale) is whitened again from the norm's
-                    // input where a gradient reads it, as popnn's norm gradients do
-                    // (`batchNormGradients`, `normParamGradients`): the backward pass keeps
-                    // the input, which the norm's own gradient reads, not the normalised copy.
-                    let (a2, b2) = (
-                        if bp.wants(b) {
-                            whitened_again(bp, a)?
-                        } else {
-                            a
-                        },
-                        if bp.wants(a) {
-                            whitened_again(bp, b)?
-                        } else {
-                            b
-                        },
-                    );
-                    (
-                        Grad::Of(binary(dy, b2, BinaryFn::Mul)),
-                        Grad::Of(binary(dy, a2, BinaryFn::Mul)),
-                    )
-                }
-                BinaryFn::Div => (
-                    Grad::Of(binary(dy, b, BinaryFn::Div)),
-                    Grad::Of(ternary(dy, id, b, TernaryFn::DivGradDivisor)),
-                ),
-                BinaryFn::Pow => (
-                    Grad::Of(ternary(dy, a, b, TernaryFn::PowGradBase)),
-                    Grad::Of(ternary(dy, a, id, TernaryFn::PowGradExponent)),
-                ),
-                BinaryFn::Max | BinaryFn::Min => (
-                    Grad::Of(ternary(dy, a, id, TernaryFn::PickGrad)),
-                    Grad::Of(ternary(dy, b, id, TernaryFn::PickGrad)),
-                ),
-                // Masks carry no gradient.
-                BinaryFn::Equal
-                | BinaryFn::Less
-                | BinaryFn::LessOrEqual
-                | BinaryFn::Greater
-                | BinaryFn::GreaterOrEqual
-                | BinaryFn::And
-                | BinaryFn::Or => (Grad::None, Grad::None),
-                BinaryFn::Keep | BinaryFn::Drop => (Grad::Of(binary(dy, b, f)), Grad::None),
-                // Gradients of gradients: not differentiated again.
-                BinaryFn::ReluGrad
-                | BinaryFn::SigmoidGrad
-                | BinaryFn::TanhGrad
-                | BinaryFn::SqrtGrad
-                | BinaryFn::ErfGrad
-                | BinaryFn::GeluGrad(_)
-                | BinaryFn::ClipGrad { .. } => return Err(bp.not_differentiable(id)),
-            };
-            for (x, g) in [(a, da), (b, db)] {
-                if !bp.wants(x) {
-                    continue;
-                }
-                match g {
-                    Grad::None => {}
-                    Grad::Upstream => {
-                        let g = bp.sum_to(x, dy)?;
-                        bp.contribute(x, g)?;
-                    }
-                    Grad::Of(g) => reduce_into(bp, x, g, out)?,
-                }
-            }
-            Ok(())
-        }
+        Elementwise::Binary { a, b, f } => binary_backward(bp, (a, b, f), id, dy, out),
         Elementwise::Ternary { a, b, c, f } => match f {
             TernaryFn::Where => {
                 for (x, keep) in [(b, BinaryFn::Keep), (c, BinaryFn::Drop)] {
@@ -851,6 +795,92 @@ pub(crate) fn backward<S: Storage>(
             | TernaryFn::PickGrad => Err(bp.not_differentiable(id)),
         },
     }
+}
+
+/// The gradients of binary op `f` of `a` and `b` (node `id`, whose gradient is `dy`, of
+/// shape `out`), each reduced to its operand's shape.
+fn binary_backward<S: Storage>(
+    bp: &mut Backprop<'_, S>,
+    (a, b, f): (NodeId, NodeId, BinaryFn),
+    id: NodeId,
+    dy: NodeId,
+    out: Shape,
+) -> Result<(), GraphError> {
+    let (da, db) = match f {
+        BinaryFn::Add => (Grad::Upstream, Grad::Upstream),
+        BinaryFn::Sub => (
+            Grad::Upstream,
+            Grad::Of(Op::Elementwise(Elementwise::Unary {
+                x: dy,
+                f: UnaryFn::Neg,
+            })),
+        ),
+        BinaryFn::Mul => {
+            // A normalised operand (a norm's scale) is whitened again from the norm's
+            // input where a gradient reads it, as popnn's norm gradients do
+            // (`batchNormGradients`, `normParamGradients`): the backward pass keeps
+            // the input, which the norm's own gradient reads, not the normalised copy.
+            let (a2, b2) = (
+                if bp.wants(b) {
+                    whitened_again(bp, a)?
+                } else {
+                    a
+                },
+                if bp.wants(a) {
+                    whitened_again(bp, b)?
+                } else {
+                    b
+                },
+            );
+            (
+                Grad::Of(binary(dy, b2, BinaryFn::Mul)),
+                Grad::Of(binary(dy, a2, BinaryFn::Mul)),
+            )
+        }
+        BinaryFn::Div => (
+            Grad::Of(binary(dy, b, BinaryFn::Div)),
+            Grad::Of(ternary(dy, id, b, TernaryFn::DivGradDivisor)),
+        ),
+        BinaryFn::Pow => (
+            Grad::Of(ternary(dy, a, b, TernaryFn::PowGradBase)),
+            Grad::Of(ternary(dy, a, id, TernaryFn::PowGradExponent)),
+        ),
+        BinaryFn::Max | BinaryFn::Min => (
+            Grad::Of(ternary(dy, a, id, TernaryFn::PickGrad)),
+            Grad::Of(ternary(dy, b, id, TernaryFn::PickGrad)),
+        ),
+        // Masks carry no gradient.
+        BinaryFn::Equal
+        | BinaryFn::Less
+        | BinaryFn::LessOrEqual
+        | BinaryFn::Greater
+        | BinaryFn::GreaterOrEqual
+        | BinaryFn::And
+        | BinaryFn::Or => (Grad::None, Grad::None),
+        BinaryFn::Keep | BinaryFn::Drop => (Grad::Of(binary(dy, b, f)), Grad::None),
+        // Gradients of gradients: not differentiated again.
+        BinaryFn::ReluGrad
+        | BinaryFn::SigmoidGrad
+        | BinaryFn::TanhGrad
+        | BinaryFn::SqrtGrad
+        | BinaryFn::ErfGrad
+        | BinaryFn::GeluGrad(_)
+        | BinaryFn::ClipGrad { .. } => return Err(bp.not_differentiable(id)),
+    };
+    for (x, g) in [(a, da), (b, db)] {
+        if !bp.wants(x) {
+            continue;
+        }
+        match g {
+            Grad::None => {}
+            Grad::Upstream => {
+                let g = bp.sum_to(x, dy)?;
+                bp.contribute(x, g)?;
+            }
+            Grad::Of(g) => reduce_into(bp, x, g, out)?,
+        }
+    }
+    Ok(())
 }
 
 /// `v` computed again in the backward pass when it is a normalisation's output (from the

@@ -57,6 +57,25 @@ impl Gather {
             Gather::OneHot { indices } => Operands::of(&[indices]),
         }
     }
+
+    /// The same op reading `f(o)` for each operand `o` (a copy of a node elsewhere in the
+    /// graph, as recomputation makes).
+    pub(crate) fn map_operands(&self, f: &mut dyn FnMut(NodeId) -> NodeId) -> Self {
+        let g = *self;
+        match g {
+            Gather::Rows { table, indices } => Gather::Rows {
+                table: f(table),
+                indices: f(indices),
+            },
+            Gather::ScatterAdd { dy, indices } => Gather::ScatterAdd {
+                dy: f(dy),
+                indices: f(indices),
+            },
+            Gather::OneHot { indices } => Gather::OneHot {
+                indices: f(indices),
+            },
+        }
+    }
 }
 
 /// Builders.

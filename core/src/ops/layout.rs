@@ -85,6 +85,32 @@ impl Layout {
             | Layout::Tap { x } => Operands::of(&[x]),
         }
     }
+
+    /// The same op reading `f(o)` for each operand `o` (a copy of a node elsewhere in the
+    /// graph, as recomputation makes).
+    pub(crate) fn map_operands(&self, f: &mut dyn FnMut(NodeId) -> NodeId) -> Self {
+        let l = *self;
+        match l {
+            Layout::Reshape { x } => Layout::Reshape { x: f(x) },
+            Layout::Transpose { x, perm } => Layout::Transpose { x: f(x), perm },
+            Layout::Concat { a, b, axis } => Layout::Concat {
+                a: f(a),
+                b: f(b),
+                axis,
+            },
+            Layout::Slice { x, axis, start } => Layout::Slice {
+                x: f(x),
+                axis,
+                start,
+            },
+            Layout::Pad { x, axis, before } => Layout::Pad {
+                x: f(x),
+                axis,
+                before,
+            },
+            Layout::Tap { x } => Layout::Tap { x: f(x) },
+        }
+    }
 }
 
 /// `s` with axis `axis` set to `len`.

@@ -62,6 +62,38 @@ impl Loss {
             } => Operands::of(&[x, labels, dloss]),
         }
     }
+
+    /// The same op reading `f(o)` for each operand `o` (a copy of a node elsewhere in the
+    /// graph, as recomputation makes).
+    pub(crate) fn map_operands(&self, f: &mut dyn FnMut(NodeId) -> NodeId) -> Self {
+        let l = *self;
+        match l {
+            Loss::SparseCrossEntropy {
+                x,
+                labels,
+                from_logits,
+                ignore_index,
+            } => Loss::SparseCrossEntropy {
+                x: f(x),
+                labels: f(labels),
+                from_logits,
+                ignore_index,
+            },
+            Loss::SparseCrossEntropyGrad {
+                x,
+                labels,
+                dloss,
+                from_logits,
+                ignore_index,
+            } => Loss::SparseCrossEntropyGrad {
+                x: f(x),
+                labels: f(labels),
+                dloss: f(dloss),
+                from_logits,
+                ignore_index,
+            },
+        }
+    }
 }
 
 /// Builders.

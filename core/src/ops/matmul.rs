@@ -37,6 +37,17 @@ impl MatMul {
     pub fn operands(&self) -> Operands {
         Operands::of(&[self.a, self.b])
     }
+
+    /// The same op reading `f(o)` for each operand `o` (a copy of a node elsewhere in the
+    /// graph, as recomputation makes).
+    pub(crate) fn map_operands(&self, f: &mut dyn FnMut(NodeId) -> NodeId) -> Self {
+        let m = *self;
+        MatMul {
+            a: f(m.a),
+            b: f(m.b),
+            ..m
+        }
+    }
 }
 
 /// The leading (batch) axes of a rank >= 2 shape.

@@ -84,6 +84,26 @@ impl Norm {
             Norm::Moment { x, .. } => Operands::of(&[x]),
         }
     }
+
+    /// The same op reading `f(o)` for each operand `o` (a copy of a node elsewhere in the
+    /// graph, as recomputation makes).
+    pub(crate) fn map_operands(&self, f: &mut dyn FnMut(NodeId) -> NodeId) -> Self {
+        let n = *self;
+        match n {
+            Norm::Normalize { x, axes, eps } => Norm::Normalize { x: f(x), axes, eps },
+            Norm::NormalizeGrad { dy, x, axes, eps } => Norm::NormalizeGrad {
+                dy: f(dy),
+                x: f(x),
+                axes,
+                eps,
+            },
+            Norm::Moment { x, axes, moment } => Norm::Moment {
+                x: f(x),
+                axes,
+                moment,
+            },
+        }
+    }
 }
 
 /// Mean and biased variance of one group.

@@ -116,6 +116,20 @@ impl Pool {
             Pool::Backward { dy, x, .. } => Operands::of(&[dy, x]),
         }
     }
+
+    /// The same op reading `f(o)` for each operand `o` (a copy of a node elsewhere in the
+    /// graph, as recomputation makes).
+    pub(crate) fn map_operands(&self, f: &mut dyn FnMut(NodeId) -> NodeId) -> Self {
+        let pl = *self;
+        match pl {
+            Pool::Forward { x, p } => Pool::Forward { x: f(x), p },
+            Pool::Backward { dy, x, p } => Pool::Backward {
+                dy: f(dy),
+                x: f(x),
+                p,
+            },
+        }
+    }
 }
 
 /// The largest pooling window, in elements (the gradient gathers a window on the stack).

@@ -42,6 +42,23 @@ impl Random {
             Random::KeepMask { counter, .. } => Operands::of(&[counter]),
         }
     }
+
+    /// The same op reading `f(o)` for each operand `o` (a copy of a node elsewhere in the
+    /// graph, as recomputation makes).
+    pub(crate) fn map_operands(&self, f: &mut dyn FnMut(NodeId) -> NodeId) -> Self {
+        let r = *self;
+        match r {
+            Random::KeepMask {
+                counter,
+                rate,
+                seed,
+            } => Random::KeepMask {
+                counter: f(counter),
+                rate,
+                seed,
+            },
+        }
+    }
 }
 
 /// Builders.

@@ -74,6 +74,26 @@ impl Reduce {
             Reduce::Reduce { x, .. } | Reduce::Broadcast { x } => Operands::of(&[x]),
         }
     }
+
+    /// The same op reading `f(o)` for each operand `o` (a copy of a node elsewhere in the
+    /// graph, as recomputation makes).
+    pub(crate) fn map_operands(&self, f: &mut dyn FnMut(NodeId) -> NodeId) -> Self {
+        let r = *self;
+        match r {
+            Reduce::Reduce {
+                x,
+                axes,
+                keep_dims,
+                kind,
+            } => Reduce::Reduce {
+                x: f(x),
+                axes,
+                keep_dims,
+                kind,
+            },
+            Reduce::Broadcast { x } => Reduce::Broadcast { x: f(x) },
+        }
+    }
 }
 
 /// The shape of `s` reduced over `axes`.

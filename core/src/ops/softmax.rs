@@ -48,6 +48,20 @@ impl Softmax {
             Softmax::Backward { dy, y, .. } => Operands::of(&[dy, y]),
         }
     }
+
+    /// The same op reading `f(o)` for each operand `o` (a copy of a node elsewhere in the
+    /// graph, as recomputation makes).
+    pub(crate) fn map_operands(&self, f: &mut dyn FnMut(NodeId) -> NodeId) -> Self {
+        let sm = *self;
+        match sm {
+            Softmax::Forward { x, axis } => Softmax::Forward { x: f(x), axis },
+            Softmax::Backward { dy, y, axis } => Softmax::Backward {
+                dy: f(dy),
+                y: f(y),
+                axis,
+            },
+        }
+    }
 }
 
 /// Builders.

@@ -283,217 +283,336 @@ pub(crate) fn run<S: Storage>(
     st: &mut [u8],
     par: &dyn Parallel,
 ) -> Result<(), RunError> {
-    let off = |x: NodeId| plan.slots[x.index()].offset;
-    let node_of = |x: NodeId| plan.graph.node(x);
-    // A gradient lives in the arena, or in the state when it is an accumulator.
-    let grad_in_state = |g: NodeId| plan.slots[g.index()].place == Place::State;
-    let load_grad = |st: &[u8], g: NodeId, i: usize| {
-        let (s, t) = (plan.slots[g.index()], node_of(g).dtype);
+    let cx = Cx { plan, arena, par };
+    match *op {
+        Update::Sgd { .. } => sgd(&cx, op, st),
+        Update::Momentum { .. } => momentum(&cx, op, st),
+        Update::Adam { .. } => adam(&cx, op, st),
+        Update::Lamb { .. } => lamb(&cx, op, st),
+        Update::Lars { .. } => lars(&cx, op, st),
+        Update::Increment { .. } => increment(&cx, op, st),
+        Update::Accumulate { .. } => accumulate(&cx, op, st),
+        Update::Fill { .. } => fill(&cx, op, st),
+        Update::MovingAverage { .. } => moving_average(&cx, op, st),
+    }
+}
+
+/// What an update reads besides the state: the plan (where each tensor is) and the arena.
+struct Cx<'a, S: Storage> {
+    plan: &'a Plan<S>,
+    arena: &'a [u8],
+    par: &'a dyn Parallel,
+}
+
+impl<S: Storage> Cx<'_, S> {
+    /// Where tensor `x` starts (in the arena or the state).
+    fn off(&self, x: NodeId) -> usize {
+        self.plan.slots[x.index()].offset
+    }
+
+    /// The node of tensor `x`.
+    fn node(&self, x: NodeId) -> &crate::graph::Node {
+        self.plan.graph.node(x)
+    }
+
+    /// A gradient lives in the arena, or in the state when it is an accumulator.
+    fn grad_in_state(&self, g: NodeId) -> bool {
+        self.plan.slots[g.index()].place == Place::State
+    }
+
+    /// Element `i` of gradient (or value) `g`, wherever it lives.
+    fn load_grad(&self, st: &[u8], g: NodeId, i: usize) -> f32 {
+        let (s, t) = (self.plan.slots[g.index()], self.node(g).dtype);
         if s.place == Place::State {
             k::load(&st[s.offset..], t, i)
         } else {
-            k::load(&arena[s.offset..], t, i)
+            k::load(&self.arena[s.offset..], t, i)
         }
+    }
+}
+
+/// Plain SGD: `var -= lr * grad`.
+fn sgd<S: Storage>(cx: &Cx<'_, S>, op: &Update, st: &mut [u8]) -> Result<(), RunError> {
+    let Update::Sgd { var, grad, lr } = *op else {
+        return Ok(());
     };
-    match *op {
-        Update::Sgd { var, grad, lr } => {
-            let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
-            let wo = off(var);
-            if !grad_in_state(grad) && node_of(grad).dtype == t {
-                let g = &arena[off(grad)..off(grad) + node_of(grad).bytes()];
-                let w = &mut st[wo..wo + n * t.size()];
-                k::zip_in_place_on(par, w, g, t, n, |w, g| w - lr * g);
-            } else if grad_in_state(grad) && node_of(grad).dtype == t && off(grad) != wo {
-                // An accumulated gradient: another region of the state.
-                let (go, len) = (off(grad), n * t.size());
-                let (w, g) = if wo < go {
-                    let (a, b) = st.split_at_mut(go);
-                    (&mut a[wo..wo + len], &b[..len])
-                } else {
-                    let (a, b) = st.split_at_mut(wo);
-                    (&mut b[..len], &a[go..go + len])
-                };
-                k::zip_in_place_on(par, w, g, t, n, |w, g| w - lr * g);
-            } else {
-                for i in 0..n {
-                    let v = k::load(&st[wo..], t, i) - lr * load_grad(st, grad, i);
-                    k::store(&mut st[wo..], t, i, v);
-                }
+    let off = |x: NodeId| cx.off(x);
+    let node_of = |x: NodeId| cx.node(x);
+    let par = cx.par;
+    let arena = cx.arena;
+    let grad_in_state = |g: NodeId| cx.grad_in_state(g);
+    let load_grad = |st: &[u8], g: NodeId, i: usize| cx.load_grad(st, g, i);
+    let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
+    let wo = off(var);
+    if !grad_in_state(grad) && node_of(grad).dtype == t {
+        let g = &arena[off(grad)..off(grad) + node_of(grad).bytes()];
+        let w = &mut st[wo..wo + n * t.size()];
+        k::zip_in_place_on(par, w, g, t, n, |w, g| w - lr * g);
+    } else if grad_in_state(grad) && node_of(grad).dtype == t && off(grad) != wo {
+        // An accumulated gradient: another region of the state.
+        let (go, len) = (off(grad), n * t.size());
+        let (w, g) = if wo < go {
+            let (a, b) = st.split_at_mut(go);
+            (&mut a[wo..wo + len], &b[..len])
+        } else {
+            let (a, b) = st.split_at_mut(wo);
+            (&mut b[..len], &a[go..go + len])
+        };
+        k::zip_in_place_on(par, w, g, t, n, |w, g| w - lr * g);
+    } else {
+        for i in 0..n {
+            let v = k::load(&st[wo..], t, i) - lr * load_grad(st, grad, i);
+            k::store(&mut st[wo..], t, i, v);
+        }
+    }
+    Ok(())
+}
+
+/// Momentum (Keras' SGD with momentum).
+fn momentum<S: Storage>(cx: &Cx<'_, S>, op: &Update, st: &mut [u8]) -> Result<(), RunError> {
+    let Update::Momentum {
+        var,
+        velocity,
+        grad,
+        lr,
+        momentum,
+    } = *op
+    else {
+        return Ok(());
+    };
+    let off = |x: NodeId| cx.off(x);
+    let node_of = |x: NodeId| cx.node(x);
+    let load_grad = |st: &[u8], g: NodeId, i: usize| cx.load_grad(st, g, i);
+    let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
+    let (wo, vo) = (off(var), off(velocity));
+    for i in 0..n {
+        let v = momentum * k::load(&st[vo..], t, i) - lr * load_grad(st, grad, i);
+        k::store(&mut st[vo..], t, i, v);
+        let w = k::load(&st[wo..], t, i) + v;
+        k::store(&mut st[wo..], t, i, w);
+    }
+    Ok(())
+}
+
+/// Adam, its step counter read from the state.
+fn adam<S: Storage>(cx: &Cx<'_, S>, op: &Update, st: &mut [u8]) -> Result<(), RunError> {
+    let Update::Adam {
+        var,
+        m,
+        v,
+        grad,
+        step,
+        lr,
+        beta1,
+        beta2,
+        epsilon,
+    } = *op
+    else {
+        return Ok(());
+    };
+    let off = |x: NodeId| cx.off(x);
+    let node_of = |x: NodeId| cx.node(x);
+    let load_grad = |st: &[u8], g: NodeId, i: usize| cx.load_grad(st, g, i);
+    let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
+    let iterations = k::load_int(&st[off(step)..], DType::I32, 0);
+    let local = (iterations + 1) as f32;
+    let lr_t = lr * libm::sqrtf(1.0 - libm::powf(beta2, local)) / (1.0 - libm::powf(beta1, local));
+    let (wo, mo, vo) = (off(var), off(m), off(v));
+    for i in 0..n {
+        let gi = load_grad(st, grad, i);
+        let mi = k::load(&st[mo..], t, i);
+        let mi = mi + (gi - mi) * (1.0 - beta1);
+        k::store(&mut st[mo..], t, i, mi);
+        let vi = k::load(&st[vo..], t, i);
+        let vi = vi + (gi * gi - vi) * (1.0 - beta2);
+        k::store(&mut st[vo..], t, i, vi);
+        let w = k::load(&st[wo..], t, i) - lr_t * mi / (libm::sqrtf(vi) + epsilon);
+        k::store(&mut st[wo..], t, i, w);
+    }
+    Ok(())
+}
+
+/// LAMB: Adam's moments, the step scaled by the trust ratio of the variable's and the step's norms.
+fn lamb<S: Storage>(cx: &Cx<'_, S>, op: &Update, st: &mut [u8]) -> Result<(), RunError> {
+    let Update::Lamb {
+        var,
+        m,
+        v,
+        grad,
+        step,
+        lr,
+        beta1,
+        beta2,
+        epsilon,
+        weight_decay,
+    } = *op
+    else {
+        return Ok(());
+    };
+    let off = |x: NodeId| cx.off(x);
+    let node_of = |x: NodeId| cx.node(x);
+    let load_grad = |st: &[u8], g: NodeId, i: usize| cx.load_grad(st, g, i);
+    let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
+    let iterations = k::load_int(&st[off(step)..], DType::I32, 0);
+    let local = (iterations + 1) as f32;
+    let (c1, c2) = (
+        1.0 - libm::powf(beta1, local),
+        1.0 - libm::powf(beta2, local),
+    );
+    let (wo, mo, vo) = (off(var), off(m), off(v));
+    // The moments, and the norms of the variable and of the step (in f64, in order).
+    let (mut w2, mut r2) = (0f64, 0f64);
+    for i in 0..n {
+        let gi = load_grad(st, grad, i);
+        let mi = k::load(&st[mo..], t, i);
+        let mi = mi + (gi - mi) * (1.0 - beta1);
+        k::store(&mut st[mo..], t, i, mi);
+        let vi = k::load(&st[vo..], t, i);
+        let vi = vi + (gi * gi - vi) * (1.0 - beta2);
+        k::store(&mut st[vo..], t, i, vi);
+        let wi = k::load(&st[wo..], t, i);
+        let r = lamb_step(mi, vi, wi, c1, c2, epsilon, weight_decay);
+        w2 += f64::from(wi) * f64::from(wi);
+        r2 += f64::from(r) * f64::from(r);
+    }
+    let ratio = trust_ratio(w2, r2, 1.0, 0.0);
+    for i in 0..n {
+        let (mi, vi) = (k::load(&st[mo..], t, i), k::load(&st[vo..], t, i));
+        let wi = k::load(&st[wo..], t, i);
+        let r = lamb_step(mi, vi, wi, c1, c2, epsilon, weight_decay);
+        k::store(&mut st[wo..], t, i, wi - lr * ratio * r);
+    }
+    Ok(())
+}
+
+/// LARS: momentum with the update scaled by the trust ratio of the variable's and the gradient's norms.
+fn lars<S: Storage>(cx: &Cx<'_, S>, op: &Update, st: &mut [u8]) -> Result<(), RunError> {
+    let Update::Lars {
+        var,
+        velocity,
+        grad,
+        lr,
+        momentum,
+        weight_decay,
+        eta,
+    } = *op
+    else {
+        return Ok(());
+    };
+    let off = |x: NodeId| cx.off(x);
+    let node_of = |x: NodeId| cx.node(x);
+    let load_grad = |st: &[u8], g: NodeId, i: usize| cx.load_grad(st, g, i);
+    let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
+    let (wo, vo) = (off(var), off(velocity));
+    let (mut w2, mut g2) = (0f64, 0f64);
+    for i in 0..n {
+        let (wi, gi) = (k::load(&st[wo..], t, i), load_grad(st, grad, i));
+        w2 += f64::from(wi) * f64::from(wi);
+        g2 += f64::from(gi) * f64::from(gi);
+    }
+    let ratio = trust_ratio(w2, g2, eta, weight_decay);
+    for i in 0..n {
+        let (wi, gi) = (k::load(&st[wo..], t, i), load_grad(st, grad, i));
+        let vi = momentum * k::load(&st[vo..], t, i) + lr * ratio * (gi + weight_decay * wi);
+        k::store(&mut st[vo..], t, i, vi);
+        k::store(&mut st[wo..], t, i, wi - vi);
+    }
+    Ok(())
+}
+
+/// A counter's increment.
+fn increment<S: Storage>(cx: &Cx<'_, S>, op: &Update, st: &mut [u8]) -> Result<(), RunError> {
+    let Update::Increment { counter } = *op else {
+        return Ok(());
+    };
+    let off = |x: NodeId| cx.off(x);
+    let o = off(counter);
+    let c = k::load_int(&st[o..], DType::I32, 0).wrapping_add(1) as i32;
+    st[o..o + 4].copy_from_slice(&c.to_le_bytes());
+    Ok(())
+}
+
+/// A gradient added into its accumulator (sum, mean or running mean).
+fn accumulate<S: Storage>(cx: &Cx<'_, S>, op: &Update, st: &mut [u8]) -> Result<(), RunError> {
+    let Update::Accumulate {
+        acc,
+        grad,
+        counter,
+        method,
+        count,
+    } = *op
+    else {
+        return Ok(());
+    };
+    let off = |x: NodeId| cx.off(x);
+    let node_of = |x: NodeId| cx.node(x);
+    let par = cx.par;
+    let arena = cx.arena;
+    let grad_in_state = |g: NodeId| cx.grad_in_state(g);
+    let load_grad = |st: &[u8], g: NodeId, i: usize| cx.load_grad(st, g, i);
+    let (t, n) = (node_of(acc).dtype, node_of(acc).shape.elements());
+    let ao = off(acc);
+    let seen = k::load_int(&st[off(counter)..], DType::I32, 0) as f32;
+    if !grad_in_state(grad) && node_of(grad).dtype == t {
+        // The common case, vectorisable; the same arithmetic as the loop below.
+        let g = &arena[off(grad)..off(grad) + node_of(grad).bytes()];
+        let a = &mut st[ao..ao + n * t.size()];
+        match method {
+            AccumulationMethod::Sum => {
+                k::zip_in_place_on(par, a, g, t, n, |a, g| a + g);
+            }
+            AccumulationMethod::Mean => {
+                let c = count as f32;
+                k::zip_in_place_on(par, a, g, t, n, |a, g| a + g / c);
+            }
+            AccumulationMethod::RunningMean => {
+                let (keep, next) = (seen / (seen + 1.0), seen + 1.0);
+                k::zip_in_place_on(par, a, g, t, n, |a, g| a * keep + g / next);
             }
         }
-        Update::Momentum {
-            var,
-            velocity,
-            grad,
-            lr,
-            momentum,
-        } => {
-            let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
-            let (wo, vo) = (off(var), off(velocity));
-            for i in 0..n {
-                let v = momentum * k::load(&st[vo..], t, i) - lr * load_grad(st, grad, i);
-                k::store(&mut st[vo..], t, i, v);
-                let w = k::load(&st[wo..], t, i) + v;
-                k::store(&mut st[wo..], t, i, w);
-            }
-        }
-        Update::Adam {
-            var,
-            m,
-            v,
-            grad,
-            step,
-            lr,
-            beta1,
-            beta2,
-            epsilon,
-        } => {
-            let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
-            let iterations = k::load_int(&st[off(step)..], DType::I32, 0);
-            let local = (iterations + 1) as f32;
-            let lr_t =
-                lr * libm::sqrtf(1.0 - libm::powf(beta2, local)) / (1.0 - libm::powf(beta1, local));
-            let (wo, mo, vo) = (off(var), off(m), off(v));
-            for i in 0..n {
-                let gi = load_grad(st, grad, i);
-                let mi = k::load(&st[mo..], t, i);
-                let mi = mi + (gi - mi) * (1.0 - beta1);
-                k::store(&mut st[mo..], t, i, mi);
-                let vi = k::load(&st[vo..], t, i);
-                let vi = vi + (gi * gi - vi) * (1.0 - beta2);
-                k::store(&mut st[vo..], t, i, vi);
-                let w = k::load(&st[wo..], t, i) - lr_t * mi / (libm::sqrtf(vi) + epsilon);
-                k::store(&mut st[wo..], t, i, w);
-            }
-        }
-        Update::Lamb {
-            var,
-            m,
-            v,
-            grad,
-            step,
-            lr,
-            beta1,
-            beta2,
-            epsilon,
-            weight_decay,
-        } => {
-            let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
-            let iterations = k::load_int(&st[off(step)..], DType::I32, 0);
-            let local = (iterations + 1) as f32;
-            let (c1, c2) = (
-                1.0 - libm::powf(beta1, local),
-                1.0 - libm::powf(beta2, local),
-            );
-            let (wo, mo, vo) = (off(var), off(m), off(v));
-            // The moments, and the norms of the variable and of the step (in f64, in order).
-            let (mut w2, mut r2) = (0f64, 0f64);
-            for i in 0..n {
-                let gi = load_grad(st, grad, i);
-                let mi = k::load(&st[mo..], t, i);
-                let mi = mi + (gi - mi) * (1.0 - beta1);
-                k::store(&mut st[mo..], t, i, mi);
-                let vi = k::load(&st[vo..], t, i);
-                let vi = vi + (gi * gi - vi) * (1.0 - beta2);
-                k::store(&mut st[vo..], t, i, vi);
-                let wi = k::load(&st[wo..], t, i);
-                let r = lamb_step(mi, vi, wi, c1, c2, epsilon, weight_decay);
-                w2 += f64::from(wi) * f64::from(wi);
-                r2 += f64::from(r) * f64::from(r);
-            }
-            let ratio = trust_ratio(w2, r2, 1.0, 0.0);
-            for i in 0..n {
-                let (mi, vi) = (k::load(&st[mo..], t, i), k::load(&st[vo..], t, i));
-                let wi = k::load(&st[wo..], t, i);
-                let r = lamb_step(mi, vi, wi, c1, c2, epsilon, weight_decay);
-                k::store(&mut st[wo..], t, i, wi - lr * ratio * r);
-            }
-        }
-        Update::Lars {
-            var,
-            velocity,
-            grad,
-            lr,
-            momentum,
-            weight_decay,
-            eta,
-        } => {
-            let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
-            let (wo, vo) = (off(var), off(velocity));
-            let (mut w2, mut g2) = (0f64, 0f64);
-            for i in 0..n {
-                let (wi, gi) = (k::load(&st[wo..], t, i), load_grad(st, grad, i));
-                w2 += f64::from(wi) * f64::from(wi);
-                g2 += f64::from(gi) * f64::from(gi);
-            }
-            let ratio = trust_ratio(w2, g2, eta, weight_decay);
-            for i in 0..n {
-                let (wi, gi) = (k::load(&st[wo..], t, i), load_grad(st, grad, i));
-                let vi =
-                    momentum * k::load(&st[vo..], t, i) + lr * ratio * (gi + weight_decay * wi);
-                k::store(&mut st[vo..], t, i, vi);
-                k::store(&mut st[wo..], t, i, wi - vi);
-            }
-        }
-        Update::Increment { counter } => {
-            let o = off(counter);
-            let c = k::load_int(&st[o..], DType::I32, 0).wrapping_add(1) as i32;
-            st[o..o + 4].copy_from_slice(&c.to_le_bytes());
-        }
-        Update::Accumulate {
-            acc,
-            grad,
-            counter,
-            method,
-            count,
-        } => {
-            let (t, n) = (node_of(acc).dtype, node_of(acc).shape.elements());
-            let ao = off(acc);
-            let seen = k::load_int(&st[off(counter)..], DType::I32, 0) as f32;
-            if !grad_in_state(grad) && node_of(grad).dtype == t {
-                // The common case, vectorisable; the same arithmetic as the loop below.
-                let g = &arena[off(grad)..off(grad) + node_of(grad).bytes()];
-                let a = &mut st[ao..ao + n * t.size()];
-                match method {
-                    AccumulationMethod::Sum => {
-                        k::zip_in_place_on(par, a, g, t, n, |a, g| a + g);
-                    }
-                    AccumulationMethod::Mean => {
-                        let c = count as f32;
-                        k::zip_in_place_on(par, a, g, t, n, |a, g| a + g / c);
-                    }
-                    AccumulationMethod::RunningMean => {
-                        let (keep, next) = (seen / (seen + 1.0), seen + 1.0);
-                        k::zip_in_place_on(par, a, g, t, n, |a, g| a * keep + g / next);
-                    }
-                }
-                return Ok(());
-            }
-            for i in 0..n {
-                let g = load_grad(st, grad, i);
-                let a = k::load(&st[ao..], t, i);
-                let v = match method {
-                    AccumulationMethod::Sum => a + g,
-                    AccumulationMethod::Mean => a + g / count as f32,
-                    AccumulationMethod::RunningMean => a * (seen / (seen + 1.0)) + g / (seen + 1.0),
-                };
-                k::store(&mut st[ao..], t, i, v);
-            }
-        }
-        Update::Fill { x, value } => {
-            let (t, n) = (node_of(x).dtype, node_of(x).shape.elements());
-            let o = off(x);
-            k::fill_on(par, &mut st[o..o + n * t.size()], t, n, value);
-        }
-        Update::MovingAverage { x, value, momentum } => {
-            let (t, n) = (node_of(x).dtype, node_of(x).shape.elements());
-            let o = off(x);
-            for i in 0..n {
-                let old = k::load(&st[o..], t, i);
-                let v = momentum * old + (1.0 - momentum) * load_grad(st, value, i);
-                k::store(&mut st[o..], t, i, v);
-            }
-        }
+        return Ok(());
+    }
+    for i in 0..n {
+        let g = load_grad(st, grad, i);
+        let a = k::load(&st[ao..], t, i);
+        let v = match method {
+            AccumulationMethod::Sum => a + g,
+            AccumulationMethod::Mean => a + g / count as f32,
+            AccumulationMethod::RunningMean => a * (seen / (seen + 1.0)) + g / (seen + 1.0),
+        };
+        k::store(&mut st[ao..], t, i, v);
+    }
+    Ok(())
+}
+
+/// A tensor of the state filled with one value (an accumulator's or counter's reset).
+fn fill<S: Storage>(cx: &Cx<'_, S>, op: &Update, st: &mut [u8]) -> Result<(), RunError> {
+    let Update::Fill { x, value } = *op else {
+        return Ok(());
+    };
+    let off = |x: NodeId| cx.off(x);
+    let node_of = |x: NodeId| cx.node(x);
+    let par = cx.par;
+    let (t, n) = (node_of(x).dtype, node_of(x).shape.elements());
+    let o = off(x);
+    k::fill_on(par, &mut st[o..o + n * t.size()], t, n, value);
+    Ok(())
+}
+
+/// A moving average (batch normalisation's running statistics).
+fn moving_average<S: Storage>(cx: &Cx<'_, S>, op: &Update, st: &mut [u8]) -> Result<(), RunError> {
+    let Update::MovingAverage { x, value, momentum } = *op else {
+        return Ok(());
+    };
+    let off = |x: NodeId| cx.off(x);
+    let node_of = |x: NodeId| cx.node(x);
+    let load_grad = |st: &[u8], g: NodeId, i: usize| cx.load_grad(st, g, i);
+    let (t, n) = (node_of(x).dtype, node_of(x).shape.elements());
+    let o = off(x);
+    for i in 0..n {
+        let old = k::load(&st[o..], t, i);
+        let v = momentum * old + (1.0 - momentum) * load_grad(st, value, i);
+        k::store(&mut st[o..], t, i, v);
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `tessera sweep`: many estimates from a spec, in parallel, resumable, sharded over a Slurm
 //! job array when asked.
 
+use std::collections::HashSet;
 use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -70,100 +71,28 @@ fn run_sweep(a: SweepRunArgs) -> Result<bool, AnyError> {
         None => 0..spec.configs.len(),
     };
     // The configurations to run are made one at a time as workers take them.
-    let done: std::collections::HashSet<usize> = rows.iter().map(|r| r.index).collect();
-    let todo_len = mine.len() - done.iter().filter(|i| mine.contains(i)).count();
-    // Estimates are CPU-bound: more at a time than CPUs adds only memory.
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let jobs = a.jobs.unwrap_or(cpus).max(1);
-    if jobs > cpus {
-        return Err(format!(
-            "--jobs {jobs}: this machine gives the sweep {cpus} CPU(s); more estimates at a time than CPUs only add memory"
-        )
-        .into());
-    }
+    let done: HashSet<usize> = rows.iter().map(|r| r.index).collect();
+    let todo = Todo {
+        spec: &spec,
+        mine,
+        done: &done,
+        jobs: jobs(a.jobs)?,
+        start,
+    };
+    let todo_len = todo.len();
     eprintln!(
-        "{}: {} configurations{}, {} done already, {} to run, {jobs} at a time; rows go to {}",
+        "{}: {} configurations{}, {} done already, {} to run, {} at a time; rows go to {}",
         spec.name,
-        mine.len(),
+        todo.mine.len(),
         shard.map_or(String::new(), |(i, n)| format!(" in shard {i} of {n}")),
-        mine.len() - todo_len,
+        todo.mine.len() - todo_len,
         todo_len,
+        todo.jobs,
         files.jsonl.display()
     );
     tessera_sim::cache::set_lowering_cache(a.lowering_cache);
     let mut appender = Appender::open(&files, &spec.keys)?;
-    let bar = ProgressBar::new(todo_len as u64);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{elapsed_precise} [{bar:40}] {pos}/{len} configurations, {eta} left {msg}",
-        )
-        .map_err(|e| e.to_string())?
-        .progress_chars("=> "),
-    );
-    let plain = !std::io::stderr().is_terminal();
-    let stop = AtomicBool::new(false);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(jobs)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let (tx, rx) = crossbeam_channel::unbounded::<Row>();
-    let mut failure: Option<AnyError> = None;
-    let (mut fits, mut failed) = (0usize, 0usize);
-    std::thread::scope(|scope| {
-        let (done, spec, stop, mine) = (&done, &spec, &stop, mine.clone());
-        let workers = std::thread::Builder::new().spawn_scoped(scope, move || {
-            pool.install(|| {
-                mine.into_par_iter()
-                    .filter(|i| !done.contains(i))
-                    .for_each_with(tx, |tx, i| {
-                        if stop.load(Ordering::Relaxed) {
-                            return;
-                        }
-                        let Some(row) = estimate_row(spec, i) else {
-                            return;
-                        };
-                        if tx.send(row).is_err() {
-                            stop.store(true, Ordering::Relaxed);
-                        }
-                    });
-            });
-        });
-        if let Err(e) = workers {
-            // The sender went with the closure: the loop below ends at once.
-            failure = Some(format!("cannot start the sweep's workers: {e}").into());
-        }
-        let mut last_line = Instant::now();
-        for row in rx {
-            if let Err(e) = appender.push(&row) {
-                // Nothing more can be kept: stop the workers.
-                stop.store(true, Ordering::Relaxed);
-                failure = Some(e.into());
-                break;
-            }
-            fits += usize::from(row.fits());
-            failed += usize::from(row.error.is_some());
-            rows.push(row);
-            bar.inc(1);
-            bar.set_message(format!("({fits} fit, {failed} failed)"));
-            if plain
-                && (last_line.elapsed() >= Duration::from_secs(10)
-                    || bar.position() == bar.length().unwrap_or(0))
-            {
-                last_line = Instant::now();
-                eprintln!(
-                    "{}/{} configurations ({fits} fit, {failed} failed), {} elapsed, {} left",
-                    bar.position(),
-                    todo_len,
-                    seconds(start.elapsed().as_secs_f64()),
-                    seconds(bar.eta().as_secs_f64())
-                );
-            }
-        }
-    });
-    bar.finish_and_clear();
-    if let Some(e) = failure {
-        return Err(e);
-    }
+    todo.run(&mut appender, &mut rows)?;
     rows.sort_by_key(|r| r.index);
     write_all(&files, &spec.keys, &rows)?;
     let (hits, misses) = tessera_sim::cache::lowering_cache_stats();
@@ -184,6 +113,118 @@ fn run_sweep(a: SweepRunArgs) -> Result<bool, AnyError> {
             Ok(true)
         }
         None => finish(&spec, &dir, &rows, &[]),
+    }
+}
+
+/// Estimates at a time: `--jobs`, else one per CPU (estimates are CPU-bound: more at a time
+/// than CPUs adds only memory).
+fn jobs(asked: Option<usize>) -> Result<usize, AnyError> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let jobs = asked.unwrap_or(cpus).max(1);
+    if jobs > cpus {
+        return Err(format!(
+            "--jobs {jobs}: this machine gives the sweep {cpus} CPU(s); more estimates at a time than CPUs only add memory"
+        )
+        .into());
+    }
+    Ok(jobs)
+}
+
+/// The configurations a run of a sweep estimates: those of its shard (`mine`) not `done`.
+struct Todo<'a> {
+    spec: &'a Spec,
+    mine: std::ops::Range<usize>,
+    done: &'a HashSet<usize>,
+    /// Estimates at a time.
+    jobs: usize,
+    /// When the run began.
+    start: Instant,
+}
+
+impl Todo<'_> {
+    /// How many there are.
+    fn len(&self) -> usize {
+        self.mine.len() - self.done.iter().filter(|i| self.mine.contains(i)).count()
+    }
+
+    /// Estimates them, `jobs` at a time on a pool of their own, appending each row as it
+    /// comes (kept if the run is killed) and adding it to `rows`; a progress bar (a line
+    /// every 10 s when stderr is not a terminal) counts them, with how many fit and failed.
+    fn run(&self, appender: &mut Appender, rows: &mut Vec<Row>) -> Result<(), AnyError> {
+        let todo_len = self.len();
+        let bar = ProgressBar::new(todo_len as u64);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:40}] {pos}/{len} configurations, {eta} left {msg}",
+            )
+            .map_err(|e| e.to_string())?
+            .progress_chars("=> "),
+        );
+        let plain = !std::io::stderr().is_terminal();
+        let stop = AtomicBool::new(false);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(self.jobs)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let (tx, rx) = crossbeam_channel::unbounded::<Row>();
+        let mut failure: Option<AnyError> = None;
+        let (mut fits, mut failed) = (0usize, 0usize);
+        std::thread::scope(|scope| {
+            let (done, spec, stop, mine) = (self.done, self.spec, &stop, self.mine.clone());
+            let workers = std::thread::Builder::new().spawn_scoped(scope, move || {
+                pool.install(|| {
+                    mine.into_par_iter()
+                        .filter(|i| !done.contains(i))
+                        .for_each_with(tx, |tx, i| {
+                            if stop.load(Ordering::Relaxed) {
+                                return;
+                            }
+                            let Some(row) = estimate_row(spec, i) else {
+                                return;
+                            };
+                            if tx.send(row).is_err() {
+                                stop.store(true, Ordering::Relaxed);
+                            }
+                        });
+                });
+            });
+            if let Err(e) = workers {
+                // The sender went with the closure: the loop below ends at once.
+                failure = Some(format!("cannot start the sweep's workers: {e}").into());
+            }
+            let mut last_line = Instant::now();
+            for row in rx {
+                if let Err(e) = appender.push(&row) {
+                    // Nothing more can be kept: stop the workers.
+                    stop.store(true, Ordering::Relaxed);
+                    failure = Some(e.into());
+                    break;
+                }
+                fits += usize::from(row.fits());
+                failed += usize::from(row.error.is_some());
+                rows.push(row);
+                bar.inc(1);
+                bar.set_message(format!("({fits} fit, {failed} failed)"));
+                if plain
+                    && (last_line.elapsed() >= Duration::from_secs(10)
+                        || bar.position() == bar.length().unwrap_or(0))
+                {
+                    last_line = Instant::now();
+                    eprintln!(
+                        "{}/{} configurations ({fits} fit, {failed} failed), {} elapsed, {} left",
+                        bar.position(),
+                        todo_len,
+                        seconds(self.start.elapsed().as_secs_f64()),
+                        seconds(bar.eta().as_secs_f64())
+                    );
+                }
+            }
+        });
+        bar.finish_and_clear();
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 

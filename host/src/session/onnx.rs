@@ -518,66 +518,8 @@ pub fn run_onnx(
     inputs: &[NamedTensor],
 ) -> Result<Vec<NamedTensor>, SessionError> {
     model.require_float32_io()?;
-    // Inputs that are index or shape data (integers, booleans) or a few values (a clip's
-    // bounds, a resize's scales) are read at import as constants of the values given, as
-    // onnxruntime reads them when it runs: a node needing them at import finds them.
-    let known: Vec<(String, Vec<usize>, Vec<f64>)> = {
-        model
-            .graph()
-            .input
-            .iter()
-            .filter_map(|vi| {
-                let name = vi.name.as_deref()?;
-                let t = inputs.iter().find(|t| t.name == name)?;
-                let elem = crate::onnx::tensor_elem(vi)?;
-                (!elem.is_float() || t.data.len() <= KNOWN_INPUT_ELEMENTS).then(|| {
-                    (
-                        t.name.clone(),
-                        t.dims.clone(),
-                        t.data.iter().map(|&v| f64::from(v)).collect(),
-                    )
-                })
-            })
-            .collect()
-    };
-    let import_at = |batch_size: Option<usize>, g: &mut Graph<Heap>| {
-        import(
-            model,
-            g,
-            &ImportOptions {
-                batch_size,
-                stages: Stages::One,
-                known_inputs: known.clone(),
-                ..ImportOptions::default()
-            },
-        )
-    };
-    let mut g: Graph<Heap> = Graph::new();
-    // A symbolic batch is bound by the array given for its input, as onnxruntime binds it.
-    let imported = match import_at(None, &mut g) {
-        Err(crate::onnx::OnnxError::UnboundDim { input, axis, .. }) => {
-            let Some(t) = inputs.iter().find(|t| t.name == input) else {
-                return Err(opt_err(
-                    "--input",
-                    format!(
-                        "the model's input `{input}` is not given (its batch is taken from it)"
-                    ),
-                ));
-            };
-            let batch = t.dims.get(axis).copied().ok_or_else(|| {
-                opt_err(
-                    "--input",
-                    format!(
-                        "`{input}` is {:?}; the model's input has a dimension {axis}",
-                        t.dims
-                    ),
-                )
-            })?;
-            g = Graph::new();
-            import_at(Some(batch), &mut g)?
-        }
-        other => other?,
-    };
+    let known = known_inputs(model, inputs);
+    let (g, imported) = import_for_run(model, inputs, &known)?;
     imported.require_weights()?;
     let plan = Plan::new(&g)?;
     let mut arena = vec![0u8; plan.arena_bytes()];
@@ -589,27 +531,7 @@ pub fn run_onnx(
             plan.write_state(s.node, &mut state, &v)?;
         }
     }
-    // Every tensor given must be an input of the model, and given once.
-    for (k, t) in inputs.iter().enumerate() {
-        if inputs[..k].iter().any(|u| u.name == t.name) {
-            return Err(opt_err(
-                "--input",
-                format!("`{}` is given twice; give each input once", t.name),
-            ));
-        }
-        if !imported.inputs.iter().any(|i| i.name == t.name) && !known.iter().any(|k| k.0 == t.name)
-        {
-            let names: Vec<&str> = imported.inputs.iter().map(|i| i.name.as_str()).collect();
-            return Err(opt_err(
-                "--input",
-                format!(
-                    "the model has no input `{}` (its inputs: {})",
-                    t.name,
-                    names.join(", ")
-                ),
-            ));
-        }
-    }
+    check_given(inputs, &imported, &known)?;
     for i in &imported.inputs {
         let t = inputs.iter().find(|t| t.name == i.name).ok_or_else(|| {
             opt_err(
@@ -640,4 +562,102 @@ pub fn run_onnx(
             })
         })
         .collect()
+}
+
+/// A model input's name, dims and values, known at import.
+type Known = (String, Vec<usize>, Vec<f64>);
+
+/// The inputs given that are index or shape data (integers, booleans) or a few values (a
+/// clip's bounds, a resize's scales): they are read at import as constants of the values
+/// given, as onnxruntime reads them when it runs, so that a node needing them at import finds
+/// them.
+fn known_inputs(model: &OnnxModel, inputs: &[NamedTensor]) -> Vec<Known> {
+    model
+        .graph()
+        .input
+        .iter()
+        .filter_map(|vi| {
+            let name = vi.name.as_deref()?;
+            let t = inputs.iter().find(|t| t.name == name)?;
+            let elem = crate::onnx::tensor_elem(vi)?;
+            (!elem.is_float() || t.data.len() <= KNOWN_INPUT_ELEMENTS).then(|| {
+                (
+                    t.name.clone(),
+                    t.dims.clone(),
+                    t.data.iter().map(|&v| f64::from(v)).collect(),
+                )
+            })
+        })
+        .collect()
+}
+
+/// The model imported for a run with `known` inputs: at the file's batch, or, when it is
+/// symbolic, at the batch of the array given for its input (as onnxruntime binds it).
+fn import_for_run(
+    model: &OnnxModel,
+    inputs: &[NamedTensor],
+    known: &[Known],
+) -> Result<(Graph<Heap>, Imported), SessionError> {
+    let import_at = |batch_size: Option<usize>| {
+        let mut g: Graph<Heap> = Graph::new();
+        let options = ImportOptions {
+            batch_size,
+            stages: Stages::One,
+            known_inputs: known.to_vec(),
+            ..ImportOptions::default()
+        };
+        import(model, &mut g, &options).map(|imported| (g, imported))
+    };
+    match import_at(None) {
+        Err(crate::onnx::OnnxError::UnboundDim { input, axis, .. }) => {
+            let Some(t) = inputs.iter().find(|t| t.name == input) else {
+                return Err(opt_err(
+                    "--input",
+                    format!(
+                        "the model's input `{input}` is not given (its batch is taken from it)"
+                    ),
+                ));
+            };
+            let batch = t.dims.get(axis).copied().ok_or_else(|| {
+                opt_err(
+                    "--input",
+                    format!(
+                        "`{input}` is {:?}; the model's input has a dimension {axis}",
+                        t.dims
+                    ),
+                )
+            })?;
+            Ok(import_at(Some(batch))?)
+        }
+        other => Ok(other?),
+    }
+}
+
+/// Every tensor given is an input of the model (or one known at import), given once.
+fn check_given(
+    inputs: &[NamedTensor],
+    imported: &Imported,
+    known: &[Known],
+) -> Result<(), SessionError> {
+    for (k, t) in inputs.iter().enumerate() {
+        if inputs[..k].iter().any(|u| u.name == t.name) {
+            return Err(opt_err(
+                "--input",
+                format!("`{}` is given twice; give each input once", t.name),
+            ));
+        }
+        if !imported.inputs.iter().any(|i| i.name == t.name) && !known.iter().any(|k| k.0 == t.name)
+        {
+            let names: Vec<&str> = imported.inputs.iter().map(|i| i.name.as_str()).collect();
+            return Err(opt_err(
+                "--input",
+                format!(
+                    "the model has no input `{}` (its inputs: {})",
+                    t.name,
+                    names.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

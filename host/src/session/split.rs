@@ -465,11 +465,6 @@ pub fn split(
     let mut caps = vec![sram; n];
     let mut last: Option<Split> = None;
     let mut tried = 0;
-    let what = if oo.inference {
-        "weights"
-    } else {
-        "weights and their training state"
-    };
     let mems = profile.state_bytes(so, oo);
     let costs = profile.costs(n);
     for attempt in 1..=RETRIES {
@@ -482,31 +477,121 @@ pub fn split(
                 last.info.tried = tried;
                 return Ok(last);
             }
-            return Err(opt_err(
-                "--pipeline-ipus",
-                if profile.costs.len() < n {
-                    format!(
-                        "the model has {} nodes that compute; it cannot fill {n} stages",
-                        profile.costs.len()
-                    )
-                } else {
-                    format!(
-                        "no split into {n} stages keeps each stage's {what} under {sram} bytes (an IPU's memory); try more IPUs"
-                    )
-                },
-            ));
+            return Err(no_split(profile, oo, n, sram));
         };
-        let stages = stages_of(profile, &part);
+        let plan = Attempt {
+            og,
+            so,
+            oo,
+            profile,
+            part: &part,
+            ipus: n,
+            costs: &costs,
+            mems: &mems,
+        };
+        let (this, outlook) = plan.run(&caps, attempt, machine.sram_bytes_per_tile)?;
+        tried = attempt;
+        // Keep the attempt that fits, else the one whose fullest tile is smallest (a smaller
+        // cap can move weights onto an IPU already full of activations).
+        if outlook.fits
+            || last
+                .as_ref()
+                .is_none_or(|l| fullest_tile(&this) < fullest_tile(l))
+        {
+            last = Some(this);
+        }
+        // A smaller cap moves weights from the IPUs that overflow to those with room: when
+        // none has room no rebalancing makes the split fit, and when an IPU overflows without
+        // its weights a rebalancing rarely does.
+        if outlook.fits || n == 1 || !outlook.room || !outlook.movable {
+            break;
+        }
+        // Each overflowing IPU's stage gets a cap a fifth below its weights (or its cap, when
+        // that is lower): the stage must shed weights, and the layers that carry them go to
+        // IPUs with room. The other stages keep their caps.
+        for (k, i) in outlook.fullest.iter().enumerate() {
+            if *i > machine.sram_bytes_per_tile {
+                caps[k] = caps[k].min(outlook.stage_weight_bytes[k]) / 5 * 4;
+            }
+        }
+    }
+    last.map(|mut s| {
+        s.info.tried = tried;
+        s
+    })
+    .ok_or_else(|| opt_err("--pipeline-ipus", "no attempt was made".into()))
+}
+
+/// Why no split into `n` stages can be made: too few nodes that compute, or no split keeps
+/// each stage's state under an IPU's `sram` bytes.
+fn no_split(profile: &Profile, oo: &OnnxOptions, n: usize, sram: u64) -> SessionError {
+    let what = if oo.inference {
+        "weights"
+    } else {
+        "weights and their training state"
+    };
+    opt_err(
+        "--pipeline-ipus",
+        if profile.costs.len() < n {
+            format!(
+                "the model has {} nodes that compute; it cannot fill {n} stages",
+                profile.costs.len()
+            )
+        } else {
+            format!(
+                "no split into {n} stages keeps each stage's {what} under {sram} bytes (an IPU's memory); try more IPUs"
+            )
+        },
+    )
+}
+
+/// One attempt of an automatic split: a partition of the profile's units into stages.
+struct Attempt<'a, 'm> {
+    og: &'a OnnxGraph<'m>,
+    so: &'a SessionOptions,
+    oo: &'a OnnxOptions,
+    profile: &'a Profile,
+    part: &'a Partition,
+    /// The IPUs (stages) it splits into.
+    ipus: usize,
+    /// Each unit's cycles.
+    costs: &'a [u64],
+    /// Each unit's weights (and training state) in bytes.
+    mems: &'a [u64],
+}
+
+/// What an attempt's estimate says about the next.
+struct Outlook {
+    /// Every IPU fits.
+    fits: bool,
+    /// Some IPU's fullest tile has room.
+    room: bool,
+    /// Moving weights alone could make every IPU fit.
+    movable: bool,
+    /// Each IPU's fullest tile in bytes.
+    fullest: Vec<u64>,
+    /// Each stage's weights (and training state) in bytes.
+    stage_weight_bytes: Vec<u64>,
+}
+
+impl Attempt<'_, '_> {
+    /// The split the partition makes, compiled and estimated (attempt `attempt`, under the
+    /// stage caps `caps`), and its outlook on tiles of `tile_sram` bytes.
+    fn run(
+        &self,
+        caps: &[u64],
+        attempt: usize,
+        tile_sram: u64,
+    ) -> Result<(Split, Outlook), SessionError> {
+        let (profile, part, n) = (self.profile, self.part, self.ipus);
         let per = OnnxOptions {
-            stages: Stages::PerNode(stages),
+            stages: Stages::PerNode(stages_of(profile, part)),
             device_mapping: None,
-            ..oo.clone()
+            ..self.oo.clone()
         };
-        let compiled = compile_imported(og, so, &per)?;
+        let compiled = compile_imported(self.og, self.so, &per)?;
         let estimate = compiled.target.estimate()?;
-        let bounds: Vec<usize> = part.starts.iter().skip(1).copied().collect();
-        let boundaries = bounds
-            .iter()
+        let boundaries = (part.starts.iter().skip(1))
             .map(|&s| profile.names[profile.units[s] - 1].clone())
             .collect();
         let sums = |v: &[u64]| -> Vec<u64> {
@@ -518,71 +603,38 @@ pub fn split(
                 })
                 .collect()
         };
-        let fits = estimate.fits;
-        let room = estimate
-            .ipus
-            .iter()
-            .any(|i| i.max_tile_bytes <= machine.sram_bytes_per_tile);
-        // Whether moving weights alone could make every IPU fit: each overflowing IPU's
-        // fullest tile is within the SRAM without its always-live bytes (a heuristic, see the
-        // module's documentation).
-        let movable = estimate
-            .ipus
-            .iter()
-            .filter(|i| i.max_tile_bytes > machine.sram_bytes_per_tile)
-            .all(|i| {
-                i.fullest_tiles.first().is_none_or(|t| {
-                    t.total().saturating_sub(t.always_live) <= machine.sram_bytes_per_tile
-                })
-            });
-        tried = attempt;
-        let stage_weight_bytes = sums(&mems);
+        let over = |i: &&tessera_sim::system::IpuRow| i.max_tile_bytes > tile_sram;
+        let outlook = Outlook {
+            fits: estimate.fits,
+            room: estimate.ipus.iter().any(|i| i.max_tile_bytes <= tile_sram),
+            // Each overflowing IPU's fullest tile is within the SRAM without its always-live
+            // bytes (a heuristic, see the module's documentation).
+            movable: estimate.ipus.iter().filter(over).all(|i| {
+                i.fullest_tiles
+                    .first()
+                    .is_none_or(|t| t.total().saturating_sub(t.always_live) <= tile_sram)
+            }),
+            fullest: (0..n)
+                .map(|k| estimate.ipus.get(k).map_or(0, |i| i.max_tile_bytes))
+                .collect(),
+            stage_weight_bytes: sums(self.mems),
+        };
         let info = SplitInfo {
             ipus: n,
             boundaries,
-            stage_cycles: sums(&costs),
-            stage_weight_bytes: stage_weight_bytes.clone(),
-            cap_bytes: caps.clone(),
+            stage_cycles: sums(self.costs),
+            stage_weight_bytes: outlook.stage_weight_bytes.clone(),
+            cap_bytes: caps.to_vec(),
             attempts: attempt,
             tried: attempt,
         };
-        let this_ipus: Vec<u64> = (0..n)
-            .map(|k| estimate.ipus.get(k).map_or(0, |i| i.max_tile_bytes))
-            .collect();
-        let this = Split {
+        let split = Split {
             compiled,
             estimate,
             info,
         };
-        // Keep the attempt that fits, else the one whose fullest tile is smallest (a smaller
-        // cap can move weights onto an IPU already full of activations).
-        if fits
-            || last
-                .as_ref()
-                .is_none_or(|l| fullest_tile(&this) < fullest_tile(l))
-        {
-            last = Some(this);
-        }
-        // A smaller cap moves weights from the IPUs that overflow to those with room: when
-        // none has room no rebalancing makes the split fit, and when an IPU overflows without
-        // its weights a rebalancing rarely does.
-        if fits || n == 1 || !room || !movable {
-            break;
-        }
-        // Each overflowing IPU's stage gets a cap a fifth below its weights (or its cap, when
-        // that is lower): the stage must shed weights, and the layers that carry them go to
-        // IPUs with room. The other stages keep their caps.
-        for (k, i) in this_ipus.iter().enumerate() {
-            if *i > machine.sram_bytes_per_tile {
-                caps[k] = caps[k].min(stage_weight_bytes[k]) / 5 * 4;
-            }
-        }
+        Ok((split, outlook))
     }
-    last.map(|mut s| {
-        s.info.tried = tried;
-        s
-    })
-    .ok_or_else(|| opt_err("--pipeline-ipus", "no attempt was made".into()))
 }
 
 /// The bytes the fullest tile of a split's IPUs needs.

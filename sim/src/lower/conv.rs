@@ -195,150 +195,272 @@ pub(super) fn product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Conv) -> 
         u64::from(p.pads[0]),
     );
     let (kh, h, oh) = (d.kh as u64, d.h as u64, d.oh as u64);
-    let positions = |a: &Act| d.n as u64 * a.h * a.w;
-    // The input read by blocks of output positions: the forward's left-hand operand, the
-    // weight update's right-hand one.
-    let input_field = |operand| Field {
-        operand,
-        image: oh * d.ow as u64,
-        width: d.ow as u64,
-        source: (h, d.w as u64),
-        rows: (s0, (kh - 1) * d0, 1),
-        kernel_area: area,
-        contributing: (1, 1),
+    let c = ConvCtx {
+        d,
+        p,
+        input,
+        output,
+        s0,
+        d0,
+        p0,
+        kh,
+        h,
+        oh,
+        cg,
+        og,
+        area,
+        per_group: (tiles / groups).max(1),
     };
-    let per_group = (tiles / groups).max(1);
     match *op {
-        Conv::Forward { x, w, .. } => {
-            let (xt, wt) = (l.t(x), l.t(w));
-            Product {
-                groups: d.g,
-                m: positions(&output),
-                k: cg * area,
-                n: og,
-                tiles_per_group: per_group,
-                laid_out: LaidOut {
-                    a: false,
-                    b: l.node(w).op().is_state() && l.first_consumer(w) == Some(i),
-                },
-                a: None,
-                reads: Box::new(move |g, rm, rk, rn| {
-                    let g = g as u64;
-                    let ch = patch_channels(&d, p.layout, g, rk);
-                    let mut v: Vec<Region> = output
-                        .images(rm)
-                        .into_iter()
-                        .map(|(img, r0, r1)| {
-                            let rows = input_rows((r0, r1), s0, d0, p0, kh, h);
-                            input.rows(xt, img, rows, ch)
-                        })
-                        .filter(|r| r.elements() > 0)
-                        .collect();
-                    v.extend(
-                        weight_spans(&d, p.layout, g, rn, rk)
-                            .into_iter()
-                            .map(|(s, len)| Region::span(wt, s, len)),
-                    );
-                    v
-                }),
-                out: Box::new(move |g, rm, rn| {
-                    output.spans(rm, (g as u64 * og + rn.0, g as u64 * og + rn.1))
-                }),
-                b: Some(Box::new(move |g, rk, rn| {
-                    weight_spans(&d, p.layout, g as u64, rn, rk)
-                })),
-                field: Some(input_field(Operand::A)),
-                kernel_area: area,
-            }
+        Conv::Forward { x, w, .. } => forward_product(l, i, c, x, w),
+        Conv::GradInput { dy, w, .. } => grad_input_product(l, c, dy, w),
+        Conv::GradWeight { x, dy, .. } => grad_weight_product(l, c, x, dy),
+    }
+}
+
+/// What the three passes' products share: the sizes, the activations' layouts, the input
+/// rows' stride, dilation and padding and the tiles of a group.
+#[derive(Clone, Copy)]
+struct ConvCtx {
+    d: ConvDims,
+    p: ConvParams,
+    input: Act,
+    output: Act,
+    s0: u64,
+    d0: u64,
+    p0: u64,
+    kh: u64,
+    h: u64,
+    oh: u64,
+    /// Input and output channels of a group.
+    cg: u64,
+    og: u64,
+    /// The kernel's area.
+    area: u64,
+    per_group: u64,
+}
+
+impl ConvCtx {
+    /// The input read by blocks of output positions: the forward's left-hand operand, the
+    /// weight update's right-hand one.
+    fn input_field(&self, operand: Operand) -> Field {
+        let d = &self.d;
+        Field {
+            operand,
+            image: self.oh * d.ow as u64,
+            width: d.ow as u64,
+            source: (self.h, d.w as u64),
+            rows: (self.s0, (self.kh - 1) * self.d0, 1),
+            kernel_area: self.area,
+            contributing: (1, 1),
         }
-        Conv::GradInput { dy, w, .. } => {
-            let (gt, wt) = (l.t(dy), l.t(w));
-            Product {
-                groups: d.g,
-                m: positions(&input),
-                k: og * area,
-                n: cg,
-                tiles_per_group: per_group,
-                laid_out: LaidOut::NONE,
-                a: None,
-                reads: Box::new(move |g, rm, rk, rn| {
-                    let g = g as u64;
-                    let oc = grad_channels(&d, rk);
-                    let abs = (g * og + oc.0, g * og + oc.1);
-                    let mut v: Vec<Region> = input
-                        .images(rm)
-                        .into_iter()
-                        .map(|(img, r0, r1)| {
-                            let rows = output_rows((r0, r1), s0, d0, p0, kh, oh);
-                            output.rows(gt, img, rows, abs)
-                        })
-                        .filter(|r| r.elements() > 0)
-                        .collect();
-                    let q = ((rn.0) * area, rn.1 * area);
-                    let q = match p.layout {
-                        DataLayout::Nchw => q,
-                        DataLayout::Nhwc => (0, cg * area),
-                    };
-                    v.extend(
-                        weight_spans(&d, p.layout, g, oc, q)
-                            .into_iter()
-                            .map(|(s, len)| Region::span(wt, s, len)),
-                    );
-                    v
-                }),
-                out: Box::new(move |g, rm, rn| {
-                    input.spans(rm, (g as u64 * cg + rn.0, g as u64 * cg + rn.1))
-                }),
-                b: None,
-                field: Some(Field {
-                    operand: Operand::A,
-                    image: h * d.w as u64,
-                    width: d.w as u64,
-                    source: (oh, d.ow as u64),
-                    rows: (1, (kh - 1) * d0, s0),
-                    kernel_area: area,
-                    contributing: (
-                        h.div_ceil(s0.max(1))
-                            * (d.w as u64).div_ceil(u64::from(p.stride[1]).max(1)),
-                        h * d.w as u64,
-                    ),
-                }),
-                kernel_area: area,
+    }
+}
+
+/// The forward convolution `i` of `x` by `w` as a product: output positions by the patch
+/// (input channels x kernel) by output channels.
+fn forward_product<S: Storage>(
+    l: &Lowering<'_, S>,
+    i: NodeId,
+    c: ConvCtx,
+    x: NodeId,
+    w: NodeId,
+) -> Product {
+    let ConvCtx {
+        d,
+        p,
+        input,
+        output,
+        s0,
+        d0,
+        p0,
+        kh,
+        h,
+        cg,
+        og,
+        area,
+        per_group,
+        ..
+    } = c;
+    let positions = |a: &Act| d.n as u64 * a.h * a.w;
+    let (xt, wt) = (l.t(x), l.t(w));
+    Product {
+        groups: d.g,
+        m: positions(&output),
+        k: cg * area,
+        n: og,
+        tiles_per_group: per_group,
+        laid_out: LaidOut {
+            a: false,
+            b: l.node(w).op().is_state() && l.first_consumer(w) == Some(i),
+        },
+        a: None,
+        reads: Box::new(move |g, rm, rk, rn| {
+            let g = g as u64;
+            let ch = patch_channels(&d, p.layout, g, rk);
+            let mut v: Vec<Region> = output
+                .images(rm)
+                .into_iter()
+                .map(|(img, r0, r1)| {
+                    let rows = input_rows((r0, r1), s0, d0, p0, kh, h);
+                    input.rows(xt, img, rows, ch)
+                })
+                .filter(|r| r.elements() > 0)
+                .collect();
+            v.extend(
+                weight_spans(&d, p.layout, g, rn, rk)
+                    .into_iter()
+                    .map(|(s, len)| Region::span(wt, s, len)),
+            );
+            v
+        }),
+        out: Box::new(move |g, rm, rn| {
+            output.spans(rm, (g as u64 * og + rn.0, g as u64 * og + rn.1))
+        }),
+        b: Some(Box::new(move |g, rk, rn| {
+            weight_spans(&d, p.layout, g as u64, rn, rk)
+        })),
+        field: Some(c.input_field(Operand::A)),
+        kernel_area: area,
+    }
+}
+
+/// The input gradient of a convolution as a product: input positions by (output channels x
+/// kernel) by input channels, reading `dy` and the weights `w`.
+fn grad_input_product<S: Storage>(
+    l: &Lowering<'_, S>,
+    c: ConvCtx,
+    dy: NodeId,
+    w: NodeId,
+) -> Product {
+    let ConvCtx {
+        d,
+        p,
+        input,
+        output,
+        s0,
+        d0,
+        p0,
+        kh,
+        h,
+        oh,
+        cg,
+        og,
+        area,
+        per_group,
+        ..
+    } = c;
+    let positions = |a: &Act| d.n as u64 * a.h * a.w;
+    let (gt, wt) = (l.t(dy), l.t(w));
+    Product {
+        groups: d.g,
+        m: positions(&input),
+        k: og * area,
+        n: cg,
+        tiles_per_group: per_group,
+        laid_out: LaidOut::NONE,
+        a: None,
+        reads: Box::new(move |g, rm, rk, rn| {
+            let g = g as u64;
+            let oc = grad_channels(&d, rk);
+            let abs = (g * og + oc.0, g * og + oc.1);
+            let mut v: Vec<Region> = input
+                .images(rm)
+                .into_iter()
+                .map(|(img, r0, r1)| {
+                    let rows = output_rows((r0, r1), s0, d0, p0, kh, oh);
+                    output.rows(gt, img, rows, abs)
+                })
+                .filter(|r| r.elements() > 0)
+                .collect();
+            let q = ((rn.0) * area, rn.1 * area);
+            let q = match p.layout {
+                DataLayout::Nchw => q,
+                DataLayout::Nhwc => (0, cg * area),
+            };
+            v.extend(
+                weight_spans(&d, p.layout, g, oc, q)
+                    .into_iter()
+                    .map(|(s, len)| Region::span(wt, s, len)),
+            );
+            v
+        }),
+        out: Box::new(move |g, rm, rn| {
+            input.spans(rm, (g as u64 * cg + rn.0, g as u64 * cg + rn.1))
+        }),
+        b: None,
+        field: Some(Field {
+            operand: Operand::A,
+            image: h * d.w as u64,
+            width: d.w as u64,
+            source: (oh, d.ow as u64),
+            rows: (1, (kh - 1) * d0, s0),
+            kernel_area: area,
+            contributing: (
+                h.div_ceil(s0.max(1)) * (d.w as u64).div_ceil(u64::from(p.stride[1]).max(1)),
+                h * d.w as u64,
+            ),
+        }),
+        kernel_area: area,
+    }
+}
+
+/// The weight gradient of a convolution as a product: output channels by output positions by
+/// the patch, reading `dy` and the input `x`.
+fn grad_weight_product<S: Storage>(
+    l: &Lowering<'_, S>,
+    c: ConvCtx,
+    x: NodeId,
+    dy: NodeId,
+) -> Product {
+    let ConvCtx {
+        d,
+        p,
+        input,
+        output,
+        s0,
+        d0,
+        p0,
+        kh,
+        h,
+        oh,
+        cg,
+        og,
+        area,
+        per_group,
+        ..
+    } = c;
+    let positions = |a: &Act| d.n as u64 * a.h * a.w;
+    let (xt, gt) = (l.t(x), l.t(dy));
+    Product {
+        groups: d.g,
+        m: og,
+        k: positions(&output),
+        n: cg * area,
+        tiles_per_group: per_group,
+        laid_out: LaidOut::NONE,
+        a: None,
+        reads: Box::new(move |g, rm, rk, rn| {
+            let g = g as u64;
+            let ch = patch_channels(&d, p.layout, g, rn);
+            let abs = (g * og + rm.0, g * og + rm.1);
+            let mut v = Vec::new();
+            for (img, r0, r1) in output.images(rk) {
+                v.push(output.rows(gt, img, (r0, r1), abs));
+                let rows = input_rows((r0, r1), s0, d0, p0, kh, h);
+                let r = input.rows(xt, img, rows, ch);
+                if r.elements() > 0 {
+                    v.push(r);
+                }
             }
-        }
-        Conv::GradWeight { x, dy, .. } => {
-            let (xt, gt) = (l.t(x), l.t(dy));
-            Product {
-                groups: d.g,
-                m: og,
-                k: positions(&output),
-                n: cg * area,
-                tiles_per_group: per_group,
-                laid_out: LaidOut::NONE,
-                a: None,
-                reads: Box::new(move |g, rm, rk, rn| {
-                    let g = g as u64;
-                    let ch = patch_channels(&d, p.layout, g, rn);
-                    let abs = (g * og + rm.0, g * og + rm.1);
-                    let mut v = Vec::new();
-                    for (img, r0, r1) in output.images(rk) {
-                        v.push(output.rows(gt, img, (r0, r1), abs));
-                        let rows = input_rows((r0, r1), s0, d0, p0, kh, h);
-                        let r = input.rows(xt, img, rows, ch);
-                        if r.elements() > 0 {
-                            v.push(r);
-                        }
-                    }
-                    v
-                }),
-                out: Box::new(move |g, rm, rn| weight_spans(&d, p.layout, g as u64, rm, rn)),
-                b: None,
-                // HWIO weights hold each patch element's output channels together.
-                // poplin's weight-update convolution takes the output field as its kernel.
-                // The input rows of a block of positions (`k`) for its patch elements (`n`).
-                field: Some(input_field(Operand::B)),
-                kernel_area: oh * d.ow as u64,
-            }
-        }
+            v
+        }),
+        out: Box::new(move |g, rm, rn| weight_spans(&d, p.layout, g as u64, rm, rn)),
+        b: None,
+        // HWIO weights hold each patch element's output channels together.
+        // poplin's weight-update convolution takes the output field as its kernel.
+        // The input rows of a block of positions (`k`) for its patch elements (`n`).
+        field: Some(c.input_field(Operand::B)),
+        kernel_area: oh * d.ow as u64,
     }
 }

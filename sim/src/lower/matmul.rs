@@ -19,6 +19,7 @@ use super::elementwise::{binary_type, BinaryForm};
 use super::product::{BlockSpans, Product, Range};
 use super::{rect, Lowering, Placement};
 use crate::cost::{self, UnaryKind};
+use crate::machine::IpuConfig;
 use crate::planner::{
     casts_partials, plan_fc_cached, plan_matmul_cached, FcPlans, LaidOut, MatMulPlan, Operand,
 };
@@ -840,7 +841,10 @@ fn transpose_weights<S: Storage>(
 
 /// Lowers `blocks` of product `i` (all of them, or one serial output step's share of each),
 /// naming its compute sets with `suffix`; with `remap` = (weight, copy) its vertices read the
-/// weight's transposed copy instead of the weight.
+/// weight's transposed copy instead of the weight. In one compute set when there is one
+/// serial step, k is not split over tiles and the partial sums need no cast; else the
+/// partial sums block by block, then (one serial step) their cast or reduction to the
+/// output, or (several) poplin's serial loop.
 fn lower_blocks<S: Storage>(
     l: &mut Lowering<'_, S>,
     i: NodeId,
@@ -850,40 +854,175 @@ fn lower_blocks<S: Storage>(
     remap: Option<(TensorId, TensorId)>,
     suffix: &str,
 ) {
-    let cfg = l.cfg;
     let dt = l.node(i).dtype();
-    let tiles = l.tile_count();
-    let out = l.t(i);
-    let tile_of = |b: &Block| tile(b.g, plan.grid(b.im, b.ik, b.i_n), p, tiles);
-    // Straight, positions no product reaches are skipped (`Field::contributing`).
-    let amp = |b: &Block| {
-        let bm = b.m.1 - b.m.0;
-        let bm = match p.field {
-            Some(f) if !plan.swapped => f.contributing_positions(bm),
-            _ => bm,
-        };
-        plan.amp_cycles(cfg, bm, b.k.1 - b.k.0, b.n.1 - b.n.0, dt)
-    };
-    let spans = |t: TensorId, s: Vec<(u64, u64)>| {
-        compress(
-            s.into_iter()
-                .map(|(a, len)| Region::span(t, a, len))
-                .collect(),
-        )
+    let bl = Blocks {
+        i,
+        p,
+        plan,
+        blocks,
+        remap,
+        cfg: l.cfg,
+        dt,
+        tiles: l.tile_count(),
+        out: l.t(i),
+        // The partial sums' type: fp32, or fp16 with half partials (`PlanOptions::partials`).
+        pt: plan.partials_dtype(),
     };
     // Serial steps over each block's k range: each step a compute set (and the exchange
     // bringing its share of the operands).
     let steps = plan.serial.max(1);
-    // Serial step `s` of every block: its share of k, writing where `writes` says.
-    let step = |s: u64, writes: &dyn Fn(&Block) -> Vec<Region>| -> Vec<Vertex> {
-        blocks
+    let casts = casts_partials(p.k, p.kernel_area, dt, bl.pt);
+    if steps == 1 && plan.pk == 1 && !casts {
+        let vertices = bl.step(0, &|b| spans(bl.out, (p.out)(b.g, b.m, b.n)));
+        l.compute(i, &format!("matmul{suffix}"), vertices);
+        return;
+    }
+    let layout = bl.partials_layout();
+    let pk_here = (0..plan.pk).filter(|&q| q * plan.bk < p.k).count() as u64;
+    // Output blocks: (g, im, in) with their element counts, from the ik = 0 blocks.
+    let outs: Vec<Block> = blocks.iter().filter(|b| b.ik == 0).copied().collect();
+    let shares = bl.shares(&outs, &layout, pk_here);
+    let reduce =
+        |l: &mut Lowering<'_, S>, partials: TensorId, to: TensorId, to_dt, suffix: &str| {
+            reduce_blocks(
+                l,
+                i,
+                p,
+                plan,
+                &outs,
+                &layout.offsets,
+                pk_here,
+                partials,
+                to,
+                to_dt,
+                suffix,
+            );
+        };
+    let (out, pt) = (bl.out, bl.pt);
+    if steps == 1 {
+        let partials = bl.make_partials(l, &layout, 0, suffix);
+        if plan.pk == 1 {
+            // poplin's `Cast` compute set: each tile casts its block's partials to the output,
+            // which is mapped like them (`output_mapping`).
+            let cast = Codelet::Cast(VertexType::cast(pt, dt));
+            let vertices = bl.over_shares(&shares, partials, true, out, cast, false);
+            l.compute(i, &format!("cast{suffix}"), vertices);
+        } else {
+            reduce(l, partials, out, dt, suffix);
+        }
+        return;
+    }
+    // poplin's serial loop (`convolutionImpl`, `lib/poplin/Convolution.cpp`): every step makes
+    // its partial sums afresh, reduces them (in the partials' type) when k is split across
+    // tiles, and adds them into an accumulator of the partials' type (the first step copies
+    // them in). After the loop the accumulator is cast to the output, unless the output is of
+    // the partials' type and is the accumulator itself.
+    let like = |l: &mut Lowering<'_, S>, t: TensorId, name: &str| {
+        let (elements, mapping) = {
+            let t = &l.tensors[t.index()];
+            (t.elements, t.mapping.clone())
+        };
+        l.temporary(i, name, pt, elements, mapping)
+    };
+    let acc = if dt == pt {
+        out
+    } else {
+        like(l, out, "accumulator")
+    };
+    for s in 0..steps {
+        let suffix = format!(" {}/{steps}", s + 1);
+        let partials = bl.make_partials(l, &layout, s, &suffix);
+        let result = if plan.pk == 1 {
+            partials
+        } else {
+            let sum = like(l, acc, &format!("sum{suffix}"));
+            reduce(l, partials, sum, pt, &suffix);
+            sum
+        };
+        let vertices = if s == 0 {
+            bl.over_shares(&shares, result, plan.pk == 1, acc, Codelet::Copy, false)
+        } else {
+            let add = binary_type(BinaryFn::Add, pt, BinaryForm::InPlace);
+            bl.over_shares(
+                &shares,
+                result,
+                plan.pk == 1,
+                acc,
+                Codelet::Binary(add),
+                true,
+            )
+        };
+        l.compute(i, &format!("accumulate{suffix}"), vertices);
+    }
+    if acc != out {
+        let cast = Codelet::Cast(VertexType::cast(pt, dt));
+        let vertices = bl.over_shares(&shares, acc, false, out, cast, false);
+        l.compute(i, "cast", vertices);
+    }
+}
+
+/// The regions of tensor `t` at the `(start, length)` spans `s`, compressed.
+fn spans(t: TensorId, s: Vec<(u64, u64)>) -> Vec<Region> {
+    compress(
+        s.into_iter()
+            .map(|(a, len)| Region::span(t, a, len))
+            .collect(),
+    )
+}
+
+/// The blocks of a product being lowered ([`lower_blocks`]).
+struct Blocks<'b> {
+    i: NodeId,
+    p: &'b Product,
+    plan: &'b MatMulPlan,
+    blocks: &'b [Block],
+    /// (weight, its transposed copy): the vertices read the copy.
+    remap: Option<(TensorId, TensorId)>,
+    cfg: &'b IpuConfig,
+    /// The output's type.
+    dt: DType,
+    tiles: u32,
+    out: TensorId,
+    /// The partial sums' type.
+    pt: DType,
+}
+
+/// Where each block's partial sums lie in the partials tensor, and its tile mapping.
+struct PartialsLayout {
+    /// Each block's offset, by (g, im, ik, in).
+    offsets: HashMap<(usize, u64, u64, u64), u64>,
+    /// Elements in all.
+    total: u64,
+    mapping: Mapping,
+}
+
+impl Blocks<'_> {
+    fn tile_of(&self, b: &Block) -> TileId {
+        tile(b.g, self.plan.grid(b.im, b.ik, b.i_n), self.p, self.tiles)
+    }
+
+    /// A block's AMP cycles. Straight, positions no product reaches are skipped
+    /// (`Field::contributing`).
+    fn amp(&self, b: &Block) -> u64 {
+        let bm = b.m.1 - b.m.0;
+        let bm = match self.p.field {
+            Some(f) if !self.plan.swapped => f.contributing_positions(bm),
+            _ => bm,
+        };
+        (self.plan).amp_cycles(self.cfg, bm, b.k.1 - b.k.0, b.n.1 - b.n.0, self.dt)
+    }
+
+    /// Serial step `s` of every block: its share of k, writing where `writes` says.
+    fn step(&self, s: u64, writes: &dyn Fn(&Block) -> Vec<Region>) -> Vec<Vertex> {
+        let (p, plan, remap) = (self.p, self.plan, self.remap);
+        self.blocks
             .iter()
             .filter_map(|b| {
                 let k = plan.serial_range(b.k, s);
                 (k.0 < k.1).then(|| Vertex {
-                    tile: tile_of(b),
+                    tile: self.tile_of(b),
                     codelet: Codelet::MatMulPartial,
-                    cycles: amp(&Block { k, ..*b }),
+                    cycles: self.amp(&Block { k, ..*b }),
                     reads: compress(
                         (p.reads)(b.g, b.m, k, b.n)
                             .into_iter()
@@ -897,129 +1036,140 @@ fn lower_blocks<S: Storage>(
                 })
             })
             .collect()
-    };
-    // The partial sums' type: fp32, or fp16 with half partials (`PlanOptions::partials`).
-    let pt = plan.partials_dtype();
-    let casts = casts_partials(p.k, p.kernel_area, dt, pt);
-    if steps == 1 && plan.pk == 1 && !casts {
-        let vertices = step(0, &|b| spans(out, (p.out)(b.g, b.m, b.n)));
-        l.compute(i, &format!("matmul{suffix}"), vertices);
-        return;
     }
-    // Partial sums (of type `pt`) block by block.
-    let mut offsets = HashMap::new();
-    let mut total = 0u64;
-    let mut iv = Vec::new();
-    for b in blocks {
-        offsets.insert((b.g, b.im, b.ik, b.i_n), total);
-        let size = (b.m.1 - b.m.0) * (b.n.1 - b.n.0);
-        iv.push(Interval {
-            tile: tile_of(b),
-            start: total,
-            len: size,
-        });
-        total += size;
-    }
-    let partials_mapping = Mapping::from_intervals(iv);
-    let pk_here = (0..plan.pk).filter(|&q| q * plan.bk < p.k).count() as u64;
-    // Output blocks: (g, im, in) with their element counts, from the ik = 0 blocks.
-    let outs: Vec<Block> = blocks.iter().filter(|b| b.ik == 0).copied().collect();
-    let order = ShareOrder::of(cfg, plan, dt);
-    // Where each output element is finished: per output block, its tiles' shares (the block's
-    // own tile when k is not split, else each of its pk tiles an even share in the grouped
-    // order, `ShareOrder`), with the output spans of each share and, when k is not split, the block's
-    // span in the partials.
-    let mut shares: Vec<Share> = Vec::new();
-    for b in &outs {
-        if plan.pk == 1 {
-            let elements = (b.m.1 - b.m.0) * (b.n.1 - b.n.0);
-            let off = offsets[&(b.g, b.im, b.ik, b.i_n)];
-            shares.push((tile_of(b), (p.out)(b.g, b.m, b.n), Some((off, elements))));
-            continue;
+
+    /// The partial sums (of the partials' type) block by block, each on its block's tile.
+    fn partials_layout(&self) -> PartialsLayout {
+        let mut offsets = HashMap::new();
+        let mut total = 0u64;
+        let mut iv = Vec::new();
+        for b in self.blocks {
+            offsets.insert((b.g, b.im, b.ik, b.i_n), total);
+            let size = (b.m.1 - b.m.0) * (b.n.1 - b.n.0);
+            iv.push(Interval {
+                tile: self.tile_of(b),
+                start: total,
+                len: size,
+            });
+            total += size;
         }
-        let (rows, cols) = (b.m.1 - b.m.0, b.n.1 - b.n.0);
-        for q in 0..pk_here {
-            let pieces = reduce_share(rows, cols, q, pk_here, order);
-            if pieces.is_empty() {
+        PartialsLayout {
+            offsets,
+            total,
+            mapping: Mapping::from_intervals(iv),
+        }
+    }
+
+    /// Where each output element is finished: per output block of `outs`, its tiles' shares
+    /// (the block's own tile when k is not split, else each of its `pk_here` tiles an even
+    /// share in the grouped order, `ShareOrder`), with the output spans of each share and,
+    /// when k is not split, the block's span in the partials.
+    fn shares(&self, outs: &[Block], layout: &PartialsLayout, pk_here: u64) -> Vec<Share> {
+        let (p, plan) = (self.p, self.plan);
+        let order = ShareOrder::of(self.cfg, plan, self.dt);
+        let mut shares: Vec<Share> = Vec::new();
+        for b in outs {
+            if plan.pk == 1 {
+                let elements = (b.m.1 - b.m.0) * (b.n.1 - b.n.0);
+                let off = layout.offsets[&(b.g, b.im, b.ik, b.i_n)];
+                shares.push((
+                    self.tile_of(b),
+                    (p.out)(b.g, b.m, b.n),
+                    Some((off, elements)),
+                ));
                 continue;
             }
-            let mut out_spans = Vec::new();
-            for &(r0, r1, c0, c1) in &pieces {
-                out_spans.extend((p.out)(
-                    b.g,
-                    (b.m.0 + r0, b.m.0 + r1),
-                    (b.n.0 + c0, b.n.0 + c1),
+            let (rows, cols) = (b.m.1 - b.m.0, b.n.1 - b.n.0);
+            for q in 0..pk_here {
+                let pieces = reduce_share(rows, cols, q, pk_here, order);
+                if pieces.is_empty() {
+                    continue;
+                }
+                let mut out_spans = Vec::new();
+                for &(r0, r1, c0, c1) in &pieces {
+                    out_spans.extend((p.out)(
+                        b.g,
+                        (b.m.0 + r0, b.m.0 + r1),
+                        (b.n.0 + c0, b.n.0 + c1),
+                    ));
+                }
+                shares.push((
+                    tile(b.g, plan.grid(b.im, q, b.i_n), p, self.tiles),
+                    out_spans,
+                    None,
                 ));
             }
-            shares.push((
-                tile(b.g, plan.grid(b.im, q, b.i_n), p, tiles),
-                out_spans,
-                None,
-            ));
         }
+        shares
     }
-    // A compute set over the shares: each reads `from` (the share's block of partial sums when
-    // `from` is partials and k is not split, else `from`'s output spans) and writes `to`'s
-    // output spans, also reading them when it accumulates into them.
-    let over_shares =
-        |from: TensorId, from_partials: bool, to: TensorId, codelet: Codelet, accumulate: bool| {
-            shares
-                .iter()
-                .map(|(tile, out_spans, block)| {
-                    let elements: u64 = out_spans.iter().map(|&(_, len)| len).sum();
-                    let mut reads = match (*block, from_partials) {
-                        (Some((off, len)), true) => vec![Region::span(from, off, len)],
-                        _ => spans(from, out_spans.clone()),
-                    };
-                    let writes = spans(to, out_spans.clone());
-                    if accumulate {
-                        reads.extend(writes.iter().copied());
-                    }
-                    let cycles = match codelet {
-                        Codelet::Binary(_) => cost::binary_in_place_cycles(cfg, elements, pt),
-                        Codelet::Copy => UnaryKind::Copy.cycles(cfg, elements, pt),
-                        _ => cost::cast_cycles(cfg, elements),
-                    };
-                    Vertex {
-                        tile: *tile,
-                        codelet,
-                        cycles,
-                        reads: compress(reads),
-                        writes,
-                    }
-                })
-                .collect::<Vec<_>>()
-        };
-    let reduce =
-        |l: &mut Lowering<'_, S>, partials: TensorId, to: TensorId, to_dt: DType, suffix: &str| {
-            reduce_blocks(
-                l, i, p, plan, &outs, &offsets, pk_here, partials, to, to_dt, suffix,
-            );
-        };
-    // Serial step `s`'s partial sums, afresh: a temporary of type `pt` (interleaved when the AMP
-    // writes it) and the compute set making it, named with `suffix`. A block shorter than the
-    // steps (the last along k) has nothing to multiply in some: its partial sums there are
-    // zeros (a fill, priced as a copy), as the step's sum and accumulation read every block.
-    let make_partials = |l: &mut Lowering<'_, S>, s: u64, suffix: &str| {
-        let partials = l.temporary(
-            i,
-            &format!("partials{suffix}"),
-            pt,
-            total,
-            partials_mapping.clone(),
-        );
+
+    /// A compute set over the shares: each reads `from` (the share's block of partial sums
+    /// when `from` is partials and k is not split, else `from`'s output spans) and writes
+    /// `to`'s output spans, also reading them when it accumulates into them.
+    fn over_shares(
+        &self,
+        shares: &[Share],
+        from: TensorId,
+        from_partials: bool,
+        to: TensorId,
+        codelet: Codelet,
+        accumulate: bool,
+    ) -> Vec<Vertex> {
+        let (cfg, pt) = (self.cfg, self.pt);
+        shares
+            .iter()
+            .map(|(tile, out_spans, block)| {
+                let elements: u64 = out_spans.iter().map(|&(_, len)| len).sum();
+                let mut reads = match (*block, from_partials) {
+                    (Some((off, len)), true) => vec![Region::span(from, off, len)],
+                    _ => spans(from, out_spans.clone()),
+                };
+                let writes = spans(to, out_spans.clone());
+                if accumulate {
+                    reads.extend(writes.iter().copied());
+                }
+                let cycles = match codelet {
+                    Codelet::Binary(_) => cost::binary_in_place_cycles(cfg, elements, pt),
+                    Codelet::Copy => UnaryKind::Copy.cycles(cfg, elements, pt),
+                    _ => cost::cast_cycles(cfg, elements),
+                };
+                Vertex {
+                    tile: *tile,
+                    codelet,
+                    cycles,
+                    reads: compress(reads),
+                    writes,
+                }
+            })
+            .collect()
+    }
+
+    /// Serial step `s`'s partial sums, afresh: a temporary of the partials' type
+    /// (interleaved when the AMP writes it) and the compute set making it, named with
+    /// `suffix`. A block shorter than the steps (the last along k) has nothing to multiply in
+    /// some: its partial sums there are zeros (a fill, priced as a copy), as the step's sum
+    /// and accumulation read every block.
+    fn make_partials<S: Storage>(
+        &self,
+        l: &mut Lowering<'_, S>,
+        layout: &PartialsLayout,
+        s: u64,
+        suffix: &str,
+    ) -> TensorId {
+        let (i, plan, pt) = (self.i, self.plan, self.pt);
+        let name = format!("partials{suffix}");
+        let partials = l.temporary(i, &name, pt, layout.total, layout.mapping.clone());
         l.tensors[partials.index()].interleaved = plan.on_amp();
         let span = |b: &Block| {
             vec![Region::span(
                 partials,
-                offsets[&(b.g, b.im, b.ik, b.i_n)],
+                layout.offsets[&(b.g, b.im, b.ik, b.i_n)],
                 (b.m.1 - b.m.0) * (b.n.1 - b.n.0),
             )]
         };
-        let mut vertices = step(s, &span);
+        let mut vertices = self.step(s, &span);
         vertices.extend(
-            blocks
-                .iter()
+            (self.blocks.iter())
                 .filter(|b| {
                     let k = plan.serial_range(b.k, s);
                     k.0 >= k.1
@@ -1027,80 +1177,16 @@ fn lower_blocks<S: Storage>(
                 .map(|b| {
                     let writes = span(b);
                     Vertex {
-                        tile: tile_of(b),
+                        tile: self.tile_of(b),
                         codelet: Codelet::Copy,
-                        cycles: UnaryKind::Copy.cycles(cfg, writes[0].elements(), pt),
+                        cycles: UnaryKind::Copy.cycles(self.cfg, writes[0].elements(), pt),
                         reads: Vec::new(),
                         writes,
                     }
                 }),
         );
-        l.compute(i, &format!("partials{suffix}"), vertices);
+        l.compute(i, &name, vertices);
         partials
-    };
-    if steps == 1 {
-        let partials = make_partials(l, 0, suffix);
-        if plan.pk == 1 {
-            // poplin's `Cast` compute set: each tile casts its block's partials to the output,
-            // which is mapped like them (`output_mapping`).
-            let vertices = over_shares(
-                partials,
-                true,
-                out,
-                Codelet::Cast(VertexType::cast(pt, dt)),
-                false,
-            );
-            l.compute(i, &format!("cast{suffix}"), vertices);
-        } else {
-            reduce(l, partials, out, dt, suffix);
-        }
-        return;
-    }
-    // poplin's serial loop (`convolutionImpl`, `lib/poplin/Convolution.cpp`): every step makes
-    // its partial sums afresh, reduces them (in the partials' type) when k is split across
-    // tiles, and adds them into an accumulator of the partials' type (the first step copies
-    // them in). After the loop the accumulator is cast to the output, unless the output is of
-    // the partials' type and is the accumulator itself.
-    let acc = if dt == pt {
-        out
-    } else {
-        let (elements, mapping) = {
-            let t = &l.tensors[out.index()];
-            (t.elements, t.mapping.clone())
-        };
-        l.temporary(i, "accumulator", pt, elements, mapping)
-    };
-    for s in 0..steps {
-        let suffix = format!(" {}/{steps}", s + 1);
-        let partials = make_partials(l, s, &suffix);
-        let result = if plan.pk == 1 {
-            partials
-        } else {
-            let (elements, mapping) = {
-                let t = &l.tensors[acc.index()];
-                (t.elements, t.mapping.clone())
-            };
-            let sum = l.temporary(i, &format!("sum{suffix}"), pt, elements, mapping);
-            reduce(l, partials, sum, pt, &suffix);
-            sum
-        };
-        let vertices = if s == 0 {
-            over_shares(result, plan.pk == 1, acc, Codelet::Copy, false)
-        } else {
-            let add = binary_type(BinaryFn::Add, pt, BinaryForm::InPlace);
-            over_shares(result, plan.pk == 1, acc, Codelet::Binary(add), true)
-        };
-        l.compute(i, &format!("accumulate{suffix}"), vertices);
-    }
-    if acc != out {
-        let vertices = over_shares(
-            acc,
-            false,
-            out,
-            Codelet::Cast(VertexType::cast(pt, dt)),
-            false,
-        );
-        l.compute(i, "cast", vertices);
     }
 }
 
@@ -1125,12 +1211,18 @@ fn reduce_blocks<S: Storage>(
     to_dt: DType,
     suffix: &str,
 ) {
-    let cfg = l.cfg;
-    let tiles = l.tile_count();
-    let pt = plan.partials_dtype();
-    let order = ShareOrder::of(cfg, plan, l.node(i).dtype());
+    let r = Reduction {
+        i,
+        p,
+        plan,
+        outs,
+        pk_here,
+        pt: plan.partials_dtype(),
+        tiles: l.tile_count(),
+        cfg: l.cfg,
+        suffix,
+    };
     let factors = cost::reduce_stage_factors(pk_here);
-    let block_tile = |b: &Block, q: u64| tile(b.g, plan.grid(b.im, q, b.i_n), p, tiles);
     // The current stage's source: per output block, the offsets of its blocks in `source`.
     let mut source = partials;
     let mut sources: Vec<Vec<u64>> = outs
@@ -1145,17 +1237,61 @@ fn reduce_blocks<S: Storage>(
     let mut spread = 1u64;
     let stages = factors.len();
     for (stage, &f) in factors.iter().enumerate().take(stages.saturating_sub(1)) {
+        (source, sources) = r.intermediate(l, stage, f, spread, source, &sources);
+        spread *= f;
+    }
+    let order = ShareOrder::of(r.cfg, plan, l.node(i).dtype());
+    let vertices = r.last(order, source, &sources, to, to_dt);
+    let phase = if stages == 1 {
+        format!("reduce{suffix}")
+    } else {
+        format!("reduce{stages}{suffix}")
+    };
+    l.compute(i, &phase, vertices);
+}
+
+/// A reduction of a product's partial blocks ([`reduce_blocks`]).
+struct Reduction<'r> {
+    i: NodeId,
+    p: &'r Product,
+    plan: &'r MatMulPlan,
+    outs: &'r [Block],
+    /// Partial blocks per output block.
+    pk_here: u64,
+    /// The partial sums' type.
+    pt: DType,
+    tiles: u32,
+    cfg: &'r IpuConfig,
+    suffix: &'r str,
+}
+
+impl Reduction<'_> {
+    /// The tile of output block `b`'s partial block `q`.
+    fn block_tile(&self, b: &Block, q: u64) -> TileId {
+        tile(b.g, self.plan.grid(b.im, q, b.i_n), self.p, self.tiles)
+    }
+
+    /// An intermediate stage (index `stage`, summing `f` blocks, each source block spread
+    /// over `spread` tiles): block j of the next depth sums source blocks j*f .. (j+1)*f and
+    /// lives on their tiles. The stage's result and, per output block, its blocks' offsets.
+    fn intermediate<S: Storage>(
+        &self,
+        l: &mut Lowering<'_, S>,
+        stage: usize,
+        f: u64,
+        spread: u64,
+        source: TensorId,
+        sources: &[Vec<u64>],
+    ) -> (TensorId, Vec<Vec<u64>>) {
+        let (i, pt, pk_here) = (self.i, self.pt, self.pk_here);
         let depth = sources.first().map_or(0, Vec::len) as u64;
         let next_depth = depth.div_ceil(f.max(1));
         let group_tiles = spread * f;
-        let mut vertices = Vec::new();
-        // An intermediate stage: block j of the next depth sums source blocks
-        // j*f .. (j+1)*f and lives on their tiles.
         let mut iv = Vec::new();
-        let mut next_sources = Vec::with_capacity(outs.len());
+        let mut next_sources = Vec::with_capacity(self.outs.len());
         let mut total = 0u64;
         let mut pending = Vec::new();
-        for (b, offs) in outs.iter().zip(&sources) {
+        for (b, offs) in self.outs.iter().zip(sources) {
             let elements = (b.m.1 - b.m.0) * (b.n.1 - b.n.0);
             let mut next = Vec::with_capacity(next_depth as usize);
             for j in 0..next_depth {
@@ -1168,7 +1304,7 @@ fn reduce_blocks<S: Storage>(
                     if first >= end {
                         continue;
                     }
-                    let tile = block_tile(b, first_tile + r);
+                    let tile = self.block_tile(b, first_tile + r);
                     iv.push(Interval {
                         tile,
                         start: total + first,
@@ -1181,82 +1317,82 @@ fn reduce_blocks<S: Storage>(
             }
             next_sources.push(next);
         }
-        let inter = l.temporary(
-            i,
-            &format!("partials{}{suffix}", stage + 1),
-            pt,
-            total,
-            Mapping::from_intervals(iv),
-        );
-        for (tile, base, first, end, summed) in pending {
-            let reads: Vec<Region> = summed
-                .iter()
-                .map(|&off| Region::span(source, off + first, end - first))
-                .collect();
-            vertices.push(Vertex {
-                tile,
-                codelet: Codelet::Reduce(VertexType {
-                    function: REDUCE_ADD,
-                    ..VertexType::cast(pt, pt)
-                }),
-                cycles: cost::partials_reduce_cycles(cfg, end - first, summed.len() as u64, pt, pt),
-                reads: compress(reads),
-                writes: vec![Region::span(inter, base + first, end - first)],
-            });
-        }
+        let suffix = self.suffix;
+        let name = format!("partials{}{suffix}", stage + 1);
+        let inter = l.temporary(i, &name, pt, total, Mapping::from_intervals(iv));
+        let vertices = pending
+            .into_iter()
+            .map(|(tile, base, first, end, summed)| {
+                let reads: Vec<Region> = summed
+                    .iter()
+                    .map(|&off| Region::span(source, off + first, end - first))
+                    .collect();
+                let n = summed.len() as u64;
+                Vertex {
+                    tile,
+                    codelet: Codelet::Reduce(VertexType {
+                        function: REDUCE_ADD,
+                        ..VertexType::cast(pt, pt)
+                    }),
+                    cycles: cost::partials_reduce_cycles(self.cfg, end - first, n, pt, pt),
+                    reads: compress(reads),
+                    writes: vec![Region::span(inter, base + first, end - first)],
+                }
+            })
+            .collect();
         l.compute(i, &format!("reduce{}{suffix}", stage + 1), vertices);
-        source = inter;
-        sources = next_sources;
-        spread = group_tiles;
+        (inter, next_sources)
     }
-    // The last stage: each of the pk tiles writes its share of the output.
-    let depth = sources.first().map_or(0, Vec::len) as u64;
-    let mut vertices = Vec::new();
-    for (b, offs) in outs.iter().zip(&sources) {
-        let (rows, cols) = (b.m.1 - b.m.0, b.n.1 - b.n.0);
-        for q in 0..pk_here {
-            let pieces = reduce_share(rows, cols, q, pk_here, order);
-            if pieces.is_empty() {
-                continue;
+
+    /// The last stage: each of the pk tiles sums its share of every partial block of
+    /// `source` (at `sources`) into `to` as `to_dt`.
+    fn last(
+        &self,
+        order: ShareOrder,
+        source: TensorId,
+        sources: &[Vec<u64>],
+        to: TensorId,
+        to_dt: DType,
+    ) -> Vec<Vertex> {
+        let (pt, pk_here) = (self.pt, self.pk_here);
+        let depth = sources.first().map_or(0, Vec::len) as u64;
+        let mut vertices = Vec::new();
+        for (b, offs) in self.outs.iter().zip(sources) {
+            let (rows, cols) = (b.m.1 - b.m.0, b.n.1 - b.n.0);
+            for q in 0..pk_here {
+                let pieces = reduce_share(rows, cols, q, pk_here, order);
+                if pieces.is_empty() {
+                    continue;
+                }
+                // Partial blocks are kept in the grouped order, so this tile's share of each
+                // is one span: the same one in every partial block.
+                let (first, end) = order.span(rows, cols, q, pk_here);
+                let reads: Vec<Region> = offs
+                    .iter()
+                    .map(|&off| Region::span(source, off + first, end - first))
+                    .collect();
+                let mut writes = Vec::new();
+                for &(r0, r1, c0, c1) in &pieces {
+                    writes.extend((self.p.out)(
+                        b.g,
+                        (b.m.0 + r0, b.m.0 + r1),
+                        (b.n.0 + c0, b.n.0 + c1),
+                    ));
+                }
+                vertices.push(Vertex {
+                    tile: self.block_tile(b, q),
+                    codelet: Codelet::Reduce(VertexType {
+                        function: REDUCE_ADD,
+                        ..VertexType::cast(pt, to_dt)
+                    }),
+                    cycles: cost::partials_reduce_cycles(self.cfg, end - first, depth, to_dt, pt),
+                    reads: compress(reads),
+                    writes: spans(to, writes),
+                });
             }
-            // Partial blocks are kept in the grouped order, so this tile's share of each
-            // is one span: the same one in every partial block.
-            let (first, end) = order.span(rows, cols, q, pk_here);
-            let reads: Vec<Region> = offs
-                .iter()
-                .map(|&off| Region::span(source, off + first, end - first))
-                .collect();
-            let mut writes = Vec::new();
-            for &(r0, r1, c0, c1) in &pieces {
-                writes.extend((p.out)(
-                    b.g,
-                    (b.m.0 + r0, b.m.0 + r1),
-                    (b.n.0 + c0, b.n.0 + c1),
-                ));
-            }
-            vertices.push(Vertex {
-                tile: block_tile(b, q),
-                codelet: Codelet::Reduce(VertexType {
-                    function: REDUCE_ADD,
-                    ..VertexType::cast(pt, to_dt)
-                }),
-                cycles: cost::partials_reduce_cycles(cfg, end - first, depth, to_dt, pt),
-                reads: compress(reads),
-                writes: compress(
-                    writes
-                        .into_iter()
-                        .map(|(a, len)| Region::span(to, a, len))
-                        .collect(),
-                ),
-            });
         }
+        vertices
     }
-    let phase = if stages == 1 {
-        format!("reduce{suffix}")
-    } else {
-        format!("reduce{stages}{suffix}")
-    };
-    l.compute(i, &phase, vertices);
 }
 
 #[cfg(test)]

@@ -82,14 +82,7 @@ pub(super) fn outline<S: Storage>(l: &Lowering<'_, S>, keys: &[Option<u128>]) ->
     let outlined =
         |i: usize| l.include[i] && keys[i].is_some_and(|k| count.get(&k).is_some_and(|&c| c > 1));
     let view = |i: usize| plan.slots()[i].view_of.is_some();
-    // The last node reading each tensor (by its storage root).
-    let mut last_reader = vec![0usize; n];
-    for (c, node) in graph.nodes().iter().enumerate() {
-        for &o in node.op().operands().as_slice() {
-            let r = plan.storage_of(o).index();
-            last_reader[r] = last_reader[r].max(c);
-        }
-    }
+    let last_reader = last_readers(l);
     let mut out = Outline {
         shared: vec![false; n],
         calls: Vec::new(),
@@ -122,22 +115,7 @@ pub(super) fn outline<S: Storage>(l: &Lowering<'_, S>, keys: &[Option<u128>]) ->
         })
         .collect();
     // (first, last, whole layer): a whole layer's call holds every node in its range.
-    let mut runs: Vec<(usize, usize, bool)> = Vec::new();
-    let mut in_layer = vec![false; n];
-    // The second and later repeats of each layer: all their code is the first's.
-    let mut repeats: Vec<(usize, usize)> = Vec::new();
-    for (start, len, reps) in repeated_layers(&sequence.iter().map(|&(_, k)| k).collect::<Vec<_>>())
-    {
-        for r in 0..reps {
-            let (a, b) = (start + r * len, start + (r + 1) * len - 1);
-            let (first, last) = (sequence[a].0, sequence[b].0);
-            runs.push((first, last, true));
-            in_layer[first..=last].iter_mut().for_each(|x| *x = true);
-            if r > 0 {
-                repeats.push((first, last));
-            }
-        }
-    }
+    let (mut runs, in_layer, repeats) = layer_runs(&sequence, n);
     // The open call: its first node, last outlined node and the keys in it.
     let mut open: Option<(usize, usize, std::collections::HashSet<u128>)> = None;
     for (i, key) in keys.iter().enumerate().take(n) {
@@ -193,59 +171,110 @@ pub(super) fn outline<S: Storage>(l: &Lowering<'_, S>, keys: &[Option<u128>]) ->
         let member = |i: usize| {
             (first..=last).contains(&i) && l.include[i] && (whole || outlined(i) || view(i))
         };
-        let mut inputs: Vec<NodeId> = Vec::new();
-        let mut outputs: Vec<NodeId> = Vec::new();
-        for i in (first..=last).filter(|&i| member(i)) {
-            for &o in graph.nodes()[i].op().operands().as_slice() {
-                let r = plan.storage_of(o);
-                if !member(r.index()) && !graph.nodes()[r.index()].op().is_state() {
-                    inputs.push(r);
-                }
-            }
-            if !view(i) && last_reader[i] > last && !graph.nodes()[i].op().is_state() {
-                outputs.push(NodeId::from_index(i as u32));
-            }
+        match call(l, (first, last), &member, &view, &last_reader) {
+            Some(c) => out.calls.push(c),
+            None => (first..=last).for_each(|i| out.shared[i] = false),
         }
-        inputs.sort_unstable();
-        inputs.dedup();
-        // PopART's outliner keeps a section whose value passes `outlineThreshold` (1.0):
-        // each op is worth its subgraph value times the square root of its input bytes,
-        // each copy in or out costs the square root of its bytes
-        // (`willow/src/subgraph/iosubgraphcostmodel.cpp`).
-        let bytes = |x: NodeId| graph.nodes()[x.index()].bytes() as f64;
-        let value: f64 = (first..=last)
-            .filter(|&i| member(i) && !view(i))
-            .map(|i| {
-                let node = &graph.nodes()[i];
-                let in_bytes: f64 = node
-                    .op()
-                    .operands()
-                    .as_slice()
-                    .iter()
-                    .map(|&o| bytes(o))
-                    .sum();
-                subgraph_value(node.op()) * in_bytes.sqrt()
-            })
-            .sum();
-        let copies: f64 = inputs
-            .iter()
-            .chain(&outputs)
-            .map(|&x| bytes(x).sqrt())
-            .sum();
-        if value - copies < OUTLINE_THRESHOLD {
-            for i in first..=last {
-                out.shared[i] = false;
-            }
-            continue;
-        }
-        out.calls.push(Call {
-            first,
-            last,
-            inputs,
-            outputs,
-        });
     }
     out
+}
+
+/// The call of the nodes `first..=last` that are `member`s: its inputs (what its members read
+/// from outside, state aside) and outputs (what is read after it), if it is worth a call.
+fn call<S: Storage>(
+    l: &Lowering<'_, S>,
+    (first, last): (usize, usize),
+    member: &dyn Fn(usize) -> bool,
+    view: &dyn Fn(usize) -> bool,
+    last_reader: &[usize],
+) -> Option<Call> {
+    let (graph, plan) = (l.graph, l.plan);
+    let mut inputs: Vec<NodeId> = Vec::new();
+    let mut outputs: Vec<NodeId> = Vec::new();
+    for i in (first..=last).filter(|&i| member(i)) {
+        for &o in graph.nodes()[i].op().operands().as_slice() {
+            let r = plan.storage_of(o);
+            if !member(r.index()) && !graph.nodes()[r.index()].op().is_state() {
+                inputs.push(r);
+            }
+        }
+        if !view(i) && last_reader[i] > last && !graph.nodes()[i].op().is_state() {
+            outputs.push(NodeId::from_index(i as u32));
+        }
+    }
+    inputs.sort_unstable();
+    inputs.dedup();
+    // PopART's outliner keeps a section whose value passes `outlineThreshold` (1.0):
+    // each op is worth its subgraph value times the square root of its input bytes,
+    // each copy in or out costs the square root of its bytes
+    // (`willow/src/subgraph/iosubgraphcostmodel.cpp`).
+    let bytes = |x: NodeId| graph.nodes()[x.index()].bytes() as f64;
+    let value: f64 = (first..=last)
+        .filter(|&i| member(i) && !view(i))
+        .map(|i| {
+            let node = &graph.nodes()[i];
+            let in_bytes: f64 = node
+                .op()
+                .operands()
+                .as_slice()
+                .iter()
+                .map(|&o| bytes(o))
+                .sum();
+            subgraph_value(node.op()) * in_bytes.sqrt()
+        })
+        .sum();
+    let copies: f64 = inputs
+        .iter()
+        .chain(&outputs)
+        .map(|&x| bytes(x).sqrt())
+        .sum();
+    if value - copies < OUTLINE_THRESHOLD {
+        return None;
+    }
+    Some(Call {
+        first,
+        last,
+        inputs,
+        outputs,
+    })
+}
+
+/// The last node reading each tensor (by its storage root).
+fn last_readers<S: Storage>(l: &Lowering<'_, S>) -> Vec<usize> {
+    let mut last_reader = vec![0usize; l.graph.len()];
+    for (c, node) in l.graph.nodes().iter().enumerate() {
+        for &o in node.op().operands().as_slice() {
+            let r = l.plan.storage_of(o).index();
+            last_reader[r] = last_reader[r].max(c);
+        }
+    }
+    last_reader
+}
+
+/// The repeated layers of `sequence` ((node, key) of the `n` nodes' code): each instance a
+/// whole-layer run (first, last, true); which nodes are in one; and the second and later
+/// repeats of each layer, all of whose code is the first's.
+#[allow(clippy::type_complexity)]
+fn layer_runs(
+    sequence: &[(usize, u128)],
+    n: usize,
+) -> (Vec<(usize, usize, bool)>, Vec<bool>, Vec<(usize, usize)>) {
+    let mut runs: Vec<(usize, usize, bool)> = Vec::new();
+    let mut in_layer = vec![false; n];
+    let mut repeats: Vec<(usize, usize)> = Vec::new();
+    for (start, len, reps) in repeated_layers(&sequence.iter().map(|&(_, k)| k).collect::<Vec<_>>())
+    {
+        for r in 0..reps {
+            let (a, b) = (start + r * len, start + (r + 1) * len - 1);
+            let (first, last) = (sequence[a].0, sequence[b].0);
+            runs.push((first, last, true));
+            in_layer[first..=last].iter_mut().for_each(|x| *x = true);
+            if r > 0 {
+                repeats.push((first, last));
+            }
+        }
+    }
+    (runs, in_layer, repeats)
 }
 
 /// The least nodes in a repeated layer: shorter repeats (an op and its twin) are left to the

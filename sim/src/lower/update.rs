@@ -7,7 +7,8 @@ use tessera_core::{NodeId, Storage};
 use super::{Lowering, Placement};
 use crate::cost::{self, UnaryKind};
 use crate::program::{
-    Codelet, Interval, Mapping, Region, TensorClass, TensorId, Vertex, VertexType, REDUCE_OTHER,
+    Codelet, Interval, Mapping, Region, TensorClass, TensorId, TileId, Vertex, VertexType,
+    REDUCE_OTHER,
 };
 use tessera_core::DType;
 
@@ -16,11 +17,65 @@ pub(super) fn placement(_op: &Update) -> Placement {
     Placement::Nothing
 }
 
+/// An update on the tiles of its variable: an optimizer's ([`optimizer`]), an accumulation,
+/// a moving average, a fill or a counter's increment.
 pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update) {
     let cfg = l.cfg;
     let dt = l.node(i).dtype();
-    // With replicated tensor sharding an optimizer's update runs on each replica's shard of
-    // the variable (accumulations, fills and counters do not).
+    let scaled_add = move |n: u64| cost::scaled_add_cycles(cfg, n, dt);
+    match *op {
+        Update::Sgd { .. }
+        | Update::Momentum { .. }
+        | Update::Adam { .. }
+        | Update::Lamb { .. }
+        | Update::Lars { .. } => optimizer(l, i, op),
+        Update::Accumulate {
+            acc, grad, counter, ..
+        } => {
+            let (acc, grad, ct) = (l.t(acc), l.t(grad), l.t(counter));
+            l.per_tile_same(
+                i,
+                "accumulate",
+                acc,
+                Codelet::Update,
+                scaled_add,
+                &[acc, grad],
+                &[acc],
+                &[Region::span(ct, 0, 1)],
+            );
+        }
+        Update::MovingAverage { x, value, .. } => {
+            let (x, value) = (l.t(x), l.t(value));
+            per_variable(l, i, "update", x, &[value], scaled_add, &[]);
+        }
+        Update::Fill { x, .. } => {
+            let x = l.t(x);
+            let c = move |n| UnaryKind::Copy.cycles(cfg, n, dt);
+            l.per_tile_same(i, "fill", x, Codelet::Copy, c, &[], &[x], &[]);
+        }
+        Update::Increment { counter } => {
+            let ct = l.t(counter);
+            let r = Region::span(ct, 0, 1);
+            let v = Vertex {
+                tile: l.first_tile(ct),
+                codelet: Codelet::Update,
+                // Estimate: a load, an add and a store, with the vertex's setup.
+                cycles: cost::compute_set_overhead_cycles() + 20,
+                reads: vec![r],
+                writes: vec![r],
+            };
+            l.compute(i, "increment", vec![v]);
+        }
+    }
+}
+
+/// An optimizer's update, each tile's cost over its share of the variable's shard (with
+/// replicated tensor sharding an optimizer's update runs on each replica's shard of the
+/// variable).
+fn optimizer<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update) {
+    let cfg = l.cfg;
+    let dt = l.node(i).dtype();
+    let scaled_add = move |n: u64| cost::scaled_add_cycles(cfg, n, dt);
     let shards = match *op {
         Update::Sgd { var, .. }
         | Update::Momentum { var, .. }
@@ -30,10 +85,8 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
         Update::Increment { .. }
         | Update::Accumulate { .. }
         | Update::Fill { .. }
-        | Update::MovingAverage { .. } => 1,
+        | Update::MovingAverage { .. } => return,
     };
-    let scaled_add = move |n: u64| cost::scaled_add_cycles(cfg, n, dt);
-    // An optimizer's per-tile cost over the tile's share of the variable's shard.
     match *op {
         Update::Sgd { var, grad, .. } => {
             let (var, grad) = (l.t(var), l.t(grad));
@@ -131,43 +184,10 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
             let apply = on_shard(shards, move |n| 2 * scaled_add(n));
             trust_ratio_update(l, i, var, &[grad], norms, apply, &[velocity, grad]);
         }
-        Update::Accumulate {
-            acc, grad, counter, ..
-        } => {
-            let (acc, grad, ct) = (l.t(acc), l.t(grad), l.t(counter));
-            l.per_tile_same(
-                i,
-                "accumulate",
-                acc,
-                Codelet::Update,
-                scaled_add,
-                &[acc, grad],
-                &[acc],
-                &[Region::span(ct, 0, 1)],
-            );
-        }
-        Update::MovingAverage { x, value, .. } => {
-            let (x, value) = (l.t(x), l.t(value));
-            per_variable(l, i, "update", x, &[value], scaled_add, &[]);
-        }
-        Update::Fill { x, .. } => {
-            let x = l.t(x);
-            let c = move |n| UnaryKind::Copy.cycles(cfg, n, dt);
-            l.per_tile_same(i, "fill", x, Codelet::Copy, c, &[], &[x], &[]);
-        }
-        Update::Increment { counter } => {
-            let ct = l.t(counter);
-            let r = Region::span(ct, 0, 1);
-            let v = Vertex {
-                tile: l.first_tile(ct),
-                codelet: Codelet::Update,
-                // Estimate: a load, an add and a store, with the vertex's setup.
-                cycles: cost::compute_set_overhead_cycles() + 20,
-                reads: vec![r],
-                writes: vec![r],
-            };
-            l.compute(i, "increment", vec![v]);
-        }
+        Update::Increment { .. }
+        | Update::Accumulate { .. }
+        | Update::Fill { .. }
+        | Update::MovingAverage { .. } => {}
     }
 }
 
@@ -250,48 +270,7 @@ fn trust_ratio_update<S: Storage>(
         })
         .collect();
     l.compute(i, "norms", vertices);
-    // The partials are summed in two stages when there are many, as popops reduces to a
-    // scalar: groups of `INTERMEDIATE_FAN_IN` tiles on each group's first tile, then the
-    // groups' sums on the ratio's tile (one stage of thousands of messages onto one tile
-    // would cost it kilobytes of exchange code per tensor).
-    let fan_in = super::reduce::INTERMEDIATE_FAN_IN;
-    let (sums, count) = if k > fan_in {
-        let groups = k.div_ceil(fan_in);
-        let sums = l.temporary(
-            i,
-            "norms summed",
-            DType::F32,
-            2 * groups,
-            Mapping::from_intervals(
-                (0..groups)
-                    .map(|g| Interval {
-                        tile: tiles[(g * fan_in) as usize].0,
-                        start: 2 * g,
-                        len: 2,
-                    })
-                    .collect(),
-            ),
-        );
-        let vertices = (0..groups)
-            .map(|g| {
-                let (a, b) = (g * fan_in, ((g + 1) * fan_in).min(k));
-                Vertex {
-                    tile: tiles[a as usize].0,
-                    codelet: Codelet::Reduce(VertexType::of(REDUCE_OTHER, DType::F32)),
-                    cycles: cost::reduce_cycles(cfg, 2, b - a, DType::F32),
-                    reads: vec![
-                        Region::strided(partials, 2 * a, 1, b - a, 2),
-                        Region::strided(partials, 2 * a + 1, 1, b - a, 2),
-                    ],
-                    writes: vec![Region::span(sums, 2 * g, 2)],
-                }
-            })
-            .collect();
-        l.compute(i, "norms summed", vertices);
-        (sums, groups)
-    } else {
-        (partials, k)
-    };
+    let (sums, count) = sum_norms(l, i, partials, &tiles);
     let v = Vertex {
         tile: first,
         codelet: Codelet::Reduce(VertexType::of(REDUCE_OTHER, DType::F32)),
@@ -304,6 +283,58 @@ fn trust_ratio_update<S: Storage>(
     l.compute(i, "trust ratio", vec![v]);
     let ratio = [Region::span(ratio, 0, 1)];
     per_variable(l, i, "apply", var, apply_reads, apply_cycles, &ratio);
+}
+
+/// The norms' partials (two per tile of `tiles`, in `partials`) summed in two stages when
+/// there are many, as popops reduces to a scalar: groups of `INTERMEDIATE_FAN_IN` tiles on
+/// each group's first tile (`norms summed`), whose sums the ratio's tile then reads (one
+/// stage of thousands of messages onto one tile would cost it kilobytes of exchange code per
+/// tensor). The tensor to sum last and its pairs.
+fn sum_norms<S: Storage>(
+    l: &mut Lowering<'_, S>,
+    i: NodeId,
+    partials: TensorId,
+    tiles: &[(TileId, u64)],
+) -> (TensorId, u64) {
+    let cfg = l.cfg;
+    let k = tiles.len() as u64;
+    let fan_in = super::reduce::INTERMEDIATE_FAN_IN;
+    if k <= fan_in {
+        return (partials, k);
+    }
+    let groups = k.div_ceil(fan_in);
+    let sums = l.temporary(
+        i,
+        "norms summed",
+        DType::F32,
+        2 * groups,
+        Mapping::from_intervals(
+            (0..groups)
+                .map(|g| Interval {
+                    tile: tiles[(g * fan_in) as usize].0,
+                    start: 2 * g,
+                    len: 2,
+                })
+                .collect(),
+        ),
+    );
+    let vertices = (0..groups)
+        .map(|g| {
+            let (a, b) = (g * fan_in, ((g + 1) * fan_in).min(k));
+            Vertex {
+                tile: tiles[a as usize].0,
+                codelet: Codelet::Reduce(VertexType::of(REDUCE_OTHER, DType::F32)),
+                cycles: cost::reduce_cycles(cfg, 2, b - a, DType::F32),
+                reads: vec![
+                    Region::strided(partials, 2 * a, 1, b - a, 2),
+                    Region::strided(partials, 2 * a + 1, 1, b - a, 2),
+                ],
+                writes: vec![Region::span(sums, 2 * g, 2)],
+            }
+        })
+        .collect();
+    l.compute(i, "norms summed", vertices);
+    (sums, groups)
 }
 
 /// `cost` over each tile's share of a shard: with replicated tensor sharding an optimizer's

@@ -3,56 +3,58 @@
 
 use super::*;
 
+/// The ops that fold when every input is a constant.
+const FOLDS: &[&str] = &[
+    "Identity",
+    "Cast",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "Max",
+    "Min",
+    "Sum",
+    "Mean",
+    "Clip",
+    "ReduceMax",
+    "ReduceSum",
+    "ReduceMean",
+    "ArgMax",
+    "ArgMin",
+    "Equal",
+    "Less",
+    "LessOrEqual",
+    "Greater",
+    "GreaterOrEqual",
+    "And",
+    "Or",
+    "Not",
+    "Neg",
+    "Sqrt",
+    "Where",
+    "Unsqueeze",
+    "Squeeze",
+    "Reshape",
+    "Flatten",
+    "Concat",
+    "Gather",
+    "GatherElements",
+    "GatherND",
+    "Slice",
+    "Expand",
+    "Range",
+    "Transpose",
+    "Split",
+];
+
+/// A node's outputs when it folds (`None`: it does not).
+type Folded = R<Option<Vec<Val>>>;
+
 impl<'a> Importer<'a> {
-    /// The node's outputs when every input is a constant and the op folds.
-    pub(in crate::onnx::import) fn fold(
-        &mut self,
-        node: &NodeProto,
-        op: &str,
-    ) -> R<Option<Vec<Val>>> {
-        const FOLDS: &[&str] = &[
-            "Identity",
-            "Cast",
-            "Add",
-            "Sub",
-            "Mul",
-            "Div",
-            "Pow",
-            "Max",
-            "Min",
-            "Sum",
-            "Mean",
-            "Clip",
-            "ReduceMax",
-            "ReduceSum",
-            "ReduceMean",
-            "ArgMax",
-            "ArgMin",
-            "Equal",
-            "Less",
-            "LessOrEqual",
-            "Greater",
-            "GreaterOrEqual",
-            "And",
-            "Or",
-            "Not",
-            "Neg",
-            "Sqrt",
-            "Where",
-            "Unsqueeze",
-            "Squeeze",
-            "Reshape",
-            "Flatten",
-            "Concat",
-            "Gather",
-            "GatherElements",
-            "GatherND",
-            "Slice",
-            "Expand",
-            "Range",
-            "Transpose",
-            "Split",
-        ];
+    /// The node's outputs when every input is a constant and the op folds: by family
+    /// (element-wise, reductions, gathers, layout, Split).
+    pub(in crate::onnx::import) fn fold(&mut self, node: &NodeProto, op: &str) -> Folded {
         if !FOLDS.contains(&op) {
             return Ok(None);
         }
@@ -67,18 +69,6 @@ impl<'a> Importer<'a> {
         let Some(Some(a)) = ins.first().cloned() else {
             return Ok(None);
         };
-        let get = |k: usize| ins.get(k).cloned().flatten();
-        let c = |x: Const| Ok(Some(vec![Val::C(Rc::new(x))]));
-        let bin = |f: &dyn Fn(f64, f64) -> f64, elem: Elem| -> R<Option<Vec<Val>>> {
-            let b = get(1).ok_or_else(|| self.bad("input 1 is required"))?;
-            let out = consts::zip(&a, &b, elem, f).ok_or_else(|| {
-                self.bad(format!("{:?} and {:?} do not broadcast", a.dims, b.dims))
-            })?;
-            if out.len() > FOLD_LIMIT {
-                return Err(self.unsupported("folding a constant that large"));
-            }
-            Ok(Some(vec![Val::C(Rc::new(out))]))
-        };
         // Ops that index an axis of their first input need one.
         if a.dims.is_empty()
             && matches!(
@@ -88,83 +78,91 @@ impl<'a> Importer<'a> {
         {
             return Err(self.bad("input 0 has rank 0: it has no axis to index"));
         }
+        let out = match op {
+            "Split" => return self.fold_split(node, &a).map(Some),
+            "ArgMax" | "ArgMin" | "ReduceMax" | "ReduceSum" | "ReduceMean" => {
+                self.fold_reduce(node, op, &a)?
+            }
+            "Gather" | "GatherElements" | "GatherND" => {
+                let idx = self.input_const(&ins, 1)?;
+                self.fold_gather(node, op, &a, &idx)?
+            }
+            "Unsqueeze" | "Squeeze" | "Reshape" | "Flatten" | "Expand" | "Concat" | "Slice"
+            | "Range" | "Transpose" => self.fold_layout(node, op, &a, &ins)?,
+            _ => match self.fold_elementwise(node, op, &a, &ins)? {
+                Some(out) => out,
+                None => return Ok(None),
+            },
+        };
+        Ok(Some(vec![Val::C(Rc::new(out))]))
+    }
+
+    /// Constant input `k`, which the op requires.
+    fn input_const(&self, ins: &[Option<Rc<Const>>], k: usize) -> R<Rc<Const>> {
+        ins.get(k)
+            .cloned()
+            .flatten()
+            .ok_or_else(|| self.bad(format!("input {k} is required")))
+    }
+
+    /// `out`, unless it is larger than a folded constant may be.
+    fn limited(&self, out: Const) -> R<Const> {
+        if out.len() > FOLD_LIMIT {
+            return Err(self.unsupported("folding a constant that large"));
+        }
+        Ok(out)
+    }
+
+    /// `f` of `a` and `b` element by element, broadcast, in `elem`.
+    fn fold_zip(&self, a: &Const, b: &Const, elem: Elem, f: &dyn Fn(f64, f64) -> f64) -> R<Const> {
+        let out = consts::zip(a, b, elem, f)
+            .ok_or_else(|| self.bad(format!("{:?} and {:?} do not broadcast", a.dims, b.dims)))?;
+        self.limited(out)
+    }
+
+    /// The element-wise ops (`None` for an op that is not one).
+    fn fold_elementwise(
+        &self,
+        node: &NodeProto,
+        op: &str,
+        a: &Rc<Const>,
+        ins: &[Option<Rc<Const>>],
+    ) -> R<Option<Const>> {
         let int = !a.elem.is_float();
         let b01 = |x: bool| f64::from(u8::from(x));
+        let bin = |f: &dyn Fn(f64, f64) -> f64, elem: Elem| -> R<Option<Const>> {
+            let b = self.input_const(ins, 1)?;
+            self.fold_zip(a, &b, elem, f).map(Some)
+        };
+        let map = |f: &dyn Fn(f64) -> f64| -> R<Option<Const>> {
+            let mut out = (**a).clone();
+            out.data = out.data.iter().map(|&v| f(v)).collect();
+            Ok(Some(out))
+        };
         match op {
-            "Identity" => c((*a).clone()),
+            "Identity" => Ok(Some((**a).clone())),
             "Cast" => {
                 let to = Elem::from_code(self.attr_i(node, "to", 1) as i32)
                     .ok_or_else(|| self.unsupported("the target element type"))?;
-                let mut out = (*a).clone();
+                let mut out = (**a).clone();
                 out.elem = to;
                 out.data = out.data.iter().map(|&v| cast_value(v, to)).collect();
-                c(out)
+                Ok(Some(out))
             }
-            "Add" => bin(&|x, y| x + y, a.elem),
-            "Sum" | "Max" | "Min" | "Mean" => {
-                let f: fn(f64, f64) -> f64 = match op {
-                    "Max" => f64::max,
-                    "Min" => f64::min,
-                    _ => |x, y| x + y,
-                };
-                let mut out = (*a).clone();
-                for (k, b) in ins.iter().enumerate().skip(1) {
-                    let b = b
-                        .as_ref()
-                        .ok_or_else(|| self.bad(format!("input {k} is required")))?;
-                    out = consts::zip(&out, b, a.elem, f).ok_or_else(|| {
-                        self.bad(format!("{:?} and {:?} do not broadcast", out.dims, b.dims))
-                    })?;
-                    if out.len() > FOLD_LIMIT {
-                        return Err(self.unsupported("folding a constant that large"));
-                    }
-                }
-                if op == "Mean" {
-                    let n = ins.len() as f64;
-                    out.data
-                        .iter_mut()
-                        .for_each(|v| *v = cast_value(*v / n, a.elem));
-                }
-                c(out)
-            }
+            "Sum" | "Max" | "Min" | "Mean" => self.fold_variadic(op, a, ins).map(Some),
             "Clip" => {
                 let (lo, hi) = self.clip_bounds(node)?;
-                let mut out = (*a).clone();
-                for v in &mut out.data {
-                    // (Infinite bounds leave a NaN as it is.)
-                    if lo > f64::NEG_INFINITY {
-                        *v = v.max(lo);
-                    }
+                // (Infinite bounds leave a NaN as it is.)
+                map(&|v| {
+                    let v = if lo > f64::NEG_INFINITY { v.max(lo) } else { v };
                     if hi < f64::INFINITY {
-                        *v = v.min(hi);
+                        v.min(hi)
+                    } else {
+                        v
                     }
-                }
-                c(out)
+                })
             }
-            "ArgMax" | "ArgMin" => {
-                let r = a.dims.len();
-                if r == 0 {
-                    return Err(self.bad("an input of rank 0"));
-                }
-                let axis = self.axis(self.attr_i(node, "axis", 0), r)?;
-                let keep = self.attr_i(node, "keepdims", 1) != 0;
-                let last = self.attr_i(node, "select_last_index", 0) != 0;
-                c(consts::arg_extreme(&a, axis, keep, op == "ArgMax", last))
-            }
-            "ReduceMax" | "ReduceSum" | "ReduceMean" => {
-                let since = if op == "ReduceSum" { 13 } else { 18 };
-                let axes = self.reduce_axes(node, since)?.unwrap_or_default();
-                if axes.is_empty() && self.attr_i(node, "noop_with_empty_axes", 0) != 0 {
-                    return c((*a).clone());
-                }
-                let r = a.dims.len();
-                let mut reduced = vec![axes.is_empty(); r];
-                for &ax in &axes {
-                    reduced[self.axis(ax, r)?] = true;
-                }
-                let keep = self.attr_i(node, "keepdims", 1) != 0;
-                c(consts::reduce(&a, &reduced, keep, op))
-            }
+            "Add" => bin(&|x, y| x + y, a.elem),
             "Sub" => bin(&|x, y| x - y, a.elem),
             "Mul" => bin(&|x, y| x * y, a.elem),
             "Div" => bin(
@@ -179,90 +177,89 @@ impl<'a> Importer<'a> {
             "GreaterOrEqual" => bin(&|x, y| b01(x >= y), Elem::Bool),
             "And" => bin(&|x, y| b01(x != 0.0 && y != 0.0), Elem::Bool),
             "Or" => bin(&|x, y| b01(x != 0.0 || y != 0.0), Elem::Bool),
-            "Not" => {
-                let mut out = (*a).clone();
-                out.data = out.data.iter().map(|&v| b01(v == 0.0)).collect();
-                c(out)
-            }
-            "Neg" => {
-                let mut out = (*a).clone();
-                out.data = out.data.iter().map(|&v| -v).collect();
-                c(out)
-            }
-            "Sqrt" => {
-                let mut out = (*a).clone();
-                out.data = out.data.iter().map(|&v| v.sqrt()).collect();
-                c(out)
-            }
-            "Where" => {
-                let (x, y) = (
-                    get(1).ok_or_else(|| self.bad("input 1 is required"))?,
-                    get(2).ok_or_else(|| self.bad("input 2 is required"))?,
-                );
-                let xy = consts::broadcast(&x.dims, &y.dims)
-                    .and_then(|d| consts::broadcast(&a.dims, &d))
-                    .ok_or_else(|| self.bad("inputs do not broadcast"))?;
-                let (ce, xe, ye) = (
-                    consts::expand(&a, &xy),
-                    consts::expand(&x, &xy),
-                    consts::expand(&y, &xy),
-                );
-                let (Some(ce), Some(xe), Some(ye)) = (ce, xe, ye) else {
-                    return Err(self.bad("inputs do not broadcast"));
-                };
-                let data = (0..ce.len())
-                    .map(|i| {
-                        if ce.data[i] != 0.0 {
-                            xe.data[i]
-                        } else {
-                            ye.data[i]
-                        }
-                    })
-                    .collect();
-                c(Const::new(xy, x.elem, data, a.baked || x.baked || y.baked))
-            }
-            "Unsqueeze" | "Squeeze" | "Reshape" | "Flatten" => {
-                let v = Val::C(a.clone());
-                let dims = self.reshaped_dims(node, &v)?;
-                let mut out = (*a).clone();
-                out.dims = dims;
-                c(out)
-            }
-            "Expand" => {
-                let v = Val::C(a.clone());
-                let dims = self.expand_dims(node, &v)?;
-                let out =
-                    consts::expand(&a, &dims).ok_or_else(|| self.bad("does not broadcast"))?;
-                if out.len() > FOLD_LIMIT {
-                    return Err(self.unsupported("folding a constant that large"));
+            "Not" => map(&|v| b01(v == 0.0)),
+            "Neg" => map(&|v| -v),
+            "Sqrt" => map(&f64::sqrt),
+            "Where" => self.fold_where(a, ins).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// Sum, Max, Min and Mean of every input, broadcast.
+    fn fold_variadic(&self, op: &str, a: &Rc<Const>, ins: &[Option<Rc<Const>>]) -> R<Const> {
+        let f: fn(f64, f64) -> f64 = match op {
+            "Max" => f64::max,
+            "Min" => f64::min,
+            _ => |x, y| x + y,
+        };
+        let mut out = (**a).clone();
+        for k in 1..ins.len() {
+            let b = self.input_const(ins, k)?;
+            out = self.fold_zip(&out, &b, a.elem, &f)?;
+        }
+        if op == "Mean" {
+            let n = ins.len() as f64;
+            out.data
+                .iter_mut()
+                .for_each(|v| *v = cast_value(*v / n, a.elem));
+        }
+        Ok(out)
+    }
+
+    /// Where: `x` where the condition `c` holds, else `y`, broadcast.
+    fn fold_where(&self, c: &Rc<Const>, ins: &[Option<Rc<Const>>]) -> R<Const> {
+        let (x, y) = (self.input_const(ins, 1)?, self.input_const(ins, 2)?);
+        let xy = consts::broadcast(&x.dims, &y.dims)
+            .and_then(|d| consts::broadcast(&c.dims, &d))
+            .ok_or_else(|| self.bad("inputs do not broadcast"))?;
+        let (ce, xe, ye) = (
+            consts::expand(c, &xy),
+            consts::expand(&x, &xy),
+            consts::expand(&y, &xy),
+        );
+        let (Some(ce), Some(xe), Some(ye)) = (ce, xe, ye) else {
+            return Err(self.bad("inputs do not broadcast"));
+        };
+        let data = (0..ce.len())
+            .map(|i| {
+                if ce.data[i] != 0.0 {
+                    xe.data[i]
+                } else {
+                    ye.data[i]
                 }
-                c(out)
+            })
+            .collect();
+        Ok(Const::new(xy, x.elem, data, c.baked || x.baked || y.baked))
+    }
+
+    /// ArgMax, ArgMin and the Reduce ops that fold.
+    fn fold_reduce(&self, node: &NodeProto, op: &str, a: &Rc<Const>) -> R<Const> {
+        let r = a.dims.len();
+        let keep = self.attr_i(node, "keepdims", 1) != 0;
+        if let "ArgMax" | "ArgMin" = op {
+            if r == 0 {
+                return Err(self.bad("an input of rank 0"));
             }
-            "Concat" => {
-                let r = a.dims.len();
-                let axis = self.axis(self.attr_i(node, "axis", 0), r)?;
-                let parts: Vec<Rc<Const>> = ins.iter().flatten().cloned().collect();
-                let mut dims = a.dims.clone();
-                dims[axis] = parts
-                    .iter()
-                    .map(|p| p.dims.get(axis).copied().unwrap_or(0))
-                    .sum();
-                let outer: usize = a.dims[..axis].iter().product();
-                let mut data = Vec::new();
-                for o in 0..outer {
-                    for p in &parts {
-                        if p.dims.len() != r {
-                            return Err(self.bad("inputs differ in rank"));
-                        }
-                        let inner: usize = p.dims[axis..].iter().product();
-                        data.extend_from_slice(&p.data[o * inner..(o + 1) * inner]);
-                    }
-                }
-                let baked = parts.iter().any(|p| p.baked);
-                c(Const::new(dims, a.elem, data, baked))
-            }
+            let axis = self.axis(self.attr_i(node, "axis", 0), r)?;
+            let last = self.attr_i(node, "select_last_index", 0) != 0;
+            return Ok(consts::arg_extreme(a, axis, keep, op == "ArgMax", last));
+        }
+        let since = if op == "ReduceSum" { 13 } else { 18 };
+        let axes = self.reduce_axes(node, since)?.unwrap_or_default();
+        if axes.is_empty() && self.attr_i(node, "noop_with_empty_axes", 0) != 0 {
+            return Ok((**a).clone());
+        }
+        let mut reduced = vec![axes.is_empty(); r];
+        for &ax in &axes {
+            reduced[self.axis(ax, r)?] = true;
+        }
+        Ok(consts::reduce(a, &reduced, keep, op))
+    }
+
+    /// Gather, GatherElements and GatherND of `a` at the indices `idx`.
+    fn fold_gather(&self, node: &NodeProto, op: &str, a: &Rc<Const>, idx: &Const) -> R<Const> {
+        match op {
             "Gather" => {
-                let idx = get(1).ok_or_else(|| self.bad("input 1 is required"))?;
                 let axis = self.axis(self.attr_i(node, "axis", 0), a.dims.len())?;
                 let n = a.dims[axis] as i64;
                 let outer: usize = a.dims[..axis].iter().product();
@@ -286,10 +283,9 @@ impl<'a> Importer<'a> {
                 let mut dims = a.dims[..axis].to_vec();
                 dims.extend_from_slice(&idx.dims);
                 dims.extend_from_slice(&a.dims[axis + 1..]);
-                c(Const::new(dims, a.elem, data, a.baked))
+                Ok(Const::new(dims, a.elem, data, a.baked))
             }
             "GatherElements" => {
-                let idx = get(1).ok_or_else(|| self.bad("input 1 is required"))?;
                 let axis = self.axis(self.attr_i(node, "axis", 0), a.dims.len())?;
                 let (st, ist) = (consts::strides(&a.dims), consts::strides(&idx.dims));
                 let mut data = Vec::with_capacity(idx.len());
@@ -311,73 +307,92 @@ impl<'a> Importer<'a> {
                             .ok_or_else(|| self.bad("index out of range"))?,
                     );
                 }
-                c(Const::new(idx.dims.clone(), a.elem, data, a.baked))
+                Ok(Const::new(idx.dims.clone(), a.elem, data, a.baked))
             }
-            "GatherND" => {
-                let idx = get(1).ok_or_else(|| self.bad("input 1 is required"))?;
-                if self.attr_i(node, "batch_dims", 0) != 0 {
-                    return Err(self.unsupported("batch_dims != 0"));
-                }
-                let k = *idx
-                    .dims
-                    .last()
-                    .ok_or_else(|| self.bad("indices of rank 0"))?;
-                if k > a.dims.len() {
-                    return Err(self.bad(format!(
-                        "index tuples of {k} for a rank-{} input",
-                        a.dims.len()
-                    )));
-                }
-                let st = consts::strides(&a.dims);
-                let inner: usize = a.dims[k..].iter().product();
+            _ => self.fold_gather_nd(node, a, idx),
+        }
+    }
+
+    /// GatherND of `a` at the index tuples `idx`.
+    fn fold_gather_nd(&self, node: &NodeProto, a: &Const, idx: &Const) -> R<Const> {
+        if self.attr_i(node, "batch_dims", 0) != 0 {
+            return Err(self.unsupported("batch_dims != 0"));
+        }
+        let k = *idx
+            .dims
+            .last()
+            .ok_or_else(|| self.bad("indices of rank 0"))?;
+        if k > a.dims.len() {
+            return Err(self.bad(format!(
+                "index tuples of {k} for a rank-{} input",
+                a.dims.len()
+            )));
+        }
+        let st = consts::strides(&a.dims);
+        let inner: usize = a.dims[k..].iter().product();
+        let mut data = Vec::new();
+        for t in idx.data.chunks(k.max(1)) {
+            let off: usize = t.iter().enumerate().map(|(j, &v)| v as usize * st[j]).sum();
+            data.extend_from_slice(
+                a.data
+                    .get(off..off + inner)
+                    .ok_or_else(|| self.bad("index out of range"))?,
+            );
+        }
+        let mut dims = idx.dims[..idx.dims.len() - 1].to_vec();
+        dims.extend_from_slice(&a.dims[k..]);
+        Ok(Const::new(dims, a.elem, data, a.baked))
+    }
+
+    /// The layout ops: reshapes, Expand, Concat, Slice, Range and Transpose.
+    fn fold_layout(
+        &self,
+        node: &NodeProto,
+        op: &str,
+        a: &Rc<Const>,
+        ins: &[Option<Rc<Const>>],
+    ) -> R<Const> {
+        match op {
+            "Unsqueeze" | "Squeeze" | "Reshape" | "Flatten" => {
+                let dims = self.reshaped_dims(node, &Val::C(a.clone()))?;
+                let mut out = (**a).clone();
+                out.dims = dims;
+                Ok(out)
+            }
+            "Expand" => {
+                let dims = self.expand_dims(node, &Val::C(a.clone()))?;
+                let out = consts::expand(a, &dims).ok_or_else(|| self.bad("does not broadcast"))?;
+                self.limited(out)
+            }
+            "Concat" => {
+                let r = a.dims.len();
+                let axis = self.axis(self.attr_i(node, "axis", 0), r)?;
+                let parts: Vec<Rc<Const>> = ins.iter().flatten().cloned().collect();
+                let mut dims = a.dims.clone();
+                dims[axis] = parts
+                    .iter()
+                    .map(|p| p.dims.get(axis).copied().unwrap_or(0))
+                    .sum();
+                let outer: usize = a.dims[..axis].iter().product();
                 let mut data = Vec::new();
-                for t in idx.data.chunks(k.max(1)) {
-                    let off: usize = t.iter().enumerate().map(|(j, &v)| v as usize * st[j]).sum();
-                    data.extend_from_slice(
-                        a.data
-                            .get(off..off + inner)
-                            .ok_or_else(|| self.bad("index out of range"))?,
-                    );
-                }
-                let mut dims = idx.dims[..idx.dims.len() - 1].to_vec();
-                dims.extend_from_slice(&a.dims[k..]);
-                c(Const::new(dims, a.elem, data, a.baked))
-            }
-            "Slice" => {
-                let ranges = self.slice_ranges(node, &a.dims)?;
-                let mut cur = (*a).clone();
-                for (axis, s, e, step) in ranges {
-                    let picks: Vec<usize> = if step > 0 {
-                        (s..e).step_by(step as usize).map(|v| v as usize).collect()
-                    } else {
-                        let mut v = Vec::new();
-                        let mut i = s;
-                        while i > e {
-                            v.push(i as usize);
-                            i += step;
+                for o in 0..outer {
+                    for p in &parts {
+                        if p.dims.len() != r {
+                            return Err(self.bad("inputs differ in rank"));
                         }
-                        v
-                    };
-                    let outer: usize = cur.dims[..axis].iter().product();
-                    let n = cur.dims[axis];
-                    let inner: usize = cur.dims[axis + 1..].iter().product();
-                    let mut data = Vec::new();
-                    for o in 0..outer {
-                        for &p in &picks {
-                            let base = (o * n + p) * inner;
-                            data.extend_from_slice(&cur.data[base..base + inner]);
-                        }
+                        let inner: usize = p.dims[axis..].iter().product();
+                        data.extend_from_slice(&p.data[o * inner..(o + 1) * inner]);
                     }
-                    cur.dims[axis] = picks.len();
-                    cur.data = data;
                 }
-                c(cur)
+                let baked = parts.iter().any(|p| p.baked);
+                Ok(Const::new(dims, a.elem, data, baked))
             }
+            "Slice" => self.fold_slice(node, a),
             "Range" => {
                 let (s, l, d) = (
                     a.scalar(),
-                    get(1).and_then(|c| c.scalar()),
-                    get(2).and_then(|c| c.scalar()),
+                    ins.get(1).cloned().flatten().and_then(|c| c.scalar()),
+                    ins.get(2).cloned().flatten().and_then(|c| c.scalar()),
                 );
                 let (Some(s), Some(l), Some(d)) = (s, l, d) else {
                     return Err(self.bad("start, limit and delta must be scalars"));
@@ -390,9 +405,9 @@ impl<'a> Importer<'a> {
                     return Err(self.unsupported("folding a constant that large"));
                 }
                 let data = (0..n).map(|i| s + i as f64 * d).collect();
-                c(Const::new(vec![n], a.elem, data, a.baked))
+                Ok(Const::new(vec![n], a.elem, data, a.baked))
             }
-            "Transpose" => {
+            _ => {
                 let perm = self.perm(node, a.dims.len())?;
                 let st = consts::strides(&a.dims);
                 let dims: Vec<usize> = perm.iter().map(|&p| a.dims[p]).collect();
@@ -405,30 +420,63 @@ impl<'a> Importer<'a> {
                     }
                     *slot = a.data[off];
                 }
-                c(Const::new(dims, a.elem, data, a.baked))
+                Ok(Const::new(dims, a.elem, data, a.baked))
             }
-            "Split" => {
-                let axis = self.axis(self.attr_i(node, "axis", 0), a.dims.len())?;
-                let sizes = self.split_sizes(node, a.dims[axis])?;
-                let outer: usize = a.dims[..axis].iter().product();
-                let inner: usize = a.dims[axis + 1..].iter().product();
-                let n = a.dims[axis];
-                let mut outs = Vec::new();
-                let mut start = 0;
-                for len in sizes {
-                    let mut data = Vec::new();
-                    for o in 0..outer {
-                        let base = (o * n + start) * inner;
-                        data.extend_from_slice(&a.data[base..base + len * inner]);
-                    }
-                    let mut dims = a.dims.clone();
-                    dims[axis] = len;
-                    outs.push(Val::C(Rc::new(Const::new(dims, a.elem, data, a.baked))));
-                    start += len;
-                }
-                Ok(Some(outs))
-            }
-            _ => Ok(None),
         }
+    }
+
+    /// Slice: each sliced axis's positions picked in turn.
+    fn fold_slice(&self, node: &NodeProto, a: &Const) -> R<Const> {
+        let ranges = self.slice_ranges(node, &a.dims)?;
+        let mut cur = a.clone();
+        for (axis, s, e, step) in ranges {
+            let picks: Vec<usize> = if step > 0 {
+                (s..e).step_by(step as usize).map(|v| v as usize).collect()
+            } else {
+                let mut v = Vec::new();
+                let mut i = s;
+                while i > e {
+                    v.push(i as usize);
+                    i += step;
+                }
+                v
+            };
+            let outer: usize = cur.dims[..axis].iter().product();
+            let n = cur.dims[axis];
+            let inner: usize = cur.dims[axis + 1..].iter().product();
+            let mut data = Vec::new();
+            for o in 0..outer {
+                for &p in &picks {
+                    let base = (o * n + p) * inner;
+                    data.extend_from_slice(&cur.data[base..base + inner]);
+                }
+            }
+            cur.dims[axis] = picks.len();
+            cur.data = data;
+        }
+        Ok(cur)
+    }
+
+    /// Split's outputs.
+    fn fold_split(&self, node: &NodeProto, a: &Const) -> R<Vec<Val>> {
+        let axis = self.axis(self.attr_i(node, "axis", 0), a.dims.len())?;
+        let sizes = self.split_sizes(node, a.dims[axis])?;
+        let outer: usize = a.dims[..axis].iter().product();
+        let inner: usize = a.dims[axis + 1..].iter().product();
+        let n = a.dims[axis];
+        let mut outs = Vec::new();
+        let mut start = 0;
+        for len in sizes {
+            let mut data = Vec::new();
+            for o in 0..outer {
+                let base = (o * n + start) * inner;
+                data.extend_from_slice(&a.data[base..base + len * inner]);
+            }
+            let mut dims = a.dims.clone();
+            dims[axis] = len;
+            outs.push(Val::C(Rc::new(Const::new(dims, a.elem, data, a.baked))));
+            start += len;
+        }
+        Ok(outs)
     }
 }

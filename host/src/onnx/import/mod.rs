@@ -561,78 +561,119 @@ impl<'a> Importer<'a> {
     }
 
     /// Imports the model in one pipeline stage (the stage the graph is in); [`staging`]
-    /// places its nodes in stages.
+    /// places its nodes in stages. In phases: the graph inputs, the nodes, the outputs.
     fn run(mut self) -> R<(Imported, staging::Placements)> {
         let model = self.model;
         let graph = model.graph();
         let mut inputs = Vec::new();
         for i in real_inputs(model) {
-            let name = i.name.clone().unwrap_or_default();
-            let dims = info_dims(i).unwrap_or_default();
-            let Some(elem) = super::tensor_elem(i) else {
-                return Err(OnnxError::BadNode {
-                    node: name,
-                    op: "input".into(),
-                    message: "the input is not a tensor of a type the importer reads (float, double, float16, bfloat16, int64, int32, int16, uint16, int8, uint8, bool)".into(),
-                });
-            };
-            if let Some((_, kdims, values)) =
-                self.opts.known_inputs.iter().find(|(n, _, _)| *n == name)
-            {
-                let c = Const::new(kdims.clone(), elem, values.clone(), false);
-                self.values.insert(name.clone(), Val::C(Rc::new(c)));
-                continue;
-            }
-            let axis = self.batch_axes.get(&name).copied().unwrap_or(0);
-            let given = self.opts.input_shapes.iter().find(|(n, _)| *n == name);
-            // The batch axis carries the batch when it is symbolic or holds the file's batch
-            // (an input whose first axis is some other fixed size keeps it: a MatMul's
-            // [3, 4] right operand beside a [5, 3] batch of rows); a given shape stands.
-            let batch_axis = match (given, dims.get(axis)) {
-                (Some(_), _) | (None, None) => None,
-                (None, Some(Err(_))) => Some(axis),
-                (None, Some(Ok(v))) => (*v == self.file_batch).then_some(axis),
-            };
-            let dims: Vec<Result<usize, String>> = match given {
-                Some((_, d)) => d.iter().map(|&v| Ok(v)).collect(),
-                None => dims,
-            };
-            let mut bound = Vec::with_capacity(dims.len());
-            for (k, d) in dims.iter().enumerate() {
-                bound.push(match d {
-                    _ if Some(k) == batch_axis => self.batch,
-                    Ok(v) => *v,
-                    Err(p) => {
-                        return Err(OnnxError::UnboundDim {
-                            input: name,
-                            axis: k,
-                            param: p.clone(),
-                            hint: "bind it with --input-shape (the input's whole shape), or export the model with it fixed; --batch-size (or the array `run` is given) binds only the batch".into(),
-                        })
-                    }
-                });
-            }
-            self.node = name.clone();
-            self.op = "input".into();
-            let core_name = self.fresh(&name);
-            let dtype = self.dtype(elem);
-            let id = self
-                .g
-                .input(&core_name, &bound, dtype)
-                .map_err(|e| self.graph_err(e))?;
-            self.values.insert(name.clone(), Val::T(id, elem));
-            inputs.push(ImportedInput {
-                name,
-                node: id,
-                dims: bound,
-                elem,
-                batch_axis,
-            });
+            inputs.extend(self.input(i)?);
         }
         self.check_ops()?;
-        let mut layers = Vec::with_capacity(graph.node.len());
         let mut shapes: HashMap<String, Vec<usize>> = HashMap::new();
         let stage = self.g.nodes().last().map_or(0, |n| n.stage());
+        let layers = self.nodes(stage, &mut shapes)?;
+        for i in &inputs {
+            shapes.insert(i.name.clone(), i.dims.clone());
+        }
+        for t in &graph.initializer {
+            let name = t.name.clone().unwrap_or_default();
+            if let Some(v) = self.values.get(&name) {
+                shapes.entry(name).or_insert_with(|| self.dims(v));
+            }
+        }
+        let outputs = self.outputs(&mut shapes)?;
+        let placements = staging::Placements {
+            uses: self.uses,
+            placed: self.placed,
+            used: self.used,
+        };
+        let imported = Imported {
+            inputs,
+            outputs,
+            layers,
+            shapes,
+            state: self.state,
+            embeddings: self.embeddings,
+            batch: self.batch,
+            file_batch: self.file_batch,
+            stages: stage + 1,
+            device_mapping: None,
+        };
+        Ok((imported, placements))
+    }
+
+    /// Graph input `i` as a graph input of its bound shape, or as a constant when its values
+    /// are known (`None` then).
+    fn input(&mut self, i: &super::proto::ValueInfoProto) -> R<Option<ImportedInput>> {
+        let name = i.name.clone().unwrap_or_default();
+        let dims = info_dims(i).unwrap_or_default();
+        let Some(elem) = super::tensor_elem(i) else {
+            return Err(OnnxError::BadNode {
+                node: name,
+                op: "input".into(),
+                message: "the input is not a tensor of a type the importer reads (float, double, float16, bfloat16, int64, int32, int16, uint16, int8, uint8, bool)".into(),
+            });
+        };
+        if let Some((_, kdims, values)) = self.opts.known_inputs.iter().find(|(n, _, _)| *n == name)
+        {
+            let c = Const::new(kdims.clone(), elem, values.clone(), false);
+            self.values.insert(name.clone(), Val::C(Rc::new(c)));
+            return Ok(None);
+        }
+        let axis = self.batch_axes.get(&name).copied().unwrap_or(0);
+        let given = self.opts.input_shapes.iter().find(|(n, _)| *n == name);
+        // The batch axis carries the batch when it is symbolic or holds the file's batch
+        // (an input whose first axis is some other fixed size keeps it: a MatMul's
+        // [3, 4] right operand beside a [5, 3] batch of rows); a given shape stands.
+        let batch_axis = match (given, dims.get(axis)) {
+            (Some(_), _) | (None, None) => None,
+            (None, Some(Err(_))) => Some(axis),
+            (None, Some(Ok(v))) => (*v == self.file_batch).then_some(axis),
+        };
+        let dims: Vec<Result<usize, String>> = match given {
+            Some((_, d)) => d.iter().map(|&v| Ok(v)).collect(),
+            None => dims,
+        };
+        let mut bound = Vec::with_capacity(dims.len());
+        for (k, d) in dims.iter().enumerate() {
+            bound.push(match d {
+                _ if Some(k) == batch_axis => self.batch,
+                Ok(v) => *v,
+                Err(p) => {
+                    return Err(OnnxError::UnboundDim {
+                        input: name,
+                        axis: k,
+                        param: p.clone(),
+                        hint: "bind it with --input-shape (the input's whole shape), or export the model with it fixed; --batch-size (or the array `run` is given) binds only the batch".into(),
+                    })
+                }
+            });
+        }
+        self.node = name.clone();
+        self.op = "input".into();
+        let core_name = self.fresh(&name);
+        let dtype = self.dtype(elem);
+        let id = self
+            .g
+            .input(&core_name, &bound, dtype)
+            .map_err(|e| self.graph_err(e))?;
+        self.values.insert(name.clone(), Val::T(id, elem));
+        Ok(Some(ImportedInput {
+            name,
+            node: id,
+            dims: bound,
+            elem,
+            batch_axis,
+        }))
+    }
+
+    /// Converts every node in file order, in `stage`, noting each output's shape in
+    /// `shapes`; the layers they made.
+    fn nodes(&mut self, stage: usize, shapes: &mut HashMap<String, Vec<usize>>) -> R<Vec<Layer>> {
+        let model = self.model;
+        let graph = model.graph();
+        let mut layers = Vec::with_capacity(graph.node.len());
         for (i, node) in graph.node.iter().enumerate() {
             self.layer = Some(i);
             self.node = node_name(node, i);
@@ -655,17 +696,15 @@ impl<'a> Importer<'a> {
             });
         }
         self.layer = None;
-        for i in &inputs {
-            shapes.insert(i.name.clone(), i.dims.clone());
-        }
-        for t in &graph.initializer {
-            let name = t.name.clone().unwrap_or_default();
-            if let Some(v) = self.values.get(&name) {
-                shapes.entry(name).or_insert_with(|| self.dims(v));
-            }
-        }
+        Ok(layers)
+    }
+
+    /// The graph outputs, each a graph node (kept for the host in inference), noting their
+    /// shapes in `shapes`.
+    fn outputs(&mut self, shapes: &mut HashMap<String, Vec<usize>>) -> R<Vec<ImportedOutput>> {
+        let model = self.model;
         let mut outputs = Vec::new();
-        for o in &graph.output {
+        for o in &model.graph().output {
             let name = o.name.clone().unwrap_or_default();
             self.node = name.clone();
             self.op = "output".into();
@@ -693,24 +732,7 @@ impl<'a> Importer<'a> {
                 dims,
             });
         }
-        let placements = staging::Placements {
-            uses: self.uses,
-            placed: self.placed,
-            used: self.used,
-        };
-        let imported = Imported {
-            inputs,
-            outputs,
-            layers,
-            shapes,
-            state: self.state,
-            embeddings: self.embeddings,
-            batch: self.batch,
-            file_batch: self.file_batch,
-            stages: stage + 1,
-            device_mapping: None,
-        };
-        Ok((imported, placements))
+        Ok(outputs)
     }
 
     /// Before converting anything: every op type of the graph that no converter reads (or

@@ -414,6 +414,41 @@ impl<'a> Importer<'a> {
         }
         let span = |a: usize| (sw[2 + a] as i64 - 1) * dilation[a] as i64 + 1;
         let full = |a: usize| stride[a] as i64 * (sx[2 + a] as i64 - 1) + out_pad[a] + span(a);
+        let pads = self.transposed_pads(node, spatial, &sx, stride, &full)?;
+        let out = [full(0) - pads[0] - pads[2], full(1) - pads[1] - pads[3]];
+        if out.iter().any(|&o| o < 1) {
+            return Err(self.bad(format!("an output of {out:?}")));
+        }
+        let c_out = sw[1] * groups;
+        let x_shape = [sx[0], c_out, out[0] as usize, out[1] as usize];
+        let mut p = ConvParams::new(DataLayout::Nchw);
+        p.stride = [stride[0] as u32, stride[1] as u32];
+        p.dilation = [dilation[0] as u32, dilation[1] as u32];
+        p.groups = groups as u32;
+        p.pads = [
+            pads[0] as u32,
+            pads[1] as u32,
+            pads[2] as u32,
+            pads[3] as u32,
+        ];
+        let (x, w) = self.window_nodes(node, spatial, &sx0, &sw0)?;
+        let name = self.window_name(node, "conv_transpose", spatial)?;
+        let y = chk!(self, self.g.conv2d_grad_input(&name, x, w, p, &x_shape))?;
+        let y = self.window_output(node, y, c_out, spatial)?;
+        Ok(vec![Val::T(y, Elem::F32)])
+    }
+
+    /// A transposed convolution's `[top, left, bottom, right]` pads, for an output of
+    /// `full(axis)` rows or columns before padding (input `sx`, strides `stride`): the pads
+    /// given, or those `output_shape` or `auto_pad` SAME ask for.
+    fn transposed_pads(
+        &self,
+        node: &NodeProto,
+        spatial: usize,
+        sx: &[usize],
+        stride: [usize; 2],
+        full: &dyn Fn(usize) -> i64,
+    ) -> R<[i64; 4]> {
         let auto = self
             .attr_s(node, "auto_pad")
             .unwrap_or_else(|| "NOTSET".into());
@@ -479,26 +514,6 @@ impl<'a> Importer<'a> {
             }
             None => return Err(self.bad(format!("auto_pad {auto} is not an ONNX value"))),
         }
-        let out = [full(0) - pads[0] - pads[2], full(1) - pads[1] - pads[3]];
-        if out.iter().any(|&o| o < 1) {
-            return Err(self.bad(format!("an output of {out:?}")));
-        }
-        let c_out = sw[1] * groups;
-        let x_shape = [sx[0], c_out, out[0] as usize, out[1] as usize];
-        let mut p = ConvParams::new(DataLayout::Nchw);
-        p.stride = [stride[0] as u32, stride[1] as u32];
-        p.dilation = [dilation[0] as u32, dilation[1] as u32];
-        p.groups = groups as u32;
-        p.pads = [
-            pads[0] as u32,
-            pads[1] as u32,
-            pads[2] as u32,
-            pads[3] as u32,
-        ];
-        let (x, w) = self.window_nodes(node, spatial, &sx0, &sw0)?;
-        let name = self.window_name(node, "conv_transpose", spatial)?;
-        let y = chk!(self, self.g.conv2d_grad_input(&name, x, w, p, &x_shape))?;
-        let y = self.window_output(node, y, c_out, spatial)?;
-        Ok(vec![Val::T(y, Elem::F32)])
+        Ok(pads)
     }
 }

@@ -253,146 +253,42 @@ impl Taps {
     }
 }
 
+/// A resized axis: (axis, scale, output length).
+type AxisPlan = (usize, f64, usize);
+
+/// What Resize's (or Upsample's) attributes ask for.
+struct Resizing {
+    /// Resize rather than Upsample.
+    is_resize: bool,
+    /// Upsample or Resize 10: `asymmetric` coordinates rounded down.
+    legacy: bool,
+    mode: Mode,
+    rounding: Rounding,
+    /// The coordinate transformation mode.
+    ct: String,
+    antialias: bool,
+    exclude_outside: bool,
+    extrapolation: f32,
+    /// The keep-aspect-ratio policy of sizes.
+    policy: String,
+}
+
 impl<'a> Importer<'a> {
-    /// `Upsample` and `Resize` (see the module's text).
+    /// `Upsample` and `Resize` (see the module's text): what the attributes ask for, each
+    /// listed axis's scale and output length, then a repeat of whole factors or the axes
+    /// resized one by one.
     fn resize(&mut self, node: &NodeProto) -> R<Vec<Val>> {
         let xv = self.req(node, 0)?;
         let e = self.elem(&xv);
         let d = self.dims(&xv);
         let r = d.len();
-        let is_resize = self.op == "Resize";
-        // Upsample and Resize 10 map coordinates as `asymmetric` and round down; Resize 11
-        // added the attributes.
-        let legacy = !is_resize || self.model.opset < 11;
-        let mode_name = self
-            .attr_s(node, "mode")
-            .unwrap_or_else(|| "nearest".into());
-        let (ct_name, nm_name) = if legacy {
-            ("asymmetric".to_string(), "floor".to_string())
-        } else {
-            (
-                self.attr_s(node, "coordinate_transformation_mode")
-                    .unwrap_or_else(|| "half_pixel".into()),
-                self.attr_s(node, "nearest_mode")
-                    .unwrap_or_else(|| "round_prefer_floor".into()),
-            )
-        };
-        let rounding = match nm_name.as_str() {
-            "round_prefer_floor" => Rounding::RoundPreferFloor,
-            "round_prefer_ceil" => Rounding::RoundPreferCeil,
-            "floor" => Rounding::Floor,
-            "ceil" => Rounding::Ceil,
-            other => return Err(self.bad(format!("nearest_mode {other:?}"))),
-        };
-        let mode = match mode_name.as_str() {
-            "nearest" => Mode::Nearest(rounding),
-            "linear" | "bilinear" | "trilinear" => Mode::Linear,
-            "cubic" | "bicubic" => {
-                Mode::Cubic(f64::from(self.attr_f(node, "cubic_coeff_a", -0.75)))
-            }
-            other => return Err(self.bad(format!("mode {other:?}"))),
-        };
-        let antialias = self.attr_i(node, "antialias", 0) != 0;
-        if antialias && matches!(mode, Mode::Nearest(_)) {
-            return Err(self.bad("antialias with mode nearest"));
-        }
-        if !matches!(mode, Mode::Nearest(_)) && !e.is_float() {
-            return Err(self.unsupported(format!("mode {mode_name} on a {e:?} tensor")));
-        }
-        let exclude_outside = self.attr_i(node, "exclude_outside", 0) != 0;
-        let extrapolation = self.attr_f(node, "extrapolation_value", 0.0);
-        let policy = self
-            .attr_s(node, "keep_aspect_ratio_policy")
-            .unwrap_or_else(|| "stretch".into());
-
-        // The axes the scales, sizes and roi list (Resize 18).
-        let axes: Vec<usize> = match self.attr_ints(node, "axes").filter(|_| is_resize) {
-            Some(a) => {
-                let axes = a.iter().map(|&a| self.axis(a, r)).collect::<R<Vec<_>>>()?;
-                if (1..axes.len()).any(|i| axes[..i].contains(&axes[i])) {
-                    return Err(self.bad(format!("axes {a:?} repeat an axis")));
-                }
-                axes
-            }
-            None => (0..r).collect(),
-        };
-        let n = axes.len();
-        // Upsample 7's scales attribute; else the scales input (Resize's 3rd from version 11,
-        // after roi), or Resize's sizes (4th).
-        let scales: Option<Vec<f64>> = if !is_resize && self.model.opset < 9 {
-            attr(node, "scales").map(|a| a.floats.iter().map(|&f| f64::from(f)).collect())
-        } else {
-            let k = if is_resize && !legacy { 2 } else { 1 };
-            self.konst(node, k, "scales")?
-                .filter(|c| c.len() > 0)
-                .map(|c| c.data.clone())
-        };
-        let sizes: Option<Vec<i64>> = match (&scales, is_resize && !legacy) {
-            (None, true) => Some(
-                self.konst(node, 3, "sizes")?
-                    .ok_or_else(|| self.bad("scales or sizes are required"))?
-                    .as_ints(),
-            ),
-            (None, false) => return Err(self.bad("scales are required")),
-            (Some(_), _) => None,
-        };
-        let given = scales
-            .as_ref()
-            .map_or(sizes.as_ref().map_or(0, Vec::len), Vec::len);
-        if given != n {
-            return Err(self.bad(format!("{given} scales or sizes for {n} axes")));
-        }
-        let ct = ct_name.as_str();
-        let roi: Vec<f64> = if ct == "tf_crop_and_resize" {
-            let roi = self
-                .konst(node, 1, "roi")?
-                .ok_or_else(|| self.bad("tf_crop_and_resize needs roi"))?;
-            if roi.len() != 2 * n {
-                return Err(self.bad(format!("roi of {} values for {n} axes", roi.len())));
-            }
-            roi.data.clone()
-        } else {
-            Vec::new()
-        };
-
-        // Scale and output length per listed axis.
-        let mut plan: Vec<(usize, f64, usize)> = Vec::with_capacity(n);
-        match (&scales, &sizes) {
-            (Some(s), _) => {
-                for (&a, &f) in axes.iter().zip(s) {
-                    if !(f > 0.0 && f.is_finite() && f * d[a] as f64 <= (1u64 << 31) as f64) {
-                        return Err(self.bad(format!("scale {f} for axis {a}")));
-                    }
-                    plan.push((a, f, (f * d[a] as f64) as usize));
-                }
-            }
-            (None, Some(s)) => {
-                if s.iter().any(|&o| o < 1 || o > i64::from(i32::MAX)) {
-                    return Err(self.bad(format!("sizes {s:?}")));
-                }
-                let ratio: Vec<f64> = axes
-                    .iter()
-                    .zip(s)
-                    .map(|(&a, &o)| o as f64 / d[a] as f64)
-                    .collect();
-                let keep = match policy.as_str() {
-                    "stretch" => None,
-                    "not_larger" => ratio.iter().copied().reduce(f64::min),
-                    "not_smaller" => ratio.iter().copied().reduce(f64::max),
-                    other => return Err(self.bad(format!("keep_aspect_ratio_policy {other:?}"))),
-                };
-                for ((&a, &o), &f) in axes.iter().zip(s).zip(&ratio) {
-                    plan.push(match keep {
-                        None => (a, f, o as usize),
-                        Some(k) => (a, k, (k * d[a] as f64 + 0.5) as usize),
-                    });
-                }
-            }
-            (None, None) => unreachable!("scales or sizes were found above"),
-        }
-        if let Some(&(a, _, _)) = plan.iter().find(|&&(_, _, o)| o == 0) {
-            return Err(self.unsupported(format!("an output of size 0 on axis {a}")));
-        }
+        let rz = self.resizing(node, e)?;
+        let (plan, roi) = self.resize_plan(node, &rz, &d)?;
+        let n = plan.len();
+        let (mode, rounding, legacy) = (rz.mode, rz.rounding, rz.legacy);
+        let ct = rz.ct.as_str();
+        let (antialias, exclude_outside, extrapolation) =
+            (rz.antialias, rz.exclude_outside, rz.extrapolation);
 
         // Whole-factor nearest resizing that repeats each element exactly.
         let repeats = matches!(mode, Mode::Nearest(_))
@@ -461,6 +357,167 @@ impl<'a> Importer<'a> {
             x = chk!(self, self.g.unary(&name, x, UnaryFn::Identity))?;
         }
         Ok(vec![Val::T(x, e)])
+    }
+
+    /// What Resize's (or Upsample's) attributes ask for, for an input of element type `e`.
+    fn resizing(&self, node: &NodeProto, e: Elem) -> R<Resizing> {
+        let is_resize = self.op == "Resize";
+        // Upsample and Resize 10 map coordinates as `asymmetric` and round down; Resize 11
+        // added the attributes.
+        let legacy = !is_resize || self.model.opset < 11;
+        let mode_name = self
+            .attr_s(node, "mode")
+            .unwrap_or_else(|| "nearest".into());
+        let (ct_name, nm_name) = if legacy {
+            ("asymmetric".to_string(), "floor".to_string())
+        } else {
+            (
+                self.attr_s(node, "coordinate_transformation_mode")
+                    .unwrap_or_else(|| "half_pixel".into()),
+                self.attr_s(node, "nearest_mode")
+                    .unwrap_or_else(|| "round_prefer_floor".into()),
+            )
+        };
+        let rounding = match nm_name.as_str() {
+            "round_prefer_floor" => Rounding::RoundPreferFloor,
+            "round_prefer_ceil" => Rounding::RoundPreferCeil,
+            "floor" => Rounding::Floor,
+            "ceil" => Rounding::Ceil,
+            other => return Err(self.bad(format!("nearest_mode {other:?}"))),
+        };
+        let mode = match mode_name.as_str() {
+            "nearest" => Mode::Nearest(rounding),
+            "linear" | "bilinear" | "trilinear" => Mode::Linear,
+            "cubic" | "bicubic" => {
+                Mode::Cubic(f64::from(self.attr_f(node, "cubic_coeff_a", -0.75)))
+            }
+            other => return Err(self.bad(format!("mode {other:?}"))),
+        };
+        let antialias = self.attr_i(node, "antialias", 0) != 0;
+        if antialias && matches!(mode, Mode::Nearest(_)) {
+            return Err(self.bad("antialias with mode nearest"));
+        }
+        if !matches!(mode, Mode::Nearest(_)) && !e.is_float() {
+            return Err(self.unsupported(format!("mode {mode_name} on a {e:?} tensor")));
+        }
+        let exclude_outside = self.attr_i(node, "exclude_outside", 0) != 0;
+        let extrapolation = self.attr_f(node, "extrapolation_value", 0.0);
+        let policy = self
+            .attr_s(node, "keep_aspect_ratio_policy")
+            .unwrap_or_else(|| "stretch".into());
+        Ok(Resizing {
+            is_resize,
+            legacy,
+            mode,
+            rounding,
+            ct: ct_name,
+            antialias,
+            exclude_outside,
+            extrapolation,
+            policy,
+        })
+    }
+
+    /// Each listed axis's (axis, scale, output length) from the scales or sizes, and the
+    /// roi of `tf_crop_and_resize`, for an input of `d`.
+    fn resize_plan(
+        &self,
+        node: &NodeProto,
+        rz: &Resizing,
+        d: &[usize],
+    ) -> R<(Vec<AxisPlan>, Vec<f64>)> {
+        let r = d.len();
+        let (is_resize, legacy) = (rz.is_resize, rz.legacy);
+        let policy = &rz.policy;
+        // The axes the scales, sizes and roi list (Resize 18).
+        let axes: Vec<usize> = match self.attr_ints(node, "axes").filter(|_| is_resize) {
+            Some(a) => {
+                let axes = a.iter().map(|&a| self.axis(a, r)).collect::<R<Vec<_>>>()?;
+                if (1..axes.len()).any(|i| axes[..i].contains(&axes[i])) {
+                    return Err(self.bad(format!("axes {a:?} repeat an axis")));
+                }
+                axes
+            }
+            None => (0..r).collect(),
+        };
+        let n = axes.len();
+        // Upsample 7's scales attribute; else the scales input (Resize's 3rd from version 11,
+        // after roi), or Resize's sizes (4th).
+        let scales: Option<Vec<f64>> = if !is_resize && self.model.opset < 9 {
+            attr(node, "scales").map(|a| a.floats.iter().map(|&f| f64::from(f)).collect())
+        } else {
+            let k = if is_resize && !legacy { 2 } else { 1 };
+            self.konst(node, k, "scales")?
+                .filter(|c| c.len() > 0)
+                .map(|c| c.data.clone())
+        };
+        let sizes: Option<Vec<i64>> = match (&scales, is_resize && !legacy) {
+            (None, true) => Some(
+                self.konst(node, 3, "sizes")?
+                    .ok_or_else(|| self.bad("scales or sizes are required"))?
+                    .as_ints(),
+            ),
+            (None, false) => return Err(self.bad("scales are required")),
+            (Some(_), _) => None,
+        };
+        let given = scales
+            .as_ref()
+            .map_or(sizes.as_ref().map_or(0, Vec::len), Vec::len);
+        if given != n {
+            return Err(self.bad(format!("{given} scales or sizes for {n} axes")));
+        }
+        let ct = rz.ct.as_str();
+        let roi: Vec<f64> = if ct == "tf_crop_and_resize" {
+            let roi = self
+                .konst(node, 1, "roi")?
+                .ok_or_else(|| self.bad("tf_crop_and_resize needs roi"))?;
+            if roi.len() != 2 * n {
+                return Err(self.bad(format!("roi of {} values for {n} axes", roi.len())));
+            }
+            roi.data.clone()
+        } else {
+            Vec::new()
+        };
+
+        // Scale and output length per listed axis.
+        let mut plan: Vec<AxisPlan> = Vec::with_capacity(n);
+        match (&scales, &sizes) {
+            (Some(s), _) => {
+                for (&a, &f) in axes.iter().zip(s) {
+                    if !(f > 0.0 && f.is_finite() && f * d[a] as f64 <= (1u64 << 31) as f64) {
+                        return Err(self.bad(format!("scale {f} for axis {a}")));
+                    }
+                    plan.push((a, f, (f * d[a] as f64) as usize));
+                }
+            }
+            (None, Some(s)) => {
+                if s.iter().any(|&o| o < 1 || o > i64::from(i32::MAX)) {
+                    return Err(self.bad(format!("sizes {s:?}")));
+                }
+                let ratio: Vec<f64> = axes
+                    .iter()
+                    .zip(s)
+                    .map(|(&a, &o)| o as f64 / d[a] as f64)
+                    .collect();
+                let keep = match policy.as_str() {
+                    "stretch" => None,
+                    "not_larger" => ratio.iter().copied().reduce(f64::min),
+                    "not_smaller" => ratio.iter().copied().reduce(f64::max),
+                    other => return Err(self.bad(format!("keep_aspect_ratio_policy {other:?}"))),
+                };
+                for ((&a, &o), &f) in axes.iter().zip(s).zip(&ratio) {
+                    plan.push(match keep {
+                        None => (a, f, o as usize),
+                        Some(k) => (a, k, (k * d[a] as f64 + 0.5) as usize),
+                    });
+                }
+            }
+            (None, None) => unreachable!("scales or sizes were found above"),
+        }
+        if let Some(&(a, _, _)) = plan.iter().find(|&&(_, _, o)| o == 0) {
+            return Err(self.unsupported(format!("an output of size 0 on axis {a}")));
+        }
+        Ok((plan, roi))
     }
 
     /// Axis `a` of `x` (of `dims`) resized by its taps: the axis moved first, its taps
