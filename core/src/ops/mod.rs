@@ -23,8 +23,9 @@
 //!    ONNX's own test cases of the op.
 //!
 //! A new op of a family, or a new family:
-//! 1. core: the variant (in the family's enum, or a new [`Op`] variant in `op.rs` with its
-//!    `name`, `operands` and operand renaming), the family's module here (builders on
+//! 1. core: the variant (in the family's enum, with its arms in the family's `operands` and
+//!    `map_operands`; or a new [`Op`] variant in `op.rs` with its `name`, `operands` and
+//!    `map_operands` arms forwarding to the family), the family's module here (builders on
 //!    [`Graph`](crate::Graph) with their shape rules, the reference kernel, the gradient),
 //!    and, for a new family, its arms in `run` and `backward` below;
 //! 2. simulator, `lower/`: the family's `placement` and `lower` (its vertices, their cycles
