@@ -884,19 +884,13 @@ fn lower_blocks<S: Storage>(
     let shares = bl.shares(&outs, &layout, pk_here);
     let reduce =
         |l: &mut Lowering<'_, S>, partials: TensorId, to: TensorId, to_dt, suffix: &str| {
-            reduce_blocks(
-                l,
-                i,
-                p,
-                plan,
-                &outs,
-                &layout.offsets,
+            let r = Reduction {
+                bl: &bl,
+                outs: &outs,
                 pk_here,
-                partials,
-                to,
-                to_dt,
                 suffix,
-            );
+            };
+            reduce_blocks(l, &r, &layout.offsets, partials, to, to_dt);
         };
     let (out, pt) = (bl.out, bl.pt);
     if steps == 1 {
@@ -997,8 +991,14 @@ struct PartialsLayout {
 }
 
 impl Blocks<'_> {
+    /// The tile of block `b`'s column of the grid at `ik` along k.
+    fn tile_at(&self, b: &Block, ik: u64) -> TileId {
+        tile(b.g, self.plan.grid(b.im, ik, b.i_n), self.p, self.tiles)
+    }
+
+    /// Block `b`'s tile.
     fn tile_of(&self, b: &Block) -> TileId {
-        tile(b.g, self.plan.grid(b.im, b.ik, b.i_n), self.p, self.tiles)
+        self.tile_at(b, b.ik)
     }
 
     /// A block's AMP cycles. Straight, positions no product reaches are skipped
@@ -1093,11 +1093,7 @@ impl Blocks<'_> {
                         (b.n.0 + c0, b.n.0 + c1),
                     ));
                 }
-                shares.push((
-                    tile(b.g, plan.grid(b.im, q, b.i_n), p, self.tiles),
-                    out_spans,
-                    None,
-                ));
+                shares.push((self.tile_at(b, q), out_spans, None));
             }
         }
         shares
@@ -1197,35 +1193,20 @@ impl Blocks<'_> {
 /// fp32 blocks, each spread over the tiles of the partials it sums, in even shares of the
 /// block's elements in output memory order. The last stage writes `to`, each of the pk tiles
 /// an even share. Compute sets are named with `suffix` (a serial step's).
-#[allow(clippy::too_many_arguments)]
 fn reduce_blocks<S: Storage>(
     l: &mut Lowering<'_, S>,
-    i: NodeId,
-    p: &Product,
-    plan: &MatMulPlan,
-    outs: &[Block],
+    r: &Reduction<'_, '_>,
     offsets: &HashMap<(usize, u64, u64, u64), u64>,
-    pk_here: u64,
     partials: TensorId,
     to: TensorId,
     to_dt: DType,
-    suffix: &str,
 ) {
-    let r = Reduction {
-        i,
-        p,
-        plan,
-        outs,
-        pk_here,
-        pt: plan.partials_dtype(),
-        tiles: l.tile_count(),
-        cfg: l.cfg,
-        suffix,
-    };
+    let (bl, pk_here, suffix) = (r.bl, r.pk_here, r.suffix);
     let factors = cost::reduce_stage_factors(pk_here);
     // The current stage's source: per output block, the offsets of its blocks in `source`.
     let mut source = partials;
-    let mut sources: Vec<Vec<u64>> = outs
+    let mut sources: Vec<Vec<u64>> = r
+        .outs
         .iter()
         .map(|b| {
             (0..pk_here)
@@ -1240,37 +1221,27 @@ fn reduce_blocks<S: Storage>(
         (source, sources) = r.intermediate(l, stage, f, spread, source, &sources);
         spread *= f;
     }
-    let order = ShareOrder::of(r.cfg, plan, l.node(i).dtype());
+    let order = ShareOrder::of(bl.cfg, bl.plan, bl.dt);
     let vertices = r.last(order, source, &sources, to, to_dt);
     let phase = if stages == 1 {
         format!("reduce{suffix}")
     } else {
         format!("reduce{stages}{suffix}")
     };
-    l.compute(i, &phase, vertices);
+    l.compute(bl.i, &phase, vertices);
 }
 
-/// A reduction of a product's partial blocks ([`reduce_blocks`]).
-struct Reduction<'r> {
-    i: NodeId,
-    p: &'r Product,
-    plan: &'r MatMulPlan,
+/// A reduction of a product's partial blocks ([`reduce_blocks`]): the blocks' output
+/// blocks, each with `pk_here` partial blocks, its compute sets named with `suffix`.
+struct Reduction<'r, 'b> {
+    bl: &'r Blocks<'b>,
     outs: &'r [Block],
     /// Partial blocks per output block.
     pk_here: u64,
-    /// The partial sums' type.
-    pt: DType,
-    tiles: u32,
-    cfg: &'r IpuConfig,
     suffix: &'r str,
 }
 
-impl Reduction<'_> {
-    /// The tile of output block `b`'s partial block `q`.
-    fn block_tile(&self, b: &Block, q: u64) -> TileId {
-        tile(b.g, self.plan.grid(b.im, q, b.i_n), self.p, self.tiles)
-    }
-
+impl Reduction<'_, '_> {
     /// An intermediate stage (index `stage`, summing `f` blocks, each source block spread
     /// over `spread` tiles): block j of the next depth sums source blocks j*f .. (j+1)*f and
     /// lives on their tiles. The stage's result and, per output block, its blocks' offsets.
@@ -1283,7 +1254,7 @@ impl Reduction<'_> {
         source: TensorId,
         sources: &[Vec<u64>],
     ) -> (TensorId, Vec<Vec<u64>>) {
-        let (i, pt, pk_here) = (self.i, self.pt, self.pk_here);
+        let (i, pt, pk_here) = (self.bl.i, self.bl.pt, self.pk_here);
         let depth = sources.first().map_or(0, Vec::len) as u64;
         let next_depth = depth.div_ceil(f.max(1));
         let group_tiles = spread * f;
@@ -1304,7 +1275,7 @@ impl Reduction<'_> {
                     if first >= end {
                         continue;
                     }
-                    let tile = self.block_tile(b, first_tile + r);
+                    let tile = self.bl.tile_at(b, first_tile + r);
                     iv.push(Interval {
                         tile,
                         start: total + first,
@@ -1334,7 +1305,7 @@ impl Reduction<'_> {
                         function: REDUCE_ADD,
                         ..VertexType::cast(pt, pt)
                     }),
-                    cycles: cost::partials_reduce_cycles(self.cfg, end - first, n, pt, pt),
+                    cycles: cost::partials_reduce_cycles(self.bl.cfg, end - first, n, pt, pt),
                     reads: compress(reads),
                     writes: vec![Region::span(inter, base + first, end - first)],
                 }
@@ -1354,7 +1325,7 @@ impl Reduction<'_> {
         to: TensorId,
         to_dt: DType,
     ) -> Vec<Vertex> {
-        let (pt, pk_here) = (self.pt, self.pk_here);
+        let (bl, pt, pk_here) = (self.bl, self.bl.pt, self.pk_here);
         let depth = sources.first().map_or(0, Vec::len) as u64;
         let mut vertices = Vec::new();
         for (b, offs) in self.outs.iter().zip(sources) {
@@ -1373,19 +1344,19 @@ impl Reduction<'_> {
                     .collect();
                 let mut writes = Vec::new();
                 for &(r0, r1, c0, c1) in &pieces {
-                    writes.extend((self.p.out)(
+                    writes.extend((bl.p.out)(
                         b.g,
                         (b.m.0 + r0, b.m.0 + r1),
                         (b.n.0 + c0, b.n.0 + c1),
                     ));
                 }
                 vertices.push(Vertex {
-                    tile: self.block_tile(b, q),
+                    tile: bl.tile_at(b, q),
                     codelet: Codelet::Reduce(VertexType {
                         function: REDUCE_ADD,
                         ..VertexType::cast(pt, to_dt)
                     }),
-                    cycles: cost::partials_reduce_cycles(self.cfg, end - first, depth, to_dt, pt),
+                    cycles: cost::partials_reduce_cycles(bl.cfg, end - first, depth, to_dt, pt),
                     reads: compress(reads),
                     writes: spans(to, writes),
                 });
