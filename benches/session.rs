@@ -29,34 +29,19 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use tessera::host::estimation::EstimateOptions;
 use tessera::host::idx::{load_mnist, Mnist};
 use tessera::host::inspect::epoch_report;
 use tessera::host::model::{shipped, Model};
-use tessera::host::session::{
-    compile, default_offload, prepare, OptimizerKind, SessionOptions, TrainEvent, TrainOptions,
-};
-use tessera::sim::machine::IpuConfig;
-use tessera::sim::Preset;
+use tessera::host::session::{compile, prepare, SessionOptions, TrainEvent, TrainOptions};
 
-/// The session options `tessera train` derives from the model file's `[training]` table.
+/// The session options `tessera train` derives from the model file's `[training]` table
+/// (with no options on the command line).
 fn options(model: &Model) -> SessionOptions {
-    let t = &model.training;
-    assert_eq!(t.optimizer.as_deref(), Some("sgd"), "the bench assumes SGD");
-    assert_eq!(t.pipeline_schedule.as_deref(), Some("grouped"));
-    let accumulation = t.gradient_accumulation_count.unwrap_or(1);
-    let optimizer = OptimizerKind::Sgd;
-    SessionOptions {
-        batch_size: t.batch_size.unwrap_or(32),
-        gradient_accumulation_count: accumulation,
-        learning_rate: t.learning_rate.unwrap_or(optimizer.default_learning_rate()),
-        optimizer,
-        offload_optimizer_state: default_offload(
-            model.stage_count(),
-            accumulation,
-            &IpuConfig::preset(Preset::Mk2),
-        ),
-        ..SessionOptions::default()
-    }
+    EstimateOptions::default()
+        .for_model(&model.training, &model.name)
+        .and_then(|o| o.session_options(&model.name, model.stage_count()))
+        .expect("a shipped model's [training] table reads")
 }
 
 /// What one session took.

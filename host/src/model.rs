@@ -374,32 +374,29 @@ pub struct ModelLayer {
     pub stage: usize,
 }
 
-/// Training settings a model file may carry; the command line overrides them.
+/// What a model file's `[training]` table sets: estimate options, by the names that
+/// `EstimateOptions` (and `tessera estimate`'s flags, sweep specs and Python's keyword
+/// arguments) give them, each with its value as written; and the epochs `tessera train` runs.
+///
+/// The table's keys are checked when the file is read (an unknown key or a value of the wrong
+/// type is an error at its line); the options are read into `EstimateOptions`, by the one
+/// deserializer every way in shares, when a session is made, under the options the command
+/// line or the request sets. The file says `outlining = false`; the options say
+/// `no_outlining = true`. Names of schedules, optimizers and types are read in any letter
+/// case.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TrainingDefaults {
-    /// Micro-batch size.
-    pub batch_size: Option<usize>,
-    /// Micro-batches per weight update.
-    pub gradient_accumulation_count: Option<usize>,
-    /// Learning rate.
-    pub learning_rate: Option<f32>,
-    /// Optimizer name (`sgd`, `momentum`, `adam`).
-    pub optimizer: Option<String>,
+    /// The options, by name.
+    pub options: serde_json::Map<String, serde_json::Value>,
     /// Epochs.
     pub epochs: Option<usize>,
-    /// Pipeline schedule name.
-    pub pipeline_schedule: Option<String>,
-    /// poplin's `partialsType` (`float` or `half`).
-    pub partials_type: Option<String>,
-    /// The gradient accumulators' type (`f32` or `f16`; TensorFlow's
-    /// `gradient_accumulation_dtype`).
-    pub gradient_accumulation_dtype: Option<String>,
-    /// poplin's `availableMemoryProportion`: one value, or one per pipeline stage.
-    pub available_memory_proportion: Option<Vec<f64>>,
-    /// Outlining (code reuse; PopART's `enableOutlining`), on unless `false`.
-    pub outlining: Option<bool>,
-    /// Embedding serialization (PopTorch's `embedding_serialization_factor`).
-    pub embedding_serialization: Option<u64>,
+}
+
+impl TrainingDefaults {
+    /// The value the table sets for option `name`, if it sets one.
+    pub fn get(&self, name: &str) -> Option<&serde_json::Value> {
+        self.options.get(name)
+    }
 }
 
 /// Whether layers are chained (Sequential) or wired by name (Functional).
@@ -1500,21 +1497,43 @@ impl FileModel {
 
 impl From<FileTraining> for TrainingDefaults {
     fn from(t: FileTraining) -> Self {
-        TrainingDefaults {
-            batch_size: t.batch_size,
-            gradient_accumulation_count: t.gradient_accumulation_count,
-            learning_rate: t.learning_rate,
-            optimizer: t.optimizer,
-            epochs: t.epochs,
-            pipeline_schedule: t.pipeline_schedule,
-            partials_type: t.partials_type,
-            gradient_accumulation_dtype: t.gradient_accumulation_dtype,
-            available_memory_proportion: t.available_memory_proportion.map(|p| match p {
-                Proportions::One(p) => vec![p],
-                Proportions::PerStage(v) => v,
+        use serde_json::Value;
+        let mut options = serde_json::Map::new();
+        let mut set = |name: &str, v: Option<Value>| {
+            if let Some(v) = v {
+                options.insert(name.to_string(), v);
+            }
+        };
+        // Every name the options take is lower-case: a name in any case reads as it.
+        let name = |s: Option<String>| s.map(|s| Value::from(s.to_lowercase()));
+        set("batch_size", t.batch_size.map(Value::from));
+        set(
+            "gradient_accumulation_count",
+            t.gradient_accumulation_count.map(Value::from),
+        );
+        set("learning_rate", t.learning_rate.map(Value::from));
+        set("optimizer", name(t.optimizer));
+        set("pipeline_schedule", name(t.pipeline_schedule));
+        set("partials_type", name(t.partials_type));
+        set(
+            "gradient_accumulation_dtype",
+            name(t.gradient_accumulation_dtype),
+        );
+        set(
+            "available_memory_proportion",
+            t.available_memory_proportion.map(|p| match p {
+                Proportions::One(p) => Value::from(p),
+                Proportions::PerStage(v) => Value::from(v),
             }),
-            outlining: t.outlining,
-            embedding_serialization: t.embedding_serialization,
+        );
+        set("no_outlining", t.outlining.map(|on| Value::Bool(!on)));
+        set(
+            "embedding_serialization",
+            t.embedding_serialization.map(Value::from),
+        );
+        TrainingDefaults {
+            options,
+            epochs: t.epochs,
         }
     }
 }
@@ -1881,11 +1900,11 @@ mod tests {
         // The shipped file ends in its [training] table.
         let text = format!("{plain}\noutlining = false\nembedding_serialization = 4\n");
         let m = Model::from_toml(&text, "m.toml").unwrap();
-        assert_eq!(m.training.outlining, Some(false));
-        assert_eq!(m.training.embedding_serialization, Some(4));
+        assert_eq!(m.training.get("no_outlining"), Some(&true.into()));
+        assert_eq!(m.training.get("embedding_serialization"), Some(&4.into()));
         let m = Model::from_toml(plain, "m.toml").unwrap();
-        assert_eq!(m.training.outlining, None);
-        assert_eq!(m.training.embedding_serialization, None);
+        assert_eq!(m.training.get("no_outlining"), None);
+        assert_eq!(m.training.get("embedding_serialization"), None);
     }
 
     #[test]

@@ -705,7 +705,11 @@ fn evaluate_and_predict_every_shipped_model() {
     for (name, _) in SHIPPED {
         // The test split in whole micro-batches of the model's batch size.
         let model = tessera_host::model::shipped(name).unwrap().unwrap();
-        let batch = model.training.batch_size.unwrap_or(32);
+        let batch =
+            tessera_host::estimation::EstimateOptions::from_model_file(&model.training, name)
+                .unwrap()
+                .batch_size
+                .unwrap_or(32);
         let rows = 2000 / batch * batch;
         for extra in [&[][..], &["--no-pipelining"][..]] {
             let mut args = vec!["evaluate", name, "--json"];

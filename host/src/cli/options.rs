@@ -32,7 +32,9 @@ pub fn load_data(dir: &Path) -> Result<Mnist, AnyError> {
 
 /// The session options: the command line's, else the model file's, else the defaults.
 pub fn session_options(a: &ModelArgs, model: &Model) -> Result<SessionOptions, AnyError> {
-    Ok(model_options(a).session_options(&model.training, &model.name, model.stage_count())?)
+    Ok(model_options(a)
+        .for_model(&model.training, &model.name)?
+        .session_options(&model.name, model.stage_count())?)
 }
 
 /// The estimate options the model options on the command line stand for.

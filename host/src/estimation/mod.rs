@@ -299,7 +299,9 @@ pub fn estimate_with(
 
 /// A model file's estimate.
 fn model_estimate(model: &Model, o: &EstimateOptions) -> Result<Estimation, EstimateError> {
-    let session = o.session_options(&model.training, &model.name, model.stage_count())?;
+    let session = o
+        .for_model(&model.training, &model.name)?
+        .session_options(&model.name, model.stage_count())?;
     let e = if o.inference {
         inference_estimate(model, &session)?
     } else {

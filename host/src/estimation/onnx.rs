@@ -9,7 +9,6 @@ use tessera_core::schedule::least_accumulation;
 use tessera_sim::system::SystemEstimate;
 
 use super::{EstimateError, EstimateOptions, Estimation, Progress};
-use crate::model::TrainingDefaults;
 use crate::onnx::{ImportOptions, OnnxGraph, OnnxModel, Stages};
 use crate::report::format::{bytes, count};
 use crate::session::onnx::{
@@ -149,7 +148,7 @@ struct Job<'a> {
     /// The model imported once, in one stage: every compile places its stages in a copy.
     og: OnnxGraph<'a>,
     /// The file's batch as the default batch size.
-    defaults: TrainingDefaults,
+    defaults: EstimateOptions,
     /// How the model is compiled (its stages resolved by [`Job::stages`]).
     oo: OnnxOptions,
     /// The one-IPU profile the automatic split balances on, once made.
@@ -172,9 +171,9 @@ impl<'a> Job<'a> {
                 known_inputs: Vec::new(),
             },
         )?;
-        let defaults = TrainingDefaults {
+        let defaults = EstimateOptions {
             batch_size: Some(og.imported().file_batch),
-            ..TrainingDefaults::default()
+            ..EstimateOptions::default()
         };
         let stages = if !o.pipeline_stages.is_empty() {
             Stages::After(o.pipeline_stages.clone())
@@ -214,7 +213,7 @@ impl<'a> Job<'a> {
                 device_mapping: None,
                 ..self.oo.clone()
             };
-            let so = self.o.session_options(&self.defaults, &self.name, 1)?;
+            let so = self.o.over(&self.defaults).session_options(&self.name, 1)?;
             let whole = compile_imported(&self.og, &so, &one)?;
             self.oo.stages = Stages::After(layers_per_ipu(&whole, &self.o.layers_per_ipu)?);
         }
@@ -226,7 +225,7 @@ impl<'a> Job<'a> {
     /// PopART's rule, for its stages with a masked-LM head's).
     fn options_for(&self, stages: usize) -> Result<SessionOptions, EstimateError> {
         let o = self.o;
-        let mut so = o.session_options(&self.defaults, &self.name, stages)?;
+        let mut so = o.over(&self.defaults).session_options(&self.name, stages)?;
         if o.gradient_accumulation_count.is_none() && stages > 1 {
             let piped = pipeline_stages(self.og.imported(), self.oo.loss, o.inference, stages);
             so.gradient_accumulation_count =

@@ -9,7 +9,7 @@ use tessera_sim::planner::PartialsType;
 
 use super::EstimateError;
 use crate::model::TrainingDefaults;
-use crate::names::{named, Named};
+use crate::names::named;
 use crate::session::onnx::LossKind;
 use crate::session::{
     default_offload, default_sharding, Checkpoints, OptimizerKind, SessionOptions,
@@ -209,16 +209,6 @@ fn split(s: &str) -> impl Iterator<Item = &str> {
     s.split(',').map(str::trim).filter(|p| !p.is_empty())
 }
 
-/// A value of a model file's `[training]` table: a name of `T`, letter case aside.
-fn file_value<T: Named>(model: &str, key: &str, value: &str) -> Result<T, EstimateError> {
-    T::from_name(value, true).ok_or_else(|| {
-        EstimateError::Options(format!(
-            "model `{model}`: {key} `{value}` is not one of {}",
-            T::names()
-        ))
-    })
-}
-
 impl EstimateOptions {
     /// The options a map of option names to values sets (a sweep configuration, Python's
     /// keyword arguments), checked: an unknown name, or a value of the wrong type, is an
@@ -283,36 +273,135 @@ impl EstimateOptions {
             || self.no_search
     }
 
-    /// The session options: these options', else the defaults `t` of model `model` (with
-    /// `model_stages` pipeline stages), else Tessera's.
-    pub fn session_options(
+    /// The options a model file's `[training]` table sets, read as every other way in reads
+    /// them (an unknown name, or a wrong value, is an error naming the model and the option).
+    pub fn from_model_file(
+        t: &TrainingDefaults,
+        model: &str,
+    ) -> Result<EstimateOptions, EstimateError> {
+        Self::from_map(&t.options)
+            .map_err(|e| EstimateError::Options(format!("model `{model}`: {e}")))
+    }
+
+    /// These options over model `model`'s `[training]` table `t`: see [`EstimateOptions::over`].
+    pub fn for_model(
         &self,
         t: &TrainingDefaults,
         model: &str,
+    ) -> Result<EstimateOptions, EstimateError> {
+        Ok(self.over(&EstimateOptions::from_model_file(t, model)?))
+    }
+
+    /// These options over a model's own (`file`, what its `[training]` table or its ONNX
+    /// file's batch sets): each option these leave unset takes the file's; a flag either
+    /// sets is set. A model's learning rate goes with its optimizer: it stands when these
+    /// options ask for no other optimizer. The options a model does not set (`replicas`,
+    /// `ipu`, `dtype`) are these'.
+    pub fn over(&self, file: &EstimateOptions) -> EstimateOptions {
+        // Every field by name, so that a new option does not compile until it is merged.
+        let EstimateOptions {
+            batch_size,
+            gradient_accumulation_count,
+            repeat_count,
+            steps_per_execution,
+            pipeline_schedule,
+            no_pipelining,
+            replicas,
+            ipu,
+            optimizer,
+            learning_rate,
+            offload_optimizer_state,
+            dtype,
+            partials_type,
+            gradient_accumulation_dtype,
+            available_memory_proportion,
+            recompute_checkpoints,
+            replicated_tensor_sharding,
+            no_outlining,
+            embedding_serialization,
+            offload_activations,
+            offload_gradient_accumulation_buffers,
+            inference,
+            recompute,
+            pipeline_stages,
+            device_mapping,
+            pipeline_ipus,
+            layers_per_ipu,
+            input_shapes,
+            no_search,
+            loss,
+            mask_tokens,
+        } = self.clone();
+        fn list<T: Clone>(mine: Vec<T>, theirs: &[T]) -> Vec<T> {
+            if mine.is_empty() {
+                theirs.to_vec()
+            } else {
+                mine
+            }
+        }
+        let same_optimizer = file
+            .optimizer
+            .is_none_or(|f| optimizer.is_none_or(|o| o == f));
+        EstimateOptions {
+            batch_size: batch_size.or(file.batch_size),
+            gradient_accumulation_count: gradient_accumulation_count
+                .or(file.gradient_accumulation_count),
+            repeat_count: repeat_count.or(file.repeat_count),
+            steps_per_execution: steps_per_execution.or(file.steps_per_execution),
+            pipeline_schedule: pipeline_schedule.or(file.pipeline_schedule),
+            no_pipelining: no_pipelining || file.no_pipelining,
+            replicas,
+            ipu,
+            optimizer: optimizer.or(file.optimizer),
+            learning_rate: learning_rate.or(file.learning_rate.filter(|_| same_optimizer)),
+            offload_optimizer_state: offload_optimizer_state.or(file.offload_optimizer_state),
+            dtype,
+            partials_type: partials_type.or(file.partials_type),
+            gradient_accumulation_dtype: gradient_accumulation_dtype
+                .or(file.gradient_accumulation_dtype),
+            available_memory_proportion: list(
+                available_memory_proportion,
+                &file.available_memory_proportion,
+            ),
+            recompute_checkpoints: list(recompute_checkpoints, &file.recompute_checkpoints),
+            replicated_tensor_sharding: replicated_tensor_sharding
+                .or(file.replicated_tensor_sharding),
+            no_outlining: no_outlining || file.no_outlining,
+            embedding_serialization: embedding_serialization.or(file.embedding_serialization),
+            offload_activations: offload_activations || file.offload_activations,
+            offload_gradient_accumulation_buffers: offload_gradient_accumulation_buffers
+                || file.offload_gradient_accumulation_buffers,
+            inference: inference || file.inference,
+            recompute: recompute || file.recompute,
+            pipeline_stages: list(pipeline_stages, &file.pipeline_stages),
+            device_mapping: list(device_mapping, &file.device_mapping),
+            pipeline_ipus: pipeline_ipus.or(file.pipeline_ipus),
+            layers_per_ipu: list(layers_per_ipu, &file.layers_per_ipu),
+            input_shapes: list(input_shapes, &file.input_shapes),
+            no_search: no_search || file.no_search,
+            loss: loss.or(file.loss),
+            mask_tokens: mask_tokens.or(file.mask_tokens),
+        }
+    }
+
+    /// The session options of model `model` (with `model_stages` pipeline stages): these
+    /// options' (a model's own merged under them by [`EstimateOptions::over`]), else
+    /// Tessera's defaults.
+    pub fn session_options(
+        &self,
+        model: &str,
         model_stages: usize,
     ) -> Result<SessionOptions, EstimateError> {
-        let schedule = match (self.pipeline_schedule, &t.pipeline_schedule) {
-            (Some(s), _) => s,
-            (None, Some(name)) => file_value::<Schedule>(model, "pipeline_schedule", name)?,
-            (None, None) => Schedule::Grouped,
-        };
-        let file_optimizer = t
-            .optimizer
-            .as_deref()
-            .map(|o| file_value::<OptimizerKind>(model, "optimizer", o))
-            .transpose()?;
-        let optimizer = self.optimizer.or(file_optimizer).unwrap_or_default();
-        let accumulation = self
-            .gradient_accumulation_count
-            .or(t.gradient_accumulation_count)
-            .unwrap_or(1);
+        let schedule = self.pipeline_schedule.unwrap_or(Schedule::Grouped);
+        let optimizer = self.optimizer.unwrap_or_default();
+        let accumulation = self.gradient_accumulation_count.unwrap_or(1);
         let stages = if self.no_pipelining { 1 } else { model_stages };
         let machine = IpuConfig::preset(self.ipu);
         let offload = self
             .offload_optimizer_state
             .unwrap_or_else(|| default_offload(stages, accumulation, &machine));
         Ok(SessionOptions {
-            batch_size: self.batch_size.or(t.batch_size).unwrap_or(32),
+            batch_size: self.batch_size.unwrap_or(32),
             gradient_accumulation_count: accumulation,
             repeat_count: self.repeat_count,
             steps_per_execution: self.steps_per_execution,
@@ -320,36 +409,21 @@ impl EstimateOptions {
             replicas: self.replicas,
             ipu: self.ipu,
             optimizer,
-            // The file's rate goes with the file's optimizer; another optimizer gets its own
-            // default.
-            learning_rate: self.learning_rate.unwrap_or_else(|| match t.learning_rate {
-                Some(lr) if file_optimizer.is_none_or(|o| o == optimizer) => lr,
-                _ => optimizer.default_learning_rate(),
-            }),
+            learning_rate: self
+                .learning_rate
+                .unwrap_or_else(|| optimizer.default_learning_rate()),
             offload_optimizer_state: offload,
             dtype: self.dtype,
             no_pipelining: self.no_pipelining,
-            partials: match (self.partials_type, &t.partials_type) {
-                (Some(p), _) => p,
-                (None, Some(name)) => file_value::<PartialsType>(model, "partials_type", name)?,
-                (None, None) => PartialsType::Float,
-            },
-            accumulation_dtype: match (self.gradient_accumulation_dtype, &t.gradient_accumulation_dtype)
-            {
-                (Some(d), _) => Some(d),
-                (None, Some(name)) => {
-                    Some(file_value::<DType>(model, "gradient_accumulation_dtype", name)?)
-                }
-                (None, None) => None,
-            },
+            partials: self.partials_type.unwrap_or(PartialsType::Float),
+            accumulation_dtype: self.gradient_accumulation_dtype,
             replicated_tensor_sharding: self
                 .replicated_tensor_sharding
                 .unwrap_or_else(|| default_sharding(offload, self.replicas)),
-            outlining: !self.no_outlining && t.outlining.unwrap_or(true),
+            outlining: !self.no_outlining,
             offload_activations: self.offload_activations,
             offload_gradient_accumulation_buffers: self.offload_gradient_accumulation_buffers,
-            embedding_serialization: match self.embedding_serialization.or(t.embedding_serialization)
-            {
+            embedding_serialization: match self.embedding_serialization {
                 Some(0) => {
                     return Err(EstimateError::Options(format!(
                         "{model}: embedding_serialization must be at least 1 (1 leaves the embedding whole)"
@@ -371,17 +445,7 @@ impl EstimateOptions {
                     Some(Checkpoints::Named(names.to_vec()))
                 }
             },
-            available_memory_proportion: if self.available_memory_proportion.is_empty() {
-                let file = t.available_memory_proportion.clone().unwrap_or_default();
-                for &p in &file {
-                    tessera_sim::planner::check_proportion(p).map_err(|e| {
-                        EstimateError::Options(format!("{model}: available_memory_proportion {e}"))
-                    })?;
-                }
-                file
-            } else {
-                self.available_memory_proportion.clone()
-            },
+            available_memory_proportion: self.available_memory_proportion.clone(),
         })
     }
 }
@@ -493,15 +557,23 @@ mod tests {
         assert!(EstimateOptions::default().check().is_ok());
     }
 
+    /// A model from the shipped Sequential file with its `[training]` table replaced.
+    fn with_training(table: &str) -> crate::model::Model {
+        let (_, text) = crate::model::SHIPPED
+            .iter()
+            .find(|(n, _)| *n == "sequential")
+            .unwrap();
+        let layers = &text[..text.find("[training]").unwrap()];
+        crate::model::Model::from_toml(&format!("{layers}[training]\n{table}"), "m.toml").unwrap()
+    }
+
     #[test]
     fn a_model_files_names_are_read_in_any_case_and_wrong_ones_named() {
-        let t = TrainingDefaults {
-            pipeline_schedule: Some("Interleaved".into()),
-            optimizer: Some("ADAM".into()),
-            ..TrainingDefaults::default()
-        };
+        let m = with_training("pipeline_schedule = \"Interleaved\"\noptimizer = \"ADAM\"\n");
         let so = EstimateOptions::default()
-            .session_options(&t, "m", 2)
+            .for_model(&m.training, "m")
+            .unwrap()
+            .session_options("m", 2)
             .unwrap();
         assert_eq!(so.schedule, Schedule::Interleaved);
         assert_eq!(so.optimizer, OptimizerKind::Adam);
@@ -509,16 +581,78 @@ mod tests {
             so.learning_rate,
             OptimizerKind::Adam.default_learning_rate()
         );
-        let t = TrainingDefaults {
-            partials_type: Some("quarter".into()),
-            ..TrainingDefaults::default()
-        };
+        let m = with_training("partials_type = \"quarter\"\n");
         let e = EstimateOptions::default()
-            .session_options(&t, "m", 1)
+            .for_model(&m.training, "m")
             .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "model `m`: partials_type `quarter` is not one of float, half"
+            "model `m`: partials_type: `quarter` is not one of float, half"
         );
+        let m = with_training("available_memory_proportion = [0.2, 1.5]\n");
+        let e = EstimateOptions::from_model_file(&m.training, "m").unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("model `m`: available_memory_proportion: "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_model_files_table_fills_the_options_under_the_requests() {
+        let m = with_training(
+            "batch_size = 16\nlearning_rate = 0.05\noptimizer = \"momentum\"\n\
+             outlining = false\navailable_memory_proportion = 0.3\n\
+             embedding_serialization = 2\nepochs = 5\n",
+        );
+        assert_eq!(m.training.epochs, Some(5));
+        let file = EstimateOptions::from_model_file(&m.training, "m").unwrap();
+        assert_eq!(
+            file,
+            EstimateOptions {
+                batch_size: Some(16),
+                learning_rate: Some(0.05),
+                optimizer: Some(OptimizerKind::Momentum),
+                no_outlining: true,
+                available_memory_proportion: vec![0.3],
+                embedding_serialization: Some(2),
+                ..EstimateOptions::default()
+            }
+        );
+        // Unset options take the file's.
+        let o = EstimateOptions::default().over(&file);
+        assert_eq!(o, file);
+        // Set ones stand; the file's rate stands with its own optimizer.
+        let mine = EstimateOptions {
+            batch_size: Some(4),
+            available_memory_proportion: vec![0.5, 0.6],
+            optimizer: Some(OptimizerKind::Momentum),
+            ..EstimateOptions::default()
+        };
+        let o = mine.over(&file);
+        assert_eq!(o.batch_size, Some(4));
+        assert_eq!(o.available_memory_proportion, vec![0.5, 0.6]);
+        assert_eq!(o.learning_rate, Some(0.05));
+        assert_eq!(o.embedding_serialization, Some(2));
+        // Another optimizer leaves the file's rate, and takes its own default.
+        let adam = EstimateOptions {
+            optimizer: Some(OptimizerKind::Adam),
+            ..EstimateOptions::default()
+        };
+        let o = adam.over(&file);
+        assert_eq!(o.learning_rate, None);
+        let so = o.session_options("m", 1).unwrap();
+        assert_eq!(
+            so.learning_rate,
+            OptimizerKind::Adam.default_learning_rate()
+        );
+        assert!(!so.outlining);
+        assert_eq!(so.batch_size, 16);
+        // A rate asked for stands whatever the optimizer.
+        let rate = EstimateOptions {
+            learning_rate: Some(0.2),
+            ..adam
+        };
+        assert_eq!(rate.over(&file).learning_rate, Some(0.2));
     }
 }
