@@ -355,6 +355,67 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
     plan
 }
 
+/// What the planner is asked for a product: a trained fully-connected layer's passes
+/// together (its layer and tiles), or one product's plan (its shape, type, operands laid out,
+/// tiles and field).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum PlanAsk {
+    Fc(FcLayer, u64),
+    One(
+        u64,
+        u64,
+        u64,
+        DType,
+        LaidOut,
+        u64,
+        Option<crate::planner::Field>,
+    ),
+}
+
+/// Plans the products of the nodes `wanted` on the rayon pool's threads, into the process's
+/// plan caches, before the tensors are mapped. Mapping walks the graph in order and asks for
+/// each product's plan as it comes to it (a product's output is laid out by its plan), and
+/// planning is most of that walk's work; a plan is a function of the product's shape, type
+/// and options alone, so [`plan_of`] then finds the same plan in the cache that it would have
+/// made.
+pub(super) fn plan_products<S: Storage>(l: &Lowering<'_, S>, wanted: impl Fn(NodeId) -> bool) {
+    use rayon::prelude::*;
+    let mut asks: Vec<PlanAsk> = l
+        .graph
+        .ids()
+        .filter(|&i| wanted(i))
+        .filter_map(|i| {
+            let p = product_of(l, i)?;
+            Some(match fc_pass(l, i, &p) {
+                Some((_, layer)) => PlanAsk::Fc(layer, p.tiles_per_group),
+                None => PlanAsk::One(
+                    p.m,
+                    p.k,
+                    p.n,
+                    l.node(i).dtype(),
+                    p.laid_out,
+                    p.tiles_per_group,
+                    p.field,
+                ),
+            })
+        })
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    asks.retain(|a| seen.insert(*a));
+    if asks.len() < 2 {
+        return;
+    }
+    let (cfg, machine, opts) = (l.cfg, l.machine, l.opts.plan);
+    asks.par_iter().for_each(|a| match *a {
+        PlanAsk::Fc((b, input, output, dt), tiles) => {
+            plan_fc_cached(cfg, machine, b, input, output, dt, tiles, opts);
+        }
+        PlanAsk::One(m, k, n, dt, laid_out, tiles, field) => {
+            plan_matmul_cached(cfg, machine, m, k, n, dt, laid_out, tiles, opts, field);
+        }
+    });
+}
+
 /// The tile of block `grid` of group `g`.
 fn tile(g: usize, grid: u64, p: &Product, tiles: u32) -> TileId {
     TileId::wrapping(g as u64 * p.tiles_per_group + grid, tiles)
@@ -698,12 +759,15 @@ pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> 
                 let tile = tile(g, plan.grid(im, ik, i_n), &p, tiles);
                 for (r0, r1, c0, c1) in reduce_share(rm.1 - rm.0, rn.1 - rn.0, ik, pk_here, order) {
                     for (start, len) in (p.out)(g, (rm.0 + r0, rm.0 + r1), (rn.0 + c0, rn.0 + c1)) {
-                        iv.push(Interval { tile, start, len });
+                        if len > 0 {
+                            iv.push(Interval { tile, start, len });
+                        }
                     }
                 }
             }
         }
-        Mapping::from_intervals(iv)
+        // Each output element is written by one share.
+        Mapping::from_disjoint_intervals(iv)
     });
     (m, amp_written)
 }

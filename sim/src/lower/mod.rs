@@ -1160,6 +1160,7 @@ where
     if l.remote.iter().any(|&r| r) {
         l.layouts = Some(layouts.unwrap_or_else(|| whole_graph_layouts(plan, cfg, opts)));
     }
+    matmul::plan_products(&l, |i| l.include[i.index()]);
     l.map_graph_tensors();
     // Estimates reuse identical nodes' lowerings.
     let context = xxhash_rust::xxh3::xxh3_128(format!("{:x}{:?}", l.machine, l.opts).as_bytes());
