@@ -1,5 +1,6 @@
 //! Constant folding: a node whose inputs are all known at import computes its outputs here,
-//! so shape arithmetic (`Shape`, `Gather`, `Concat`, `Unsqueeze`, ...) leaves static shapes.
+//! so shape arithmetic (`Shape`, `Gather`, `Concat`, `Unsqueeze`, `Mod`, ...) leaves static
+//! shapes.
 
 use super::*;
 
@@ -12,6 +13,7 @@ const FOLDS: &[&str] = &[
     "Mul",
     "Div",
     "Pow",
+    "Mod",
     "Max",
     "Min",
     "Sum",
@@ -170,6 +172,7 @@ impl<'a> Importer<'a> {
                 a.elem,
             ),
             "Pow" => bin(&f64::powf, a.elem),
+            "Mod" => self.fold_mod(node, a, ins).map(Some),
             "Equal" => bin(&|x, y| b01(x == y), Elem::Bool),
             "Less" => bin(&|x, y| b01(x < y), Elem::Bool),
             "LessOrEqual" => bin(&|x, y| b01(x <= y), Elem::Bool),
@@ -183,6 +186,31 @@ impl<'a> Importer<'a> {
             "Where" => self.fold_where(a, ins).map(Some),
             _ => Ok(None),
         }
+    }
+
+    /// `Mod`: with `fmod = 1`, C's `fmod` (the remainder takes the dividend's sign); with
+    /// `fmod = 0` (integers only, as ONNX requires), the remainder takes the divisor's sign,
+    /// as Python's `%` does. An integer division by zero is an error (ONNX leaves it
+    /// undefined).
+    fn fold_mod(&self, node: &NodeProto, a: &Rc<Const>, ins: &[Option<Rc<Const>>]) -> R<Const> {
+        let fmod = self.attr_i(node, "fmod", 0) != 0;
+        let int = !a.elem.is_float();
+        if !int && !fmod {
+            return Err(self
+                .bad("fmod = 0 with floating-point inputs (ONNX's Mod takes fmod = 1 for them)"));
+        }
+        let b = self.input_const(ins, 1)?;
+        if int && b.data.contains(&0.0) {
+            return Err(self.bad("an integer Mod by zero (ONNX leaves it undefined)"));
+        }
+        self.fold_zip(a, &b, a.elem, &move |x, y| {
+            let r = x % y;
+            if fmod || r == 0.0 || (r < 0.0) == (y < 0.0) {
+                r
+            } else {
+                r + y
+            }
+        })
     }
 
     /// Sum, Max, Min and Mean of every input, broadcast.
@@ -478,5 +506,169 @@ impl<'a> Importer<'a> {
             start += len;
         }
         Ok(outs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use prost::Message;
+
+    use crate::onnx::proto::{
+        tensor_shape_proto::{dimension::Value as Dim, Dimension},
+        type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
+        TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
+    };
+    use crate::onnx::OnnxModel;
+    use crate::session::onnx::{run_onnx, NamedTensor};
+
+    fn float(name: &str, n: i64) -> ValueInfoProto {
+        ValueInfoProto {
+            name: Some(name.into()),
+            r#type: Some(TypeProto {
+                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                    elem_type: Some(1),
+                    shape: Some(TensorShapeProto {
+                        dim: vec![Dimension {
+                            value: Some(Dim::DimValue(n)),
+                            ..Default::default()
+                        }],
+                    }),
+                })),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn node(op: &str, inputs: &[&str], output: &str, attrs: Vec<AttributeProto>) -> NodeProto {
+        NodeProto {
+            name: Some(output.into()),
+            op_type: Some(op.into()),
+            input: inputs.iter().map(|s| s.to_string()).collect(),
+            output: vec![output.into()],
+            attribute: attrs,
+            ..Default::default()
+        }
+    }
+
+    fn int_attr(name: &str, v: i64) -> AttributeProto {
+        AttributeProto {
+            name: Some(name.into()),
+            r#type: Some(2),
+            i: Some(v),
+            ..Default::default()
+        }
+    }
+
+    /// `y = x + float(a mod b)`, with `a` and `b` constants of ONNX type `elem` (7: int64, 1:
+    /// float) unless `computed` makes `a` the graph's second input.
+    fn mod_model(elem: i32, a: &[f64], b: &[f64], fmod: i64, computed: bool) -> OnnxModel {
+        let n = a.len() as i64;
+        let constant = |name: &str, v: &[f64]| TensorProto {
+            name: Some(name.into()),
+            dims: vec![n],
+            data_type: Some(elem),
+            int64_data: if elem == 7 {
+                v.iter().map(|&x| x as i64).collect()
+            } else {
+                Vec::new()
+            },
+            float_data: if elem == 1 {
+                v.iter().map(|&x| x as f32).collect()
+            } else {
+                Vec::new()
+            },
+            ..Default::default()
+        };
+        let mut input = vec![float("x", n)];
+        let mut initializer = vec![constant("b", b)];
+        if computed {
+            input.push(float("a", n));
+        } else {
+            initializer.push(constant("a", a));
+        }
+        let m = ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(13),
+            }],
+            graph: Some(GraphProto {
+                name: Some("mod".into()),
+                node: vec![
+                    node("Mod", &["a", "b"], "m", vec![int_attr("fmod", fmod)]),
+                    node("Cast", &["m"], "mf", vec![int_attr("to", 1)]),
+                    node("Add", &["x", "mf"], "y", Vec::new()),
+                ],
+                input,
+                output: vec![float("y", n)],
+                initializer,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        OnnxModel::from_bytes(&m.encode_to_vec(), Path::new("mod.onnx")).expect("a model")
+    }
+
+    /// The model's output for `x` = zeros (and `a`, when it is an input, zeros).
+    fn run(model: &OnnxModel, n: usize) -> Result<Vec<f32>, String> {
+        let zeros = |name: &str| NamedTensor {
+            name: name.into(),
+            dims: vec![n],
+            data: vec![0.0; n],
+        };
+        let inputs: Vec<NamedTensor> = model
+            .graph()
+            .input
+            .iter()
+            .filter_map(|i| i.name.as_deref().map(zeros))
+            .collect();
+        run_onnx(model, &inputs)
+            .map(|out| out[0].data.clone())
+            .map_err(|e| {
+                let mut s = e.to_string();
+                let mut cause = std::error::Error::source(&e);
+                while let Some(c) = cause {
+                    s.push_str(&format!(": {c}"));
+                    cause = c.source();
+                }
+                s
+            })
+    }
+
+    const A: [f64; 6] = [-4.0, 7.0, 5.0, 4.0, -7.0, 8.0];
+    const B: [f64; 6] = [2.0, -3.0, 8.0, -2.0, 3.0, 5.0];
+
+    /// numpy's `np.mod` (the divisor's sign) and `np.fmod` (the dividend's) of `A` and `B`,
+    /// and `np.fmod` of floats (one-element constants: a float initializer of more is a
+    /// weight).
+    #[test]
+    fn mod_folds_with_the_sign_onnx_gives() {
+        let python = run(&mod_model(7, &A, &B, 0, false), 6).unwrap();
+        assert_eq!(python, [0.0, -2.0, 5.0, 0.0, 2.0, 3.0]);
+        let c = run(&mod_model(7, &A, &B, 1, false), 6).unwrap();
+        assert_eq!(c, [0.0, 1.0, 5.0, 0.0, -1.0, 3.0]);
+        for (a, b, want) in [(-7.25, 3.0, -1.25), (7.25, -3.0, 1.25), (4.5, 2.0, 0.5)] {
+            let f = run(&mod_model(1, &[a], &[b], 1, false), 1).unwrap();
+            assert_eq!(f, [want], "fmod({a}, {b})");
+        }
+    }
+
+    #[test]
+    fn mod_names_what_it_cannot_do() {
+        let e = run(&mod_model(1, &[-7.25], &[3.0], 0, false), 1).unwrap_err();
+        assert!(e.contains("fmod = 0 with floating-point inputs"), "{e}");
+        let zero = [2.0, 0.0, 8.0, -2.0, 3.0, 5.0];
+        let e = run(&mod_model(7, &A, &zero, 0, false), 6).unwrap_err();
+        assert!(e.contains("integer Mod by zero"), "{e}");
+        // A float input of more than 16 elements is computed at run time, not read as a
+        // constant.
+        let e = run(&mod_model(7, &[1.0; 20], &[3.0; 20], 0, true), 20).unwrap_err();
+        assert!(
+            e.contains("Mod (opset 13) is not supported (inputs computed at run time)"),
+            "{e}"
+        );
     }
 }

@@ -36,6 +36,12 @@ pub(super) const CONVERTERS: &[Converter] = &[
         convert: |im, n| im.arith(n),
     },
     Converter {
+        op: "Mod",
+        family: Family::Elementwise,
+        versions: &[10, 13],
+        convert: |im, n| im.modulo(n),
+    },
+    Converter {
         op: "Max",
         family: Family::Elementwise,
         versions: &[6, 8, 12, 13],
@@ -254,6 +260,12 @@ pub(super) const CONVERTERS: &[Converter] = &[
 ];
 
 impl<'a> Importer<'a> {
+    /// `Mod` folds (shape and index arithmetic, as exporters write it) when its inputs are
+    /// constants; computed at run time, it is not supported.
+    pub(in crate::onnx::import) fn modulo(&mut self, _node: &NodeProto) -> R<Vec<Val>> {
+        Err(self.unsupported("inputs computed at run time"))
+    }
+
     pub(in crate::onnx::import) fn arith(&mut self, node: &NodeProto) -> R<Vec<Val>> {
         let op = self.op.clone();
         let f = match op.as_str() {
