@@ -31,20 +31,33 @@ use tessera_core::ops::elementwise::BinaryFn;
 /// Plans made so far, by node.
 pub(crate) type Plans = HashMap<NodeId, MatMulPlan>;
 
-/// Plans made so far, by what the planner reads: `m`, `k`, `n`, element type, the operands
-/// laid out by the plan, and tiles.
-pub(crate) type PlansByShape = HashMap<
+/// What the planner reads of a product: `m`, `k`, `n`, element type, the operands laid out
+/// by the plan, tiles and field.
+pub(crate) type ShapeKey = (
+    u64,
+    u64,
+    u64,
+    DType,
+    LaidOut,
+    u64,
+    Option<crate::planner::Field>,
+);
+
+/// Plans made so far, by what the planner reads.
+pub(crate) type PlansByShape = HashMap<ShapeKey, MatMulPlan>;
+
+/// What the planner reads of product `p` of node `i`.
+fn shape_key<S: Storage>(l: &Lowering<'_, S>, i: NodeId, p: &Product) -> ShapeKey {
     (
-        u64,
-        u64,
-        u64,
-        DType,
-        LaidOut,
-        u64,
-        Option<crate::planner::Field>,
-    ),
-    MatMulPlan,
->;
+        p.m,
+        p.k,
+        p.n,
+        l.node(i).dtype(),
+        p.laid_out,
+        p.tiles_per_group,
+        p.field,
+    )
+}
 
 /// Joint plans of fully-connected layers, by batch, input, output, element type and tiles.
 pub(crate) type FcPlansByShape = HashMap<(u64, u64, u64, DType, u64), FcPlans>;
@@ -292,7 +305,6 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
     if let Some(plan) = l.mm.get(&i) {
         return *plan;
     }
-    let dtype = l.node(i).dtype();
     let cfg = l.cfg;
     if let Some((pass, (b, input, output, dt))) = fc_pass(l, i, p) {
         let tiles = p.tiles_per_group;
@@ -335,22 +347,12 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
             return plan;
         }
     }
-    let key = (p.m, p.k, p.n, dtype, p.laid_out, p.tiles_per_group, p.field);
+    let key = shape_key(l, i, p);
     let (machine, opts) = (l.machine, l.opts.plan);
-    let plan = *l.plans_by_shape.entry(key).or_insert_with(|| {
-        plan_matmul_cached(
-            cfg,
-            machine,
-            p.m,
-            p.k,
-            p.n,
-            dtype,
-            p.laid_out,
-            p.tiles_per_group,
-            opts,
-            p.field,
-        )
-    });
+    let plan = *l
+        .plans_by_shape
+        .entry(key)
+        .or_insert_with(|| plan_by_shape(cfg, machine, opts, key));
     l.mm.insert(i, plan);
     plan
 }
@@ -361,15 +363,7 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum PlanAsk {
     Fc(FcLayer, u64),
-    One(
-        u64,
-        u64,
-        u64,
-        DType,
-        LaidOut,
-        u64,
-        Option<crate::planner::Field>,
-    ),
+    One(ShapeKey),
 }
 
 /// Plans the products of the nodes `wanted` on the rayon pool's threads, into the process's
@@ -388,15 +382,7 @@ pub(super) fn plan_products<S: Storage>(l: &Lowering<'_, S>, wanted: impl Fn(Nod
             let p = product_of(l, i)?;
             Some(match fc_pass(l, i, &p) {
                 Some((_, layer)) => PlanAsk::Fc(layer, p.tiles_per_group),
-                None => PlanAsk::One(
-                    p.m,
-                    p.k,
-                    p.n,
-                    l.node(i).dtype(),
-                    p.laid_out,
-                    p.tiles_per_group,
-                    p.field,
-                ),
+                None => PlanAsk::One(shape_key(l, i, &p)),
             })
         })
         .collect();
@@ -410,10 +396,20 @@ pub(super) fn plan_products<S: Storage>(l: &Lowering<'_, S>, wanted: impl Fn(Nod
         PlanAsk::Fc((b, input, output, dt), tiles) => {
             plan_fc_cached(cfg, machine, b, input, output, dt, tiles, opts);
         }
-        PlanAsk::One(m, k, n, dt, laid_out, tiles, field) => {
-            plan_matmul_cached(cfg, machine, m, k, n, dt, laid_out, tiles, opts, field);
+        PlanAsk::One(key) => {
+            plan_by_shape(cfg, machine, opts, key);
         }
     });
+}
+
+/// The plan of a product by what the planner reads of it, made once per process.
+fn plan_by_shape(
+    cfg: &IpuConfig,
+    machine: u128,
+    opts: crate::planner::PlanOptions,
+    (m, k, n, dtype, laid_out, tiles, field): ShapeKey,
+) -> MatMulPlan {
+    plan_matmul_cached(cfg, machine, m, k, n, dtype, laid_out, tiles, opts, field)
 }
 
 /// The tile of block `grid` of group `g`.
