@@ -394,6 +394,30 @@ fn momentum<S: Storage>(cx: &Cx<'_, S>, op: &Update, st: &mut [u8]) -> Result<()
     Ok(())
 }
 
+/// The number of the step being taken (1 for the first), from the step counter at `at`.
+fn step_number(st: &[u8], at: usize) -> f32 {
+    (k::load_int(&st[at..], DType::I32, 0) + 1) as f32
+}
+
+/// Adam's (and LAMB's) moments of element `i` with gradient `gi`, updated in place at
+/// offsets `(mo, vo)`: `m += (g - m)(1 - beta1)`, `v += (g^2 - v)(1 - beta2)`.
+fn update_moments(
+    st: &mut [u8],
+    t: DType,
+    (mo, vo): (usize, usize),
+    i: usize,
+    gi: f32,
+    (beta1, beta2): (f32, f32),
+) -> (f32, f32) {
+    let mi = k::load(&st[mo..], t, i);
+    let mi = mi + (gi - mi) * (1.0 - beta1);
+    k::store(&mut st[mo..], t, i, mi);
+    let vi = k::load(&st[vo..], t, i);
+    let vi = vi + (gi * gi - vi) * (1.0 - beta2);
+    k::store(&mut st[vo..], t, i, vi);
+    (mi, vi)
+}
+
 /// Adam, its step counter read from the state.
 fn adam<S: Storage>(cx: &Cx<'_, S>, op: &Update, st: &mut [u8]) -> Result<(), RunError> {
     let Update::Adam {
@@ -414,18 +438,12 @@ fn adam<S: Storage>(cx: &Cx<'_, S>, op: &Update, st: &mut [u8]) -> Result<(), Ru
     let node_of = |x: NodeId| cx.node(x);
     let load_grad = |st: &[u8], g: NodeId, i: usize| cx.load_grad(st, g, i);
     let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
-    let iterations = k::load_int(&st[off(step)..], DType::I32, 0);
-    let local = (iterations + 1) as f32;
+    let local = step_number(st, off(step));
     let lr_t = lr * libm::sqrtf(1.0 - libm::powf(beta2, local)) / (1.0 - libm::powf(beta1, local));
     let (wo, mo, vo) = (off(var), off(m), off(v));
     for i in 0..n {
         let gi = load_grad(st, grad, i);
-        let mi = k::load(&st[mo..], t, i);
-        let mi = mi + (gi - mi) * (1.0 - beta1);
-        k::store(&mut st[mo..], t, i, mi);
-        let vi = k::load(&st[vo..], t, i);
-        let vi = vi + (gi * gi - vi) * (1.0 - beta2);
-        k::store(&mut st[vo..], t, i, vi);
+        let (mi, vi) = update_moments(st, t, (mo, vo), i, gi, (beta1, beta2));
         let w = k::load(&st[wo..], t, i) - lr_t * mi / (libm::sqrtf(vi) + epsilon);
         k::store(&mut st[wo..], t, i, w);
     }
@@ -453,8 +471,7 @@ fn lamb<S: Storage>(cx: &Cx<'_, S>, op: &Update, st: &mut [u8]) -> Result<(), Ru
     let node_of = |x: NodeId| cx.node(x);
     let load_grad = |st: &[u8], g: NodeId, i: usize| cx.load_grad(st, g, i);
     let (t, n) = (node_of(var).dtype, node_of(var).shape.elements());
-    let iterations = k::load_int(&st[off(step)..], DType::I32, 0);
-    let local = (iterations + 1) as f32;
+    let local = step_number(st, off(step));
     let (c1, c2) = (
         1.0 - libm::powf(beta1, local),
         1.0 - libm::powf(beta2, local),
@@ -464,12 +481,7 @@ fn lamb<S: Storage>(cx: &Cx<'_, S>, op: &Update, st: &mut [u8]) -> Result<(), Ru
     let (mut w2, mut r2) = (0f64, 0f64);
     for i in 0..n {
         let gi = load_grad(st, grad, i);
-        let mi = k::load(&st[mo..], t, i);
-        let mi = mi + (gi - mi) * (1.0 - beta1);
-        k::store(&mut st[mo..], t, i, mi);
-        let vi = k::load(&st[vo..], t, i);
-        let vi = vi + (gi * gi - vi) * (1.0 - beta2);
-        k::store(&mut st[vo..], t, i, vi);
+        let (mi, vi) = update_moments(st, t, (mo, vo), i, gi, (beta1, beta2));
         let wi = k::load(&st[wo..], t, i);
         let r = lamb_step(mi, vi, wi, c1, c2, epsilon, weight_decay);
         w2 += f64::from(wi) * f64::from(wi);
