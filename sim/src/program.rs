@@ -620,21 +620,26 @@ fn join_class(
         (k < n && class[k].1 == x).then_some(k)
     };
     let mut supports: Option<std::collections::HashMap<u64, usize>> = None;
+    // The unused spans, found without walking over the used ones (runs take spans far
+    // ahead, so a scan from each start would walk over the same used spans again and again).
+    let mut free = Unused::new(n);
     for i in 0..n {
         if used[i] {
             continue;
         }
         used[i] = true;
+        free.take(i);
         let a = class[i].1;
         // (A repeated span, at distance 0, starts no run.)
         let mut next = [0usize; RUN_CANDIDATES];
         let mut found = 0;
-        for j in (i + 1..n).filter(|&j| !used[j] && class[j].1 > a) {
-            next[found] = j;
-            found += 1;
-            if found == RUN_CANDIDATES {
-                break;
+        let mut j = free.first_from(i + 1);
+        while j < n && found < RUN_CANDIDATES {
+            if class[j].1 > a {
+                next[found] = j;
+                found += 1;
             }
+            j = free.first_from(j + 1);
         }
         // Rows a run from `a` with stride `d` would take.
         let rows_at = |used: &[bool], d: u64| {
@@ -650,9 +655,19 @@ fn join_class(
             }
             rows
         };
+        // Only the longest runs matter (and, among equals, which): a stride whose run cannot
+        // reach the longest so far (its row there is missing or taken) is not walked.
         let mut rows = [(0usize, 0usize); RUN_CANDIDATES];
+        let mut longest = 0usize;
         for (r, &j) in rows.iter_mut().zip(&next[..found]) {
-            *r = (rows_at(used, class[j].1 - a), j);
+            let d = class[j].1 - a;
+            let reaches = longest == 0
+                || a.checked_add((longest as u64).saturating_mul(d))
+                    .and_then(|x| at_from(i, x))
+                    .is_some_and(|m| !used[m]);
+            let n = if reaches { rows_at(used, d) } else { 0 };
+            longest = longest.max(n);
+            *r = (n, j);
         }
         let rows = &rows[..found];
         let Some(most) = rows.iter().map(|r| r.0).max() else {
@@ -682,10 +697,41 @@ fn join_class(
         let (mut k, mut rows) = (i, 1);
         while let Some(m) = at_from(k, a + rows * d).filter(|&m| !used[m]) {
             used[m] = true;
+            free.take(m);
             k = m;
             rows += 1;
         }
         out.push(Region::strided(t, a, len, rows, d));
+    }
+}
+
+/// The unused places `0..n` of a list, as a union-find over "the next unused place at or
+/// after": each place taken points past itself, and lookups halve their paths.
+struct Unused {
+    next: Vec<u32>,
+}
+
+impl Unused {
+    /// Places `0..n`, all unused.
+    fn new(n: usize) -> Self {
+        Unused {
+            next: (0..=n as u32).collect(),
+        }
+    }
+
+    /// Marks place `i` used.
+    fn take(&mut self, i: usize) {
+        self.next[i] = i as u32 + 1;
+    }
+
+    /// The first unused place at or after `i` (`n` when there is none).
+    fn first_from(&mut self, mut i: usize) -> usize {
+        while self.next[i] as usize != i {
+            let up = self.next[i] as usize;
+            self.next[i] = self.next[up];
+            i = up;
+        }
+        i
     }
 }
 
@@ -1315,6 +1361,24 @@ mod tests {
             }
         }
         (cols, fed)
+    }
+
+    /// The first unused place at or after a place skips the taken ones, however they were
+    /// taken, and is the end past the last.
+    #[test]
+    fn unused_places_skip_the_taken_ones() {
+        let mut free = super::Unused::new(10);
+        assert_eq!(free.first_from(0), 0);
+        for i in [1, 2, 3, 7, 5, 6, 9] {
+            free.take(i);
+        }
+        let firsts: Vec<usize> = (0..=10).map(|i| free.first_from(i)).collect();
+        assert_eq!(firsts, [0, 4, 4, 4, 4, 8, 8, 8, 8, 10, 10]);
+        free.take(4);
+        free.take(0);
+        assert_eq!(free.first_from(0), 8);
+        free.take(8);
+        assert_eq!(free.first_from(0), 10);
     }
 
     /// Spans fed twice (a region read twice) still join, and the joiner ends.

@@ -60,6 +60,7 @@ pub fn clear_shared_records() {
     drop(dropped);
     super::matmul::clear_product_layouts();
     super::layout::clear_images();
+    super::norm::clear_stats_layouts();
 }
 
 /// Recorded lowerings kept for every lowering, by key.

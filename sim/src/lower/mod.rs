@@ -1326,6 +1326,9 @@ pub(crate) struct BroadcastReads {
     /// Rows reading the same element (constant along the last axis): those that differ only
     /// along broadcast axes just above the last.
     same_rows: u64,
+    /// The outermost axis above the last along which the operand moves (`rank - 1` when
+    /// none does): the axes outside it add nothing to an offset.
+    top: usize,
 }
 
 /// How a broadcast operand is read ([`BroadcastReads`]).
@@ -1373,6 +1376,9 @@ impl BroadcastReads {
             .take_while(|&i| strides[i] == 0 || dims[i] == 1)
             .map(|i| dims[i])
             .product();
+        let top = (0..rank.saturating_sub(1))
+            .find(|&i| strides[i] != 0)
+            .unwrap_or(rank.saturating_sub(1));
         BroadcastReads {
             t,
             kind,
@@ -1381,18 +1387,28 @@ impl BroadcastReads {
             strides,
             cols: if rank == 0 { 1 } else { dims[rank - 1] },
             same_rows: same_rows.max(1),
+            top,
         }
     }
 
-    /// The operand offset of (row, c0).
+    /// The operand offset of (row, c0): the row's index along each axis from the last but one
+    /// out to [`top`](Self::top), times the operand's stride there (axes it is broadcast
+    /// along only divide the row).
     fn offset(&self, row: u64, c0: u64) -> u64 {
         let rank = self.rank;
         let mut rem = row;
         let mut off = c0 * self.strides[rank - 1];
-        for i in (0..rank - 1).rev() {
+        let mut i = rank - 1;
+        while i > self.top {
+            i -= 1;
             let d = self.dims[i];
-            off += (rem % d) * self.strides[i];
-            rem /= d;
+            let s = self.strides[i];
+            if s != 0 {
+                off += (rem % d) * s;
+            }
+            if i > self.top {
+                rem /= d;
+            }
         }
         off
     }

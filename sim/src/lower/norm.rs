@@ -175,6 +175,63 @@ fn by_use<S: Storage>(
     axes: tessera_core::ops::Axes,
     groups: u64,
 ) -> Option<crate::program::Mapping> {
+    // A batch norm's input is normalised again in the backward pass and read by its
+    // gradient: the same layout, made once.
+    let mapping = &l.tensors[xt.index()].mapping;
+    let key = StatsKey {
+        mapping: mapping.digest(),
+        dims: shape.dims().iter().map(|&d| u64::from(d)).collect(),
+        axes: u64::from(axes.0),
+        groups,
+        tiles: l.tile_count(),
+    };
+    if let Some(m) = STATS_LAYOUTS.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        return m;
+    }
+    let m = make_by_use(mapping, l.tile_count(), shape, axes, groups);
+    if let Ok(mut c) = STATS_LAYOUTS.lock() {
+        if c.len() >= STATS_LAYOUTS_KEPT {
+            c.clear();
+        }
+        c.insert(key, m.clone());
+    }
+    m
+}
+
+/// What a layout of statistics by use depends on: the input's layout, shape and reduced
+/// axes, the number of groups and of tiles.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct StatsKey {
+    mapping: u128,
+    dims: Vec<u64>,
+    axes: u64,
+    groups: u64,
+    tiles: u32,
+}
+
+/// Most statistics layouts this process keeps ([`STATS_LAYOUTS`]); past it, the kept ones
+/// are dropped (an estimate: a few models' worth of normalised tensors).
+const STATS_LAYOUTS_KEPT: usize = 1024;
+
+/// Statistics layouts made so far in this process ([`by_use`]), by what they are made of.
+static STATS_LAYOUTS: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<StatsKey, Option<crate::program::Mapping>>>,
+> = std::sync::LazyLock::new(Default::default);
+
+/// Drops the statistics layouts this process keeps ([`STATS_LAYOUTS`]).
+pub(super) fn clear_stats_layouts() {
+    let dropped = STATS_LAYOUTS.lock().map(|mut c| std::mem::take(&mut *c));
+    drop(dropped);
+}
+
+/// [`by_use`], made.
+fn make_by_use(
+    mapping: &crate::program::Mapping,
+    tiles: u32,
+    shape: tessera_core::Shape,
+    axes: tessera_core::ops::Axes,
+    groups: u64,
+) -> Option<crate::program::Mapping> {
     // The innermost block of axes all kept or all reduced: a run of it is in one group, or
     // in consecutive ones.
     let mut inner = 1u64;
@@ -194,7 +251,7 @@ fn by_use<S: Storage>(
     let hull = reduce::Hull::new(shape, axes);
     let mut users: Vec<(u32, crate::program::TileId)> = Vec::new();
     let mut hulls = Vec::new();
-    for iv in l.tensors[xt.index()].mapping.intervals() {
+    for iv in mapping.intervals() {
         // The groups of each run (their hull when there are too many runs to walk).
         let runs = iv.len / inner.max(1) + 2;
         hulls.clear();
@@ -221,7 +278,7 @@ fn by_use<S: Storage>(
     // The tiles using each grain, without repeats.
     let grains = users.iter().map(|u| u.0 as usize + 1).max().unwrap_or(0);
     let users = crate::exchange::group_readers(users, grains);
-    let mut load = vec![0u64; l.tile_count() as usize];
+    let mut load = vec![0u64; tiles as usize];
     let mut out: Vec<Interval> = Vec::new();
     let values = groups * 2;
     let mut next = 0u64;

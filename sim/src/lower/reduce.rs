@@ -143,6 +143,9 @@ pub(super) struct Hull {
     gst: [u64; tessera_core::MAX_RANK],
     groups: u64,
     monotonic: bool,
+    /// The outermost kept block (`n` when none is): the blocks outside it add nothing to a
+    /// group index.
+    top: usize,
 }
 
 impl Hull {
@@ -171,22 +174,32 @@ impl Hull {
             }
         }
         let monotonic = blocks[..n].windows(2).all(|w| w[0].1 || !w[1].1);
+        let top = (0..n).find(|&k| blocks[k].1).unwrap_or(n);
         Hull {
             blocks,
             n,
             gst,
             groups,
             monotonic,
+            top,
         }
     }
 
-    /// The group of element `e`.
+    /// The group of element `e`: its index in each kept block (innermost first, out to
+    /// [`top`](Self::top)) times the block's stride in the group index; reduced blocks only
+    /// divide.
     fn group_of(&self, e: u64) -> u64 {
         let (mut rem, mut g) = (e, 0u64);
-        for k in (0..self.n).rev() {
-            let b = self.blocks[k].0;
-            g += (rem % b) * self.gst[k];
-            rem /= b;
+        let mut k = self.n;
+        while k > self.top {
+            k -= 1;
+            let (b, kept) = self.blocks[k];
+            if kept {
+                g += (rem % b) * self.gst[k];
+            }
+            if k > self.top {
+                rem /= b;
+            }
         }
         g
     }
@@ -473,7 +486,9 @@ fn first_stage<S: Storage>(
             }
         })
         .collect();
-    l.compute(i, "partials", stage1);
+    // Each tile reads its own runs of the inputs laid out like the first.
+    let local = l.laid_out_like(xs[0], &inputs, &[]);
+    l.compute_reading_locally(i, "partials", stage1, &local);
     pieces
         .into_iter()
         .map(|(v0, v1, offset)| Piece {
