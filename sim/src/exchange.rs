@@ -604,10 +604,20 @@ fn pieces_of(tensors: &[ProgTensor], r: &Region, lists: &mut Lists) -> Read {
     let t = &tensors[r.tensor.index()];
     let pieces = &mut lists.pieces;
     pieces.clear();
+    // The pieces by tile, then start: a region's pieces come in increasing start (its runs
+    // are), so ordering them by tile alone, keeping that order, is enough.
+    let mut increasing = true;
     t.mapping.for_each_piece_of(r, |_, tile, s, l| {
+        if pieces.last().is_some_and(|p: &(TileId, u64, u64)| p.1 >= s) {
+            increasing = false;
+        }
         pieces.push((tile, s, l));
     });
-    pieces.sort_unstable();
+    if increasing {
+        pieces.sort_by_key(|p| p.0);
+    } else {
+        pieces.sort_unstable();
+    }
     let groups = &mut lists.groups;
     let g0 = groups.len();
     let joined = &mut lists.joined;
@@ -619,9 +629,10 @@ fn pieces_of(tensors: &[ProgTensor], r: &Region, lists: &mut Lists) -> Read {
             b.push(s, len);
         }
         b.finish(joined);
+        // The tiles come in order: sorting each tile's groups sorts them all.
+        joined.sort_unstable();
         groups.extend(joined.iter().map(|&g| (tile, g)));
     }
-    groups[g0..].sort_unstable();
     let mut kept = g0;
     for i in g0..groups.len() {
         if kept == g0 || groups[kept - 1] != groups[i] {
