@@ -194,6 +194,12 @@ fn among(sorted: &[TileId], t: TileId) -> bool {
     sorted.binary_search(&t).is_ok()
 }
 
+/// Whether `p`, the partner of the `k`-th tile of `sorted` (distinct tiles, in order), is in
+/// `sorted`: partners are neighbours in tile order, so it can only be next to that tile.
+fn beside(sorted: &[TileId], k: usize, p: TileId) -> bool {
+    (k > 0 && sorted[k - 1] == p) || sorted.get(k + 1) == Some(&p)
+}
+
 /// A distinct region the vertices read: its pieces on each tile, joined as
 /// [`exchange_for`](crate::program::exchange_for) joins them, and the tiles reading it (ranges
 /// of flat lists shared by all the reads of a compute set).
@@ -319,7 +325,7 @@ fn summarize_with(
         let per_tile = &lists.per_tile[rd.per_tile.clone()];
         let mut any = false;
         let tiles_reading = &reader_tiles[rd.readers.clone()];
-        for &t in tiles_reading {
+        for (k, &t) in tiles_reading.iter().enumerate() {
             let (fb, fc) = from_tile(per_tile, t);
             if rd.count > fc {
                 let e = &mut tally[t.index()];
@@ -327,7 +333,7 @@ fn summarize_with(
                 e.receives += rd.count - fc;
                 // What neither it nor its partner holds goes to both when both read it.
                 let p = partner(t);
-                if among(tiles_reading, p) {
+                if beside(tiles_reading, k, p) {
                     e.paired += (rd.bytes - fb).saturating_sub(from_tile(per_tile, p).0);
                 }
                 any = true;

@@ -173,6 +173,30 @@ fn make_image<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Layout) -> Mappin
     for src in sources(l, i, op) {
         let ivs = l.tensors[src.tensor.index()].mapping.intervals();
         let (mut pos, mut left) = (src.start, src.count);
+        if src.stride == 1 && left > 0 {
+            // A contiguous run (a concatenation's or a slice's): the intervals from the one
+            // holding its start, in order, clipped to it.
+            let mut k = ivs.partition_point(|iv| iv.end() <= pos);
+            while left > 0 {
+                let Some(iv) = ivs.get(k) else {
+                    return Mapping::default();
+                };
+                let n = (iv.end() - pos).min(left);
+                match out.last_mut() {
+                    Some(last) if last.tile == iv.tile && last.end() == at => last.len += n,
+                    _ => out.push(Interval {
+                        tile: iv.tile,
+                        start: at,
+                        len: n,
+                    }),
+                }
+                at += n;
+                pos += n;
+                left -= n;
+                k += 1;
+            }
+            continue;
+        }
         // The interval holding `pos`: positions rise within a run, so gallop on from the last.
         let mut k = ivs.partition_point(|iv| iv.end() <= pos);
         while left > 0 {
