@@ -182,14 +182,7 @@ fn make_image<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Layout) -> Mappin
                     return Mapping::default();
                 };
                 let n = (iv.end() - pos).min(left);
-                match out.last_mut() {
-                    Some(last) if last.tile == iv.tile && last.end() == at => last.len += n,
-                    _ => out.push(Interval {
-                        tile: iv.tile,
-                        start: at,
-                        len: n,
-                    }),
-                }
+                append(&mut out, iv.tile, at, n);
                 at += n;
                 pos += n;
                 left -= n;
@@ -212,20 +205,26 @@ fn make_image<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Layout) -> Mappin
                 return Mapping::default();
             };
             let n = ((iv.end() - pos - 1) / src.stride.max(1) + 1).min(left);
-            match out.last_mut() {
-                Some(last) if last.tile == iv.tile && last.end() == at => last.len += n,
-                _ => out.push(Interval {
-                    tile: iv.tile,
-                    start: at,
-                    len: n,
-                }),
-            }
+            append(&mut out, iv.tile, at, n);
             at += n;
             pos += n * src.stride;
             left -= n;
         }
     }
     Mapping::from_disjoint_intervals(out)
+}
+
+/// Appends `n` elements from `at` on `tile` to an image's intervals, joining them to the last
+/// when it is on the same tile and ends at `at`.
+fn append(out: &mut Vec<Interval>, tile: crate::program::TileId, at: u64, n: u64) {
+    match out.last_mut() {
+        Some(last) if last.tile == tile && last.end() == at => last.len += n,
+        _ => out.push(Interval {
+            tile,
+            start: at,
+            len: n,
+        }),
+    }
 }
 
 /// (outer, elements per outer index) of `s` from `axis` on.
