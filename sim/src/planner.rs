@@ -824,18 +824,13 @@ pub(crate) fn machine_key(cfg: &IpuConfig) -> u128 {
     xxhash_rust::xxh3::xxh3_128(format!("{cfg:?}").as_bytes())
 }
 
-/// A key of [`plan_matmul`]'s arguments (the machine by [`machine_key`]).
-type MatMulKey = (
-    u128,
-    u64,
-    u64,
-    u64,
-    DType,
-    LaidOut,
-    u64,
-    (u64, PartialsType, u64, u64),
-    Option<Field>,
-);
+/// What [`plan_matmul`] reads of a product: `m`, `k`, `n`, element type, the operands laid
+/// out by the plan, tiles and field.
+pub(crate) type ProductKey = (u64, u64, u64, DType, LaidOut, u64, Option<Field>);
+
+/// A key of [`plan_matmul`]'s arguments (the machine by [`machine_key`], the options by
+/// [`PlanOptions::key`]).
+type MatMulKey = (u128, (u64, PartialsType, u64, u64), ProductKey);
 /// A key of [`plan_fc`]'s arguments.
 type FcKey = (
     u128,
@@ -855,22 +850,15 @@ static FC_PLANS: std::sync::LazyLock<std::sync::Mutex<HashMap<FcKey, FcPlans>>> 
     std::sync::LazyLock::new(Default::default);
 
 /// [`plan_matmul`], made once per process for each machine (`machine` is its
-/// [`machine_key`]) and arguments.
-#[allow(clippy::too_many_arguments)]
+/// [`machine_key`]), options and product.
 pub(crate) fn plan_matmul_cached(
     cfg: &IpuConfig,
     machine: u128,
-    m: u64,
-    k: u64,
-    n: u64,
-    dtype: DType,
-    laid_out: LaidOut,
-    tiles: u64,
     opts: PlanOptions,
-    field: Option<Field>,
+    product: ProductKey,
 ) -> MatMulPlan {
-    let key = (machine, m, k, n, dtype, laid_out, tiles, opts.key(), field);
-    cached(&MATMUL_PLANS, key, || {
+    let (m, k, n, dtype, laid_out, tiles, field) = product;
+    cached(&MATMUL_PLANS, (machine, opts.key(), product), || {
         plan_product_with(cfg, [m, k, n], dtype, laid_out, tiles, opts, field)
     })
 }

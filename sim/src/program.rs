@@ -553,18 +553,13 @@ impl SpanJoiner {
         // By length, then start.
         let mut by_len: Vec<(u64, u64)> = spans.iter().map(|&(s, l)| (l, s)).collect();
         by_len.sort_unstable();
-        // Which spans a run took, by their place in `by_len`.
-        let mut used_all = vec![false; by_len.len()];
-        let mut base = 0;
         for class in by_len.chunk_by(|a, b| a.0 == b.0) {
-            let (len, n) = (class[0].0, class.len());
-            let used = &mut used_all[base..base + n];
-            base += n;
-            if n == 1 {
+            let len = class[0].0;
+            if class.len() == 1 {
                 out.push(Region::span(t, class[0].1, len));
                 continue;
             }
-            join_class(t, len, class, used, out);
+            join_class(t, len, class, out);
         }
     }
 }
@@ -600,14 +595,8 @@ fn support_at(class: &[(u64, u64)], d: u64) -> usize {
 }
 
 /// [`SpanJoiner::finish`] for the spans of one length `len` (`class`, (len, start) sorted by
-/// start, at least two), `used` marking those a run took.
-fn join_class(
-    t: TensorId,
-    len: u64,
-    class: &[(u64, u64)],
-    used: &mut [bool],
-    out: &mut Vec<Region>,
-) {
+/// start, at least two).
+fn join_class(t: TensorId, len: u64, class: &[(u64, u64)], out: &mut Vec<Region>) {
     let n = class.len();
     // A span fed twice (a region read twice) starts two spans at one place: then a start is
     // looked up in the whole class, which of the two it finds as the first joiner found it.
@@ -620,14 +609,13 @@ fn join_class(
         (k < n && class[k].1 == x).then_some(k)
     };
     let mut supports: Option<std::collections::HashMap<u64, usize>> = None;
-    // The unused spans, found without walking over the used ones (runs take spans far
-    // ahead, so a scan from each start would walk over the same used spans again and again).
+    // The spans no run took, found without walking over the taken ones (runs take spans far
+    // ahead, so a scan from each start would walk over the same taken spans again and again).
     let mut free = Unused::new(n);
     for i in 0..n {
-        if used[i] {
+        if free.is_taken(i) {
             continue;
         }
-        used[i] = true;
         free.take(i);
         let a = class[i].1;
         // (A repeated span, at distance 0, starts no run.)
@@ -642,11 +630,11 @@ fn join_class(
             j = free.first_from(j + 1);
         }
         // Rows a run from `a` with stride `d` would take.
-        let rows_at = |used: &[bool], d: u64| {
+        let rows_at = |free: &Unused, d: u64| {
             let (mut k, mut rows) = (i, 0usize);
             while rows < n {
                 match at_from(k, a + (rows as u64 + 1) * d) {
-                    Some(m) if !used[m] => {
+                    Some(m) if !free.is_taken(m) => {
                         k = m;
                         rows += 1;
                     }
@@ -664,10 +652,10 @@ fn join_class(
             let reaches = longest == 0
                 || a.checked_add((longest as u64).saturating_mul(d))
                     .and_then(|x| at_from(i, x))
-                    .is_some_and(|m| !used[m]);
-            let n = if reaches { rows_at(used, d) } else { 0 };
-            longest = longest.max(n);
-            *r = (n, j);
+                    .is_some_and(|m| !free.is_taken(m));
+            let got = if reaches { rows_at(&free, d) } else { 0 };
+            longest = longest.max(got);
+            *r = (got, j);
         }
         let rows = &rows[..found];
         let Some(most) = rows.iter().map(|r| r.0).max() else {
@@ -695,8 +683,7 @@ fn join_class(
         };
         let d = class[j].1 - a;
         let (mut k, mut rows) = (i, 1);
-        while let Some(m) = at_from(k, a + rows * d).filter(|&m| !used[m]) {
-            used[m] = true;
+        while let Some(m) = at_from(k, a + rows * d).filter(|&m| !free.is_taken(m)) {
             free.take(m);
             k = m;
             rows += 1;
@@ -722,6 +709,11 @@ impl Unused {
     /// Marks place `i` used.
     fn take(&mut self, i: usize) {
         self.next[i] = i as u32 + 1;
+    }
+
+    /// Whether place `i` is used.
+    fn is_taken(&self, i: usize) -> bool {
+        self.next[i] as usize != i
     }
 
     /// The first unused place at or after `i` (`n` when there is none).
@@ -1374,6 +1366,11 @@ mod tests {
         }
         let firsts: Vec<usize> = (0..=10).map(|i| free.first_from(i)).collect();
         assert_eq!(firsts, [0, 4, 4, 4, 4, 8, 8, 8, 8, 10, 10]);
+        let taken: Vec<bool> = (0..10).map(|i| free.is_taken(i)).collect();
+        assert_eq!(
+            taken,
+            [false, true, true, true, false, true, true, true, false, true]
+        );
         free.take(4);
         free.take(0);
         assert_eq!(free.first_from(0), 8);

@@ -120,15 +120,11 @@ fn sources<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Layout) -> Vec<Sourc
     }
 }
 
-/// Most image layouts this process keeps ([`IMAGES`]); past it, the kept ones are dropped (an
-/// estimate: a few models' worth of distinct layout ops).
-const IMAGES_KEPT: usize = 1024;
-
 /// Image layouts made so far in this process, by what they are made of (the op, its shapes
 /// and its operands' mappings): the same op of every repeated layer, stage, split and sweep
-/// configuration is laid out once.
-static IMAGES: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<u128, Mapping>>> =
-    std::sync::LazyLock::new(Default::default);
+/// configuration is laid out once. At most 1024 are kept (an estimate: a few models' worth of
+/// distinct layout ops).
+static IMAGES: super::kept::Kept<u128, Mapping> = super::kept::Kept::new(1024);
 
 /// The layout of layout op `i`'s output as PopART's `cloneNcopy` of a view makes it: each
 /// element on the tile of the operand element it copies (see the module's text). Empty when
@@ -147,23 +143,12 @@ pub(super) fn image_mapping<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Lay
         facts.push_str(&format!("|{}|{:x}", l.node(x).shape(), m.digest()));
     }
     let key = xxhash_rust::xxh3::xxh3_128(facts.as_bytes());
-    if let Some(m) = IMAGES.lock().ok().and_then(|c| c.get(&key).cloned()) {
-        return m;
-    }
-    let m = make_image(l, i, op);
-    if let Ok(mut c) = IMAGES.lock() {
-        if c.len() >= IMAGES_KEPT {
-            c.clear();
-        }
-        c.insert(key, m.clone());
-    }
-    m
+    IMAGES.get_or_make(key, || make_image(l, i, op))
 }
 
 /// Drops the image layouts this process keeps ([`IMAGES`]).
 pub(super) fn clear_images() {
-    let dropped = IMAGES.lock().map(|mut c| std::mem::take(&mut *c));
-    drop(dropped);
+    IMAGES.clear();
 }
 
 /// [`image_mapping`], made.
@@ -173,58 +158,42 @@ fn make_image<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Layout) -> Mappin
     for src in sources(l, i, op) {
         let ivs = l.tensors[src.tensor.index()].mapping.intervals();
         let (mut pos, mut left) = (src.start, src.count);
-        if src.stride == 1 && left > 0 {
-            // A contiguous run (a concatenation's or a slice's): the intervals from the one
-            // holding its start, in order, clipped to it.
-            let mut k = ivs.partition_point(|iv| iv.end() <= pos);
-            while left > 0 {
-                let Some(iv) = ivs.get(k) else {
-                    return Mapping::default();
-                };
-                let n = (iv.end() - pos).min(left);
-                append(&mut out, iv.tile, at, n);
-                at += n;
-                pos += n;
-                left -= n;
-                k += 1;
-            }
-            continue;
-        }
-        // The interval holding `pos`: positions rise within a run, so gallop on from the last.
         let mut k = ivs.partition_point(|iv| iv.end() <= pos);
         while left > 0 {
-            let mut step = 1;
-            while k + step < ivs.len() && ivs[k + step].start <= pos {
-                k += step;
-                step *= 2;
+            // The interval holding `pos`: the next one when a run goes on into it (as a
+            // concatenation's or a slice's does), else found by galloping on from the last
+            // (positions rise within a run).
+            if ivs.get(k).is_some_and(|iv| iv.end() <= pos) {
+                k += 1;
+                if ivs.get(k).is_some_and(|iv| iv.end() <= pos) {
+                    let mut step = 1;
+                    while k + step < ivs.len() && ivs[k + step].start <= pos {
+                        k += step;
+                        step *= 2;
+                    }
+                    let hi = (k + step + 1).min(ivs.len());
+                    k += ivs[k..hi].partition_point(|iv| iv.end() <= pos);
+                }
             }
-            let hi = (k + step + 1).min(ivs.len());
-            k += ivs[k..hi].partition_point(|iv| iv.end() <= pos);
             let Some(iv) = ivs.get(k) else {
                 // Not laid out (the operand has no tensor here): no image.
                 return Mapping::default();
             };
             let n = ((iv.end() - pos - 1) / src.stride.max(1) + 1).min(left);
-            append(&mut out, iv.tile, at, n);
+            match out.last_mut() {
+                Some(last) if last.tile == iv.tile && last.end() == at => last.len += n,
+                _ => out.push(Interval {
+                    tile: iv.tile,
+                    start: at,
+                    len: n,
+                }),
+            }
             at += n;
             pos += n * src.stride;
             left -= n;
         }
     }
     Mapping::from_disjoint_intervals(out)
-}
-
-/// Appends `n` elements from `at` on `tile` to an image's intervals, joining them to the last
-/// when it is on the same tile and ends at `at`.
-fn append(out: &mut Vec<Interval>, tile: crate::program::TileId, at: u64, n: u64) {
-    match out.last_mut() {
-        Some(last) if last.tile == tile && last.end() == at => last.len += n,
-        _ => out.push(Interval {
-            tile,
-            start: at,
-            len: n,
-        }),
-    }
 }
 
 /// (outer, elements per outer index) of `s` from `axis` on.

@@ -22,6 +22,7 @@ use crate::cost::{self, UnaryKind};
 use crate::machine::IpuConfig;
 use crate::planner::{
     casts_partials, plan_fc_cached, plan_matmul_cached, FcPlans, LaidOut, MatMulPlan, Operand,
+    ProductKey,
 };
 use crate::program::{
     compress, Codelet, Interval, Mapping, Region, TensorId, TileId, Vertex, VertexType, REDUCE_ADD,
@@ -31,23 +32,11 @@ use tessera_core::ops::elementwise::BinaryFn;
 /// Plans made so far, by node.
 pub(crate) type Plans = HashMap<NodeId, MatMulPlan>;
 
-/// What the planner reads of a product: `m`, `k`, `n`, element type, the operands laid out
-/// by the plan, tiles and field.
-pub(crate) type ShapeKey = (
-    u64,
-    u64,
-    u64,
-    DType,
-    LaidOut,
-    u64,
-    Option<crate::planner::Field>,
-);
-
 /// Plans made so far, by what the planner reads.
-pub(crate) type PlansByShape = HashMap<ShapeKey, MatMulPlan>;
+pub(crate) type PlansByShape = HashMap<ProductKey, MatMulPlan>;
 
 /// What the planner reads of product `p` of node `i`.
-fn shape_key<S: Storage>(l: &Lowering<'_, S>, i: NodeId, p: &Product) -> ShapeKey {
+fn shape_key<S: Storage>(l: &Lowering<'_, S>, i: NodeId, p: &Product) -> ProductKey {
     (
         p.m,
         p.k,
@@ -352,7 +341,7 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
     let plan = *l
         .plans_by_shape
         .entry(key)
-        .or_insert_with(|| plan_by_shape(cfg, machine, opts, key));
+        .or_insert_with(|| plan_matmul_cached(cfg, machine, opts, key));
     l.mm.insert(i, plan);
     plan
 }
@@ -363,7 +352,7 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum PlanAsk {
     Fc(FcLayer, u64),
-    One(ShapeKey),
+    One(ProductKey),
 }
 
 /// Plans the products of the nodes `wanted` on the rayon pool's threads, into the process's
@@ -397,19 +386,9 @@ pub(super) fn plan_products<S: Storage>(l: &Lowering<'_, S>, wanted: impl Fn(Nod
             plan_fc_cached(cfg, machine, b, input, output, dt, tiles, opts);
         }
         PlanAsk::One(key) => {
-            plan_by_shape(cfg, machine, opts, key);
+            plan_matmul_cached(cfg, machine, opts, key);
         }
     });
-}
-
-/// The plan of a product by what the planner reads of it, made once per process.
-fn plan_by_shape(
-    cfg: &IpuConfig,
-    machine: u128,
-    opts: crate::planner::PlanOptions,
-    (m, k, n, dtype, laid_out, tiles, field): ShapeKey,
-) -> MatMulPlan {
-    plan_matmul_cached(cfg, machine, m, k, n, dtype, laid_out, tiles, opts, field)
 }
 
 /// The tile of block `grid` of group `g`.
@@ -702,37 +681,21 @@ fn layout_key<S: Storage>(
     key
 }
 
-/// Most product layouts this process keeps ([`LAYOUTS`]); past it, the kept ones are dropped
-/// (an estimate: a few models' worth of distinct products).
-const LAYOUTS_KEPT: usize = 4096;
-
 /// Product layouts made so far in this process, by [`layout_key`] and which tensor: identical
 /// products (a model's repeated layers, and the same layers in every stage, split and sweep
-/// configuration) have one layout, made once.
-static LAYOUTS: std::sync::LazyLock<std::sync::Mutex<HashMap<(String, u8), Mapping>>> =
-    std::sync::LazyLock::new(Default::default);
+/// configuration) have one layout, made once. At most 4096 are kept (an estimate: a few
+/// models' worth of distinct products).
+static LAYOUTS: super::kept::Kept<(String, u8), Mapping> = super::kept::Kept::new(4096);
 
 /// Drops the product layouts this process keeps ([`LAYOUTS`]).
 pub(super) fn clear_product_layouts() {
-    let dropped = LAYOUTS.lock().map(|mut c| std::mem::take(&mut *c));
-    drop(dropped);
+    LAYOUTS.clear();
 }
 
 /// The layout of `which` (0 the output, 1 and 2 the operands) of the product with `key`,
 /// made by `make` (outside the lock) when this process has not made it yet.
 fn product_layout(key: &str, which: u8, make: impl FnOnce() -> Mapping) -> Mapping {
-    let k = (key.to_string(), which);
-    if let Some(m) = LAYOUTS.lock().ok().and_then(|c| c.get(&k).cloned()) {
-        return m;
-    }
-    let m = make();
-    if let Ok(mut c) = LAYOUTS.lock() {
-        if c.len() >= LAYOUTS_KEPT {
-            c.clear();
-        }
-        c.insert(k, m.clone());
-    }
-    m
+    LAYOUTS.get_or_make((key.to_string(), which), make)
 }
 
 pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> (Mapping, bool) {

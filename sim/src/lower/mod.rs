@@ -34,6 +34,7 @@ use crate::program::{
 mod conv;
 mod elementwise;
 mod gather;
+mod kept;
 mod layout;
 mod loss;
 mod matmul;
@@ -1395,22 +1396,9 @@ impl BroadcastReads {
     /// out to [`top`](Self::top), times the operand's stride there (axes it is broadcast
     /// along only divide the row).
     fn offset(&self, row: u64, c0: u64) -> u64 {
-        let rank = self.rank;
-        let mut rem = row;
-        let mut off = c0 * self.strides[rank - 1];
-        let mut i = rank - 1;
-        while i > self.top {
-            i -= 1;
-            let d = self.dims[i];
-            let s = self.strides[i];
-            if s != 0 {
-                off += (rem % d) * s;
-            }
-            if i > self.top {
-                rem /= d;
-            }
-        }
-        off
+        let (top, last) = (self.top, self.rank - 1);
+        c0 * self.strides[last]
+            + weighted_digits(row, &self.dims[top..last], &self.strides[top..last])
     }
 
     /// Appends the reads of output elements `start .. start + len` to `out` (a region equal
@@ -1451,6 +1439,22 @@ impl BroadcastReads {
             i += c1 - c0;
         }
     }
+}
+
+/// The sum of `value`'s digits in the mixed radix `radices` (outermost first) times
+/// `weights`: a row's offset in a tensor of those dims and strides, or an element's group. A
+/// digit of weight 0 only divides, and the outermost is not divided out.
+pub(crate) fn weighted_digits(mut value: u64, radices: &[u64], weights: &[u64]) -> u64 {
+    let mut sum = 0;
+    for (k, (&r, &w)) in radices.iter().zip(weights).enumerate().rev() {
+        if w != 0 {
+            sum += (value % r) * w;
+        }
+        if k > 0 {
+            value /= r;
+        }
+    }
+    sum
 }
 
 #[cfg(test)]

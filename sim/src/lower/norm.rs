@@ -185,17 +185,9 @@ fn by_use<S: Storage>(
         groups,
         tiles: l.tile_count(),
     };
-    if let Some(m) = STATS_LAYOUTS.lock().ok().and_then(|c| c.get(&key).cloned()) {
-        return m;
-    }
-    let m = make_by_use(mapping, l.tile_count(), shape, axes, groups);
-    if let Ok(mut c) = STATS_LAYOUTS.lock() {
-        if c.len() >= STATS_LAYOUTS_KEPT {
-            c.clear();
-        }
-        c.insert(key, m.clone());
-    }
-    m
+    STATS_LAYOUTS.get_or_make(key, || {
+        make_by_use(mapping, l.tile_count(), shape, axes, groups)
+    })
 }
 
 /// What a layout of statistics by use depends on: the input's layout, shape and reduced
@@ -209,19 +201,14 @@ struct StatsKey {
     tiles: u32,
 }
 
-/// Most statistics layouts this process keeps ([`STATS_LAYOUTS`]); past it, the kept ones
-/// are dropped (an estimate: a few models' worth of normalised tensors).
-const STATS_LAYOUTS_KEPT: usize = 1024;
-
-/// Statistics layouts made so far in this process ([`by_use`]), by what they are made of.
-static STATS_LAYOUTS: std::sync::LazyLock<
-    std::sync::Mutex<std::collections::HashMap<StatsKey, Option<crate::program::Mapping>>>,
-> = std::sync::LazyLock::new(Default::default);
+/// Statistics layouts made so far in this process ([`by_use`]), by what they are made of. At
+/// most 1024 are kept (an estimate: a few models' worth of normalised tensors).
+static STATS_LAYOUTS: super::kept::Kept<StatsKey, Option<crate::program::Mapping>> =
+    super::kept::Kept::new(1024);
 
 /// Drops the statistics layouts this process keeps ([`STATS_LAYOUTS`]).
 pub(super) fn clear_stats_layouts() {
-    let dropped = STATS_LAYOUTS.lock().map(|mut c| std::mem::take(&mut *c));
-    drop(dropped);
+    STATS_LAYOUTS.clear();
 }
 
 /// [`by_use`], made.

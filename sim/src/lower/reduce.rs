@@ -136,8 +136,8 @@ pub(super) fn group_hull(
 /// intervals of a mapping.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Hull {
-    /// (size, kept) of each block, outermost first.
-    blocks: [(u64, bool); tessera_core::MAX_RANK],
+    /// Size of each block, outermost first.
+    sizes: [u64; tessera_core::MAX_RANK],
     n: usize,
     /// Strides of the kept blocks in the group index (0 for reduced blocks).
     gst: [u64; tessera_core::MAX_RANK],
@@ -176,7 +176,7 @@ impl Hull {
         let monotonic = blocks[..n].windows(2).all(|w| w[0].1 || !w[1].1);
         let top = (0..n).find(|&k| blocks[k].1).unwrap_or(n);
         Hull {
-            blocks,
+            sizes: blocks.map(|b| b.0),
             n,
             gst,
             groups,
@@ -185,23 +185,11 @@ impl Hull {
         }
     }
 
-    /// The group of element `e`: its index in each kept block (innermost first, out to
-    /// [`top`](Self::top)) times the block's stride in the group index; reduced blocks only
-    /// divide.
+    /// The group of element `e`: its index in each kept block out to [`top`](Self::top)
+    /// times the block's stride in the group index.
     fn group_of(&self, e: u64) -> u64 {
-        let (mut rem, mut g) = (e, 0u64);
-        let mut k = self.n;
-        while k > self.top {
-            k -= 1;
-            let (b, kept) = self.blocks[k];
-            if kept {
-                g += (rem % b) * self.gst[k];
-            }
-            if k > self.top {
-                rem /= b;
-            }
-        }
-        g
+        let (top, n) = (self.top, self.n);
+        super::weighted_digits(e, &self.sizes[top..n], &self.gst[top..n])
     }
 
     /// The hull of the groups elements `start .. start + len` belong to.
@@ -212,7 +200,7 @@ impl Hull {
         if self.monotonic {
             return (self.group_of(start), self.group_of(start + len - 1) + 1);
         }
-        let (last, last_kept) = self.blocks[self.n - 1];
+        let (last, last_kept) = (self.sizes[self.n - 1], self.gst[self.n - 1] != 0);
         if len / last + 2 > HULL_RUNS {
             return (0, self.groups);
         }
