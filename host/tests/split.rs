@@ -1,10 +1,61 @@
 //! The automatic pipeline split's partition is optimal: on small random cases it equals an
 //! exhaustive search over every contiguous split (the largest stage cost, each stage under
 //! its memory cap, stages starting only where cuts are allowed), and its cuts are what it
-//! claims.
+//! claims. The profile it balances on, read from an estimate the user's command made, is the
+//! one it would make itself.
+
+use std::path::PathBuf;
 
 use proptest::prelude::*;
-use tessera_host::session::split::partition;
+use tessera_host::onnx::{OnnxGraph, OnnxModel, Stages};
+use tessera_host::session::onnx::{compile_imported, import_options, OnnxOptions};
+use tessera_host::session::split::{is_profile_estimate, partition, profile, profile_of};
+use tessera_host::session::SessionOptions;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/onnx")
+        .join(name)
+}
+
+/// A file without stage attributes compiles to one stage under the default options (the
+/// file's attributes), and the estimate of it is the profile the search reads instead of
+/// making its own; a file's two stages are not.
+#[test]
+fn a_one_stage_estimate_of_a_file_is_the_profile() {
+    let m = OnnxModel::load(&fixture("cnn.onnx")).expect("loads");
+    let so = SessionOptions {
+        batch_size: 4,
+        ..SessionOptions::default()
+    };
+    let oo = OnnxOptions::default();
+    assert!(matches!(oo.stages, Stages::Attributes));
+    let og = OnnxGraph::import(&m, &import_options(&so, &oo)).expect("imports");
+    let c = compile_imported(&og, &so, &oo).expect("compiles");
+    let e = c.target.estimate().expect("estimates");
+    assert!(is_profile_estimate(&so, &oo, &c));
+    assert_eq!(
+        profile_of(&c, &e),
+        profile(&og, &so, &oo).expect("profiles")
+    );
+
+    let names = m.node_names();
+    let two = OnnxOptions {
+        stages: Stages::After(vec![names[names.len() / 2].clone()]),
+        ..OnnxOptions::default()
+    };
+    let so2 = SessionOptions {
+        gradient_accumulation_count: 4,
+        ..so.clone()
+    };
+    let c2 = compile_imported(&og, &so2, &two).expect("compiles in two stages");
+    assert!(!is_profile_estimate(&so2, &two, &c2));
+    let replicated = SessionOptions {
+        replicas: 2,
+        ..so.clone()
+    };
+    assert!(!is_profile_estimate(&replicated, &oo, &c));
+}
 
 /// Every way to cut `costs` into `caps.len()` non-empty contiguous parts, part `k` under
 /// `caps[k]` and starting where `cuttable` allows (empty: anywhere): the best largest cost,

@@ -259,7 +259,7 @@ impl<'a> Job<'a> {
             None => {
                 let c = compile_imported(&self.og, &so, &self.oo)?;
                 let e = c.target.estimate()?;
-                if !e.fits && is_profile_estimate(&so, &self.oo) {
+                if !e.fits && is_profile_estimate(&so, &self.oo, &c) {
                     self.profile = Some(profile_of(&c, &e));
                 }
                 (c, e, None)

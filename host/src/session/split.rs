@@ -157,6 +157,7 @@ pub struct SplitInfo {
 }
 
 /// The cost and memory of every ONNX node, from a one-IPU estimate.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Profile {
     names: Vec<String>,
     /// Index of each node that made graph nodes.
@@ -247,10 +248,19 @@ pub fn profile(
     Ok(profile_of(&c, &e))
 }
 
-/// Whether an estimate made with `so` and `oo` is the one-IPU estimate [`profile`] makes, so
-/// that [`profile_of`] can read the profile from it.
-pub fn is_profile_estimate(so: &SessionOptions, oo: &OnnxOptions) -> bool {
-    so.replicas == 1 && matches!(oo.stages, Stages::One)
+/// Whether the estimate of `c`, compiled with `so` and `oo`, is the one-IPU estimate
+/// [`profile`] makes, so that [`profile_of`] can read the profile from it: one replica, at
+/// most one available memory proportion, no device mapping, and one stage - asked for
+/// ([`Stages::One`]) or placed so by the file (no stage attributes, the usual case), which
+/// compiles the same graph. (The profile skips the memory accounting, which leaves cycles as
+/// they are.)
+pub fn is_profile_estimate(so: &SessionOptions, oo: &OnnxOptions, c: &OnnxCompiled) -> bool {
+    so.replicas == 1
+        && so.available_memory_proportion.len() <= 1
+        && oo.device_mapping.is_none()
+        && c.imported.device_mapping.is_none()
+        && c.imported.stages == 1
+        && c.target.plan.graph().stage_count() == 1
 }
 
 /// The profile read from a one-IPU estimate `e` of `c` (made with [`profile`]'s options: see
