@@ -189,11 +189,6 @@ fn partner(t: TileId) -> TileId {
     TileId(t.0 ^ 1)
 }
 
-/// Whether `t` is in `sorted`.
-fn among(sorted: &[TileId], t: TileId) -> bool {
-    sorted.binary_search(&t).is_ok()
-}
-
 /// Whether `p`, the partner of the `k`-th tile of `sorted` (distinct tiles, in order), is in
 /// `sorted`: partners are neighbours in tile order, so it can only be next to that tile.
 fn beside(sorted: &[TileId], k: usize, p: TileId) -> bool {
@@ -398,45 +393,47 @@ fn take_back_shared(
     reader_tiles: &[TileId],
     tally: &mut [Tally],
 ) -> u64 {
-    let who = |rd: &Read| reader_tiles[rd.readers.clone()].iter().copied();
+    let who = |rd: &Read| &reader_tiles[rd.readers.clone()];
     let mut bytes = 0u64;
+    // Per receiver of a group and read: (receiver, whether that read counted it as paired:
+    // its partner, not the sender, read it too). A read's tiles are sorted and distinct, so
+    // the partner can only be beside the receiver.
+    let mut received: Vec<(TileId, bool)> = Vec::new();
+    let mut receivers: Vec<TileId> = Vec::new();
     shared.sort_unstable();
     for same in shared.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
         let (f, g) = (same[0].0, same[0].1);
         let b = g.elements() * tensors[g.tensor.index()].elem_bytes();
-        let mut receivers: Vec<TileId> = same
-            .iter()
-            .flat_map(|&(_, _, k)| who(&reads[k as usize]))
-            .filter(|&t| t != f)
-            .collect();
-        receivers.sort_unstable();
-        for run in receivers.chunk_by(|a, b| a == b) {
-            let extra = run.len() as u64 - 1;
-            if extra > 0 {
-                let e = &mut tally[run[0].index()];
-                e.received -= extra * b;
-                e.receives -= extra;
+        received.clear();
+        for &(_, _, k) in same {
+            let tiles = who(&reads[k as usize]);
+            for (i, &t) in tiles.iter().enumerate() {
+                if t != f {
+                    let p = partner(t);
+                    received.push((t, p != f && beside(tiles, i, p)));
+                }
             }
         }
-        // Each read counted the group as paired for a reader whose partner read it too (and
-        // neither is its sender); it is paired once when the partner receives it at all.
-        receivers.dedup();
-        for &t in &receivers {
-            let p = partner(t);
-            let counted = same
-                .iter()
-                .filter(|&&(_, _, k)| {
-                    let tiles_reading = &reader_tiles[reads[k as usize].readers.clone()];
-                    p != f && among(tiles_reading, t) && among(tiles_reading, p)
-                })
-                .count() as u64;
-            let once = u64::from(among(&receivers, p));
+        received.sort_unstable_by_key(|e| e.0);
+        receivers.clear();
+        receivers.extend(received.chunk_by(|a, b| a.0 == b.0).map(|run| run[0].0));
+        for (i, run) in received.chunk_by(|a, b| a.0 == b.0).enumerate() {
+            let t = run[0].0;
             let e = &mut tally[t.index()];
+            // Received once, counted once per read.
+            let extra = run.len() as u64 - 1;
+            e.received -= extra * b;
+            e.receives -= extra;
+            // Each read counted the group as paired for a receiver whose partner read it too
+            // (and neither is its sender); it is paired once when the partner receives it
+            // at all.
+            let counted = run.iter().filter(|x| x.1).count() as u64;
+            let once = u64::from(beside(&receivers, i, partner(t)));
             e.paired = e.paired + once * b - counted * b;
         }
         let senders = same
             .iter()
-            .filter(|&&(_, _, k)| who(&reads[k as usize]).any(|t| t != f))
+            .filter(|&&(_, _, k)| who(&reads[k as usize]).iter().any(|&t| t != f))
             .count() as u64;
         if senders > 1 {
             let e = &mut tally[f.index()];
