@@ -286,11 +286,21 @@ fn summarize_with(
         HashMap::with_capacity_and_hasher(remote.len(), FastHash::default());
     let mut regions: Vec<Region> = Vec::with_capacity(remote.len());
     let mut readers: Vec<(u32, TileId)> = Vec::with_capacity(remote.len());
+    // Reads of one region often come one after another (the tiles reading a broadcast
+    // operand's block): the last one found is tried before the index.
+    let mut last: Option<(&Region, u32)> = None;
     for (r, tile) in remote {
-        let k = *index.entry(*r).or_insert_with(|| {
-            regions.push(*r);
-            regions.len() as u32 - 1
-        });
+        let k = match last {
+            Some((lr, lk)) if lr == r => lk,
+            _ => {
+                let k = *index.entry(*r).or_insert_with(|| {
+                    regions.push(*r);
+                    regions.len() as u32 - 1
+                });
+                last = Some((r, k));
+                k
+            }
+        };
         readers.push((k, tile));
     }
     let readers = group_readers(readers, regions.len());
@@ -626,6 +636,11 @@ fn pieces_of(tensors: &[ProgTensor], r: &Region, lists: &mut Lists) -> Read {
     let joined = &mut lists.joined;
     for group in pieces.chunk_by(|a, b| a.0 == b.0) {
         let tile = group[0].0;
+        if let [(_, s, len)] = *group {
+            // One piece on the tile: one span, as joining it gives.
+            groups.push((tile, Region::span(r.tensor, s, len)));
+            continue;
+        }
         let mut b = SpanJoiner::new(r.tensor);
         joined.clear();
         for &(_, s, len) in group {
@@ -636,14 +651,18 @@ fn pieces_of(tensors: &[ProgTensor], r: &Region, lists: &mut Lists) -> Read {
         joined.sort_unstable();
         groups.extend(joined.iter().map(|&g| (tile, g)));
     }
-    let mut kept = g0;
-    for i in g0..groups.len() {
-        if kept == g0 || groups[kept - 1] != groups[i] {
-            groups[kept] = groups[i];
-            kept += 1;
+    // Pieces of distinct starts join into distinct groups (a group is known by its first
+    // piece): only runs that start together (a stride of 0) can repeat one.
+    if !increasing {
+        let mut kept = g0;
+        for i in g0..groups.len() {
+            if kept == g0 || groups[kept - 1] != groups[i] {
+                groups[kept] = groups[i];
+                kept += 1;
+            }
         }
+        groups.truncate(kept);
     }
-    groups.truncate(kept);
     let eb = t.elem_bytes();
     let p0 = lists.per_tile.len();
     let (mut bytes, mut count) = (0, 0);
