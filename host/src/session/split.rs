@@ -259,7 +259,6 @@ pub fn is_profile_estimate(so: &SessionOptions, oo: &OnnxOptions, c: &OnnxCompil
         && so.available_memory_proportion.len() <= 1
         && oo.device_mapping.is_none()
         && c.imported.device_mapping.is_none()
-        && c.imported.stages == 1
         && c.target.plan.graph().stage_count() == 1
 }
 
