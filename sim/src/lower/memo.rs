@@ -22,7 +22,8 @@
 //! Recorded lowerings are also kept for later lowerings in the same process ([`SHARED`]):
 //! a pipeline split's stages, the split's retries, the fewest-IPUs search and a sweep lower
 //! the same layers over and over. Across lowerings the key also holds what is constant within
-//! one: the machine and the lowering options (`context`), and, for matmuls, whether the IPU
+//! one: the machine and the lowering options a node reads (`context`; whether the optimizer
+//! state is offloaded, say, is read through the operands' facts instead), and, for matmuls, whether the IPU
 //! trains the fully-connected layer the matmul is a pass of (poplibs plans a trained layer's
 //! passes together). Graph tensors spread linearly start at a tile their name or kind
 //! picks, not where the last tensor ended, so a layer's operands are laid out alike in
@@ -34,6 +35,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::{DefaultHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use tessera_core::{NodeId, Op, Storage};
@@ -42,14 +44,21 @@ use super::Lowering;
 use crate::exchange::{ExchangeSummary, ExchangeTile};
 use crate::program::{ProgTensor, Step, TensorId, VertexCost};
 
-/// Bytes of recorded lowerings this process keeps for later lowerings (estimate: a few
-/// times what one BERT-Large estimate records, a small part of its peak memory). When a
-/// record would pass it, the records kept so far are dropped: a sweep over many models
-/// then keeps recording without growing.
-pub const SHARED_MEMO_BYTES: usize = 256 << 20;
+/// Bytes of recorded lowerings this process keeps for later lowerings (estimate: about three
+/// times what the largest estimate of the shipped and zoo models records, DenseNet-121
+/// training at batch 8 with about 300 MB, and half of that estimate's own peak memory). So a
+/// split or a sweep over such a model finds the records of the lowering before it. When a
+/// record would pass it, the records the most recent lowerings used least recently are
+/// dropped until half of it is left: a sweep over many models keeps recording without
+/// growing, and keeps the records of the models it lowered last.
+pub const SHARED_MEMO_BYTES: usize = 1 << 30;
 
 /// Recorded lowerings kept for every lowering in this process.
 static SHARED: LazyLock<Mutex<Shared>> = LazyLock::new(Default::default);
+
+/// The number of the next lowering that reuses ([`Memo::new`]): the age of a kept record is
+/// the number of the last lowering that used it.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 /// Drops the recorded lowerings and product layouts this process keeps for later lowerings:
 /// the next lowering starts from nothing, as the first of a process does (benches time it
@@ -66,27 +75,62 @@ pub fn clear_shared_records() {
 /// Recorded lowerings kept for every lowering, by key.
 #[derive(Default)]
 struct Shared {
-    records: HashMap<u128, Arc<Recorded>>,
+    /// Each record with the number of the last lowering that used it.
+    records: HashMap<u128, (Arc<Recorded>, u64)>,
     /// Their bytes ([`Recorded::bytes`]).
     bytes: usize,
 }
 
 impl Shared {
-    fn get(&self, key: u128) -> Option<Arc<Recorded>> {
-        self.records.get(&key).cloned()
+    /// The record under `key`, now used by lowering `generation`.
+    fn get(&mut self, key: u128, generation: u64) -> Option<Arc<Recorded>> {
+        let (rec, used) = self.records.get_mut(&key)?;
+        *used = (*used).max(generation);
+        Some(Arc::clone(rec))
     }
 
-    /// Keeps `rec` under `key`; returns the records dropped to make room (the caller drops
-    /// them after releasing the lock).
-    fn insert(&mut self, key: u128, rec: &Arc<Recorded>) -> Option<Shared> {
-        if rec.bytes > SHARED_MEMO_BYTES {
-            return None;
+    /// Keeps `rec` under `key` for lowering `generation`; returns the records dropped to
+    /// make room (the caller drops them after releasing the lock).
+    fn insert(&mut self, key: u128, rec: &Arc<Recorded>, generation: u64) -> Vec<Arc<Recorded>> {
+        self.insert_within(key, rec, generation, SHARED_MEMO_BYTES)
+    }
+
+    /// [`insert`](Self::insert) with `bound` bytes kept at most.
+    fn insert_within(
+        &mut self,
+        key: u128,
+        rec: &Arc<Recorded>,
+        generation: u64,
+        bound: usize,
+    ) -> Vec<Arc<Recorded>> {
+        let mut dropped = Vec::new();
+        if rec.bytes > bound {
+            return dropped;
         }
-        if let Some(old) = self.records.remove(&key) {
+        if let Some((old, _)) = self.records.remove(&key) {
             self.bytes -= old.bytes;
+            dropped.push(old);
         }
-        let dropped = (self.bytes + rec.bytes > SHARED_MEMO_BYTES).then(|| std::mem::take(self));
-        self.records.insert(key, Arc::clone(rec));
+        if self.bytes + rec.bytes > bound {
+            // Least recently used first; keys break ties, so what is kept does not depend
+            // on the map's order.
+            let mut by_age: Vec<(u64, u128)> = self
+                .records
+                .iter()
+                .map(|(&k, &(_, used))| (used, k))
+                .collect();
+            by_age.sort_unstable();
+            for (_, k) in by_age {
+                if self.bytes + rec.bytes <= bound / 2 {
+                    break;
+                }
+                if let Some((old, _)) = self.records.remove(&k) {
+                    self.bytes -= old.bytes;
+                    dropped.push(old);
+                }
+            }
+        }
+        self.records.insert(key, (Arc::clone(rec), generation));
         self.bytes += rec.bytes;
         dropped
     }
@@ -154,6 +198,8 @@ impl Recorded {
 pub(super) struct Memo {
     /// The machine and the lowering options, a part of every key.
     context: u128,
+    /// This lowering's number, the age it gives the kept records it uses.
+    generation: u64,
     entries: HashMap<u128, Arc<Recorded>>,
     /// Lowerings reused.
     pub(super) reused: usize,
@@ -191,6 +237,7 @@ impl Memo {
     pub(super) fn new(context: u128) -> Memo {
         Memo {
             context,
+            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
             entries: HashMap::new(),
             reused: 0,
             lowered: 0,
@@ -282,8 +329,8 @@ impl Memo {
         let rec = match self.entries.get(&key) {
             Some(rec) => Arc::clone(rec),
             None => {
-                let shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-                let Some(rec) = shared.get(key) else {
+                let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+                let Some(rec) = shared.get(key, self.generation) else {
                     return false;
                 };
                 drop(shared);
@@ -415,12 +462,12 @@ impl Memo {
         use rayon::prelude::*;
         let mut todo: Vec<(NodeId, u128, &[TensorId])> = Vec::new();
         {
-            let shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+            let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
             let mut seen = std::collections::HashSet::new();
             for (i, k) in self.keys.iter().enumerate() {
                 let Some((key, refs)) = k else { continue };
                 if seen.insert(*key) && !self.entries.contains_key(key) {
-                    match shared.get(*key) {
+                    match shared.get(*key, self.generation) {
                         Some(rec) => {
                             self.entries.insert(*key, rec);
                         }
@@ -451,7 +498,7 @@ impl Memo {
             if let Some(rec) = rec {
                 self.lowered += 1;
                 let rec = Arc::new(rec);
-                dropped.extend(shared.insert(key, &rec));
+                dropped.extend(shared.insert(key, &rec, self.generation));
                 self.entries.insert(key, rec);
             }
         }
@@ -476,10 +523,11 @@ impl Memo {
         };
         self.lowered += 1;
         let rec = Arc::new(rec);
-        let dropped = SHARED
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, &rec);
+        let dropped =
+            SHARED
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, &rec, self.generation);
         // Outside the lock: freeing many records takes a while.
         drop(dropped);
         self.entries.insert(key, rec);
@@ -552,5 +600,47 @@ impl Recorded {
         };
         rec.bytes = rec.size();
         Some(rec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(bytes: usize) -> Arc<Recorded> {
+        Arc::new(Recorded {
+            refs: Vec::new(),
+            first_temp: 0,
+            temps: Vec::new(),
+            steps: Vec::new(),
+            summaries: Vec::new(),
+            bytes,
+        })
+    }
+
+    #[test]
+    fn kept_records_past_the_bound_go_least_recently_used_first_down_to_half() {
+        let mut shared = Shared::default();
+        // Lowering 0 records keys 1..=4, lowering 1 uses key 2 again.
+        for key in 1..=4 {
+            assert!(shared.insert_within(key, &record(20), 0, 100).is_empty());
+        }
+        assert!(shared.get(2, 1).is_some());
+        assert_eq!(shared.bytes, 80);
+        // Lowering 2's record passes the bound: the least recently used (1, 3, 4 by key)
+        // go until half the bound is left with the new record.
+        let dropped = shared.insert_within(5, &record(30), 2, 100);
+        assert_eq!(dropped.len(), 3);
+        let mut kept: Vec<u128> = shared.records.keys().copied().collect();
+        kept.sort_unstable();
+        assert_eq!(kept, [2, 5]);
+        assert_eq!(shared.bytes, 50);
+        // A record larger than the bound is not kept, and drops nothing.
+        assert!(shared.insert_within(6, &record(101), 3, 100).is_empty());
+        assert_eq!(shared.bytes, 50);
+        // A key recorded again replaces its record.
+        assert_eq!(shared.insert_within(5, &record(10), 3, 100).len(), 1);
+        assert_eq!(shared.bytes, 30);
+        assert!(shared.get(7, 3).is_none());
     }
 }

@@ -109,6 +109,22 @@ impl LowerOptions {
             1
         }
     }
+
+    /// The options as a node's lowering reads them, the part of every memo key they make
+    /// (see `memo`). Offloading optimizer state or accumulators acts on a node only through
+    /// whether each tensor it reads is offloaded, which its key holds; outlining acts on the
+    /// program after its nodes are lowered. They are set to their defaults here, so
+    /// lowerings that differ only in them (a pipeline split's stages, which offload the
+    /// optimizer state, and the one-IPU estimate before them) reuse each other's records.
+    fn as_keyed(self) -> LowerOptions {
+        let default = LowerOptions::default();
+        LowerOptions {
+            offload_optimizer_state: default.offload_optimizer_state,
+            offload_accumulators: default.offload_accumulators,
+            outlining: default.outlining,
+            ..self
+        }
+    }
 }
 
 /// Worker cycles a multi-region vertex spends per region beyond the first (estimate: loading
@@ -1164,7 +1180,8 @@ where
     matmul::plan_products(&l, |i| l.include[i.index()]);
     l.map_graph_tensors();
     // Estimates reuse identical nodes' lowerings.
-    let context = xxhash_rust::xxh3::xxh3_128(format!("{:x}{:?}", l.machine, l.opts).as_bytes());
+    let context =
+        xxhash_rust::xxh3::xxh3_128(format!("{:x}{:?}", l.machine, l.opts.as_keyed()).as_bytes());
     let mut memo = memo::Memo::new(context);
     memo.find_keys(&l);
     if l.summaries.is_some() {
@@ -1580,7 +1597,27 @@ mod tests {
                 ..LowerOptions::default()
             };
             // The two layers are alike: the second's nodes reuse the first's lowerings.
-            assert!(same_both_ways(&plan, &cfg, opts).0 > 20);
+            let (reused, lowered) = same_both_ways(&plan, &cfg, opts);
+            assert!(reused > 20);
+            if offload {
+                // Only nodes that read or make optimizer state lower afresh: every other
+                // node reuses its record from the lowering without offloading before.
+                let state = |x: NodeId| g.node(x).roles().contains(Roles::OPTIMIZER_STATE);
+                let touching = g
+                    .nodes()
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, node)| {
+                        state(NodeId::from_index(*i as u32))
+                            || node.op().operands().as_slice().iter().any(|&o| state(o))
+                    })
+                    .count();
+                assert!(touching > 0);
+                assert!(
+                    lowered <= touching,
+                    "{lowered} lowered afresh, {touching} touch state"
+                );
+            }
         }
 
         let mut g: Graph<Heap> = Graph::new();
