@@ -210,7 +210,7 @@ pub(crate) fn cost_steps_with(
             Step::Compute(cs) => {
                 per_tile.iter_mut().for_each(|x| *x = 0);
                 let (mut lo, mut hi) = (u32::MAX, 0);
-                for v in &cs.costs {
+                for v in cs.costs.iter() {
                     per_tile[v.tile.index()] += v.cycles;
                     lo = lo.min(v.tile.0);
                     hi = hi.max(v.tile.0);

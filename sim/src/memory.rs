@@ -691,7 +691,7 @@ fn walk_steps(
                     continue;
                 }
                 cs.touched.iter().for_each(|t| used[t.index()] = true);
-                for v in &cs.costs {
+                for v in cs.costs.iter() {
                     let t = v.tile.index();
                     codelets[t].insert(v.codelet);
                     if !shared[s] {

@@ -1012,8 +1012,9 @@ pub struct ComputeSet {
     /// Its vertices: empty when the lowering kept only what estimates need (`costs` and
     /// `touched`), as estimates of large models do.
     pub vertices: Vec<Vertex>,
-    /// What estimates need of each vertex (made from `vertices` by [`ComputeSet::new`]).
-    pub costs: Vec<VertexCost>,
+    /// What estimates need of each vertex (made from `vertices` by [`ComputeSet::new`]),
+    /// shared by the copies: a node's lowering reused by identical nodes keeps its costs once.
+    pub costs: std::sync::Arc<[VertexCost]>,
     /// The tensors its vertices read or write, sorted, each once.
     pub touched: Vec<TensorId>,
 }

@@ -397,7 +397,7 @@ impl<S: Storage> Lowering<'_, S> {
         if estimate_only {
             // What `Vertex::state_bytes` counts of each tile's vertex (its regions read and
             // written, once each), without making it.
-            let costs: Vec<VertexCost> = (0..tiles)
+            let costs: std::sync::Arc<[VertexCost]> = (0..tiles)
                 .filter(|&k| cycles[k] > 0)
                 .map(|k| VertexCost {
                     tile: TileId(k as u32),
