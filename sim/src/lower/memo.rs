@@ -11,8 +11,8 @@
 //! order of tensor ids - its steps and temporaries are the earlier node's, with tensor ids,
 //! names and node renamed. The key is a 128-bit hash of those facts (two SipHash passes
 //! with different keys). Nodes whose lowering reads another node's temporaries (a
-//! cross-entropy's row statistics, a batch norm's moments) are not reused: their lowering depends on more than the
-//! node.
+//! cross-entropy's row statistics, a batch norm's moments) are not reused: their lowering
+//! depends on more than the node.
 //!
 //! Identical nodes are outlined, in every lowering: a node's temporaries spread from a tile
 //! its key picks (`Lowering::start_tile`), so identical nodes share their layouts, as PopART
@@ -23,11 +23,11 @@
 //! a pipeline split's stages, the split's retries, the fewest-IPUs search and a sweep lower
 //! the same layers over and over. Across lowerings the key also holds what is constant within
 //! one: the machine and the lowering options a node reads (`context`; whether the optimizer
-//! state is offloaded, say, is read through the operands' facts instead), and, for matmuls, whether the IPU
-//! trains the fully-connected layer the matmul is a pass of (poplibs plans a trained layer's
-//! passes together). Graph tensors spread linearly start at a tile their name or kind
-//! picks, not where the last tensor ended, so a layer's operands are laid out alike in
-//! every lowering that holds it and its record serves them all.
+//! state is offloaded, say, is read through the operands' facts instead), and, for matmuls,
+//! whether the IPU trains the fully-connected layer the matmul is a pass of (poplibs plans a
+//! trained layer's passes together). Graph tensors spread linearly start at a tile their
+//! name or kind picks, not where the last tensor ended, so a layer's operands are laid out
+//! alike in every lowering that holds it and its record serves them all.
 //!
 //! Only estimates' lowering (summarised exchanges, compute sets without vertices) reuses.
 //! The unit tests and the `estimate_only` property test compare it with the full lowering.
