@@ -196,7 +196,8 @@ impl Recorded {
 
 /// Recorded lowerings and what keys are made of.
 pub(super) struct Memo {
-    /// The machine and the lowering options, a part of every key.
+    /// The machine and the lowering options as a node reads them
+    /// (`LowerOptions::as_keyed`), a part of every key.
     context: u128,
     /// This lowering's number, the age it gives the kept records it uses.
     generation: u64,
