@@ -88,8 +88,10 @@ fn estimates(c: &mut Criterion) {
             )
         });
     }
-    let (_, source, options) = &cases[0];
-    group.bench_function("densenet121 training b8, again in the same process", |b| {
+    // The first case (DenseNet-121 training b8), its records kept from one sample to the
+    // next.
+    let (name, source, options) = &cases[0];
+    group.bench_function(format!("{name}, again in the same process"), |b| {
         b.iter(|| {
             let e = estimate(source, options).expect("the bundled model estimates");
             std::hint::black_box(e.summary.cycles_per_step)
