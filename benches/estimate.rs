@@ -24,6 +24,10 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use tessera::host::estimation::{estimate, EstimateOptions, ModelSource};
 use tessera::sim::lower::clear_shared_records;
 
+/// The `tessera` command's allocator, so that the bench times what the command does.
+#[global_allocator]
+static ALLOCATOR: tessera::host::huge_pages::HugePages = tessera::host::huge_pages::HugePages;
+
 fn model(path: &str) -> ModelSource {
     ModelSource::OnnxFile(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path))
 }

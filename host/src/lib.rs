@@ -10,6 +10,7 @@
 pub mod calibration;
 pub mod dataset;
 pub mod estimation;
+pub mod huge_pages;
 pub mod idx;
 pub mod infeed;
 pub mod inspect;

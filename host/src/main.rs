@@ -15,6 +15,10 @@ use tessera_host::report::render_report;
 use cli::args::{Cli, Command};
 use cli::{clap_message, one_line, AnyError};
 
+/// Large blocks on transparent huge pages (see [`tessera_host::huge_pages`]).
+#[global_allocator]
+static ALLOCATOR: tessera_host::huge_pages::HugePages = tessera_host::huge_pages::HugePages;
+
 fn main() -> ExitCode {
     // A closed pipe downstream (`tessera ... | head`) ends the process as it ends other
     // command-line tools, instead of a panic in `println!`.

@@ -18,6 +18,11 @@ use tessera_host::report::{html_fragment, write_report};
 use tessera_host::session::SessionError;
 use tessera_host::sweep::{csv_header, csv_record, estimate_row, Row, Spec};
 
+/// The extension's own allocations (an estimate's mappings and records) take large blocks on
+/// transparent huge pages, as the `tessera` command's do (see [`tessera_host::huge_pages`]).
+#[global_allocator]
+static ALLOCATOR: tessera_host::huge_pages::HugePages = tessera_host::huge_pages::HugePages;
+
 pyo3::create_exception!(
     _native,
     Error,

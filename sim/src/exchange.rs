@@ -319,9 +319,17 @@ fn summarize_with(
     let mut tally = vec![Tally::default(); tiles as usize];
     let mut bytes = 0u64;
     let mut moved: Vec<TensorId> = Vec::new();
-    // Groups sent for more than one read (overlapping reads), with those reads.
+    // Groups sent for more than one read (overlapping reads), with those reads. Only the
+    // groups of overlapping regions go in, so the index is sized for them: sized for every
+    // group, a large reduction's index spread its few entries over pages never used again.
+    let overlapping_groups = reads
+        .iter()
+        .zip(&overlapping)
+        .filter(|(_, &o)| o)
+        .map(|(rd, _)| rd.groups.len())
+        .sum();
     let mut seen: HashMap<(TileId, Region), u32, FastHash> =
-        HashMap::with_capacity_and_hasher(lists.groups.len(), FastHash::default());
+        HashMap::with_capacity_and_hasher(overlapping_groups, FastHash::default());
     let mut shared: Vec<(TileId, Region, u32)> = Vec::new();
     for (k, rd) in reads.iter().enumerate() {
         if rd.count == 0 {

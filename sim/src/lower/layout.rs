@@ -153,9 +153,24 @@ pub(super) fn clear_images() {
 
 /// [`image_mapping`], made.
 fn make_image<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Layout) -> Mapping {
-    let mut out: Vec<Interval> = Vec::new();
+    let sources = sources(l, i, op);
+    // Sized up front: a concatenation's image holds every interval of its operands, hundreds
+    // of thousands for a dense block's, and growing it copied them several times over. A run
+    // of a source (stride 1) has at most one interval per operand interval it meets; a
+    // strided one (a transpose's column) is left to grow.
+    let bound: usize = sources
+        .iter()
+        .filter(|src| src.stride == 1 && src.count > 0)
+        .map(|src| {
+            let ivs = l.tensors[src.tensor.index()].mapping.intervals();
+            let first = ivs.partition_point(|iv| iv.end() <= src.start);
+            let end = ivs.partition_point(|iv| iv.start < src.start + src.count);
+            end.saturating_sub(first)
+        })
+        .sum();
+    let mut out: Vec<Interval> = Vec::with_capacity(bound);
     let mut at = 0u64;
-    for src in sources(l, i, op) {
+    for src in sources {
         let ivs = l.tensors[src.tensor.index()].mapping.intervals();
         let (mut pos, mut left) = (src.start, src.count);
         let mut k = ivs.partition_point(|iv| iv.end() <= pos);
