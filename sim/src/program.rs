@@ -87,9 +87,14 @@ impl Interval {
 /// Copies share the intervals: identical layers' tensors, optimizer state and accumulators
 /// are laid out like another tensor, and a large model's mappings would otherwise be most of
 /// an estimate's memory.
+///
+/// The intervals are kept in the vector they were made in (shared through an `Arc`), not
+/// copied into a slice of their own: a large mapping's copy came as new pages that the kernel
+/// zeroed, and the vector it was copied from was given back, so every large mapping cost its
+/// memory twice over.
 #[derive(Clone, Default)]
 pub struct Mapping {
-    intervals: std::sync::Arc<[Interval]>,
+    intervals: std::sync::Arc<Vec<Interval>>,
     /// What is computed of the intervals, made once and shared by the copies.
     derived: std::sync::Arc<Derived>,
 }
@@ -130,8 +135,15 @@ impl Mapping {
     /// the tensor (the checker verifies it).
     pub fn from_intervals(mut intervals: Vec<Interval>) -> Self {
         intervals.sort_by_key(|i| i.start);
+        Self::of_sorted(intervals)
+    }
+
+    /// A mapping from intervals in order of start, kept in their vector (its spare capacity
+    /// given back: shrinking a large block in place does not copy it).
+    fn of_sorted(mut intervals: Vec<Interval>) -> Self {
+        intervals.shrink_to_fit();
         Mapping {
-            intervals: intervals.into(),
+            intervals: std::sync::Arc::new(intervals),
             derived: Default::default(),
         }
     }
@@ -141,10 +153,7 @@ impl Mapping {
     pub(crate) fn from_disjoint_intervals(mut intervals: Vec<Interval>) -> Self {
         intervals.sort_unstable_by_key(|i| i.start);
         debug_assert!(intervals.windows(2).all(|w| w[0].start < w[1].start));
-        Mapping {
-            intervals: intervals.into(),
-            derived: Default::default(),
-        }
+        Self::of_sorted(intervals)
     }
 
     /// Whether `other` lays its tensor out as this one does (a copy of it, or equal
@@ -240,15 +249,11 @@ impl Mapping {
 
     /// The whole tensor on one tile.
     pub fn single(elements: u64, tile: TileId) -> Self {
-        Mapping {
-            intervals: [Interval {
-                tile,
-                start: 0,
-                len: elements,
-            }]
-            .into(),
-            derived: Default::default(),
-        }
+        Self::of_sorted(vec![Interval {
+            tile,
+            start: 0,
+            len: elements,
+        }])
     }
 
     /// Spread over `tiles` consecutive tiles from `first_tile` (wrapping at `tile_count`), in
@@ -277,10 +282,7 @@ impl Mapping {
             start += len;
             k += 1;
         }
-        Mapping {
-            intervals: intervals.into(),
-            derived: Default::default(),
-        }
+        Self::of_sorted(intervals)
     }
 
     /// The intervals, sorted by start.
