@@ -42,7 +42,7 @@ pub const ADVISED_FROM: usize = HUGE_PAGE;
 pub struct HugePages;
 
 /// The whole huge pages inside `size` bytes at `at`: (first, bytes), bytes 0 when none.
-pub fn whole_pages(at: usize, size: usize) -> (usize, usize) {
+fn whole_pages(at: usize, size: usize) -> (usize, usize) {
     let Some(first) = at.checked_next_multiple_of(HUGE_PAGE) else {
         return (at, 0);
     };

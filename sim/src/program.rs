@@ -247,8 +247,8 @@ impl Mapping {
         for chunk in self.intervals.chunks(PER_CHUNK) {
             for (iv, out) in chunk.iter().zip(bytes.chunks_exact_mut(20)) {
                 out[..4].copy_from_slice(&iv.tile.0.to_le_bytes());
-                out[4..12].copy_from_slice(&{ iv.start }.to_le_bytes());
-                out[12..].copy_from_slice(&{ iv.len }.to_le_bytes());
+                out[4..12].copy_from_slice(&iv.start.to_le_bytes());
+                out[12..].copy_from_slice(&iv.len.to_le_bytes());
             }
             hasher.update(&bytes[..chunk.len() * 20]);
         }
