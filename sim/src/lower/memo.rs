@@ -35,7 +35,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::{DefaultHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use tessera_core::{NodeId, Op, Storage};
@@ -460,7 +460,6 @@ impl Memo {
         tessera_core::Plan<S>: Sync,
         tessera_core::Graph<S>: Sync,
     {
-        use rayon::prelude::*;
         let mut todo: Vec<(NodeId, u128, &[TensorId])> = Vec::new();
         {
             let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
@@ -481,21 +480,42 @@ impl Memo {
             return;
         }
         let graph_tensors = l.tensors.len();
-        let recorded: Vec<(u128, Option<Recorded>)> = todo
-            .par_iter()
-            .map_init(
-                || l.fork(),
-                |w, &(i, key, refs)| {
-                    w.forget_from(graph_tensors);
-                    w.cursor = w.start_tile(key);
-                    w.lower_op(i);
-                    (key, Recorded::of(w, i, refs.to_vec(), 0, graph_tensors))
-                },
-            )
-            .collect();
+        // Each worker takes the next node left until none is, in one fork of its own: the
+        // nodes' lowerings take from microseconds to a tenth of a second, and a worker that
+        // ran out of nodes while another still held a long run of them (a parallel iterator
+        // splits the list into runs) sat idle for most of a second at the end of a large
+        // model's pass. Results are put back in the list's order.
+        let next = AtomicUsize::new(0);
+        let done: Mutex<Vec<(usize, u128, Option<Recorded>)>> =
+            Mutex::new(Vec::with_capacity(todo.len()));
+        let work = || {
+            let mut fork = None;
+            let mut mine = Vec::new();
+            loop {
+                let k = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&(i, key, refs)) = todo.get(k) else {
+                    break;
+                };
+                let w = fork.get_or_insert_with(|| l.fork());
+                w.forget_from(graph_tensors);
+                w.cursor = w.start_tile(key);
+                w.lower_op(i);
+                mine.push((k, key, Recorded::of(w, i, refs.to_vec(), 0, graph_tensors)));
+            }
+            done.lock().unwrap_or_else(|e| e.into_inner()).extend(mine);
+        };
+        let helpers = rayon::current_num_threads().min(todo.len()) - 1;
+        rayon::in_place_scope(|s| {
+            for _ in 0..helpers {
+                s.spawn(|_| work());
+            }
+            work();
+        });
+        let mut recorded = done.into_inner().unwrap_or_else(|e| e.into_inner());
+        recorded.sort_unstable_by_key(|r| r.0);
         let mut dropped = Vec::new();
         let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-        for (key, rec) in recorded {
+        for (_, key, rec) in recorded {
             if let Some(rec) = rec {
                 self.lowered += 1;
                 let rec = Arc::new(rec);
