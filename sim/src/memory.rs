@@ -2,7 +2,7 @@
 //! tensors (at the tile's peak), vertex code, vertex state, exchange code, exchange buffers,
 //! control code and stack.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 
 use std::fmt;
 
@@ -607,7 +607,7 @@ pub(crate) fn account_part(
     let (best, peak_il) = peaks(program, &changes, &walk.buffers, part);
     let control = control_code_per_tile(program, summaries, &shared, part);
     for (t, mem) in tm.iter_mut().enumerate() {
-        mem.vertex_code = walk.codelets[t].iter().map(|c| c.code_bytes()).sum();
+        mem.vertex_code = walk.codelets.code_bytes(t);
         mem.control_code = control[t];
         mem.stack = STACK_BYTES;
         let (_, best_live, best_buf, best_step) = best[t];
@@ -656,10 +656,63 @@ fn live_changes(program: &Program) -> Vec<(usize, Change)> {
     changes
 }
 
+/// The codelets each tile runs: the distinct codelets numbered as they are first met, and
+/// each tile's set of numbers as bits. (A set of codelets per tile cost a tree insertion per
+/// vertex, a third of accounting a large program's memory; a program has a few hundred
+/// distinct codelets.)
+#[derive(Default)]
+struct TileCodelets {
+    numbers: HashMap<crate::program::Codelet, u32>,
+    codelets: Vec<crate::program::Codelet>,
+    /// Per tile, bit `k` of word `k / 64`: whether it runs codelet `k`.
+    bits: Vec<Vec<u64>>,
+}
+
+impl TileCodelets {
+    fn new(tiles: usize) -> Self {
+        TileCodelets {
+            bits: vec![Vec::new(); tiles],
+            ..Default::default()
+        }
+    }
+
+    /// The number of `codelet`, numbering it when it is new.
+    fn number(&mut self, codelet: crate::program::Codelet) -> u32 {
+        *self.numbers.entry(codelet).or_insert_with(|| {
+            self.codelets.push(codelet);
+            self.codelets.len() as u32 - 1
+        })
+    }
+
+    /// Tile `tile` runs codelet number `k`.
+    fn insert(&mut self, tile: usize, k: u32) {
+        let words = &mut self.bits[tile];
+        let (w, b) = (k as usize / 64, k % 64);
+        if words.len() <= w {
+            words.resize(w + 1, 0);
+        }
+        words[w] |= 1 << b;
+    }
+
+    /// The code of the codelets tile `tile` runs, each once.
+    fn code_bytes(&self, tile: usize) -> u64 {
+        let mut bytes = 0;
+        for (w, &word) in self.bits[tile].iter().enumerate() {
+            let mut rest = word;
+            while rest != 0 {
+                let b = rest.trailing_zeros() as usize;
+                bytes += self.codelets[w * 64 + b].code_bytes();
+                rest &= rest - 1;
+            }
+        }
+        bytes
+    }
+}
+
 /// What a walk over a program's steps found.
 struct StepWalk {
     /// The codelets each tile runs (in the part's steps).
-    codelets: Vec<BTreeSet<crate::program::Codelet>>,
+    codelets: TileCodelets,
     /// Each exchange's receiving tiles and the bytes each receives.
     buffers: Vec<Vec<(usize, i64)>>,
     /// The tensors the (part's) steps touch: a part holds only those of its variables.
@@ -680,7 +733,7 @@ fn walk_steps(
 ) -> StepWalk {
     let in_part = |s: usize| step_in(part, s);
     let tiles = program.tiles as usize;
-    let mut codelets: Vec<BTreeSet<crate::program::Codelet>> = vec![BTreeSet::new(); tiles];
+    let mut codelets = TileCodelets::new(tiles);
     let mut buffers: Vec<Vec<(usize, i64)>> = Vec::new();
     let mut exchange_code = SharedExchangeCode::new(program);
     let mut used = vec![part.is_none(); program.tensors.len()];
@@ -691,9 +744,19 @@ fn walk_steps(
                     continue;
                 }
                 cs.touched.iter().for_each(|t| used[t.index()] = true);
+                // Vertices after one another mostly run the same codelet.
+                let mut last = None;
                 for v in cs.costs.iter() {
                     let t = v.tile.index();
-                    codelets[t].insert(v.codelet);
+                    let k = match last {
+                        Some((c, k)) if c == v.codelet => k,
+                        _ => {
+                            let k = codelets.number(v.codelet);
+                            last = Some((v.codelet, k));
+                            k
+                        }
+                    };
+                    codelets.insert(t, k);
                     if !shared[s] {
                         tm[t].vertex_state += v.state_bytes;
                     }
