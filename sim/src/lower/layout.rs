@@ -194,7 +194,14 @@ fn make_image<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Layout) -> Mappin
                 // Not laid out (the operand has no tensor here): no image.
                 return Mapping::default();
             };
-            let n = ((iv.end() - pos - 1) / src.stride.max(1) + 1).min(left);
+            // The positions of the run left in this interval (no division for a plain run,
+            // the common case: one per interval of a large concatenation).
+            let n = if src.stride <= 1 {
+                iv.end() - pos
+            } else {
+                (iv.end() - pos - 1) / src.stride + 1
+            }
+            .min(left);
             match out.last_mut() {
                 Some(last) if last.tile == iv.tile && last.end() == at => last.len += n,
                 _ => out.push(Interval {
