@@ -967,3 +967,44 @@ pub(crate) fn check_fits_with(
         memory: worst.clone(),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::program::{Codelet, VertexType};
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+    use tessera_core::DType;
+
+    /// One of 240 distinct codelets (more than three words of bits).
+    fn codelet(k: u8) -> Codelet {
+        let dtype = [DType::F32, DType::F16][usize::from(k % 2)];
+        match k % 3 {
+            0 => Codelet::Binary(VertexType::of(k / 6, dtype)),
+            1 => Codelet::Unary(VertexType::of(k / 6, dtype)),
+            _ => Codelet::Reduce(VertexType::of(k / 6, dtype)),
+        }
+    }
+
+    proptest! {
+        /// Each tile's code is that of the distinct codelets it runs, each counted once, as
+        /// a set per tile gives it, whatever the order the vertices come in.
+        #[test]
+        fn tile_codelets_count_each_codelet_once(
+            vertices in proptest::collection::vec((0usize..5, 0u8..240), 0..400)
+        ) {
+            let mut bits = TileCodelets::new(5);
+            let mut sets = vec![BTreeSet::new(); 5];
+            for &(tile, k) in &vertices {
+                let c = codelet(k);
+                let n = bits.number(c);
+                bits.insert(tile, n);
+                sets[tile].insert(c);
+            }
+            for (tile, set) in sets.iter().enumerate() {
+                let expected: u64 = set.iter().map(|c| c.code_bytes()).sum();
+                prop_assert_eq!(bits.code_bytes(tile), expected);
+            }
+        }
+    }
+}
