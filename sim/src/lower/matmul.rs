@@ -361,7 +361,11 @@ enum PlanAsk {
 /// planning is most of that walk's work; a plan is a function of the product's shape, type
 /// and options alone, so [`plan_of`] then finds the same plan in the cache that it would have
 /// made.
-pub(super) fn plan_products<S: Storage>(l: &Lowering<'_, S>, wanted: impl Fn(NodeId) -> bool) {
+pub(super) fn plan_products<S: Storage>(l: &Lowering<'_, S>, wanted: impl Fn(NodeId) -> bool)
+where
+    tessera_core::Plan<S>: Sync,
+    tessera_core::Graph<S>: Sync,
+{
     use rayon::prelude::*;
     let mut asks: Vec<PlanAsk> = l
         .graph
@@ -389,6 +393,34 @@ pub(super) fn plan_products<S: Storage>(l: &Lowering<'_, S>, wanted: impl Fn(Nod
             plan_matmul_cached(cfg, machine, opts, key);
         }
     });
+    // The products' output layouts too, into the process's layouts, with their digests:
+    // making them (ordering a large convolution's intervals) was a third of the mapping
+    // walk's own work, which runs on one core. A layout is found by its key, which holds the
+    // plan, so one made here for a plan the walk does not pick is never used, never wrong.
+    let products: Vec<NodeId> = l.graph.ids().filter(|&i| wanted(i)).collect();
+    products.par_iter().for_each(|&i| {
+        if let Some(p) = product_of(l, i) {
+            let plan = cached_plan(l, i, &p);
+            let _ = output_layout(l, i, &p, &plan).digest();
+        }
+    });
+}
+
+/// The plan [`plan_of`] gives product `i`, from the process's plan caches (which
+/// [`plan_products`] has filled), without keeping it in the lowering.
+fn cached_plan<S: Storage>(l: &Lowering<'_, S>, i: NodeId, p: &Product) -> MatMulPlan {
+    let (cfg, machine, opts) = (l.cfg, l.machine, l.opts.plan);
+    if let Some((pass, (b, input, output, dt))) = fc_pass(l, i, p) {
+        let plans = plan_fc_cached(cfg, machine, b, input, output, dt, p.tiles_per_group, opts);
+        if plans.joint {
+            return match pass {
+                FcPass::Forward => plans.forward,
+                FcPass::Backward => plans.backward,
+                FcPass::WeightUpdate => plans.weight_update,
+            };
+        }
+    }
+    plan_matmul_cached(cfg, machine, opts, shape_key(l, i, p))
 }
 
 /// The tile of block `grid` of group `g`.
@@ -708,14 +740,25 @@ pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> 
         && plan.pk == 1
         && plan.serial <= 1
         && !casts_partials(p.k, p.kernel_area, node.dtype(), plan.partials_dtype());
-    let key = layout_key(l, i, &p, &plan);
+    (output_layout(l, i, &p, &plan), amp_written)
+}
+
+/// The layout of product `i`'s output under `plan`, made once per process for each layout
+/// key.
+fn output_layout<S: Storage>(
+    l: &Lowering<'_, S>,
+    i: NodeId,
+    p: &Product,
+    plan: &MatMulPlan,
+) -> Mapping {
+    let key = layout_key(l, i, p, plan);
     let tiles = l.tile_count();
-    let order = ShareOrder::of(l.cfg, &plan, node.dtype());
-    let m = product_layout(&key, 0, || {
+    let order = ShareOrder::of(l.cfg, plan, l.node(i).dtype());
+    product_layout(&key, 0, || {
         let mut iv = Vec::new();
-        for (g, im, i_n, rm, rn, pk_here) in output_shares(&p, &plan) {
+        for (g, im, i_n, rm, rn, pk_here) in output_shares(p, plan) {
             for ik in 0..pk_here {
-                let tile = tile(g, plan.grid(im, ik, i_n), &p, tiles);
+                let tile = tile(g, plan.grid(im, ik, i_n), p, tiles);
                 for (r0, r1, c0, c1) in reduce_share(rm.1 - rm.0, rn.1 - rn.0, ik, pk_here, order) {
                     for (start, len) in (p.out)(g, (rm.0 + r0, rm.0 + r1), (rn.0 + c0, rn.0 + c1)) {
                         if len > 0 {
@@ -727,8 +770,7 @@ pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> 
         }
         // Each output element is written by one share.
         Mapping::from_disjoint_intervals(iv)
-    });
-    (m, amp_written)
+    })
 }
 
 /// A tile's share of finishing an output block: the tile, the output element spans it
