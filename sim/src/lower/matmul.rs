@@ -360,7 +360,8 @@ enum PlanAsk {
 /// each product's plan as it comes to it (a product's output is laid out by its plan), and
 /// planning is most of that walk's work; a plan is a function of the product's shape, type
 /// and options alone, so [`plan_of`] then finds the same plan in the cache that it would have
-/// made.
+/// made. The products' output layouts are made here too, on the same threads, into the
+/// process's layouts, where [`output_mapping`] then finds them.
 pub(super) fn plan_products<S: Storage>(l: &Lowering<'_, S>, wanted: impl Fn(NodeId) -> bool)
 where
     tessera_core::Plan<S>: Sync,
