@@ -848,7 +848,7 @@ fn blocked(
 /// AVX2 and FMA, and 512-bit vectors on those that have AVX-512F and FMA, chosen at run time.
 ///
 /// The core cannot detect CPU features without `std`, so a host that has detected them says
-/// so with [`use_avx2`] or [`use_avx512`]. The kernels are the portable tiled ones
+/// so with [`wide::use_avx2`] or [`wide::use_avx512`]. The kernels are the portable tiled ones
 /// (`matmul_f32_packed`, and `matmul_f32_bt_swapped` for a transposed B with fewer rows of C
 /// than columns), compiled for those vectors, with tiles of 16 columns (AVX2) or 16, 32 or 64
 /// (AVX-512, `tile_columns`), each term joined to its sum by one fused multiply-add

@@ -24,7 +24,7 @@ pub const CONTROL_BYTES_PER_CALL: u64 = 8;
 /// Stack per tile: six worker stacks and the supervisor's (estimate, Poplar's order).
 pub const STACK_BYTES: u64 = 1_024;
 
-/// The memory of a part of a program ([`account_part`]): a pipeline stage that shares its
+/// The memory of a part of a program (`account_part`): a pipeline stage that shares its
 /// IPU with other stages, as PopLiner attributes a profiled program to layer ranges.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartMemory {

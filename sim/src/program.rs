@@ -489,7 +489,7 @@ const RUN_CANDIDATES: usize = 8;
 /// join first; then spans of one length that are rows of one block (equally far apart)
 /// become one region, even when the rows of a few blocks held by one tile (channel groups of
 /// a grouped layout) interleave in element order: a span starts a run with whichever of the
-/// next spans of its length (up to [`RUN_CANDIDATES`]) gives the longest run (among equals,
+/// next spans of its length (up to `RUN_CANDIDATES`) gives the longest run (among equals,
 /// the stride most spans of that length recur at, then the nearest), and the run takes every
 /// later span at that stride.
 #[derive(Clone, Debug)]

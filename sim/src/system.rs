@@ -432,11 +432,11 @@ fn ipu_lower_options(
 }
 
 /// Estimates `plan` across IPUs of `cfg`, as `opts` says, in phases: the options are checked
-/// ([`check_system_options`]), the stages placed on IPUs and in the schedule ([`topology`]),
-/// each IPU's share lowered ([`lower_ipus`]) and costed by stage ([`cost_stages`]), the stash
-/// sized ([`stash`]), the stages run on the timeline, each IPU's memory accounted
-/// ([`memory_reports`]), the replicas' all-reduce costed ([`all_reduce_cycles`]), and the rows
-/// made per IPU ([`ipu_rows`]) and per stage ([`stage_rows`]).
+/// (`check_system_options`), the stages placed on IPUs and in the schedule (`topology`),
+/// each IPU's share lowered (`lower_ipus`) and costed by stage (`cost_stages`), the stash
+/// sized (`stash`), the stages run on the timeline, each IPU's memory accounted
+/// (`memory_reports`), the replicas' all-reduce costed (`all_reduce_cycles`), and the rows
+/// made per IPU (`ipu_rows`) and per stage (`stage_rows`).
 pub fn estimate_system<S: Storage>(
     plan: &Plan<S>,
     cfg: &IpuConfig,

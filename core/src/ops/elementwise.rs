@@ -2,7 +2,7 @@
 //! broadcast as numpy does (shapes aligned on the right; a dimension of 1 stretches).
 //!
 //! Adding a function: a variant in [`UnaryFn`] (or [`BinaryFn`]), its formula in `apply`, its
-//! derivative in [`backward`], its name. Nothing else in the core changes.
+//! derivative in `backward`, its name. Nothing else in the core changes.
 
 use crate::autodiff::Backprop;
 use crate::error::{GraphError, RunError};

@@ -104,7 +104,8 @@ pub struct EstimateOptions {
     pub input_shapes: Vec<(String, Vec<usize>)>,
     /// ONNX models: no search for the fewest IPUs when the model does not fit.
     pub no_search: bool,
-    /// ONNX models: the loss of training [auto].
+    /// ONNX models: the loss of training (`None`: [`LossKind::Auto`], chosen by the output's
+    /// shape).
     #[serde(with = "named::option")]
     pub loss: Option<LossKind>,
     /// ONNX models, masked-LM loss: masked positions per sequence [15% of the sequence].

@@ -373,7 +373,7 @@ pub struct Compiled {
     pub target: Target,
 }
 
-/// A graph compiled for the machine, as every session's compile ends ([`compile_graph`]):
+/// A graph compiled for the machine, as every session's compile ends (`compile_graph`):
 /// the plan, the machine, how the system runs it and the options as compiled.
 pub struct Target {
     /// The plan (training or inference).

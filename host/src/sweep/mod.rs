@@ -94,7 +94,7 @@ pub fn request(
 
 /// Checks a spec before any configuration runs, so that a typo fails now, not hours in:
 /// every value it names (each configuration that holds a value no other checked one does,
-/// see [`Configs::representatives`]) makes valid estimate options, and every model it names
+/// see `Configs::representatives`) makes valid estimate options, and every model it names
 /// is a shipped model or a file that is there.
 pub fn check(spec: &Spec) -> Result<(), SweepError> {
     let mut models = std::collections::BTreeSet::new();
