@@ -664,6 +664,9 @@ fn live_changes(program: &Program) -> Vec<(usize, Change)> {
 struct TileCodelets {
     numbers: HashMap<crate::program::Codelet, u32>,
     codelets: Vec<crate::program::Codelet>,
+    /// The codelet numbered last, with its number: vertices after one another mostly run
+    /// the same codelet, and it is tried before the map.
+    last: Option<(crate::program::Codelet, u32)>,
     /// Per tile, bit `k` of word `k / 64`: whether it runs codelet `k`.
     bits: Vec<Vec<u64>>,
 }
@@ -678,10 +681,15 @@ impl TileCodelets {
 
     /// The number of `codelet`, numbering it when it is new.
     fn number(&mut self, codelet: crate::program::Codelet) -> u32 {
-        *self.numbers.entry(codelet).or_insert_with(|| {
+        if let Some((_, k)) = self.last.filter(|&(c, _)| c == codelet) {
+            return k;
+        }
+        let k = *self.numbers.entry(codelet).or_insert_with(|| {
             self.codelets.push(codelet);
             self.codelets.len() as u32 - 1
-        })
+        });
+        self.last = Some((codelet, k));
+        k
     }
 
     /// Tile `tile` runs codelet number `k`.
@@ -744,18 +752,9 @@ fn walk_steps(
                     continue;
                 }
                 cs.touched.iter().for_each(|t| used[t.index()] = true);
-                // Vertices after one another mostly run the same codelet.
-                let mut last = None;
                 for v in cs.costs.iter() {
                     let t = v.tile.index();
-                    let k = match last {
-                        Some((c, k)) if c == v.codelet => k,
-                        _ => {
-                            let k = codelets.number(v.codelet);
-                            last = Some((v.codelet, k));
-                            k
-                        }
-                    };
+                    let k = codelets.number(v.codelet);
                     codelets.insert(t, k);
                     if !shared[s] {
                         tm[t].vertex_state += v.state_bytes;

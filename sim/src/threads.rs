@@ -29,23 +29,53 @@ impl Parallel for Threads {
         job: &(dyn Fn(usize, &mut [u8]) + Sync),
     ) {
         let piece = piece.max(1);
-        let helpers = self
-            .threads()
-            .min(out.len().div_ceil(piece))
-            .saturating_sub(1);
-        let left = Mutex::new(out.chunks_mut(piece).enumerate());
-        let work = || loop {
-            let next = left.lock().unwrap_or_else(PoisonError::into_inner).next();
-            let Some((i, p)) = next else { break };
-            job(i, p);
-        };
-        rayon::in_place_scope(|s| {
-            for _ in 0..helpers {
-                s.spawn(|_| work());
-            }
-            work();
-        });
+        each_in_turn(
+            out.chunks_mut(piece).enumerate(),
+            || (),
+            |_, (i, p)| job(i, p),
+        );
     }
+}
+
+/// Runs `f` on every item of `items` on the current rayon pool: the calling thread starts at
+/// once and as many of the pool's other workers as there are items left join in, each taking
+/// the next item left, one at a time, with a state of its own that `init` makes when it takes
+/// its first. Items of very different lengths balance: a worker that finishes early takes
+/// more, rather than waiting on another's share. The results come in no set order (pair them
+/// with an index to put them back).
+pub(crate) fn each_in_turn<I, W, R>(
+    items: I,
+    init: impl Fn() -> W + Sync,
+    f: impl Fn(&mut W, I::Item) -> R + Sync,
+) -> Vec<R>
+where
+    I: ExactSizeIterator + Send,
+    R: Send,
+{
+    let helpers = rayon::current_num_threads()
+        .min(items.len())
+        .saturating_sub(1);
+    let left = Mutex::new(items);
+    let done = Mutex::new(Vec::new());
+    let work = || {
+        let mut state = None;
+        let mut mine = Vec::new();
+        loop {
+            let next = left.lock().unwrap_or_else(PoisonError::into_inner).next();
+            let Some(item) = next else { break };
+            mine.push(f(state.get_or_insert_with(&init), item));
+        }
+        done.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(mine);
+    };
+    rayon::in_place_scope(|s| {
+        for _ in 0..helpers {
+            s.spawn(|_| work());
+        }
+        work();
+    });
+    done.into_inner().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// How long an awake helper polls without finding a piece before it goes back to sleep: far
@@ -155,6 +185,37 @@ mod tests {
             )
         });
         assert_eq!((a, b), (4950, 7140));
+    }
+
+    #[test]
+    fn each_in_turn_runs_every_item_once_with_a_state_per_worker() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .expect("a pool");
+        // Each worker's state counts the items it took; the counts add up to the items.
+        let made = std::sync::atomic::AtomicUsize::new(0);
+        let mut got = pool.install(|| {
+            each_in_turn(
+                (0..1000u32).enumerate(),
+                || {
+                    made.fetch_add(1, Ordering::Relaxed);
+                    0usize
+                },
+                |taken, (k, x)| {
+                    *taken += 1;
+                    (k, x * x, *taken)
+                },
+            )
+        });
+        got.sort_unstable();
+        assert_eq!(got.len(), 1000);
+        assert!(got
+            .iter()
+            .enumerate()
+            .all(|(k, &(i, sq, _))| i == k && sq == (k * k) as u32));
+        assert!((1..=3).contains(&made.load(Ordering::Relaxed)));
+        assert!(each_in_turn(std::iter::empty::<u8>(), || (), |_, x| x).is_empty());
     }
 
     #[test]

@@ -683,10 +683,6 @@ fn output_shares(p: &Product, plan: &MatMulPlan) -> Vec<(usize, u64, u64, Range,
     v
 }
 
-/// The mapping of product `i`'s output (where its final values are written), and whether the
-/// AMP vertices write it themselves (its `k` is not split, over tiles or in serial steps, so
-/// there is no reduction or accumulation, and its partials need no cast, `fp32_partials`): the
-/// output is then AMP partials, which must be interleaved.
 /// Everything a product's layouts of its output and operands are made from: its op, shapes,
 /// type, plan and shape of product, with the machine (the tiles).
 fn layout_key<S: Storage>(
@@ -731,6 +727,10 @@ fn product_layout(key: &str, which: u8, make: impl FnOnce() -> Mapping) -> Mappi
     LAYOUTS.get_or_make((key.to_string(), which), make)
 }
 
+/// The mapping of product `i`'s output (where its final values are written), and whether the
+/// AMP vertices write it themselves (its `k` is not split, over tiles or in serial steps, so
+/// there is no reduction or accumulation, and its partials need no cast, `fp32_partials`): the
+/// output is then AMP partials, which must be interleaved.
 pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> (Mapping, bool) {
     let Some(p) = product_of(l, i) else {
         return (Mapping::default(), false);

@@ -35,7 +35,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::{DefaultHasher, Hasher};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use tessera_core::{NodeId, Op, Storage};
@@ -480,38 +480,21 @@ impl Memo {
             return;
         }
         let graph_tensors = l.tensors.len();
-        // Each worker takes the next node left until none is, in one fork of its own: the
-        // nodes' lowerings take from microseconds to a tenth of a second, and a worker that
-        // ran out of nodes while another still held a long run of them (a parallel iterator
-        // splits the list into runs) sat idle for most of a second at the end of a large
-        // model's pass. Results are put back in the list's order.
-        let next = AtomicUsize::new(0);
-        let done: Mutex<Vec<(usize, u128, Option<Recorded>)>> =
-            Mutex::new(Vec::with_capacity(todo.len()));
-        let work = || {
-            let mut fork = None;
-            let mut mine = Vec::new();
-            loop {
-                let k = next.fetch_add(1, Ordering::Relaxed);
-                let Some(&(i, key, refs)) = todo.get(k) else {
-                    break;
-                };
-                let w = fork.get_or_insert_with(|| l.fork());
+        // Each worker takes the next node left, in one fork of its own: the nodes' lowerings
+        // take from microseconds to a tenth of a second, and a worker that ran out of nodes
+        // while another still held a long run of them (a parallel iterator splits the list
+        // into runs) sat idle for most of a second at the end of a large model's pass.
+        // Results are put back in the list's order.
+        let mut recorded = crate::threads::each_in_turn(
+            todo.iter().enumerate(),
+            || l.fork(),
+            |w, (k, &(i, key, refs))| {
                 w.forget_from(graph_tensors);
                 w.cursor = w.start_tile(key);
                 w.lower_op(i);
-                mine.push((k, key, Recorded::of(w, i, refs.to_vec(), 0, graph_tensors)));
-            }
-            done.lock().unwrap_or_else(|e| e.into_inner()).extend(mine);
-        };
-        let helpers = rayon::current_num_threads().min(todo.len()) - 1;
-        rayon::in_place_scope(|s| {
-            for _ in 0..helpers {
-                s.spawn(|_| work());
-            }
-            work();
-        });
-        let mut recorded = done.into_inner().unwrap_or_else(|e| e.into_inner());
+                (k, key, Recorded::of(w, i, refs.to_vec(), 0, graph_tensors))
+            },
+        );
         recorded.sort_unstable_by_key(|r| r.0);
         let mut dropped = Vec::new();
         let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
