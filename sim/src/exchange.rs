@@ -695,6 +695,126 @@ fn pieces_of(tensors: &[ProgTensor], r: &Region, lists: &mut Lists) -> Read {
     }
 }
 
+/// What the exchange of an element-wise compute set depends on, when its vertices read, on
+/// each tile of one layout, that tile's runs of every tensor they read, and nothing else (see
+/// [`SpreadSummaries`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct SpreadKey {
+    /// Tiles of the IPU.
+    tiles: u32,
+    /// The digest of the layout whose tiles' runs the vertices read.
+    over: u128,
+    /// The tensors read, sorted.
+    reads: Vec<SpreadRead>,
+}
+
+/// What a summary sees of a tensor an element-wise compute set reads: its layout's digest,
+/// its element size, whether it is always live (its sends count as state sends), and whether
+/// it is read locally (laid out like the vertices, so not looked up).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct SpreadRead {
+    layout: u128,
+    elem_bytes: u64,
+    state: bool,
+    local: bool,
+}
+
+impl SpreadKey {
+    /// The key of vertices that read, on each tile of `over`'s layout, its runs of each of
+    /// `reads` (distinct tensors), with `local` those laid out like `over`. Also gives `reads`
+    /// in the key's order.
+    pub(crate) fn new(
+        tiles: u32,
+        tensors: &[ProgTensor],
+        over: TensorId,
+        reads: &[TensorId],
+        local: &[TensorId],
+    ) -> (SpreadKey, Vec<TensorId>) {
+        let mut keyed: Vec<(SpreadRead, TensorId)> = reads
+            .iter()
+            .map(|&t| {
+                let pt = &tensors[t.index()];
+                let read = SpreadRead {
+                    layout: pt.mapping.digest(),
+                    elem_bytes: pt.elem_bytes(),
+                    state: pt.class == TensorClass::AlwaysLive,
+                    local: local.contains(&t),
+                };
+                (read, t)
+            })
+            .collect();
+        keyed.sort_unstable();
+        let key = SpreadKey {
+            tiles,
+            over: tensors[over.index()].mapping.digest(),
+            reads: keyed.iter().map(|k| k.0).collect(),
+        };
+        (key, keyed.into_iter().map(|k| k.1).collect())
+    }
+}
+
+/// A summary kept by [`SpreadSummaries`], with the tensors it moved given by their place in
+/// the key's reads.
+type Spread = Option<(ExchangeSummary, Vec<bool>)>;
+
+/// The summaries of element-wise exchanges, by what they depend on ([`SpreadKey`]), shared by
+/// the workers of one lowering. A summary depends on the tensors read only through their
+/// layouts, element sizes, classes and whether they are read locally, never through their
+/// names: two element-wise ops that read tensors laid out alike, on the tiles of one layout,
+/// exchange alike (a ReLU's gradient and the batch-norm scale gradient after it both read a
+/// concatenation's layout on the tiles of the gradient's). The second takes the first's
+/// summary, with its own tensors.
+#[derive(Clone, Default)]
+pub(crate) struct SpreadSummaries(std::sync::Arc<std::sync::Mutex<HashMap<SpreadKey, Spread>>>);
+
+impl SpreadSummaries {
+    /// The summary of the exchange under `key` whose reads (in the key's order) are `reads`,
+    /// made by `summarize` when no summary under `key` is kept.
+    pub(crate) fn get_or_summarize(
+        &self,
+        key: SpreadKey,
+        reads: &[TensorId],
+        summarize: impl FnOnce() -> Option<ExchangeSummary>,
+    ) -> Option<ExchangeSummary> {
+        let kept = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        if let Some(kept) = kept {
+            return kept.map(|(mut s, moved)| {
+                s.tensors = reads
+                    .iter()
+                    .zip(&moved)
+                    .filter(|(_, &m)| m)
+                    .map(|(&t, _)| t)
+                    .collect();
+                s.tensors.sort_unstable();
+                s
+            });
+        }
+        // Made outside the lock: another worker asking for the same key meanwhile makes the
+        // same summary.
+        let s = summarize();
+        let kept = s.as_ref().map(|s| {
+            let moved = reads.iter().map(|t| s.tensors.contains(t)).collect();
+            (
+                ExchangeSummary {
+                    tensors: Vec::new(),
+                    ..s.clone()
+                },
+                moved,
+            )
+        });
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, kept);
+        s
+    }
+}
+
 /// The summaries of a program's exchanges whose transfers were not kept, by step.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Summaries {
@@ -970,6 +1090,87 @@ mod tests {
             let exact = (!transfers.is_empty()).then(|| summarize(tiles, &tensors, &transfers));
             let fast = summarize_vertices(tiles, &tensors, &vertices, &mut Locality::default(), &[]);
             prop_assert_eq!(fast, exact);
+        }
+
+        /// A summary kept under an element-wise compute set's key is the one summarising
+        /// gives for any compute set under that key: other tensors (at other places in the
+        /// program) laid out alike, of the same sizes and classes, read on the tiles of one
+        /// layout, some of them laid out like it, some alike among themselves.
+        #[test]
+        fn a_kept_spread_summary_is_the_one_summarising_gives(
+            n in 8u64..120,
+            over_cuts in prop::collection::vec((any::<u64>(), 0u32..6), 0..12),
+            layouts in prop::collection::vec(
+                prop::collection::vec((any::<u64>(), 0u32..6), 0..20),
+                1..4,
+            ),
+            picks in prop::collection::vec((0usize..5, any::<bool>(), any::<bool>()), 1..5),
+            filler in 1usize..4,
+        ) {
+            let tiles = 6;
+            // (layout, f16, always live) of each tensor read; a layout past the list is
+            // `over`'s own.
+            let make = |&(k, half, state): &(usize, bool, bool)| {
+                let cuts = layouts.get(k).unwrap_or(&over_cuts);
+                let mut t = tensor(n, cuts, if half { DType::F16 } else { DType::F32 });
+                if state {
+                    t.class = TensorClass::AlwaysLive;
+                }
+                t
+            };
+            // Two programs: `over` then the tensors read; filler, the tensors read in reverse,
+            // then `over`.
+            let mut first = vec![tensor(n, &over_cuts, DType::F32)];
+            first.extend(picks.iter().map(make));
+            let mut second: Vec<ProgTensor> = (0..filler).map(|_| tensor(n, &[], DType::F32)).collect();
+            second.extend(picks.iter().rev().map(make));
+            second.push(tensor(n, &over_cuts, DType::F32));
+            let lower = |tensors: &[ProgTensor], over: TensorId, reads: Vec<TensorId>| {
+                let mut reads = reads;
+                reads.sort_unstable();
+                reads.dedup();
+                let m = &tensors[over.index()].mapping;
+                let vertices: Vec<Vertex> = m
+                    .runs_per_tile()
+                    .iter()
+                    .map(|(tile, runs)| Vertex {
+                        tile: *tile,
+                        codelet: Codelet::Copy,
+                        cycles: 1,
+                        reads: reads
+                            .iter()
+                            .flat_map(|&t| runs.iter().map(move |r| Region { tensor: t, ..*r }))
+                            .collect(),
+                        writes: Vec::new(),
+                    })
+                    .collect();
+                let local: Vec<TensorId> = reads
+                    .iter()
+                    .copied()
+                    .filter(|t| tensors[t.index()].mapping.same_layout(m))
+                    .collect();
+                let (key, order) = SpreadKey::new(tiles, tensors, over, &reads, &local);
+                (vertices, local, key, order)
+            };
+            let k = picks.len() as u32;
+            let (v1, l1, key1, order1) = lower(&first, TensorId(0), (1..=k).map(TensorId).collect());
+            let over2 = TensorId(filler as u32 + k);
+            let reads2 = (filler as u32..filler as u32 + k).map(TensorId).collect();
+            let (v2, l2, key2, order2) = lower(&second, over2, reads2);
+            prop_assert_eq!(&key1, &key2);
+            let kept = SpreadSummaries::default();
+            let made = kept.get_or_summarize(key1, &order1, || {
+                summarize_vertices(tiles, &first, &v1, &mut Locality::default(), &l1)
+            });
+            prop_assert_eq!(
+                made,
+                summarize_vertices(tiles, &first, &v1, &mut Locality::default(), &l1)
+            );
+            let taken = kept.get_or_summarize(key2, &order2, || unreachable!("kept above"));
+            prop_assert_eq!(
+                taken,
+                summarize_vertices(tiles, &second, &v2, &mut Locality::default(), &l2)
+            );
         }
 
         /// Two regions that share an element are both marked as overlapping.

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use tessera_core::{DType, Graph, Node, NodeId, Op, Place, Plan, Roles, Storage};
 
-use crate::exchange::{summarize_vertices, Locality, Summaries};
+use crate::exchange::{summarize_vertices, Locality, SpreadKey, SpreadSummaries, Summaries};
 use crate::machine::IpuConfig;
 use crate::planner::Operand;
 use crate::program::{
@@ -130,6 +130,12 @@ impl LowerOptions {
 /// Worker cycles a multi-region vertex spends per region beyond the first (estimate: loading
 /// the next region's pointers and length).
 pub const REGION_OVERHEAD_CYCLES: u64 = 12;
+
+/// An element-wise compute set's exchange is kept for others that read alike (see
+/// [`SpreadSummaries`]) when the tensors it looks up hold this many intervals or more in all:
+/// smaller ones summarise in less time than their key takes. (A choice of speed, never of
+/// what is estimated: a kept summary is the one summarising would give.)
+const SPREAD_FROM_INTERVALS: usize = 4096;
 
 /// How a family wants a node's output laid out.
 pub(crate) enum Placement {
@@ -240,6 +246,8 @@ pub(crate) struct Lowering<'a, S: Storage> {
     /// Every graph tensor's layout with every node on one IPU, which copies of other IPUs'
     /// tensors keep (set when there are such copies).
     layouts: Option<Arc<[Mapping]>>,
+    /// Element-wise exchanges' summaries, shared by the forks.
+    spread: SpreadSummaries,
 }
 
 /// Row segments of the rectangle rows `r0..r1` x cols `c0..c1` of a row-major matrix with
@@ -454,17 +462,30 @@ impl<'a, S: Storage> Lowering<'a, S> {
         vertices: Vec<Vertex>,
         local: &[TensorId],
     ) {
+        self.compute_spread(node, phase, vertices, local, None);
+    }
+
+    /// [`compute_reading_locally`](Self::compute_reading_locally), with the summary taken
+    /// from (or kept in) the lowering's element-wise summaries under `spread`'s key when it
+    /// is given (the key, and the tensors read in its order).
+    fn compute_spread(
+        &mut self,
+        node: NodeId,
+        phase: &str,
+        vertices: Vec<Vertex>,
+        local: &[TensorId],
+        spread: Option<(SpreadKey, Vec<TensorId>)>,
+    ) {
         if vertices.is_empty() {
             return;
         }
         if let Some(summaries) = &mut self.summaries {
-            let s = summarize_vertices(
-                self.cfg.tiles,
-                &self.tensors,
-                &vertices,
-                &mut self.locality,
-                local,
-            );
+            let (tiles, tensors, locality) = (self.cfg.tiles, &self.tensors, &mut self.locality);
+            let mut summarize = || summarize_vertices(tiles, tensors, &vertices, locality, local);
+            let s = match spread {
+                Some((key, reads)) => self.spread.get_or_summarize(key, &reads, summarize),
+                None => summarize(),
+            };
             if let Some(s) = s {
                 summaries.push(self.steps.len(), s);
                 self.steps.push(Step::Exchange {
@@ -617,7 +638,12 @@ impl<'a, S: Storage> Lowering<'a, S> {
             (on(&reads, runs, fixed), on(&writes, runs, &[]))
         });
         let local = self.laid_out_like(over, &reads, fixed);
-        self.compute_reading_locally(node, phase, vertices, &local);
+        let spread = if fixed.is_empty() {
+            self.spread_key(over, &reads, &local)
+        } else {
+            None
+        };
+        self.compute_spread(node, phase, vertices, &local, spread);
     }
 
     /// A vertex per tile of `out`'s mapping, reading the same elements of the operands in
@@ -643,8 +669,9 @@ impl<'a, S: Storage> Lowering<'a, S> {
         let mut runs: Vec<Region> = Vec::new();
         let mut others: Vec<Region> = Vec::new();
         // Whether some tile's `extra` reads a tensor of `same` (its reads are then joined
-        // with the others).
+        // with the others), and whether it reads anything.
         let mut mixed = false;
+        let mut any_extra = false;
         let vertices = self.per_tile_groups(out, codelet, cycles, |group| {
             // The groups come in the order of the tiles.
             let (tile, joined) = tiles.next().expect("a group per tile");
@@ -655,6 +682,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
             for iv in group {
                 extra(iv.start, iv.len, &mut others);
             }
+            any_extra |= !others.is_empty();
             let reads = if others.iter().any(|r| once.binary_search(&r.tensor).is_ok()) {
                 // `extra` reads a tensor of `same` too: join their regions together.
                 mixed = true;
@@ -680,7 +708,31 @@ impl<'a, S: Storage> Lowering<'a, S> {
         } else {
             self.laid_out_like(out, &once, &[])
         };
-        self.compute_reading_locally(node, "op", vertices, &local);
+        let spread = if any_extra {
+            None
+        } else {
+            self.spread_key(out, &once, &local)
+        };
+        self.compute_spread(node, "op", vertices, &local, spread);
+    }
+
+    /// The key under which the exchange of vertices that read, on each tile of `over`'s
+    /// layout, its runs of each of `reads` (distinct) and nothing else is kept for other
+    /// compute sets that read alike (see [`SpreadSummaries`]), with `reads` in its order;
+    /// `None` when exchanges are not summarised or the tensors looked up are small.
+    fn spread_key(
+        &self,
+        over: TensorId,
+        reads: &[TensorId],
+        local: &[TensorId],
+    ) -> Option<(SpreadKey, Vec<TensorId>)> {
+        let looked_up: usize = reads
+            .iter()
+            .filter(|t| !local.contains(t))
+            .map(|t| self.tensors[t.index()].mapping.intervals().len())
+            .sum();
+        (self.summaries.is_some() && looked_up >= SPREAD_FROM_INTERVALS)
+            .then(|| SpreadKey::new(self.cfg.tiles, &self.tensors, over, reads, local))
     }
 
     /// The first node on this IPU that reads `x` (or a view of it); `None` for a view
@@ -776,6 +828,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
             locality: self.locality.fork(self.tensors.len()),
             row_stats: Vec::new(),
             layouts: self.layouts.clone(),
+            spread: self.spread.clone(),
         }
     }
 
@@ -1137,6 +1190,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
             locality: Locality::default(),
             row_stats: Vec::new(),
             layouts: None,
+            spread: SpreadSummaries::default(),
         }
     }
 }
