@@ -23,6 +23,8 @@ use std::sync::Arc;
 
 use tessera_core::{DType, Graph, Node, NodeId, Op, Place, Plan, Roles, Storage};
 
+use strength_reduce::StrengthReducedU64;
+
 use crate::exchange::{summarize_vertices, Locality, SpreadKey, SpreadSummaries, Summaries};
 use crate::machine::IpuConfig;
 use crate::planner::Operand;
@@ -1389,8 +1391,6 @@ pub(crate) struct BroadcastReads {
     kind: BroadcastKind,
     /// The output's rank.
     rank: usize,
-    /// The output's dims.
-    dims: [u64; tessera_core::MAX_RANK],
     /// Operand strides in output coordinates (0 on broadcast axes).
     strides: [u64; tessera_core::MAX_RANK],
     /// Elements along the output's last axis.
@@ -1401,6 +1401,12 @@ pub(crate) struct BroadcastReads {
     /// The outermost axis above the last along which the operand moves (`rank - 1` when
     /// none does): the axes outside it add nothing to an offset.
     top: usize,
+    /// Division by `cols`, by `same_rows` and by each of the output's dims, as multiplications: a large
+    /// mapping's intervals each take a few divisions by them, which were a few percent of a
+    /// large model's estimate.
+    by_cols: StrengthReducedU64,
+    by_same_rows: StrengthReducedU64,
+    by_dim: [StrengthReducedU64; tessera_core::MAX_RANK],
 }
 
 /// How a broadcast operand is read ([`BroadcastReads`]).
@@ -1451,25 +1457,39 @@ impl BroadcastReads {
         let top = (0..rank.saturating_sub(1))
             .find(|&i| strides[i] != 0)
             .unwrap_or(rank.saturating_sub(1));
+        let cols = if rank == 0 { 1 } else { dims[rank - 1] };
+        // (A dim of 0 leaves nothing to read: its divisor is never used.)
+        let reduced = |d: u64| StrengthReducedU64::new(d.max(1));
         BroadcastReads {
             t,
             kind,
             rank,
-            dims,
             strides,
-            cols: if rank == 0 { 1 } else { dims[rank - 1] },
+            cols,
             same_rows: same_rows.max(1),
             top,
+            by_cols: reduced(cols),
+            by_same_rows: reduced(same_rows),
+            by_dim: dims.map(reduced),
         }
     }
 
     /// The operand offset of (row, c0): the row's index along each axis from the last but one
     /// out to [`top`](Self::top), times the operand's stride there (axes it is broadcast
-    /// along only divide the row).
+    /// along only divide the row); [`weighted_digits`] of the row with the divisions reduced.
     fn offset(&self, row: u64, c0: u64) -> u64 {
         let (top, last) = (self.top, self.rank - 1);
-        c0 * self.strides[last]
-            + weighted_digits(row, &self.dims[top..last], &self.strides[top..last])
+        let mut sum = c0 * self.strides[last];
+        let mut value = row;
+        for k in (top..last).rev() {
+            if self.strides[k] != 0 {
+                sum += (value % self.by_dim[k]) * self.strides[k];
+            }
+            if k > top {
+                value = value / self.by_dim[k];
+            }
+        }
+        sum
     }
 
     /// Appends the reads of output elements `start .. start + len` to `out` (a region equal
@@ -1494,17 +1514,17 @@ impl BroadcastReads {
             // Each row reads one element; rows that differ only along broadcast axes just
             // above the last (a channel's positions) read the same one: step over them.
             let same_rows = self.same_rows;
-            let (first, last) = (start / cols, (start + len - 1) / cols);
+            let (first, last) = (start / self.by_cols, (start + len - 1) / self.by_cols);
             let mut row = first;
             while row <= last {
                 push(Region::span(t, self.offset(row, 0), 1));
-                row = (row / same_rows + 1) * same_rows;
+                row = (row / self.by_same_rows + 1) * same_rows;
             }
             return;
         }
         let mut i = start;
         while i < start + len {
-            let (row, c0) = (i / cols, i % cols);
+            let (row, c0) = StrengthReducedU64::div_rem(i, self.by_cols);
             let c1 = cols.min(c0 + (start + len - i));
             push(Region::span(t, self.offset(row, c0), c1 - c0));
             i += c1 - c0;
