@@ -223,12 +223,18 @@ struct Lists {
 /// `local_reads` are tensors that every vertex reads only on its own tile (the caller knows:
 /// its vertices read their tiles' own runs of tensors laid out alike); their reads are not
 /// looked up. Such a read never moves anything, looked up or not, so the summary is the same.
+/// `disjoint` says that no two of the distinct regions the vertices read share an element (the
+/// caller knows, as an intermediate reduction stage does, whose vertices read disjoint columns
+/// of disjoint blocks): then no group can be sent for two reads, and none is looked for; the
+/// summary is the same, found without the index of groups that the regions' interleaved hulls
+/// would otherwise call for.
 pub(crate) fn summarize_vertices(
     tiles: u32,
     tensors: &[ProgTensor],
     vertices: &[Vertex],
     local: &mut Locality,
     local_reads: &[TensorId],
+    disjoint: bool,
 ) -> Option<ExchangeSummary> {
     // The lists are kept from one compute set to the next: a large reduction's lists hold
     // hundreds of thousands of pieces, and growing them afresh each time cost more than
@@ -237,7 +243,15 @@ pub(crate) fn summarize_vertices(
     lists.pieces.clear();
     lists.groups.clear();
     lists.per_tile.clear();
-    let summary = summarize_with(tiles, tensors, vertices, local, local_reads, &mut lists);
+    let summary = summarize_with(
+        tiles,
+        tensors,
+        vertices,
+        local,
+        local_reads,
+        disjoint,
+        &mut lists,
+    );
     local.scratch = lists;
     summary
 }
@@ -270,6 +284,7 @@ fn summarize_with(
     vertices: &[Vertex],
     local: &mut Locality,
     local_reads: &[TensorId],
+    disjoint: bool,
     lists: &mut Lists,
 ) -> Option<ExchangeSummary> {
     // Distinct regions read from elsewhere, and (region, reader) pairs. A tile holding all
@@ -315,7 +330,15 @@ fn summarize_with(
     let reader_tiles: Vec<TileId> = readers.iter().map(|p| p.1).collect();
     // Only a group of a region that overlaps another region can be sent for two reads: the
     // others skip the (sender, group) index, which is most of the work for big reductions.
-    let overlapping = overlapping_regions(&regions);
+    let overlapping = if disjoint {
+        debug_assert!(
+            pairwise_disjoint(&regions),
+            "regions said to be disjoint overlap"
+        );
+        vec![false; regions.len()]
+    } else {
+        overlapping_regions(&regions)
+    };
     let mut tally = vec![Tally::default(); tiles as usize];
     let mut bytes = 0u64;
     let mut moved: Vec<TensorId> = Vec::new();
@@ -522,6 +545,20 @@ fn overlapping_regions(regions: &[Region]) -> Vec<bool> {
         }
     }
     out
+}
+
+/// Whether no two of `regions` (distinct) share an element, run by run (for checks: it sorts
+/// every run).
+fn pairwise_disjoint(regions: &[Region]) -> bool {
+    let mut runs: Vec<(TensorId, u64, u64, usize)> = regions
+        .iter()
+        .enumerate()
+        .flat_map(|(k, r)| r.runs().map(move |(s, l)| (r.tensor, s, s + l, k)))
+        .filter(|run| run.2 > run.1)
+        .collect();
+    runs.sort_unstable();
+    runs.windows(2)
+        .all(|w| w[0].0 != w[1].0 || w[1].1 >= w[0].2 || w[0].3 == w[1].3)
 }
 
 /// Marks the regions `same` (one tensor's) whose hulls meet another's.
@@ -1088,7 +1125,7 @@ mod tests {
             }
             let transfers = exchange_for(&tensors, &vertices);
             let exact = (!transfers.is_empty()).then(|| summarize(tiles, &tensors, &transfers));
-            let fast = summarize_vertices(tiles, &tensors, &vertices, &mut Locality::default(), &[]);
+            let fast = summarize_vertices(tiles, &tensors, &vertices, &mut Locality::default(), &[], false);
             prop_assert_eq!(fast, exact);
         }
 
@@ -1160,16 +1197,16 @@ mod tests {
             prop_assert_eq!(&key1, &key2);
             let kept = SpreadSummaries::default();
             let made = kept.get_or_summarize(key1, &order1, || {
-                summarize_vertices(tiles, &first, &v1, &mut Locality::default(), &l1)
+                summarize_vertices(tiles, &first, &v1, &mut Locality::default(), &l1, false)
             });
             prop_assert_eq!(
                 made,
-                summarize_vertices(tiles, &first, &v1, &mut Locality::default(), &l1)
+                summarize_vertices(tiles, &first, &v1, &mut Locality::default(), &l1, false)
             );
             let taken = kept.get_or_summarize(key2, &order2, || unreachable!("kept above"));
             prop_assert_eq!(
                 taken,
-                summarize_vertices(tiles, &second, &v2, &mut Locality::default(), &l2)
+                summarize_vertices(tiles, &second, &v2, &mut Locality::default(), &l2, false)
             );
         }
 
@@ -1225,8 +1262,15 @@ mod tests {
         };
         for (tiles, paired, busiest) in [([2, 3], 800, 400), ([2, 4], 0, 800), ([3, 4], 0, 800)] {
             let vertices = read_on(tiles);
-            let s = summarize_vertices(4 + 2, &tensors, &vertices, &mut Locality::default(), &[])
-                .expect("moves data");
+            let s = summarize_vertices(
+                4 + 2,
+                &tensors,
+                &vertices,
+                &mut Locality::default(),
+                &[],
+                false,
+            )
+            .expect("moves data");
             let exact = summarize(6, &tensors, &exchange_for(&tensors, &vertices));
             assert_eq!(s, exact);
             for r in s.tiles.iter().filter(|x| x.receives) {

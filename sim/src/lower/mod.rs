@@ -464,7 +464,13 @@ impl<'a, S: Storage> Lowering<'a, S> {
         vertices: Vec<Vertex>,
         local: &[TensorId],
     ) {
-        self.compute_spread(node, phase, vertices, local, None);
+        self.compute_spread(node, phase, vertices, local, None, false);
+    }
+
+    /// [`compute`](Self::compute) for vertices whose distinct reads are disjoint (no two
+    /// share an element; see [`summarize_vertices`]).
+    pub(crate) fn compute_disjoint(&mut self, node: NodeId, phase: &str, vertices: Vec<Vertex>) {
+        self.compute_spread(node, phase, vertices, &[], None, true);
     }
 
     /// [`compute_reading_locally`](Self::compute_reading_locally), with the summary taken
@@ -477,13 +483,15 @@ impl<'a, S: Storage> Lowering<'a, S> {
         vertices: Vec<Vertex>,
         local: &[TensorId],
         spread: Option<(SpreadKey, Vec<TensorId>)>,
+        disjoint: bool,
     ) {
         if vertices.is_empty() {
             return;
         }
         if let Some(summaries) = &mut self.summaries {
             let (tiles, tensors, locality) = (self.cfg.tiles, &self.tensors, &mut self.locality);
-            let mut summarize = || summarize_vertices(tiles, tensors, &vertices, locality, local);
+            let mut summarize =
+                || summarize_vertices(tiles, tensors, &vertices, locality, local, disjoint);
             let s = match spread {
                 Some((key, reads)) => self.spread.get_or_summarize(key, &reads, summarize),
                 None => summarize(),
@@ -645,7 +653,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
         } else {
             None
         };
-        self.compute_spread(node, phase, vertices, &local, spread);
+        self.compute_spread(node, phase, vertices, &local, spread, false);
     }
 
     /// A vertex per tile of `out`'s mapping, reading the same elements of the operands in
@@ -715,7 +723,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
         } else {
             self.spread_key(out, &once, &local)
         };
-        self.compute_spread(node, "op", vertices, &local, spread);
+        self.compute_spread(node, "op", vertices, &local, spread, false);
     }
 
     /// The key under which the exchange of vertices that read, on each tile of `over`'s

@@ -628,7 +628,8 @@ fn intermediate_and_last<S: Storage>(
                 reduce_vertex(cfg, tile_of(n), reads, write, &mut joined)
             })
             .collect();
-        l.compute(i, &format!("intermediate{stage}"), vertices);
+        // Each chunk reads its columns of its group's blocks: no two reads share an element.
+        l.compute_disjoint(i, &format!("intermediate{stage}"), vertices);
         *pieces = hulls
             .iter()
             .map(|&(v0, v1, offset)| Piece {
