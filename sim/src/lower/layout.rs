@@ -151,9 +151,32 @@ pub(super) fn clear_images() {
     IMAGES.clear();
 }
 
+/// Images of at least this many intervals whose sources are all runs are made on the rayon
+/// pool's threads ([`image_of_runs`]). An estimate: below it, handing out the work costs more
+/// than it saves. (A dense block's concatenations hold up to hundreds of thousands, and most
+/// of the time of making one is the kernel's first touch of its new pages.)
+const PARALLEL_IMAGE_FROM: usize = 1 << 16;
+
 /// [`image_mapping`], made.
 fn make_image<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Layout) -> Mapping {
     let sources = sources(l, i, op);
+    let mapping = |t: TensorId| l.tensors[t.index()].mapping.intervals();
+    if sources.iter().all(|src| src.stride == 1) {
+        if let Some(parts) = run_parts(&sources, mapping) {
+            if parts.last().map_or(0, |p| p.from + p.count()) >= PARALLEL_IMAGE_FROM {
+                return Mapping::from_disjoint_intervals(image_of_runs(&parts));
+            }
+        }
+    }
+    image_walk(&sources, mapping).map_or_else(Mapping::default, Mapping::from_disjoint_intervals)
+}
+
+/// The intervals of the image of `sources` (their operands' intervals given by `mapping`),
+/// walked source by source; `None` when an operand is not laid out as far as a source reads.
+fn image_walk<'a>(
+    sources: &[Source],
+    mapping: impl Fn(TensorId) -> &'a [Interval],
+) -> Option<Vec<Interval>> {
     // Sized up front: a concatenation's image holds every interval of its operands, hundreds
     // of thousands for a dense block's, and growing it copied them several times over. A run
     // of a source (stride 1) has at most one interval per operand interval it meets; a
@@ -162,7 +185,7 @@ fn make_image<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Layout) -> Mappin
         .iter()
         .filter(|src| src.stride == 1 && src.count > 0)
         .map(|src| {
-            let ivs = l.tensors[src.tensor.index()].mapping.intervals();
+            let ivs = mapping(src.tensor);
             let first = ivs.partition_point(|iv| iv.end() <= src.start);
             let end = ivs.partition_point(|iv| iv.start < src.start + src.count);
             end.saturating_sub(first)
@@ -171,7 +194,7 @@ fn make_image<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Layout) -> Mappin
     let mut out: Vec<Interval> = Vec::with_capacity(bound);
     let mut at = 0u64;
     for src in sources {
-        let ivs = l.tensors[src.tensor.index()].mapping.intervals();
+        let ivs = mapping(src.tensor);
         let (mut pos, mut left) = (src.start, src.count);
         let mut k = ivs.partition_point(|iv| iv.end() <= pos);
         while left > 0 {
@@ -190,10 +213,8 @@ fn make_image<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Layout) -> Mappin
                     k += ivs[k..hi].partition_point(|iv| iv.end() <= pos);
                 }
             }
-            let Some(iv) = ivs.get(k) else {
-                // Not laid out (the operand has no tensor here): no image.
-                return Mapping::default();
-            };
+            // Not laid out (the operand has no tensor here): no image.
+            let iv = ivs.get(k)?;
             // The positions of the run left in this interval (no division for a plain run,
             // the common case: one per interval of a large concatenation).
             let n = if src.stride <= 1 {
@@ -215,7 +236,113 @@ fn make_image<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Layout) -> Mappin
             left -= n;
         }
     }
-    Mapping::from_disjoint_intervals(out)
+    Some(out)
+}
+
+/// A run of an image's sources (stride 1, not empty): the intervals of its operand it meets,
+/// `ivs[first..end]`, and where its intervals go in the image.
+struct RunPart<'a> {
+    ivs: &'a [Interval],
+    first: usize,
+    end: usize,
+    /// The run's first element in its operand, and one past its last.
+    start: u64,
+    stop: u64,
+    /// The image's element where the run goes.
+    at: u64,
+    /// The index of its first interval among the image's (before neighbours are joined).
+    from: usize,
+}
+
+impl RunPart<'_> {
+    /// The intervals it gives the image (before neighbours are joined).
+    fn count(&self) -> usize {
+        self.end - self.first
+    }
+
+    /// Its `j`-th interval: the elements of the run in its operand's interval `first + j`,
+    /// and those of any gap before that interval (as [`make_image`]'s walk gives them).
+    fn interval(&self, j: usize) -> Interval {
+        let k = self.first + j;
+        let iv = self.ivs[k];
+        let from = if j == 0 {
+            self.start
+        } else {
+            self.ivs[k - 1].end().max(self.start)
+        };
+        Interval {
+            tile: iv.tile,
+            start: self.at + (from - self.start),
+            len: iv.end().min(self.stop) - from,
+        }
+    }
+}
+
+/// The runs of `sources` (all of stride 1) with the intervals of their operands (`mapping`)
+/// they meet; `None` when an operand's intervals end before a run does (it is not laid out
+/// here: no image, as [`make_image`]'s walk finds).
+fn run_parts<'a>(
+    sources: &[Source],
+    mapping: impl Fn(TensorId) -> &'a [Interval],
+) -> Option<Vec<RunPart<'a>>> {
+    let (mut at, mut from) = (0u64, 0usize);
+    let mut parts = Vec::with_capacity(sources.len());
+    for src in sources.iter().filter(|src| src.count > 0) {
+        let ivs = mapping(src.tensor);
+        let stop = src.start + src.count;
+        let first = ivs.partition_point(|iv| iv.end() <= src.start);
+        let end = ivs.partition_point(|iv| iv.start < stop);
+        if end <= first || ivs[end - 1].end() < stop {
+            return None;
+        }
+        let part = RunPart {
+            ivs,
+            first,
+            end,
+            start: src.start,
+            stop,
+            at,
+            from,
+        };
+        at += src.count;
+        from += part.count();
+        parts.push(part);
+    }
+    Some(parts)
+}
+
+/// The image of runs of operands' elements (`parts`), made on the rayon pool's threads: each
+/// operand interval a run meets gives one interval, found on its own, so the threads write
+/// them straight into the image (and take the first touch of its pages between them); then
+/// neighbours on one tile are joined, as [`make_image`]'s walk joins them as it goes.
+fn image_of_runs(parts: &[RunPart<'_>]) -> Vec<Interval> {
+    use rayon::prelude::*;
+    let total = parts.last().map_or(0, |p| p.from + p.count());
+    let mut out: Vec<Interval> = Vec::with_capacity(total);
+    (0..total)
+        .into_par_iter()
+        .with_min_len(PARALLEL_IMAGE_FROM / 8)
+        .map(|g| {
+            let p = &parts[parts.partition_point(|p| p.from <= g) - 1];
+            p.interval(g - p.from)
+        })
+        .collect_into_vec(&mut out);
+    // Join each interval into the one before it when they are on one tile (they always
+    // touch: the image's positions run on). An empty operand interval gives an empty one,
+    // which the walk never makes: it goes (the first one, at the same place as the next,
+    // taking the next's place).
+    out.dedup_by(|b, a| {
+        if a.len == 0 {
+            *a = *b;
+            return true;
+        }
+        let join = b.len == 0 || a.tile == b.tile;
+        if join {
+            a.len += b.len;
+        }
+        join
+    });
+    out
 }
 
 /// (outer, elements per outer index) of `s` from `axis` on.
@@ -293,6 +420,72 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Layout)
                     }
                 }
             });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::{image_of_runs, image_walk, run_parts, Source};
+    use crate::program::{Interval, TensorId, TileId};
+
+    /// `elements` elements cut at the given places onto the given tiles (few, so that
+    /// neighbours often share one): intervals covering them, in order.
+    fn cut(elements: u64, cuts: &[(u64, u32)]) -> Vec<Interval> {
+        let mut at: Vec<u64> = cuts.iter().map(|c| c.0 % elements).collect();
+        at.push(0);
+        at.sort_unstable();
+        at.dedup();
+        at.iter()
+            .enumerate()
+            .map(|(i, &s)| Interval {
+                tile: TileId(cuts.get(i).map_or(0, |c| c.1)),
+                start: s,
+                len: at.get(i + 1).copied().unwrap_or(elements) - s,
+            })
+            .collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// The image made on the pool's threads is the one the walk makes, interval for
+        /// interval, and both find an operand not laid out as far as a run reads.
+        #[test]
+        fn an_image_of_runs_is_the_walks(
+            sizes in prop::collection::vec(1u64..400, 1..4),
+            cuts in prop::collection::vec(prop::collection::vec((0u64..400, 0u32..3), 0..40), 4),
+            runs in prop::collection::vec((0usize..4, 0u64..400, 0u64..200), 1..12),
+            short in prop::option::of(0usize..4),
+        ) {
+            let mut operands: Vec<Vec<Interval>> = sizes
+                .iter()
+                .zip(&cuts)
+                .map(|(&n, c)| cut(n, c))
+                .collect();
+            // One operand laid out only in part (its last interval gone), sometimes.
+            if let Some(k) = short.filter(|&k| k < operands.len() && operands[k].len() > 1) {
+                operands[k].pop();
+            }
+            let sources: Vec<Source> = runs
+                .iter()
+                .map(|&(k, s, n)| {
+                    let k = k % sizes.len();
+                    let start = s % sizes[k];
+                    Source {
+                        tensor: TensorId(k as u32),
+                        start,
+                        count: n.min(sizes[k] - start),
+                        stride: 1,
+                    }
+                })
+                .collect();
+            let mapping = |t: TensorId| operands[t.index()].as_slice();
+            let walked = image_walk(&sources, mapping);
+            let parted = run_parts(&sources, mapping).map(|p| image_of_runs(&p));
+            prop_assert_eq!(parted, walked);
         }
     }
 }
