@@ -96,8 +96,10 @@ pub(crate) struct ExchangeSummary {
     pub busiest: u64,
     /// The lowest and highest tile taking part.
     pub tiles_range: (u32, u32),
-    /// Every tile taking part, by tile.
-    pub tiles: Vec<ExchangeTile>,
+    /// Every tile taking part, by tile: shared by the copies (a summary is kept by the
+    /// lowering's records and copied into every program that replays them, and a large
+    /// exchange has a row for each of an IPU's 1,472 tiles).
+    pub tiles: std::sync::Arc<[ExchangeTile]>,
     /// The tensors moved, sorted.
     pub tensors: Vec<TensorId>,
 }
@@ -114,7 +116,7 @@ struct Tally {
 }
 
 fn finish(tally: &[Tally], bytes: u64, tensors: Vec<TensorId>) -> ExchangeSummary {
-    let tiles: Vec<ExchangeTile> = tally
+    let tiles: std::sync::Arc<[ExchangeTile]> = tally
         .iter()
         .enumerate()
         .filter(|(_, t)| t.receives > 0 || t.sends > 0)

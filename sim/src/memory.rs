@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use std::fmt;
 
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::exchange::{ExchangeSummary, ExchangeTile, Summaries};
@@ -430,7 +431,7 @@ impl<'p> SharedExchangeCode<'p> {
         if state_new {
             seen.push(state);
         }
-        for x in &summary.tiles {
+        for x in summary.tiles.iter() {
             if first || (x.state_sends > 0 && state_new) {
                 pay(x);
             }
@@ -530,7 +531,7 @@ pub(crate) fn node_code(program: &Program, summaries: &Summaries) -> Vec<NodeCod
                     }
                     Step::Exchange { transfers, .. } => {
                         let x = summaries.of(s, program.tiles, &program.tensors, transfers);
-                        for t in &x.tiles {
+                        for t in x.tiles.iter() {
                             c.sends += t.sends;
                             c.receives += t.receive_count;
                         }
@@ -582,9 +583,20 @@ pub(crate) fn account_part(
             ..Default::default()
         })
         .collect();
+    // Each tensor's bytes per tile are read below, one tensor after another: they are summed
+    // on all the pool's threads first (a large model's mappings hold tens of millions of
+    // intervals). The control code needs its own walk over the steps, beside the one below.
+    program.tensors.par_iter().for_each(|t| {
+        if t.elements > 0 {
+            t.mapping.sum_elements_per_tile();
+        }
+    });
     let mut changes = live_changes(program);
     let shared = shared_steps(program);
-    let walk = walk_steps(program, summaries, part, &shared, &mut tm, &mut changes);
+    let (walk, control) = rayon::join(
+        || walk_steps(program, summaries, part, &shared, &mut tm, &mut changes),
+        || control_code_per_tile(program, summaries, &shared, part),
+    );
     for (t, _) in program
         .tensors
         .iter()
@@ -605,7 +617,6 @@ pub(crate) fn account_part(
     }
     changes.sort_by_key(|c| c.0);
     let (best, peak_il) = peaks(program, &changes, &walk.buffers, part);
-    let control = control_code_per_tile(program, summaries, &shared, part);
     for (t, mem) in tm.iter_mut().enumerate() {
         mem.vertex_code = walk.codelets.code_bytes(t);
         mem.control_code = control[t];
@@ -915,13 +926,7 @@ pub(crate) fn check_fits_with(
         if !live {
             continue;
         }
-        let n: u64 = t
-            .mapping
-            .intervals()
-            .iter()
-            .filter(|iv| iv.tile == tile)
-            .map(|iv| iv.len)
-            .sum();
+        let n = t.mapping.elements_on(tile);
         if n > 0 {
             tensors.push((t.name.clone(), n * t.elem_bytes()));
         }

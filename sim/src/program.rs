@@ -351,6 +351,21 @@ impl Mapping {
             .clone()
     }
 
+    /// Elements held by `tile` (from [`elements_per_tile`](Self::elements_per_tile)'s
+    /// sums, made once and shared by the copies).
+    pub fn elements_on(&self, tile: TileId) -> u64 {
+        let sums = self.derived.elements.get_or_init(|| self.sum_per_tile());
+        sums.binary_search_by_key(&tile, |s| s.0)
+            .map_or(0, |k| sums[k].1)
+    }
+
+    /// Makes the sums [`elements_per_tile`](Self::elements_per_tile) gives, if they are not
+    /// made yet (so that threads can make those of many mappings at once, before one thread
+    /// reads them).
+    pub(crate) fn sum_elements_per_tile(&self) {
+        self.derived.elements.get_or_init(|| self.sum_per_tile());
+    }
+
     /// [`elements_per_tile`](Self::elements_per_tile), summed.
     fn sum_per_tile(&self) -> Vec<(TileId, u64)> {
         // Many intervals on few tiles (a product's output holds a row of a block per
