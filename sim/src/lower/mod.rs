@@ -265,17 +265,33 @@ pub(crate) fn rect(
 }
 
 /// The elements `start .. start + len` of a row-major matrix with `cols` columns, as
-/// (row, first column, end column) pieces.
-pub(crate) fn row_segments(start: u64, len: u64, cols: u64) -> Vec<(u64, u64, u64)> {
-    let mut out = Vec::new();
+/// (row, first column, end column) pieces, made as they are read (the copies of a dense
+/// block's concatenations ask for tens of millions of them, and a list each cost an
+/// allocation each).
+pub(crate) fn row_segments(
+    start: u64,
+    len: u64,
+    cols: u64,
+) -> impl Iterator<Item = (u64, u64, u64)> {
+    let end = start + len;
+    // The first piece starts where `start` is; every later one at the start of a row.
+    let (mut r, mut c0) = if len > 0 {
+        (start / cols, start % cols)
+    } else {
+        (0, 0)
+    };
     let mut i = start;
-    while i < start + len {
-        let (r, c0) = (i / cols, i % cols);
-        let c1 = cols.min(c0 + (start + len - i));
-        out.push((r, c0, c1));
+    std::iter::from_fn(move || {
+        if i >= end {
+            return None;
+        }
+        let c1 = cols.min(c0 + (end - i));
+        let piece = (r, c0, c1);
         i += c1 - c0;
-    }
-    out
+        r += 1;
+        c0 = 0;
+        Some(piece)
+    })
 }
 
 impl<'a, S: Storage> Lowering<'a, S> {
@@ -2021,6 +2037,31 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// Row segments cover the range in order, one piece per row it meets, each inside
+        /// its row.
+        #[test]
+        fn row_segments_cut_the_range_at_row_ends(
+            start in 0u64..500,
+            len in 0u64..500,
+            cols in 1u64..40,
+        ) {
+            let mut at = start;
+            let mut rows = Vec::new();
+            for (r, c0, c1) in row_segments(start, len, cols) {
+                proptest::prop_assert!(c0 < c1 && c1 <= cols);
+                proptest::prop_assert_eq!(r * cols + c0, at);
+                at += c1 - c0;
+                rows.push(r);
+            }
+            proptest::prop_assert_eq!(at, start + len);
+            let want: Vec<u64> = if len == 0 {
+                Vec::new()
+            } else {
+                (start / cols..=(start + len - 1) / cols).collect()
+            };
+            proptest::prop_assert_eq!(rows, want);
+        }
+
         /// The broadcast regions are those of reading every row segment on its own, with
         /// repeats of the previous region dropped.
         #[test]
