@@ -781,8 +781,40 @@ pub fn matmul_amp_cycles_with(
 /// fewer messages per tile (`getMultiStageReducePlanAndCost`, lib/poplin/ConvReducePlan.cpp).
 /// Depth 1 needs no stage.
 pub fn reduce_stage_factors(depth: u64) -> Vec<u64> {
+    stage_factors(depth).to_vec()
+}
+
+/// At most three factors (see [`reduce_stage_factors`]), held in place: the planner prices
+/// millions of plans, and a list each was an allocation each.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct StageFactors {
+    factors: [u64; 3],
+    len: usize,
+}
+
+impl StageFactors {
+    fn push(&mut self, f: u64) {
+        self.factors[self.len] = f;
+        self.len += 1;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl std::ops::Deref for StageFactors {
+    type Target = [u64];
+
+    fn deref(&self) -> &[u64] {
+        &self.factors[..self.len]
+    }
+}
+
+/// [`reduce_stage_factors`], in place.
+pub(crate) fn stage_factors(depth: u64) -> StageFactors {
     if depth <= 1 {
-        return Vec::new();
+        return StageFactors::default();
     }
     let stages = if depth >= REDUCE_THREE_STAGE_DEPTH {
         3
@@ -817,7 +849,7 @@ pub fn reduce_stage_factors(depth: u64) -> Vec<u64> {
     }
     let (depths, n, _) = plan(depth, stages);
     let intermediate = &depths[..n];
-    let mut factors = Vec::with_capacity(3);
+    let mut factors = StageFactors::default();
     let mut remaining = depth;
     for &d in intermediate {
         let f = remaining.div_ceil(d.max(1)).max(1);

@@ -218,6 +218,8 @@ struct Lists {
     joined: Vec<Region>,
     groups: Vec<(TileId, Region)>,
     per_tile: Vec<(TileId, u64, u64)>,
+    /// Joins each tile's pieces of a read.
+    joiner: SpanJoiner,
 }
 
 /// The summary of the exchange that `vertices` need (the one
@@ -688,7 +690,8 @@ fn pieces_of(tensors: &[ProgTensor], r: &Region, lists: &mut Lists) -> Read {
             groups.push((tile, Region::span(r.tensor, s, len)));
             continue;
         }
-        let mut b = SpanJoiner::new(r.tensor);
+        let b = &mut lists.joiner;
+        b.reset(r.tensor);
         joined.clear();
         for &(_, s, len) in group {
             b.push(s, len);

@@ -647,7 +647,7 @@ impl Pricing<'_> {
         let ps = partials.size() as u64;
         let mut spread = 1;
         let mut cycles = 0;
-        let factors = cost::reduce_stage_factors(pk);
+        let factors = cost::stage_factors(pk);
         for (st, &f) in factors.iter().enumerate() {
             let last = st + 1 == factors.len();
             let holders = if last { pk } else { (spread * f).min(pk) };

@@ -507,7 +507,7 @@ const RUN_CANDIDATES: usize = 8;
 /// next spans of its length (up to `RUN_CANDIDATES`) gives the longest run (among equals,
 /// the stride most spans of that length recur at, then the nearest), and the run takes every
 /// later span at that stride.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct SpanJoiner {
     tensor: TensorId,
     /// The last span, which a touching span extends.
@@ -516,6 +516,10 @@ pub struct SpanJoiner {
     run: Option<(u64, u64, u64, u64)>,
     /// The spans before it once they are not (touching ones joined).
     spans: Vec<(u64, u64)>,
+    /// The spans by length, then start, when they are finished (kept, with `spans`, for the
+    /// next use of the joiner: one joiner serves each tile's pieces of every read of a
+    /// compute set, and lists made afresh each time cost millions of allocations).
+    by_len: Vec<(u64, u64)>,
 }
 
 impl SpanJoiner {
@@ -526,7 +530,16 @@ impl SpanJoiner {
             pending: None,
             run: None,
             spans: Vec::new(),
+            by_len: Vec::new(),
         }
+    }
+
+    /// Empties the joiner for spans of `tensor` (keeping its lists' room).
+    pub fn reset(&mut self, tensor: TensorId) {
+        self.tensor = tensor;
+        self.pending = None;
+        self.run = None;
+        self.spans.clear();
     }
 
     /// Adds the span `[start, start + len)` (after the spans so far).
@@ -577,12 +590,13 @@ impl SpanJoiner {
             out.push(Region::strided(t, s, l, rows, stride));
             return;
         }
-        let spans = std::mem::take(&mut self.spans);
-        if spans.is_empty() {
+        if self.spans.is_empty() {
             return;
         }
         // By length, then start.
-        let mut by_len: Vec<(u64, u64)> = spans.iter().map(|&(s, l)| (l, s)).collect();
+        let by_len = &mut self.by_len;
+        by_len.clear();
+        by_len.extend(self.spans.drain(..).map(|(s, l)| (l, s)));
         by_len.sort_unstable();
         for class in by_len.chunk_by(|a, b| a.0 == b.0) {
             let len = class[0].0;
@@ -810,29 +824,34 @@ pub fn compress(mut regions: Vec<Region>) -> Vec<Region> {
 
 /// [`compress`], leaving `regions` empty (its capacity kept for reuse).
 pub fn compress_from(regions: &mut Vec<Region>) -> Vec<Region> {
+    thread_local! {
+        /// The joiner this thread's calls reuse (with its lists' room): vertices' regions are
+        /// compressed millions of times in a large model's lowering.
+        static JOINER: std::cell::RefCell<SpanJoiner> = std::cell::RefCell::default();
+    }
     regions.sort_unstable();
     regions.dedup();
     let mut out = Vec::with_capacity(regions.len());
-    let mut joiner: Option<SpanJoiner> = None;
-    for r in regions.drain(..) {
-        if r.rows > 1 {
-            out.push(r);
-            continue;
-        }
-        let j = match &mut joiner {
-            Some(j) if j.tensor == r.tensor => j,
-            _ => {
-                if let Some(j) = joiner.as_mut() {
+    JOINER.with_borrow_mut(|j| {
+        let mut open = false;
+        for r in regions.drain(..) {
+            if r.rows > 1 {
+                out.push(r);
+                continue;
+            }
+            if !open || j.tensor != r.tensor {
+                if open {
                     j.finish(&mut out);
                 }
-                joiner.insert(SpanJoiner::new(r.tensor))
+                j.reset(r.tensor);
+                open = true;
             }
-        };
-        j.push(r.start, r.len);
-    }
-    if let Some(j) = joiner.as_mut() {
-        j.finish(&mut out);
-    }
+            j.push(r.start, r.len);
+        }
+        if open {
+            j.finish(&mut out);
+        }
+    });
     out.sort_unstable();
     out
 }

@@ -402,7 +402,6 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Layout)
             l.per_tile(i, "slice", out, Codelet::Copy, copy, |iv, reads| {
                 reads.extend(
                     row_segments(iv.start, iv.len, c)
-                        .into_iter()
                         .map(|(r, c0, c1)| Region::span(xt, r * cx + at + c0, c1 - c0)),
                 );
             });
