@@ -732,8 +732,8 @@ impl TileCodelets {
 struct StepWalk {
     /// The codelets each tile runs (in the part's steps).
     codelets: TileCodelets,
-    /// Each exchange's receiving tiles and the bytes each receives.
-    buffers: Vec<Vec<(usize, i64)>>,
+    /// Each exchange's tiles (its summary's rows): those receiving, and the bytes each receives.
+    buffers: Vec<std::sync::Arc<[ExchangeTile]>>,
     /// The tensors the (part's) steps touch: a part holds only those of its variables.
     used: Vec<bool>,
 }
@@ -753,7 +753,7 @@ fn walk_steps(
     let in_part = |s: usize| step_in(part, s);
     let tiles = program.tiles as usize;
     let mut codelets = TileCodelets::new(tiles);
-    let mut buffers: Vec<Vec<(usize, i64)>> = Vec::new();
+    let mut buffers: Vec<std::sync::Arc<[ExchangeTile]>> = Vec::new();
     let mut exchange_code = SharedExchangeCode::new(program);
     let mut used = vec![part.is_none(); program.tensors.len()];
     for (s, step) in program.steps.iter().enumerate() {
@@ -788,14 +788,10 @@ fn walk_steps(
                 let b = buffers.len() as u32;
                 changes.push((s, Change::Buffer(b, 1)));
                 changes.push((s + 2, Change::Buffer(b, -1)));
-                buffers.push(
-                    summary
-                        .tiles
-                        .iter()
-                        .filter(|x| x.receives)
-                        .map(|x| (x.tile.index(), x.received as i64))
-                        .collect(),
-                );
+                // The summary's rows, shared (the receiving tiles are picked out where the
+                // buffers are counted): a copy of each exchange's rows cost as much as the
+                // rest of the walk.
+                buffers.push(std::sync::Arc::clone(&summary.tiles));
             }
             Step::HostToDevice { tensor, .. }
             | Step::DeviceToHost { tensor, .. }
@@ -823,7 +819,7 @@ fn walk_steps(
 fn peaks(
     program: &Program,
     changes: &[(usize, Change)],
-    buffers: &[Vec<(usize, i64)>],
+    buffers: &[std::sync::Arc<[ExchangeTile]>],
     part: Option<&[bool]>,
 ) -> (Vec<(i64, i64, i64, usize)>, Vec<i64>) {
     let tiles = program.tiles as usize;
@@ -872,8 +868,9 @@ fn peaks(
                     }
                 }
                 Change::Buffer(b, sign) => {
-                    for &(k, received) in &buffers[b as usize] {
-                        buf[k] += sign * received;
+                    for x in buffers[b as usize].iter().filter(|x| x.receives) {
+                        let k = x.tile.index();
+                        buf[k] += sign * x.received as i64;
                         touch(k);
                     }
                 }

@@ -463,7 +463,24 @@ where
         })
         .collect();
     let tl = timeline_concurrent(&t.pipeline, &placements, sync);
-    let memory = memory_reports(plan, cfg, opts, &t, &programs, &summaries, &stash);
+    // The code each node's steps hold, from a walk of its own over each IPU's steps, found
+    // beside the memory's.
+    let (memory, mut node_code) = rayon::join(
+        || memory_reports(plan, cfg, opts, &t, &programs, &summaries, &stash),
+        || -> Vec<Vec<crate::memory::NodeCode>> {
+            programs
+                .par_iter()
+                .zip(&summaries)
+                .map(|(p, x)| {
+                    if opts.memory {
+                        crate::memory::node_code(p, x)
+                    } else {
+                        Vec::new()
+                    }
+                })
+                .collect()
+        },
+    );
     let all_reduce = all_reduce_cycles(plan, cfg, opts, &t, &programs, sync);
     let weight_update = if t.training {
         costs.update.iter().map(Cycles::total).max().unwrap_or(0) + sync
@@ -487,7 +504,16 @@ where
         .and_then(|x| x.checked_mul(opts.replicas as u64))
         .ok_or(overflow("the samples of one weight update"))?;
     let (ipu_rows, worst) = ipu_rows(
-        plan, cfg, opts, &t, &programs, &summaries, &tl, &memory, &mut costs,
+        plan,
+        cfg,
+        opts,
+        &t,
+        &programs,
+        &summaries,
+        &tl,
+        &memory,
+        &mut costs,
+        &mut node_code,
     );
     let fits = ipu_rows
         .iter()
@@ -956,6 +982,7 @@ fn ipu_rows<S: Storage>(
     tl: &crate::pipeline::Timeline,
     memory: &Memory,
     costs: &mut Costs,
+    node_code: &mut [Vec<crate::memory::NodeCode>],
 ) -> (Vec<IpuRow>, Option<OutOfMemory>) {
     let g = plan.graph();
     let mut worst: Option<OutOfMemory> = None;
@@ -1011,11 +1038,7 @@ fn ipu_rows<S: Storage>(
                 tiles: r.tiles.clone(),
                 update_trace: std::mem::take(&mut costs.update_traces[d]),
                 vertices: programs[d].vertex_count(),
-                node_code: if opts.memory {
-                    crate::memory::node_code(programs[d], summaries[d])
-                } else {
-                    Vec::new()
-                },
+                node_code: std::mem::take(&mut node_code[d]),
             }
         })
         .collect();
