@@ -475,8 +475,8 @@ fn step_tiles(
         | Step::LinkReceive { tensor, .. }
         | Step::RemoteBuffer { tensor, .. } => program.tensors[tensor.index()]
             .mapping
-            .elements_per_tile()
-            .into_iter()
+            .tile_sums()
+            .iter()
             .for_each(|(t, _)| once(t.index())),
     }
 }
@@ -588,7 +588,7 @@ pub(crate) fn account_part(
     // intervals). The control code needs its own walk over the steps, beside the one below.
     program.tensors.par_iter().for_each(|t| {
         if t.elements > 0 {
-            t.mapping.sum_elements_per_tile();
+            t.mapping.tile_sums();
         }
     });
     let mut changes = live_changes(program);
@@ -604,7 +604,7 @@ pub(crate) fn account_part(
         .filter(|&(t, &u)| u && t.class == TensorClass::AlwaysLive)
     {
         let eb = t.elem_bytes();
-        for (tile, n) in t.mapping.elements_per_tile() {
+        for &(tile, n) in t.mapping.tile_sums() {
             tm[tile.index()].always_live += n * eb;
         }
     }
@@ -828,7 +828,6 @@ fn peaks(
     let mut best = vec![(0i64, 0i64, 0i64, 0usize); tiles];
     let mut touched = vec![false; tiles];
     let mut touched_list: Vec<usize> = Vec::new();
-    let mut held: Vec<Option<Vec<(usize, i64)>>> = vec![None; program.tensors.len()];
     for same in changes.chunk_by(|a, b| a.0 == b.0) {
         let step = same[0].0;
         for &(_, what) in same {
@@ -840,31 +839,16 @@ fn peaks(
             };
             match what {
                 Change::Tensor(i, sign) => {
-                    // Each tile's bytes, made when the tensor's first change comes and kept
-                    // for its second.
+                    // Each tile's bytes, from the mapping's sums (made once, shared).
                     let t = &program.tensors[i as usize];
-                    let (per_tile, first) = match held[i as usize].take() {
-                        Some(p) => (p, false),
-                        None => {
-                            let eb = t.elem_bytes() as i64;
-                            let p = t
-                                .mapping
-                                .elements_per_tile()
-                                .into_iter()
-                                .map(|(tile, n)| (tile.index(), n as i64 * eb))
-                                .collect();
-                            (p, true)
-                        }
-                    };
-                    for &(k, bytes) in &per_tile {
+                    let eb = t.elem_bytes() as i64;
+                    for &(tile, n) in t.mapping.tile_sums() {
+                        let (k, bytes) = (tile.index(), n as i64 * eb);
                         live[k] += sign * bytes;
                         if t.interleaved {
                             il[k] += sign * bytes;
                         }
                         touch(k);
-                    }
-                    if first {
-                        held[i as usize] = Some(per_tile);
                     }
                 }
                 Change::Buffer(b, sign) => {
@@ -877,7 +861,7 @@ fn peaks(
                 Change::Clone(c, sign) => {
                     let t = &program.tensors[program.call_clones[c as usize].0.index()];
                     let eb = t.elem_bytes() as i64;
-                    for (tile, n) in t.mapping.elements_per_tile() {
+                    for &(tile, n) in t.mapping.tile_sums() {
                         live[tile.index()] += sign * n as i64 * eb;
                         touch(tile.index());
                     }

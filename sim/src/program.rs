@@ -345,25 +345,20 @@ impl Mapping {
 
     /// Elements held by each tile, as (tile, elements), sorted by tile.
     pub fn elements_per_tile(&self) -> Vec<(TileId, u64)> {
-        self.derived
-            .elements
-            .get_or_init(|| self.sum_per_tile())
-            .clone()
+        self.tile_sums().to_vec()
+    }
+
+    /// [`elements_per_tile`](Self::elements_per_tile), made once and shared by the copies.
+    pub(crate) fn tile_sums(&self) -> &[(TileId, u64)] {
+        self.derived.elements.get_or_init(|| self.sum_per_tile())
     }
 
     /// Elements held by `tile` (from [`elements_per_tile`](Self::elements_per_tile)'s
     /// sums, made once and shared by the copies).
     pub fn elements_on(&self, tile: TileId) -> u64 {
-        let sums = self.derived.elements.get_or_init(|| self.sum_per_tile());
+        let sums = self.tile_sums();
         sums.binary_search_by_key(&tile, |s| s.0)
             .map_or(0, |k| sums[k].1)
-    }
-
-    /// Makes the sums [`elements_per_tile`](Self::elements_per_tile) gives, if they are not
-    /// made yet (so that threads can make those of many mappings at once, before one thread
-    /// reads them).
-    pub(crate) fn sum_elements_per_tile(&self) {
-        self.derived.elements.get_or_init(|| self.sum_per_tile());
     }
 
     /// [`elements_per_tile`](Self::elements_per_tile), summed.

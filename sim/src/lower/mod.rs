@@ -1425,9 +1425,9 @@ pub(crate) struct BroadcastReads {
     /// The outermost axis above the last along which the operand moves (`rank - 1` when
     /// none does): the axes outside it add nothing to an offset.
     top: usize,
-    /// Division by `cols`, by `same_rows` and by each of the output's dims, as multiplications: a large
-    /// mapping's intervals each take a few divisions by them, which were a few percent of a
-    /// large model's estimate.
+    /// Division by `cols`, by `same_rows` and by each of the output's dims, as
+    /// multiplications: a large mapping's intervals each take a few divisions by them, which
+    /// were a few percent of a large model's estimate.
     by_cols: StrengthReducedU64,
     by_same_rows: StrengthReducedU64,
     by_dim: [StrengthReducedU64; tessera_core::MAX_RANK],
@@ -1500,20 +1500,11 @@ impl BroadcastReads {
 
     /// The operand offset of (row, c0): the row's index along each axis from the last but one
     /// out to [`top`](Self::top), times the operand's stride there (axes it is broadcast
-    /// along only divide the row); [`weighted_digits`] of the row with the divisions reduced.
+    /// along only divide the row), the divisions reduced.
     fn offset(&self, row: u64, c0: u64) -> u64 {
         let (top, last) = (self.top, self.rank - 1);
-        let mut sum = c0 * self.strides[last];
-        let mut value = row;
-        for k in (top..last).rev() {
-            if self.strides[k] != 0 {
-                sum += (value % self.by_dim[k]) * self.strides[k];
-            }
-            if k > top {
-                value = value / self.by_dim[k];
-            }
-        }
-        sum
+        c0 * self.strides[last]
+            + weighted_digits(row, &self.by_dim[top..last], &self.strides[top..last])
     }
 
     /// Appends the reads of output elements `start .. start + len` to `out` (a region equal
@@ -1546,12 +1537,8 @@ impl BroadcastReads {
             }
             return;
         }
-        let mut i = start;
-        while i < start + len {
-            let (row, c0) = StrengthReducedU64::div_rem(i, self.by_cols);
-            let c1 = cols.min(c0 + (start + len - i));
+        for (row, c0, c1) in row_segments(start, len, cols) {
             push(Region::span(t, self.offset(row, c0), c1 - c0));
-            i += c1 - c0;
         }
     }
 }
@@ -1559,14 +1546,19 @@ impl BroadcastReads {
 /// The sum of `value`'s digits in the mixed radix `radices` (outermost first) times
 /// `weights`: a row's offset in a tensor of those dims and strides, or an element's group. A
 /// digit of weight 0 only divides, and the outermost is not divided out.
-pub(crate) fn weighted_digits(mut value: u64, radices: &[u64], weights: &[u64]) -> u64 {
+/// The radices may be plain `u64`s or divisors made once (`StrengthReducedU64`).
+pub(crate) fn weighted_digits<R>(mut value: u64, radices: &[R], weights: &[u64]) -> u64
+where
+    R: Copy,
+    u64: std::ops::Rem<R, Output = u64> + std::ops::Div<R, Output = u64>,
+{
     let mut sum = 0;
     for (k, (&r, &w)) in radices.iter().zip(weights).enumerate().rev() {
         if w != 0 {
             sum += (value % r) * w;
         }
         if k > 0 {
-            value /= r;
+            value = value / r;
         }
     }
     sum
