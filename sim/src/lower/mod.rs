@@ -19,6 +19,8 @@
 //!   its temporaries, like the earlier one: repeated layers share layouts, as PopART's
 //!   outlining grows a repeated layer once (see `Outlined` and `memo`).
 
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tessera_core::{DType, Graph, Node, NodeId, Op, Place, Plan, Roles, Storage};
@@ -166,6 +168,26 @@ pub(crate) fn op_by_place(op: &Op, nodes: &[NodeId]) -> String {
         s = s.replace(&format!("NodeId({})", x.index()), &format!("#{k}"));
     }
     s
+}
+
+/// Graph tensors' layouts of at least this many intervals are shared with an equal layout
+/// made before them in the same lowering (see [`shared_layout`]); smaller ones are cheap to
+/// derive again, and hashing each would cost more than it saves.
+const SHARED_LAYOUT_FROM: usize = 4096;
+
+/// `mapping`, or an equal large one already in `made` (by digest, then compared whole), whose
+/// copy shares its intervals and what is derived of them (runs per tile, the by-tile order,
+/// per-tile sums) instead of deriving them again. An equal layout is the same layout, so
+/// nothing computed from it changes; only the work and memory of deriving it twice go.
+fn shared_layout(made: &mut HashMap<u128, Mapping>, mapping: Mapping) -> Mapping {
+    if mapping.intervals().len() < SHARED_LAYOUT_FROM {
+        return mapping;
+    }
+    match made.entry(mapping.digest()) {
+        Entry::Occupied(e) if e.get().same_layout(&mapping) => e.get().clone(),
+        Entry::Occupied(_) => mapping,
+        Entry::Vacant(e) => e.insert(mapping).clone(),
+    }
 }
 
 /// Identical nodes' tensors spread linearly (from a start tile their kind picks), for laying
@@ -924,6 +946,10 @@ impl<'a, S: Storage> Lowering<'a, S> {
     /// Lays out every graph tensor of this IPU.
     fn map_graph_tensors(&mut self) {
         let mut outlined = Outlined::default();
+        // Large layouts made so far, by digest: an equal one made again (a dense block's
+        // concatenation and the gradient flowing into it) shares the first one's intervals
+        // and what is computed of them (runs per tile, by-tile order, sums).
+        let mut made: HashMap<u128, Mapping> = HashMap::new();
         for i in self.graph.ids() {
             let node = self.node(i);
             let k = i.index();
@@ -1011,6 +1037,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
                     }
                 }
             };
+            let mapping = shared_layout(&mut made, mapping);
             let t = self.new_tensor(
                 node.name().to_string(),
                 i,
@@ -1575,6 +1602,35 @@ mod tests {
     use crate::machine::Preset;
     use crate::memory::{account, account_with};
     use crate::planner::AVAILABLE_MEMORY_PROPORTION;
+
+    /// A large layout equal to one made before shares that one's intervals (and so what is
+    /// derived of them); a different one, or a small one, is kept as it was made.
+    #[test]
+    fn equal_large_layouts_are_shared() {
+        let spread = |n: u64, shift: u32| {
+            Mapping::from_intervals(
+                (0..n)
+                    .map(|k| Interval {
+                        tile: TileId(((k as u32) + shift) % 1472),
+                        start: k * 3,
+                        len: 3,
+                    })
+                    .collect(),
+            )
+        };
+        let big = SHARED_LAYOUT_FROM as u64;
+        let mut made = HashMap::new();
+        let first = shared_layout(&mut made, spread(big, 0));
+        let again = shared_layout(&mut made, spread(big, 0));
+        assert_eq!(first.intervals().as_ptr(), again.intervals().as_ptr());
+        let other = shared_layout(&mut made, spread(big, 1));
+        assert_ne!(first.intervals().as_ptr(), other.intervals().as_ptr());
+        assert_ne!(first, other);
+        let small = shared_layout(&mut made, spread(big - 1, 0));
+        let small_again = shared_layout(&mut made, spread(big - 1, 0));
+        assert_eq!(small, small_again);
+        assert_ne!(small.intervals().as_ptr(), small_again.intervals().as_ptr());
+    }
 
     /// The regions of a broadcast operand (of shape `from`) that elements `start .. start + len`
     /// of the output (of shape `to`) read: one span per run along the output's last axis.
