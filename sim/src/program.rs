@@ -220,10 +220,12 @@ impl Mapping {
     /// by tile; made once and shared by the copies.
     pub fn runs_per_tile(&self) -> &[(TileId, Vec<Region>)] {
         self.derived.runs.get_or_init(|| {
+            // One joiner for every tile (its lists' room kept from one to the next).
+            let mut j = SpanJoiner::new(TensorId(0));
             self.intervals_by_tile()
                 .chunk_by(|a, b| a.tile == b.tile)
                 .map(|group| {
-                    let mut j = SpanJoiner::new(TensorId(0));
+                    j.reset(TensorId(0));
                     for iv in group {
                         j.push(iv.start, iv.len);
                     }
@@ -515,6 +517,8 @@ pub struct SpanJoiner {
     /// next use of the joiner: one joiner serves each tile's pieces of every read of a
     /// compute set, and lists made afresh each time cost millions of allocations).
     by_len: Vec<(u64, u64)>,
+    /// The room of a class's [`Unused`] places, kept for the next class.
+    unused: Vec<u32>,
 }
 
 impl SpanJoiner {
@@ -526,6 +530,7 @@ impl SpanJoiner {
             run: None,
             spans: Vec::new(),
             by_len: Vec::new(),
+            unused: Vec::new(),
         }
     }
 
@@ -599,7 +604,7 @@ impl SpanJoiner {
                 out.push(Region::span(t, class[0].1, len));
                 continue;
             }
-            join_class(t, len, class, out);
+            join_class(t, len, class, &mut self.unused, out);
         }
     }
 }
@@ -636,7 +641,13 @@ fn support_at(class: &[(u64, u64)], d: u64) -> usize {
 
 /// [`SpanJoiner::finish`] for the spans of one length `len` (`class`, (len, start) sorted by
 /// start, at least two).
-fn join_class(t: TensorId, len: u64, class: &[(u64, u64)], out: &mut Vec<Region>) {
+fn join_class(
+    t: TensorId,
+    len: u64,
+    class: &[(u64, u64)],
+    unused: &mut Vec<u32>,
+    out: &mut Vec<Region>,
+) {
     let n = class.len();
     // A span fed twice (a region read twice) starts two spans at one place: then a start is
     // looked up in the whole class, which of the two it finds as the first joiner found it.
@@ -651,7 +662,7 @@ fn join_class(t: TensorId, len: u64, class: &[(u64, u64)], out: &mut Vec<Region>
     let mut supports: Option<std::collections::HashMap<u64, usize>> = None;
     // The spans no run took, found without walking over the taken ones (runs take spans far
     // ahead, so a scan from each start would walk over the same taken spans again and again).
-    let mut free = Unused::new(n);
+    let mut free = Unused::new(unused, n);
     for i in 0..n {
         if free.is_taken(i) {
             continue;
@@ -670,7 +681,7 @@ fn join_class(t: TensorId, len: u64, class: &[(u64, u64)], out: &mut Vec<Region>
             j = free.first_from(j + 1);
         }
         // Rows a run from `a` with stride `d` would take.
-        let rows_at = |free: &Unused, d: u64| {
+        let rows_at = |free: &Unused<'_>, d: u64| {
             let (mut k, mut rows) = (i, 0usize);
             while rows < n {
                 match at_from(k, a + (rows as u64 + 1) * d) {
@@ -734,16 +745,18 @@ fn join_class(t: TensorId, len: u64, class: &[(u64, u64)], out: &mut Vec<Region>
 
 /// The unused places `0..n` of a list, as a union-find over "the next unused place at or
 /// after": each place taken points past itself, and lookups halve their paths.
-struct Unused {
-    next: Vec<u32>,
+/// Its list is a joiner's, lent for one class (made afresh for each, it cost an allocation
+/// per class of every joined tile).
+struct Unused<'a> {
+    next: &'a mut Vec<u32>,
 }
 
-impl Unused {
-    /// Places `0..n`, all unused.
-    fn new(n: usize) -> Self {
-        Unused {
-            next: (0..=n as u32).collect(),
-        }
+impl<'a> Unused<'a> {
+    /// Places `0..n`, all unused, in `room` (emptied first).
+    fn new(room: &'a mut Vec<u32>, n: usize) -> Self {
+        room.clear();
+        room.extend(0..=n as u32);
+        Unused { next: room }
     }
 
     /// Marks place `i` used.
@@ -1409,7 +1422,8 @@ mod tests {
     /// taken, and is the end past the last.
     #[test]
     fn unused_places_skip_the_taken_ones() {
-        let mut free = super::Unused::new(10);
+        let mut room = Vec::new();
+        let mut free = super::Unused::new(&mut room, 10);
         assert_eq!(free.first_from(0), 0);
         for i in [1, 2, 3, 7, 5, 6, 9] {
             free.take(i);
