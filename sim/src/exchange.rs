@@ -218,8 +218,98 @@ struct Lists {
     joined: Vec<Region>,
     groups: Vec<(TileId, Region)>,
     per_tile: Vec<(TileId, u64, u64)>,
-    /// Joins each tile's pieces of a read.
+    /// Joins each tile's pieces of a read (when they come out of order).
     joiner: SpanJoiner,
+    /// Joins each tile's pieces of a read as they come (in order).
+    tiles: TileJoiners,
+}
+
+/// A joiner for each tile a read's pieces lie on, fed as the pieces come, instead of
+/// gathering the pieces and sorting them by tile first (that sort was most of the cost of
+/// finding a read's groups). The joiners and the table are kept from one read to the next.
+#[derive(Default)]
+struct TileJoiners {
+    /// By tile: the index in `used` of the tile's joiner, or `u32::MAX` for none.
+    slot_of: Vec<u32>,
+    /// The tiles of the read so far, with their joiners' indices, in order of first piece.
+    used: Vec<(TileId, u32)>,
+    /// The joiners (as many as the most tiles one read has met).
+    joiners: Vec<SpanJoiner>,
+}
+
+impl TileJoiners {
+    /// The index of `tile`'s joiner for this read (a new one, emptied for `tensor`, the first
+    /// time the read meets the tile).
+    fn joiner_of(&mut self, tile: TileId, tensor: TensorId) -> usize {
+        let i = tile.index();
+        if i >= self.slot_of.len() {
+            self.slot_of.resize(i + 1, u32::MAX);
+        }
+        match self.slot_of[i] {
+            u32::MAX => {
+                let k = self.used.len();
+                if k == self.joiners.len() {
+                    self.joiners.push(SpanJoiner::new(tensor));
+                } else {
+                    self.joiners[k].reset(tensor);
+                }
+                self.used.push((tile, k as u32));
+                self.slot_of[i] = k as u32;
+                k
+            }
+            k => k as usize,
+        }
+    }
+
+    /// Forgets the read's tiles (their joiners are reset when next used).
+    fn clear(&mut self) {
+        for &(tile, _) in &self.used {
+            self.slot_of[tile.index()] = u32::MAX;
+        }
+        self.used.clear();
+    }
+}
+
+/// Joins the pieces of `r` (of tensor `t`) tile by tile as they come, when they come in
+/// increasing start, appending each tile's groups (sorted) to `groups`, tiles in order: what
+/// ordering the pieces by tile and joining each tile's gives. `false`, with nothing appended,
+/// when some piece starts at or before the one before it.
+fn join_by_tile(
+    t: &ProgTensor,
+    r: &Region,
+    tiles: &mut TileJoiners,
+    joined: &mut Vec<Region>,
+    groups: &mut Vec<(TileId, Region)>,
+) -> bool {
+    let mut increasing = true;
+    let mut last_start: Option<u64> = None;
+    // The tile of the last piece and its joiner: pieces mostly come several to a tile.
+    let mut last = (TileId(u32::MAX), 0usize);
+    t.mapping.for_each_piece_of(r, |_, tile, s, l| {
+        if !increasing {
+            return;
+        }
+        if last_start.is_some_and(|p| p >= s) {
+            increasing = false;
+            return;
+        }
+        last_start = Some(s);
+        if tile != last.0 {
+            last = (tile, tiles.joiner_of(tile, r.tensor));
+        }
+        tiles.joiners[last.1].push(s, l);
+    });
+    if increasing {
+        tiles.used.sort_unstable();
+        for &(tile, k) in &tiles.used {
+            joined.clear();
+            tiles.joiners[k as usize].finish(joined);
+            joined.sort_unstable();
+            groups.extend(joined.iter().map(|&g| (tile, g)));
+        }
+    }
+    tiles.clear();
+    increasing
 }
 
 /// The summary of the exchange that `vertices` need (the one
@@ -664,22 +754,24 @@ fn from_tile(per_tile: &[(TileId, u64, u64)], tile: TileId) -> (u64, u64) {
 /// the lists.
 fn pieces_of(tensors: &[ProgTensor], r: &Region, lists: &mut Lists) -> Read {
     let t = &tensors[r.tensor.index()];
+    let g0 = lists.groups.len();
+    // A region's pieces mostly come in increasing start (its runs do): each tile's are
+    // joined as they come.
+    if !join_by_tile(t, r, &mut lists.tiles, &mut lists.joined, &mut lists.groups) {
+        groups_out_of_order(t, r, lists);
+    }
+    read_of(t, g0, lists)
+}
+
+/// [`pieces_of`]'s groups of `r` (of tensor `t`) when its pieces do not come in increasing
+/// start (runs that overlap or repeat): the pieces ordered by tile and start, each tile's
+/// joined, and groups that repeat kept once.
+fn groups_out_of_order(t: &ProgTensor, r: &Region, lists: &mut Lists) {
     let pieces = &mut lists.pieces;
     pieces.clear();
-    // The pieces by tile, then start: a region's pieces come in increasing start (its runs
-    // are), so ordering them by tile alone, keeping that order, is enough.
-    let mut increasing = true;
-    t.mapping.for_each_piece_of(r, |_, tile, s, l| {
-        if pieces.last().is_some_and(|p: &(TileId, u64, u64)| p.1 >= s) {
-            increasing = false;
-        }
-        pieces.push((tile, s, l));
-    });
-    if increasing {
-        pieces.sort_by_key(|p| p.0);
-    } else {
-        pieces.sort_unstable();
-    }
+    t.mapping
+        .for_each_piece_of(r, |_, tile, s, l| pieces.push((tile, s, l)));
+    pieces.sort_unstable();
     let groups = &mut lists.groups;
     let g0 = groups.len();
     let joined = &mut lists.joined;
@@ -703,16 +795,20 @@ fn pieces_of(tensors: &[ProgTensor], r: &Region, lists: &mut Lists) -> Read {
     }
     // Pieces of distinct starts join into distinct groups (a group is known by its first
     // piece): only runs that start together (a stride of 0) can repeat one.
-    if !increasing {
-        let mut kept = g0;
-        for i in g0..groups.len() {
-            if kept == g0 || groups[kept - 1] != groups[i] {
-                groups[kept] = groups[i];
-                kept += 1;
-            }
+    let mut kept = g0;
+    for i in g0..groups.len() {
+        if kept == g0 || groups[kept - 1] != groups[i] {
+            groups[kept] = groups[i];
+            kept += 1;
         }
-        groups.truncate(kept);
     }
+    groups.truncate(kept);
+}
+
+/// The read whose groups are `lists.groups[g0..]` (of tensor `t`), with its bytes and groups
+/// summed by tile into `lists.per_tile`.
+fn read_of(t: &ProgTensor, g0: usize, lists: &mut Lists) -> Read {
+    let groups = &lists.groups;
     let eb = t.elem_bytes();
     let p0 = lists.per_tile.len();
     let (mut bytes, mut count) = (0, 0);
@@ -1086,7 +1182,9 @@ mod tests {
                 let t = t % tensors.len();
                 let n = tensors[t].elements;
                 let len = len.min(n);
-                let stride = stride.max(len);
+                // A stride of 0 repeats one run (its pieces come out of order); others keep
+                // the runs apart.
+                let stride = if stride == 0 { 0 } else { stride.max(len) };
                 let rows = (1..=rows).rev().find(|&r| (r - 1) * stride + len <= n).unwrap_or(1);
                 let extent = (rows - 1) * stride + len;
                 let start = start % (n - extent + 1);
