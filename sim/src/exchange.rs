@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 
 use crate::program::{
-    ProgTensor, Region, RunBuilder, SpanJoiner, TensorClass, TensorId, TileId, Transfer, Vertex,
+    ProgTensor, Region, SpanJoiner, TensorClass, TensorId, TileId, Transfer, Vertex,
 };
 
 /// Exchange code per exchange a tile takes part in (estimate).
@@ -994,52 +994,21 @@ impl Summaries {
 }
 
 /// Which tiles hold which regions of each tensor, found from each tensor's elements on each
-/// tile joined into strided blocks (built once per tensor, when first asked).
+/// tile joined into strided blocks ([`Mapping::blocks_per_tile`](crate::program::Mapping),
+/// made once per layout and shared by every tensor and lowering laid out by it), and the
+/// lists a lowering's summaries reuse.
 #[derive(Default)]
 pub(crate) struct Locality {
-    blocks: Vec<Option<Vec<(TileId, Region)>>>,
-    /// Tensors laid out by a copy of another's mapping, with that tensor: they share its
-    /// blocks (optimizer state and accumulators are laid out like their variable).
-    same_as: Vec<Option<TensorId>>,
     /// Lists reused by [`summarize_vertices`].
     scratch: Lists,
 }
 
 impl Locality {
-    /// What another lowering of the same first `tensors` tensors starts from: which of them
-    /// are laid out by a copy of another's mapping, and the blocks found so far.
-    pub(crate) fn fork(&self, tensors: usize) -> Locality {
-        Locality {
-            blocks: self.blocks[..tensors.min(self.blocks.len())].to_vec(),
-            same_as: self.same_as[..tensors.min(self.same_as.len())].to_vec(),
-            scratch: Lists::default(),
-        }
-    }
-
-    /// Forgets the tensors from `first` on (temporaries whose ids a later lowering reuses).
-    pub(crate) fn forget_from(&mut self, first: usize) {
-        self.blocks.truncate(first);
-        self.same_as.truncate(first);
-    }
-
-    /// Records that tensor `t`'s mapping is a copy of `source`'s.
-    pub(crate) fn same_mapping(&mut self, t: TensorId, source: TensorId) {
-        if self.same_as.len() <= t.index() {
-            self.same_as.resize(t.index() + 1, None);
-        }
-        self.same_as[t.index()] = Some(self.root(source));
-    }
-
-    /// The tensor whose mapping `t`'s is a copy of (`t` itself when none).
-    fn root(&self, t: TensorId) -> TensorId {
-        self.same_as.get(t.index()).copied().flatten().unwrap_or(t)
-    }
-
     /// Whether `tile` holds every element of `r` (false when unsure). `on_tile` keeps the
     /// range of the blocks `tile` holds of the tensor looked up last, for the next region of
     /// the same tensor on the same tile (a vertex's reads come by tensor).
     pub(crate) fn holds(
-        &mut self,
+        &self,
         tensors: &[ProgTensor],
         tile: TileId,
         r: &Region,
@@ -1048,11 +1017,8 @@ impl Locality {
         if r.rows == 0 || r.len == 0 {
             return true;
         }
-        let t = self.root(r.tensor).index();
-        if self.blocks.len() <= t {
-            self.blocks.resize(t + 1, None);
-        }
-        let blocks = self.blocks[t].get_or_insert_with(|| tile_blocks(&tensors[t]));
+        let t = r.tensor.index();
+        let blocks = tensors[t].mapping.blocks_per_tile();
         let range = match on_tile {
             Some((rt, rtile, range)) if *rt == t && *rtile == tile => range.clone(),
             _ => {
@@ -1066,31 +1032,6 @@ impl Locality {
         let i = mine.partition_point(|(_, b)| b.start <= r.start);
         i > 0 && contains(&mine[i - 1].1, r)
     }
-}
-
-/// A tensor's intervals joined into strided blocks per tile, sorted by (tile, start).
-fn tile_blocks(t: &ProgTensor) -> Vec<(TileId, Region)> {
-    let mut blocks = Vec::new();
-    for group in t
-        .mapping
-        .intervals_by_tile()
-        .chunk_by(|a, b| a.tile == b.tile)
-    {
-        let tile = group[0].tile;
-        let mut b = RunBuilder::new(TensorId(0));
-        for &crate::program::Interval {
-            start: s, len: l, ..
-        } in group
-        {
-            if let Some(done) = b.push(s, l) {
-                blocks.push((tile, done));
-            }
-        }
-        if let Some(done) = b.finish() {
-            blocks.push((tile, done));
-        }
-    }
-    blocks
 }
 
 /// Whether block `b` (runs of a mapping: disjoint, increasing) covers every element of `r`

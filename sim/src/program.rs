@@ -112,6 +112,8 @@ struct Derived {
     runs: std::sync::OnceLock<Vec<(TileId, Vec<Region>)>>,
     /// [`Mapping::intervals_by_tile`].
     by_tile: std::sync::OnceLock<Vec<Interval>>,
+    /// [`Mapping::blocks_per_tile`].
+    blocks: std::sync::OnceLock<Vec<(TileId, Region)>>,
 }
 
 impl PartialEq for Mapping {
@@ -235,6 +237,29 @@ impl Mapping {
                     (group[0].tile, runs)
                 })
                 .collect()
+        })
+    }
+
+    /// Each tile's intervals joined into strided blocks (spans of one length at one distance,
+    /// as a [`RunBuilder`] joins the tile's intervals in order of start; regions of tensor 0),
+    /// sorted by tile, then start: which tile holds which region, for exchange summaries.
+    /// Made once and shared by the copies.
+    pub(crate) fn blocks_per_tile(&self) -> &[(TileId, Region)] {
+        self.derived.blocks.get_or_init(|| {
+            let mut blocks = Vec::new();
+            for group in self.intervals_by_tile().chunk_by(|a, b| a.tile == b.tile) {
+                let tile = group[0].tile;
+                let mut b = RunBuilder::new(TensorId(0));
+                for iv in group {
+                    if let Some(done) = b.push(iv.start, iv.len) {
+                        blocks.push((tile, done));
+                    }
+                }
+                if let Some(done) = b.finish() {
+                    blocks.push((tile, done));
+                }
+            }
+            blocks
         })
     }
 

@@ -873,7 +873,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
             remote: self.remote.clone(),
             offloaded: self.offloaded.clone(),
             summaries: Some(Summaries::default()),
-            locality: self.locality.fork(self.tensors.len()),
+            locality: Locality::default(),
             row_stats: Vec::new(),
             layouts: self.layouts.clone(),
             spread: self.spread.clone(),
@@ -885,7 +885,6 @@ impl<'a, S: Storage> Lowering<'a, S> {
         self.tensors.truncate(tensors);
         self.steps.clear();
         self.summaries = Some(Summaries::default());
-        self.locality.forget_from(tensors);
         self.row_stats.clear();
     }
 
@@ -971,7 +970,6 @@ impl<'a, S: Storage> Lowering<'a, S> {
             };
             let es = node.dtype().size() as u64;
             let cols = node.shape().last() as u64;
-            let mut copy_of = None;
             // A product written straight from the AMP (no reduction) is interleaved.
             let mut interleaved = false;
             let mapping = if elements == 0 {
@@ -985,11 +983,9 @@ impl<'a, S: Storage> Lowering<'a, S> {
             } else if let Some((product, operand)) = self.laying_out_consumer(i) {
                 matmul::operand_mapping(self, product, operand)
             } else if let Some(var) = self.state_owner(i) {
-                copy_of = Some(TensorId::of(var));
                 self.tensors[var.index()].mapping.clone()
             } else if let Some(x) = self.elementwise_partner(i, elements) {
                 if x.index() < k {
-                    copy_of = Some(self.t(x));
                     self.tensors[self.t(x).index()].mapping.clone()
                 } else {
                     matmul::output_mapping(self, x).0
@@ -1006,7 +1002,6 @@ impl<'a, S: Storage> Lowering<'a, S> {
                     Placement::Like(x) if self.tensors[self.t(x).index()].elements == elements => {
                         // Laid out like its operand (as poplibs clones it), so the op needs no
                         // exchange and the next op sees the same layout.
-                        copy_of = Some(self.t(x));
                         self.tensors[self.t(x).index()].mapping.clone()
                     }
                     _ => {
@@ -1017,10 +1012,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
                         };
                         match outlined.key(self, i) {
                             Some(key) => match outlined.first.get(&key) {
-                                Some(&like) => {
-                                    copy_of = Some(like);
-                                    self.tensors[like.index()].mapping.clone()
-                                }
+                                Some(&like) => self.tensors[like.index()].mapping.clone(),
                                 None => {
                                     outlined
                                         .first
@@ -1047,9 +1039,6 @@ impl<'a, S: Storage> Lowering<'a, S> {
                 class,
             );
             self.tensors[t.index()].interleaved = interleaved;
-            if let Some(source) = copy_of {
-                self.locality.same_mapping(t, source);
-            }
         }
     }
 
