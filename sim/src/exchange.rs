@@ -333,21 +333,11 @@ pub(crate) fn summarize_vertices(
     // The lists are kept from one compute set to the next: a large reduction's lists hold
     // hundreds of thousands of pieces, and growing them afresh each time cost more than
     // filling them.
-    let mut lists = std::mem::take(&mut local.scratch);
+    let lists = &mut local.scratch;
     lists.pieces.clear();
     lists.groups.clear();
     lists.per_tile.clear();
-    let summary = summarize_with(
-        tiles,
-        tensors,
-        vertices,
-        local,
-        local_reads,
-        disjoint,
-        &mut lists,
-    );
-    local.scratch = lists;
-    summary
+    summarize_with(tiles, tensors, vertices, local_reads, disjoint, lists)
 }
 
 /// The reads of `vertices` from elsewhere: (region, reader), the tensors of `local_reads`
@@ -355,7 +345,6 @@ pub(crate) fn summarize_vertices(
 fn remote_reads<'v>(
     tensors: &[ProgTensor],
     vertices: &'v [Vertex],
-    local: &mut Locality,
     local_reads: &[TensorId],
 ) -> Vec<(&'v Region, TileId)> {
     let mut remote: Vec<(&Region, TileId)> = Vec::new();
@@ -363,7 +352,7 @@ fn remote_reads<'v>(
         // The blocks of the tensor last looked up on this vertex's tile.
         let mut on_tile = None;
         for r in &v.reads {
-            if local_reads.contains(&r.tensor) || local.holds(tensors, v.tile, r, &mut on_tile) {
+            if local_reads.contains(&r.tensor) || holds(tensors, v.tile, r, &mut on_tile) {
                 continue;
             }
             remote.push((r, v.tile));
@@ -376,7 +365,6 @@ fn summarize_with(
     tiles: u32,
     tensors: &[ProgTensor],
     vertices: &[Vertex],
-    local: &mut Locality,
     local_reads: &[TensorId],
     disjoint: bool,
     lists: &mut Lists,
@@ -387,7 +375,7 @@ fn summarize_with(
     // The reads from elsewhere first, so that the index is sized for them up front (growing
     // it rehashed it many times over; sizing it for every read, most of them local, cost
     // more than filling it).
-    let remote = remote_reads(tensors, vertices, local, local_reads);
+    let remote = remote_reads(tensors, vertices, local_reads);
     if remote.is_empty() {
         return None;
     }
@@ -993,45 +981,43 @@ impl Summaries {
     }
 }
 
-/// Which tiles hold which regions of each tensor, found from each tensor's elements on each
-/// tile joined into strided blocks ([`Mapping::blocks_per_tile`](crate::program::Mapping),
-/// made once per layout and shared by every tensor and lowering laid out by it), and the
-/// lists a lowering's summaries reuse.
+/// What a lowering's exchange summaries keep from one compute set to the next: their lists
+/// (which tiles hold which regions is derived once per layout, by
+/// [`Mapping::blocks_per_tile`](crate::program::Mapping), shared by every tensor and lowering
+/// laid out by it).
 #[derive(Default)]
 pub(crate) struct Locality {
     /// Lists reused by [`summarize_vertices`].
     scratch: Lists,
 }
 
-impl Locality {
-    /// Whether `tile` holds every element of `r` (false when unsure). `on_tile` keeps the
-    /// range of the blocks `tile` holds of the tensor looked up last, for the next region of
-    /// the same tensor on the same tile (a vertex's reads come by tensor).
-    pub(crate) fn holds(
-        &self,
-        tensors: &[ProgTensor],
-        tile: TileId,
-        r: &Region,
-        on_tile: &mut Option<(usize, TileId, std::ops::Range<usize>)>,
-    ) -> bool {
-        if r.rows == 0 || r.len == 0 {
-            return true;
-        }
-        let t = r.tensor.index();
-        let blocks = tensors[t].mapping.blocks_per_tile();
-        let range = match on_tile {
-            Some((rt, rtile, range)) if *rt == t && *rtile == tile => range.clone(),
-            _ => {
-                let lo = blocks.partition_point(|(bt, _)| *bt < tile);
-                let hi = lo + blocks[lo..].partition_point(|(bt, _)| *bt == tile);
-                *on_tile = Some((t, tile, lo..hi));
-                lo..hi
-            }
-        };
-        let mine = &blocks[range];
-        let i = mine.partition_point(|(_, b)| b.start <= r.start);
-        i > 0 && contains(&mine[i - 1].1, r)
+/// Whether `tile` holds every element of `r` (false when unsure), from the blocks of `r`'s
+/// tensor's layout on each tile. `on_tile` keeps the range of the blocks `tile` holds of the
+/// tensor looked up last, for the next region of the same tensor on the same tile (a
+/// vertex's reads come by tensor).
+fn holds(
+    tensors: &[ProgTensor],
+    tile: TileId,
+    r: &Region,
+    on_tile: &mut Option<(usize, TileId, std::ops::Range<usize>)>,
+) -> bool {
+    if r.rows == 0 || r.len == 0 {
+        return true;
     }
+    let t = r.tensor.index();
+    let blocks = tensors[t].mapping.blocks_per_tile();
+    let range = match on_tile {
+        Some((rt, rtile, range)) if *rt == t && *rtile == tile => range.clone(),
+        _ => {
+            let lo = blocks.partition_point(|(bt, _)| *bt < tile);
+            let hi = lo + blocks[lo..].partition_point(|(bt, _)| *bt == tile);
+            *on_tile = Some((t, tile, lo..hi));
+            lo..hi
+        }
+    };
+    let mine = &blocks[range];
+    let i = mine.partition_point(|(_, b)| b.start <= r.start);
+    i > 0 && contains(&mine[i - 1].1, r)
 }
 
 /// Whether block `b` (runs of a mapping: disjoint, increasing) covers every element of `r`
