@@ -5,7 +5,8 @@
 use tessera_core::ops::elementwise::{BinaryFn, Elementwise, TernaryFn, UnaryFn};
 use tessera_core::{Node, NodeId, Storage};
 
-use super::{BroadcastReads, Lowering, Placement};
+use super::broadcast::Broadcast;
+use super::{Lowering, Placement};
 use crate::cost::{self, UnaryKind};
 use crate::program::{Codelet, TensorId, VertexType};
 
@@ -244,16 +245,12 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Element
         .filter(|&&(_, from)| from == shape)
         .map(|&(t, _)| t)
         .collect();
-    let broadcast: Vec<BroadcastReads> = operands
+    let broadcast: Vec<Broadcast> = operands
         .iter()
         .filter(|&&(_, from)| from != shape)
-        .map(|&(t, from)| BroadcastReads::new(t, from, shape))
+        .map(|&(t, from)| Broadcast::new(t, from, shape))
         .collect();
-    l.elementwise(i, out, &same, codelet, cycles, move |s, len, reads| {
-        for b in &broadcast {
-            b.push(s, len, reads);
-        }
-    });
+    l.elementwise_broadcast(i, out, &same, codelet, cycles, &broadcast);
 }
 
 #[cfg(test)]

@@ -70,6 +70,7 @@ pub fn clear_shared_records() {
     super::matmul::clear_product_layouts();
     super::layout::clear_images();
     super::norm::clear_stats_layouts();
+    super::broadcast::clear();
 }
 
 /// Recorded lowerings kept for every lowering, by key.

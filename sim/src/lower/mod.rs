@@ -35,6 +35,7 @@ use crate::program::{
     Program, Region, Step, TensorClass, TensorId, TileId, Vertex,
 };
 
+mod broadcast;
 mod conv;
 mod elementwise;
 mod gather;
@@ -705,6 +706,72 @@ impl<'a, S: Storage> Lowering<'a, S> {
         cycles: impl Fn(u64) -> u64,
         mut extra: impl FnMut(u64, u64, &mut Vec<Region>),
     ) {
+        self.elementwise_by_tile(
+            node,
+            out,
+            same,
+            codelet,
+            cycles,
+            false,
+            |_, group, others| {
+                for iv in group {
+                    extra(iv.start, iv.len, others);
+                }
+            },
+        );
+    }
+
+    /// [`elementwise`](Self::elementwise) whose other operands are read by broadcast
+    /// (`broadcast`): each tile's reads of them, joined, are made once per layout of `out`
+    /// and kind of broadcast ([`broadcast::per_tile`]) and shared by every compute set that
+    /// reads alike (a batch norm's normalisation, its recomputation and its gradient, its
+    /// scale and its shift).
+    pub(crate) fn elementwise_broadcast(
+        &mut self,
+        node: NodeId,
+        out: TensorId,
+        same: &[TensorId],
+        codelet: Codelet,
+        cycles: impl Fn(u64) -> u64,
+        broadcast: &[broadcast::Broadcast],
+    ) {
+        let Some(operands) = broadcast::distinct(same, broadcast) else {
+            // An operand read both ways, or broadcast two ways: its regions are joined
+            // together, interval by interval.
+            let mut tmp = Vec::new();
+            return self.elementwise(node, out, same, codelet, cycles, |s, len, reads| {
+                for b in broadcast {
+                    b.push(s, len, reads, &mut tmp);
+                }
+            });
+        };
+        let mapping = self.tensors[out.index()].mapping.clone();
+        let lists: Vec<(TensorId, broadcast::TileReads)> = operands
+            .iter()
+            .map(|b| (b.tensor(), broadcast::per_tile(&mapping, b)))
+            .collect();
+        self.elementwise_by_tile(node, out, same, codelet, cycles, true, |k, _, others| {
+            for (t, list) in &lists {
+                others.extend(list.tile(k).iter().map(|r| Region { tensor: *t, ..*r }));
+            }
+        });
+    }
+
+    /// [`elementwise`](Self::elementwise) with the other reads of the `k`th tile (of `out`'s
+    /// mapping, by tile) appended by `extra(k, intervals, out)`: joined already when `joined`
+    /// (each tensor's as [`compress`] joins them, and reading no tensor of `same`), else as
+    /// they come, and joined here.
+    #[allow(clippy::too_many_arguments)]
+    fn elementwise_by_tile(
+        &mut self,
+        node: NodeId,
+        out: TensorId,
+        same: &[TensorId],
+        codelet: Codelet,
+        cycles: impl Fn(u64) -> u64,
+        joined: bool,
+        mut extra: impl FnMut(usize, &[Interval], &mut Vec<Region>),
+    ) {
         // The vertices `per_tile` gives with each interval's spans of `same` and `extra`'s
         // regions as reads and its span of `out` as the write, computed with less work: a
         // tile's intervals are joined into runs once, and every tensor of `same` reads those
@@ -713,7 +780,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
         once.sort_unstable();
         once.dedup();
         let mapping = self.tensors[out.index()].mapping.clone();
-        let mut tiles = mapping.runs_per_tile().iter();
+        let mut tiles = mapping.runs_per_tile().iter().enumerate();
         let mut runs: Vec<Region> = Vec::new();
         let mut others: Vec<Region> = Vec::new();
         // Whether some tile's `extra` reads a tensor of `same` (its reads are then joined
@@ -722,17 +789,16 @@ impl<'a, S: Storage> Lowering<'a, S> {
         let mut any_extra = false;
         let vertices = self.per_tile_groups(out, codelet, cycles, |group| {
             // The groups come in the order of the tiles.
-            let (tile, joined) = tiles.next().expect("a group per tile");
+            let (k, (tile, joined_runs)) = tiles.next().expect("a group per tile");
             debug_assert_eq!(*tile, group[0].tile);
             runs.clear();
-            runs.extend(joined.iter().map(|r| Region { tensor: out, ..*r }));
+            runs.extend(joined_runs.iter().map(|r| Region { tensor: out, ..*r }));
             others.clear();
-            for iv in group {
-                extra(iv.start, iv.len, &mut others);
-            }
+            extra(k, group, &mut others);
             any_extra |= !others.is_empty();
             let reads = if others.iter().any(|r| once.binary_search(&r.tensor).is_ok()) {
                 // `extra` reads a tensor of `same` too: join their regions together.
+                debug_assert!(!joined, "joined reads of a tensor read alike");
                 mixed = true;
                 let mut reads: Vec<Region> = group
                     .iter()
@@ -741,7 +807,15 @@ impl<'a, S: Storage> Lowering<'a, S> {
                 reads.append(&mut others);
                 compress(reads)
             } else {
-                let mut reads = compress_from(&mut others);
+                // Joining each tensor's regions is separate from joining another's, and the
+                // regions are sorted at the end: regions joined already are taken as they are.
+                let mut reads = if joined {
+                    let mut r = Vec::with_capacity(others.len() + once.len() * runs.len());
+                    r.append(&mut others);
+                    r
+                } else {
+                    compress_from(&mut others)
+                };
                 for &t in &once {
                     reads.extend(runs.iter().map(|r| Region { tensor: t, ..*r }));
                 }

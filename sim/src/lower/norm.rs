@@ -6,8 +6,9 @@
 use tessera_core::ops::norm::{Moment, Norm};
 use tessera_core::{DType, Node, NodeId, Storage};
 
+use super::broadcast::Broadcast;
 use super::elementwise::{binary_type, BinaryForm};
-use super::{reduce, BroadcastReads, Lowering, Placement};
+use super::{reduce, Lowering, Placement};
 use crate::cost::{self, UnaryKind};
 use crate::program::{Codelet, Interval, Region, Vertex, VertexType, REDUCE_SQUARE_ADD};
 use tessera_core::ops::elementwise::BinaryFn;
@@ -314,7 +315,9 @@ fn normalize<S: Storage>(
     // broadcast codelets when they are constant along the trailing axes (popnn's whitening:
     // `sub` and `mulInPlace` of the broadcast mean and 1/sd, `lib/poplin/Norms.cpp`).
     let run = super::elementwise::broadcast_run(kept, shape);
-    l.elementwise(
+    // The statistics of the groups the elements belong to (two values per group).
+    let stats = [Broadcast::with_values(stats, kept, shape, 2)];
+    l.elementwise_broadcast(
         i,
         out,
         same,
@@ -322,21 +325,7 @@ fn normalize<S: Storage>(
         // gradient, their like), vertex types of their own.
         Codelet::Binary(binary_type(BinaryFn::Sub, dt, BinaryForm::of_run(run))),
         move |n| passes * cost::binary_pass_cycles(cfg, n, run, dt),
-        {
-            let mut groups = Vec::new();
-            let of = BroadcastReads::new(stats, kept, shape);
-            move |s, len, reads: &mut Vec<Region>| {
-                // The statistics of the groups these elements belong to (two values per
-                // group).
-                groups.clear();
-                of.push(s, len, &mut groups);
-                reads.extend(
-                    groups
-                        .iter()
-                        .map(|r| Region::span(r.tensor, r.start * 2, r.len * 2)),
-                );
-            }
-        },
+        &stats,
     );
 }
 
