@@ -105,7 +105,7 @@ pub(crate) struct ExchangeSummary {
 }
 
 /// Per-tile tallies of one exchange.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct Tally {
     received: u64,
     paired: u64,
@@ -113,6 +113,98 @@ struct Tally {
     sent: u64,
     sends: u64,
     state_sends: u64,
+}
+
+impl Tally {
+    /// Adds `o`'s counts.
+    fn add(&mut self, o: &Tally) {
+        self.received += o.received;
+        self.paired += o.paired;
+        self.receives += o.receives;
+        self.sent += o.sent;
+        self.sends += o.sends;
+        self.state_sends += o.state_sends;
+    }
+}
+
+/// An exchange's tallies so far: what each tile sends and receives (sized for the IPU's
+/// tiles on first use), the bytes moved and the tensors moved. Reads of different tensors
+/// add up: each distinct region read adds its own counts, and a group is sent for two reads
+/// only when they are of one tensor.
+struct Tallied {
+    tiles: u32,
+    tally: Vec<Tally>,
+    bytes: u64,
+    moved: Vec<TensorId>,
+}
+
+impl Tallied {
+    fn new(tiles: u32) -> Self {
+        Tallied {
+            tiles,
+            tally: Vec::new(),
+            bytes: 0,
+            moved: Vec::new(),
+        }
+    }
+
+    /// The tiles' tallies.
+    fn rows(&mut self) -> &mut [Tally] {
+        if self.tally.is_empty() {
+            self.tally = vec![Tally::default(); self.tiles as usize];
+        }
+        &mut self.tally
+    }
+
+    /// The summary, or `None` when nothing moves.
+    fn finish(mut self) -> Option<ExchangeSummary> {
+        if self.moved.is_empty() {
+            return None;
+        }
+        self.moved.sort_unstable();
+        self.moved.dedup();
+        Some(finish(&self.tally, self.bytes, self.moved))
+    }
+}
+
+/// What reading one tensor adds to an exchange's tallies ([`Tallied`]): the rows of the tiles
+/// it adds to, the bytes, and whether it moves at all.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Contribution {
+    rows: Vec<(TileId, Tally)>,
+    bytes: u64,
+    moved: bool,
+}
+
+impl Contribution {
+    /// The reads of one tensor, tallied alone.
+    fn of(t: Tallied) -> Self {
+        let rows = t
+            .tally
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| **r != Tally::default())
+            .map(|(k, r)| (TileId(k as u32), *r))
+            .collect();
+        Contribution {
+            rows,
+            bytes: t.bytes,
+            moved: !t.moved.is_empty(),
+        }
+    }
+
+    /// Adds it to `into`, for tensor `t`.
+    fn add_to(&self, into: &mut Tallied, t: TensorId) {
+        if !self.moved {
+            return;
+        }
+        let rows = into.rows();
+        for (tile, r) in &self.rows {
+            rows[tile.index()].add(r);
+        }
+        into.bytes += self.bytes;
+        into.moved.push(t);
+    }
 }
 
 fn finish(tally: &[Tally], bytes: u64, tensors: Vec<TensorId>) -> ExchangeSummary {
@@ -312,6 +404,40 @@ fn join_by_tile(
     increasing
 }
 
+/// Tensors that every vertex reads the same way from its tile of one layout, and no vertex
+/// reads otherwise: the `k`th vertex, on the `k`th tile of the layout (by
+/// [`runs_per_tile`](crate::program::Mapping::runs_per_tile)), reads the tile's runs of each
+/// ([`PerTile::Runs`]), or the operand's elements that the tile's elements read by broadcast
+/// ([`PerTile::Broadcast`]). What such a read adds to an exchange depends only on the two
+/// layouts, how the tiles read, and the tensor's element size and class: it is kept in `kept`
+/// for the next compute set that reads alike (a batch norm's gradient reads `dy` on the tiles
+/// of `x` for its statistics and again for its element-wise pass; its normalisation, the
+/// normalisation again and the gradient read the statistics alike).
+pub(crate) struct RunReads<'a> {
+    /// The digest of the layout whose tiles the vertices are on.
+    pub over: u128,
+    /// The tensors read so, with how each tile reads them.
+    pub tensors: &'a [(TensorId, PerTile)],
+    /// What each such read adds, kept.
+    pub kept: &'a SpreadSummaries,
+}
+
+/// How each tile of a layout reads a tensor ([`RunReads`]): what it reads depends only on the
+/// layout and this.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum PerTile {
+    /// Its runs of the layout.
+    Runs,
+    /// The elements of an operand of shape `from`, `values` elements each, that its elements
+    /// of the output (of shape `to`) read by broadcast, joined as
+    /// [`compress`](crate::program::compress) joins them.
+    Broadcast {
+        from: tessera_core::Shape,
+        to: tessera_core::Shape,
+        values: u64,
+    },
+}
+
 /// The summary of the exchange that `vertices` need (the one
 /// [`exchange_for`](crate::program::exchange_for) makes), or `None` when nothing moves.
 /// `local_reads` are tensors that every vertex reads only on its own tile (the caller knows:
@@ -321,7 +447,8 @@ fn join_by_tile(
 /// caller knows, as an intermediate reduction stage does, whose vertices read disjoint columns
 /// of disjoint blocks): then no group can be sent for two reads, and none is looked for; the
 /// summary is the same, found without the index of groups that the regions' interleaved hulls
-/// would otherwise call for.
+/// would otherwise call for. What the reads of `runs`' tensors add is taken from (or kept in)
+/// its kept contributions: the summary is the same.
 pub(crate) fn summarize_vertices(
     tiles: u32,
     tensors: &[ProgTensor],
@@ -329,15 +456,73 @@ pub(crate) fn summarize_vertices(
     local: &mut Locality,
     local_reads: &[TensorId],
     disjoint: bool,
+    runs: Option<RunReads<'_>>,
 ) -> Option<ExchangeSummary> {
     // The lists are kept from one compute set to the next: a large reduction's lists hold
     // hundreds of thousands of pieces, and growing them afresh each time cost more than
     // filling them.
     let lists = &mut local.scratch;
-    lists.pieces.clear();
-    lists.groups.clear();
-    lists.per_tile.clear();
-    summarize_with(tiles, tensors, vertices, local_reads, disjoint, lists)
+    let looked_up: Vec<(TensorId, PerTile)> = runs.as_ref().map_or(Vec::new(), |r| {
+        r.tensors
+            .iter()
+            .copied()
+            .filter(|(t, _)| !local_reads.contains(t))
+            .collect()
+    });
+    let apart: Vec<TensorId> = looked_up.iter().map(|r| r.0).collect();
+    let mut out = Tallied::new(tiles);
+    let rest = Looked {
+        local: local_reads,
+        runs: &apart,
+        only: None,
+    };
+    tally_into(tensors, vertices, rest, disjoint, lists, &mut out);
+    if let Some(runs) = runs {
+        for &(t, how) in &looked_up {
+            let pt = &tensors[t.index()];
+            let key = RunKey {
+                tiles,
+                over: runs.over,
+                how,
+                read: SpreadRead {
+                    layout: pt.mapping.digest(),
+                    elem_bytes: pt.elem_bytes(),
+                    state: pt.class == TensorClass::AlwaysLive,
+                    local: false,
+                },
+            };
+            let c = runs.kept.contribution(key, || {
+                let mut alone = Tallied::new(tiles);
+                let only = Looked {
+                    local: local_reads,
+                    runs: &[],
+                    only: Some(t),
+                };
+                tally_into(tensors, vertices, only, disjoint, lists, &mut alone);
+                Contribution::of(alone)
+            });
+            c.add_to(&mut out, t);
+        }
+    }
+    out.finish()
+}
+
+/// Which reads [`tally_into`] looks up: those of `only` when given, else those of every
+/// tensor but `local`'s (read where they are) and `runs`' (tallied apart).
+#[derive(Clone, Copy)]
+struct Looked<'a> {
+    local: &'a [TensorId],
+    runs: &'a [TensorId],
+    only: Option<TensorId>,
+}
+
+impl Looked<'_> {
+    fn looks_up(&self, t: TensorId) -> bool {
+        match self.only {
+            Some(o) => t == o,
+            None => !self.local.contains(&t) && !self.runs.contains(&t),
+        }
+    }
 }
 
 /// The reads of `vertices` from elsewhere: (region, reader), the tensors of `local_reads`
@@ -345,14 +530,14 @@ pub(crate) fn summarize_vertices(
 fn remote_reads<'v>(
     tensors: &[ProgTensor],
     vertices: &'v [Vertex],
-    local_reads: &[TensorId],
+    looked: Looked<'_>,
 ) -> Vec<(&'v Region, TileId)> {
     let mut remote: Vec<(&Region, TileId)> = Vec::new();
     for v in vertices {
         // The blocks of the tensor last looked up on this vertex's tile.
         let mut on_tile = None;
         for r in &v.reads {
-            if local_reads.contains(&r.tensor) || holds(tensors, v.tile, r, &mut on_tile) {
+            if !looked.looks_up(r.tensor) || holds(tensors, v.tile, r, &mut on_tile) {
                 continue;
             }
             remote.push((r, v.tile));
@@ -361,23 +546,28 @@ fn remote_reads<'v>(
     remote
 }
 
-fn summarize_with(
-    tiles: u32,
+/// Adds the reads of `vertices` that `looked` looks up to `out`'s tallies (see
+/// [`summarize_vertices`] for `disjoint`).
+fn tally_into(
     tensors: &[ProgTensor],
     vertices: &[Vertex],
-    local_reads: &[TensorId],
+    looked: Looked<'_>,
     disjoint: bool,
     lists: &mut Lists,
-) -> Option<ExchangeSummary> {
+    out: &mut Tallied,
+) {
+    lists.pieces.clear();
+    lists.groups.clear();
+    lists.per_tile.clear();
     // Distinct regions read from elsewhere, and (region, reader) pairs. A tile holding all
     // of a region it reads receives nothing for it, and every piece of it comes from that
     // tile, so whether others read it decides what it sends: such reads are left out.
     // The reads from elsewhere first, so that the index is sized for them up front (growing
     // it rehashed it many times over; sizing it for every read, most of them local, cost
     // more than filling it).
-    let remote = remote_reads(tensors, vertices, local_reads);
+    let remote = remote_reads(tensors, vertices, looked);
     if remote.is_empty() {
-        return None;
+        return;
     }
     let mut index: HashMap<Region, u32, FastHash> =
         HashMap::with_capacity_and_hasher(remote.len(), FastHash::default());
@@ -421,7 +611,7 @@ fn summarize_with(
     } else {
         overlapping_regions(&regions)
     };
-    let mut tally = vec![Tally::default(); tiles as usize];
+    let tally = out.rows();
     let mut bytes = 0u64;
     let mut moved: Vec<TensorId> = Vec::new();
     // Groups sent for more than one read (overlapping reads), with those reads. Only the
@@ -495,14 +685,13 @@ fn summarize_with(
         }
     }
     if moved.is_empty() {
-        return None;
+        return;
     }
     // A region sent by a tile for two different reads (overlapping reads) is one transfer per
     // receiver and one send: take back what was counted twice.
-    bytes -= take_back_shared(&mut shared, tensors, &reads, &reader_tiles, &mut tally);
-    moved.sort_unstable();
-    moved.dedup();
-    Some(finish(&tally, bytes, moved))
+    bytes -= take_back_shared(&mut shared, tensors, &reads, &reader_tiles, tally);
+    out.bytes += bytes;
+    out.moved.append(&mut moved);
 }
 
 /// For each group a tile sends for several overlapping reads (`shared`: (sender, group,
@@ -891,7 +1080,30 @@ type Spread = Option<(ExchangeSummary, Vec<bool>)>;
 /// concatenation's layout on the tiles of the gradient's). The second takes the first's
 /// summary, with its own tensors.
 #[derive(Clone, Default)]
-pub(crate) struct SpreadSummaries(std::sync::Arc<std::sync::Mutex<HashMap<SpreadKey, Spread>>>);
+pub(crate) struct SpreadSummaries(std::sync::Arc<Kept>);
+
+/// What [`SpreadSummaries`] keep.
+#[derive(Default)]
+struct Kept {
+    /// Whole summaries.
+    summaries: std::sync::Mutex<HashMap<SpreadKey, Spread>>,
+    /// What one tensor's reads add ([`RunReads`]).
+    runs: std::sync::Mutex<HashMap<RunKey, std::sync::Arc<Contribution>>>,
+}
+
+/// What the reads of one tensor, each tile reading its runs of a layout, depend on
+/// ([`RunReads`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct RunKey {
+    /// Tiles of the IPU.
+    tiles: u32,
+    /// The digest of the layout whose tiles read.
+    over: u128,
+    /// How they read.
+    how: PerTile,
+    /// The tensor read.
+    read: SpreadRead,
+}
 
 impl SpreadSummaries {
     /// The summary of the exchange under `key` whose reads (in the key's order) are `reads`,
@@ -904,6 +1116,7 @@ impl SpreadSummaries {
     ) -> Option<ExchangeSummary> {
         let kept = self
             .0
+            .summaries
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&key)
@@ -934,10 +1147,37 @@ impl SpreadSummaries {
             )
         });
         self.0
+            .summaries
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(key, kept);
         s
+    }
+
+    /// What the reads under `key` add to an exchange, made by `tally` when none is kept.
+    fn contribution(
+        &self,
+        key: RunKey,
+        tally: impl FnOnce() -> Contribution,
+    ) -> std::sync::Arc<Contribution> {
+        let kept = self
+            .0
+            .runs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .cloned();
+        if let Some(kept) = kept {
+            return kept;
+        }
+        // Made outside the lock, as the summaries are.
+        let c = std::sync::Arc::new(tally());
+        self.0
+            .runs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, std::sync::Arc::clone(&c));
+        c
     }
 }
 
@@ -1155,7 +1395,7 @@ mod tests {
             }
             let transfers = exchange_for(&tensors, &vertices);
             let exact = (!transfers.is_empty()).then(|| summarize(tiles, &tensors, &transfers));
-            let fast = summarize_vertices(tiles, &tensors, &vertices, &mut Locality::default(), &[], false);
+            let fast = summarize_vertices(tiles, &tensors, &vertices, &mut Locality::default(), &[], false, None);
             prop_assert_eq!(fast, exact);
         }
 
@@ -1227,17 +1467,93 @@ mod tests {
             prop_assert_eq!(&key1, &key2);
             let kept = SpreadSummaries::default();
             let made = kept.get_or_summarize(key1, &order1, || {
-                summarize_vertices(tiles, &first, &v1, &mut Locality::default(), &l1, false)
+                summarize_vertices(tiles, &first, &v1, &mut Locality::default(), &l1, false, None)
             });
             prop_assert_eq!(
                 made,
-                summarize_vertices(tiles, &first, &v1, &mut Locality::default(), &l1, false)
+                summarize_vertices(tiles, &first, &v1, &mut Locality::default(), &l1, false, None)
             );
             let taken = kept.get_or_summarize(key2, &order2, || unreachable!("kept above"));
             prop_assert_eq!(
                 taken,
-                summarize_vertices(tiles, &second, &v2, &mut Locality::default(), &l2, false)
+                summarize_vertices(tiles, &second, &v2, &mut Locality::default(), &l2, false, None)
             );
+        }
+
+        /// What the reads of tensors read as the tiles' runs of a layout add, kept and taken
+        /// again for another program's tensors laid out alike, gives the summary that
+        /// summarising every read does, beside other reads of other tensors.
+        #[test]
+        fn kept_contributions_of_run_reads_give_the_same_summary(
+            n in 8u64..120,
+            over_cuts in prop::collection::vec((any::<u64>(), 0u32..6), 0..12),
+            layouts in prop::collection::vec(
+                prop::collection::vec((any::<u64>(), 0u32..6), 0..20),
+                1..4,
+            ),
+            picks in prop::collection::vec((0usize..5, any::<bool>(), any::<bool>()), 1..5),
+            other_cuts in prop::collection::vec((any::<u64>(), 0u32..6), 0..12),
+            others in prop::collection::vec((0u64..120, 1u64..30), 0..10),
+        ) {
+            let tiles = 6;
+            let make = |&(k, half, state): &(usize, bool, bool)| {
+                let cuts = layouts.get(k).unwrap_or(&over_cuts);
+                let mut t = tensor(n, cuts, if half { DType::F16 } else { DType::F32 });
+                if state {
+                    t.class = TensorClass::AlwaysLive;
+                }
+                t
+            };
+            let k = picks.len() as u32;
+            // `over`, the tensors read by runs, then one read otherwise; the second program
+            // holds them after a filler tensor, the runs' tensors in reverse.
+            let mut first = vec![tensor(n, &over_cuts, DType::F32)];
+            first.extend(picks.iter().map(make));
+            first.push(tensor(n, &other_cuts, DType::F32));
+            let mut second = vec![tensor(n, &[], DType::F32), tensor(n, &over_cuts, DType::F32)];
+            second.extend(picks.iter().rev().map(make));
+            second.push(tensor(n, &other_cuts, DType::F32));
+            let summaries = |tensors: &[ProgTensor], over: TensorId, runs: Vec<TensorId>, other: TensorId, kept: &SpreadSummaries| {
+                let m = &tensors[over.index()].mapping;
+                let vertices: Vec<Vertex> = m
+                    .runs_per_tile()
+                    .iter()
+                    .enumerate()
+                    .map(|(j, (tile, tile_runs))| {
+                        let mut reads: Vec<Region> = runs
+                            .iter()
+                            .flat_map(|&t| tile_runs.iter().map(move |r| Region { tensor: t, ..*r }))
+                            .collect();
+                        reads.extend(others.iter().skip(j).step_by(2).map(|&(s, l)| {
+                            let s = s % n;
+                            Region::span(other, s, l.min(n - s))
+                        }));
+                        reads.sort_unstable();
+                        reads.dedup();
+                        Vertex { tile: *tile, codelet: Codelet::Copy, cycles: 1, reads, writes: Vec::new() }
+                    })
+                    .collect();
+                let local: Vec<TensorId> = runs
+                    .iter()
+                    .copied()
+                    .filter(|t| tensors[t.index()].mapping.same_layout(m))
+                    .collect();
+                let how: Vec<(TensorId, PerTile)> = runs.iter().map(|&t| (t, PerTile::Runs)).collect();
+                let with = RunReads { over: m.digest(), tensors: &how, kept };
+                let mut locality = Locality::default();
+                (
+                    summarize_vertices(tiles, tensors, &vertices, &mut locality, &local, false, Some(with)),
+                    summarize_vertices(tiles, tensors, &vertices, &mut locality, &local, false, None),
+                )
+            };
+            let kept = SpreadSummaries::default();
+            let (made, all) = summaries(&first, TensorId(0), (1..=k).map(TensorId).collect(), TensorId(k + 1), &kept);
+            prop_assert_eq!(made, all);
+            let made = kept.0.runs.lock().unwrap().len();
+            let (taken, all) = summaries(&second, TensorId(1), (2..2 + k).rev().map(TensorId).collect(), TensorId(k + 2), &kept);
+            prop_assert_eq!(taken, all);
+            // The second program's reads were all kept from the first's.
+            prop_assert_eq!(kept.0.runs.lock().unwrap().len(), made);
         }
 
         /// Two regions that share an element are both marked as overlapping.
@@ -1299,6 +1615,7 @@ mod tests {
                 &mut Locality::default(),
                 &[],
                 false,
+                None,
             )
             .expect("moves data");
             let exact = summarize(6, &tensors, &exchange_for(&tensors, &vertices));

@@ -12,6 +12,7 @@ use tessera_core::Shape;
 
 use super::kept::Kept;
 use super::BroadcastReads;
+use crate::exchange::PerTile;
 use crate::program::{compress_from, Mapping, Region, TensorId};
 
 /// The tensor the shared reads are made for, renamed to each operand when read
@@ -49,6 +50,15 @@ impl Broadcast {
     /// The operand's tensor.
     pub(crate) fn tensor(&self) -> TensorId {
         self.reads.t
+    }
+
+    /// How each tile of the output reads the operand, for the exchange's summary.
+    pub(crate) fn per_tile(&self) -> PerTile {
+        PerTile::Broadcast {
+            from: self.from,
+            to: self.to,
+            values: self.values,
+        }
     }
 
     /// Whether `other` reads the same elements of its operand as this one does of its own.

@@ -27,7 +27,9 @@ use tessera_core::{DType, Graph, Node, NodeId, Op, Place, Plan, Roles, Storage};
 
 use strength_reduce::StrengthReducedU64;
 
-use crate::exchange::{summarize_vertices, Locality, SpreadKey, SpreadSummaries, Summaries};
+use crate::exchange::{
+    summarize_vertices, Locality, PerTile, RunReads, SpreadKey, SpreadSummaries, Summaries,
+};
 use crate::machine::IpuConfig;
 use crate::planner::Operand;
 use crate::program::{
@@ -503,18 +505,34 @@ impl<'a, S: Storage> Lowering<'a, S> {
         vertices: Vec<Vertex>,
         local: &[TensorId],
     ) {
-        self.compute_spread(node, phase, vertices, local, None, false);
+        self.compute_spread(node, phase, vertices, local, None, None, false);
+    }
+
+    /// [`compute_reading_locally`](Self::compute_reading_locally) for vertices that read, of
+    /// each tensor of `runs`, their tiles' runs of its layout and nothing else (see
+    /// [`Runs`]).
+    pub(crate) fn compute_reading_runs(
+        &mut self,
+        node: NodeId,
+        phase: &str,
+        vertices: Vec<Vertex>,
+        local: &[TensorId],
+        runs: Runs,
+    ) {
+        self.compute_spread(node, phase, vertices, local, None, Some(runs), false);
     }
 
     /// [`compute`](Self::compute) for vertices whose distinct reads are disjoint (no two
     /// share an element; see [`summarize_vertices`]).
     pub(crate) fn compute_disjoint(&mut self, node: NodeId, phase: &str, vertices: Vec<Vertex>) {
-        self.compute_spread(node, phase, vertices, &[], None, true);
+        self.compute_spread(node, phase, vertices, &[], None, None, true);
     }
 
     /// [`compute_reading_locally`](Self::compute_reading_locally), with the summary taken
     /// from (or kept in) the lowering's element-wise summaries under `spread`'s key when it
-    /// is given (the key, and the tensors read in its order).
+    /// is given (the key, and the tensors read in its order), and what the reads of `runs`'
+    /// tensors add taken from (or kept in) them too.
+    #[allow(clippy::too_many_arguments)]
     fn compute_spread(
         &mut self,
         node: NodeId,
@@ -522,6 +540,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
         vertices: Vec<Vertex>,
         local: &[TensorId],
         spread: Option<(SpreadKey, Vec<TensorId>)>,
+        runs: Option<Runs>,
         disjoint: bool,
     ) {
         if vertices.is_empty() {
@@ -529,8 +548,15 @@ impl<'a, S: Storage> Lowering<'a, S> {
         }
         if let Some(summaries) = &mut self.summaries {
             let (tiles, tensors, locality) = (self.cfg.tiles, &self.tensors, &mut self.locality);
-            let mut summarize =
-                || summarize_vertices(tiles, tensors, &vertices, locality, local, disjoint);
+            let kept = &self.spread;
+            let mut summarize = || {
+                let runs = runs.as_ref().map(|r| RunReads {
+                    over: tensors[r.over.index()].mapping.digest(),
+                    tensors: &r.tensors,
+                    kept,
+                });
+                summarize_vertices(tiles, tensors, &vertices, locality, local, disjoint, runs)
+            };
             let s = match spread {
                 Some((key, reads)) => self.spread.get_or_summarize(key, &reads, summarize),
                 None => summarize(),
@@ -692,7 +718,15 @@ impl<'a, S: Storage> Lowering<'a, S> {
         } else {
             None
         };
-        self.compute_spread(node, phase, vertices, &local, spread, false);
+        // (A tensor `fixed` reads too is read otherwise than by runs.)
+        let runs = Runs::of(
+            over,
+            reads
+                .iter()
+                .copied()
+                .filter(|&t| fixed.iter().all(|f| f.tensor != t)),
+        );
+        self.compute_spread(node, phase, vertices, &local, spread, Some(runs), false);
     }
 
     /// A vertex per tile of `out`'s mapping, reading the same elements of the operands in
@@ -706,19 +740,11 @@ impl<'a, S: Storage> Lowering<'a, S> {
         cycles: impl Fn(u64) -> u64,
         mut extra: impl FnMut(u64, u64, &mut Vec<Region>),
     ) {
-        self.elementwise_by_tile(
-            node,
-            out,
-            same,
-            codelet,
-            cycles,
-            false,
-            |_, group, others| {
-                for iv in group {
-                    extra(iv.start, iv.len, others);
-                }
-            },
-        );
+        self.elementwise_by_tile(node, out, same, codelet, cycles, &[], |_, group, others| {
+            for iv in group {
+                extra(iv.start, iv.len, others);
+            }
+        });
     }
 
     /// [`elementwise`](Self::elementwise) whose other operands are read by broadcast
@@ -750,7 +776,11 @@ impl<'a, S: Storage> Lowering<'a, S> {
             .iter()
             .map(|b| (b.tensor(), broadcast::per_tile(&mapping, b)))
             .collect();
-        self.elementwise_by_tile(node, out, same, codelet, cycles, true, |k, _, others| {
+        let how: Vec<(TensorId, PerTile)> = operands
+            .iter()
+            .map(|b| (b.tensor(), b.per_tile()))
+            .collect();
+        self.elementwise_by_tile(node, out, same, codelet, cycles, &how, |k, _, others| {
             for (t, list) in &lists {
                 others.extend(list.tile(k).iter().map(|r| Region { tensor: *t, ..*r }));
             }
@@ -758,9 +788,9 @@ impl<'a, S: Storage> Lowering<'a, S> {
     }
 
     /// [`elementwise`](Self::elementwise) with the other reads of the `k`th tile (of `out`'s
-    /// mapping, by tile) appended by `extra(k, intervals, out)`: joined already when `joined`
-    /// (each tensor's as [`compress`] joins them, and reading no tensor of `same`), else as
-    /// they come, and joined here.
+    /// mapping, by tile) appended by `extra(k, intervals, out)`: joined already when they are
+    /// `broadcast`'s (each tensor's as [`compress`] joins them, each tile reading a tensor as
+    /// its [`PerTile`] says, and no tensor of `same`), else as they come, and joined here.
     #[allow(clippy::too_many_arguments)]
     fn elementwise_by_tile(
         &mut self,
@@ -769,9 +799,10 @@ impl<'a, S: Storage> Lowering<'a, S> {
         same: &[TensorId],
         codelet: Codelet,
         cycles: impl Fn(u64) -> u64,
-        joined: bool,
+        broadcast: &[(TensorId, PerTile)],
         mut extra: impl FnMut(usize, &[Interval], &mut Vec<Region>),
     ) {
+        let joined = !broadcast.is_empty();
         // The vertices `per_tile` gives with each interval's spans of `same` and `extra`'s
         // regions as reads and its span of `out` as the write, computed with less work: a
         // tile's intervals are joined into runs once, and every tensor of `same` reads those
@@ -835,7 +866,13 @@ impl<'a, S: Storage> Lowering<'a, S> {
         } else {
             self.spread_key(out, &once, &local)
         };
-        self.compute_spread(node, "op", vertices, &local, spread, false);
+        // (Mixed, some tensor of `same` is also read otherwise.)
+        let runs = (!mixed).then(|| {
+            let mut runs = Runs::of(out, once);
+            runs.tensors.extend_from_slice(broadcast);
+            runs
+        });
+        self.compute_spread(node, "op", vertices, &local, spread, runs, false);
     }
 
     /// The key under which the exchange of vertices that read, on each tile of `over`'s
@@ -1491,6 +1528,27 @@ fn liveness<S: Storage>(l: &mut Lowering<'_, S>) {
     }
     for t in n_graph..l.tensors.len() {
         l.tensors[t].live = (first[t].min(last[t]), last[t]);
+    }
+}
+
+/// Tensors that every vertex of a compute set reads as its tile's runs of `over`'s layout (one
+/// vertex per tile of the layout, in its order) and reads nothing else of: what each such read
+/// adds to the exchange is kept for compute sets that read alike
+/// ([`RunReads`](crate::exchange::RunReads)).
+pub(crate) struct Runs {
+    /// The tensor on whose layout's tiles the vertices are.
+    pub(crate) over: TensorId,
+    /// The tensors read so, with how each tile reads them.
+    pub(crate) tensors: Vec<(TensorId, PerTile)>,
+}
+
+impl Runs {
+    /// Each of `tensors` read as the tiles' runs of `over`'s layout.
+    pub(crate) fn of(over: TensorId, tensors: impl IntoIterator<Item = TensorId>) -> Self {
+        Runs {
+            over,
+            tensors: tensors.into_iter().map(|t| (t, PerTile::Runs)).collect(),
+        }
     }
 }
 

@@ -548,7 +548,8 @@ fn first_stage<S: Storage>(
         .collect();
     // Each tile reads its own runs of the inputs laid out like the first.
     let local = l.laid_out_like(xs[0], &inputs, &[]);
-    l.compute_reading_locally(i, "partials", stage1, &local);
+    let runs = super::Runs::of(xs[0], inputs);
+    l.compute_reading_runs(i, "partials", stage1, &local, runs);
     pieces
         .into_iter()
         .map(|(v0, v1, offset)| Piece {
