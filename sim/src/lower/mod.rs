@@ -508,9 +508,8 @@ impl<'a, S: Storage> Lowering<'a, S> {
         self.compute_spread(node, phase, vertices, local, None, None, false);
     }
 
-    /// [`compute_reading_locally`](Self::compute_reading_locally) for vertices that read, of
-    /// each tensor of `runs`, their tiles' runs of its layout and nothing else (see
-    /// [`Runs`]).
+    /// [`compute_reading_locally`](Self::compute_reading_locally) for vertices that read each
+    /// tensor of `runs` as [`Runs`] says, and nothing else of it.
     pub(crate) fn compute_reading_runs(
         &mut self,
         node: NodeId,
@@ -1531,10 +1530,11 @@ fn liveness<S: Storage>(l: &mut Lowering<'_, S>) {
     }
 }
 
-/// Tensors that every vertex of a compute set reads as its tile's runs of `over`'s layout (one
-/// vertex per tile of the layout, in its order) and reads nothing else of: what each such read
-/// adds to the exchange is kept for compute sets that read alike
-/// ([`RunReads`](crate::exchange::RunReads)).
+/// Tensors that every vertex of a compute set reads the same way from its tile of `over`'s
+/// layout (one vertex per tile of the layout, in its order), and reads nothing else of: the
+/// tile's runs, or a broadcast operand's elements that the tile's elements read ([`PerTile`]).
+/// What each such read adds to the exchange is kept for compute sets that read alike
+/// ([`RunReads`]).
 pub(crate) struct Runs {
     /// The tensor on whose layout's tiles the vertices are.
     pub(crate) over: TensorId,
