@@ -1080,11 +1080,11 @@ type Spread = Option<(ExchangeSummary, Vec<bool>)>;
 /// concatenation's layout on the tiles of the gradient's). The second takes the first's
 /// summary, with its own tensors.
 #[derive(Clone, Default)]
-pub(crate) struct SpreadSummaries(std::sync::Arc<Kept>);
+pub(crate) struct SpreadSummaries(std::sync::Arc<SpreadKept>);
 
 /// What [`SpreadSummaries`] keep.
 #[derive(Default)]
-struct Kept {
+struct SpreadKept {
     /// Whole summaries.
     summaries: std::sync::Mutex<HashMap<SpreadKey, Spread>>,
     /// What one tensor's reads add ([`RunReads`]).
@@ -1291,6 +1291,22 @@ mod tests {
     use crate::program::{exchange_for, Codelet, Interval, Mapping, TensorClass};
 
     /// A tensor of `elements` elements cut at random places onto random tiles.
+    /// A tensor read by the kept-summary tests, picked as (layout, f16, always live): a
+    /// layout past `layouts` is `over`'s own (`over_cuts`).
+    fn picked(
+        n: u64,
+        layouts: &[Vec<(u64, u32)>],
+        over_cuts: &[(u64, u32)],
+        &(k, half, state): &(usize, bool, bool),
+    ) -> ProgTensor {
+        let cuts = layouts.get(k).map_or(over_cuts, |c| c.as_slice());
+        let mut t = tensor(n, cuts, if half { DType::F16 } else { DType::F32 });
+        if state {
+            t.class = TensorClass::AlwaysLive;
+        }
+        t
+    }
+
     fn tensor(elements: u64, cuts: &[(u64, u32)], dtype: DType) -> ProgTensor {
         let mut at: Vec<u64> = cuts.iter().map(|c| c.0 % elements).collect();
         at.push(0);
@@ -1415,16 +1431,7 @@ mod tests {
             filler in 1usize..4,
         ) {
             let tiles = 6;
-            // (layout, f16, always live) of each tensor read; a layout past the list is
-            // `over`'s own.
-            let make = |&(k, half, state): &(usize, bool, bool)| {
-                let cuts = layouts.get(k).unwrap_or(&over_cuts);
-                let mut t = tensor(n, cuts, if half { DType::F16 } else { DType::F32 });
-                if state {
-                    t.class = TensorClass::AlwaysLive;
-                }
-                t
-            };
+            let make = |pick: &(usize, bool, bool)| picked(n, &layouts, &over_cuts, pick);
             // Two programs: `over` then the tensors read; filler, the tensors read in reverse,
             // then `over`.
             let mut first = vec![tensor(n, &over_cuts, DType::F32)];
@@ -1496,14 +1503,7 @@ mod tests {
             others in prop::collection::vec((0u64..120, 1u64..30), 0..10),
         ) {
             let tiles = 6;
-            let make = |&(k, half, state): &(usize, bool, bool)| {
-                let cuts = layouts.get(k).unwrap_or(&over_cuts);
-                let mut t = tensor(n, cuts, if half { DType::F16 } else { DType::F32 });
-                if state {
-                    t.class = TensorClass::AlwaysLive;
-                }
-                t
-            };
+            let make = |pick: &(usize, bool, bool)| picked(n, &layouts, &over_cuts, pick);
             let k = picks.len() as u32;
             // `over`, the tensors read by runs, then one read otherwise; the second program
             // holds them after a filler tensor, the runs' tensors in reverse.
