@@ -114,6 +114,57 @@ struct Derived {
     by_tile: std::sync::OnceLock<Vec<Interval>>,
     /// [`Mapping::blocks_per_tile`].
     blocks: std::sync::OnceLock<Vec<(TileId, Region)>>,
+    /// Where to start looking for the interval holding an element ([`Locator`]).
+    locator: std::sync::OnceLock<Option<Locator>>,
+}
+
+/// Mappings with fewer intervals than this are searched without a [`Locator`]: a binary
+/// search over a few hundred intervals stays in the cache.
+const LOCATOR_FROM: usize = 256;
+
+/// Intervals a [`Locator`] bucket spans on average: each bucket costs 4 bytes (against 20 of
+/// an interval), and the search from a bucket's first interval gallops over a few.
+const LOCATOR_INTERVALS_PER_BUCKET: u64 = 4;
+
+/// For a large mapping, the first interval ending after each bucket's first element (buckets
+/// of `1 << shift` elements): the interval holding element `x` is at or after
+/// `first[x >> shift]`, so a search starts there instead of at the front. A summary looks
+/// up the runs of strided reads one by one, and each binary search over millions of
+/// intervals missed the cache at nearly every step.
+struct Locator {
+    /// log2 of the elements of a bucket.
+    shift: u32,
+    /// By bucket, the index of the first interval ending after the bucket's first element.
+    first: Vec<u32>,
+}
+
+impl Locator {
+    /// The locator of `ivs` (sorted by start, disjoint), if they are many enough to need one.
+    fn of(ivs: &[Interval]) -> Option<Locator> {
+        if ivs.len() < LOCATOR_FROM || ivs.len() > u32::MAX as usize {
+            return None;
+        }
+        let elements = ivs.last().map_or(0, Interval::end);
+        let per_bucket = (elements * LOCATOR_INTERVALS_PER_BUCKET / ivs.len() as u64).max(1);
+        let shift = per_bucket.ilog2();
+        let buckets = (elements >> shift) as usize + 1;
+        let mut first = Vec::with_capacity(buckets);
+        let mut k = 0usize;
+        for b in 0..buckets as u64 {
+            let x = b << shift;
+            while k < ivs.len() && ivs[k].end() <= x {
+                k += 1;
+            }
+            first.push(k as u32);
+        }
+        Some(Locator { shift, first })
+    }
+
+    /// An index at or before that of the first interval ending after `x`.
+    fn at_or_before(&self, x: u64) -> usize {
+        let b = ((x >> self.shift) as usize).min(self.first.len() - 1);
+        self.first[b] as usize
+    }
 }
 
 impl PartialEq for Mapping {
@@ -328,7 +379,7 @@ impl Mapping {
     /// Calls `f(tile, start, len)` for every part of `[start, start + len)`, in order.
     pub fn for_each_piece(&self, start: u64, len: u64, mut f: impl FnMut(TileId, u64, u64)) {
         let end = start + len;
-        let mut i = self.intervals.partition_point(|iv| iv.end() <= start);
+        let mut i = self.first_ending_after(self.locator(), 0, start);
         while i < self.intervals.len() && self.intervals[i].start < end {
             let iv = self.intervals[i];
             let s = iv.start.max(start);
@@ -341,22 +392,15 @@ impl Mapping {
     }
 
     /// Calls `f(row_start, tile, start, len)` for every part of every run of `region`, in
-    /// order. Successive runs are found by galloping forward from the previous one, so a
-    /// strided region costs little more than its pieces.
+    /// order. Successive runs are found by galloping forward from the previous one (or from
+    /// where a large mapping's [`Locator`] places them), so a strided region costs little
+    /// more than its pieces.
     pub fn for_each_piece_of(&self, region: &Region, mut f: impl FnMut(u64, TileId, u64, u64)) {
         let ivs = &self.intervals;
+        let locator = self.locator();
         let mut i = 0usize;
         for (start, len) in region.runs() {
-            // Gallop: find the first interval ending after `start`, from `i` on.
-            let mut step = 1;
-            let mut hi = i;
-            while hi < ivs.len() && ivs[hi].end() <= start {
-                i = hi + 1;
-                hi = i + step;
-                step *= 2;
-            }
-            let hi = hi.min(ivs.len());
-            i += ivs[i.min(hi)..hi].partition_point(|iv| iv.end() <= start);
+            i = self.first_ending_after(locator, i, start);
             let end = start + len;
             let mut j = i;
             while j < ivs.len() && ivs[j].start < end {
@@ -368,6 +412,33 @@ impl Mapping {
                 j += 1;
             }
         }
+    }
+
+    /// The index of the first interval ending after `x`, found by galloping forward from
+    /// `from` (at or before it), or from where `locator` places it if that is further on.
+    fn first_ending_after(&self, locator: Option<&Locator>, from: usize, x: u64) -> usize {
+        let ivs = &self.intervals;
+        let mut i = match locator {
+            Some(l) => from.max(l.at_or_before(x)),
+            None => from,
+        };
+        let mut step = 1;
+        let mut hi = i;
+        while hi < ivs.len() && ivs[hi].end() <= x {
+            i = hi + 1;
+            hi = i + step;
+            step *= 2;
+        }
+        let hi = hi.min(ivs.len());
+        i + ivs[i.min(hi)..hi].partition_point(|iv| iv.end() <= x)
+    }
+
+    /// The mapping's [`Locator`], made once and shared by the copies (none for a small one).
+    fn locator(&self) -> Option<&Locator> {
+        self.derived
+            .locator
+            .get_or_init(|| Locator::of(&self.intervals))
+            .as_ref()
     }
 
     /// Elements held by each tile, as (tile, elements), sorted by tile.
@@ -1590,6 +1661,47 @@ mod tests {
             prop_assert_eq!(joined(&spans), joined_reference(&spans));
             let (_, fed) = block_rows(&blocks, rows, |k| !skip[k % skip.len()]);
             prop_assert_eq!(joined(&fed), joined_reference(&fed));
+        }
+
+        /// A region's pieces found from a large mapping's locator are the pieces a scan of
+        /// every interval finds, for intervals of very uneven lengths (a locator bucket may
+        /// hold many or start inside one) and runs reaching past the tensor.
+        #[test]
+        fn pieces_found_by_locator_are_the_scanned_pieces(
+            lens in prop::collection::vec(prop_oneof![4 => 1u64..8, 1 => 8u64..2000], 200..700),
+            regions in prop::collection::vec((0u64..40_000, 1u64..300, 1u64..20, 0u64..3000), 1..20),
+        ) {
+            let mut start = 0;
+            let intervals: Vec<Interval> = lens
+                .iter()
+                .enumerate()
+                .map(|(k, &len)| {
+                    let iv = Interval { tile: TileId(k as u32 % 97), start, len };
+                    start += len;
+                    iv
+                })
+                .collect();
+            let m = Mapping::from_intervals(intervals.clone());
+            prop_assert_eq!(m.locator().is_some(), intervals.len() >= LOCATOR_FROM);
+            for &(s, len, rows, stride) in &regions {
+                let r = Region::strided(TensorId(0), s % (start + 100), len, rows, stride.max(len));
+                let mut got = Vec::new();
+                m.for_each_piece_of(&r, |row, t, a, l| got.push((row, t, a, l)));
+                let mut want = Vec::new();
+                for (rs, rl) in r.runs() {
+                    for iv in &intervals {
+                        let (a, e) = (iv.start.max(rs), iv.end().min(rs + rl));
+                        if e > a {
+                            want.push((rs, iv.tile, a, e - a));
+                        }
+                    }
+                }
+                prop_assert_eq!(&got, &want);
+                let mut first = Vec::new();
+                m.for_each_piece(r.start, r.len, |t, a, l| first.push((r.start, t, a, l)));
+                let run: Vec<_> = want.iter().copied().filter(|p| p.0 == r.start).collect();
+                prop_assert_eq!(first, run);
+            }
         }
 
         /// Summing by tile in a table (many intervals) and by sorting (few) agree.
