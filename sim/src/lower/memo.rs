@@ -71,6 +71,7 @@ pub fn clear_shared_records() {
     super::layout::clear_images();
     super::norm::clear_stats_layouts();
     super::broadcast::clear();
+    super::reduce::clear_hulls();
 }
 
 /// Recorded lowerings kept for every lowering, by key.

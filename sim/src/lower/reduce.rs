@@ -6,10 +6,12 @@
 //! operand's elements each output interval needs.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use tessera_core::ops::reduce::{Reduce, ReduceKind};
 use tessera_core::{DType, Node, NodeId, Shape, Storage};
 
+use super::kept::Kept;
 use super::{BroadcastReads, Lowering, Placement};
 use crate::cost::{self, UnaryKind};
 use crate::machine::IpuConfig;
@@ -227,7 +229,70 @@ pub(super) fn two_stage_pays(outputs: u64, length: u64) -> bool {
 }
 
 /// A tile's intervals of a reduction's input and the hulls of the groups they touch.
-type TileHulls<'a> = (&'a [Interval], Vec<(u64, u64)>);
+type TileHulls<'a> = (&'a [Interval], &'a [(u64, u64)]);
+
+/// Each tile's hulls of a reduction's input (see [`tile_hulls`]): all tiles' hulls in a row,
+/// and where each tile's begin (one more entry than tiles).
+struct HullList {
+    hulls: Vec<(u64, u64)>,
+    first: Vec<u32>,
+}
+
+/// What a [`HullList`] is made of: the input's layout, shape and reduced axes.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct HullKey {
+    mapping: u128,
+    shape: Shape,
+    axes: u8,
+}
+
+/// Hull lists made so far in this process. At most 256 are kept (an estimate: a model's
+/// normalisations read their statistics' input three times, forward, again for the backward
+/// pass and in the gradient, on one layout; a few models' worth).
+static HULLS: Kept<HullKey, Arc<HullList>> = Kept::new(256);
+
+/// Drops the hull lists this process keeps.
+pub(super) fn clear_hulls() {
+    HULLS.clear();
+}
+
+/// For each tile of `mapping` (in the order of
+/// [`intervals_by_tile`](crate::program::Mapping::intervals_by_tile)), the hulls of the
+/// groups of `hull` its intervals touch, sorted and merged where they touch: they depend
+/// only on the layout, the shape and the axes, so they are made once for every reduction
+/// over them.
+fn tile_hulls(mapping: &Mapping, sx: Shape, axes: tessera_core::ops::Axes) -> Arc<HullList> {
+    let key = HullKey {
+        mapping: mapping.digest(),
+        shape: sx,
+        axes: axes.0,
+    };
+    HULLS.get_or_make(key, || {
+        let hull = Hull::new(sx, axes);
+        let ivs = mapping.intervals_by_tile();
+        let mut out = HullList {
+            hulls: Vec::new(),
+            first: Vec::new(),
+        };
+        let mut hulls: Vec<(u64, u64)> = Vec::new();
+        for g in ivs.chunk_by(|a, b| a.tile == b.tile) {
+            out.first.push(out.hulls.len() as u32);
+            hulls.clear();
+            hulls.extend(g.iter().map(|iv| hull.of(iv.start, iv.len)));
+            hulls.sort_unstable();
+            let from = out.hulls.len();
+            for &(a, b) in &hulls {
+                match out.hulls[from..].last_mut() {
+                    Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                    _ => out.hulls.push((a, b)),
+                }
+            }
+        }
+        out.first.push(out.hulls.len() as u32);
+        out.hulls.shrink_to_fit();
+        Arc::new(out)
+    })
+}
 
 /// A block of partial values: values `v0 .. v1` of the output, at `offset` in its tensor.
 #[derive(Clone, Copy)]
@@ -396,28 +461,14 @@ pub(super) fn two_stage<S: Storage>(
     // hulls of its intervals' groups, merged where they touch).
     let mapping = l.tensors[xs[0].index()].mapping.clone();
     let ivs = mapping.intervals_by_tile();
-    let hull = Hull::new(sx, axes);
+    let list = tile_hulls(&mapping, sx, axes);
     let tiles: Vec<TileHulls<'_>> = ivs
         .chunk_by(|a, b| a.tile == b.tile)
-        .map(|g| {
-            let mut hulls: Vec<(u64, u64)> = g.iter().map(|iv| hull.of(iv.start, iv.len)).collect();
-            hulls.sort_unstable();
-            let mut merged: Vec<(u64, u64)> = Vec::with_capacity(hulls.len());
-            for (a, b) in hulls {
-                match merged.last_mut() {
-                    Some(last) if a <= last.1 => last.1 = last.1.max(b),
-                    _ => merged.push((a, b)),
-                }
-            }
-            (g, merged)
-        })
+        .zip(list.first.windows(2))
+        .map(|(g, w)| (g, &list.hulls[w[0] as usize..w[1] as usize]))
         .collect();
     let inputs: u64 = tiles.iter().flat_map(|t| t.0).map(|iv| iv.len).sum();
-    let widths: u64 = tiles
-        .iter()
-        .flat_map(|t| &t.1)
-        .map(|&(g0, g1)| g1 - g0)
-        .sum();
+    let widths: u64 = list.hulls.iter().map(|&(g0, g1)| g1 - g0).sum();
     let mut pieces: Vec<Piece> = if inputs < TWO_STAGE_MIN_FACTOR * widths {
         // A first stage would only copy. When the reduced axes lead (`[rows, outputs]` in
         // memory), each input row already is a partial block over the outputs: with more rows
@@ -485,7 +536,7 @@ fn first_stage<S: Storage>(
     let mut first_piece = Vec::with_capacity(tiles.len() + 1);
     for (g, hulls) in tiles {
         first_piece.push(pieces.len());
-        for &(g0, g1) in hulls {
+        for &(g0, g1) in hulls.iter() {
             let w = (g1 - g0) * values;
             layout.push(Interval {
                 tile: g[0].tile,
@@ -873,6 +924,51 @@ mod tests {
             prop_assert!(g0 <= lo && hi < g1, "hull {g0}..{g1}, groups {lo}..={hi}");
             let groups = tessera_core::ops::reduce::reduced(sx, axes, false).elements() as u64;
             prop_assert!((g0 == lo && g1 == hi + 1) || (g0 == 0 && g1 == groups));
+        }
+
+        /// A layout's kept hull list gives, tile by tile, the hulls of the tile's intervals
+        /// sorted and merged where they touch, for a layout, shape and axes.
+        #[test]
+        fn kept_tile_hulls_are_each_tiles_merged_hulls(
+            dims in proptest::collection::vec(1u32..6, 1..5),
+            mask in 0u8..16,
+            cuts in proptest::collection::vec((1u64..40, 0u32..6), 1..60),
+        ) {
+            use crate::program::{Interval, Mapping, TileId};
+            let sx = Shape::new(&dims.iter().map(|&d| d as usize).collect::<Vec<_>>()).unwrap();
+            let n = sx.elements() as u64;
+            let axes = Axes(mask & ((1 << dims.len()) - 1));
+            let (mut start, mut ivs) = (0u64, Vec::new());
+            for &(len, tile) in cuts.iter().cycle() {
+                if start >= n {
+                    break;
+                }
+                let len = len.min(n - start);
+                ivs.push(Interval { tile: TileId(tile), start, len });
+                start += len;
+            }
+            let m = Mapping::from_intervals(ivs);
+            let list = super::tile_hulls(&m, sx, axes);
+            let by_tile = m.intervals_by_tile();
+            let groups: Vec<&[Interval]> = by_tile.chunk_by(|a, b| a.tile == b.tile).collect();
+            prop_assert_eq!(list.first.len(), groups.len() + 1);
+            for (k, g) in groups.iter().enumerate() {
+                let mut want: Vec<(u64, u64)> =
+                    g.iter().map(|iv| group_hull(sx, axes, iv.start, iv.len)).collect();
+                want.sort_unstable();
+                let mut merged: Vec<(u64, u64)> = Vec::new();
+                for (a, b) in want {
+                    match merged.last_mut() {
+                        Some(last) if a <= last.1 => last.1 = last.1.max(b),
+                        _ => merged.push((a, b)),
+                    }
+                }
+                let got = &list.hulls[list.first[k] as usize..list.first[k + 1] as usize];
+                prop_assert_eq!(got, &merged[..]);
+            }
+            // Taken again (kept, or made again if other tests filled the store meanwhile).
+            let again = super::tile_hulls(&m, sx, axes);
+            prop_assert_eq!((&again.hulls, &again.first), (&list.hulls, &list.first));
         }
     }
 
