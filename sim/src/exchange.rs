@@ -1223,7 +1223,7 @@ impl Summaries {
 
 /// What a lowering's exchange summaries keep from one compute set to the next: their lists
 /// (which tiles hold which regions is derived once per layout, by
-/// [`Mapping::blocks_per_tile`](crate::program::Mapping), shared by every tensor and lowering
+/// [`Mapping::blocks_on`](crate::program::Mapping), shared by every tensor and lowering
 /// laid out by it).
 #[derive(Default)]
 pub(crate) struct Locality {
@@ -1231,31 +1231,32 @@ pub(crate) struct Locality {
     scratch: Lists,
 }
 
+/// The blocks a tile holds of a tensor looked up last by [`holds`]: (tensor index, tile,
+/// blocks).
+type OnTile<'t> = Option<(usize, TileId, &'t [(TileId, Region)])>;
+
 /// Whether `tile` holds every element of `r` (false when unsure), from the blocks of `r`'s
-/// tensor's layout on each tile. `on_tile` keeps the range of the blocks `tile` holds of the
-/// tensor looked up last, for the next region of the same tensor on the same tile (a
+/// tensor's layout on each tile. `on_tile` keeps the blocks `tile` holds of the tensor
+/// looked up last, for the next region of the same tensor on the same tile (a
 /// vertex's reads come by tensor).
-fn holds(
-    tensors: &[ProgTensor],
+fn holds<'t>(
+    tensors: &'t [ProgTensor],
     tile: TileId,
     r: &Region,
-    on_tile: &mut Option<(usize, TileId, std::ops::Range<usize>)>,
+    on_tile: &mut OnTile<'t>,
 ) -> bool {
     if r.rows == 0 || r.len == 0 {
         return true;
     }
     let t = r.tensor.index();
-    let blocks = tensors[t].mapping.blocks_per_tile();
-    let range = match on_tile {
-        Some((rt, rtile, range)) if *rt == t && *rtile == tile => range.clone(),
+    let mine = match on_tile {
+        Some((rt, rtile, blocks)) if *rt == t && *rtile == tile => *blocks,
         _ => {
-            let lo = blocks.partition_point(|(bt, _)| *bt < tile);
-            let hi = lo + blocks[lo..].partition_point(|(bt, _)| *bt == tile);
-            *on_tile = Some((t, tile, lo..hi));
-            lo..hi
+            let blocks = tensors[t].mapping.blocks_on(tile);
+            *on_tile = Some((t, tile, blocks));
+            blocks
         }
     };
-    let mine = &blocks[range];
     let i = mine.partition_point(|(_, b)| b.start <= r.start);
     i > 0 && contains(&mine[i - 1].1, r)
 }

@@ -112,10 +112,20 @@ struct Derived {
     runs: std::sync::OnceLock<Vec<(TileId, Vec<Region>)>>,
     /// [`Mapping::intervals_by_tile`].
     by_tile: std::sync::OnceLock<Vec<Interval>>,
-    /// [`Mapping::blocks_per_tile`].
-    blocks: std::sync::OnceLock<Vec<(TileId, Region)>>,
+    /// [`Mapping::blocks_on`], for every tile.
+    blocks: std::sync::OnceLock<TileBlocks>,
     /// Where to start looking for the interval holding an element ([`Locator`]).
     locator: std::sync::OnceLock<Option<Locator>>,
+}
+
+/// Every tile's [`Mapping::blocks_on`], with each tile's first block: a tile's blocks are found in
+/// this short list, not by a search over all the blocks (which missed the cache at nearly
+/// every step for a large layout).
+struct TileBlocks {
+    /// Sorted by tile, then start.
+    blocks: Vec<(TileId, Region)>,
+    /// Each tile holding blocks with the index of its first, sorted by tile.
+    first: Vec<(TileId, u32)>,
 }
 
 /// Mappings with fewer intervals than this are searched without a [`Locator`]: a binary
@@ -291,15 +301,32 @@ impl Mapping {
         })
     }
 
-    /// Each tile's intervals joined into strided blocks (spans of one length at one distance,
-    /// as a [`RunBuilder`] joins the tile's intervals in order of start; regions of tensor 0),
-    /// sorted by tile, then start: which tile holds which region, for exchange summaries.
-    /// Made once and shared by the copies.
-    pub(crate) fn blocks_per_tile(&self) -> &[(TileId, Region)] {
+    /// The blocks `tile` holds: its intervals joined into strided blocks (spans of one length
+    /// at one distance, as a [`RunBuilder`] joins the tile's intervals in order of start;
+    /// regions of tensor 0), in order of start. Which tile holds which region, for exchange
+    /// summaries; made once for all tiles and shared by the copies.
+    pub(crate) fn blocks_on(&self, tile: TileId) -> &[(TileId, Region)] {
+        let tb = self.tile_blocks();
+        match tb.first.binary_search_by_key(&tile, |f| f.0) {
+            Ok(k) => {
+                let end = tb
+                    .first
+                    .get(k + 1)
+                    .map_or(tb.blocks.len(), |f| f.1 as usize);
+                &tb.blocks[tb.first[k].1 as usize..end]
+            }
+            Err(_) => &[],
+        }
+    }
+
+    /// Every tile's blocks ([`blocks_on`](Self::blocks_on)) with each tile's first, made once.
+    fn tile_blocks(&self) -> &TileBlocks {
         self.derived.blocks.get_or_init(|| {
             let mut blocks = Vec::new();
+            let mut first = Vec::new();
             for group in self.intervals_by_tile().chunk_by(|a, b| a.tile == b.tile) {
                 let tile = group[0].tile;
+                first.push((tile, blocks.len() as u32));
                 let mut b = RunBuilder::new(TensorId(0));
                 for iv in group {
                     if let Some(done) = b.push(iv.start, iv.len) {
@@ -310,7 +337,7 @@ impl Mapping {
                     blocks.push((tile, done));
                 }
             }
-            blocks
+            TileBlocks { blocks, first }
         })
     }
 
