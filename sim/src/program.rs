@@ -118,9 +118,9 @@ struct Derived {
     locator: std::sync::OnceLock<Option<Locator>>,
 }
 
-/// Every tile's [`Mapping::blocks_on`], with each tile's first block: a tile's blocks are found in
-/// this short list, not by a search over all the blocks (which missed the cache at nearly
-/// every step for a large layout).
+/// Every tile's [`Mapping::blocks_on`], with each tile's first block: a tile's blocks are
+/// found in this short list of tiles, not by a search over all the blocks (which missed the
+/// cache at nearly every step for a large layout).
 struct TileBlocks {
     /// Sorted by tile, then start.
     blocks: Vec<(TileId, Region)>,
@@ -1696,7 +1696,10 @@ mod tests {
         #[test]
         fn pieces_found_by_locator_are_the_scanned_pieces(
             lens in prop::collection::vec(prop_oneof![4 => 1u64..8, 1 => 8u64..2000], 200..700),
-            regions in prop::collection::vec((0u64..40_000, 1u64..300, 1u64..20, 0u64..3000), 1..20),
+            regions in prop::collection::vec(
+                (0u64..40_000, 1u64..300, 1u64..20, 0u64..3000),
+                1..20,
+            ),
         ) {
             let mut start = 0;
             let intervals: Vec<Interval> = lens
