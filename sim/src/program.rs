@@ -420,7 +420,7 @@ impl Mapping {
 
     /// Calls `f(row_start, tile, start, len)` for every part of every run of `region`, in
     /// order. Successive runs are found by galloping forward from the previous one (or from
-    /// where a large mapping's [`Locator`] places them), so a strided region costs little
+    /// where a large mapping's locator places them), so a strided region costs little
     /// more than its pieces.
     pub fn for_each_piece_of(&self, region: &Region, mut f: impl FnMut(u64, TileId, u64, u64)) {
         let ivs = &self.intervals;
