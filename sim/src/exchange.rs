@@ -1291,7 +1291,6 @@ mod tests {
     use super::*;
     use crate::program::{exchange_for, Codelet, Interval, Mapping, TensorClass};
 
-    /// A tensor of `elements` elements cut at random places onto random tiles.
     /// A tensor read by the kept-summary tests, picked as (layout, f16, always live): a
     /// layout past `layouts` is `over`'s own (`over_cuts`).
     fn picked(
@@ -1308,6 +1307,7 @@ mod tests {
         t
     }
 
+    /// A tensor of `elements` elements cut at random places onto random tiles.
     fn tensor(elements: u64, cuts: &[(u64, u32)], dtype: DType) -> ProgTensor {
         let mut at: Vec<u64> = cuts.iter().map(|c| c.0 % elements).collect();
         at.push(0);
