@@ -110,8 +110,8 @@ struct Derived {
     regions: std::sync::OnceLock<Vec<(TileId, u64, u64)>>,
     /// [`Mapping::runs_per_tile`].
     runs: std::sync::OnceLock<Vec<(TileId, Vec<Region>)>>,
-    /// [`Mapping::intervals_by_tile`].
-    by_tile: std::sync::OnceLock<Vec<Interval>>,
+    /// [`Mapping::intervals_by_tile`], when that order is not the intervals' own.
+    by_tile: std::sync::OnceLock<Option<Vec<Interval>>>,
     /// [`Mapping::blocks_on`], for every tile.
     blocks: std::sync::OnceLock<TileBlocks>,
     /// Where to start looking for the interval holding an element ([`Locator`]).
@@ -249,12 +249,21 @@ impl Mapping {
     /// The intervals ordered by tile, then start (a counting sort by tile of the intervals,
     /// which are in order of start); made once and shared by the copies.
     pub fn intervals_by_tile(&self) -> &[Interval] {
-        self.derived.by_tile.get_or_init(|| self.sort_by_tile())
+        self.derived
+            .by_tile
+            .get_or_init(|| self.sort_by_tile())
+            .as_deref()
+            .unwrap_or(&self.intervals)
     }
 
-    /// [`intervals_by_tile`](Self::intervals_by_tile), computed.
-    fn sort_by_tile(&self) -> Vec<Interval> {
+    /// [`intervals_by_tile`](Self::intervals_by_tile), computed; `None` when the intervals
+    /// are in order of tile already (a stable sort by tile would leave them as they are, and
+    /// a copy of a large layout's intervals is hundreds of megabytes of fresh pages).
+    fn sort_by_tile(&self) -> Option<Vec<Interval>> {
         let ivs = &self.intervals;
+        if ivs.windows(2).all(|w| w[0].tile <= w[1].tile) {
+            return None;
+        }
         let tiles = ivs.iter().map(|i| i.tile.0 as usize + 1).max().unwrap_or(0);
         let mut first = vec![0usize; tiles + 1];
         for iv in ivs.iter() {
@@ -276,7 +285,7 @@ impl Mapping {
             out[*k] = *iv;
             *k += 1;
         }
-        out
+        Some(out)
     }
 
     /// Each tile's intervals joined as [`SpanJoiner`] joins them (regions of tensor 0, sorted),
@@ -295,6 +304,7 @@ impl Mapping {
                     let mut runs = Vec::new();
                     j.finish(&mut runs);
                     runs.sort_unstable();
+                    runs.shrink_to_fit();
                     (group[0].tile, runs)
                 })
                 .collect()
@@ -337,6 +347,9 @@ impl Mapping {
                     blocks.push((tile, done));
                 }
             }
+            // Kept for as long as the layout: without the room grown for pushes.
+            blocks.shrink_to_fit();
+            first.shrink_to_fit();
             TileBlocks { blocks, first }
         })
     }
@@ -1732,6 +1745,34 @@ mod tests {
                 let run: Vec<_> = want.iter().copied().filter(|p| p.0 == r.start).collect();
                 prop_assert_eq!(first, run);
             }
+        }
+
+        /// The intervals by tile are a stable sort of the intervals by tile, whether they
+        /// are in order of tile already (then no copy is kept) or not.
+        #[test]
+        fn intervals_by_tile_are_a_stable_sort_by_tile(
+            pieces in prop::collection::vec((0u32..12, 1u64..9), 1..60),
+            ascending in proptest::bool::ANY,
+        ) {
+            let mut pieces = pieces;
+            if ascending {
+                pieces.sort_by_key(|p| p.0);
+            }
+            let mut start = 0;
+            let intervals: Vec<Interval> = pieces
+                .iter()
+                .map(|&(tile, len)| {
+                    let iv = Interval { tile: TileId(tile), start, len };
+                    start += len;
+                    iv
+                })
+                .collect();
+            let m = Mapping::from_intervals(intervals.clone());
+            let mut want = intervals;
+            want.sort_by_key(|iv| iv.tile);
+            prop_assert_eq!(m.intervals_by_tile(), &want[..]);
+            let sorted = m.intervals().windows(2).all(|w| w[0].tile <= w[1].tile);
+            prop_assert_eq!(m.derived.by_tile.get().is_some_and(Option::is_none), sorted);
         }
 
         /// Summing by tile in a table (many intervals) and by sorting (few) agree.
