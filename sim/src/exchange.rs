@@ -569,8 +569,12 @@ fn tally_into(
     if remote.is_empty() {
         return;
     }
-    let mut index: HashMap<Region, u32, FastHash> =
-        HashMap::with_capacity_and_hasher(remote.len(), FastHash::default());
+    // The index holds each region's place in `regions` (4 bytes an entry, where the regions
+    // themselves are 40: an index of the regions spread a large compute set's lookups over
+    // megabytes, missing the cache at nearly every one).
+    use std::hash::BuildHasher as _;
+    let hash = FastHash::default();
+    let mut index: hashbrown::HashTable<u32> = hashbrown::HashTable::with_capacity(remote.len());
     let mut regions: Vec<Region> = Vec::with_capacity(remote.len());
     let mut readers: Vec<(u32, TileId)> = Vec::with_capacity(remote.len());
     // Reads of one region often come one after another (the tiles reading a broadcast
@@ -580,10 +584,19 @@ fn tally_into(
         let k = match last {
             Some((lr, lk)) if lr == r => lk,
             _ => {
-                let k = *index.entry(*r).or_insert_with(|| {
-                    regions.push(*r);
-                    regions.len() as u32 - 1
-                });
+                let k = match index.entry(
+                    hash.hash_one(r),
+                    |&k| regions[k as usize] == *r,
+                    |&k| hash.hash_one(regions[k as usize]),
+                ) {
+                    hashbrown::hash_table::Entry::Occupied(e) => *e.get(),
+                    hashbrown::hash_table::Entry::Vacant(e) => {
+                        regions.push(*r);
+                        let k = regions.len() as u32 - 1;
+                        e.insert(k);
+                        k
+                    }
+                };
                 last = Some((r, k));
                 k
             }
@@ -623,8 +636,10 @@ fn tally_into(
         .filter(|(_, &o)| o)
         .map(|(rd, _)| rd.groups.len())
         .sum();
-    let mut seen: HashMap<(TileId, Region), u32, FastHash> =
-        HashMap::with_capacity_and_hasher(overlapping_groups, FastHash::default());
+    // (the group's place in `lists.groups`, the first read it was sent for): 8 bytes an
+    // entry, the group itself read from its list.
+    let mut seen: hashbrown::HashTable<(u32, u32)> =
+        hashbrown::HashTable::with_capacity(overlapping_groups);
     let mut shared: Vec<(TileId, Region, u32)> = Vec::new();
     for (k, rd) in reads.iter().enumerate() {
         if rd.count == 0 {
@@ -669,15 +684,21 @@ fn tally_into(
             continue;
         }
         let k = k as u32;
-        for &(f, g) in groups {
-            match seen.entry((f, g)) {
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    e.insert(k);
+        let all = &lists.groups;
+        for (at, &(f, g)) in rd.groups.clone().zip(groups) {
+            match seen.entry(
+                hash.hash_one((f, g)),
+                |&(s, _)| all[s as usize] == (f, g),
+                |&(s, _)| hash.hash_one(all[s as usize]),
+            ) {
+                hashbrown::hash_table::Entry::Vacant(e) => {
+                    e.insert((at as u32, k));
                 }
-                std::collections::hash_map::Entry::Occupied(mut e) => {
-                    if *e.get() != u32::MAX {
-                        shared.push((f, g, *e.get()));
-                        e.insert(u32::MAX);
+                hashbrown::hash_table::Entry::Occupied(mut e) => {
+                    let first = &mut e.get_mut().1;
+                    if *first != u32::MAX {
+                        shared.push((f, g, *first));
+                        *first = u32::MAX;
                     }
                     shared.push((f, g, k));
                 }
