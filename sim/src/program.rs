@@ -788,6 +788,9 @@ fn join_class(
     // A span fed twice (a region read twice) starts two spans at one place: then a start is
     // looked up in the whole class, which of the two it finds as the first joiner found it.
     let repeats = class.windows(2).any(|w| w[0].1 == w[1].1);
+    if !repeats && join_blocks(t, len, class, out) {
+        return;
+    }
     let at_from = |from: usize, x: u64| {
         if repeats {
             return class.binary_search_by_key(&x, |c| c.1).ok();
@@ -877,6 +880,74 @@ fn join_class(
         }
         out.push(Region::strided(t, a, len, rows, d));
     }
+}
+
+/// [`join_class`] for a class (distinct starts) whose spans are blocks of rows one after
+/// another, as a tile's share of a layout cut by channel groups holds them: each block's rows
+/// equally far apart, a block's run not reaching past it and no other candidate stride
+/// reaching as many rows. Then the search takes each block as one region, which is what
+/// this makes, a block at a time, from a few lookups per block instead of the search's walk
+/// of every candidate. Returns false, with `out` as it was, when a block does not show that
+/// (the search decides then).
+///
+/// Why it is the search's answer: when the search comes to a block's first span, every
+/// earlier span is taken (by the earlier blocks' regions) and none after it. Its first
+/// candidate is the block's second span, at the block's distance `d`; that run takes the
+/// block's `rows` further spans and stops, as the span after the block is not at `d`. Every
+/// other candidate's run misses a row at or before `rows` (found here, where the search's
+/// walk would find it), so it is shorter: the block's run is the longest, untied, and it
+/// takes exactly the block.
+fn join_blocks(t: TensorId, len: u64, class: &[(u64, u64)], out: &mut Vec<Region>) -> bool {
+    let n = class.len();
+    let before = out.len();
+    let last = class[n - 1].1;
+    let mut i = 0;
+    while i < n {
+        let a = class[i].1;
+        if i + 1 == n {
+            // The last span alone: no candidate.
+            out.push(Region::span(t, a, len));
+            return true;
+        }
+        let d = class[i + 1].1 - a;
+        let mut e = i + 1;
+        while e + 1 < n && class[e + 1].1 - class[e].1 == d {
+            e += 1;
+        }
+        let rows = (e - i) as u64;
+        // Whether the element `a + r * step` starts a span after the block (every one asked
+        // about lies after it); `None` when it cannot be said (past `u64`).
+        let after = |r: u64, step: u64| -> Option<bool> {
+            let x = a.checked_add(r.checked_mul(step)?)?;
+            if x > last {
+                return Some(false);
+            }
+            let k = seek(class, e + 1, x);
+            Some(k < n && class[k].1 == x)
+        };
+        // The block's run stops at its end.
+        if after(rows + 1, d) != Some(false) {
+            out.truncate(before);
+            return false;
+        }
+        let others = &class[i + 2..(i + 1 + RUN_CANDIDATES).min(n)];
+        for (j, &(_, b)) in (i + 2..).zip(others) {
+            let dj = b - a;
+            // Rows of the candidate's run known to be there: those inside the block (a
+            // multiple of `d`), or its first (a span after the block).
+            let known = if j <= e { rows / (j - i) as u64 } else { 1 };
+            // Shorter when the row after those, or the row `rows`, is missing.
+            let shorter = known < rows
+                && (after(known + 1, dj) == Some(false) || after(rows, dj) == Some(false));
+            if !shorter {
+                out.truncate(before);
+                return false;
+            }
+        }
+        out.push(Region::strided(t, a, len, rows + 1, d));
+        i = e + 1;
+    }
+    true
 }
 
 /// The unused places `0..n` of a list, as a union-find over "the next unused place at or
@@ -1745,6 +1816,32 @@ mod tests {
                 let run: Vec<_> = want.iter().copied().filter(|p| p.0 == r.start).collect();
                 prop_assert_eq!(first, run);
             }
+        }
+
+        /// Blocks of rows one after another (a tile's share of a layout cut by channel
+        /// groups), some with spans of another length between them, and blocks whose rows
+        /// meet other blocks' strides: the joiner makes the regions its first search made.
+        #[test]
+        fn blocks_one_after_another_are_joined_as_the_first_joiner_joined_them(
+            len in 1u64..4,
+            blocks in prop::collection::vec((1u64..20, 0u64..12, 0u64..40, 0u8..4), 1..12),
+        ) {
+            let (mut at, mut spans) = (0u64, Vec::new());
+            for &(rows, extra, gap, other) in &blocks {
+                // Rows at least `len + 1` apart, so that they never touch.
+                let stride = len + 1 + extra;
+                let start = at + gap + 1;
+                for r in 0..rows {
+                    spans.push((start + r * stride, len));
+                }
+                at = start + (rows - 1) * stride + len;
+                if other == 0 {
+                    // A span of another length between blocks.
+                    spans.push((at + 1, len + 4));
+                    at += len + 5;
+                }
+            }
+            prop_assert_eq!(joined(&spans), joined_reference(&spans));
         }
 
         /// The intervals by tile are a stable sort of the intervals by tile, whether they
