@@ -1515,6 +1515,23 @@ mod tests {
     }
 
     /// The regions a joiner makes of `spans`.
+    /// Intervals of the given (tile, length), one after another from element 0.
+    fn back_to_back(pieces: impl IntoIterator<Item = (u32, u64)>) -> Vec<Interval> {
+        let mut start = 0;
+        pieces
+            .into_iter()
+            .map(|(tile, len)| {
+                let iv = Interval {
+                    tile: TileId(tile),
+                    start,
+                    len,
+                };
+                start += len;
+                iv
+            })
+            .collect()
+    }
+
     fn joined(spans: &[(u64, u64)]) -> Vec<Region> {
         let mut j = SpanJoiner::new(TensorId(0));
         for &(s, l) in spans {
@@ -1785,16 +1802,8 @@ mod tests {
                 1..20,
             ),
         ) {
-            let mut start = 0;
-            let intervals: Vec<Interval> = lens
-                .iter()
-                .enumerate()
-                .map(|(k, &len)| {
-                    let iv = Interval { tile: TileId(k as u32 % 97), start, len };
-                    start += len;
-                    iv
-                })
-                .collect();
+            let intervals = back_to_back((0..).zip(&lens).map(|(k, &len)| (k % 97, len)));
+            let start = intervals.last().map_or(0, Interval::end);
             let m = Mapping::from_intervals(intervals.clone());
             prop_assert_eq!(m.locator().is_some(), intervals.len() >= LOCATOR_FROM);
             for &(s, len, rows, stride) in &regions {
@@ -1855,15 +1864,7 @@ mod tests {
             if ascending {
                 pieces.sort_by_key(|p| p.0);
             }
-            let mut start = 0;
-            let intervals: Vec<Interval> = pieces
-                .iter()
-                .map(|&(tile, len)| {
-                    let iv = Interval { tile: TileId(tile), start, len };
-                    start += len;
-                    iv
-                })
-                .collect();
+            let intervals = back_to_back(pieces);
             let m = Mapping::from_intervals(intervals.clone());
             let mut want = intervals;
             want.sort_by_key(|iv| iv.tile);
@@ -1877,15 +1878,7 @@ mod tests {
         fn elements_per_tile_sums_each_tiles_intervals(
             ivs in prop::collection::vec((0u32..300, 0u64..50), 0..400),
         ) {
-            let mut start = 0;
-            let intervals: Vec<Interval> = ivs
-                .iter()
-                .map(|&(tile, len)| {
-                    let iv = Interval { tile: TileId(tile), start, len };
-                    start += len;
-                    iv
-                })
-                .collect();
+            let intervals = back_to_back(ivs.iter().copied());
             let mut want: Vec<(TileId, u64)> = Vec::new();
             let mut tiles: Vec<u32> = ivs.iter().map(|x| x.0).collect();
             tiles.sort_unstable();
