@@ -26,7 +26,7 @@ use tessera::sim::lower::clear_shared_records;
 
 /// The `tessera` command's allocator, so that the bench times what the command does.
 #[global_allocator]
-static ALLOCATOR: tessera::host::huge_pages::HugePages = tessera::host::huge_pages::HugePages;
+static ALLOCATOR: tessera::host::allocator::Allocator = tessera::host::allocator::ALLOCATOR;
 
 fn model(path: &str) -> ModelSource {
     ModelSource::OnnxFile(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(path))

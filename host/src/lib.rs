@@ -7,10 +7,10 @@
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod allocator;
 pub mod calibration;
 pub mod dataset;
 pub mod estimation;
-pub mod huge_pages;
 pub mod idx;
 pub mod infeed;
 pub mod inspect;

@@ -15,9 +15,9 @@ use tessera_host::report::render_report;
 use cli::args::{Cli, Command};
 use cli::{clap_message, one_line, AnyError};
 
-/// Large blocks on transparent huge pages (see [`tessera_host::huge_pages`]).
+/// jemalloc, large blocks on transparent huge pages (see [`tessera_host::allocator`]).
 #[global_allocator]
-static ALLOCATOR: tessera_host::huge_pages::HugePages = tessera_host::huge_pages::HugePages;
+static ALLOCATOR: tessera_host::allocator::Allocator = tessera_host::allocator::ALLOCATOR;
 
 fn main() -> ExitCode {
     // A closed pipe downstream (`tessera ... | head`) ends the process as it ends other

@@ -18,10 +18,12 @@ use tessera_host::report::{html_fragment, write_report};
 use tessera_host::session::SessionError;
 use tessera_host::sweep::{csv_header, csv_record, estimate_row, Row, Spec};
 
-/// The extension's own allocations (an estimate's mappings and records) take large blocks on
-/// transparent huge pages, as the `tessera` command's do (see [`tessera_host::huge_pages`]).
+/// The extension's own allocations (an estimate's mappings and records) come from the
+/// `tessera` command's allocator: jemalloc, built without initial-exec thread-local storage
+/// as a loaded library must be (see `Cargo.toml`), large blocks on transparent huge pages
+/// (see [`tessera_host::allocator`]).
 #[global_allocator]
-static ALLOCATOR: tessera_host::huge_pages::HugePages = tessera_host::huge_pages::HugePages;
+static ALLOCATOR: tessera_host::allocator::Allocator = tessera_host::allocator::ALLOCATOR;
 
 pyo3::create_exception!(
     _native,
