@@ -4,11 +4,11 @@
 //!
 //! **jemalloc.** An estimate of a large model makes and frees tens of millions of short lists
 //! on several threads at once: each vertex's regions (two lists per vertex, a vertex per tile
-//! and compute set), the joined spans of each read, the per-tile groups of each layout.
+//! and compute set), the spans of each reduction and product, the planner's candidate splits.
 //! DenseNet-121 training at batch 8 makes about 16 million allocations. Under glibc's malloc,
-//! whose per-thread cache holds 7 blocks of a size, most of them go through its shared bins
-//! (`_int_malloc`, `malloc_consolidate`, `unlink_chunk`: about 14 % of the estimate's CPU
-//! samples); jemalloc's thread caches and size classes serve them. Measured on that estimate
+//! whose per-thread cache holds 7 blocks of a size, most of them go past it into its arenas'
+//! bins (`_int_malloc`, `malloc_consolidate`, `unlink_chunk`: about 14 % of the estimate's
+//! CPU samples); jemalloc's thread caches and size classes serve them. Measured on that estimate
 //! (`tessera estimate`, with the fewest-IPUs search), 5 runs each alternated on one 2-core
 //! machine: a median of 9.29 s on glibc's malloc and 7.93 s on jemalloc (a median ratio of
 //! 0.82 within rounds, user time 0.81), for 7 % more peak memory (1.49 -> 1.60 GB).
