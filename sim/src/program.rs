@@ -1514,7 +1514,6 @@ mod tests {
         out
     }
 
-    /// The regions a joiner makes of `spans`.
     /// Intervals of the given (tile, length), one after another from element 0.
     fn back_to_back(pieces: impl IntoIterator<Item = (u32, u64)>) -> Vec<Interval> {
         let mut start = 0;
@@ -1532,6 +1531,7 @@ mod tests {
             .collect()
     }
 
+    /// The regions a joiner makes of `spans`.
     fn joined(spans: &[(u64, u64)]) -> Vec<Region> {
         let mut j = SpanJoiner::new(TensorId(0));
         for &(s, l) in spans {
