@@ -9,8 +9,8 @@ use tessera::core::models::{bert, Bert};
 use tessera::core::schedule::Schedule;
 use tessera::core::{Accumulation, DType, Graph, Optimizer, Plan};
 use tessera::sim::cache::{lowering_cache_stats, set_lowering_cache};
-use tessera::sim::lower::LowerOptions;
 use tessera::sim::system::{estimate_system, SystemOptions};
+use tessera::sim::techniques::{Offload, Recompute, Techniques};
 use tessera::sim::{Heap, IpuConfig, Preset};
 
 #[derive(Clone, Debug)]
@@ -88,12 +88,18 @@ fn estimate(c: &Case) -> String {
         schedule: c.schedule,
         replicas: c.replicas,
         micro_batch: cfg.batch as u64,
-        recompute: c.recompute,
-        lower: LowerOptions {
-            min_chunk_bytes: 16,
-            offload_optimizer_state: c.offload,
-            ..LowerOptions::default()
+        techniques: Techniques {
+            recompute: Recompute {
+                stages: c.recompute,
+                checkpoints: None,
+            },
+            offload: Offload {
+                optimizer_state: c.offload,
+                ..Offload::default()
+            },
+            ..Techniques::default()
         },
+        min_chunk_bytes: 16,
         allow_out_of_memory: true,
         ..SystemOptions::default()
     };

@@ -4,6 +4,7 @@
 use tessera::core::models::mnist_mlp;
 use tessera::core::{DType, Fixed, Graph, Optimizer, Plan};
 use tessera::sim::lower::LowerOptions;
+use tessera::sim::techniques::{Offload, Techniques};
 use tessera::sim::{estimate, EstimateOptions, IpuConfig, Preset};
 
 #[test]
@@ -79,7 +80,13 @@ fn offloaded_activations_leave_the_stash_off_the_tiles_and_cost_its_copies() {
     use tessera::sim::system::SystemOptions;
     let kept = pipelined(SystemOptions::default());
     let offloaded = pipelined(SystemOptions {
-        offload_activations: true,
+        techniques: Techniques {
+            offload: Offload {
+                activations: true,
+                ..Offload::default()
+            },
+            ..Techniques::default()
+        },
         ..SystemOptions::default()
     });
     // Stage 0 stashes (its backward comes micro-batches later); the last stage does not.
@@ -104,9 +111,12 @@ fn offloaded_accumulators_leave_the_tiles_between_accumulations() {
     use tessera::sim::system::SystemOptions;
     let kept = pipelined(SystemOptions::default());
     let offloaded = pipelined(SystemOptions {
-        lower: LowerOptions {
-            offload_accumulators: true,
-            ..LowerOptions::default()
+        techniques: Techniques {
+            offload: Offload {
+                gradient_accumulators: true,
+                ..Offload::default()
+            },
+            ..Techniques::default()
         },
         ..SystemOptions::default()
     });

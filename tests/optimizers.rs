@@ -37,7 +37,7 @@ fn on_device(
     optimizer: Optimizer,
     accumulation: u32,
     replicas: usize,
-    lower: tessera::sim::lower::LowerOptions,
+    techniques: tessera::sim::techniques::Techniques,
 ) -> tessera::sim::system::SystemEstimate {
     let mut g: Graph<Heap> = Graph::new();
     let loss = classifier(&mut g, batch, 1024, &[1024], 10, DType::F16);
@@ -52,7 +52,7 @@ fn on_device(
         micro_batch: batch as u64,
         replicas,
         allow_out_of_memory: true,
-        lower,
+        techniques,
         ..SystemOptions::default()
     };
     estimate_system(&plan, &IpuConfig::preset(Preset::Mk2), &opts).unwrap()
@@ -160,15 +160,18 @@ fn the_trust_ratio_costs_norms_and_a_broadcast_on_the_device() {
 #[test]
 fn replicated_tensor_sharding_divides_the_state_and_its_update_over_the_replicas() {
     // The biases of 1024 and 10 elements stay whole: under PopART's 8192-element threshold.
-    let estimate = |shards| {
-        let lower = tessera::sim::lower::LowerOptions {
-            offload_optimizer_state: true,
-            replicated_tensor_sharding: shards,
+    let estimate = |sharded| {
+        let techniques = tessera::sim::techniques::Techniques {
+            offload: tessera::sim::techniques::Offload {
+                optimizer_state: true,
+                ..Default::default()
+            },
+            replicated_tensor_sharding: sharded,
             ..Default::default()
         };
-        on_device(32, Optimizer::adam(1e-3), 4, 4, lower)
+        on_device(32, Optimizer::adam(1e-3), 4, 4, techniques)
     };
-    let (whole, sharded) = (estimate(1), estimate(4));
+    let (whole, sharded) = (estimate(false), estimate(true));
     // Adam's two moments of every variable, in streaming memory: the kernels' (1024 x 1024
     // and 1024 x 10, over 8192 elements) a quarter each; the biases whole.
     let bytes = |elements: u64| 2 * elements * 2;

@@ -1,12 +1,12 @@
-//! Outlining (code reuse, `LowerOptions::outlining`): identical layers share one copy of
+//! Outlining (code reuse, `Techniques::outlining`): identical layers share one copy of
 //! their code, so code bytes stay nearly flat as layers are added while variables grow; each
 //! call pays its copies in and out; without outlining every layer has its own vertex state
 //! and control code, and its own exchange code only where it sends its own weights.
 
 use tessera::core::{Accumulation, Activation, DType, Graph, Optimizer, Plan};
-use tessera::sim::lower::LowerOptions;
 use tessera::sim::memory::TileMemory;
 use tessera::sim::system::{estimate_system, SystemEstimate, SystemOptions};
+use tessera::sim::techniques::Techniques;
 use tessera::sim::{Heap, IpuConfig, Preset};
 
 /// A training estimate of `blocks` identical dense blocks of `width`, outlined or not.
@@ -54,9 +54,9 @@ fn estimate_with_graph(blocks: usize, outlining: bool) -> (SystemEstimate, Graph
     let opts = SystemOptions {
         micro_batch: batch as u64,
         allow_out_of_memory: true,
-        lower: LowerOptions {
+        techniques: Techniques {
             outlining,
-            ..LowerOptions::default()
+            ..Techniques::default()
         },
         ..SystemOptions::default()
     };

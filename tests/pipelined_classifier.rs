@@ -7,8 +7,8 @@
 use tessera::core::models::mnist_mlp_pipelined;
 use tessera::core::schedule::Schedule;
 use tessera::core::{Accumulation, DType, Fixed, Graph, Optimizer, Plan};
-use tessera::sim::lower::LowerOptions;
 use tessera::sim::system::{estimate_system, SystemError, SystemOptions};
+use tessera::sim::techniques::{Offload, Recompute, Techniques};
 use tessera::sim::{IpuConfig, Preset};
 
 fn plan(m: u32, opt: Optimizer) -> Plan<Fixed<160>> {
@@ -77,9 +77,12 @@ fn offloading_momentum_on_the_pipeline() {
     .unwrap();
     let on_opts = SystemOptions {
         micro_batch: 32,
-        lower: LowerOptions {
-            offload_optimizer_state: true,
-            ..Default::default()
+        techniques: Techniques {
+            offload: Offload {
+                optimizer_state: true,
+                ..Offload::default()
+            },
+            ..Techniques::default()
         },
         ..Default::default()
     };
@@ -228,7 +231,13 @@ fn recomputation_replicas_and_shared_variables() {
         &mk2,
         &SystemOptions {
             micro_batch: 32,
-            recompute: true,
+            techniques: Techniques {
+                recompute: Recompute {
+                    stages: true,
+                    checkpoints: None,
+                },
+                ..Techniques::default()
+            },
             ..Default::default()
         },
     )

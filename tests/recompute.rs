@@ -163,7 +163,7 @@ fn recomputation_costs_cycles_and_saves_memory_on_the_device() {
             allow_out_of_memory: true,
             ..SystemOptions::default()
         };
-        opts.lower.outlining = outlining;
+        opts.techniques.outlining = outlining;
         estimate_system(&plan, &IpuConfig::preset(Preset::Mk2), &opts).unwrap()
     };
     let build = |recompute: bool| build_with(recompute, false);

@@ -5,9 +5,9 @@
 #![allow(clippy::result_large_err)]
 
 use tessera::core::{DType, Graph, Init, Plan};
-use tessera::sim::lower::LowerOptions;
 use tessera::sim::memory::PartMemory;
 use tessera::sim::system::{estimate_system, SystemEstimate, SystemOptions};
+use tessera::sim::techniques::Techniques;
 use tessera::sim::{Heap, IpuConfig, Preset};
 
 /// `layers` identical dense layers after `x`, the first half in stage 0 and the second in
@@ -45,9 +45,9 @@ fn estimate(mapping: Vec<usize>) -> SystemEstimate {
         device_mapping: Some(mapping),
         micro_batch: 64,
         inference_micro_batches: 2,
-        lower: LowerOptions {
+        techniques: Techniques {
             outlining: false,
-            ..LowerOptions::default()
+            ..Techniques::default()
         },
         ..SystemOptions::default()
     };

@@ -19,6 +19,8 @@ pub trait Named: Copy + PartialEq + 'static {
     const WHAT: &'static str;
     /// Every value with its name, in the order help lists them.
     const NAMES: &'static [(&'static str, Self)];
+    /// What each value does, in the order of [`Named::NAMES`] (empty: the names say it).
+    const HELP: &'static [&'static str] = &[];
 
     /// The value's name.
     fn name(self) -> &'static str {
@@ -59,6 +61,11 @@ impl Named for Schedule {
         ("interleaved", Schedule::Interleaved),
         ("sequential", Schedule::Sequential),
     ];
+    const HELP: &'static [&'static str] = &[
+        "All forward and backward stages run every step, on successive micro-batches",
+        "Forward and backward stages alternate on each IPU",
+        "One stage at a time (no overlap)",
+    ];
 }
 
 impl Named for DType {
@@ -79,6 +86,10 @@ impl Named for PartialsType {
     const WHAT: &'static str = "partials type";
     const NAMES: &'static [(&'static str, Self)] =
         &[("float", PartialsType::Float), ("half", PartialsType::Half)];
+    const HELP: &'static [&'static str] = &[
+        "fp32 partial sums (Poplar's default)",
+        "fp16 partial sums for fp16 products: the AMP at its fp16 peak, half the partials' bytes",
+    ];
 }
 
 impl Named for OptimizerKind {
@@ -89,6 +100,13 @@ impl Named for OptimizerKind {
         ("adam", OptimizerKind::Adam),
         ("lamb", OptimizerKind::Lamb),
         ("lars", OptimizerKind::Lars),
+    ];
+    const HELP: &'static [&'static str] = &[
+        "Plain SGD",
+        "SGD with momentum 0.9",
+        "Adam (Keras defaults)",
+        "LAMB (beta1 0.9, beta2 0.999, epsilon 1e-6, weight decay 0.01: Graphcore's BERT pre-training's), Adam's moments with a per-tensor trust ratio",
+        "LARS (momentum 0.9, weight decay 1e-4, trust coefficient 0.001), momentum SGD with a per-tensor trust ratio",
     ];
 }
 
@@ -102,6 +120,12 @@ impl Named for LossKind {
         ),
         ("mse", LossKind::Mse),
         ("masked-lm", LossKind::MaskedLm),
+    ];
+    const HELP: &'static [&'static str] = &[
+        "By the output: `[batch, classes]` gets sparse cross-entropy; `[batch, seq, hidden]` of a model with a token embedding gets the masked-LM head; anything else MSE",
+        "Sparse categorical cross-entropy on the output as logits (`[batch, classes]` or `[batch, seq, classes]`), integer labels",
+        "Mean squared error against a target of the output's shape",
+        "A masked-LM head as BERT's pre-training: the hidden states of the masked positions (`--mask-tokens` per sequence, gathered from the output `[batch, seq, hidden]`) projected onto the token embedding (tied; when the embedding is in an earlier pipeline stage the projection is a stage of its own on the embedding's IPU) to `[batch, masked, vocab]` logits, cross-entropy with labels (-100 ignored)",
     ];
 }
 
@@ -177,8 +201,24 @@ mod tests {
         assert_eq!(T::from_name("no such name", true), None);
     }
 
+    /// Help, where a choice has it, says what every value does.
+    fn helped<T: Named>() {
+        assert!(
+            T::HELP.is_empty() || T::HELP.len() == T::NAMES.len(),
+            "{}",
+            T::WHAT
+        );
+        assert!(T::HELP.iter().all(|h| !h.is_empty()), "{}", T::WHAT);
+    }
+
     #[test]
     fn every_name_reads_back_as_its_value() {
+        helped::<Schedule>();
+        helped::<DType>();
+        helped::<Preset>();
+        helped::<PartialsType>();
+        helped::<OptimizerKind>();
+        helped::<LossKind>();
         round_trip::<Schedule>();
         round_trip::<DType>();
         round_trip::<Preset>();

@@ -45,6 +45,7 @@ pub mod planner;
 pub mod program;
 pub mod runner;
 pub mod system;
+pub mod techniques;
 pub mod threads;
 
 pub use cost::UnaryKind;

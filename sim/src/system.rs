@@ -21,6 +21,7 @@ use crate::memory::{
 };
 use crate::pipeline::{timeline_concurrent, ElidedSteps, SlotRun, StageCost};
 use crate::program::{Program, TensorClass};
+use crate::techniques::{MemoryProportion, Techniques};
 
 /// The most IPUs one system holds: Graphcore's largest IPU-POD systems (the Bow Pod1024 of
 /// 1,024 Bow IPUs; the GC200's largest was the IPU-POD256). Replicas times the IPUs of one
@@ -52,19 +53,11 @@ pub struct SystemOptions {
     /// Micro-batches per weight update for inference pipelines (training uses the graph's
     /// accumulation count).
     pub inference_micro_batches: usize,
-    /// Recompute each stage's forward before its backward instead of stashing activations.
-    pub recompute: bool,
-    /// Lowering knobs (including optimizer-state offload and the planner's options).
-    pub lower: LowerOptions,
-    /// poplin's `availableMemoryProportion` per pipeline stage (PopART's and PopTorch's
-    /// per-IPU proportions, TensorFlow's per-stage convolution and matmul options): each IPU's
-    /// products are planned with the proportion of the first stage on it. Empty: every IPU
-    /// uses `lower.plan`'s. Otherwise one per stage.
-    pub stage_memory_proportions: Vec<f64>,
-    /// Keep the pipeline stash in streaming memory (TensorFlow's `offload_activations`):
-    /// each stashed activation is stored after its forward pass and loaded before its
-    /// backward pass, and holds no tile memory in between.
-    pub offload_activations: bool,
+    /// The memory techniques (recomputation, offloading, the planner's options, replicated
+    /// tensor sharding, outlining, serialization): see [`crate::techniques`].
+    pub techniques: Techniques,
+    /// The smallest chunk of a tensor a tile gets when the lowering spreads a tensor.
+    pub min_chunk_bytes: u64,
     /// Produce the estimate even when a tile overflows.
     pub allow_out_of_memory: bool,
     /// Micro-batches per execution (Keras' `steps_per_execution`): a multiple of the
@@ -88,10 +81,8 @@ impl Default for SystemOptions {
             replicas: 1,
             micro_batch: 1,
             inference_micro_batches: 1,
-            recompute: false,
-            lower: LowerOptions::default(),
-            stage_memory_proportions: Vec::new(),
-            offload_activations: false,
+            techniques: Techniques::default(),
+            min_chunk_bytes: LowerOptions::default().min_chunk_bytes,
             allow_out_of_memory: false,
             steps_per_execution: None,
             repeat_count: None,
@@ -393,42 +384,45 @@ fn add(a: &mut Cycles, b: &Cycles) {
     a.remote_buffers += b.remote_buffers;
 }
 
-/// Each IPU's lowering options: `opts.lower` with the planner's proportion of the first stage
-/// on the IPU, when proportions are given per stage.
+/// The lowering options of the whole system (a proportion given per stage leaves Poplar's
+/// default here; each IPU's own are [`ipu_lower_options`]).
+fn system_lower_options(opts: &SystemOptions) -> LowerOptions {
+    let proportion = match &opts.techniques.available_memory_proportion {
+        MemoryProportion::All(p) => *p,
+        MemoryProportion::PerStage(_) => crate::planner::AVAILABLE_MEMORY_PROPORTION,
+    };
+    LowerOptions {
+        min_chunk_bytes: opts.min_chunk_bytes,
+        ..opts.techniques.lower_options(opts.replicas, proportion)
+    }
+}
+
+/// Each IPU's lowering options: the system's, with the planner's proportion of the first
+/// stage on the IPU.
 fn ipu_lower_options(
     opts: &SystemOptions,
     mapping: &[usize],
     ipus: usize,
 ) -> Result<Vec<LowerOptions>, SystemError> {
-    let option = "available memory proportion";
-    let bad = |detail: String| SystemError::StageOption { option, detail };
-    opts.lower.plan.validate().map_err(bad)?;
-    let p = &opts.stage_memory_proportions;
-    if p.is_empty() {
-        return Ok(vec![opts.lower; ipus]);
-    }
-    if p.len() != mapping.len() {
-        return Err(bad(format!(
-            "{} values given for {} pipeline stages (give one, or one per stage)",
-            p.len(),
-            mapping.len()
-        )));
-    }
-    let mut out = vec![opts.lower; ipus];
-    let mut set = vec![false; ipus];
-    for (stage, (&d, &proportion)) in mapping.iter().zip(p).enumerate() {
-        let plan = crate::planner::PlanOptions {
-            available_memory_proportion: proportion,
-            ..opts.lower.plan
-        };
-        plan.validate()
-            .map_err(|e| bad(format!("stage {stage}: {e}")))?;
-        if !set[d] {
-            out[d].plan = plan;
-            set[d] = true;
-        }
-    }
-    Ok(out)
+    let proportions = opts
+        .techniques
+        .available_memory_proportion
+        .per_ipu(mapping, ipus)
+        .map_err(|detail| SystemError::StageOption {
+            option: "available memory proportion",
+            detail,
+        })?;
+    let base = system_lower_options(opts);
+    Ok(proportions
+        .into_iter()
+        .map(|p| LowerOptions {
+            plan: crate::planner::PlanOptions {
+                available_memory_proportion: p,
+                ..base.plan
+            },
+            ..base
+        })
+        .collect())
 }
 
 /// Estimates `plan` across IPUs of `cfg`, as `opts` says, in phases: the options are checked
@@ -727,7 +721,7 @@ where
                     true,
                     (ipus > 1).then(|| {
                         std::sync::Arc::clone(layouts.get_or_init(|| {
-                            crate::lower::whole_graph_layouts(plan, cfg, opts.lower)
+                            crate::lower::whole_graph_layouts(plan, cfg, system_lower_options(opts))
                         }))
                     }),
                 )
@@ -807,7 +801,7 @@ fn cost_stages<S: Storage>(
             add(&mut c.phases[k].1, &cycles);
         }
     }
-    if opts.recompute && t.training {
+    if opts.techniques.recompute.stages && t.training {
         for cost in &mut c.stages {
             cost.backward += cost.forward;
         }
@@ -838,7 +832,7 @@ fn stash<S: Storage>(
 ) -> Result<Stash, SystemError> {
     let g = plan.graph();
     let stashed = if t.training {
-        stashed_tensors(plan, opts.recompute)
+        stashed_tensors(plan, opts.techniques.recompute.stages)
     } else {
         Vec::new()
     };
@@ -846,7 +840,7 @@ fn stash<S: Storage>(
     for &(k, i) in &stashed {
         entry_bytes[k] += g.nodes()[i].bytes() as u64;
     }
-    let offloaded = opts.offload_activations && t.training;
+    let offloaded = opts.techniques.offload.activations && t.training;
     if offloaded {
         if cfg.streaming_memory_bytes == 0 {
             return Err(SystemError::StageOption {
@@ -1007,13 +1001,13 @@ fn ipu_rows<S: Storage>(
                 .filter(|(t, n)| {
                     t.class == TensorClass::NotAlwaysLive
                         && ((n.roles().contains(Roles::OPTIMIZER_STATE)
-                            && opts.lower.offload_optimizer_state)
+                            && opts.techniques.offload.optimizer_state)
                             || (n.roles().contains(Roles::ACCUMULATOR)
-                                && opts.lower.offload_accumulators))
+                                && opts.techniques.offload.gradient_accumulators))
                 })
                 .map(|(t, n)| {
                     let shards = if n.roles().contains(Roles::OPTIMIZER_STATE) {
-                        opts.lower.shards_of(t.elements)
+                        system_lower_options(opts).shards_of(t.elements)
                     } else {
                         1
                     };

@@ -11,6 +11,8 @@ use tessera_host::session::OptimizerKind;
 use tessera_sim::machine::Preset;
 use tessera_sim::planner::PartialsType;
 
+use super::named::named;
+
 /// Train and estimate neural networks on a simulated IPU system.
 #[derive(Parser, Debug)]
 #[command(name = "tessera", version, propagate_version = true)]
@@ -54,24 +56,6 @@ pub enum Command {
     },
 }
 
-/// poplin's `partialsType`.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum PartialsArg {
-    /// fp32 partial sums (Poplar's default).
-    Float,
-    /// fp16 partial sums for fp16 products: the AMP at its fp16 peak, half the partials' bytes.
-    Half,
-}
-
-impl PartialsArg {
-    pub fn partials(self) -> PartialsType {
-        match self {
-            PartialsArg::Float => PartialsType::Float,
-            PartialsArg::Half => PartialsType::Half,
-        }
-    }
-}
-
 /// A proportion in (0, 1], as poplin's `availableMemoryProportion` must be.
 fn proportion(s: &str) -> Result<f64, String> {
     let p: f64 = s
@@ -79,118 +63,6 @@ fn proportion(s: &str) -> Result<f64, String> {
         .parse()
         .map_err(|_| format!("`{s}` is not a number"))?;
     tessera_sim::planner::check_proportion(p).map(|()| p)
-}
-
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum IpuArg {
-    Mk1,
-    Mk2,
-    Bow,
-}
-
-impl IpuArg {
-    pub fn preset(self) -> Preset {
-        match self {
-            IpuArg::Mk1 => Preset::Mk1,
-            IpuArg::Mk2 => Preset::Mk2,
-            IpuArg::Bow => Preset::Bow,
-        }
-    }
-}
-
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum DTypeArg {
-    F32,
-    F16,
-}
-
-impl DTypeArg {
-    pub fn dtype(self) -> DType {
-        match self {
-            DTypeArg::F32 => DType::F32,
-            DTypeArg::F16 => DType::F16,
-        }
-    }
-}
-
-/// The optimizers (the library's [`OptimizerKind`]).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum OptimizerArg {
-    /// Plain SGD.
-    Sgd,
-    /// SGD with momentum 0.9.
-    Momentum,
-    /// Adam (Keras defaults).
-    Adam,
-    /// LAMB (beta1 0.9, beta2 0.999, epsilon 1e-6, weight decay 0.01: Graphcore's BERT
-    /// pre-training's), Adam's moments with a per-tensor trust ratio.
-    Lamb,
-    /// LARS (momentum 0.9, weight decay 1e-4, trust coefficient 0.001), momentum SGD with a
-    /// per-tensor trust ratio.
-    Lars,
-}
-
-impl OptimizerArg {
-    pub fn kind(self) -> OptimizerKind {
-        match self {
-            OptimizerArg::Sgd => OptimizerKind::Sgd,
-            OptimizerArg::Momentum => OptimizerKind::Momentum,
-            OptimizerArg::Adam => OptimizerKind::Adam,
-            OptimizerArg::Lamb => OptimizerKind::Lamb,
-            OptimizerArg::Lars => OptimizerKind::Lars,
-        }
-    }
-}
-
-/// The losses of an ONNX model's training (the library's [`LossKind`]).
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LossArg {
-    /// By the output: `[batch, classes]` gets sparse cross-entropy; `[batch, seq, hidden]`
-    /// of a model with a token embedding gets the masked-LM head; anything else MSE.
-    Auto,
-    /// Sparse categorical cross-entropy on the output as logits (`[batch, classes]` or
-    /// `[batch, seq, classes]`), integer labels.
-    SparseCategoricalCrossentropy,
-    /// Mean squared error against a target of the output's shape.
-    Mse,
-    /// A masked-LM head as BERT's pre-training: the hidden states of the masked positions
-    /// (`--mask-tokens` per sequence, gathered from the output `[batch, seq, hidden]`)
-    /// projected onto the token embedding (tied; when the embedding is in an earlier pipeline
-    /// stage the projection is a stage of its own on the embedding's IPU) to
-    /// `[batch, masked, vocab]` logits, cross-entropy with labels (-100 ignored).
-    MaskedLm,
-}
-
-impl LossArg {
-    pub fn kind(self) -> LossKind {
-        match self {
-            LossArg::Auto => LossKind::Auto,
-            LossArg::SparseCategoricalCrossentropy => LossKind::SparseCategoricalCrossentropy,
-            LossArg::Mse => LossKind::Mse,
-            LossArg::MaskedLm => LossKind::MaskedLm,
-        }
-    }
-}
-
-/// The pipeline schedules.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ScheduleArg {
-    /// All forward and backward stages run every step, on successive micro-batches.
-    Grouped,
-    /// Forward and backward stages alternate on each IPU.
-    Interleaved,
-    /// One stage at a time (no overlap).
-    Sequential,
-}
-
-impl ScheduleArg {
-    pub fn schedule(self) -> Schedule {
-        match self {
-            ScheduleArg::Grouped => Schedule::Grouped,
-            ScheduleArg::Interleaved => Schedule::Interleaved,
-            ScheduleArg::Sequential => Schedule::Sequential,
-        }
-    }
 }
 
 /// Options that say how a model is compiled and placed.
@@ -217,8 +89,8 @@ pub struct ModelArgs {
     #[arg(long)]
     pub steps_per_execution: Option<usize>,
     /// Pipeline schedule [default: the model file's, else grouped].
-    #[arg(long, value_enum)]
-    pub pipeline_schedule: Option<ScheduleArg>,
+    #[arg(long, value_parser = named::<Schedule>())]
+    pub pipeline_schedule: Option<Schedule>,
     /// Put every layer on one IPU (ignore the model's pipeline stages).
     #[arg(long)]
     pub no_pipelining: bool,
@@ -226,11 +98,11 @@ pub struct ModelArgs {
     #[arg(long, default_value_t = 1)]
     pub replicas: usize,
     /// IPU generation.
-    #[arg(long, value_enum, default_value = "mk2")]
-    pub ipu: IpuArg,
+    #[arg(long, value_parser = named::<Preset>(), default_value = "mk2")]
+    pub ipu: Preset,
     /// Optimizer (momentum is 0.9) [default: the model file's, else sgd].
-    #[arg(long, value_enum)]
-    pub optimizer: Option<OptimizerArg>,
+    #[arg(long, value_parser = named::<OptimizerKind>())]
+    pub optimizer: Option<OptimizerKind>,
     /// Learning rate [default: the model file's for its optimizer, else 0.1 for sgd, 0.01 for
     /// momentum, 0.001 for adam].
     #[arg(long)]
@@ -244,19 +116,19 @@ pub struct ModelArgs {
     #[arg(long)]
     pub no_offload_optimizer_state: bool,
     /// Element type of weights and activations.
-    #[arg(long, value_enum, default_value = "f32")]
-    pub dtype: DTypeArg,
+    #[arg(long, value_parser = named::<DType>(), default_value = "f32")]
+    pub dtype: DType,
     /// Type of matmuls' and convolutions' partial sums: Poplar's `partialsType` (TensorFlow
     /// `set_matmul_options` / `set_convolution_options({'partialsType': 'half'})`, PopART
     /// `partialsTypeMatMuls`, PopTorch `Precision.setPartialsType`) [default: the model
     /// file's, else float]. Half applies to f16 products only.
-    #[arg(long, value_enum)]
-    pub partials_type: Option<PartialsArg>,
+    #[arg(long, value_parser = named::<PartialsType>())]
+    pub partials_type: Option<PartialsType>,
     /// Element type of the gradient accumulators: TensorFlow's `gradient_accumulation_dtype`
     /// (pipelining and `GradientAccumulationOptimizerV2`), PopART's `accumType` [default: the
     /// model file's, else the weights' type, TensorFlow's and PopART SGD's default].
-    #[arg(long, value_enum)]
-    pub gradient_accumulation_dtype: Option<DTypeArg>,
+    #[arg(long, value_parser = named::<DType>())]
+    pub gradient_accumulation_dtype: Option<DType>,
     /// Share of each tile a matmul's or convolution's temporary memory may take in the
     /// planner's first pass: poplin's `availableMemoryProportion` (TensorFlow
     /// `set_matmul_options` / `set_convolution_options`, PopART per-IPU
@@ -442,8 +314,8 @@ pub struct EstimateArgs {
     #[arg(long)]
     pub no_search: bool,
     /// ONNX models: the loss of training [default: auto, by the output's shape].
-    #[arg(long, value_enum)]
-    pub loss: Option<LossArg>,
+    #[arg(long, value_parser = named::<LossKind>())]
+    pub loss: Option<LossKind>,
     /// ONNX models, masked-LM loss: masked positions per sequence that the head projects
     /// onto the vocabulary (BERT's `max_predictions_per_seq`, Graphcore's `mask_tokens`)
     /// [default: 15% of the sequence, rounded up: 20 for 128 tokens].
@@ -481,8 +353,8 @@ pub struct OpCommon {
     #[arg(long, value_enum, default_value = "half")]
     pub data_type: DataTypeArg,
     /// IPU generation.
-    #[arg(long, value_enum, default_value = "mk2")]
-    pub ipu: IpuArg,
+    #[arg(long, value_parser = named::<Preset>(), default_value = "mk2")]
+    pub ipu: Preset,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,

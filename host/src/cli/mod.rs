@@ -3,6 +3,7 @@
 pub mod args;
 pub mod estimate;
 pub mod infer;
+pub mod named;
 pub mod onnx;
 pub mod op;
 pub mod options;

@@ -37,7 +37,7 @@ fn estimates(c: OpCommand) -> Result<(OpCommon, Vec<OpEstimate>), AnyError> {
             transpose_b,
             common,
         } => {
-            let cfg = IpuConfig::preset(common.ipu.preset());
+            let cfg = IpuConfig::preset(common.ipu);
             let dtype = common.data_type.dtype();
             let r = matmul(&cfg, m, k, n, dtype, transpose_a, transpose_b)?;
             (common, vec![r])
@@ -50,7 +50,7 @@ fn estimates(c: OpCommand) -> Result<(OpCommon, Vec<OpEstimate>), AnyError> {
             inference_only,
             common,
         } => {
-            let cfg = IpuConfig::preset(common.ipu.preset());
+            let cfg = IpuConfig::preset(common.ipu);
             let dtype = common.data_type.dtype();
             let (b, i, o, g) = (batch_size, input_size, output_size, num_groups);
             let rs = if inference_only {
@@ -81,7 +81,7 @@ fn estimates(c: OpCommand) -> Result<(OpCommon, Vec<OpEstimate>), AnyError> {
                 [input_channels, output_channels, conv_groups, batch_size],
                 bias,
             )?;
-            let cfg = IpuConfig::preset(common.ipu.preset());
+            let cfg = IpuConfig::preset(common.ipu);
             let passes: &[ConvPass] = if inference_only {
                 &[ConvPass::Forward]
             } else {

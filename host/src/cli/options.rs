@@ -7,9 +7,7 @@ use tessera_host::idx::{load_mnist, Mnist};
 use tessera_host::model::Model;
 use tessera_host::session::SessionOptions;
 
-use super::args::{
-    DTypeArg, EstimateArgs, LossArg, ModelArgs, OptimizerArg, PartialsArg, ScheduleArg,
-};
+use super::args::{EstimateArgs, ModelArgs};
 use super::AnyError;
 
 /// The digits bundled with Tessera.
@@ -49,16 +47,16 @@ pub fn model_options(a: &ModelArgs) -> EstimateOptions {
         gradient_accumulation_count: a.gradient_accumulation_count,
         repeat_count: a.repeat_count,
         steps_per_execution: a.steps_per_execution,
-        pipeline_schedule: a.pipeline_schedule.map(ScheduleArg::schedule),
+        pipeline_schedule: a.pipeline_schedule,
         no_pipelining: a.no_pipelining,
         replicas: a.replicas,
-        ipu: a.ipu.preset(),
-        optimizer: a.optimizer.map(OptimizerArg::kind),
+        ipu: a.ipu,
+        optimizer: a.optimizer,
         learning_rate: a.learning_rate,
         offload_optimizer_state: either(a.offload_optimizer_state, a.no_offload_optimizer_state),
-        dtype: a.dtype.dtype(),
-        partials_type: a.partials_type.map(PartialsArg::partials),
-        gradient_accumulation_dtype: a.gradient_accumulation_dtype.map(DTypeArg::dtype),
+        dtype: a.dtype,
+        partials_type: a.partials_type,
+        gradient_accumulation_dtype: a.gradient_accumulation_dtype,
         available_memory_proportion: a.available_memory_proportion.clone(),
         recompute_checkpoints: a.recompute_checkpoints.clone(),
         replicated_tensor_sharding: either(
@@ -84,7 +82,7 @@ pub fn estimate_options(a: &EstimateArgs) -> EstimateOptions {
         layers_per_ipu: a.layers_per_ipu.clone(),
         input_shapes: a.input_shapes.clone(),
         no_search: a.no_search,
-        loss: a.loss.map(LossArg::kind),
+        loss: a.loss,
         mask_tokens: a.mask_tokens,
         ..model_options(&a.model)
     }
@@ -101,28 +99,76 @@ pub fn command_line() -> String {
 
 #[cfg(test)]
 mod tests {
-    use clap::ValueEnum;
+    use clap::{CommandFactory, Parser};
+    use tessera_core::schedule::Schedule;
+    use tessera_core::DType;
     use tessera_host::names::Named;
+    use tessera_host::session::onnx::LossKind;
+    use tessera_host::session::OptimizerKind;
+    use tessera_sim::machine::Preset;
+    use tessera_sim::planner::PartialsType;
 
-    use super::super::args::{DTypeArg, IpuArg, LossArg, OptimizerArg, PartialsArg, ScheduleArg};
+    use super::super::args::Cli;
 
-    /// The command line's names of a choice, each with the library value it maps to.
-    fn names<A: ValueEnum, T: Named + std::fmt::Debug>(to: impl Fn(&A) -> T) {
-        let cli: Vec<(String, T)> = A::value_variants()
+    /// The names and help `tessera estimate` lists for option `long`.
+    fn listed(long: &str) -> Vec<(String, Option<String>)> {
+        let cli = Cli::command();
+        let estimate = cli.find_subcommand("estimate").unwrap();
+        let arg = estimate
+            .get_arguments()
+            .find(|a| a.get_long() == Some(long))
+            .unwrap();
+        arg.get_possible_values()
             .iter()
-            .map(|v| (v.to_possible_value().unwrap().get_name().to_string(), to(v)))
-            .collect();
-        let lib: Vec<(String, T)> = T::NAMES.iter().map(|(n, v)| (n.to_string(), *v)).collect();
-        assert_eq!(cli, lib);
+            .map(|v| {
+                (
+                    v.get_name().to_string(),
+                    v.get_help().map(|h| h.to_string()),
+                )
+            })
+            .collect()
+    }
+
+    /// The library's names of choice `T`, with their help.
+    fn library<T: Named>() -> Vec<(String, Option<String>)> {
+        T::NAMES
+            .iter()
+            .enumerate()
+            .map(|(i, (n, _))| (n.to_string(), T::HELP.get(i).map(|h| h.to_string())))
+            .collect()
     }
 
     #[test]
-    fn the_command_line_names_every_choice_as_the_library_does() {
-        names::<ScheduleArg, _>(|a| a.schedule());
-        names::<DTypeArg, _>(|a| a.dtype());
-        names::<IpuArg, _>(|a| a.preset());
-        names::<PartialsArg, _>(|a| a.partials());
-        names::<OptimizerArg, _>(|a| a.kind());
-        names::<LossArg, _>(|a| a.kind());
+    fn the_command_line_lists_every_choice_as_the_library_does() {
+        assert_eq!(listed("pipeline-schedule"), library::<Schedule>());
+        assert_eq!(listed("dtype"), library::<DType>());
+        assert_eq!(listed("gradient-accumulation-dtype"), library::<DType>());
+        assert_eq!(listed("ipu"), library::<Preset>());
+        assert_eq!(listed("partials-type"), library::<PartialsType>());
+        assert_eq!(listed("optimizer"), library::<OptimizerKind>());
+        assert_eq!(listed("loss"), library::<LossKind>());
+    }
+
+    #[test]
+    fn a_choice_reads_as_the_library_value_and_refuses_other_names() {
+        let parse = |args: &[&str]| Cli::try_parse_from(args.iter().copied());
+        let cli = parse(&[
+            "tessera",
+            "estimate",
+            "--pipeline-schedule",
+            "interleaved",
+            "--ipu",
+            "bow",
+        ])
+        .unwrap();
+        let super::super::args::Command::Estimate(a) = cli.command else {
+            panic!("not an estimate")
+        };
+        assert_eq!(a.model.pipeline_schedule, Some(Schedule::Interleaved));
+        assert_eq!(a.model.ipu, Preset::Bow);
+        let e = parse(&["tessera", "estimate", "--ipu", "mk3"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("[possible values: mk1, mk2, bow]"), "{e}");
     }
 }

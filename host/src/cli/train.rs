@@ -52,7 +52,7 @@ fn print_header(p: &Prepared, opts: &SessionOptions, data: &Mnist, source: &str)
         opts.gradient_accumulation_count,
         format!("{:?}", opts.optimizer).to_lowercase(),
         opts.learning_rate,
-        if opts.offload_optimizer_state { ", optimizer state offloaded" } else { "" },
+        if opts.techniques.offload.optimizer_state { ", optimizer state offloaded" } else { "" },
     );
     println!(
         "{} execution(s) of R = {} weight updates ({} samples each, {:.2} epochs) over the repeated dataset",

@@ -305,9 +305,7 @@ fn model_estimate(model: &Model, o: &EstimateOptions) -> Result<Estimation, Esti
     let e = if o.inference {
         inference_estimate(model, &session)?
     } else {
-        let mut c = compile(model, &session)?;
-        c.target.system.recompute = o.recompute;
-        c.target.estimate()?
+        compile(model, &session)?.target.estimate()?
     };
     let machine = IpuConfig::preset(session.ipu);
     Ok(Estimation {

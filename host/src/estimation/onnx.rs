@@ -184,7 +184,6 @@ impl<'a> Job<'a> {
             stages,
             loss: o.loss.unwrap_or_default(),
             inference: o.inference,
-            recompute: o.recompute,
             mask_tokens: o.mask_tokens,
             device_mapping: (!o.device_mapping.is_empty()).then(|| o.device_mapping.clone()),
             input_shapes: o.input_shapes.clone(),

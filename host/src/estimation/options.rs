@@ -11,12 +11,11 @@ use super::EstimateError;
 use crate::model::TrainingDefaults;
 use crate::names::named;
 use crate::session::onnx::LossKind;
-use crate::session::{
-    default_offload, default_sharding, Checkpoints, OptimizerKind, SessionOptions,
+use crate::session::{OptimizerKind, SessionOptions};
+pub use tessera_sim::techniques::serialization::MAX_EMBEDDING_SERIALIZATION;
+use tessera_sim::techniques::{
+    offload, serialization, sharding, Checkpoints, MemoryProportion, Offload, Recompute, Techniques,
 };
-
-/// The most pieces `embedding_serialization` may cut the vocabulary products into.
-pub const MAX_EMBEDDING_SERIALIZATION: u64 = 4096;
 
 /// How a model is estimated: `tessera estimate`'s options, named as its flags are with
 /// underscores for dashes (`batch_size` is `--batch-size`). A value left out takes the model
@@ -254,11 +253,8 @@ impl EstimateOptions {
                 .map_err(|e| EstimateError::Options(format!("available_memory_proportion: {e}")))?;
         }
         if let Some(n) = self.embedding_serialization {
-            if !(1..=MAX_EMBEDDING_SERIALIZATION).contains(&n) {
-                return Err(EstimateError::Options(format!(
-                    "embedding_serialization: {n} is not in 1..={MAX_EMBEDDING_SERIALIZATION}"
-                )));
-            }
+            serialization::check(n)
+                .map_err(|e| EstimateError::Options(format!("embedding_serialization: {e}")))?;
         }
         Ok(())
     }
@@ -400,7 +396,37 @@ impl EstimateOptions {
         let machine = IpuConfig::preset(self.ipu);
         let offload = self
             .offload_optimizer_state
-            .unwrap_or_else(|| default_offload(stages, accumulation, &machine));
+            .unwrap_or_else(|| offload::default_optimizer_state(stages, accumulation, &machine));
+        let checkpoints = Checkpoints::from_names(&self.recompute_checkpoints)
+            .map_err(|e| EstimateError::Options(format!("--recompute-checkpoints: {e}")))?;
+        let techniques = Techniques {
+            available_memory_proportion: MemoryProportion::from_values(
+                &self.available_memory_proportion,
+            ),
+            partials: self.partials_type.unwrap_or(PartialsType::Float),
+            recompute: Recompute {
+                stages: self.recompute,
+                checkpoints,
+            },
+            offload: Offload {
+                optimizer_state: offload,
+                activations: self.offload_activations,
+                gradient_accumulators: self.offload_gradient_accumulation_buffers,
+            },
+            replicated_tensor_sharding: self
+                .replicated_tensor_sharding
+                .unwrap_or_else(|| sharding::default_on(offload, self.replicas)),
+            outlining: !self.no_outlining,
+            embedding_serialization: match self.embedding_serialization {
+                Some(0) => {
+                    return Err(EstimateError::Options(format!(
+                        "{model}: embedding_serialization must be at least 1 (1 leaves the embedding whole)"
+                    )))
+                }
+                Some(n) => n,
+                None => 1,
+            },
+        };
         Ok(SessionOptions {
             batch_size: self.batch_size.unwrap_or(32),
             gradient_accumulation_count: accumulation,
@@ -413,40 +439,10 @@ impl EstimateOptions {
             learning_rate: self
                 .learning_rate
                 .unwrap_or_else(|| optimizer.default_learning_rate()),
-            offload_optimizer_state: offload,
             dtype: self.dtype,
             no_pipelining: self.no_pipelining,
-            partials: self.partials_type.unwrap_or(PartialsType::Float),
             accumulation_dtype: self.gradient_accumulation_dtype,
-            replicated_tensor_sharding: self
-                .replicated_tensor_sharding
-                .unwrap_or_else(|| default_sharding(offload, self.replicas)),
-            outlining: !self.no_outlining,
-            offload_activations: self.offload_activations,
-            offload_gradient_accumulation_buffers: self.offload_gradient_accumulation_buffers,
-            embedding_serialization: match self.embedding_serialization {
-                Some(0) => {
-                    return Err(EstimateError::Options(format!(
-                        "{model}: embedding_serialization must be at least 1 (1 leaves the embedding whole)"
-                    )))
-                }
-                Some(n) => n,
-                None => 1,
-            },
-            recompute_checkpoints: match self.recompute_checkpoints.as_slice() {
-                [] => None,
-                [one] if one == "auto" => Some(Checkpoints::Auto),
-                names => {
-                    if names.iter().any(|n| n == "auto") {
-                        return Err(EstimateError::Options(
-                            "--recompute-checkpoints: `auto` stands alone (or name the checkpoints)"
-                                .into(),
-                        ));
-                    }
-                    Some(Checkpoints::Named(names.to_vec()))
-                }
-            },
-            available_memory_proportion: self.available_memory_proportion.clone(),
+            techniques,
         })
     }
 }
@@ -647,7 +643,7 @@ mod tests {
             so.learning_rate,
             OptimizerKind::Adam.default_learning_rate()
         );
-        assert!(!so.outlining);
+        assert!(!so.techniques.outlining);
         assert_eq!(so.batch_size, 16);
         // A rate asked for stands whatever the optimizer.
         let rate = EstimateOptions {

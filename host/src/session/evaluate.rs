@@ -122,13 +122,7 @@ fn compile_inference(
     } else {
         None
     };
-    let mut target = compile_graph(
-        g,
-        so,
-        None,
-        model.device_mapping.clone(),
-        so.stage_memory_proportions(),
-    )?;
+    let mut target = compile_graph(g, so, None, model.device_mapping.clone())?;
     let stages = model.stage_count();
     let schedule = target.options.schedule;
     let overlap = overlap_length(schedule, stages, false);
@@ -141,12 +135,9 @@ fn compile_inference(
         stages,
         schedule,
     )?;
-    // An execution runs K micro-batches (the evaluation's loop, not training's), and
-    // inference keeps no optimizer state to offload nor activations to stash.
+    // An execution runs K micro-batches (the evaluation's loop, not training's).
     let system = &mut target.system;
     system.inference_micro_batches = k;
-    system.lower.offload_optimizer_state = false;
-    system.offload_activations = false;
     system.steps_per_execution = None;
     system.repeat_count = None;
     let estimate = target.estimate()?;

@@ -26,12 +26,12 @@ use tessera_core::schedule::Schedule;
 use tessera_core::{
     Accumulation, DType, Graph, GraphError, NodeId, Optimizer, Plan, PlanError, RunError,
 };
-use tessera_sim::lower::LowerOptions;
 use tessera_sim::machine::{IpuConfig, Preset};
-use tessera_sim::planner::{PartialsType, PlanOptions};
 use tessera_sim::system::{
     estimate_system, SystemError, SystemEstimate, SystemOptions, MAX_LOOP_COUNT, MAX_SYSTEM_IPUS,
 };
+use tessera_sim::techniques::Techniques;
+pub use tessera_sim::techniques::{Checkpoints, Recompute};
 
 use crate::dataset::DatasetError;
 use crate::infeed::InfeedError;
@@ -119,46 +119,15 @@ pub struct SessionOptions {
     pub optimizer: OptimizerKind,
     /// Learning rate.
     pub learning_rate: f32,
-    /// Keep optimizer state in streaming memory (TensorFlow's
-    /// `offload_weight_update_variables`); see [`default_offload`] for TF's default.
-    pub offload_optimizer_state: bool,
     /// Weights' and activations' element type.
     pub dtype: DType,
     /// Put every layer in one stage on one IPU.
     pub no_pipelining: bool,
-    /// poplin's `partialsType` for matmuls and convolutions.
-    pub partials: PartialsType,
     /// The gradient accumulators' element type (TensorFlow's `gradient_accumulation_dtype`,
     /// PopART's `accumType`); `None`: the weights' type, as both default.
     pub accumulation_dtype: Option<DType>,
-    /// poplin's `availableMemoryProportion`: empty for Poplar's default, one value for every
-    /// IPU, or one per pipeline stage.
-    pub available_memory_proportion: Vec<f64>,
-    /// Recomputation from checkpoints (training): which forward activations the backward
-    /// pass keeps; the rest are recomputed from them.
-    pub recompute_checkpoints: Option<Checkpoints>,
-    /// Shard the optimizer state and its update over the replicas.
-    pub replicated_tensor_sharding: bool,
-    /// Outlining (code reuse): identical layers share their code.
-    pub outlining: bool,
-    /// Embedding serialization: the products over the vocabulary in this many serial pieces.
-    pub embedding_serialization: u64,
-    /// Keep the pipeline stash in streaming memory (TensorFlow's `offload_activations`).
-    pub offload_activations: bool,
-    /// Keep the gradient accumulators in streaming memory (TensorFlow's
-    /// `offload_gradient_accumulation_buffers`).
-    pub offload_gradient_accumulation_buffers: bool,
-}
-
-/// Recomputation checkpoints (PopART's recomputation with checkpoints, TensorFlow's
-/// `recomputation_checkpoint`, PopTorch's `recomputationCheckpoint`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Checkpoints {
-    /// At the output of each repeated block ([`tessera_core::Graph::auto_checkpoints`]), as
-    /// PopTorch's `recompute_checkpoint_every_layer` does for a transformer's layers.
-    Auto,
-    /// The named nodes (graph nodes, or ONNX nodes: the last node of each).
-    Named(Vec<String>),
+    /// The memory techniques (see [`tessera_sim::techniques`]).
+    pub techniques: Techniques,
 }
 
 /// Differentiates `loss` with `checkpoints` resolved in `g` (an ONNX node's name, through
@@ -200,43 +169,6 @@ pub(crate) fn differentiate(
     Ok(())
 }
 
-impl SessionOptions {
-    /// The lowering options these session options ask for (optimizer-state offload and the
-    /// planner's options; a single proportion applies to every IPU).
-    pub fn lower_options(&self) -> LowerOptions {
-        let mut plan = PlanOptions {
-            partials: self.partials,
-            ..PlanOptions::default()
-        };
-        if let [p] = self.available_memory_proportion.as_slice() {
-            plan.available_memory_proportion = *p;
-        }
-        LowerOptions {
-            offload_optimizer_state: self.offload_optimizer_state,
-            plan,
-            replicated_tensor_sharding: if self.replicated_tensor_sharding {
-                u32::try_from(self.replicas).unwrap_or(u32::MAX)
-            } else {
-                1
-            },
-            outlining: self.outlining,
-            embedding_serialization: self.embedding_serialization,
-            offload_accumulators: self.offload_gradient_accumulation_buffers,
-            ..LowerOptions::default()
-        }
-    }
-
-    /// The proportions per pipeline stage, when more than one was given (see
-    /// `SystemOptions::stage_memory_proportions`).
-    pub fn stage_memory_proportions(&self) -> Vec<f64> {
-        if self.available_memory_proportion.len() > 1 {
-            self.available_memory_proportion.clone()
-        } else {
-            Vec::new()
-        }
-    }
-}
-
 impl Default for SessionOptions {
     fn default() -> Self {
         SessionOptions {
@@ -249,35 +181,12 @@ impl Default for SessionOptions {
             ipu: Preset::Mk2,
             optimizer: OptimizerKind::Sgd,
             learning_rate: 0.1,
-            offload_optimizer_state: false,
             dtype: DType::F32,
             no_pipelining: false,
-            partials: PartialsType::Float,
             accumulation_dtype: None,
-            available_memory_proportion: Vec::new(),
-            recompute_checkpoints: None,
-            replicated_tensor_sharding: false,
-            outlining: true,
-            embedding_serialization: 1,
-            offload_activations: false,
-            offload_gradient_accumulation_buffers: false,
+            techniques: Techniques::default(),
         }
     }
-}
-
-/// TensorFlow's default for `offload_weight_update_variables`: on for pipelined models and
-/// for gradient accumulation, when the machine has remote buffers (streaming memory).
-pub fn default_offload(stages: usize, accumulation: usize, machine: &IpuConfig) -> bool {
-    (stages > 1 || accumulation > 1) && machine.streaming_memory_bytes > 0
-}
-
-/// TensorFlow's default for `replicated_optimizer_state_sharding`: the offload setting
-/// (`create_resource_update` in `tensorflow/python/ipu/ops/op_util.py` takes the offload
-/// three-state as its default), so offloaded state is sharded over the replicas
-/// (`VariablesOffloadAndPartition`, over the local replicas: all of them in one process).
-/// One replica has nothing to shard over.
-pub fn default_sharding(offload_optimizer_state: bool, replicas: usize) -> bool {
-    offload_optimizer_state && replicas > 1
 }
 
 /// Why a session cannot be set up or run.
@@ -404,7 +313,8 @@ impl Target {
 /// optimizer's updates, accumulated over `gradient_accumulation_count` micro-batches; the
 /// plan; the machine; the schedule (one pipeline stage runs Sequential: no overlap, so no
 /// schedule constraint on M); and the system options every estimate shares, with the
-/// stages' IPUs (`device_mapping`) and memory proportions. Front ends adjust what is theirs
+/// stages' IPUs (`device_mapping`) and the techniques (an inference's without offloads: it
+/// keeps no optimizer state and stashes nothing). Front ends adjust what is theirs
 /// (an ONNX pipeline's accumulation rule, an evaluation's executions) on the result.
 ///
 /// # Errors
@@ -416,7 +326,6 @@ pub(crate) fn compile_graph(
     so: &SessionOptions,
     train: Option<(NodeId, &[crate::onnx::Layer])>,
     device_mapping: Option<Vec<usize>>,
-    stage_memory_proportions: Vec<f64>,
 ) -> Result<Target, SessionError> {
     if let Some((loss, layers)) = train {
         // At most MAX_LOOP_COUNT (check_options).
@@ -430,7 +339,7 @@ pub(crate) fn compile_graph(
                 dtype: so.accumulation_dtype,
                 ..Accumulation::new(m)
             },
-            so.recompute_checkpoints.as_ref(),
+            so.techniques.recompute.checkpoints.as_ref(),
             layers,
         )?;
     }
@@ -444,9 +353,12 @@ pub(crate) fn compile_graph(
         device_mapping,
         replicas: options.replicas,
         micro_batch: options.batch_size as u64,
-        lower: options.lower_options(),
-        stage_memory_proportions,
-        offload_activations: options.offload_activations,
+        // Inference keeps no optimizer state and stashes nothing to offload.
+        techniques: if train.is_some() {
+            options.techniques.clone()
+        } else {
+            options.techniques.for_inference()
+        },
         allow_out_of_memory: true,
         steps_per_execution: options.steps_per_execution,
         repeat_count: options.repeat_count,
@@ -497,7 +409,8 @@ fn check_fits(estimate: &SystemEstimate) -> Result<(), SessionError> {
 
 /// Checks the options every session shares.
 fn check_options(options: &SessionOptions) -> Result<(), SessionError> {
-    if options.replicated_tensor_sharding && !options.offload_optimizer_state {
+    let t = &options.techniques;
+    if t.replicated_tensor_sharding && !t.offload.optimizer_state {
         return Err(opt_err(
             "--replicated-tensor-sharding",
             "shards offloaded optimizer state: it needs the state offloaded (drop --no-offload-optimizer-state, as TensorFlow's replicated_optimizer_state_sharding needs offload_weight_update_variables)".into(),
@@ -567,13 +480,7 @@ pub fn compile(model: &Model, options: &SessionOptions) -> Result<Compiled, Sess
     let labels = g.input("labels", &[options.batch_size], DType::I32)?;
     let loss =
         g.sparse_categorical_crossentropy("loss", built.output, labels, !built.softmax_output)?;
-    let target = compile_graph(
-        g,
-        options,
-        Some((loss, &[])),
-        model.device_mapping.clone(),
-        options.stage_memory_proportions(),
-    )?;
+    let target = compile_graph(g, options, Some((loss, &[])), model.device_mapping.clone())?;
     Ok(Compiled {
         model,
         built,

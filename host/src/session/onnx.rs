@@ -43,8 +43,6 @@ pub struct OnnxOptions {
     pub loss: LossKind,
     /// Estimate the forward pass only.
     pub inference: bool,
-    /// Recompute each stage's forward pass before its backward instead of stashing.
-    pub recompute: bool,
     /// The masked-LM head's masked positions per sequence (`None`: 15% of the sequence,
     /// rounded up: BERT's `max_predictions_per_seq`, 20 for 128 tokens).
     pub mask_tokens: Option<usize>,
@@ -70,7 +68,6 @@ impl Default for OnnxOptions {
             stages: Stages::Attributes,
             loss: LossKind::Auto,
             inference: false,
-            recompute: false,
             mask_tokens: None,
             device_mapping: None,
             input_shapes: Vec::new(),
@@ -183,36 +180,32 @@ pub fn compile_imported(
         let (loss, kind, head) = add_loss(&mut g, &imported, oo.loss, oo.mask_tokens, so.dtype)?;
         (Some(loss), Some(kind), head)
     };
-    let device_mapping = match &oo.device_mapping {
+    let mut device_mapping = match &oo.device_mapping {
         Some(m) => Some(check_device_mapping(m, model_stages)?),
         None => imported.device_mapping.clone(),
     };
-    let mut target = compile_graph(
-        g,
-        so,
-        loss.map(|l| (l, &imported.layers[..])),
-        device_mapping,
-        so.stage_memory_proportions(),
-    )?;
     // A tied masked-LM head is a stage of its own on its embedding's IPU, planned with that
     // stage's proportion.
+    let mut so = so.clone();
     if let Some(e) = head.as_ref().and_then(|h| h.tied_to) {
-        let system = &mut target.system;
-        let m = system
-            .device_mapping
-            .get_or_insert_with(|| (0..model_stages).collect());
+        let m = device_mapping.get_or_insert_with(|| (0..model_stages).collect());
         m.push(m[e]);
-        let proportions = &mut system.stage_memory_proportions;
-        if proportions.len() == model_stages {
-            proportions.push(proportions[e]);
+        let proportion = &mut so.techniques.available_memory_proportion;
+        if proportion.stages() == Some(model_stages) {
+            *proportion = proportion.with_stage_like(e);
         }
     }
+    let mut target = compile_graph(
+        g,
+        &so,
+        loss.map(|l| (l, &imported.layers[..])),
+        device_mapping,
+    )?;
     let stages = target.plan.graph().stage_count();
     let overlap = overlap_length(target.options.schedule, stages, false);
     target.system.accumulation_rule = ONNX_ACCUMULATION_RULE;
     target.system.inference_micro_batches =
         so.gradient_accumulation_count.div_ceil(overlap) * overlap;
-    target.system.recompute = oo.recompute;
     Ok(OnnxCompiled {
         imported,
         loss,

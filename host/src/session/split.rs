@@ -34,6 +34,7 @@
 
 use serde::Serialize;
 use tessera_sim::system::SystemEstimate;
+use tessera_sim::techniques::MemoryProportion;
 
 use super::onnx::{
     compile_imported, head_cycles, layer_rows, OnnxCompiled, OnnxOptions, ONNX_ACCUMULATION_RULE,
@@ -199,7 +200,7 @@ impl Profile {
         let copies = if oo.inference {
             1
         } else {
-            let state = if so.offload_optimizer_state {
+            let state = if so.techniques.offload.optimizer_state {
                 0
             } else {
                 match so.optimizer {
@@ -233,14 +234,8 @@ pub fn profile(
     so1.replicas = 1;
     // Per-stage proportions await the split: the profile plans every product with the
     // smallest (the tightest bound, whose plans are the slowest).
-    if so1.available_memory_proportion.len() > 1 {
-        let least = so1
-            .available_memory_proportion
-            .iter()
-            .copied()
-            .fold(f64::INFINITY, f64::min);
-        so1.available_memory_proportion = vec![least];
-    }
+    let proportion = &mut so1.techniques.available_memory_proportion;
+    *proportion = MemoryProportion::All(proportion.least());
     let mut c = compile_imported(og, &so1, &one)?;
     // The profile is of cycles: the split checks each stage's memory itself.
     c.target.system.memory = false;
@@ -256,7 +251,7 @@ pub fn profile(
 /// they are.)
 pub fn is_profile_estimate(so: &SessionOptions, oo: &OnnxOptions, c: &OnnxCompiled) -> bool {
     so.replicas == 1
-        && so.available_memory_proportion.len() <= 1
+        && so.techniques.available_memory_proportion.is_uniform()
         && oo.device_mapping.is_none()
         && c.imported.device_mapping.is_none()
         && c.target.plan.graph().stage_count() == 1

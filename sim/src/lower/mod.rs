@@ -87,9 +87,7 @@ pub struct LowerOptions {
     pub offload_accumulators: bool,
 }
 
-/// The fewest elements of a variable whose optimizer state replicated tensor sharding shards:
-/// PopART's `minElementsForReplicatedTensorSharding` default (`SessionOptions`, 8192).
-pub const RTS_MIN_ELEMENTS: u64 = 8192;
+pub use crate::techniques::sharding::RTS_MIN_ELEMENTS;
 
 impl Default for LowerOptions {
     fn default() -> Self {

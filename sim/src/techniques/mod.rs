@@ -1,0 +1,99 @@
+//! The memory techniques an estimate applies: what Poplar, PopART, PopTorch and TensorFlow's
+//! IPU pipelining let a user trade for memory or time. [`Techniques`] holds one field per
+//! technique; each technique's meaning, default rule and checks are in its module here, and
+//! what one IPU's lowering reads of them is [`Techniques::lower_options`].
+//!
+//! | technique | field | module | where it acts |
+//! |---|---|---|---|
+//! | `availableMemoryProportion` | [`Techniques::available_memory_proportion`] | [`proportion`] | the planner (`crate::planner`) |
+//! | `partialsType` | [`Techniques::partials`] | [`crate::planner`] | the planner |
+//! | recomputation | [`Techniques::recompute`] | [`recompute`] | the stash (`crate::system`), the graph (core's autodiff) |
+//! | offloading to streaming memory | [`Techniques::offload`] | [`offload`] | the lowering's state, the stash |
+//! | replicated tensor sharding | [`Techniques::replicated_tensor_sharding`] | [`sharding`] | the update's lowering, the all-reduce |
+//! | outlining | [`Techniques::outlining`] | `crate::lower` (`outline`) | the program's code |
+//! | embedding serialization | [`Techniques::embedding_serialization`] | [`serialization`] | the planner |
+
+pub mod offload;
+pub mod proportion;
+pub mod recompute;
+pub mod serialization;
+pub mod sharding;
+
+use crate::lower::LowerOptions;
+use crate::planner::{PartialsType, PlanOptions};
+
+pub use offload::Offload;
+pub use proportion::MemoryProportion;
+pub use recompute::{Checkpoints, Recompute};
+
+/// Every memory technique of an estimate, one field each, resolved: defaults applied, values
+/// checked by their modules.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Techniques {
+    /// poplin's `availableMemoryProportion`, for every stage or one per stage.
+    pub available_memory_proportion: MemoryProportion,
+    /// poplin's `partialsType` for matmuls and convolutions.
+    pub partials: PartialsType,
+    /// Recomputation: of each stage's forward pass, or from checkpoints.
+    pub recompute: Recompute,
+    /// What is kept in streaming memory (remote buffers) instead of on the tiles.
+    pub offload: Offload,
+    /// Replicated tensor sharding of the optimizer state and its update over the replicas
+    /// (see [`sharding`]).
+    pub replicated_tensor_sharding: bool,
+    /// Outlining (code reuse, Poplar functions; PopART's `enableOutlining`, on by default):
+    /// identical nodes share one copy of their code and each call copies its tensors in and
+    /// out.
+    pub outlining: bool,
+    /// Embedding serialization: the products over the vocabulary in this many serial pieces
+    /// (see [`serialization`]; 1: none).
+    pub embedding_serialization: u64,
+}
+
+impl Default for Techniques {
+    /// None of them but outlining, which Poplar, PopART and TensorFlow turn on by default.
+    fn default() -> Self {
+        Techniques {
+            available_memory_proportion: MemoryProportion::default(),
+            partials: PartialsType::Float,
+            recompute: Recompute::default(),
+            offload: Offload::default(),
+            replicated_tensor_sharding: false,
+            outlining: true,
+            embedding_serialization: 1,
+        }
+    }
+}
+
+impl Techniques {
+    /// What a lowering reads of these techniques on a system of `replicas` replicas, for
+    /// products planned with available memory proportion `proportion`.
+    pub fn lower_options(&self, replicas: usize, proportion: f64) -> LowerOptions {
+        LowerOptions {
+            offload_optimizer_state: self.offload.optimizer_state,
+            plan: PlanOptions {
+                available_memory_proportion: proportion,
+                partials: self.partials,
+                ..PlanOptions::default()
+            },
+            replicated_tensor_sharding: sharding::shards(self.replicated_tensor_sharding, replicas),
+            outlining: self.outlining,
+            embedding_serialization: self.embedding_serialization,
+            offload_accumulators: self.offload.gradient_accumulators,
+            ..LowerOptions::default()
+        }
+    }
+
+    /// The techniques of an inference run: it keeps no optimizer state and stashes nothing,
+    /// so neither is offloaded.
+    pub fn for_inference(&self) -> Techniques {
+        Techniques {
+            offload: Offload {
+                optimizer_state: false,
+                activations: false,
+                ..self.offload
+            },
+            ..self.clone()
+        }
+    }
+}
