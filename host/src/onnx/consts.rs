@@ -2,6 +2,7 @@
 //! (shape arithmetic), decoded from ONNX's `TensorProto`.
 
 use super::proto::{tensor_proto::DataType, TensorProto};
+use tessera_core::ops::reduce::ReduceKind;
 
 /// ONNX element types the importer reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -333,9 +334,9 @@ pub fn zip(a: &Const, b: &Const, elem: Elem, f: impl Fn(f64, f64) -> f64) -> Opt
     Some(Const::new(dims, elem, data, a.baked || b.baked))
 }
 
-/// `x` reduced over the axes marked in `reduced` by `op` (`ReduceMax`, `ReduceSum` or
-/// `ReduceMean`), the reduced axes kept as 1 when `keep`.
-pub fn reduce(x: &Const, reduced: &[bool], keep: bool, op: &str) -> Const {
+/// `x` reduced over the axes marked in `reduced` by `kind`, the reduced axes kept as 1 when
+/// `keep`.
+pub fn reduce(x: &Const, reduced: &[bool], keep: bool, kind: ReduceKind) -> Const {
     let kept: Vec<usize> = x
         .dims
         .iter()
@@ -343,7 +344,7 @@ pub fn reduce(x: &Const, reduced: &[bool], keep: bool, op: &str) -> Const {
         .map(|(&d, &r)| if r { 1 } else { d })
         .collect();
     let n: usize = kept.iter().product();
-    let init = if op == "ReduceMax" {
+    let init = if kind == ReduceKind::Max {
         f64::NEG_INFINITY
     } else {
         0.0
@@ -361,19 +362,19 @@ pub fn reduce(x: &Const, reduced: &[bool], keep: bool, op: &str) -> Const {
             }
             stride *= kept[k];
         }
-        acc[j] = if op == "ReduceMax" {
+        acc[j] = if kind == ReduceKind::Max {
             acc[j].max(v)
         } else {
             acc[j] + v
         };
         count[j] += 1;
     }
-    if op == "ReduceMean" {
+    if kind == ReduceKind::Mean {
         for (a, &c) in acc.iter_mut().zip(&count) {
             *a /= c as f64;
         }
     }
-    if op == "ReduceMax" {
+    if kind == ReduceKind::Max {
         // The maximum of nothing: the type's least value (false for booleans).
         let least = match x.elem {
             Elem::Bool | Elem::U8 | Elem::U16 | Elem::U32 | Elem::U64 => 0.0,
@@ -502,27 +503,27 @@ mod tests {
             vec![1.0, 5.0, 3.0, 4.0, 2.0, 6.0],
             false,
         );
-        let m = reduce(&x, &[false, true], true, "ReduceMax");
+        let m = reduce(&x, &[false, true], true, ReduceKind::Max);
         assert_eq!(
             (m.dims.clone(), m.data.clone()),
             (vec![2, 1], vec![5.0, 6.0])
         );
-        let s = reduce(&x, &[true, false], false, "ReduceSum");
+        let s = reduce(&x, &[true, false], false, ReduceKind::Sum);
         assert_eq!(
             (s.dims.clone(), s.data.clone()),
             (vec![3], vec![5.0, 7.0, 9.0])
         );
-        let a = reduce(&x, &[true, true], false, "ReduceMean");
+        let a = reduce(&x, &[true, true], false, ReduceKind::Mean);
         assert_eq!((a.dims.clone(), a.data.clone()), (vec![], vec![3.5]));
         // The maximum of nothing is the type's least value.
         let e = Const::new(vec![2, 0], Elem::Bool, vec![], false);
         assert_eq!(
-            reduce(&e, &[false, true], true, "ReduceMax").data,
+            reduce(&e, &[false, true], true, ReduceKind::Max).data,
             vec![0.0, 0.0]
         );
         let e = Const::new(vec![0], Elem::F32, vec![], false);
         assert_eq!(
-            reduce(&e, &[true], false, "ReduceMax").data,
+            reduce(&e, &[true], false, ReduceKind::Max).data,
             vec![f64::NEG_INFINITY]
         );
     }

@@ -1,65 +1,51 @@
 //! Constant folding: a node whose inputs are all known at import computes its outputs here,
 //! so shape arithmetic (`Shape`, `Gather`, `Concat`, `Unsqueeze`, `Mod`, ...) leaves static
-//! shapes.
+//! shapes. Which ops fold, and how, the registry says ([`ops::Converter`]'s fold); this module
+//! holds the computations.
 
+use super::ops::Reshaping;
 use super::*;
-
-/// The ops that fold when every input is a constant.
-const FOLDS: &[&str] = &[
-    "Identity",
-    "Cast",
-    "Add",
-    "Sub",
-    "Mul",
-    "Div",
-    "Pow",
-    "Mod",
-    "Max",
-    "Min",
-    "Sum",
-    "Mean",
-    "Clip",
-    "ReduceMax",
-    "ReduceSum",
-    "ReduceMean",
-    "ArgMax",
-    "ArgMin",
-    "Equal",
-    "Less",
-    "LessOrEqual",
-    "Greater",
-    "GreaterOrEqual",
-    "And",
-    "Or",
-    "Not",
-    "Neg",
-    "Sqrt",
-    "Where",
-    "Unsqueeze",
-    "Squeeze",
-    "Reshape",
-    "Flatten",
-    "Concat",
-    "Gather",
-    "GatherElements",
-    "GatherND",
-    "Slice",
-    "Expand",
-    "Range",
-    "Transpose",
-    "Split",
-];
 
 /// A node's outputs when it folds (`None`: it does not).
 type Folded = R<Option<Vec<Val>>>;
 
+/// The one output `c`.
+fn one(c: Const) -> Vec<Val> {
+    vec![Val::C(Rc::new(c))]
+}
+
+/// 1 for true, 0 for false.
+pub(in crate::onnx::import) fn b01(x: bool) -> f64 {
+    f64::from(u8::from(x))
+}
+
+/// `f` of each element of `a`.
+pub(in crate::onnx::import) fn mapped(a: &Const, f: impl Fn(f64) -> f64) -> Vec<Val> {
+    let mut out = a.clone();
+    out.data = out.data.iter().map(|&v| f(v)).collect();
+    one(out)
+}
+
+/// How the variadic ops combine their inputs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(in crate::onnx::import) enum Variadic {
+    /// The sum.
+    Sum,
+    /// The greatest.
+    Max,
+    /// The least.
+    Min,
+    /// The mean.
+    Mean,
+}
+
 impl<'a> Importer<'a> {
-    /// The node's outputs when every input is a constant and the op folds: by family
-    /// (element-wise, reductions, gathers, layout, Split).
+    /// The node's outputs when every input is a constant and the registry's entry of the op
+    /// folds it.
     pub(in crate::onnx::import) fn fold(&mut self, node: &NodeProto, op: &str) -> Folded {
-        if !FOLDS.contains(&op) {
+        let Some(fold) = ops::entry(op).and_then(|e| e.fold) else {
             return Ok(None);
-        }
+        };
         let mut ins: Vec<Option<Rc<Const>>> = Vec::new();
         for k in 0..node.input.len() {
             match self.opt(node, k)? {
@@ -71,32 +57,15 @@ impl<'a> Importer<'a> {
         let Some(Some(a)) = ins.first().cloned() else {
             return Ok(None);
         };
-        // Ops that index an axis of their first input need one.
-        if a.dims.is_empty()
-            && matches!(
-                op,
-                "Concat" | "Gather" | "GatherElements" | "GatherND" | "Split"
-            )
-        {
+        fold(self, node, &a, &ins).map(Some)
+    }
+
+    /// An error unless `a`, which an op indexes along an axis, has one.
+    fn has_axis(&self, a: &Const) -> R<()> {
+        if a.dims.is_empty() {
             return Err(self.bad("input 0 has rank 0: it has no axis to index"));
         }
-        let out = match op {
-            "Split" => return self.fold_split(node, &a).map(Some),
-            "ArgMax" | "ArgMin" | "ReduceMax" | "ReduceSum" | "ReduceMean" => {
-                self.fold_reduce(node, op, &a)?
-            }
-            "Gather" | "GatherElements" | "GatherND" => {
-                let idx = self.input_const(&ins, 1)?;
-                self.fold_gather(node, op, &a, &idx)?
-            }
-            "Unsqueeze" | "Squeeze" | "Reshape" | "Flatten" | "Expand" | "Concat" | "Slice"
-            | "Range" | "Transpose" => self.fold_layout(node, op, &a, &ins)?,
-            _ => match self.fold_elementwise(node, op, &a, &ins)? {
-                Some(out) => out,
-                None => return Ok(None),
-            },
-        };
-        Ok(Some(vec![Val::C(Rc::new(out))]))
+        Ok(())
     }
 
     /// Constant input `k`, which the op requires.
@@ -122,77 +91,70 @@ impl<'a> Importer<'a> {
         self.limited(out)
     }
 
-    /// The element-wise ops (`None` for an op that is not one).
-    fn fold_elementwise(
+    /// The element-wise binary op `f` of inputs 0 and 1, broadcast; comparisons and logic
+    /// give booleans, an integer division rounds toward zero.
+    pub(in crate::onnx::import) fn fold_binary(
         &self,
-        node: &NodeProto,
-        op: &str,
         a: &Rc<Const>,
         ins: &[Option<Rc<Const>>],
-    ) -> R<Option<Const>> {
+        f: BinaryFn,
+    ) -> R<Vec<Val>> {
         let int = !a.elem.is_float();
-        let b01 = |x: bool| f64::from(u8::from(x));
-        let bin = |f: &dyn Fn(f64, f64) -> f64, elem: Elem| -> R<Option<Const>> {
-            let b = self.input_const(ins, 1)?;
-            self.fold_zip(a, &b, elem, f).map(Some)
-        };
-        let map = |f: &dyn Fn(f64) -> f64| -> R<Option<Const>> {
-            let mut out = (**a).clone();
-            out.data = out.data.iter().map(|&v| f(v)).collect();
-            Ok(Some(out))
-        };
-        match op {
-            "Identity" => Ok(Some((**a).clone())),
-            "Cast" => {
-                let to = Elem::from_code(self.attr_i(node, "to", 1) as i32)
-                    .ok_or_else(|| self.unsupported("the target element type"))?;
-                let mut out = (**a).clone();
-                out.elem = to;
-                out.data = out.data.iter().map(|&v| cast_value(v, to)).collect();
-                Ok(Some(out))
-            }
-            "Sum" | "Max" | "Min" | "Mean" => self.fold_variadic(op, a, ins).map(Some),
-            "Clip" => {
-                let (lo, hi) = self.clip_bounds(node)?;
-                // (Infinite bounds leave a NaN as it is.)
-                map(&|v| {
-                    let v = if lo > f64::NEG_INFINITY { v.max(lo) } else { v };
-                    if hi < f64::INFINITY {
-                        v.min(hi)
-                    } else {
-                        v
-                    }
-                })
-            }
-            "Add" => bin(&|x, y| x + y, a.elem),
-            "Sub" => bin(&|x, y| x - y, a.elem),
-            "Mul" => bin(&|x, y| x * y, a.elem),
-            "Div" => bin(
+        let (g, elem): (&dyn Fn(f64, f64) -> f64, Elem) = match f {
+            BinaryFn::Add => (&|x, y| x + y, a.elem),
+            BinaryFn::Sub => (&|x, y| x - y, a.elem),
+            BinaryFn::Mul => (&|x, y| x * y, a.elem),
+            BinaryFn::Div => (
                 &move |x, y| if int { (x / y).trunc() } else { x / y },
                 a.elem,
             ),
-            "Pow" => bin(&f64::powf, a.elem),
-            "Mod" => self.fold_mod(node, a, ins).map(Some),
-            "Equal" => bin(&|x, y| b01(x == y), Elem::Bool),
-            "Less" => bin(&|x, y| b01(x < y), Elem::Bool),
-            "LessOrEqual" => bin(&|x, y| b01(x <= y), Elem::Bool),
-            "Greater" => bin(&|x, y| b01(x > y), Elem::Bool),
-            "GreaterOrEqual" => bin(&|x, y| b01(x >= y), Elem::Bool),
-            "And" => bin(&|x, y| b01(x != 0.0 && y != 0.0), Elem::Bool),
-            "Or" => bin(&|x, y| b01(x != 0.0 || y != 0.0), Elem::Bool),
-            "Not" => map(&|v| b01(v == 0.0)),
-            "Neg" => map(&|v| -v),
-            "Sqrt" => map(&f64::sqrt),
-            "Where" => self.fold_where(a, ins).map(Some),
-            _ => Ok(None),
-        }
+            BinaryFn::Pow => (&f64::powf, a.elem),
+            BinaryFn::Equal => (&|x, y| b01(x == y), Elem::Bool),
+            BinaryFn::Less => (&|x, y| b01(x < y), Elem::Bool),
+            BinaryFn::LessOrEqual => (&|x, y| b01(x <= y), Elem::Bool),
+            BinaryFn::Greater => (&|x, y| b01(x > y), Elem::Bool),
+            BinaryFn::GreaterOrEqual => (&|x, y| b01(x >= y), Elem::Bool),
+            BinaryFn::And => (&|x, y| b01(x != 0.0 && y != 0.0), Elem::Bool),
+            BinaryFn::Or => (&|x, y| b01(x != 0.0 || y != 0.0), Elem::Bool),
+            other => return Err(self.unsupported(format!("folding {other:?}"))),
+        };
+        let b = self.input_const(ins, 1)?;
+        self.fold_zip(a, &b, elem, g).map(one)
+    }
+
+    /// Cast to the `to` attribute's element type.
+    pub(in crate::onnx::import) fn fold_cast(&self, node: &NodeProto, a: &Const) -> R<Vec<Val>> {
+        let to = Elem::from_code(self.attr_i(node, "to", 1) as i32)
+            .ok_or_else(|| self.unsupported("the target element type"))?;
+        let mut out = a.clone();
+        out.elem = to;
+        out.data = out.data.iter().map(|&v| cast_value(v, to)).collect();
+        Ok(one(out))
+    }
+
+    /// Clip to its bounds (infinite bounds leave a NaN as it is).
+    pub(in crate::onnx::import) fn fold_clip(&self, node: &NodeProto, a: &Const) -> R<Vec<Val>> {
+        let (lo, hi) = self.clip_bounds(node)?;
+        Ok(mapped(a, |v| {
+            let v = if lo > f64::NEG_INFINITY { v.max(lo) } else { v };
+            if hi < f64::INFINITY {
+                v.min(hi)
+            } else {
+                v
+            }
+        }))
     }
 
     /// `Mod`: with `fmod = 1`, C's `fmod` (the remainder takes the dividend's sign); with
     /// `fmod = 0` (integers only, as ONNX requires), the remainder takes the divisor's sign,
     /// as Python's `%` does. An integer division by zero is an error (ONNX leaves it
     /// undefined).
-    fn fold_mod(&self, node: &NodeProto, a: &Rc<Const>, ins: &[Option<Rc<Const>>]) -> R<Const> {
+    pub(in crate::onnx::import) fn fold_mod(
+        &self,
+        node: &NodeProto,
+        a: &Rc<Const>,
+        ins: &[Option<Rc<Const>>],
+    ) -> R<Vec<Val>> {
         let fmod = self.attr_i(node, "fmod", 0) != 0;
         let int = !a.elem.is_float();
         if !int && !fmod {
@@ -211,31 +173,41 @@ impl<'a> Importer<'a> {
                 r + y
             }
         })
+        .map(one)
     }
 
     /// Sum, Max, Min and Mean of every input, broadcast.
-    fn fold_variadic(&self, op: &str, a: &Rc<Const>, ins: &[Option<Rc<Const>>]) -> R<Const> {
-        let f: fn(f64, f64) -> f64 = match op {
-            "Max" => f64::max,
-            "Min" => f64::min,
-            _ => |x, y| x + y,
+    pub(in crate::onnx::import) fn fold_variadic(
+        &self,
+        a: &Rc<Const>,
+        ins: &[Option<Rc<Const>>],
+        v: Variadic,
+    ) -> R<Vec<Val>> {
+        let f: fn(f64, f64) -> f64 = match v {
+            Variadic::Max => f64::max,
+            Variadic::Min => f64::min,
+            Variadic::Sum | Variadic::Mean => |x, y| x + y,
         };
         let mut out = (**a).clone();
         for k in 1..ins.len() {
             let b = self.input_const(ins, k)?;
             out = self.fold_zip(&out, &b, a.elem, &f)?;
         }
-        if op == "Mean" {
+        if v == Variadic::Mean {
             let n = ins.len() as f64;
             out.data
                 .iter_mut()
                 .for_each(|v| *v = cast_value(*v / n, a.elem));
         }
-        Ok(out)
+        Ok(one(out))
     }
 
     /// Where: `x` where the condition `c` holds, else `y`, broadcast.
-    fn fold_where(&self, c: &Rc<Const>, ins: &[Option<Rc<Const>>]) -> R<Const> {
+    pub(in crate::onnx::import) fn fold_where(
+        &self,
+        c: &Rc<Const>,
+        ins: &[Option<Rc<Const>>],
+    ) -> R<Vec<Val>> {
         let (x, y) = (self.input_const(ins, 1)?, self.input_const(ins, 2)?);
         let xy = consts::broadcast(&x.dims, &y.dims)
             .and_then(|d| consts::broadcast(&c.dims, &d))
@@ -257,92 +229,132 @@ impl<'a> Importer<'a> {
                 }
             })
             .collect();
-        Ok(Const::new(xy, x.elem, data, c.baked || x.baked || y.baked))
+        Ok(one(Const::new(
+            xy,
+            x.elem,
+            data,
+            c.baked || x.baked || y.baked,
+        )))
     }
 
-    /// ArgMax, ArgMin and the Reduce ops that fold.
-    fn fold_reduce(&self, node: &NodeProto, op: &str, a: &Rc<Const>) -> R<Const> {
+    /// ArgMax (`max`) or ArgMin.
+    pub(in crate::onnx::import) fn fold_arg_extreme(
+        &self,
+        node: &NodeProto,
+        a: &Const,
+        max: bool,
+    ) -> R<Vec<Val>> {
         let r = a.dims.len();
         let keep = self.attr_i(node, "keepdims", 1) != 0;
-        if let "ArgMax" | "ArgMin" = op {
-            if r == 0 {
-                return Err(self.bad("an input of rank 0"));
-            }
-            let axis = self.axis(self.attr_i(node, "axis", 0), r)?;
-            let last = self.attr_i(node, "select_last_index", 0) != 0;
-            return Ok(consts::arg_extreme(a, axis, keep, op == "ArgMax", last));
+        if r == 0 {
+            return Err(self.bad("an input of rank 0"));
         }
-        let since = if op == "ReduceSum" { 13 } else { 18 };
+        let axis = self.axis(self.attr_i(node, "axis", 0), r)?;
+        let last = self.attr_i(node, "select_last_index", 0) != 0;
+        Ok(one(consts::arg_extreme(a, axis, keep, max, last)))
+    }
+
+    /// The reduction `kind`, its axes an input from opset `since`.
+    pub(in crate::onnx::import) fn fold_reduce(
+        &self,
+        node: &NodeProto,
+        a: &Const,
+        kind: ReduceKind,
+        since: i64,
+    ) -> R<Vec<Val>> {
+        let r = a.dims.len();
+        let keep = self.attr_i(node, "keepdims", 1) != 0;
         let axes = self.reduce_axes(node, since)?.unwrap_or_default();
         if axes.is_empty() && self.attr_i(node, "noop_with_empty_axes", 0) != 0 {
-            return Ok((**a).clone());
+            return Ok(one(a.clone()));
         }
         let mut reduced = vec![axes.is_empty(); r];
         for &ax in &axes {
             reduced[self.axis(ax, r)?] = true;
         }
-        Ok(consts::reduce(a, &reduced, keep, op))
+        Ok(one(consts::reduce(a, &reduced, keep, kind)))
     }
 
-    /// Gather, GatherElements and GatherND of `a` at the indices `idx`.
-    fn fold_gather(&self, node: &NodeProto, op: &str, a: &Rc<Const>, idx: &Const) -> R<Const> {
-        match op {
-            "Gather" => {
-                let axis = self.axis(self.attr_i(node, "axis", 0), a.dims.len())?;
-                let n = a.dims[axis] as i64;
-                let outer: usize = a.dims[..axis].iter().product();
-                let inner: usize = a.dims[axis + 1..].iter().product();
-                let mut data = Vec::new();
-                for o in 0..outer {
-                    for &i in &idx.data {
-                        let mut i = i as i64;
-                        if i < 0 {
-                            i += n;
-                        }
-                        if i < 0 || i >= n {
-                            return Err(
-                                self.bad(format!("index {i} is out of range (axis of {n})"))
-                            );
-                        }
-                        let base = (o * n as usize + i as usize) * inner;
-                        data.extend_from_slice(&a.data[base..base + inner]);
-                    }
+    /// Gather of `a` at the indices of input 1.
+    pub(in crate::onnx::import) fn fold_gather(
+        &self,
+        node: &NodeProto,
+        a: &Const,
+        ins: &[Option<Rc<Const>>],
+    ) -> R<Vec<Val>> {
+        self.has_axis(a)?;
+        let idx = self.input_const(ins, 1)?;
+        let axis = self.axis(self.attr_i(node, "axis", 0), a.dims.len())?;
+        let n = a.dims[axis] as i64;
+        let outer: usize = a.dims[..axis].iter().product();
+        let inner: usize = a.dims[axis + 1..].iter().product();
+        let mut data = Vec::new();
+        for o in 0..outer {
+            for &i in &idx.data {
+                let mut i = i as i64;
+                if i < 0 {
+                    i += n;
                 }
-                let mut dims = a.dims[..axis].to_vec();
-                dims.extend_from_slice(&idx.dims);
-                dims.extend_from_slice(&a.dims[axis + 1..]);
-                Ok(Const::new(dims, a.elem, data, a.baked))
-            }
-            "GatherElements" => {
-                let axis = self.axis(self.attr_i(node, "axis", 0), a.dims.len())?;
-                let (st, ist) = (consts::strides(&a.dims), consts::strides(&idx.dims));
-                let mut data = Vec::with_capacity(idx.len());
-                for (p, &v) in idx.data.iter().enumerate() {
-                    let mut off = 0;
-                    for k in 0..a.dims.len() {
-                        let pos = (p / ist[k]) % idx.dims[k].max(1);
-                        let pos = if k == axis {
-                            let v = v as i64;
-                            (if v < 0 { v + a.dims[k] as i64 } else { v }) as usize
-                        } else {
-                            pos
-                        };
-                        off += pos * st[k];
-                    }
-                    data.push(
-                        *a.data
-                            .get(off)
-                            .ok_or_else(|| self.bad("index out of range"))?,
-                    );
+                if i < 0 || i >= n {
+                    return Err(self.bad(format!("index {i} is out of range (axis of {n})")));
                 }
-                Ok(Const::new(idx.dims.clone(), a.elem, data, a.baked))
+                let base = (o * n as usize + i as usize) * inner;
+                data.extend_from_slice(&a.data[base..base + inner]);
             }
-            _ => self.fold_gather_nd(node, a, idx),
         }
+        let mut dims = a.dims[..axis].to_vec();
+        dims.extend_from_slice(&idx.dims);
+        dims.extend_from_slice(&a.dims[axis + 1..]);
+        Ok(one(Const::new(dims, a.elem, data, a.baked)))
+    }
+
+    /// GatherElements of `a` at the indices of input 1.
+    pub(in crate::onnx::import) fn fold_gather_elements(
+        &self,
+        node: &NodeProto,
+        a: &Const,
+        ins: &[Option<Rc<Const>>],
+    ) -> R<Vec<Val>> {
+        self.has_axis(a)?;
+        let idx = self.input_const(ins, 1)?;
+        let axis = self.axis(self.attr_i(node, "axis", 0), a.dims.len())?;
+        let (st, ist) = (consts::strides(&a.dims), consts::strides(&idx.dims));
+        let mut data = Vec::with_capacity(idx.len());
+        for (p, &v) in idx.data.iter().enumerate() {
+            let mut off = 0;
+            for k in 0..a.dims.len() {
+                let pos = (p / ist[k]) % idx.dims[k].max(1);
+                let pos = if k == axis {
+                    let v = v as i64;
+                    (if v < 0 { v + a.dims[k] as i64 } else { v }) as usize
+                } else {
+                    pos
+                };
+                off += pos * st[k];
+            }
+            data.push(
+                *a.data
+                    .get(off)
+                    .ok_or_else(|| self.bad("index out of range"))?,
+            );
+        }
+        Ok(one(Const::new(idx.dims.clone(), a.elem, data, a.baked)))
+    }
+
+    /// GatherND of `a` at the index tuples of input 1.
+    pub(in crate::onnx::import) fn fold_gather_nd(
+        &self,
+        node: &NodeProto,
+        a: &Const,
+        ins: &[Option<Rc<Const>>],
+    ) -> R<Vec<Val>> {
+        self.has_axis(a)?;
+        let idx = self.input_const(ins, 1)?;
+        self.gather_nd_of(node, a, &idx).map(one)
     }
 
     /// GatherND of `a` at the index tuples `idx`.
-    fn fold_gather_nd(&self, node: &NodeProto, a: &Const, idx: &Const) -> R<Const> {
+    fn gather_nd_of(&self, node: &NodeProto, a: &Const, idx: &Const) -> R<Const> {
         if self.attr_i(node, "batch_dims", 0) != 0 {
             return Err(self.unsupported("batch_dims != 0"));
         }
@@ -372,89 +384,109 @@ impl<'a> Importer<'a> {
         Ok(Const::new(dims, a.elem, data, a.baked))
     }
 
-    /// The layout ops: reshapes, Expand, Concat, Slice, Range and Transpose.
-    fn fold_layout(
+    /// Reshape, Flatten, Squeeze or Unsqueeze (`how`).
+    pub(in crate::onnx::import) fn fold_reshape(
         &self,
         node: &NodeProto,
-        op: &str,
         a: &Rc<Const>,
+        how: Reshaping,
+    ) -> R<Vec<Val>> {
+        let dims = self.reshaped_dims(node, &Val::C(a.clone()), how)?;
+        let mut out = (**a).clone();
+        out.dims = dims;
+        Ok(one(out))
+    }
+
+    /// Expand to the shape of input 1.
+    pub(in crate::onnx::import) fn fold_expand(
+        &self,
+        node: &NodeProto,
+        a: &Rc<Const>,
+    ) -> R<Vec<Val>> {
+        let dims = self.expand_dims(node, &Val::C(a.clone()))?;
+        let out = consts::expand(a, &dims).ok_or_else(|| self.bad("does not broadcast"))?;
+        self.limited(out).map(one)
+    }
+
+    /// Concat of every input along `axis`.
+    pub(in crate::onnx::import) fn fold_concat(
+        &self,
+        node: &NodeProto,
+        a: &Const,
         ins: &[Option<Rc<Const>>],
-    ) -> R<Const> {
-        match op {
-            "Unsqueeze" | "Squeeze" | "Reshape" | "Flatten" => {
-                let dims = self.reshaped_dims(node, &Val::C(a.clone()))?;
-                let mut out = (**a).clone();
-                out.dims = dims;
-                Ok(out)
-            }
-            "Expand" => {
-                let dims = self.expand_dims(node, &Val::C(a.clone()))?;
-                let out = consts::expand(a, &dims).ok_or_else(|| self.bad("does not broadcast"))?;
-                self.limited(out)
-            }
-            "Concat" => {
-                let r = a.dims.len();
-                let axis = self.axis(self.attr_i(node, "axis", 0), r)?;
-                let parts: Vec<Rc<Const>> = ins.iter().flatten().cloned().collect();
-                let mut dims = a.dims.clone();
-                dims[axis] = parts
-                    .iter()
-                    .map(|p| p.dims.get(axis).copied().unwrap_or(0))
-                    .sum();
-                let outer: usize = a.dims[..axis].iter().product();
-                let mut data = Vec::new();
-                for o in 0..outer {
-                    for p in &parts {
-                        if p.dims.len() != r {
-                            return Err(self.bad("inputs differ in rank"));
-                        }
-                        let inner: usize = p.dims[axis..].iter().product();
-                        data.extend_from_slice(&p.data[o * inner..(o + 1) * inner]);
-                    }
+    ) -> R<Vec<Val>> {
+        self.has_axis(a)?;
+        let r = a.dims.len();
+        let axis = self.axis(self.attr_i(node, "axis", 0), r)?;
+        let parts: Vec<Rc<Const>> = ins.iter().flatten().cloned().collect();
+        let mut dims = a.dims.clone();
+        dims[axis] = parts
+            .iter()
+            .map(|p| p.dims.get(axis).copied().unwrap_or(0))
+            .sum();
+        let outer: usize = a.dims[..axis].iter().product();
+        let mut data = Vec::new();
+        for o in 0..outer {
+            for p in &parts {
+                if p.dims.len() != r {
+                    return Err(self.bad("inputs differ in rank"));
                 }
-                let baked = parts.iter().any(|p| p.baked);
-                Ok(Const::new(dims, a.elem, data, baked))
-            }
-            "Slice" => self.fold_slice(node, a),
-            "Range" => {
-                let (s, l, d) = (
-                    a.scalar(),
-                    ins.get(1).cloned().flatten().and_then(|c| c.scalar()),
-                    ins.get(2).cloned().flatten().and_then(|c| c.scalar()),
-                );
-                let (Some(s), Some(l), Some(d)) = (s, l, d) else {
-                    return Err(self.bad("start, limit and delta must be scalars"));
-                };
-                if d == 0.0 {
-                    return Err(self.bad("delta is 0"));
-                }
-                let n = ((l - s) / d).ceil().max(0.0) as usize;
-                if n > FOLD_LIMIT {
-                    return Err(self.unsupported("folding a constant that large"));
-                }
-                let data = (0..n).map(|i| s + i as f64 * d).collect();
-                Ok(Const::new(vec![n], a.elem, data, a.baked))
-            }
-            _ => {
-                let perm = self.perm(node, a.dims.len())?;
-                let st = consts::strides(&a.dims);
-                let dims: Vec<usize> = perm.iter().map(|&p| a.dims[p]).collect();
-                let ost = consts::strides(&dims);
-                let mut data = vec![0.0; a.len()];
-                for (o, slot) in data.iter_mut().enumerate() {
-                    let mut off = 0;
-                    for (k, &p) in perm.iter().enumerate() {
-                        off += ((o / ost[k]) % dims[k].max(1)) * st[p];
-                    }
-                    *slot = a.data[off];
-                }
-                Ok(Const::new(dims, a.elem, data, a.baked))
+                let inner: usize = p.dims[axis..].iter().product();
+                data.extend_from_slice(&p.data[o * inner..(o + 1) * inner]);
             }
         }
+        let baked = parts.iter().any(|p| p.baked);
+        Ok(one(Const::new(dims, a.elem, data, baked)))
+    }
+
+    /// Range from start `a` to limit (input 1) by delta (input 2).
+    pub(in crate::onnx::import) fn fold_range(
+        &self,
+        a: &Const,
+        ins: &[Option<Rc<Const>>],
+    ) -> R<Vec<Val>> {
+        let (s, l, d) = (
+            a.scalar(),
+            ins.get(1).cloned().flatten().and_then(|c| c.scalar()),
+            ins.get(2).cloned().flatten().and_then(|c| c.scalar()),
+        );
+        let (Some(s), Some(l), Some(d)) = (s, l, d) else {
+            return Err(self.bad("start, limit and delta must be scalars"));
+        };
+        if d == 0.0 {
+            return Err(self.bad("delta is 0"));
+        }
+        let n = ((l - s) / d).ceil().max(0.0) as usize;
+        if n > FOLD_LIMIT {
+            return Err(self.unsupported("folding a constant that large"));
+        }
+        let data = (0..n).map(|i| s + i as f64 * d).collect();
+        Ok(one(Const::new(vec![n], a.elem, data, a.baked)))
+    }
+
+    /// Transpose by `perm`.
+    pub(in crate::onnx::import) fn fold_transpose(
+        &self,
+        node: &NodeProto,
+        a: &Const,
+    ) -> R<Vec<Val>> {
+        let perm = self.perm(node, a.dims.len())?;
+        let st = consts::strides(&a.dims);
+        let dims: Vec<usize> = perm.iter().map(|&p| a.dims[p]).collect();
+        let ost = consts::strides(&dims);
+        let mut data = vec![0.0; a.len()];
+        for (o, slot) in data.iter_mut().enumerate() {
+            let mut off = 0;
+            for (k, &p) in perm.iter().enumerate() {
+                off += ((o / ost[k]) % dims[k].max(1)) * st[p];
+            }
+            *slot = a.data[off];
+        }
+        Ok(one(Const::new(dims, a.elem, data, a.baked)))
     }
 
     /// Slice: each sliced axis's positions picked in turn.
-    fn fold_slice(&self, node: &NodeProto, a: &Const) -> R<Const> {
+    pub(in crate::onnx::import) fn fold_slice(&self, node: &NodeProto, a: &Const) -> R<Vec<Val>> {
         let ranges = self.slice_ranges(node, &a.dims)?;
         let mut cur = a.clone();
         for (axis, s, e, step) in ranges {
@@ -482,11 +514,12 @@ impl<'a> Importer<'a> {
             cur.dims[axis] = picks.len();
             cur.data = data;
         }
-        Ok(cur)
+        Ok(one(cur))
     }
 
     /// Split's outputs.
-    fn fold_split(&self, node: &NodeProto, a: &Const) -> R<Vec<Val>> {
+    pub(in crate::onnx::import) fn fold_split(&self, node: &NodeProto, a: &Const) -> R<Vec<Val>> {
+        self.has_axis(a)?;
         let axis = self.axis(self.attr_i(node, "axis", 0), a.dims.len())?;
         let sizes = self.split_sizes(node, a.dims[axis])?;
         let outer: usize = a.dims[..axis].iter().product();

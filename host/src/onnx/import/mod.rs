@@ -179,8 +179,8 @@ fn import_unstaged(
     Importer::new(model, g, opts, batch, fb, original.as_ref(), &batch_axes)?.run()
 }
 
-/// The batch axis of each graph input: 0, or 1 for a sequence-first input of an LSTM
-/// (ONNX's `layout` 0 is `[seq, batch, input]`).
+/// The batch axis of each graph input: 0, or 1 for an input a node reads sequence-first (an
+/// LSTM's of `layout` 0, `[seq, batch, input]`), as the registry says.
 fn batch_axes(model: &OnnxModel) -> HashMap<String, usize> {
     let graph = model.graph();
     graph
@@ -189,9 +189,10 @@ fn batch_axes(model: &OnnxModel) -> HashMap<String, usize> {
         .filter_map(|i| i.name.clone())
         .map(|name| {
             let seq_first = graph.node.iter().any(|n| {
-                n.op_type.as_deref() == Some("LSTM")
-                    && n.input.first() == Some(&name)
-                    && attr(n, "layout").and_then(|a| a.i).unwrap_or(0) == 0
+                n.input.first() == Some(&name)
+                    && ops::entry(n.op_type.as_deref().unwrap_or(""))
+                        .and_then(|c| c.sequence_first)
+                        .is_some_and(|first| first(n))
             });
             let axis = usize::from(seq_first);
             (name, axis)
@@ -433,20 +434,13 @@ fn ipu_mapping(model: &OnnxModel, stages: &[usize]) -> Option<Vec<usize>> {
     )
 }
 
-/// The tensors nodes read as weights: convolution and product weights and biases,
-/// normalisation parameters, recurrent weights and embedding tables.
+/// The tensors nodes read as weights, at the inputs the registry names: convolution and
+/// product weights and biases, normalisation parameters, recurrent weights and embedding
+/// tables.
 fn weight_slots(graph: &super::proto::GraphProto) -> HashSet<String> {
     let mut out = HashSet::new();
     for n in &graph.node {
-        let slots: &[usize] = match n.op_type.as_deref().unwrap_or("") {
-            "Conv" | "Gemm" | "LayerNormalization" | "InstanceNormalization" => &[1, 2],
-            "PRelu" => &[1],
-            "MatMul" => &[1],
-            "BatchNormalization" => &[1, 2, 3, 4],
-            "LSTM" => &[1, 2, 3],
-            "Gather" => &[0],
-            _ => &[],
-        };
+        let slots = ops::entry(n.op_type.as_deref().unwrap_or("")).map_or(&[][..], |c| c.weights);
         for &k in slots {
             if let Some(t) = n.input.get(k).filter(|t| !t.is_empty()) {
                 out.insert(t.clone());
@@ -1103,7 +1097,7 @@ impl<'a> Importer<'a> {
             return Ok(v);
         }
         match ops::converter_at(&op, self.model.opset) {
-            Ok(c) => (c.convert)(self, node),
+            Ok(convert) => convert(self, node),
             Err(ops::NotRead::Op) => Err(self.unsupported("")),
             Err(ops::NotRead::Version(v)) => {
                 let read: Vec<String> = ops::converter(&op)

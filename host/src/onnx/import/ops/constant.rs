@@ -1,40 +1,25 @@
 //! Constants and pass-throughs: `Constant`, `ConstantOfShape`, `Identity`, `Dropout` at inference, `Range` (folded).
 
 use super::super::*;
-use super::{Converter, Family};
+use super::{Convert, Converter, Family};
+
+/// An op of the family, read at `versions` by `convert`.
+const fn op(op: &'static str, versions: &'static [u32], convert: Convert) -> Converter {
+    Converter::new(op, Family::Constant, versions, convert)
+}
 
 /// The family's ops.
 pub(super) const CONVERTERS: &[Converter] = &[
-    Converter {
-        op: "Identity",
-        family: Family::Constant,
-        versions: &[1, 13, 14, 16, 19, 21],
-        convert: |im, n| im.identity(n),
-    },
-    Converter {
-        op: "Dropout",
-        family: Family::Constant,
-        versions: &[7, 10, 12, 13],
-        convert: |im, n| im.identity(n),
-    },
-    Converter {
-        op: "Constant",
-        family: Family::Constant,
-        versions: &[1, 9, 11, 12, 13, 19, 21],
-        convert: |im, n| im.constant_node(n),
-    },
-    Converter {
-        op: "ConstantOfShape",
-        family: Family::Constant,
-        versions: &[9, 20, 21],
-        convert: |im, n| im.constant_of_shape_node(n),
-    },
-    Converter {
-        op: "Range",
-        family: Family::Constant,
-        versions: &[11],
-        convert: |im, n| im.range(n),
-    },
+    op("Identity", &[1, 13, 14, 16, 19, 21], |im, n| im.identity(n))
+        .folds(|_, _, a, _| Ok(vec![Val::C(Rc::new((**a).clone()))])),
+    op("Dropout", &[7, 10, 12, 13], |im, n| im.dropout(n)),
+    op("Constant", &[1, 9, 11, 12, 13, 19, 21], |im, n| {
+        im.constant_node(n)
+    }),
+    op("ConstantOfShape", &[9, 20, 21], |im, n| {
+        im.constant_of_shape_node(n)
+    }),
+    op("Range", &[11], |im, n| im.range(n)).folds(|im, _, a, ins| im.fold_range(a, ins)),
 ];
 
 impl<'a> Importer<'a> {
@@ -131,33 +116,36 @@ impl<'a> Importer<'a> {
 }
 
 impl<'a> Importer<'a> {
-    /// Identity, and Dropout at inference (its output is its input).
+    /// Identity: its output is its input.
     fn identity(&mut self, node: &NodeProto) -> R<Vec<Val>> {
-        if self.op == "Dropout" {
-            if let Some(Val::C(c)) = self.opt(node, 2)? {
-                if c.scalar().unwrap_or(0.0) != 0.0 {
-                    return Err(self.unsupported("training_mode = true"));
-                }
-            } else if self.opt(node, 2)?.is_some() {
-                return Err(self.unsupported("a run-time training_mode"));
+        Ok(vec![self.req(node, 0)?])
+    }
+
+    /// Dropout at inference: its output is its input.
+    fn dropout(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        if let Some(Val::C(c)) = self.opt(node, 2)? {
+            if c.scalar().unwrap_or(0.0) != 0.0 {
+                return Err(self.unsupported("training_mode = true"));
             }
-            // At inference the mask keeps every element: ones of the input's shape (bool
-            // from version 10, the input's type before), made only when a node reads it.
-            if let Some(mask) = node.output.get(1).filter(|s| !s.is_empty()) {
-                if self.is_read(mask) {
-                    let x = self.req(node, 0)?;
-                    let dims = self.dims(&x);
-                    let bool_mask =
-                        versions::version_at("Dropout", self.model.opset).is_none_or(|v| v >= 10);
-                    let elem = if bool_mask { Elem::Bool } else { self.elem(&x) };
-                    let name = self.out_name(node, "mask");
-                    let dtype = self.dtype(elem);
-                    let id = chk!(self, self.g.constant(&name, &dims, dtype, 1.0))?;
-                    return Ok(vec![x, Val::T(id, elem)]);
-                }
+        } else if self.opt(node, 2)?.is_some() {
+            return Err(self.unsupported("a run-time training_mode"));
+        }
+        // At inference the mask keeps every element: ones of the input's shape (bool
+        // from version 10, the input's type before), made only when a node reads it.
+        if let Some(mask) = node.output.get(1).filter(|s| !s.is_empty()) {
+            if self.is_read(mask) {
+                let x = self.req(node, 0)?;
+                let dims = self.dims(&x);
+                let bool_mask =
+                    versions::version_at("Dropout", self.model.opset).is_none_or(|v| v >= 10);
+                let elem = if bool_mask { Elem::Bool } else { self.elem(&x) };
+                let name = self.out_name(node, "mask");
+                let dtype = self.dtype(elem);
+                let id = chk!(self, self.g.constant(&name, &dims, dtype, 1.0))?;
+                return Ok(vec![x, Val::T(id, elem)]);
             }
         }
-        Ok(vec![self.req(node, 0)?])
+        self.identity(node)
     }
 
     fn constant_node(&mut self, node: &NodeProto) -> R<Vec<Val>> {

@@ -2,46 +2,21 @@
 //! 1-D convolution: a spatial axis of size 1 costs nothing).
 
 use super::super::*;
-use super::{Converter, Family};
+use super::{Convert, Converter, Family};
+
+/// An op of the family, read at `versions` by `convert`.
+const fn op(op: &'static str, versions: &'static [u32], convert: Convert) -> Converter {
+    Converter::new(op, Family::ConvolutionAndPooling, versions, convert)
+}
 
 /// The family's ops.
 pub(super) const CONVERTERS: &[Converter] = &[
-    Converter {
-        op: "Conv",
-        family: Family::ConvolutionAndPooling,
-        versions: &[1, 11],
-        convert: |im, n| im.conv(n),
-    },
-    Converter {
-        op: "ConvTranspose",
-        family: Family::ConvolutionAndPooling,
-        versions: &[1, 11],
-        convert: |im, n| im.conv_transpose(n),
-    },
-    Converter {
-        op: "MaxPool",
-        family: Family::ConvolutionAndPooling,
-        versions: &[1, 8, 10, 11, 12],
-        convert: |im, n| im.pool(n),
-    },
-    Converter {
-        op: "AveragePool",
-        family: Family::ConvolutionAndPooling,
-        versions: &[7, 10, 11, 19],
-        convert: |im, n| im.pool(n),
-    },
-    Converter {
-        op: "GlobalAveragePool",
-        family: Family::ConvolutionAndPooling,
-        versions: &[1],
-        convert: |im, n| im.global_average_pool(n),
-    },
-    Converter {
-        op: "GlobalMaxPool",
-        family: Family::ConvolutionAndPooling,
-        versions: &[1],
-        convert: |im, n| im.global_max_pool(n),
-    },
+    op("Conv", &[1, 11], |im, n| im.conv(n)).weights(&[1, 2]),
+    op("ConvTranspose", &[1, 11], |im, n| im.conv_transpose(n)),
+    op("MaxPool", &[1, 8, 10, 11, 12], |im, n| im.pool(n, true)),
+    op("AveragePool", &[7, 10, 11, 19], |im, n| im.pool(n, false)),
+    op("GlobalAveragePool", &[1], |im, n| im.global_average_pool(n)),
+    op("GlobalMaxPool", &[1], |im, n| im.global_max_pool(n)),
 ];
 
 /// A convolution's input and weight dims: as given (`x`, `w`), and as 2-D (`x2`, `w2`: a 1-D
@@ -275,7 +250,8 @@ impl<'a> Importer<'a> {
         chk!(self, self.g.reshape(&name, y, &d))
     }
 
-    pub(in crate::onnx::import) fn pool(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+    /// MaxPool (`max`) or AveragePool.
+    fn pool(&mut self, node: &NodeProto, max: bool) -> R<Vec<Val>> {
         let xv = self.req(node, 0)?;
         let sx0 = self.dims(&xv);
         let spatial = self.spatial_axes(sx0.len(), "pooling")?;
@@ -308,7 +284,7 @@ impl<'a> Importer<'a> {
         };
         let stride = self.pair2(node, "strides", spatial)?;
         let pads = self.pads2d(node, [sx[2], sx[3]], kernel, stride, [1, 1], spatial)?;
-        let kind = if self.op == "MaxPool" {
+        let kind = if max {
             PoolKind::Max
         } else {
             PoolKind::Average {

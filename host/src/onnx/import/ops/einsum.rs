@@ -10,15 +10,15 @@
 //! broadcasting). Repeated labels within one term (diagonals) are refused.
 
 use super::super::*;
-use super::{Converter, Family};
+use super::{Convert, Converter, Family};
+
+/// An op of the family, read at `versions` by `convert`.
+const fn op(op: &'static str, versions: &'static [u32], convert: Convert) -> Converter {
+    Converter::new(op, Family::LinearAlgebra, versions, convert)
+}
 
 /// The family's ops.
-pub(super) const CONVERTERS: &[Converter] = &[Converter {
-    op: "Einsum",
-    family: Family::LinearAlgebra,
-    versions: &[12],
-    convert: |im, n| im.einsum(n),
-}];
+pub(super) const CONVERTERS: &[Converter] = &[op("Einsum", &[12], |im, n| im.einsum(n))];
 
 /// A label: a letter, or an axis an ellipsis stands for (`ELLIPSIS + k`, `k` counted from
 /// the right).

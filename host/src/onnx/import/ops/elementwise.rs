@@ -1,263 +1,117 @@
 //! Element-wise ops: arithmetic with broadcasting, comparisons and logic, activations, casts.
 
+use super::super::fold::{b01, mapped, Variadic};
 use super::super::*;
-use super::{Converter, Family};
+use super::{Convert, Converter, Family};
 
-/// The family's ops.
+/// An op of the family, read at `versions` by `convert`.
+const fn op(op: &'static str, versions: &'static [u32], convert: Convert) -> Converter {
+    Converter::new(op, Family::Elementwise, versions, convert)
+}
+
+/// The family's ops: each converter and fold given its variant.
 pub(super) const CONVERTERS: &[Converter] = &[
-    Converter {
-        op: "Add",
-        family: Family::Elementwise,
-        versions: &[7, 13, 14],
-        convert: |im, n| im.arith(n),
-    },
-    Converter {
-        op: "Sub",
-        family: Family::Elementwise,
-        versions: &[7, 13, 14],
-        convert: |im, n| im.arith(n),
-    },
-    Converter {
-        op: "Mul",
-        family: Family::Elementwise,
-        versions: &[7, 13, 14],
-        convert: |im, n| im.arith(n),
-    },
-    Converter {
-        op: "Div",
-        family: Family::Elementwise,
-        versions: &[7, 13, 14],
-        convert: |im, n| im.arith(n),
-    },
-    Converter {
-        op: "Pow",
-        family: Family::Elementwise,
-        versions: &[7, 12, 13, 15],
-        convert: |im, n| im.arith(n),
-    },
-    Converter {
-        op: "Mod",
-        family: Family::Elementwise,
-        versions: &[10, 13],
-        convert: |im, n| im.modulo(n),
-    },
-    Converter {
-        op: "Max",
-        family: Family::Elementwise,
-        versions: &[6, 8, 12, 13],
-        convert: |im, n| im.arith(n),
-    },
-    Converter {
-        op: "Min",
-        family: Family::Elementwise,
-        versions: &[6, 8, 12, 13],
-        convert: |im, n| im.arith(n),
-    },
-    Converter {
-        op: "Sum",
-        family: Family::Elementwise,
-        versions: &[6, 8, 13],
-        convert: |im, n| im.arith(n),
-    },
-    Converter {
-        op: "Equal",
-        family: Family::Elementwise,
-        versions: &[7, 11, 13, 19],
-        convert: |im, n| im.compare(n),
-    },
-    Converter {
-        op: "Less",
-        family: Family::Elementwise,
-        versions: &[7, 9, 13],
-        convert: |im, n| im.compare(n),
-    },
-    Converter {
-        op: "LessOrEqual",
-        family: Family::Elementwise,
-        versions: &[12, 16],
-        convert: |im, n| im.compare(n),
-    },
-    Converter {
-        op: "Greater",
-        family: Family::Elementwise,
-        versions: &[7, 9, 13],
-        convert: |im, n| im.compare(n),
-    },
-    Converter {
-        op: "GreaterOrEqual",
-        family: Family::Elementwise,
-        versions: &[12, 16],
-        convert: |im, n| im.compare(n),
-    },
-    Converter {
-        op: "And",
-        family: Family::Elementwise,
-        versions: &[7],
-        convert: |im, n| im.compare(n),
-    },
-    Converter {
-        op: "Or",
-        family: Family::Elementwise,
-        versions: &[7],
-        convert: |im, n| im.compare(n),
-    },
-    Converter {
-        op: "Not",
-        family: Family::Elementwise,
-        versions: &[1],
-        convert: |im, n| im.not(n),
-    },
-    Converter {
-        op: "Where",
-        family: Family::Elementwise,
-        versions: &[9, 16],
-        convert: |im, n| im.where_(n),
-    },
-    Converter {
-        op: "Relu",
-        family: Family::Elementwise,
-        versions: &[6, 13, 14],
-        convert: |im, n| im.unary(n),
-    },
-    Converter {
-        op: "Sigmoid",
-        family: Family::Elementwise,
-        versions: &[6, 13],
-        convert: |im, n| im.unary(n),
-    },
-    Converter {
-        op: "Tanh",
-        family: Family::Elementwise,
-        versions: &[6, 13],
-        convert: |im, n| im.unary(n),
-    },
-    Converter {
-        op: "Exp",
-        family: Family::Elementwise,
-        versions: &[6, 13],
-        convert: |im, n| im.unary(n),
-    },
-    Converter {
-        op: "Log",
-        family: Family::Elementwise,
-        versions: &[6, 13],
-        convert: |im, n| im.unary(n),
-    },
-    Converter {
-        op: "Sqrt",
-        family: Family::Elementwise,
-        versions: &[6, 13],
-        convert: |im, n| im.unary(n),
-    },
-    Converter {
-        op: "Erf",
-        family: Family::Elementwise,
-        versions: &[9, 13],
-        convert: |im, n| im.unary(n),
-    },
-    Converter {
-        op: "Neg",
-        family: Family::Elementwise,
-        versions: &[6, 13],
-        convert: |im, n| im.unary(n),
-    },
-    Converter {
-        op: "Gelu",
-        family: Family::Elementwise,
-        versions: &[20],
-        convert: |im, n| im.unary(n),
-    },
-    Converter {
-        op: "Clip",
-        family: Family::Elementwise,
-        versions: &[6, 11, 12, 13],
-        convert: |im, n| im.unary(n),
-    },
-    Converter {
-        op: "Reciprocal",
-        family: Family::Elementwise,
-        versions: &[6, 13],
-        convert: |im, n| im.reciprocal(n),
-    },
-    Converter {
-        op: "Cast",
-        family: Family::Elementwise,
-        versions: &[6, 9, 13, 19, 21],
-        convert: |im, n| im.cast(n),
-    },
-    Converter {
-        op: "LeakyRelu",
-        family: Family::Elementwise,
-        versions: &[6, 16],
-        convert: |im, n| im.activation(n),
-    },
-    Converter {
-        op: "PRelu",
-        family: Family::Elementwise,
-        versions: &[7, 9, 16],
-        convert: |im, n| im.prelu(n),
-    },
-    Converter {
-        op: "Elu",
-        family: Family::Elementwise,
-        versions: &[6],
-        convert: |im, n| im.activation(n),
-    },
-    Converter {
-        op: "Selu",
-        family: Family::Elementwise,
-        versions: &[6],
-        convert: |im, n| im.activation(n),
-    },
-    Converter {
-        op: "Softplus",
-        family: Family::Elementwise,
-        versions: &[1],
-        convert: |im, n| im.activation(n),
-    },
-    Converter {
-        op: "Softsign",
-        family: Family::Elementwise,
-        versions: &[1],
-        convert: |im, n| im.activation(n),
-    },
-    Converter {
-        op: "Abs",
-        family: Family::Elementwise,
-        versions: &[6, 13],
-        convert: |im, n| im.activation(n),
-    },
-    Converter {
-        op: "Sign",
-        family: Family::Elementwise,
-        versions: &[9, 13],
-        convert: |im, n| im.activation(n),
-    },
-    Converter {
-        op: "Shrink",
-        family: Family::Elementwise,
-        versions: &[9],
-        convert: |im, n| im.activation(n),
-    },
-    Converter {
-        op: "HardSigmoid",
-        family: Family::Elementwise,
-        versions: &[6],
-        convert: |im, n| im.activation(n),
-    },
-    Converter {
-        op: "HardSwish",
-        family: Family::Elementwise,
-        versions: &[14],
-        convert: |im, n| im.activation(n),
-    },
-    Converter {
-        op: "Mish",
-        family: Family::Elementwise,
-        versions: &[18],
-        convert: |im, n| im.activation(n),
-    },
+    op("Add", &[7, 13, 14], |im, n| im.arith(n, BinaryFn::Add))
+        .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Add)),
+    op("Sub", &[7, 13, 14], |im, n| im.arith(n, BinaryFn::Sub))
+        .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Sub)),
+    op("Mul", &[7, 13, 14], |im, n| im.arith(n, BinaryFn::Mul))
+        .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Mul)),
+    op("Div", &[7, 13, 14], |im, n| im.arith(n, BinaryFn::Div))
+        .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Div)),
+    op("Pow", &[7, 12, 13, 15], |im, n| im.arith(n, BinaryFn::Pow))
+        .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Pow)),
+    op("Mod", &[10, 13], |im, n| im.modulo(n)).folds(|im, n, a, ins| im.fold_mod(n, a, ins)),
+    op("Max", &[6, 8, 12, 13], |im, n| {
+        im.variadic(n, BinaryFn::Max)
+    })
+    .folds(|im, _, a, ins| im.fold_variadic(a, ins, Variadic::Max)),
+    op("Min", &[6, 8, 12, 13], |im, n| {
+        im.variadic(n, BinaryFn::Min)
+    })
+    .folds(|im, _, a, ins| im.fold_variadic(a, ins, Variadic::Min)),
+    op("Sum", &[6, 8, 13], |im, n| im.variadic(n, BinaryFn::Add))
+        .folds(|im, _, a, ins| im.fold_variadic(a, ins, Variadic::Sum)),
+    Converter::fold_only("Mean", Family::Elementwise, |im, _, a, ins| {
+        im.fold_variadic(a, ins, Variadic::Mean)
+    }),
+    op("Equal", &[7, 11, 13, 19], |im, n| {
+        im.compare(n, BinaryFn::Equal)
+    })
+    .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Equal)),
+    op("Less", &[7, 9, 13], |im, n| im.compare(n, BinaryFn::Less))
+        .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Less)),
+    op("LessOrEqual", &[12, 16], |im, n| {
+        im.compare(n, BinaryFn::LessOrEqual)
+    })
+    .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::LessOrEqual)),
+    op("Greater", &[7, 9, 13], |im, n| {
+        im.compare(n, BinaryFn::Greater)
+    })
+    .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Greater)),
+    op("GreaterOrEqual", &[12, 16], |im, n| {
+        im.compare(n, BinaryFn::GreaterOrEqual)
+    })
+    .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::GreaterOrEqual)),
+    op("And", &[7], |im, n| im.compare(n, BinaryFn::And))
+        .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::And)),
+    op("Or", &[7], |im, n| im.compare(n, BinaryFn::Or))
+        .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Or)),
+    op("Not", &[1], |im, n| im.not(n)).folds(|_, _, a, _| Ok(mapped(a, |v| b01(v == 0.0)))),
+    op("Where", &[9, 16], |im, n| im.where_(n)).folds(|im, _, a, ins| im.fold_where(a, ins)),
+    op("Relu", &[6, 13, 14], |im, n| im.unary(n, UnaryFn::Relu)),
+    op("Sigmoid", &[6, 13], |im, n| im.unary(n, UnaryFn::Sigmoid)),
+    op("Tanh", &[6, 13], |im, n| im.unary(n, UnaryFn::Tanh)),
+    op("Exp", &[6, 13], |im, n| im.unary(n, UnaryFn::Exp)),
+    op("Log", &[6, 13], |im, n| im.unary(n, UnaryFn::Log)),
+    op("Sqrt", &[6, 13], |im, n| im.unary(n, UnaryFn::Sqrt))
+        .folds(|_, _, a, _| Ok(mapped(a, f64::sqrt))),
+    op("Erf", &[9, 13], |im, n| im.unary(n, UnaryFn::Erf)),
+    op("Neg", &[6, 13], |im, n| im.unary(n, UnaryFn::Neg))
+        .folds(|_, _, a, _| Ok(mapped(a, |v| -v))),
+    op("Gelu", &[20], |im, n| im.gelu(n)),
+    op("Clip", &[6, 11, 12, 13], |im, n| im.clip(n)).folds(|im, n, a, _| im.fold_clip(n, a)),
+    op("Reciprocal", &[6, 13], |im, n| im.reciprocal(n)),
+    op("Cast", &[6, 9, 13, 19, 21], |im, n| im.cast(n)).folds(|im, n, a, _| im.fold_cast(n, a)),
+    op("LeakyRelu", &[6, 16], |im, n| {
+        im.activation(n, Activation::LeakyRelu)
+    }),
+    op("PRelu", &[7, 9, 16], |im, n| im.prelu(n)).weights(&[1]),
+    op("Elu", &[6], |im, n| im.activation(n, Activation::Elu)),
+    op("Selu", &[6], |im, n| im.activation(n, Activation::Selu)),
+    op("Softplus", &[1], |im, n| {
+        im.activation(n, Activation::Softplus)
+    }),
+    op("Softsign", &[1], |im, n| {
+        im.activation(n, Activation::Softsign)
+    }),
+    op("Abs", &[6, 13], |im, n| im.activation(n, Activation::Abs)),
+    op("Sign", &[9, 13], |im, n| im.activation(n, Activation::Sign)),
+    op("Shrink", &[9], |im, n| im.activation(n, Activation::Shrink)),
+    op("HardSigmoid", &[6], |im, n| {
+        im.activation(n, Activation::HardSigmoid)
+    }),
+    op("HardSwish", &[14], |im, n| {
+        im.activation(n, Activation::HardSwish)
+    }),
+    op("Mish", &[18], |im, n| im.activation(n, Activation::Mish)),
 ];
+
+/// The activations built of several graph ops.
+#[derive(Clone, Copy)]
+enum Activation {
+    LeakyRelu,
+    Elu,
+    Selu,
+    Softplus,
+    Softsign,
+    Abs,
+    Sign,
+    Shrink,
+    HardSigmoid,
+    HardSwish,
+    Mish,
+}
 
 impl<'a> Importer<'a> {
     /// `Mod` folds (shape and index arithmetic, as exporters write it) when its inputs are
@@ -266,22 +120,23 @@ impl<'a> Importer<'a> {
         Err(self.unsupported("inputs computed at run time"))
     }
 
-    pub(in crate::onnx::import) fn arith(&mut self, node: &NodeProto) -> R<Vec<Val>> {
-        let op = self.op.clone();
-        let f = match op.as_str() {
-            "Add" | "Sum" => BinaryFn::Add,
-            "Sub" => BinaryFn::Sub,
-            "Mul" => BinaryFn::Mul,
-            "Div" => BinaryFn::Div,
-            "Pow" => BinaryFn::Pow,
-            "Max" => BinaryFn::Max,
-            _ => BinaryFn::Min,
-        };
+    /// `f` of two operands.
+    fn arith(&mut self, node: &NodeProto, f: BinaryFn) -> R<Vec<Val>> {
+        self.arith_of(node, f, false)
+    }
+
+    /// `f` of any number of operands, applied left to right.
+    fn variadic(&mut self, node: &NodeProto, f: BinaryFn) -> R<Vec<Val>> {
+        self.arith_of(node, f, true)
+    }
+
+    /// `f` of the operands (two, or any number when `variadic`), broadcast.
+    fn arith_of(&mut self, node: &NodeProto, f: BinaryFn, variadic: bool) -> R<Vec<Val>> {
         let n = node.input.len();
         if n == 1 {
             return Ok(vec![self.req(node, 0)?]);
         }
-        if n > 2 && !matches!(op.as_str(), "Sum" | "Max" | "Min") {
+        if n > 2 && !variadic {
             return Err(self.bad(format!("{n} inputs; the op takes 2")));
         }
         let first = self.req(node, 0)?;
@@ -331,16 +186,8 @@ impl<'a> Importer<'a> {
 }
 
 impl<'a> Importer<'a> {
-    fn compare(&mut self, node: &NodeProto) -> R<Vec<Val>> {
-        let f = match self.op.as_str() {
-            "Equal" => BinaryFn::Equal,
-            "Less" => BinaryFn::Less,
-            "LessOrEqual" => BinaryFn::LessOrEqual,
-            "Greater" => BinaryFn::Greater,
-            "GreaterOrEqual" => BinaryFn::GreaterOrEqual,
-            "And" => BinaryFn::And,
-            _ => BinaryFn::Or,
-        };
+    /// The comparison or logical op `f`, its output boolean.
+    fn compare(&mut self, node: &NodeProto, f: BinaryFn) -> R<Vec<Val>> {
         let (a, b) = self.pair(node)?;
         let name = self.out_name(node, "");
         let id = chk!(self, self.g.binary(&name, a, b, f))?;
@@ -365,30 +212,27 @@ impl<'a> Importer<'a> {
         Ok(vec![Val::T(id, e)])
     }
 
-    fn unary(&mut self, node: &NodeProto) -> R<Vec<Val>> {
-        let f = match self.op.as_str() {
-            "Relu" => UnaryFn::Relu,
-            "Sigmoid" => UnaryFn::Sigmoid,
-            "Tanh" => UnaryFn::Tanh,
-            "Exp" => UnaryFn::Exp,
-            "Log" => UnaryFn::Log,
-            "Sqrt" => UnaryFn::Sqrt,
-            "Erf" => UnaryFn::Erf,
-            "Neg" => UnaryFn::Neg,
-            "Gelu" => match self.attr_s(node, "approximate").as_deref() {
-                None | Some("none") => UnaryFn::Gelu(GeluForm::Erf),
-                Some("tanh") => UnaryFn::Gelu(GeluForm::Tanh),
-                Some(other) => return Err(self.unsupported(format!("approximate = {other}"))),
-            },
-            _ => {
-                let (min, max) = self.clip_bounds(node)?;
-                UnaryFn::Clip {
-                    min: min as f32,
-                    max: max as f32,
-                }
-            }
-        };
+    fn unary(&mut self, node: &NodeProto, f: UnaryFn) -> R<Vec<Val>> {
         self.one_input(node, |g, name, x| g.unary(name, x, f))
+    }
+
+    /// Gelu, exact or in its tanh approximation.
+    fn gelu(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let form = match self.attr_s(node, "approximate").as_deref() {
+            None | Some("none") => GeluForm::Erf,
+            Some("tanh") => GeluForm::Tanh,
+            Some(other) => return Err(self.unsupported(format!("approximate = {other}"))),
+        };
+        self.unary(node, UnaryFn::Gelu(form))
+    }
+
+    fn clip(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let (min, max) = self.clip_bounds(node)?;
+        let f = UnaryFn::Clip {
+            min: min as f32,
+            max: max as f32,
+        };
+        self.unary(node, f)
     }
 
     /// Clip's bounds: attributes before opset 11, optional inputs since (infinite when
@@ -505,16 +349,15 @@ impl<'a> Importer<'a> {
         self.un(node, suffix, z, UnaryFn::Clip { min: 0.0, max: 1.0 })
     }
 
-    fn activation(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+    fn activation(&mut self, node: &NodeProto, act: Activation) -> R<Vec<Val>> {
         let xv = self.req(node, 0)?;
         let e = self.elem(&xv);
         if !e.is_float() {
             return Err(self.unsupported(format!("{e:?} input (float types only)")));
         }
         let x = self.ti(node, 0)?;
-        let op = self.op.clone();
-        let y = match op.as_str() {
-            "LeakyRelu" => {
+        let y = match act {
+            Activation::LeakyRelu => {
                 let alpha = self.attr_f(node, "alpha", 0.01);
                 let ax = self.un(node, "scaled", x, UnaryFn::Scale(alpha))?;
                 // x for x >= 0, alpha * x below: the larger of the two when alpha <= 1.
@@ -525,29 +368,29 @@ impl<'a> Importer<'a> {
                 };
                 self.bin(node, "", x, ax, f)?
             }
-            "Elu" => {
+            Activation::Elu => {
                 let alpha = self.attr_f(node, "alpha", 1.0);
                 self.elu_of(node, x, alpha, "")?
             }
-            "Selu" => {
+            Activation::Selu => {
                 let alpha = self.attr_f(node, "alpha", 1.673_263_2);
                 let gamma = self.attr_f(node, "gamma", 1.050_701);
                 let elu = self.elu_of(node, x, alpha, "elu")?;
                 self.un(node, "", elu, UnaryFn::Scale(gamma))?
             }
-            "Softplus" => self.softplus_of(node, x, "")?,
-            "Softsign" => {
+            Activation::Softplus => self.softplus_of(node, x, "")?,
+            Activation::Softsign => {
                 let neg = self.un(node, "neg", x, UnaryFn::Neg)?;
                 let abs = self.bin(node, "abs", x, neg, BinaryFn::Max)?;
                 let one = self.scalar_like(node, "one", x, 1.0)?;
                 let d = self.bin(node, "one_plus", abs, one, BinaryFn::Add)?;
                 self.bin(node, "", x, d, BinaryFn::Div)?
             }
-            "Abs" => {
+            Activation::Abs => {
                 let neg = self.un(node, "neg", x, UnaryFn::Neg)?;
                 self.bin(node, "", x, neg, BinaryFn::Max)?
             }
-            "Sign" => {
+            Activation::Sign => {
                 let zero = self.scalar_like(node, "zero", x, 0.0)?;
                 let dtype = self.g.node(x).dtype();
                 let gt = self.bin(node, "positive", x, zero, BinaryFn::Greater)?;
@@ -558,7 +401,7 @@ impl<'a> Importer<'a> {
                 let lt = chk!(self, self.g.cast(&n, lt, dtype))?;
                 self.bin(node, "", gt, lt, BinaryFn::Sub)?
             }
-            "Shrink" => {
+            Activation::Shrink => {
                 let bias = self.attr_f(node, "bias", 0.0);
                 let lambd = self.attr_f(node, "lambd", 0.5);
                 let lo = self.scalar_like(node, "minus_lambd", x, -lambd)?;
@@ -574,17 +417,17 @@ impl<'a> Importer<'a> {
                 let n = self.out_name(node, "");
                 chk!(self, self.g.select(&n, below, up, upper))?
             }
-            "HardSigmoid" => {
+            Activation::HardSigmoid => {
                 let alpha = self.attr_f(node, "alpha", 0.2);
                 let beta = self.attr_f(node, "beta", 0.5);
                 self.hard_sigmoid_of(node, x, alpha, beta, "")?
             }
-            "HardSwish" => {
+            Activation::HardSwish => {
                 let h = self.hard_sigmoid_of(node, x, 1.0 / 6.0, 0.5, "gate")?;
                 self.bin(node, "", x, h, BinaryFn::Mul)?
             }
-            _ => {
-                // Mish: x * tanh(softplus(x)).
+            Activation::Mish => {
+                // x * tanh(softplus(x)).
                 let sp = self.softplus_of(node, x, "softplus")?;
                 let t = self.un(node, "tanh", sp, UnaryFn::Tanh)?;
                 self.bin(node, "", x, t, BinaryFn::Mul)?

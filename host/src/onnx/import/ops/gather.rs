@@ -1,28 +1,22 @@
 //! Gathers: embeddings (`Gather` of a table), `GatherElements` and `GatherND`.
 
 use super::super::*;
-use super::{Converter, Family};
+use super::{Convert, Converter, Family};
+
+/// An op of the family, read at `versions` by `convert`.
+const fn op(op: &'static str, versions: &'static [u32], convert: Convert) -> Converter {
+    Converter::new(op, Family::Gather, versions, convert)
+}
 
 /// The family's ops.
 pub(super) const CONVERTERS: &[Converter] = &[
-    Converter {
-        op: "Gather",
-        family: Family::Gather,
-        versions: &[1, 11, 13],
-        convert: |im, n| im.gather(n),
-    },
-    Converter {
-        op: "GatherElements",
-        family: Family::Gather,
-        versions: &[11, 13],
-        convert: |im, n| im.gather_flat(n),
-    },
-    Converter {
-        op: "GatherND",
-        family: Family::Gather,
-        versions: &[11, 12, 13],
-        convert: |im, n| im.gather_flat(n),
-    },
+    op("Gather", &[1, 11, 13], |im, n| im.gather(n))
+        .weights(&[0])
+        .folds(|im, n, a, ins| im.fold_gather(n, a, ins)),
+    op("GatherElements", &[11, 13], |im, n| im.gather_flat(n, true))
+        .folds(|im, n, a, ins| im.fold_gather_elements(n, a, ins)),
+    op("GatherND", &[11, 12, 13], |im, n| im.gather_flat(n, false))
+        .folds(|im, n, a, ins| im.fold_gather_nd(n, a, ins)),
 ];
 
 impl<'a> Importer<'a> {
@@ -143,7 +137,8 @@ impl<'a> Importer<'a> {
 
     /// GatherElements / GatherND with constant indices on a run-time tensor: the flat
     /// element (or row) indices are computed here and gathered as rows.
-    pub(in crate::onnx::import) fn gather_flat(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+    /// GatherElements when `elements`, else GatherND.
+    fn gather_flat(&mut self, node: &NodeProto, elements: bool) -> R<Vec<Val>> {
         let data = self.req(node, 0)?;
         let d = self.dims(&data);
         let e = self.elem(&data);
@@ -151,7 +146,7 @@ impl<'a> Importer<'a> {
             return Err(self.unsupported("indices computed at run time"));
         };
         let st = consts::strides(&d);
-        let (rows, row_len, flat, out_dims) = if self.op == "GatherElements" {
+        let (rows, row_len, flat, out_dims) = if elements {
             let axis = self.axis(self.attr_i(node, "axis", 0), d.len())?;
             let ist = consts::strides(&idx.dims);
             let mut flat = Vec::with_capacity(idx.len());

@@ -1,22 +1,17 @@
 //! Matrix products: `MatMul` and `Gemm`.
 
 use super::super::*;
-use super::{Converter, Family};
+use super::{Convert, Converter, Family};
+
+/// An op of the family, read at `versions` by `convert`.
+const fn op(op: &'static str, versions: &'static [u32], convert: Convert) -> Converter {
+    Converter::new(op, Family::LinearAlgebra, versions, convert)
+}
 
 /// The family's ops.
 pub(super) const CONVERTERS: &[Converter] = &[
-    Converter {
-        op: "MatMul",
-        family: Family::LinearAlgebra,
-        versions: &[1, 9, 13],
-        convert: |im, n| im.matmul(n),
-    },
-    Converter {
-        op: "Gemm",
-        family: Family::LinearAlgebra,
-        versions: &[7, 9, 11, 13],
-        convert: |im, n| im.gemm(n),
-    },
+    op("MatMul", &[1, 9, 13], |im, n| im.matmul(n)).weights(&[1]),
+    op("Gemm", &[7, 9, 11, 13], |im, n| im.gemm(n)).weights(&[1, 2]),
 ];
 
 impl<'a> Importer<'a> {

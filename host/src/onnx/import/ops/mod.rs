@@ -1,10 +1,14 @@
 //! The converters of ONNX ops to graph ops: one module per op family (as tract's
-//! `onnx/src/ops/`), each listing its ops in a table of [`Converter`]s. [`REGISTRY`] joins the
-//! tables; the importer finds a node's converter there, the error for an unsupported op lists
-//! the registry's ops, and the op table of docs/onnx.md is generated from it
-//! ([`markdown_table`], checked by a test).
+//! `onnx/src/ops/`), each listing its ops in a table of [`Converter`]s, one entry per op: its
+//! versions, its converter called with the op's variant (which binary function, which
+//! reduction), how it folds on constant inputs, and which inputs are weights. [`REGISTRY`]
+//! joins the tables; the importer finds a node's converter there, folding asks it whether and
+//! how an op folds, the error for an unsupported op lists the registry's ops, and the op table
+//! of docs/onnx.md is generated from it ([`markdown_table`], checked by a test).
 
-use super::{Importer, Val, R};
+use std::rc::Rc;
+
+use super::{Const, Importer, Val, R};
 use crate::onnx::proto::NodeProto;
 
 mod constant;
@@ -18,6 +22,8 @@ mod reduce;
 mod resize;
 mod rnn;
 mod shape;
+
+pub(super) use shape::Reshaping;
 
 /// A family of ops, one module each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -59,17 +65,101 @@ impl Family {
     }
 }
 
-/// How one ONNX op of the default domain becomes graph ops.
+/// Converts a node whose inputs are not all constants (constants fold first).
+pub(super) type Convert = for<'a, 'b> fn(&'b mut Importer<'a>, &'b NodeProto) -> R<Vec<Val>>;
+
+/// Computes a node's outputs at import from its inputs, every one a constant: input 0 (given
+/// apart) and each input by position (`None` where the node leaves it out).
+pub(super) type Fold = for<'a, 'b> fn(
+    &'b Importer<'a>,
+    &'b NodeProto,
+    &'b Rc<Const>,
+    &'b [Option<Rc<Const>>],
+) -> R<Vec<Val>>;
+
+/// Whether a node reads its input 0 sequence-first (the batch at axis 1).
+pub(super) type SequenceFirst = fn(&NodeProto) -> bool;
+
+/// How one ONNX op of the default domain becomes graph ops, and how it folds.
+#[derive(Clone, Copy)]
 pub struct Converter {
     /// The op type.
     pub op: &'static str,
     /// Its family.
     pub family: Family,
     /// The versions of the op it reads (ONNX's `since_version`s): the version in force at the
-    /// model's opset must be one of them.
+    /// model's opset must be one of them. Empty for an op that only folds.
     pub versions: &'static [u32],
-    /// Converts a node whose inputs are not all constants (constants fold first).
-    pub(super) convert: for<'a, 'b> fn(&'b mut Importer<'a>, &'b NodeProto) -> R<Vec<Val>>,
+    /// Converts a node, the op's variant given in the registry (`None`: the op only folds).
+    pub(super) convert: Option<Convert>,
+    /// Folds a node whose inputs are all constants, at any version (`None`: it does not fold).
+    pub(super) fold: Option<Fold>,
+    /// The inputs read as weights: made variables where they are initializers.
+    pub(super) weights: &'static [usize],
+    /// Whether a node of the op reads its input 0 sequence-first (`None`: never).
+    pub(super) sequence_first: Option<SequenceFirst>,
+}
+
+impl Converter {
+    /// `op` of `family`, read at `versions` by `convert`; it neither folds nor reads weights.
+    pub(super) const fn new(
+        op: &'static str,
+        family: Family,
+        versions: &'static [u32],
+        convert: Convert,
+    ) -> Self {
+        Converter {
+            op,
+            family,
+            versions,
+            convert: Some(convert),
+            fold: None,
+            weights: &[],
+            sequence_first: None,
+        }
+    }
+
+    /// `op` of `family`, which the importer does not read but folds by `fold`.
+    pub(super) const fn fold_only(op: &'static str, family: Family, fold: Fold) -> Self {
+        Converter {
+            op,
+            family,
+            versions: &[],
+            convert: None,
+            fold: Some(fold),
+            weights: &[],
+            sequence_first: None,
+        }
+    }
+
+    /// The converter, folding by `fold` when every input is a constant.
+    pub(super) const fn folds(self, fold: Fold) -> Self {
+        Converter {
+            fold: Some(fold),
+            ..self
+        }
+    }
+
+    /// The converter, reading the inputs at `slots` as weights.
+    pub(super) const fn weights(self, slots: &'static [usize]) -> Self {
+        Converter {
+            weights: slots,
+            ..self
+        }
+    }
+
+    /// The converter, `first` saying whether a node reads its input 0 sequence-first.
+    pub(super) const fn sequence_first(self, first: SequenceFirst) -> Self {
+        Converter {
+            sequence_first: Some(first),
+            ..self
+        }
+    }
+
+    /// Whether the importer reads the op (rather than only folding it).
+    pub fn reads(&self) -> bool {
+        self.convert.is_some()
+    }
 }
 
 /// Every converter, by family.
@@ -87,9 +177,19 @@ pub const REGISTRY: &[&[Converter]] = &[
     rnn::CONVERTERS,
 ];
 
-/// Every converter.
-pub fn converters() -> impl Iterator<Item = &'static Converter> {
+/// Every registry entry: the converters and the ops that only fold.
+fn entries() -> impl Iterator<Item = &'static Converter> {
     REGISTRY.iter().flat_map(|f| f.iter())
+}
+
+/// The registry entry of `op`, if the importer reads or folds it.
+pub(super) fn entry(op: &str) -> Option<&'static Converter> {
+    entries().find(|c| c.op == op)
+}
+
+/// Every converter of an op the importer reads.
+pub fn converters() -> impl Iterator<Item = &'static Converter> {
+    entries().filter(|c| c.reads())
 }
 
 /// The converter of `op`, if the importer reads it.
@@ -107,11 +207,12 @@ pub(super) enum NotRead {
 
 /// The converter of `op` at `opset`: registered, and reading the op's version in force there
 /// (an op that has no version at that opset is left to its converter).
-pub(super) fn converter_at(op: &str, opset: i64) -> Result<&'static Converter, NotRead> {
+pub(super) fn converter_at(op: &str, opset: i64) -> Result<Convert, NotRead> {
     let c = converter(op).ok_or(NotRead::Op)?;
+    let convert = c.convert.ok_or(NotRead::Op)?;
     match super::versions::version_at(op, opset) {
         Some(v) if !c.versions.contains(&v) => Err(NotRead::Version(v)),
-        _ => Ok(c),
+        _ => Ok(convert),
     }
 }
 

@@ -1,46 +1,24 @@
 //! Normalisations and softmax.
 
 use super::super::*;
-use super::{Converter, Family};
+use super::{Convert, Converter, Family};
+
+/// An op of the family, read at `versions` by `convert`.
+const fn op(op: &'static str, versions: &'static [u32], convert: Convert) -> Converter {
+    Converter::new(op, Family::Normalization, versions, convert)
+}
 
 /// The family's ops.
 pub(super) const CONVERTERS: &[Converter] = &[
-    Converter {
-        op: "BatchNormalization",
-        family: Family::Normalization,
-        versions: &[7, 9, 14, 15],
-        convert: |im, n| im.batch_norm(n),
-    },
-    Converter {
-        op: "LayerNormalization",
-        family: Family::Normalization,
-        versions: &[17],
-        convert: |im, n| im.layer_norm(n),
-    },
-    Converter {
-        op: "InstanceNormalization",
-        family: Family::Normalization,
-        versions: &[6],
-        convert: |im, n| im.instance_norm(n),
-    },
-    Converter {
-        op: "LRN",
-        family: Family::Normalization,
-        versions: &[1, 13],
-        convert: |im, n| im.lrn(n),
-    },
-    Converter {
-        op: "Softmax",
-        family: Family::Normalization,
-        versions: &[1, 11, 13],
-        convert: |im, n| im.softmax(n),
-    },
-    Converter {
-        op: "LogSoftmax",
-        family: Family::Normalization,
-        versions: &[1, 11, 13],
-        convert: |im, n| im.softmax(n),
-    },
+    op("BatchNormalization", &[7, 9, 14, 15], |im, n| {
+        im.batch_norm(n)
+    })
+    .weights(&[1, 2, 3, 4]),
+    op("LayerNormalization", &[17], |im, n| im.layer_norm(n)).weights(&[1, 2]),
+    op("InstanceNormalization", &[6], |im, n| im.instance_norm(n)).weights(&[1, 2]),
+    op("LRN", &[1, 13], |im, n| im.lrn(n)),
+    op("Softmax", &[1, 11, 13], |im, n| im.softmax(n, false)),
+    op("LogSoftmax", &[1, 11, 13], |im, n| im.softmax(n, true)),
 ];
 
 impl<'a> Importer<'a> {
@@ -141,11 +119,11 @@ impl<'a> Importer<'a> {
         Ok(outs)
     }
 
-    pub(in crate::onnx::import) fn softmax(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+    /// Softmax, or its logarithm when `log` (LogSoftmax).
+    fn softmax(&mut self, node: &NodeProto, log: bool) -> R<Vec<Val>> {
         let xv = self.req(node, 0)?;
         let d = self.dims(&xv);
         let r = d.len();
-        let log = self.op == "LogSoftmax";
         let x = self.ti(node, 0)?;
         let mut y = if self.model.opset >= 13 {
             let axis = self.axis(self.attr_i(node, "axis", -1), r)?;

@@ -1,40 +1,31 @@
 //! Reductions over axes, and ArgMax / ArgMin.
 
 use super::super::*;
-use super::{Converter, Family};
+use super::{Convert, Converter, Family};
 
-/// The family's ops.
+/// An op of the family, read at `versions` by `convert`.
+const fn op(op: &'static str, versions: &'static [u32], convert: Convert) -> Converter {
+    Converter::new(op, Family::Reduction, versions, convert)
+}
+
+/// The family's ops: each reduction's kind and the opset from which its axes are an input.
 pub(super) const CONVERTERS: &[Converter] = &[
-    Converter {
-        op: "ReduceMean",
-        family: Family::Reduction,
-        versions: &[1, 11, 13, 18],
-        convert: |im, n| im.reduce(n),
-    },
-    Converter {
-        op: "ReduceSum",
-        family: Family::Reduction,
-        versions: &[1, 11, 13],
-        convert: |im, n| im.reduce(n),
-    },
-    Converter {
-        op: "ReduceMax",
-        family: Family::Reduction,
-        versions: &[1, 11, 12, 13, 18, 20],
-        convert: |im, n| im.reduce(n),
-    },
-    Converter {
-        op: "ArgMax",
-        family: Family::Reduction,
-        versions: &[1, 11, 12, 13],
-        convert: |im, n| im.arg_extreme(n),
-    },
-    Converter {
-        op: "ArgMin",
-        family: Family::Reduction,
-        versions: &[1, 11, 12, 13],
-        convert: |im, n| im.arg_extreme(n),
-    },
+    op("ReduceMean", &[1, 11, 13, 18], |im, n| {
+        im.reduce(n, ReduceKind::Mean, 18)
+    })
+    .folds(|im, n, a, _| im.fold_reduce(n, a, ReduceKind::Mean, 18)),
+    op("ReduceSum", &[1, 11, 13], |im, n| {
+        im.reduce(n, ReduceKind::Sum, 13)
+    })
+    .folds(|im, n, a, _| im.fold_reduce(n, a, ReduceKind::Sum, 13)),
+    op("ReduceMax", &[1, 11, 12, 13, 18, 20], |im, n| {
+        im.reduce(n, ReduceKind::Max, 18)
+    })
+    .folds(|im, n, a, _| im.fold_reduce(n, a, ReduceKind::Max, 18)),
+    op("ArgMax", &[1, 11, 12, 13], |im, n| im.arg_extreme(n, true))
+        .folds(|im, n, a, _| im.fold_arg_extreme(n, a, true)),
+    op("ArgMin", &[1, 11, 12, 13], |im, n| im.arg_extreme(n, false))
+        .folds(|im, n, a, _| im.fold_arg_extreme(n, a, false)),
 ];
 
 impl<'a> Importer<'a> {
@@ -51,12 +42,8 @@ impl<'a> Importer<'a> {
         }
     }
 
-    pub(in crate::onnx::import) fn reduce(&mut self, node: &NodeProto) -> R<Vec<Val>> {
-        let (kind, since) = match self.op.as_str() {
-            "ReduceMean" => (ReduceKind::Mean, 18),
-            "ReduceSum" => (ReduceKind::Sum, 13),
-            _ => (ReduceKind::Max, 18),
-        };
+    /// The reduction `kind`, its axes an input from opset `since` (an attribute before).
+    fn reduce(&mut self, node: &NodeProto, kind: ReduceKind, since: i64) -> R<Vec<Val>> {
         let axes = self.reduce_axes(node, since)?.unwrap_or_default();
         let keep = self.attr_i(node, "keepdims", 1) != 0;
         let v = self.req(node, 0)?;
@@ -73,8 +60,9 @@ impl<'a> Importer<'a> {
 
     /// `ArgMax` / `ArgMin` along `axis`, built of graph ops (the maximum, a comparison with
     /// it, a selection of each position's index where it equals it, and a maximum of those):
-    /// the first index of the extreme (the last with `select_last_index`), as int64.
-    fn arg_extreme(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+    /// the first index of the extreme (the last with `select_last_index`), as int64: the
+    /// greatest's (`max`, ArgMax) or the least's (ArgMin).
+    fn arg_extreme(&mut self, node: &NodeProto, max: bool) -> R<Vec<Val>> {
         let v = self.req(node, 0)?;
         let d = self.dims(&v);
         if d.is_empty() {
@@ -90,7 +78,7 @@ impl<'a> Importer<'a> {
         let n = d[a];
         let dtype = self.dtype(Elem::F32);
         let mut x = self.ti(node, 0)?;
-        if self.op == "ArgMin" {
+        if !max {
             // The least of x is the greatest of -x.
             let name = self.out_name(node, "negated");
             x = chk!(self, self.g.unary(&name, x, UnaryFn::Neg))?;

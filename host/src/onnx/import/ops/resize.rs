@@ -11,22 +11,17 @@
 //! where repeating elements is exact (YOLO's and U-Net's 2x) stays a broadcast copy.
 
 use super::super::*;
-use super::{Converter, Family};
+use super::{Convert, Converter, Family};
+
+/// An op of the family, read at `versions` by `convert`.
+const fn op(op: &'static str, versions: &'static [u32], convert: Convert) -> Converter {
+    Converter::new(op, Family::Shape, versions, convert)
+}
 
 /// The family's ops.
 pub(super) const CONVERTERS: &[Converter] = &[
-    Converter {
-        op: "Upsample",
-        family: Family::Shape,
-        versions: &[7, 9],
-        convert: |im, n| im.resize(n),
-    },
-    Converter {
-        op: "Resize",
-        family: Family::Shape,
-        versions: &[10, 11, 13, 18, 19],
-        convert: |im, n| im.resize(n),
-    },
+    op("Upsample", &[7, 9], |im, n| im.resize(n, false)),
+    op("Resize", &[10, 11, 13, 18, 19], |im, n| im.resize(n, true)),
 ];
 
 /// The interpolation.
@@ -277,12 +272,12 @@ impl<'a> Importer<'a> {
     /// `Upsample` and `Resize` (see the module's text): what the attributes ask for, each
     /// listed axis's scale and output length, then a repeat of whole factors or the axes
     /// resized one by one.
-    fn resize(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+    fn resize(&mut self, node: &NodeProto, is_resize: bool) -> R<Vec<Val>> {
         let xv = self.req(node, 0)?;
         let e = self.elem(&xv);
         let d = self.dims(&xv);
         let r = d.len();
-        let rz = self.resizing(node, e)?;
+        let rz = self.resizing(node, e, is_resize)?;
         let (plan, roi) = self.resize_plan(node, &rz, &d)?;
         let n = plan.len();
         let (mode, rounding, legacy) = (rz.mode, rz.rounding, rz.legacy);
@@ -360,8 +355,7 @@ impl<'a> Importer<'a> {
     }
 
     /// What Resize's (or Upsample's) attributes ask for, for an input of element type `e`.
-    fn resizing(&self, node: &NodeProto, e: Elem) -> R<Resizing> {
-        let is_resize = self.op == "Resize";
+    fn resizing(&self, node: &NodeProto, e: Elem, is_resize: bool) -> R<Resizing> {
         // Upsample and Resize 10 map coordinates as `asymmetric` and round down; Resize 11
         // added the attributes.
         let legacy = !is_resize || self.model.opset < 11;

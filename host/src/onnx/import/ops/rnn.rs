@@ -1,15 +1,22 @@
 //! Recurrent layers: `LSTM`.
 
 use super::super::*;
-use super::{Converter, Family};
+use super::{Convert, Converter, Family};
+
+/// An op of the family, read at `versions` by `convert`.
+const fn op(op: &'static str, versions: &'static [u32], convert: Convert) -> Converter {
+    Converter::new(op, Family::Recurrent, versions, convert)
+}
 
 /// The family's ops.
-pub(super) const CONVERTERS: &[Converter] = &[Converter {
-    op: "LSTM",
-    family: Family::Recurrent,
-    versions: &[7, 14],
-    convert: |im, n| im.lstm(n),
-}];
+pub(super) const CONVERTERS: &[Converter] = &[op("LSTM", &[7, 14], |im, n| im.lstm(n))
+    .weights(&[1, 2, 3])
+    .sequence_first(|n| {
+        super::super::attr(n, "layout")
+            .and_then(|a| a.i)
+            .unwrap_or(0)
+            == 0
+    })];
 
 impl<'a> Importer<'a> {
     pub(in crate::onnx::import) fn lstm(&mut self, node: &NodeProto) -> R<Vec<Val>> {

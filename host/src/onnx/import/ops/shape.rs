@@ -1,89 +1,56 @@
 //! Shapes, views and copies: reshapes, transposes, concatenation, splits, slices, `Expand`, and `Shape` / `Size` (constants at import).
 
 use super::super::*;
-use super::{Converter, Family};
+use super::{Convert, Converter, Family};
+
+/// An op of the family, read at `versions` by `convert`.
+const fn op(op: &'static str, versions: &'static [u32], convert: Convert) -> Converter {
+    Converter::new(op, Family::Shape, versions, convert)
+}
 
 /// The family's ops.
 pub(super) const CONVERTERS: &[Converter] = &[
-    Converter {
-        op: "Reshape",
-        family: Family::Shape,
-        versions: &[5, 13, 14, 19, 21],
-        convert: |im, n| im.reshape(n),
-    },
-    Converter {
-        op: "Flatten",
-        family: Family::Shape,
-        versions: &[1, 9, 11, 13, 21],
-        convert: |im, n| im.reshape(n),
-    },
-    Converter {
-        op: "Squeeze",
-        family: Family::Shape,
-        versions: &[1, 11, 13, 21],
-        convert: |im, n| im.reshape(n),
-    },
-    Converter {
-        op: "Unsqueeze",
-        family: Family::Shape,
-        versions: &[1, 11, 13, 21],
-        convert: |im, n| im.reshape(n),
-    },
-    Converter {
-        op: "Transpose",
-        family: Family::Shape,
-        versions: &[1, 13, 21],
-        convert: |im, n| im.transpose(n),
-    },
-    Converter {
-        op: "Concat",
-        family: Family::Shape,
-        versions: &[4, 11, 13],
-        convert: |im, n| im.concat(n),
-    },
-    Converter {
-        op: "Split",
-        family: Family::Shape,
-        versions: &[2, 11, 13, 18],
-        convert: |im, n| im.split(n),
-    },
-    Converter {
-        op: "Slice",
-        family: Family::Shape,
-        versions: &[1, 10, 11, 13],
-        convert: |im, n| im.slice(n),
-    },
-    Converter {
-        op: "Expand",
-        family: Family::Shape,
-        versions: &[8, 13],
-        convert: |im, n| im.expand(n),
-    },
-    Converter {
-        op: "Shape",
-        family: Family::Shape,
-        versions: &[1, 13, 15, 19, 21],
-        convert: |im, n| im.shape(n),
-    },
-    Converter {
-        op: "Size",
-        family: Family::Shape,
-        versions: &[1, 13, 19, 21],
-        convert: |im, n| im.size(n),
-    },
-    Converter {
-        op: "Pad",
-        family: Family::Shape,
-        versions: &[2, 11, 13, 18, 19, 21],
-        convert: |im, n| im.pad(n),
-    },
-    Converter {
-        op: "Tile",
-        family: Family::Shape,
-        versions: &[6, 13],
-        convert: |im, n| im.tile(n),
-    },
+    op("Reshape", &[5, 13, 14, 19, 21], |im, n| {
+        im.reshape(n, Reshaping::Reshape)
+    })
+    .folds(|im, n, a, _| im.fold_reshape(n, a, Reshaping::Reshape)),
+    op("Flatten", &[1, 9, 11, 13, 21], |im, n| {
+        im.reshape(n, Reshaping::Flatten)
+    })
+    .folds(|im, n, a, _| im.fold_reshape(n, a, Reshaping::Flatten)),
+    op("Squeeze", &[1, 11, 13, 21], |im, n| {
+        im.reshape(n, Reshaping::Squeeze)
+    })
+    .folds(|im, n, a, _| im.fold_reshape(n, a, Reshaping::Squeeze)),
+    op("Unsqueeze", &[1, 11, 13, 21], |im, n| {
+        im.reshape(n, Reshaping::Unsqueeze)
+    })
+    .folds(|im, n, a, _| im.fold_reshape(n, a, Reshaping::Unsqueeze)),
+    op("Transpose", &[1, 13, 21], |im, n| im.transpose(n))
+        .folds(|im, n, a, _| im.fold_transpose(n, a)),
+    op("Concat", &[4, 11, 13], |im, n| im.concat(n))
+        .folds(|im, n, a, ins| im.fold_concat(n, a, ins)),
+    op("Split", &[2, 11, 13, 18], |im, n| im.split(n)).folds(|im, n, a, _| im.fold_split(n, a)),
+    op("Slice", &[1, 10, 11, 13], |im, n| im.slice(n)).folds(|im, n, a, _| im.fold_slice(n, a)),
+    op("Expand", &[8, 13], |im, n| im.expand(n)).folds(|im, n, a, _| im.fold_expand(n, a)),
+    op("Shape", &[1, 13, 15, 19, 21], |im, n| im.shape(n)),
+    op("Size", &[1, 13, 19, 21], |im, n| im.size(n)),
+    op("Pad", &[2, 11, 13, 18, 19, 21], |im, n| im.pad(n)),
+    op("Tile", &[6, 13], |im, n| im.tile(n)),
 ];
+
+/// The ops that change a tensor's shape and not its elements.
+#[derive(Clone, Copy)]
+pub(in crate::onnx::import) enum Reshaping {
+    /// To the shape of input 1.
+    Reshape,
+    /// To 2-D at `axis`.
+    Flatten,
+    /// Without the axes of size 1 named (or all).
+    Squeeze,
+    /// With axes of size 1 inserted.
+    Unsqueeze,
+}
 
 impl<'a> Importer<'a> {
     pub(in crate::onnx::import) fn perm(&self, node: &NodeProto, r: usize) -> R<Vec<usize>> {
@@ -172,17 +139,18 @@ impl<'a> Importer<'a> {
         )))
     }
 
-    /// The output dims of Reshape / Flatten / Squeeze / Unsqueeze of `v`.
+    /// The output dims of Reshape / Flatten / Squeeze / Unsqueeze (`how`) of `v`.
     pub(in crate::onnx::import) fn reshaped_dims(
         &self,
         node: &NodeProto,
         v: &Val,
+        how: Reshaping,
     ) -> R<Vec<usize>> {
         let d = self.dims(v);
         let r = d.len();
         let total: usize = d.iter().product();
-        match self.op.as_str() {
-            "Flatten" => {
+        match how {
+            Reshaping::Flatten => {
                 let a = self.attr_i(node, "axis", 1);
                 let a = if a < 0 { a + r as i64 } else { a };
                 if a < 0 || a > r as i64 {
@@ -191,7 +159,7 @@ impl<'a> Importer<'a> {
                 let a = a as usize;
                 Ok(vec![d[..a].iter().product(), d[a..].iter().product()])
             }
-            "Squeeze" => {
+            Reshaping::Squeeze => {
                 let axes = if self.model.opset >= 13 {
                     self.konst(node, 1, "axes")?.map(|c| c.as_ints())
                 } else {
@@ -206,7 +174,7 @@ impl<'a> Importer<'a> {
                 }
                 Ok((0..r).filter(|i| !axes.contains(i)).map(|i| d[i]).collect())
             }
-            "Unsqueeze" => {
+            Reshaping::Unsqueeze => {
                 let axes = if self.model.opset >= 13 {
                     self.konst(node, 1, "axes")?.map(|c| c.as_ints())
                 } else {
@@ -229,7 +197,7 @@ impl<'a> Importer<'a> {
                     })
                     .collect())
             }
-            _ => {
+            Reshaping::Reshape => {
                 let shape = self
                     .konst(node, 1, "shape")?
                     .ok_or_else(|| self.bad("the shape input is required"))?;
@@ -509,8 +477,8 @@ impl<'a> Importer<'a> {
 }
 
 impl<'a> Importer<'a> {
-    fn reshape(&mut self, node: &NodeProto) -> R<Vec<Val>> {
-        let dims = self.reshaped_dims(node, &self.req(node, 0)?)?;
+    fn reshape(&mut self, node: &NodeProto, how: Reshaping) -> R<Vec<Val>> {
+        let dims = self.reshaped_dims(node, &self.req(node, 0)?, how)?;
         self.one_input(node, |g, name, x| g.reshape(name, x, &dims))
     }
 
