@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use serde::Serialize;
-use tessera_core::schedule::{overlap_length, Schedule};
+use tessera_core::schedule::{overlap_length, AccumulationRule, Schedule};
 use tessera_core::{DType, Graph, NodeId, Plan};
 use tessera_sim::runner::{Observe, PipelineRunner};
 use tessera_sim::system::SystemEstimate;
@@ -19,8 +19,8 @@ use super::checkpoint::load_checkpoint;
 use super::device::feed;
 use super::taps::read_first;
 use super::{
-    check_fits, check_options, compile_graph, opt_err, placed, Heap, SessionError, SessionOptions,
-    Target,
+    check_fits, check_options, compile_graph, opt_err, placed, Front, Heap, Loops, SessionError,
+    SessionOptions, Target,
 };
 use crate::dataset::{Batch, Dataset};
 use crate::idx::Mnist;
@@ -122,9 +122,13 @@ fn compile_inference(
     } else {
         None
     };
-    let mut target = compile_graph(g, so, None, model.device_mapping.clone())?;
+    // One stage runs the Sequential schedule, as the compile makes it.
     let stages = model.stage_count();
-    let schedule = target.options.schedule;
+    let schedule = if stages == 1 {
+        Schedule::Sequential
+    } else {
+        so.schedule
+    };
     let overlap = overlap_length(schedule, stages, false);
     let (k, micro_batches) = choose_k(
         split,
@@ -135,11 +139,16 @@ fn compile_inference(
         stages,
         schedule,
     )?;
-    // An execution runs K micro-batches (the evaluation's loop, not training's).
-    let system = &mut target.system;
-    system.inference_micro_batches = k;
-    system.steps_per_execution = None;
-    system.repeat_count = None;
+    let target = compile_graph(
+        g,
+        so,
+        Front {
+            train: None,
+            device_mapping: model.device_mapping.clone(),
+            accumulation_rule: AccumulationRule::TensorFlow,
+            loops: Loops::Evaluation(k),
+        },
+    )?;
     let estimate = target.estimate()?;
     Ok(Inference {
         target,

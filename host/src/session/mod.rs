@@ -22,7 +22,7 @@ pub mod train;
 
 use std::path::PathBuf;
 
-use tessera_core::schedule::Schedule;
+use tessera_core::schedule::{overlap_length, AccumulationRule, Schedule};
 use tessera_core::{
     Accumulation, DType, Graph, GraphError, NodeId, Optimizer, Plan, PlanError, RunError,
 };
@@ -305,17 +305,54 @@ impl Target {
     pub fn estimate(&self) -> Result<SystemEstimate, SessionError> {
         Ok(estimate_system(&self.plan, &self.machine, &self.system)?)
     }
+
+    /// The estimate of cycles alone: every tile's memory left unaccounted (the memory figures
+    /// are zero and the target fits), which is all a profile of where time goes needs.
+    ///
+    /// # Errors
+    ///
+    /// As [`Target::estimate`].
+    pub fn estimate_cycles(&self) -> Result<SystemEstimate, SessionError> {
+        let system = SystemOptions {
+            memory: false,
+            ..self.system.clone()
+        };
+        Ok(estimate_system(&self.plan, &self.machine, &system)?)
+    }
+}
+
+/// What a front end hands the compile besides the forward graph and the session options:
+/// whether it trains, where its stages run and how its executions are counted.
+pub(crate) struct Front<'a> {
+    /// Training: the loss and the front end's layers (which name recomputation checkpoints).
+    /// `None`: inference.
+    pub train: Option<(NodeId, &'a [crate::onnx::Layer])>,
+    /// Stage -> IPU (`None`: stage k on IPU k).
+    pub device_mapping: Option<Vec<usize>>,
+    /// Whose rule the accumulation count must meet: TensorFlow's (model files) or PopART's
+    /// (ONNX models, which PopART and PopTorch compile).
+    pub accumulation_rule: AccumulationRule,
+    /// How an execution's micro-batches are counted.
+    pub loops: Loops,
+}
+
+/// How an execution's micro-batches are counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Loops {
+    /// As the session options say (`repeat_count`, `steps_per_execution`); an inference
+    /// runs M micro-batches rounded up to a multiple of its schedule's overlap.
+    Options,
+    /// An evaluation's: K micro-batches an execution, with no training loop.
+    Evaluation(usize),
 }
 
 /// The compile path every session shares once its front end (a model file's layers, an ONNX
-/// import) has built the forward graph `g` and its loss: for training (`train`: the loss and
-/// the front end's layers, which name recomputation checkpoints), the backward pass and the
-/// optimizer's updates, accumulated over `gradient_accumulation_count` micro-batches; the
+/// import) has built the forward graph `g` and its loss: for training, the backward pass and
+/// the optimizer's updates, accumulated over `gradient_accumulation_count` micro-batches; the
 /// plan; the machine; the schedule (one pipeline stage runs Sequential: no overlap, so no
-/// schedule constraint on M); and the system options every estimate shares, with the
-/// stages' IPUs (`device_mapping`) and the techniques (an inference's without offloads: it
-/// keeps no optimizer state and stashes nothing). Front ends adjust what is theirs
-/// (an ONNX pipeline's accumulation rule, an evaluation's executions) on the result.
+/// schedule constraint on M); and the system options of the estimate, whole: the front's
+/// placement and executions, and the techniques (an inference's without offloads: it keeps
+/// no optimizer state and stashes nothing).
 ///
 /// # Errors
 ///
@@ -324,10 +361,9 @@ impl Target {
 pub(crate) fn compile_graph(
     mut g: Graph<Heap>,
     so: &SessionOptions,
-    train: Option<(NodeId, &[crate::onnx::Layer])>,
-    device_mapping: Option<Vec<usize>>,
+    front: Front<'_>,
 ) -> Result<Target, SessionError> {
-    if let Some((loss, layers)) = train {
+    if let Some((loss, layers)) = front.train {
         // At most MAX_LOOP_COUNT (check_options).
         let m = u32::try_from(so.gradient_accumulation_count).unwrap_or(u32::MAX);
         differentiate(
@@ -345,23 +381,37 @@ pub(crate) fn compile_graph(
     }
     let plan = Plan::new(&g)?;
     let mut options = so.clone();
-    if g.stage_count() == 1 {
+    let stages = g.stage_count();
+    if stages == 1 {
         options.schedule = Schedule::Sequential;
     }
+    let training = front.train.is_some();
+    let (inference_micro_batches, loops) = match front.loops {
+        Loops::Evaluation(k) => (k, false),
+        Loops::Options if training => (1, true),
+        Loops::Options => {
+            let overlap = overlap_length(options.schedule, stages, false);
+            (
+                options.gradient_accumulation_count.div_ceil(overlap) * overlap,
+                true,
+            )
+        }
+    };
     let system = SystemOptions {
         schedule: options.schedule,
-        device_mapping,
+        device_mapping: front.device_mapping,
+        accumulation_rule: front.accumulation_rule,
         replicas: options.replicas,
         micro_batch: options.batch_size as u64,
-        // Inference keeps no optimizer state and stashes nothing to offload.
-        techniques: if train.is_some() {
+        inference_micro_batches,
+        techniques: if training {
             options.techniques.clone()
         } else {
             options.techniques.for_inference()
         },
         allow_out_of_memory: true,
-        steps_per_execution: options.steps_per_execution,
-        repeat_count: options.repeat_count,
+        steps_per_execution: options.steps_per_execution.filter(|_| loops),
+        repeat_count: options.repeat_count.filter(|_| loops),
         ..SystemOptions::default()
     };
     Ok(Target {
@@ -480,7 +530,16 @@ pub fn compile(model: &Model, options: &SessionOptions) -> Result<Compiled, Sess
     let labels = g.input("labels", &[options.batch_size], DType::I32)?;
     let loss =
         g.sparse_categorical_crossentropy("loss", built.output, labels, !built.softmax_output)?;
-    let target = compile_graph(g, options, Some((loss, &[])), model.device_mapping.clone())?;
+    let target = compile_graph(
+        g,
+        options,
+        Front {
+            train: Some((loss, &[])),
+            device_mapping: model.device_mapping.clone(),
+            accumulation_rule: AccumulationRule::TensorFlow,
+            loops: Loops::Options,
+        },
+    )?;
     Ok(Compiled {
         model,
         built,

@@ -6,11 +6,13 @@
 use std::collections::HashMap;
 
 use serde::Serialize;
-use tessera_core::schedule::{overlap_length, AccumulationRule};
+use tessera_core::schedule::AccumulationRule;
 use tessera_core::{DType, Graph, Init, NodeId, Plan, Roles};
 use tessera_sim::system::SystemEstimate;
 
-use super::{check_options, compile_graph, opt_err, Heap, SessionError, SessionOptions, Target};
+use super::{
+    check_options, compile_graph, opt_err, Front, Heap, Loops, SessionError, SessionOptions, Target,
+};
 use crate::onnx::{import, ImportOptions, Imported, OnnxGraph, OnnxModel, Stages};
 
 /// The loss a training estimate of an imported model adds to its (first) output.
@@ -195,17 +197,16 @@ pub fn compile_imported(
             *proportion = proportion.with_stage_like(e);
         }
     }
-    let mut target = compile_graph(
+    let target = compile_graph(
         g,
         &so,
-        loss.map(|l| (l, &imported.layers[..])),
-        device_mapping,
+        Front {
+            train: loss.map(|l| (l, &imported.layers[..])),
+            device_mapping,
+            accumulation_rule: ONNX_ACCUMULATION_RULE,
+            loops: Loops::Options,
+        },
     )?;
-    let stages = target.plan.graph().stage_count();
-    let overlap = overlap_length(target.options.schedule, stages, false);
-    target.system.accumulation_rule = ONNX_ACCUMULATION_RULE;
-    target.system.inference_micro_batches =
-        so.gradient_accumulation_count.div_ceil(overlap) * overlap;
     Ok(OnnxCompiled {
         imported,
         loss,

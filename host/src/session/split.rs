@@ -236,10 +236,9 @@ pub fn profile(
     // smallest (the tightest bound, whose plans are the slowest).
     let proportion = &mut so1.techniques.available_memory_proportion;
     *proportion = MemoryProportion::All(proportion.least());
-    let mut c = compile_imported(og, &so1, &one)?;
+    let c = compile_imported(og, &so1, &one)?;
     // The profile is of cycles: the split checks each stage's memory itself.
-    c.target.system.memory = false;
-    let e = c.target.estimate()?;
+    let e = c.target.estimate_cycles()?;
     Ok(profile_of(&c, &e))
 }
 

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use tessera_sim::runner::PipelineRunner;
-use tessera_sim::system::{estimate_system, loop_repeat, SystemEstimate};
+use tessera_sim::system::{estimate_system, loop_repeat, SystemEstimate, SystemOptions};
 
 use super::checkpoint::save_checkpoint;
 use super::device::{Device, DeviceMsg};
@@ -222,9 +222,12 @@ pub fn prepare(
         return Err(opt_err("--epochs", "must be at least 1".into()));
     }
     let executions = plan_executions(&compiled, data.train_images.count, options)?;
-    let mut system = compiled.target.system.clone();
-    system.repeat_count = Some(executions.repeat);
-    system.steps_per_execution = None;
+    // The run's executions: R weight updates each, as the data's passes make them.
+    let system = SystemOptions {
+        repeat_count: Some(executions.repeat),
+        steps_per_execution: None,
+        ..compiled.target.system.clone()
+    };
     let estimate = estimate_system(&compiled.target.plan, &compiled.target.machine, &system)?;
     check_fits(&estimate)?;
     let taps = Taps::new(&compiled, options)?;
