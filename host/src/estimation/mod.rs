@@ -20,6 +20,7 @@
 
 mod onnx;
 mod options;
+pub mod split;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

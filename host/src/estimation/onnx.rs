@@ -9,15 +9,15 @@ use tessera_core::schedule::least_accumulation;
 use tessera_sim::system::SystemEstimate;
 
 use super::{EstimateError, EstimateOptions, Estimation, Progress};
+use crate::estimation::split::{
+    check_pipeline_ipus, fewest_ipus, is_profile_estimate, layers_per_ipu, profile, profile_of,
+    split, SplitInfo, MAX_IPUS,
+};
 use crate::onnx::{ImportOptions, OnnxGraph, OnnxModel, Stages};
 use crate::report::format::{bytes, count};
 use crate::session::onnx::{
     compile_imported, layer_rows, pipeline_stages, LayerRow, LossKind, OnnxCompiled, OnnxOptions,
     ONNX_ACCUMULATION_RULE,
-};
-use crate::session::split::{
-    check_pipeline_ipus, fewest_ipus, is_profile_estimate, layers_per_ipu, profile, profile_of,
-    split, SplitInfo, MAX_IPUS,
 };
 use crate::session::{EstimateSummary, SessionOptions};
 
@@ -152,7 +152,7 @@ struct Job<'a> {
     /// How the model is compiled (its stages resolved by [`Job::stages`]).
     oo: OnnxOptions,
     /// The one-IPU profile the automatic split balances on, once made.
-    profile: Option<crate::session::split::Profile>,
+    profile: Option<crate::estimation::split::Profile>,
 }
 
 impl<'a> Job<'a> {

@@ -16,7 +16,6 @@ mod drain;
 pub mod evaluate;
 pub mod onnx;
 mod run;
-pub mod split;
 mod taps;
 pub mod train;
 
@@ -433,7 +432,7 @@ fn device_pool() -> Option<rayon::ThreadPool> {
         .ok()
 }
 
-fn opt_err(option: &'static str, message: String) -> SessionError {
+pub(crate) fn opt_err(option: &'static str, message: String) -> SessionError {
     SessionError::Option { option, message }
 }
 

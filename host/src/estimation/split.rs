@@ -36,11 +36,11 @@ use serde::Serialize;
 use tessera_sim::system::SystemEstimate;
 use tessera_sim::techniques::MemoryProportion;
 
-use super::onnx::{
+use crate::onnx::{OnnxGraph, Stages};
+use crate::session::onnx::{
     compile_imported, head_cycles, layer_rows, OnnxCompiled, OnnxOptions, ONNX_ACCUMULATION_RULE,
 };
-use super::{opt_err, SessionError, SessionOptions};
-use crate::onnx::{OnnxGraph, Stages};
+use crate::session::{opt_err, OptimizerKind, SessionError, SessionOptions};
 
 /// Splits the memory cap shrinks through before the split is given as it is.
 pub const RETRIES: usize = 5;
@@ -204,9 +204,9 @@ impl Profile {
                 0
             } else {
                 match so.optimizer {
-                    super::OptimizerKind::Sgd => 0,
-                    super::OptimizerKind::Momentum | super::OptimizerKind::Lars => 1,
-                    super::OptimizerKind::Adam | super::OptimizerKind::Lamb => 2,
+                    OptimizerKind::Sgd => 0,
+                    OptimizerKind::Momentum | OptimizerKind::Lars => 1,
+                    OptimizerKind::Adam | OptimizerKind::Lamb => 2,
                 }
             };
             2 + state
