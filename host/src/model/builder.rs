@@ -1,6 +1,6 @@
 //! Keras-like builders: [`Sequential`] and [`Functional`].
 
-use super::{Layer, Model, ModelError, ModelKind, ModelLayer, Source};
+use super::{Layer, Model, ModelError, ModelKind, ModelLayer, ModelParts, Source};
 
 /// A Keras-like Sequential model builder.
 ///
@@ -91,13 +91,15 @@ impl Sequential {
             .collect();
         Model::new(
             &self.name,
-            &self.name,
-            ModelKind::Sequential,
-            &self.input_name,
-            &self.input_shape,
-            layers,
-            None,
-            self.device_mapping.clone(),
+            ModelParts {
+                name: &self.name,
+                kind: ModelKind::Sequential,
+                input_name: &self.input_name,
+                input_shape: &self.input_shape,
+                layers,
+                output: None,
+                device_mapping: self.device_mapping.clone(),
+            },
         )
     }
 }
@@ -216,13 +218,15 @@ impl Functional {
         };
         Model::new(
             &self.name,
-            &self.name,
-            ModelKind::Functional,
-            &self.input_name,
-            &self.input_shape,
-            self.layers.clone(),
-            out,
-            self.device_mapping.clone(),
+            ModelParts {
+                name: &self.name,
+                kind: ModelKind::Functional,
+                input_name: &self.input_name,
+                input_shape: &self.input_shape,
+                layers: self.layers.clone(),
+                output: out,
+                device_mapping: self.device_mapping.clone(),
+            },
         )
     }
 }

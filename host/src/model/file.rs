@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 use super::{
     Layer, LayerActivation, LayerKind, LayerPadding, Model, ModelError, ModelKind, ModelLayer,
-    Source, TrainingDefaults,
+    ModelParts, Source, TrainingDefaults,
 };
 
 impl Model {
@@ -232,13 +232,15 @@ impl FileModel {
         };
         let mut model = Model::new(
             file,
-            &name,
-            kind,
-            &input_name,
-            &self.input.shape,
-            layers,
-            output,
-            self.pipeline.device_mapping,
+            ModelParts {
+                name: &name,
+                kind,
+                input_name: &input_name,
+                input_shape: &self.input.shape,
+                layers,
+                output,
+                device_mapping: self.pipeline.device_mapping,
+            },
         )?;
         model.training = self.training.into();
         model.integer_input = integer_input;

@@ -60,6 +60,11 @@ impl Model {
             outfeeds: Vec::new(),
             maybe_outfeeds: Vec::new(),
         };
+        let settings = Settings {
+            batch,
+            dtype,
+            training,
+        };
         for l in &self.layers {
             g.set_stage(l.stage).map_err(ge)?;
             let source = |s: Source| match s {
@@ -68,7 +73,7 @@ impl Model {
             };
             let x = source(l.input);
             let extra: Vec<NodeId> = l.extra.iter().map(|&s| source(s)).collect();
-            let y = build_layer(g, &l.layer, x, &extra, batch, dtype, training).map_err(ge)?;
+            let y = build_layer(g, &l.layer, x, &extra, settings).map_err(ge)?;
             match l.layer.kind {
                 LayerKind::Outfeed => built.outfeeds.push((l.layer.name.clone(), y, l.stage)),
                 LayerKind::MaybeOutfeed => {
@@ -97,6 +102,15 @@ impl Model {
     }
 }
 
+/// What every layer of a model is built for: micro-batches of `batch` samples in `dtype`,
+/// for training or for inference.
+#[derive(Clone, Copy)]
+struct Settings {
+    batch: usize,
+    dtype: DType,
+    training: bool,
+}
+
 /// Adds one layer to `g`: `x` is its input, `extra` its further inputs.
 // The core's builder errors carry the node's name inline; the caller boxes them.
 #[allow(clippy::result_large_err)]
@@ -105,10 +119,13 @@ fn build_layer<S: Storage>(
     layer: &Layer,
     x: NodeId,
     extra: &[NodeId],
-    batch: usize,
-    dtype: DType,
-    training: bool,
+    settings: Settings,
 ) -> Result<NodeId, GraphError> {
+    let Settings {
+        batch,
+        dtype,
+        training,
+    } = settings;
     let name = layer.name.as_str();
     let nhwc = DataLayout::Nhwc;
     match &layer.kind {

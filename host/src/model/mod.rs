@@ -232,19 +232,36 @@ impl fmt::Display for LayerName<'_> {
     }
 }
 
+/// What a builder or a model file gives [`Model::new`] to check.
+struct ModelParts<'a> {
+    /// The model's name.
+    name: &'a str,
+    /// Sequential or Functional.
+    kind: ModelKind,
+    /// The input's name.
+    input_name: &'a str,
+    /// The input's shape per sample (no batch axis).
+    input_shape: &'a [usize],
+    /// The layers in order.
+    layers: Vec<ModelLayer>,
+    /// The output layer (`None`: the last layer).
+    output: Option<usize>,
+    /// Stage -> IPU (`None`: stage k on IPU k).
+    device_mapping: Option<Vec<usize>>,
+}
+
 impl Model {
     /// Checks a model; errors name `context` (the model or its file).
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        context: &str,
-        name: &str,
-        kind: ModelKind,
-        input_name: &str,
-        input_shape: &[usize],
-        layers: Vec<ModelLayer>,
-        output: Option<usize>,
-        device_mapping: Option<Vec<usize>>,
-    ) -> Result<Model, ModelError> {
+    fn new(context: &str, parts: ModelParts<'_>) -> Result<Model, ModelError> {
+        let ModelParts {
+            name,
+            kind,
+            input_name,
+            input_shape,
+            layers,
+            output,
+            device_mapping,
+        } = parts;
         let model_err = |message: String| ModelError::Model {
             model: context.to_string(),
             message,

@@ -82,6 +82,15 @@ fn header(svg: &mut Svg, report: &Report) -> f64 {
     62.0 + svg.legend((20.0, 62.0), WIDTH - 40.0, &keys)
 }
 
+/// A block of the timeline: the cycles it spans, its colour, its label (shown when it fits)
+/// and its tooltip.
+struct Block<'a> {
+    span: (u64, u64),
+    colour: &'a str,
+    label: &'a str,
+    tip: &'a str,
+}
+
 /// Where everything goes: the rows (stage, IPU) and the cycle scale.
 struct Plot {
     top: f64,
@@ -235,7 +244,13 @@ impl Plot {
             let label = format!("{} steady steps", count(el.steps as u64));
             let span = (el.start, el.start.saturating_add(el.cycles));
             for i in 0..self.rows.len() {
-                self.block(svg, i, span, GRID, &label, &tip);
+                let block = Block {
+                    span,
+                    colour: GRID,
+                    label: &label,
+                    tip: &tip,
+                };
+                self.block(svg, i, &block);
             }
         }
         for r in &e.runs {
@@ -255,7 +270,13 @@ impl Plot {
             );
             let label = format!("{letter}{}", r.micro_batch);
             let span = (r.start, r.start.saturating_add(r.cycles));
-            self.block(svg, row.unwrap_or(0), span, colour, &label, &tip);
+            let block = Block {
+                span,
+                colour,
+                label: &label,
+                tip: &tip,
+            };
+            self.block(svg, row.unwrap_or(0), &block);
         }
     }
 
@@ -265,7 +286,13 @@ impl Plot {
             if e.all_reduce_cycles > 0 {
                 let tip = format!("all-reduce: {} cycles", count(e.all_reduce_cycles));
                 let span = (e.pipeline_cycles, self.update_start);
-                self.block(svg, i, span, ALL_REDUCE, "all-reduce", &tip);
+                let block = Block {
+                    span,
+                    colour: ALL_REDUCE,
+                    label: "all-reduce",
+                    tip: &tip,
+                };
+                self.block(svg, i, &block);
             }
             let cycles = e
                 .ipus
@@ -275,22 +302,26 @@ impl Plot {
             if cycles > 0 {
                 let tip = format!("IPU {ipu} weight update: {} cycles", count(cycles));
                 let span = (self.update_start, self.update_start.saturating_add(cycles));
-                self.block(svg, i, span, UPDATE, "update", &tip);
+                let block = Block {
+                    span,
+                    colour: UPDATE,
+                    label: "update",
+                    tip: &tip,
+                };
+                self.block(svg, i, &block);
             }
         }
     }
 
-    /// A block on row `row` over the cycles `span`, with a tooltip; its label only when it
-    /// fits.
-    fn block(
-        &self,
-        svg: &mut Svg,
-        row: usize,
-        span: (u64, u64),
-        colour: &str,
-        label: &str,
-        tip: &str,
-    ) {
+    /// `block` on row `row` over the cycles it spans, with its tooltip; its label only when
+    /// it fits.
+    fn block(&self, svg: &mut Svg, row: usize, block: &Block<'_>) {
+        let &Block {
+            span,
+            colour,
+            label,
+            tip,
+        } = block;
         let (x, y) = (self.x_of(span.0), self.bar_y(row));
         let w = self.x_of(span.1) - x;
         if w <= 0.0 {
