@@ -11,7 +11,7 @@ use tessera::core::schedule::Schedule;
 use tessera::core::{Accumulation, Activation, DType, Fixed, Graph, Optimizer, Plan};
 use tessera::sim::lower::clear_shared_records;
 use tessera::sim::runner::PipelineRunner;
-use tessera::sim::{estimate, estimate_only, EstimateOptions, Heap, IpuConfig, Preset};
+use tessera::sim::{estimate, estimate_only, Heap, IpuConfig, IpuEstimateOptions, Preset};
 
 fn classifier() -> Plan<Fixed<96>> {
     let mut g: Graph<Fixed<96>> = Graph::new();
@@ -96,7 +96,7 @@ fn lower(c: &mut Criterion) {
     // vertices on a Mk2.
     let plan = mlp_plan(8);
     let mk2 = IpuConfig::preset(Preset::Mk2);
-    let opts = EstimateOptions {
+    let opts = IpuEstimateOptions {
         batch_size: 512,
         allow_out_of_memory: true,
         ..Default::default()
@@ -117,7 +117,7 @@ fn lower(c: &mut Criterion) {
     group.bench_function("estimate-only, 8x1024 MLP batch 512", |b| {
         b.iter(|| estimate(&plan, &mk2, &opts).unwrap())
     });
-    let unchecked = EstimateOptions {
+    let unchecked = IpuEstimateOptions {
         verify: false,
         ..opts
     };
@@ -169,7 +169,7 @@ fn mlp_plan(layers: usize) -> Plan<Heap> {
 /// ratio of one timed run of each before criterion's figures.
 fn lower_doubling(c: &mut Criterion) {
     let mk2 = IpuConfig::preset(Preset::Mk2);
-    let opts = EstimateOptions {
+    let opts = IpuEstimateOptions {
         batch_size: 512,
         allow_out_of_memory: true,
         verify: false,

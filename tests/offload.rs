@@ -5,7 +5,7 @@ use tessera::core::models::mnist_mlp;
 use tessera::core::{DType, Fixed, Graph, Optimizer, Plan};
 use tessera::sim::lower::LowerOptions;
 use tessera::sim::techniques::{Offload, Techniques};
-use tessera::sim::{estimate, EstimateOptions, IpuConfig, Preset};
+use tessera::sim::{estimate, IpuConfig, IpuEstimateOptions, Preset};
 
 #[test]
 fn offloading_momentum_saves_sram_and_costs_remote_buffer_cycles() {
@@ -19,14 +19,14 @@ fn offloading_momentum_saves_sram_and_costs_remote_buffer_cycles() {
         g.differentiate(loss, opt).unwrap();
         let plan = Plan::new(&g).unwrap();
         let mk2 = IpuConfig::preset(Preset::Mk2);
-        let on = EstimateOptions {
+        let on = IpuEstimateOptions {
             lower: LowerOptions {
                 offload_optimizer_state: true,
                 ..Default::default()
             },
             ..Default::default()
         };
-        let (_, off_est) = estimate(&plan, &mk2, &EstimateOptions::default()).unwrap();
+        let (_, off_est) = estimate(&plan, &mk2, &IpuEstimateOptions::default()).unwrap();
         let (_, on_est) = estimate(&plan, &mk2, &on).unwrap();
         let (a, b) = (&off_est.ipus[0], &on_est.ipus[0]);
         eprintln!(

@@ -7,7 +7,7 @@ use tessera::core::models::mnist_mlp;
 use tessera::core::schedule::Schedule;
 use tessera::core::{DType, Fixed, Graph, Optimizer, Plan};
 use tessera::sim::runner::PipelineRunner;
-use tessera::sim::{estimate, EstimateOptions, IpuConfig, Preset, SimError};
+use tessera::sim::{estimate, IpuConfig, IpuEstimateOptions, Preset, SimError};
 
 fn training_plan(batch: usize, dtype: DType) -> Plan<Fixed<96>> {
     let mut g: Graph<Fixed<96>> = Graph::new();
@@ -25,7 +25,7 @@ fn classifier_trains_on_one_mk2_with_the_cores_numerics() {
     let mk2 = IpuConfig::preset(Preset::Mk2);
     for dtype in [DType::F32, DType::F16] {
         let plan = training_plan(32, dtype);
-        let opts = EstimateOptions {
+        let opts = IpuEstimateOptions {
             batch_size: 32,
             ..Default::default()
         };
@@ -94,7 +94,7 @@ fn an_oversized_batch_is_out_of_memory_naming_the_tile() {
     let mk2 = IpuConfig::preset(Preset::Mk2);
     // The images alone (300,000 x 784 x 4 bytes) exceed the IPU's 900 MB of SRAM.
     let plan = training_plan(300_000, DType::F32);
-    let opts = EstimateOptions {
+    let opts = IpuEstimateOptions {
         batch_size: 300_000,
         ..Default::default()
     };
@@ -121,7 +121,7 @@ fn an_oversized_batch_is_out_of_memory_naming_the_tile() {
     let (_, est) = estimate(
         &plan,
         &mk2,
-        &EstimateOptions {
+        &IpuEstimateOptions {
             allow_out_of_memory: true,
             ..opts
         },

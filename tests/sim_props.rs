@@ -15,7 +15,7 @@ use tessera::sim::check::{check, CheckError};
 use tessera::sim::lower::{lower, LowerOptions};
 use tessera::sim::program::{Step, TileId};
 use tessera::sim::runner::PipelineRunner;
-use tessera::sim::{estimate, estimate_only, EstimateOptions, IpuConfig, Preset, SimError};
+use tessera::sim::{estimate, estimate_only, IpuConfig, IpuEstimateOptions, Preset, SimError};
 
 /// A small machine so random graphs spread over several tiles and sometimes overflow them.
 fn small_ipu(tiles: u32, sram: u64) -> IpuConfig {
@@ -55,12 +55,12 @@ proptest! {
         let Some(g) = build(rows, cols, &s, train) else { return Ok(()) };
         let plan = Plan::new(&g).unwrap();
         let cfg = small_ipu(tiles, sram);
-        let opts = EstimateOptions { allow_out_of_memory: true, ..Default::default() };
+        let opts = IpuEstimateOptions { allow_out_of_memory: true, ..Default::default() };
         let (_, e) = estimate(&plan, &cfg, &opts).unwrap();
         let worst = e.ipus[0].tiles.iter().map(|t| t.total()).max().unwrap();
         prop_assert_eq!(worst, e.ipus[0].max_tile_bytes);
         prop_assert_eq!(e.fits, worst <= sram);
-        match estimate(&plan, &cfg, &EstimateOptions::default()) {
+        match estimate(&plan, &cfg, &IpuEstimateOptions::default()) {
             Ok((_, e)) => prop_assert!(e.ipus[0].tiles.iter().all(|t| t.total() <= sram)),
             Err(SimError::OutOfMemory(oom)) => {
                 prop_assert!(!e.fits);
@@ -84,7 +84,7 @@ proptest! {
         let Some(g) = build(rows, cols, &s, train) else { return Ok(()) };
         let plan = Plan::new(&g).unwrap();
         let cfg = small_ipu(tiles, sram);
-        let opts = EstimateOptions {
+        let opts = IpuEstimateOptions {
             allow_out_of_memory: true,
             inference,
             lower: LowerOptions { min_chunk_bytes: chunk, offload_optimizer_state: offload, ..LowerOptions::default() },
@@ -103,7 +103,7 @@ proptest! {
         let Some(g) = build(rows, cols, &s, true) else { return Ok(()) };
         let plan = Plan::new(&g).unwrap();
         let cfg = small_ipu(tiles, 1 << 20);
-        estimate(&plan, &cfg, &EstimateOptions::default()).unwrap();
+        estimate(&plan, &cfg, &IpuEstimateOptions::default()).unwrap();
         let mut engine = PipelineRunner::new(plan.clone(), Schedule::Sequential, 1).unwrap();
         let mut arena = vec![0u8; plan.arena_bytes()];
         let mut state = vec![0u8; plan.state_bytes()];
@@ -170,7 +170,7 @@ fn deliberately_broken_programs_are_rejected() {
 
     // An over-full tile: the same graph on a machine with tiny tiles.
     let tiny = small_ipu(4, 8 * 1024);
-    match estimate(&plan, &tiny, &EstimateOptions::default()) {
+    match estimate(&plan, &tiny, &IpuEstimateOptions::default()) {
         Err(SimError::OutOfMemory(oom)) => {
             assert!(oom.needed > 8 * 1024);
             assert!(oom.to_string().contains(&format!("tile {}", oom.tile)));

@@ -141,9 +141,10 @@ pub enum SimError {
     Run(#[source] tessera_core::RunError),
 }
 
-/// What to estimate.
+/// What to estimate of one plan on one IPU (the system estimate across IPUs takes
+/// [`crate::system::SystemOptions`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EstimateOptions {
+pub struct IpuEstimateOptions {
     /// Samples per step (for samples per second).
     pub batch_size: u64,
     /// Only the forward pass (an inference step of a training plan).
@@ -159,9 +160,9 @@ pub struct EstimateOptions {
     pub lower: LowerOptions,
 }
 
-impl Default for EstimateOptions {
+impl Default for IpuEstimateOptions {
     fn default() -> Self {
-        EstimateOptions {
+        IpuEstimateOptions {
             batch_size: 1,
             inference: false,
             allow_out_of_memory: false,
@@ -316,7 +317,7 @@ fn ipu_memory(report: &MemoryReport, cfg: &IpuConfig) -> IpuMemory {
 pub fn estimate_program(
     program: &Program,
     cfg: &IpuConfig,
-    opts: &EstimateOptions,
+    opts: &IpuEstimateOptions,
 ) -> Result<Estimate, SimError> {
     estimate_program_with(program, &Summaries::default(), cfg, opts)
 }
@@ -326,7 +327,7 @@ fn estimate_program_with(
     program: &Program,
     summaries: &Summaries,
     cfg: &IpuConfig,
-    opts: &EstimateOptions,
+    opts: &IpuEstimateOptions,
 ) -> Result<Estimate, SimError> {
     let report = account_with(program, summaries, cfg);
     let oom = check_fits_with(program, summaries, &report).err();
@@ -374,7 +375,7 @@ fn estimate_program_with(
 pub fn estimate<S: Storage>(
     plan: &Plan<S>,
     cfg: &IpuConfig,
-    opts: &EstimateOptions,
+    opts: &IpuEstimateOptions,
 ) -> Result<(Program, Estimate), SimError>
 where
     Plan<S>: Sync,
@@ -399,7 +400,7 @@ where
 pub fn estimate_only<S: Storage>(
     plan: &Plan<S>,
     cfg: &IpuConfig,
-    opts: &EstimateOptions,
+    opts: &IpuEstimateOptions,
 ) -> Result<Estimate, SimError>
 where
     Plan<S>: Sync,

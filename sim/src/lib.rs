@@ -49,7 +49,7 @@ pub mod techniques;
 pub mod threads;
 
 pub use cost::UnaryKind;
-pub use estimate::{estimate, estimate_only, Estimate, EstimateOptions, SimError};
+pub use estimate::{estimate, estimate_only, Estimate, IpuEstimateOptions, SimError};
 pub use heap::{Heap, HEAP_CAPACITY};
 pub use machine::{IpuConfig, MachineError, Preset, SystemConfig, UnknownPreset};
 

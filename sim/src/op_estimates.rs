@@ -10,7 +10,7 @@ use tessera_core::ops::reduce::ReduceKind;
 use tessera_core::{DType, Fixed, Graph, GraphError, Init, Plan, PlanError, Shape};
 
 use crate::cost;
-use crate::estimate::{estimate_only, Estimate, EstimateOptions, Phase, SimError};
+use crate::estimate::{estimate_only, Estimate, IpuEstimateOptions, Phase, SimError};
 use crate::machine::IpuConfig;
 use crate::memory::{MemoryCategory, TileMemory};
 
@@ -89,7 +89,7 @@ fn run(
 /// The estimate of graph `g` on one IPU, out of memory allowed (the figures say so).
 fn run_estimate<const N: usize>(g: &Graph<Fixed<N>>, cfg: &IpuConfig) -> Result<Estimate, OpError> {
     let plan = Plan::new(g).map_err(|e| OpError::Plan(Box::new(e)))?;
-    let opts = EstimateOptions {
+    let opts = IpuEstimateOptions {
         allow_out_of_memory: true,
         ..Default::default()
     };
