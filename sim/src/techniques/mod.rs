@@ -97,3 +97,54 @@ impl Techniques {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lowering_reads_each_technique() {
+        let t = Techniques {
+            partials: PartialsType::Half,
+            offload: Offload {
+                optimizer_state: true,
+                activations: true,
+                gradient_accumulators: true,
+            },
+            replicated_tensor_sharding: true,
+            outlining: false,
+            embedding_serialization: 4,
+            ..Techniques::default()
+        };
+        let l = t.lower_options(8, 0.3);
+        assert_eq!(l.plan.available_memory_proportion, 0.3);
+        assert_eq!(l.plan.partials, PartialsType::Half);
+        assert!(l.offload_optimizer_state && l.offload_accumulators);
+        assert_eq!(l.replicated_tensor_sharding, 8);
+        assert!(!l.outlining);
+        assert_eq!(l.embedding_serialization, 4);
+        assert_eq!(l.min_chunk_bytes, LowerOptions::default().min_chunk_bytes);
+    }
+
+    #[test]
+    fn inference_offloads_neither_state_nor_stash() {
+        let t = Techniques {
+            offload: Offload {
+                optimizer_state: true,
+                activations: true,
+                gradient_accumulators: true,
+            },
+            ..Techniques::default()
+        };
+        let i = t.for_inference();
+        assert!(!i.offload.optimizer_state && !i.offload.activations);
+        assert!(i.offload.gradient_accumulators);
+        assert_eq!(
+            Techniques {
+                offload: i.offload,
+                ..t
+            },
+            i
+        );
+    }
+}

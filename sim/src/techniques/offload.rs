@@ -27,3 +27,22 @@ pub struct Offload {
 pub fn default_optimizer_state(stages: usize, accumulation: usize, machine: &IpuConfig) -> bool {
     (stages > 1 || accumulation > 1) && machine.streaming_memory_bytes > 0
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::Preset;
+
+    #[test]
+    fn pipelines_and_accumulation_offload_where_there_is_streaming_memory() {
+        let mk2 = IpuConfig::preset(Preset::Mk2);
+        assert!(default_optimizer_state(2, 1, &mk2));
+        assert!(default_optimizer_state(1, 4, &mk2));
+        assert!(!default_optimizer_state(1, 1, &mk2));
+        let none = IpuConfig {
+            streaming_memory_bytes: 0,
+            ..mk2
+        };
+        assert!(!default_optimizer_state(2, 4, &none));
+    }
+}

@@ -112,3 +112,83 @@ impl MemoryProportion {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn values_read_as_none_one_or_one_per_stage() {
+        assert_eq!(
+            MemoryProportion::from_values(&[]),
+            MemoryProportion::All(AVAILABLE_MEMORY_PROPORTION)
+        );
+        assert_eq!(
+            MemoryProportion::from_values(&[0.3]),
+            MemoryProportion::All(0.3)
+        );
+        let per = MemoryProportion::from_values(&[0.3, 0.5]);
+        assert_eq!(per, MemoryProportion::PerStage(vec![0.3, 0.5]));
+        assert_eq!(
+            (per.stages(), per.least(), per.is_uniform()),
+            (Some(2), 0.3, false)
+        );
+    }
+
+    #[test]
+    fn bad_values_and_counts_are_named() {
+        let e = MemoryProportion::All(1.5).per_ipu(&[0], 1).unwrap_err();
+        assert!(
+            e.starts_with("available memory proportion 1.5 is not in (0, 1]"),
+            "{e}"
+        );
+        let e = MemoryProportion::PerStage(vec![0.5, 0.0])
+            .per_ipu(&[0, 1], 2)
+            .unwrap_err();
+        assert!(
+            e.starts_with("stage 1: available memory proportion 0"),
+            "{e}"
+        );
+        let e = MemoryProportion::PerStage(vec![0.5])
+            .per_ipu(&[0, 1], 2)
+            .unwrap_err();
+        assert_eq!(
+            e,
+            "1 values given for 2 pipeline stages (give one, or one per stage)"
+        );
+    }
+
+    #[test]
+    fn an_added_stage_takes_its_neighbours_proportion() {
+        let per = MemoryProportion::PerStage(vec![0.2, 0.4]);
+        assert_eq!(
+            per.with_stage_like(0),
+            MemoryProportion::PerStage(vec![0.2, 0.4, 0.2])
+        );
+        let all = MemoryProportion::All(0.3);
+        assert_eq!(all.with_stage_like(0), all);
+    }
+
+    proptest! {
+        /// Each IPU plans with the proportion of the first stage on it; one proportion for all
+        /// stages is every IPU's.
+        #[test]
+        fn each_ipu_takes_its_first_stages_proportion(
+            stages in proptest::collection::vec((0usize..4, 1u32..=100), 1..8),
+        ) {
+            let mapping: Vec<usize> = stages.iter().map(|s| s.0).collect();
+            let values: Vec<f64> = stages.iter().map(|s| f64::from(s.1) / 100.0).collect();
+            let ipus = 4;
+            let got = MemoryProportion::PerStage(values.clone()).per_ipu(&mapping, ipus).unwrap();
+            prop_assert_eq!(got.len(), ipus);
+            for (d, &p) in got.iter().enumerate() {
+                let first = mapping.iter().position(|&m| m == d);
+                prop_assert_eq!(p, first.map_or(AVAILABLE_MEMORY_PROPORTION, |k| values[k]));
+            }
+            let uniform = MemoryProportion::All(values[0]).per_ipu(&mapping, ipus).unwrap();
+            prop_assert!(uniform.iter().all(|&p| p == values[0]));
+        }
+    }
+}

@@ -46,3 +46,23 @@ impl Checkpoints {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_read_as_none_auto_or_the_named_nodes() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(Checkpoints::from_names(&[]), Ok(None));
+        assert_eq!(
+            Checkpoints::from_names(&names(&["auto"])),
+            Ok(Some(Checkpoints::Auto))
+        );
+        assert_eq!(
+            Checkpoints::from_names(&names(&["a", "b"])),
+            Ok(Some(Checkpoints::Named(names(&["a", "b"]))))
+        );
+        assert!(Checkpoints::from_names(&names(&["a", "auto"])).is_err());
+    }
+}

@@ -22,3 +22,16 @@ pub fn check(factor: u64) -> Result<(), String> {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn factors_from_one_to_the_most_are_taken() {
+        assert!(check(1).is_ok());
+        assert!(check(MAX_EMBEDDING_SERIALIZATION).is_ok());
+        assert_eq!(check(0).unwrap_err(), "0 is not in 1..=4096");
+        assert!(check(MAX_EMBEDDING_SERIALIZATION + 1).is_err());
+    }
+}

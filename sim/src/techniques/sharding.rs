@@ -24,3 +24,19 @@ pub fn shards(on: bool, replicas: usize) -> u32 {
         1
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offloaded_state_is_sharded_over_several_replicas_by_default() {
+        assert!(default_on(true, 4));
+        assert!(!default_on(true, 1));
+        assert!(!default_on(false, 4));
+        assert_eq!(
+            (shards(true, 4), shards(false, 4), shards(true, 1)),
+            (4, 1, 1)
+        );
+    }
+}
