@@ -15,12 +15,18 @@
 //! `Target::getTilesPerSharedExchangeBus`). A summary counts, per tile, the bytes it receives
 //! that its pair partner also receives from the same sender in the same exchange; those take
 //! half the time.
-
-use std::collections::HashMap;
+//!
+//! The summaries kept for reuse (by what an exchange depends on, and by program step) are in
+//! `kept`.
 
 use crate::program::{
     ProgTensor, Region, SpanJoiner, TensorClass, TensorId, TileId, Transfer, Vertex,
 };
+
+mod kept;
+
+use kept::{RunKey, SpreadRead};
+pub(crate) use kept::{SpreadKey, SpreadSummaries, Summaries};
 
 /// Exchange code per exchange a tile takes part in (estimate).
 pub const EXCHANGE_CODE_BYTES: u64 = 16;
@@ -569,6 +575,62 @@ fn tally_into(
     if remote.is_empty() {
         return;
     }
+    let (regions, readers) = distinct_regions(remote);
+    let readers = group_readers(readers, regions.len());
+    let reads = reads_of(tensors, &regions, &readers, lists);
+    let reader_tiles: Vec<TileId> = readers.iter().map(|p| p.1).collect();
+    // Only a group of a region that overlaps another region can be sent for two reads: the
+    // others skip the (sender, group) index, which is most of the work for big reductions.
+    let overlapping = if disjoint {
+        debug_assert!(
+            pairwise_disjoint(&regions),
+            "regions said to be disjoint overlap"
+        );
+        vec![false; regions.len()]
+    } else {
+        overlapping_regions(&regions)
+    };
+    let tally = out.rows();
+    let mut bytes = 0u64;
+    let mut moved: Vec<TensorId> = Vec::new();
+    let mut sent_twice = SentTwice::new(&reads, &overlapping);
+    for (k, rd) in reads.iter().enumerate() {
+        if rd.count == 0 {
+            continue;
+        }
+        let per_tile = &lists.per_tile[rd.per_tile.clone()];
+        let tiles_reading = &reader_tiles[rd.readers.clone()];
+        if !tally_receptions(rd, per_tile, tiles_reading, tally) {
+            continue;
+        }
+        let groups = &lists.groups[rd.groups.clone()];
+        moved.push(groups[0].1.tensor);
+        let state = tensors[groups[0].1.tensor.index()].class == TensorClass::AlwaysLive;
+        let (n, first) = (rd.readers.len(), readers[rd.readers.start].1);
+        bytes += tally_sends(per_tile, n > 1, first, state, tally);
+        if overlapping[k] {
+            sent_twice.note(&lists.groups, rd, k as u32);
+        }
+    }
+    if moved.is_empty() {
+        return;
+    }
+    // A region sent by a tile for two different reads (overlapping reads) is one transfer per
+    // receiver and one send: take back what was counted twice.
+    bytes -= take_back_shared(
+        &mut sent_twice.shared,
+        tensors,
+        &reads,
+        &reader_tiles,
+        tally,
+    );
+    out.bytes += bytes;
+    out.moved.append(&mut moved);
+}
+
+/// The distinct regions of `remote`'s reads, in the order first read, and for each read its
+/// region's place among them and its reader.
+fn distinct_regions(remote: Vec<(&Region, TileId)>) -> (Vec<Region>, Vec<(u32, TileId)>) {
     // The index holds each region's place in `regions` (4 bytes an entry, where the regions
     // themselves are 40: an index of the regions spread a large compute set's lookups over
     // megabytes, missing the cache at nearly every one).
@@ -603,7 +665,17 @@ fn tally_into(
         };
         readers.push((k, tile));
     }
-    let readers = group_readers(readers, regions.len());
+    (regions, readers)
+}
+
+/// The read of each of `regions`: its pieces (kept in `lists`) and its readers' range of
+/// `readers` (grouped by region, in the regions' order).
+fn reads_of(
+    tensors: &[ProgTensor],
+    regions: &[Region],
+    readers: &[(u32, TileId)],
+    lists: &mut Lists,
+) -> Vec<Read> {
     let mut reads: Vec<Read> = Vec::with_capacity(regions.len());
     let mut at = 0;
     for group in readers.chunk_by(|a, b| a.0 == b.0) {
@@ -612,81 +684,94 @@ fn tally_into(
         at += group.len();
         reads.push(rd);
     }
-    let reader_tiles: Vec<TileId> = readers.iter().map(|p| p.1).collect();
-    // Only a group of a region that overlaps another region can be sent for two reads: the
-    // others skip the (sender, group) index, which is most of the work for big reductions.
-    let overlapping = if disjoint {
-        debug_assert!(
-            pairwise_disjoint(&regions),
-            "regions said to be disjoint overlap"
-        );
-        vec![false; regions.len()]
-    } else {
-        overlapping_regions(&regions)
-    };
-    let tally = out.rows();
-    let mut bytes = 0u64;
-    let mut moved: Vec<TensorId> = Vec::new();
-    // Groups sent for more than one read (overlapping reads), with those reads. Only the
-    // groups of overlapping regions go in, so the index is sized for them: sized for every
-    // group, a large reduction's index spread its few entries over pages never used again.
-    let overlapping_groups = reads
-        .iter()
-        .zip(&overlapping)
-        .filter(|(_, &o)| o)
-        .map(|(rd, _)| rd.groups.len())
-        .sum();
-    // (the group's place in `lists.groups`, the first read it was sent for): 8 bytes an
-    // entry, the group itself read from its list.
-    let mut seen: hashbrown::HashTable<(u32, u32)> =
-        hashbrown::HashTable::with_capacity(overlapping_groups);
-    let mut shared: Vec<(TileId, Region, u32)> = Vec::new();
-    for (k, rd) in reads.iter().enumerate() {
-        if rd.count == 0 {
-            continue;
-        }
-        let per_tile = &lists.per_tile[rd.per_tile.clone()];
-        let mut any = false;
-        let tiles_reading = &reader_tiles[rd.readers.clone()];
-        for (k, &t) in tiles_reading.iter().enumerate() {
-            let (fb, fc) = from_tile(per_tile, t);
-            if rd.count > fc {
-                let e = &mut tally[t.index()];
-                e.received += rd.bytes - fb;
-                e.receives += rd.count - fc;
-                // What neither it nor its partner holds goes to both when both read it.
-                let p = partner(t);
-                if beside(tiles_reading, k, p) {
-                    e.paired += (rd.bytes - fb).saturating_sub(from_tile(per_tile, p).0);
-                }
-                any = true;
+    reads
+}
+
+/// Adds to `tally` what each tile of `tiles_reading` receives of `rd` (all of it but what the
+/// tile holds, `per_tile` giving what each tile holds); whether any tile receives anything.
+fn tally_receptions(
+    rd: &Read,
+    per_tile: &[(TileId, u64, u64)],
+    tiles_reading: &[TileId],
+    tally: &mut [Tally],
+) -> bool {
+    let mut any = false;
+    for (k, &t) in tiles_reading.iter().enumerate() {
+        let (fb, fc) = from_tile(per_tile, t);
+        if rd.count > fc {
+            let e = &mut tally[t.index()];
+            e.received += rd.bytes - fb;
+            e.receives += rd.count - fc;
+            // What neither it nor its partner holds goes to both when both read it.
+            let p = partner(t);
+            if beside(tiles_reading, k, p) {
+                e.paired += (rd.bytes - fb).saturating_sub(from_tile(per_tile, p).0);
             }
+            any = true;
         }
-        if !any {
-            continue;
-        }
-        let groups = &lists.groups[rd.groups.clone()];
-        moved.push(groups[0].1.tensor);
-        let state = tensors[groups[0].1.tensor.index()].class == TensorClass::AlwaysLive;
-        let (n, first) = (rd.readers.len(), readers[rd.readers.start].1);
-        for &(f, b, c) in per_tile {
-            if n > 1 || first != f {
-                let e = &mut tally[f.index()];
-                e.sent += b;
-                e.sends += c;
-                if state {
-                    e.state_sends += c;
-                }
-                bytes += b;
+    }
+    any
+}
+
+/// Adds to `tally` what each tile of `per_tile` ((tile, bytes, regions) it holds of a read)
+/// sends for it: every tile but the only reader (`first`, unless `several` tiles read it)
+/// sends what it holds, counted as state sends too when the tensor is `state`. The bytes sent.
+fn tally_sends(
+    per_tile: &[(TileId, u64, u64)],
+    several: bool,
+    first: TileId,
+    state: bool,
+    tally: &mut [Tally],
+) -> u64 {
+    let mut bytes = 0;
+    for &(f, b, c) in per_tile {
+        if several || first != f {
+            let e = &mut tally[f.index()];
+            e.sent += b;
+            e.sends += c;
+            if state {
+                e.state_sends += c;
             }
+            bytes += b;
         }
-        if !overlapping[k] {
-            continue;
+    }
+    bytes
+}
+
+/// The groups a tile sends for more than one read (overlapping reads), found as the reads of
+/// overlapping regions are tallied.
+struct SentTwice {
+    /// (the group's place in `lists.groups`, the first read it was sent for, or `u32::MAX`
+    /// once it is in `shared`): 8 bytes an entry, the group itself read from its list.
+    seen: hashbrown::HashTable<(u32, u32)>,
+    /// (sender, group, read) of every group sent for more than one read, once per read.
+    shared: Vec<(TileId, Region, u32)>,
+}
+
+impl SentTwice {
+    /// Sized for the groups of the `reads` that are `overlapping`: sized for every group, a
+    /// large reduction's index spread its few entries over pages never used again.
+    fn new(reads: &[Read], overlapping: &[bool]) -> Self {
+        let overlapping_groups = reads
+            .iter()
+            .zip(overlapping)
+            .filter(|(_, &o)| o)
+            .map(|(rd, _)| rd.groups.len())
+            .sum();
+        SentTwice {
+            seen: hashbrown::HashTable::with_capacity(overlapping_groups),
+            shared: Vec::new(),
         }
-        let k = k as u32;
-        let all = &lists.groups;
+    }
+
+    /// Notes the groups of read `k` (`rd`, its groups in `all`), adding those sent for an
+    /// earlier read too to `shared`.
+    fn note(&mut self, all: &[(TileId, Region)], rd: &Read, k: u32) {
+        use std::hash::BuildHasher as _;
+        let hash = FastHash::default();
+        let groups = &all[rd.groups.clone()];
         for (at, &(f, g)) in rd.groups.clone().zip(groups) {
-            match seen.entry(
+            match self.seen.entry(
                 hash.hash_one((f, g)),
                 |&(s, _)| all[s as usize] == (f, g),
                 |&(s, _)| hash.hash_one(all[s as usize]),
@@ -697,22 +782,14 @@ fn tally_into(
                 hashbrown::hash_table::Entry::Occupied(mut e) => {
                     let first = &mut e.get_mut().1;
                     if *first != u32::MAX {
-                        shared.push((f, g, *first));
+                        self.shared.push((f, g, *first));
                         *first = u32::MAX;
                     }
-                    shared.push((f, g, k));
+                    self.shared.push((f, g, k));
                 }
             }
         }
     }
-    if moved.is_empty() {
-        return;
-    }
-    // A region sent by a tile for two different reads (overlapping reads) is one transfer per
-    // receiver and one send: take back what was counted twice.
-    bytes -= take_back_shared(&mut shared, tensors, &reads, &reader_tiles, tally);
-    out.bytes += bytes;
-    out.moved.append(&mut moved);
 }
 
 /// For each group a tile sends for several overlapping reads (`shared`: (sender, group,
@@ -1028,217 +1105,6 @@ fn read_of(t: &ProgTensor, g0: usize, lists: &mut Lists) -> Read {
         bytes,
         count,
         readers: 0..0,
-    }
-}
-
-/// What the exchange of an element-wise compute set depends on, when its vertices read, on
-/// each tile of one layout, that tile's runs of every tensor they read, and nothing else (see
-/// [`SpreadSummaries`]).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct SpreadKey {
-    /// Tiles of the IPU.
-    tiles: u32,
-    /// The digest of the layout whose tiles' runs the vertices read.
-    over: u128,
-    /// The tensors read, sorted.
-    reads: Vec<SpreadRead>,
-}
-
-/// What a summary sees of a tensor an element-wise compute set reads: its layout's digest,
-/// its element size, whether it is always live (its sends count as state sends), and whether
-/// it is read locally (laid out like the vertices, so not looked up).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct SpreadRead {
-    layout: u128,
-    elem_bytes: u64,
-    state: bool,
-    local: bool,
-}
-
-impl SpreadKey {
-    /// The key of vertices that read, on each tile of `over`'s layout, its runs of each of
-    /// `reads` (distinct tensors), with `local` those laid out like `over`. Also gives `reads`
-    /// in the key's order.
-    pub(crate) fn new(
-        tiles: u32,
-        tensors: &[ProgTensor],
-        over: TensorId,
-        reads: &[TensorId],
-        local: &[TensorId],
-    ) -> (SpreadKey, Vec<TensorId>) {
-        let mut keyed: Vec<(SpreadRead, TensorId)> = reads
-            .iter()
-            .map(|&t| {
-                let pt = &tensors[t.index()];
-                let read = SpreadRead {
-                    layout: pt.mapping.digest(),
-                    elem_bytes: pt.elem_bytes(),
-                    state: pt.class == TensorClass::AlwaysLive,
-                    local: local.contains(&t),
-                };
-                (read, t)
-            })
-            .collect();
-        keyed.sort_unstable();
-        let key = SpreadKey {
-            tiles,
-            over: tensors[over.index()].mapping.digest(),
-            reads: keyed.iter().map(|k| k.0).collect(),
-        };
-        (key, keyed.into_iter().map(|k| k.1).collect())
-    }
-}
-
-/// A summary kept by [`SpreadSummaries`], with the tensors it moved given by their place in
-/// the key's reads.
-type Spread = Option<(ExchangeSummary, Vec<bool>)>;
-
-/// The summaries of element-wise exchanges, by what they depend on ([`SpreadKey`]), shared by
-/// the workers of one lowering. A summary depends on the tensors read only through their
-/// layouts, element sizes, classes and whether they are read locally, never through their
-/// names: two element-wise ops that read tensors laid out alike, on the tiles of one layout,
-/// exchange alike (a ReLU's gradient and the batch-norm scale gradient after it both read a
-/// concatenation's layout on the tiles of the gradient's). The second takes the first's
-/// summary, with its own tensors.
-#[derive(Clone, Default)]
-pub(crate) struct SpreadSummaries(std::sync::Arc<SpreadKept>);
-
-/// What [`SpreadSummaries`] keep.
-#[derive(Default)]
-struct SpreadKept {
-    /// Whole summaries.
-    summaries: std::sync::Mutex<HashMap<SpreadKey, Spread>>,
-    /// What one tensor's reads add ([`RunReads`]).
-    runs: std::sync::Mutex<HashMap<RunKey, std::sync::Arc<Contribution>>>,
-}
-
-/// What the reads of one tensor, each tile reading its runs of a layout, depend on
-/// ([`RunReads`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct RunKey {
-    /// Tiles of the IPU.
-    tiles: u32,
-    /// The digest of the layout whose tiles read.
-    over: u128,
-    /// How they read.
-    how: PerTile,
-    /// The tensor read.
-    read: SpreadRead,
-}
-
-impl SpreadSummaries {
-    /// The summary of the exchange under `key` whose reads (in the key's order) are `reads`,
-    /// made by `summarize` when no summary under `key` is kept.
-    pub(crate) fn get_or_summarize(
-        &self,
-        key: SpreadKey,
-        reads: &[TensorId],
-        summarize: impl FnOnce() -> Option<ExchangeSummary>,
-    ) -> Option<ExchangeSummary> {
-        let kept = self
-            .0
-            .summaries
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .cloned();
-        if let Some(kept) = kept {
-            return kept.map(|(mut s, moved)| {
-                s.tensors = reads
-                    .iter()
-                    .zip(&moved)
-                    .filter(|(_, &m)| m)
-                    .map(|(&t, _)| t)
-                    .collect();
-                s.tensors.sort_unstable();
-                s
-            });
-        }
-        // Made outside the lock: another worker asking for the same key meanwhile makes the
-        // same summary.
-        let s = summarize();
-        let kept = s.as_ref().map(|s| {
-            let moved = reads.iter().map(|t| s.tensors.contains(t)).collect();
-            (
-                ExchangeSummary {
-                    tensors: Vec::new(),
-                    ..s.clone()
-                },
-                moved,
-            )
-        });
-        self.0
-            .summaries
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, kept);
-        s
-    }
-
-    /// What the reads under `key` add to an exchange, made by `tally` when none is kept.
-    fn contribution(
-        &self,
-        key: RunKey,
-        tally: impl FnOnce() -> Contribution,
-    ) -> std::sync::Arc<Contribution> {
-        let kept = self
-            .0
-            .runs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .cloned();
-        if let Some(kept) = kept {
-            return kept;
-        }
-        // Made outside the lock, as the summaries are.
-        let c = std::sync::Arc::new(tally());
-        self.0
-            .runs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, std::sync::Arc::clone(&c));
-        c
-    }
-}
-
-/// The summaries of a program's exchanges whose transfers were not kept, by step.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Summaries {
-    by_step: Vec<(usize, ExchangeSummary)>,
-    /// Node lowerings reused from an identical node's (see `lower::memo`).
-    pub(crate) reused: usize,
-    /// Node lowerings made and recorded afresh (no record held them yet).
-    pub(crate) lowered: usize,
-}
-impl Summaries {
-    /// Records the summary of the exchange at `step` (steps in increasing order).
-    pub(crate) fn push(&mut self, step: usize, summary: ExchangeSummary) {
-        debug_assert!(self.by_step.last().is_none_or(|l| l.0 < step));
-        self.by_step.push((step, summary));
-    }
-
-    /// The summary of the exchange at `step`, if it was recorded.
-    pub(crate) fn get(&self, step: usize) -> Option<&ExchangeSummary> {
-        self.by_step
-            .binary_search_by_key(&step, |s| s.0)
-            .ok()
-            .map(|i| &self.by_step[i].1)
-    }
-
-    /// The summary of the exchange `transfers` at `step` of a program with `tiles` tiles: the
-    /// recorded one, or one made from the transfers.
-    pub(crate) fn of<'a>(
-        &'a self,
-        step: usize,
-        tiles: u32,
-        tensors: &[ProgTensor],
-        transfers: &[Transfer],
-    ) -> std::borrow::Cow<'a, ExchangeSummary> {
-        match self.get(step) {
-            Some(s) => std::borrow::Cow::Borrowed(s),
-            None => std::borrow::Cow::Owned(summarize(tiles, tensors, transfers)),
-        }
     }
 }
 
