@@ -164,154 +164,9 @@ impl IpuConfig {
     /// The published figures of one IPU generation.
     pub fn preset(preset: Preset) -> IpuConfig {
         match preset {
-            Preset::Mk1 => IpuConfig {
-                // vendor: GC2 datasheet / Hot Chips.
-                tiles: 1216,
-                // vendor: 256 KiB per tile (304 MiB per IPU).
-                sram_bytes_per_tile: 256 * 1024,
-                // vendor: GC2 datasheet, 1.6 GHz.
-                clock_hz: 1.6e9,
-                // vendor: 6 worker slots + supervisor (Hot Chips).
-                worker_contexts: 6,
-                // arithmetic: 124.5 TFLOP/s / (1216 tiles x 1.6 GHz x 2).
-                amp_macs_per_cycle_fp16: 32,
-                // arithmetic: 31.1 TFLOP/s / (1216 tiles x 1.6 GHz x 2).
-                amp_macs_per_cycle_fp32: 8,
-                // poplibs (SDK 2.0): the 16-conv-unit AMP vertex exists for half -> half and
-                // float -> float only (`hasAssembly`, lib/poplin/codelets/ConvPartial1x1Out.cpp),
-                // so fp16 inputs with fp32 partials use 8 conv units on every generation:
-                // 16 x 8 MACs per 4-cycle pass (lib/poplin/PerformanceEstimation.hpp). Later
-                // poplibs caps these units by the fp32 store bandwidth (tools/single_conv_layer.cpp).
-                amp_macs_per_cycle_fp16_fp32_partials: 32,
-                // data: poplibs' IPU Model benchmarks report a fullest tile of 131,072 B plus a
-                // few partials for tiny AMP layers on Mk1 (docs/cost-model.md, "Interleaved
-                // memory"): the top half of the 256 KiB is interleaved. No public source states it.
-                interleaved_region_start_bytes: 131_072,
-                // vendor: 64-bit data path, 2 x fp32 per instruction (Poplar target summary).
-                vector_width_fp32: 2,
-                // vendor: 64-bit data path, 4 x fp16 per instruction (Poplar target summary).
-                vector_width_fp16: 4,
-                // vendor: 4 bytes/cycle/tile exchange (Poplar target summary).
-                exchange_bytes_per_cycle_per_tile: 4,
-                // "of the order of 100 cycles" fixed exchange overhead (ARCH.md); poplibs models a
-                // small exchange the same way (`fixedOverheadExchangeCycles`, CTCLossPlan.cpp).
-                exchange_overhead_cycles: 100,
-                // estimate: on-chip sync, poplibs' planners assume about 90 cycles.
-                sync_cycles: 90,
-                // poplibs: 15 ns per hop of a cross-IPU sync.
-                inter_ipu_sync_ns_per_hop: 15.0,
-                // vendor: 10 IPU-Links per GC2.
-                ipu_links: 10,
-                // arithmetic: vendor 64 GB/s bidirectional per link, so 32 GB/s each way.
-                link_bytes_per_second_per_direction: 32e9,
-                // arithmetic: vendor PCIe Gen4 x16, 64 GB/s bidirectional, so 32 GB/s each way.
-                host_link_bytes_per_second_per_direction: 32e9,
-                // estimate: Mk1 remote buffers live in host memory; 64 GB per IPU assumed.
-                streaming_memory_bytes: 64_000_000_000,
-                // vendor: 3 IPU-Links between the two IPUs of a C2 card.
-                links_to_neighbour: 3,
-                // estimate: remote buffers in host memory, over PCIe (32 GB/s each way) shared
-                // by the card's two IPUs: 16 GB/s.
-                streaming_memory_bytes_per_second: 16e9,
-            },
-            Preset::Mk2 => IpuConfig {
-                // vendor: GC200 datasheet.
-                tiles: 1472,
-                // vendor: 624 KiB = 638,976 B per tile (900 MB per IPU).
-                sram_bytes_per_tile: 638_976,
-                // vendor: GC200, 1.325 GHz (1.33 GHz seen on devices).
-                clock_hz: 1.325e9,
-                // vendor: 6 worker slots + supervisor (Hot Chips 33).
-                worker_contexts: 6,
-                // arithmetic: 250 TFLOP/s / (1472 tiles x 1.325 GHz x 2).
-                amp_macs_per_cycle_fp16: 64,
-                // arithmetic: 62.5 TFLOP/s / (1472 tiles x 1.325 GHz x 2).
-                amp_macs_per_cycle_fp32: 16,
-                // poplibs (SDK 2.0): the 16-conv-unit AMP vertex exists for half -> half and
-                // float -> float only (`hasAssembly`, lib/poplin/codelets/ConvPartial1x1Out.cpp),
-                // so fp16 inputs with fp32 partials use 8 conv units on every generation:
-                // 16 x 8 MACs per 4-cycle pass (lib/poplin/PerformanceEstimation.hpp). Later
-                // poplibs caps these units by the fp32 store bandwidth (tools/single_conv_layer.cpp).
-                amp_macs_per_cycle_fp16_fp32_partials: 32,
-                // data: poplibs' IPU Model benchmarks report a fullest tile of 212,992 B plus a
-                // few partials for tiny AMP layers on Mk2 (docs/cost-model.md, "Interleaved
-                // memory"): the top two thirds of the 624 KiB are interleaved. No public source
-                // states it.
-                interleaved_region_start_bytes: 212_992,
-                // vendor: 2 x fp32 per instruction (Poplar target summary).
-                vector_width_fp32: 2,
-                // vendor: 4 x fp16 per instruction (Poplar target summary).
-                vector_width_fp16: 4,
-                // vendor: 4 bytes/cycle/tile exchange (Poplar target summary; 8 TB/s aggregate).
-                exchange_bytes_per_cycle_per_tile: 4,
-                // "of the order of 100 cycles" fixed exchange overhead (ARCH.md); poplibs models a
-                // small exchange the same way (`fixedOverheadExchangeCycles`, CTCLossPlan.cpp).
-                exchange_overhead_cycles: 100,
-                // estimate: on-chip sync, poplibs' planners assume about 90 cycles.
-                sync_cycles: 90,
-                // poplibs: 15 ns per hop of a cross-IPU sync.
-                inter_ipu_sync_ns_per_hop: 15.0,
-                // vendor: 10 IPU-Links per GC200.
-                ipu_links: 10,
-                // arithmetic: vendor 320 GB/s over 10 links, read as bidirectional: 16 GB/s each way.
-                link_bytes_per_second_per_direction: 16e9,
-                // arithmetic: vendor PCIe Gen4 x16, 64 GB/s bidirectional, so 32 GB/s each way.
-                host_link_bytes_per_second_per_direction: 32e9,
-                // arithmetic: vendor 448 GB per IPU-M2000 (4 IPUs), so 112 GB per IPU.
-                streaming_memory_bytes: 112_000_000_000,
-                // estimate: IPU-M2000 IPUs form a ring; 2 links to each neighbour assumed.
-                links_to_neighbour: 2,
-                // estimate: IPU-M2000 streaming memory (DDR4 behind the gateway), about 20 GB/s
-                // per IPU.
-                streaming_memory_bytes_per_second: 20e9,
-            },
-            Preset::Bow => IpuConfig {
-                // vendor: Bow IPU datasheet.
-                tiles: 1472,
-                // vendor: 624 KiB = 638,976 B per tile.
-                sram_bytes_per_tile: 638_976,
-                // vendor: Bow IPU, 1.85 GHz.
-                clock_hz: 1.85e9,
-                // vendor: 6 worker slots + supervisor.
-                worker_contexts: 6,
-                // arithmetic: 348.6 TFLOP/s / (1472 tiles x 1.85 GHz x 2).
-                amp_macs_per_cycle_fp16: 64,
-                // arithmetic: 87.1 TFLOP/s / (1472 tiles x 1.85 GHz x 2).
-                amp_macs_per_cycle_fp32: 16,
-                // poplibs (SDK 2.0): the 16-conv-unit AMP vertex exists for half -> half and
-                // float -> float only (`hasAssembly`, lib/poplin/codelets/ConvPartial1x1Out.cpp),
-                // so fp16 inputs with fp32 partials use 8 conv units on every generation:
-                // 16 x 8 MACs per 4-cycle pass (lib/poplin/PerformanceEstimation.hpp). Later
-                // poplibs caps these units by the fp32 store bandwidth (tools/single_conv_layer.cpp).
-                amp_macs_per_cycle_fp16_fp32_partials: 32,
-                // inference: the Bow tile is the Mk2 tile (same SRAM), so the same region as Mk2.
-                interleaved_region_start_bytes: 212_992,
-                // vendor: 2 x fp32 per instruction (Poplar target summary).
-                vector_width_fp32: 2,
-                // vendor: 4 x fp16 per instruction (Poplar target summary).
-                vector_width_fp16: 4,
-                // vendor: 4 bytes/cycle/tile exchange (Poplar target summary).
-                exchange_bytes_per_cycle_per_tile: 4,
-                // "of the order of 100 cycles" fixed exchange overhead (ARCH.md); poplibs models a
-                // small exchange the same way (`fixedOverheadExchangeCycles`, CTCLossPlan.cpp).
-                exchange_overhead_cycles: 100,
-                // estimate: on-chip sync, poplibs' planners assume about 90 cycles.
-                sync_cycles: 90,
-                // poplibs: 15 ns per hop of a cross-IPU sync.
-                inter_ipu_sync_ns_per_hop: 15.0,
-                // vendor: 10 IPU-Links per Bow IPU.
-                ipu_links: 10,
-                // arithmetic: vendor 512 Gbit/s = 64 GB/s per link, read as bidirectional: 32 GB/s each way.
-                link_bytes_per_second_per_direction: 32e9,
-                // arithmetic: vendor PCIe Gen4 x16, 64 GB/s bidirectional, so 32 GB/s each way.
-                host_link_bytes_per_second_per_direction: 32e9,
-                // arithmetic: vendor 256 GB per Bow-2000 (4 IPUs), so 64 GB per IPU.
-                streaming_memory_bytes: 64_000_000_000,
-                // estimate: as the IPU-M2000, 2 links to each neighbour.
-                links_to_neighbour: 2,
-                // estimate: as the IPU-M2000, about 20 GB/s per IPU.
-                streaming_memory_bytes_per_second: 20e9,
-            },
+            Preset::Mk1 => mk1(),
+            Preset::Mk2 => mk2(),
+            Preset::Bow => bow(),
         }
     }
 
@@ -465,6 +320,166 @@ impl IpuConfig {
         let one_way = (self.inter_ipu_sync_ns_per_hop * hops as f64 * self.clock_hz / 1e9).ceil();
         // `as` saturates for out-of-range floats, so an absurd machine cannot panic here.
         (one_way as u64).saturating_mul(2)
+    }
+}
+
+/// The published figures of the first generation (GC2, [`Preset::Mk1`]).
+fn mk1() -> IpuConfig {
+    IpuConfig {
+        // vendor: GC2 datasheet / Hot Chips.
+        tiles: 1216,
+        // vendor: 256 KiB per tile (304 MiB per IPU).
+        sram_bytes_per_tile: 256 * 1024,
+        // vendor: GC2 datasheet, 1.6 GHz.
+        clock_hz: 1.6e9,
+        // vendor: 6 worker slots + supervisor (Hot Chips).
+        worker_contexts: 6,
+        // arithmetic: 124.5 TFLOP/s / (1216 tiles x 1.6 GHz x 2).
+        amp_macs_per_cycle_fp16: 32,
+        // arithmetic: 31.1 TFLOP/s / (1216 tiles x 1.6 GHz x 2).
+        amp_macs_per_cycle_fp32: 8,
+        // poplibs (SDK 2.0): the 16-conv-unit AMP vertex exists for half -> half and
+        // float -> float only (`hasAssembly`, lib/poplin/codelets/ConvPartial1x1Out.cpp),
+        // so fp16 inputs with fp32 partials use 8 conv units on every generation:
+        // 16 x 8 MACs per 4-cycle pass (lib/poplin/PerformanceEstimation.hpp). Later
+        // poplibs caps these units by the fp32 store bandwidth (tools/single_conv_layer.cpp).
+        amp_macs_per_cycle_fp16_fp32_partials: 32,
+        // data: poplibs' IPU Model benchmarks report a fullest tile of 131,072 B plus a
+        // few partials for tiny AMP layers on Mk1 (docs/cost-model.md, "Interleaved
+        // memory"): the top half of the 256 KiB is interleaved. No public source states it.
+        interleaved_region_start_bytes: 131_072,
+        // vendor: 64-bit data path, 2 x fp32 per instruction (Poplar target summary).
+        vector_width_fp32: 2,
+        // vendor: 64-bit data path, 4 x fp16 per instruction (Poplar target summary).
+        vector_width_fp16: 4,
+        // vendor: 4 bytes/cycle/tile exchange (Poplar target summary).
+        exchange_bytes_per_cycle_per_tile: 4,
+        // "of the order of 100 cycles" fixed exchange overhead (ARCH.md); poplibs models a
+        // small exchange the same way (`fixedOverheadExchangeCycles`, CTCLossPlan.cpp).
+        exchange_overhead_cycles: 100,
+        // estimate: on-chip sync, poplibs' planners assume about 90 cycles.
+        sync_cycles: 90,
+        // poplibs: 15 ns per hop of a cross-IPU sync.
+        inter_ipu_sync_ns_per_hop: 15.0,
+        // vendor: 10 IPU-Links per GC2.
+        ipu_links: 10,
+        // arithmetic: vendor 64 GB/s bidirectional per link, so 32 GB/s each way.
+        link_bytes_per_second_per_direction: 32e9,
+        // arithmetic: vendor PCIe Gen4 x16, 64 GB/s bidirectional, so 32 GB/s each way.
+        host_link_bytes_per_second_per_direction: 32e9,
+        // estimate: Mk1 remote buffers live in host memory; 64 GB per IPU assumed.
+        streaming_memory_bytes: 64_000_000_000,
+        // vendor: 3 IPU-Links between the two IPUs of a C2 card.
+        links_to_neighbour: 3,
+        // estimate: remote buffers in host memory, over PCIe (32 GB/s each way) shared
+        // by the card's two IPUs: 16 GB/s.
+        streaming_memory_bytes_per_second: 16e9,
+    }
+}
+
+/// The published figures of the second generation (GC200, [`Preset::Mk2`]).
+fn mk2() -> IpuConfig {
+    IpuConfig {
+        // vendor: GC200 datasheet.
+        tiles: 1472,
+        // vendor: 624 KiB = 638,976 B per tile (900 MB per IPU).
+        sram_bytes_per_tile: 638_976,
+        // vendor: GC200, 1.325 GHz (1.33 GHz seen on devices).
+        clock_hz: 1.325e9,
+        // vendor: 6 worker slots + supervisor (Hot Chips 33).
+        worker_contexts: 6,
+        // arithmetic: 250 TFLOP/s / (1472 tiles x 1.325 GHz x 2).
+        amp_macs_per_cycle_fp16: 64,
+        // arithmetic: 62.5 TFLOP/s / (1472 tiles x 1.325 GHz x 2).
+        amp_macs_per_cycle_fp32: 16,
+        // poplibs (SDK 2.0): the 16-conv-unit AMP vertex exists for half -> half and
+        // float -> float only (`hasAssembly`, lib/poplin/codelets/ConvPartial1x1Out.cpp),
+        // so fp16 inputs with fp32 partials use 8 conv units on every generation:
+        // 16 x 8 MACs per 4-cycle pass (lib/poplin/PerformanceEstimation.hpp). Later
+        // poplibs caps these units by the fp32 store bandwidth (tools/single_conv_layer.cpp).
+        amp_macs_per_cycle_fp16_fp32_partials: 32,
+        // data: poplibs' IPU Model benchmarks report a fullest tile of 212,992 B plus a
+        // few partials for tiny AMP layers on Mk2 (docs/cost-model.md, "Interleaved
+        // memory"): the top two thirds of the 624 KiB are interleaved. No public source
+        // states it.
+        interleaved_region_start_bytes: 212_992,
+        // vendor: 2 x fp32 per instruction (Poplar target summary).
+        vector_width_fp32: 2,
+        // vendor: 4 x fp16 per instruction (Poplar target summary).
+        vector_width_fp16: 4,
+        // vendor: 4 bytes/cycle/tile exchange (Poplar target summary; 8 TB/s aggregate).
+        exchange_bytes_per_cycle_per_tile: 4,
+        // "of the order of 100 cycles" fixed exchange overhead (ARCH.md); poplibs models a
+        // small exchange the same way (`fixedOverheadExchangeCycles`, CTCLossPlan.cpp).
+        exchange_overhead_cycles: 100,
+        // estimate: on-chip sync, poplibs' planners assume about 90 cycles.
+        sync_cycles: 90,
+        // poplibs: 15 ns per hop of a cross-IPU sync.
+        inter_ipu_sync_ns_per_hop: 15.0,
+        // vendor: 10 IPU-Links per GC200.
+        ipu_links: 10,
+        // arithmetic: vendor 320 GB/s over 10 links, read as bidirectional: 16 GB/s each way.
+        link_bytes_per_second_per_direction: 16e9,
+        // arithmetic: vendor PCIe Gen4 x16, 64 GB/s bidirectional, so 32 GB/s each way.
+        host_link_bytes_per_second_per_direction: 32e9,
+        // arithmetic: vendor 448 GB per IPU-M2000 (4 IPUs), so 112 GB per IPU.
+        streaming_memory_bytes: 112_000_000_000,
+        // estimate: IPU-M2000 IPUs form a ring; 2 links to each neighbour assumed.
+        links_to_neighbour: 2,
+        // estimate: IPU-M2000 streaming memory (DDR4 behind the gateway), about 20 GB/s
+        // per IPU.
+        streaming_memory_bytes_per_second: 20e9,
+    }
+}
+
+/// The published figures of the Bow IPU ([`Preset::Bow`]).
+fn bow() -> IpuConfig {
+    IpuConfig {
+        // vendor: Bow IPU datasheet.
+        tiles: 1472,
+        // vendor: 624 KiB = 638,976 B per tile.
+        sram_bytes_per_tile: 638_976,
+        // vendor: Bow IPU, 1.85 GHz.
+        clock_hz: 1.85e9,
+        // vendor: 6 worker slots + supervisor.
+        worker_contexts: 6,
+        // arithmetic: 348.6 TFLOP/s / (1472 tiles x 1.85 GHz x 2).
+        amp_macs_per_cycle_fp16: 64,
+        // arithmetic: 87.1 TFLOP/s / (1472 tiles x 1.85 GHz x 2).
+        amp_macs_per_cycle_fp32: 16,
+        // poplibs (SDK 2.0): the 16-conv-unit AMP vertex exists for half -> half and
+        // float -> float only (`hasAssembly`, lib/poplin/codelets/ConvPartial1x1Out.cpp),
+        // so fp16 inputs with fp32 partials use 8 conv units on every generation:
+        // 16 x 8 MACs per 4-cycle pass (lib/poplin/PerformanceEstimation.hpp). Later
+        // poplibs caps these units by the fp32 store bandwidth (tools/single_conv_layer.cpp).
+        amp_macs_per_cycle_fp16_fp32_partials: 32,
+        // inference: the Bow tile is the Mk2 tile (same SRAM), so the same region as Mk2.
+        interleaved_region_start_bytes: 212_992,
+        // vendor: 2 x fp32 per instruction (Poplar target summary).
+        vector_width_fp32: 2,
+        // vendor: 4 x fp16 per instruction (Poplar target summary).
+        vector_width_fp16: 4,
+        // vendor: 4 bytes/cycle/tile exchange (Poplar target summary).
+        exchange_bytes_per_cycle_per_tile: 4,
+        // "of the order of 100 cycles" fixed exchange overhead (ARCH.md); poplibs models a
+        // small exchange the same way (`fixedOverheadExchangeCycles`, CTCLossPlan.cpp).
+        exchange_overhead_cycles: 100,
+        // estimate: on-chip sync, poplibs' planners assume about 90 cycles.
+        sync_cycles: 90,
+        // poplibs: 15 ns per hop of a cross-IPU sync.
+        inter_ipu_sync_ns_per_hop: 15.0,
+        // vendor: 10 IPU-Links per Bow IPU.
+        ipu_links: 10,
+        // arithmetic: vendor 512 Gbit/s = 64 GB/s per link, read as bidirectional: 32 GB/s each way.
+        link_bytes_per_second_per_direction: 32e9,
+        // arithmetic: vendor PCIe Gen4 x16, 64 GB/s bidirectional, so 32 GB/s each way.
+        host_link_bytes_per_second_per_direction: 32e9,
+        // arithmetic: vendor 256 GB per Bow-2000 (4 IPUs), so 64 GB per IPU.
+        streaming_memory_bytes: 64_000_000_000,
+        // estimate: as the IPU-M2000, 2 links to each neighbour.
+        links_to_neighbour: 2,
+        // estimate: as the IPU-M2000, about 20 GB/s per IPU.
+        streaming_memory_bytes_per_second: 20e9,
     }
 }
 
