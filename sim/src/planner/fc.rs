@@ -1,0 +1,276 @@
+//! Planning a fully-connected layer's three training passes together, as poplin plans
+//! `TRAINING_FWD`: one partition shared by the forward, input-gradient and weight-update
+//! products (horizontal MACs at batch 1 too), or the three planned apart when that is cheaper.
+
+use serde::{Deserialize, Serialize};
+use tessera_core::DType;
+
+use super::{
+    candidates, plan_matmul_with, price, BoundLevel, GridOrder, LaidOut, MatMulPlan, Method,
+    Orientation, PlanOptions,
+};
+use crate::cost;
+use crate::machine::IpuConfig;
+
+/// The plans of the three passes of a fully-connected layer trained on the IPU, `Y = X . W`
+/// with `X` batch x input and `W` input x output: forward, input gradient `dX = dY . W^T` and
+/// weight gradient `dW = X^T . dY`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FcPlans {
+    /// `[batch, input] x [input, output]`.
+    pub forward: MatMulPlan,
+    /// `[batch, output] x [output, input]`.
+    pub backward: MatMulPlan,
+    /// `[input, batch] x [batch, output]`.
+    pub weight_update: MatMulPlan,
+    /// Whether the three share one partition (a joint plan).
+    pub joint: bool,
+}
+
+impl FcPlans {
+    /// Planned cycles of the three passes.
+    pub fn planned_cycles(&self) -> u64 {
+        [self.forward, self.backward, self.weight_update]
+            .iter()
+            .map(|p| p.planned_cycles)
+            .fold(0u64, u64::saturating_add)
+    }
+}
+
+/// Plans a fully-connected layer's three training passes as poplin does for
+/// `fullyConnectedPass = TRAINING_FWD` (`runPlanner`, `lib/poplin/ConvPlan.cpp`): the cheapest
+/// joint plan, where the forward's partition `pm x pk x pn` (batch, input, output) is reused by
+/// the input gradient as `pm x pn x pk` and by the weight update as `pk x pm x pn`, each block
+/// on the tile of the forward block holding the same weights, so the weights never move; and
+/// the three passes planned separately. The joint plan minimises the sum of the three passes'
+/// cycles (`e.totalCycles = sum(fwd, bwd, wu)` in `lib/poplin/ConvModel.cpp`), with the operands
+/// swapped in every pass (poplin's joint plans assume `swapOperands`, T12885). The separate
+/// plans are taken when they are cheaper in all, as poplin compares the two; their cost also
+/// counts moving the weight gradient to the weights' tiles for the update, which the joint
+/// plan avoids (the lowering does both).
+pub fn plan_fc(
+    cfg: &IpuConfig,
+    batch: u64,
+    input: u64,
+    output: u64,
+    dtype: DType,
+    tiles: u64,
+) -> FcPlans {
+    plan_fc_with(
+        cfg,
+        batch,
+        input,
+        output,
+        dtype,
+        tiles,
+        PlanOptions::default(),
+    )
+}
+
+/// [`plan_fc`] with the planner's options (`availableMemoryProportion`, `partialsType`).
+pub fn plan_fc_with(
+    cfg: &IpuConfig,
+    batch: u64,
+    input: u64,
+    output: u64,
+    dtype: DType,
+    tiles: u64,
+    opts: PlanOptions,
+) -> FcPlans {
+    let plan = |m, k, n, laid_out| plan_matmul_with(cfg, m, k, n, dtype, laid_out, tiles, opts);
+    let separate = FcPlans {
+        forward: plan(batch, input, output, LaidOut::B),
+        backward: plan(batch, output, input, LaidOut::NONE),
+        weight_update: plan(input, batch, output, LaidOut::NONE),
+        joint: false,
+    };
+    // Separately planned, the weight gradient is not where the weights are: the update first
+    // brings each tile its weights' share of it (the forward's weight block over its pm tiles).
+    // A joint plan's weight update writes each gradient block on the tiles holding its weights.
+    let f = separate.forward;
+    let gradient_move = cost::exchange_cycles(
+        cfg,
+        (f.bk * f.bn).div_ceil(f.pm) * dtype.size() as u64,
+        false,
+    );
+    let separate_cycles = separate.planned_cycles().saturating_add(gradient_move);
+    let mut best: BestFc = None;
+    for [pm, pk, pn] in candidates(cfg, opts, [batch, input, output], dtype, tiles) {
+        let (big_f, forward) = price(
+            cfg,
+            opts,
+            [batch, input, output],
+            [pm, pk, pn],
+            dtype,
+            LaidOut::B,
+            Orientation::Swapped,
+            GridOrder::Standard,
+            Method::Amp,
+            None,
+        );
+        // A candidate whose passes so far already cost as much as the best joint plan that
+        // keeps the memory rule cannot beat it (every pass costs something): skip the rest.
+        let beaten = |so_far: u64| {
+            best.as_ref()
+                .is_some_and(|((level, cycles, _), _)| *level == 0 && so_far >= *cycles)
+        };
+        if beaten(forward.planned_cycles) {
+            continue;
+        }
+        // The weights stay where the forward laid them: each tile of the input gradient
+        // receives the rest of its block, as the forward's tiles do.
+        let (big_b, backward) = price(
+            cfg,
+            opts,
+            [batch, output, input],
+            [pm, pn, pk],
+            dtype,
+            LaidOut::B,
+            Orientation::Swapped,
+            GridOrder::FcBackward,
+            Method::Amp,
+            None,
+        );
+        if beaten(
+            forward
+                .planned_cycles
+                .saturating_add(backward.planned_cycles),
+        ) {
+            continue;
+        }
+        let (big_w, weight_update) = price(
+            cfg,
+            opts,
+            [input, batch, output],
+            [pk, pm, pn],
+            dtype,
+            LaidOut::NONE,
+            Orientation::Swapped,
+            GridOrder::FcWeightUpdate,
+            Method::Amp,
+            None,
+        );
+        let plans = FcPlans {
+            forward,
+            backward,
+            weight_update,
+            joint: true,
+        };
+        let key = (
+            big_f.max(big_b).max(big_w),
+            plans.planned_cycles(),
+            forward.tiles(),
+        );
+        if best.as_ref().is_none_or(|(k, _)| key < *k) {
+            best = Some((key, plans));
+        }
+    }
+    // A batch-1 fp32 layer can also be planned on horizontal MACs, as poplin's joint planner
+    // may (its candidates in `lib/poplin/ConvVertexType.cpp`): the forward and input gradient
+    // on HMAC vertices over input-channel groups of `g`, the weight update on outer products.
+    // Joint plans do not split the batch (`outChanSplit.parallel` is 1, `ConvModel.cpp`) and
+    // split the other two dimensions in whole groups (the field grain is `g`).
+    if batch == 1 && dtype == DType::F32 {
+        hmac_joints(cfg, opts, [input, output], dtype, tiles, &mut best);
+    }
+    match best {
+        Some(((0, cycles, _), joint)) if cycles <= separate_cycles => joint,
+        _ => separate,
+    }
+}
+
+/// The best joint plan so far, a key (bound level, cycles, tiles) with its plans.
+type BestFc = Option<((BoundLevel, u64, u64), FcPlans)>;
+
+/// Batch-1 joint plans on horizontal MACs ([`hmac_joint`]) of a layer of `input` x `output`
+/// on up to `tiles` tiles, over every group size and whole-group split: `best` becomes the
+/// best of them when it beats it.
+fn hmac_joints(
+    cfg: &IpuConfig,
+    opts: PlanOptions,
+    [input, output]: [u64; 2],
+    dtype: DType,
+    tiles: u64,
+    best: &mut BestFc,
+) {
+    for g in hmac_groups(input, output) {
+        let divisors = |n: u64| (1..=n).filter(move |d| n % d == 0);
+        for cs in divisors(input / g) {
+            for fs in divisors(output / g).take_while(|&fs| cs * fs <= tiles) {
+                let plans = hmac_joint(cfg, opts, input, output, g, cs, fs, dtype);
+                let key = (plans.0, plans.1.planned_cycles(), cs * fs);
+                if best.as_ref().is_none_or(|(k, _)| key < *k) {
+                    *best = Some((key, plans.1));
+                }
+            }
+        }
+    }
+}
+
+/// The HMAC groups poplin's planner may give a batch-1 layer of `input -> output`: 1 and the
+/// multiples of 4 (`getConvVertexHMACCandidates`, `lib/poplin/ConvVertexType.cpp`), here only
+/// those dividing both sizes (poplin pads the others, at a cost Tessera does not model).
+fn hmac_groups(input: u64, output: u64) -> impl Iterator<Item = u64> {
+    (1..=input.min(output))
+        .filter(move |&g| (g == 1 || g % 4 == 0) && input % g == 0 && output % g == 0)
+}
+
+/// The joint HMAC plan of a batch-1 layer `input -> output` in groups of `g`, the input split
+/// `cs` ways and the output `fs` ways: its bound level and plans.
+#[allow(clippy::too_many_arguments)]
+fn hmac_joint(
+    cfg: &IpuConfig,
+    opts: PlanOptions,
+    input: u64,
+    output: u64,
+    g: u64,
+    cs: u64,
+    fs: u64,
+    dtype: DType,
+) -> (BoundLevel, FcPlans) {
+    let (lf, forward) = price(
+        cfg,
+        opts,
+        [1, input, output],
+        [1, cs, fs],
+        dtype,
+        LaidOut::B,
+        Orientation::Swapped,
+        GridOrder::Standard,
+        Method::Hmac { group: g },
+        None,
+    );
+    let (lb, backward) = price(
+        cfg,
+        opts,
+        [1, output, input],
+        [1, fs, cs],
+        dtype,
+        LaidOut::B,
+        Orientation::Swapped,
+        GridOrder::FcBackward,
+        Method::Hmac { group: g },
+        None,
+    );
+    let (lw, weight_update) = price(
+        cfg,
+        opts,
+        [input, 1, output],
+        [cs, 1, fs],
+        dtype,
+        LaidOut::NONE,
+        Orientation::Swapped,
+        GridOrder::FcWeightUpdate,
+        Method::OuterProduct { group: g },
+        None,
+    );
+    (
+        lf.max(lb).max(lw),
+        FcPlans {
+            forward,
+            backward,
+            weight_update,
+            joint: true,
+        },
+    )
+}
