@@ -16,6 +16,42 @@ use crate::program::{
 /// smaller ones summarise in less time than their key takes. (A choice of speed, never of
 /// what is estimated: a kept summary is the one summarising would give.)
 const SPREAD_FROM_INTERVALS: usize = 4096;
+
+/// What each vertex of [`Lowering::per_tile_same`] reads and writes besides its tile's
+/// elements of the tensor it is spread over.
+pub(crate) struct SameElements<'r> {
+    /// Tensors whose same elements it reads.
+    pub(crate) reads: &'r [TensorId],
+    /// Tensors whose same elements it writes.
+    pub(crate) writes: &'r [TensorId],
+    /// Regions every vertex reads (a counter, a step).
+    pub(crate) fixed: &'r [Region],
+}
+
+/// The reads of each vertex of [`Lowering::elementwise_by_tile`] besides its tile's runs of
+/// the tensors read alike.
+struct OtherReads<'b, E> {
+    /// Tensors read by broadcast, with how each tile reads them: `extra` appends their
+    /// regions joined already. Empty when `extra`'s regions come as they are.
+    broadcast: &'b [(TensorId, PerTile)],
+    /// Appends the `k`th tile's other reads, given its intervals.
+    extra: E,
+}
+
+/// What the summary of the exchange before a compute set takes as known of its vertices'
+/// reads, so that it need not look them up.
+struct ReadHints<'h> {
+    /// Tensors the vertices read only on their own tiles.
+    local: &'h [TensorId],
+    /// The key under which the exchange is kept for compute sets that read alike, with the
+    /// tensors read in its order ([`Lowering::spread_key`]).
+    spread: Option<(SpreadKey, Vec<TensorId>)>,
+    /// Tensors read as [`Runs`] says, and nothing else of them.
+    runs: Option<Runs>,
+    /// Whether the vertices' distinct reads are disjoint (see [`summarize_vertices`]).
+    disjoint: bool,
+}
+
 impl<'a, S: Storage> Lowering<'a, S> {
     /// Appends a compute set whose vertices read only what their tiles hold (no exchange).
     pub(crate) fn local_compute(&mut self, node: NodeId, phase: &str, vertices: Vec<Vertex>) {
@@ -54,7 +90,13 @@ impl<'a, S: Storage> Lowering<'a, S> {
         vertices: Vec<Vertex>,
         local: &[TensorId],
     ) {
-        self.compute_spread(node, phase, vertices, local, None, None, false);
+        let hints = ReadHints {
+            local,
+            spread: None,
+            runs: None,
+            disjoint: false,
+        };
+        self.compute_spread(node, phase, vertices, hints);
     }
 
     /// [`compute_reading_locally`](Self::compute_reading_locally) for vertices that read each
@@ -67,30 +109,45 @@ impl<'a, S: Storage> Lowering<'a, S> {
         local: &[TensorId],
         runs: Runs,
     ) {
-        self.compute_spread(node, phase, vertices, local, None, Some(runs), false);
+        let hints = ReadHints {
+            local,
+            spread: None,
+            runs: Some(runs),
+            disjoint: false,
+        };
+        self.compute_spread(node, phase, vertices, hints);
     }
 
     /// [`compute`](Self::compute) for vertices whose distinct reads are disjoint (no two
     /// share an element; see [`summarize_vertices`]).
     pub(crate) fn compute_disjoint(&mut self, node: NodeId, phase: &str, vertices: Vec<Vertex>) {
-        self.compute_spread(node, phase, vertices, &[], None, None, true);
+        let hints = ReadHints {
+            local: &[],
+            spread: None,
+            runs: None,
+            disjoint: true,
+        };
+        self.compute_spread(node, phase, vertices, hints);
     }
 
-    /// [`compute_reading_locally`](Self::compute_reading_locally), with the summary taken
-    /// from (or kept in) the lowering's element-wise summaries under `spread`'s key when it
-    /// is given (the key, and the tensors read in its order), and what the reads of `runs`'
-    /// tensors add taken from (or kept in) them too.
-    #[allow(clippy::too_many_arguments)]
+    /// [`compute_reading_locally`](Self::compute_reading_locally) with the tensors read
+    /// locally in `hints`, and the summary taken from (or kept in) the lowering's
+    /// element-wise summaries under the hints' spread key when it is given (the key, and the
+    /// tensors read in its order), and what the reads of the hints' runs add taken from (or
+    /// kept in) them too.
     fn compute_spread(
         &mut self,
         node: NodeId,
         phase: &str,
         vertices: Vec<Vertex>,
-        local: &[TensorId],
-        spread: Option<(SpreadKey, Vec<TensorId>)>,
-        runs: Option<Runs>,
-        disjoint: bool,
+        hints: ReadHints<'_>,
     ) {
+        let ReadHints {
+            local,
+            spread,
+            runs,
+            disjoint,
+        } = hints;
         if vertices.is_empty() {
             return;
         }
@@ -222,12 +279,11 @@ impl<'a, S: Storage> Lowering<'a, S> {
     }
 
     /// [`per_tile`](Self::per_tile) for the common case of vertices reading and writing the
-    /// same elements of several tensors (each interval of `over`'s mapping in each of `reads`
-    /// and `writes`) plus the fixed regions `fixed` (a counter, a step). Gives exactly the
+    /// same elements of several tensors (each interval of `over`'s mapping in each of `same`'s
+    /// reads and writes) plus `same`'s fixed regions (a counter, a step). Gives exactly the
     /// vertices `per_tile` gives, without making a region per interval and tensor and joining
     /// them again: each tile's intervals are joined into strided runs once, and every tensor
     /// reads those runs.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn per_tile_same(
         &mut self,
         node: NodeId,
@@ -235,10 +291,13 @@ impl<'a, S: Storage> Lowering<'a, S> {
         over: TensorId,
         codelet: Codelet,
         cycles: impl Fn(u64) -> u64,
-        reads: &[TensorId],
-        writes: &[TensorId],
-        fixed: &[Region],
+        same: SameElements<'_>,
     ) {
+        let SameElements {
+            reads,
+            writes,
+            fixed,
+        } = same;
         let once = |ts: &[TensorId]| {
             let mut ts = ts.to_vec();
             ts.sort_unstable();
@@ -279,7 +338,13 @@ impl<'a, S: Storage> Lowering<'a, S> {
                 .copied()
                 .filter(|&t| fixed.iter().all(|f| f.tensor != t)),
         );
-        self.compute_spread(node, phase, vertices, &local, spread, Some(runs), false);
+        let hints = ReadHints {
+            local: &local,
+            spread,
+            runs: Some(runs),
+            disjoint: false,
+        };
+        self.compute_spread(node, phase, vertices, hints);
     }
 
     /// A vertex per tile of `out`'s mapping, reading the same elements of the operands in
@@ -293,11 +358,15 @@ impl<'a, S: Storage> Lowering<'a, S> {
         cycles: impl Fn(u64) -> u64,
         mut extra: impl FnMut(u64, u64, &mut Vec<Region>),
     ) {
-        self.elementwise_by_tile(node, out, same, codelet, cycles, &[], |_, group, others| {
-            for iv in group {
-                extra(iv.start, iv.len, others);
-            }
-        });
+        let others = OtherReads {
+            broadcast: &[],
+            extra: |_: usize, group: &[Interval], others: &mut Vec<Region>| {
+                for iv in group {
+                    extra(iv.start, iv.len, others);
+                }
+            },
+        };
+        self.elementwise_by_tile(node, out, same, codelet, cycles, others);
     }
 
     /// [`elementwise`](Self::elementwise) whose other operands are read by broadcast
@@ -333,18 +402,22 @@ impl<'a, S: Storage> Lowering<'a, S> {
             .iter()
             .map(|b| (b.tensor(), b.per_tile()))
             .collect();
-        self.elementwise_by_tile(node, out, same, codelet, cycles, &how, |k, _, others| {
-            for (t, list) in &lists {
-                others.extend(list.tile(k).iter().map(|r| Region { tensor: *t, ..*r }));
-            }
-        });
+        let others = OtherReads {
+            broadcast: &how,
+            extra: |k: usize, _: &[Interval], others: &mut Vec<Region>| {
+                for (t, list) in &lists {
+                    others.extend(list.tile(k).iter().map(|r| Region { tensor: *t, ..*r }));
+                }
+            },
+        };
+        self.elementwise_by_tile(node, out, same, codelet, cycles, others);
     }
 
     /// [`elementwise`](Self::elementwise) with the other reads of the `k`th tile (of `out`'s
-    /// mapping, by tile) appended by `extra(k, intervals, out)`: joined already when they are
-    /// `broadcast`'s (each tensor's as [`compress`] joins them, each tile reading a tensor as
-    /// its [`PerTile`] says, and no tensor of `same`), else as they come, and joined here.
-    #[allow(clippy::too_many_arguments)]
+    /// mapping, by tile) appended by `others.extra(k, intervals, out)`: joined already when
+    /// they are `others.broadcast`'s (each tensor's as [`compress`] joins them, each tile
+    /// reading a tensor as its [`PerTile`] says, and no tensor of `same`), else as they come,
+    /// and joined here.
     fn elementwise_by_tile(
         &mut self,
         node: NodeId,
@@ -352,9 +425,12 @@ impl<'a, S: Storage> Lowering<'a, S> {
         same: &[TensorId],
         codelet: Codelet,
         cycles: impl Fn(u64) -> u64,
-        broadcast: &[(TensorId, PerTile)],
-        mut extra: impl FnMut(usize, &[Interval], &mut Vec<Region>),
+        others: OtherReads<'_, impl FnMut(usize, &[Interval], &mut Vec<Region>)>,
     ) {
+        let OtherReads {
+            broadcast,
+            mut extra,
+        } = others;
         let joined = !broadcast.is_empty();
         // The vertices `per_tile` gives with each interval's spans of `same` and `extra`'s
         // regions as reads and its span of `out` as the write, computed with less work: a
@@ -425,7 +501,13 @@ impl<'a, S: Storage> Lowering<'a, S> {
             runs.tensors.extend_from_slice(broadcast);
             runs
         });
-        self.compute_spread(node, "op", vertices, &local, spread, runs, false);
+        let hints = ReadHints {
+            local: &local,
+            spread,
+            runs,
+            disjoint: false,
+        };
+        self.compute_spread(node, "op", vertices, hints);
     }
 
     /// The key under which the exchange of vertices that read, on each tile of `over`'s

@@ -6,6 +6,7 @@ use tessera_core::ops::elementwise::{BinaryFn, Elementwise, TernaryFn, UnaryFn};
 use tessera_core::{Node, NodeId, Storage};
 
 use super::broadcast::Broadcast;
+use super::compute::SameElements;
 use super::{Lowering, Placement};
 use crate::cost::{self, UnaryKind};
 use crate::program::{Codelet, TensorId, VertexType};
@@ -237,7 +238,18 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Element
     if operands.iter().all(|&(_, from)| from == shape) {
         // No broadcast: every operand reads the output's own elements.
         let reads: Vec<_> = operands.iter().map(|&(t, _)| t).collect();
-        l.per_tile_same(i, "op", out, codelet, cycles, &reads, &[out], &[]);
+        l.per_tile_same(
+            i,
+            "op",
+            out,
+            codelet,
+            cycles,
+            SameElements {
+                reads: &reads,
+                writes: &[out],
+                fixed: &[],
+            },
+        );
         return;
     }
     let same: Vec<TensorId> = operands

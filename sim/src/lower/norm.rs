@@ -92,7 +92,18 @@ fn statistics<S: Storage>(
     };
     let stats = l.temporary(i, "statistics", DType::F32, groups * 2, mapping);
     if reduce::two_stage_pays(groups, per_group)
-        && reduce::two_stage(l, i, xs, shape, axes, stats, 2, passes)
+        && reduce::two_stage(
+            l,
+            i,
+            reduce::Reduced {
+                tensors: xs,
+                shape,
+                axes,
+            },
+            stats,
+            2,
+            passes,
+        )
     {
         return (stats, kept);
     }

@@ -431,8 +431,19 @@ impl Joined {
     }
 }
 
-/// A two-stage reduction of the tensors `xs` (all of shape `sx`, reduced over `axes`) into
-/// `out`, which holds `values` values per group; `passes` reductions per element. When its
+/// What a reduction reduces: tensors of one shape, reduced over the same axes.
+#[derive(Clone, Copy)]
+pub(super) struct Reduced<'x> {
+    /// The tensors.
+    pub(super) tensors: &'x [TensorId],
+    /// Their shape.
+    pub(super) shape: Shape,
+    /// The axes reduced.
+    pub(super) axes: tessera_core::ops::Axes,
+}
+
+/// A two-stage reduction of `input`'s tensors `xs` (all of shape `sx`, reduced over `axes`)
+/// into `out`, which holds `values` values per group; `passes` reductions per element. When its
 /// first stage would not pay (see [`TWO_STAGE_MIN_FACTOR`]) and the input is one tensor
 /// reduced over its leading axes with more rows than [`INTERMEDIATE_FAN_IN`] (a bias or
 /// layer-norm gradient over a sequence laid out a row per tile), the input's rows are the
@@ -446,17 +457,19 @@ impl Joined {
 /// order of their first value in groups of that many, into one block per group (its hull),
 /// cut into column chunks spread over the tiles. The last stage reduces, on each tile of the
 /// output, the parts of the blocks covering its values.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn two_stage<S: Storage>(
     l: &mut Lowering<'_, S>,
     i: NodeId,
-    xs: &[TensorId],
-    sx: Shape,
-    axes: tessera_core::ops::Axes,
+    input: Reduced<'_>,
     out: TensorId,
     values: u64,
     passes: u64,
 ) -> bool {
+    let Reduced {
+        tensors: xs,
+        shape: sx,
+        axes,
+    } = input;
     // Stage 1: per tile holding the input, partial blocks over the groups it touches (the
     // hulls of its intervals' groups, merged where they touch).
     let mapping = l.tensors[xs[0].index()].mapping.clone();
@@ -756,7 +769,18 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Reduce)
             let (xt, sx) = (l.t(x), l.node(x).shape());
             let per_output = (sx.elements() / so.elements().max(1)) as u64;
             if two_stage_pays(so.elements() as u64, per_output)
-                && two_stage(l, i, &[xt], sx, axes, out, 1, 1)
+                && two_stage(
+                    l,
+                    i,
+                    Reduced {
+                        tensors: &[xt],
+                        shape: sx,
+                        axes,
+                    },
+                    out,
+                    1,
+                    1,
+                )
             {
                 return;
             }

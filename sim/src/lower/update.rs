@@ -4,6 +4,7 @@
 use tessera_core::ops::update::Update;
 use tessera_core::{NodeId, Storage};
 
+use super::compute::SameElements;
 use super::{Lowering, Placement};
 use crate::cost::{self, UnaryKind};
 use crate::program::{
@@ -39,9 +40,11 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
                 acc,
                 Codelet::Update,
                 scaled_add,
-                &[acc, grad],
-                &[acc],
-                &[Region::span(ct, 0, 1)],
+                SameElements {
+                    reads: &[acc, grad],
+                    writes: &[acc],
+                    fixed: &[Region::span(ct, 0, 1)],
+                },
             );
         }
         Update::MovingAverage { x, value, .. } => {
@@ -51,7 +54,18 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
         Update::Fill { x, .. } => {
             let x = l.t(x);
             let c = move |n| UnaryKind::Copy.cycles(cfg, n, dt);
-            l.per_tile_same(i, "fill", x, Codelet::Copy, c, &[], &[x], &[]);
+            l.per_tile_same(
+                i,
+                "fill",
+                x,
+                Codelet::Copy,
+                c,
+                SameElements {
+                    reads: &[],
+                    writes: &[x],
+                    fixed: &[],
+                },
+            );
         }
         Update::Increment { counter } => {
             let ct = l.t(counter);
@@ -131,9 +145,11 @@ fn optimizer<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update) {
                 var,
                 Codelet::Update,
                 c,
-                &[var, m, v, grad],
-                &[var, m, v],
-                &[Region::span(st, 0, 1)],
+                SameElements {
+                    reads: &[var, m, v, grad],
+                    writes: &[var, m, v],
+                    fixed: &[Region::span(st, 0, 1)],
+                },
             );
         }
         Update::Lamb {
@@ -155,9 +171,11 @@ fn optimizer<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update) {
                 var,
                 Codelet::Update,
                 moments,
-                &[m, v, grad],
-                &[m, v],
-                &[Region::span(st, 0, 1)],
+                SameElements {
+                    reads: &[m, v, grad],
+                    writes: &[m, v],
+                    fixed: &[Region::span(st, 0, 1)],
+                },
             );
             let step_and_norms = on_shard(shards, move |n| {
                 UnaryKind::Sqrt.cycles(cfg, n, dt)
@@ -369,8 +387,10 @@ fn per_variable<S: Storage>(
         var,
         Codelet::Update,
         cycles,
-        &reads,
-        &writes,
-        fixed,
+        SameElements {
+            reads: &reads,
+            writes: &writes,
+            fixed: fixed,
+        },
     );
 }
