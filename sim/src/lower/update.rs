@@ -390,7 +390,7 @@ fn per_variable<S: Storage>(
         SameElements {
             reads: &reads,
             writes: &writes,
-            fixed: fixed,
+            fixed,
         },
     );
 }
