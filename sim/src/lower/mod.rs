@@ -1073,7 +1073,7 @@ mod tests {
         let cfg = IpuConfig::preset(Preset::Mk2).with_tiles(64);
         let plan = |o| {
             let b = crate::planner::LaidOut::B;
-            crate::planner::plan_matmul_with(&cfg, 16, 8192, 64, DType::F16, b, 64, o)
+            crate::planner::plan_matmul_with(&cfg, [16, 8192, 64], DType::F16, b, 64, o)
         };
         let (mf, mh) = (plan(float.plan), plan(half.plan));
         if (mf.pm, mf.pk, mf.pn, mf.serial) == (mh.pm, mh.pk, mh.pn, mh.serial) {
@@ -1109,9 +1109,7 @@ mod tests {
             let none = crate::planner::LaidOut::NONE;
             crate::planner::plan_matmul_with(
                 &cfg,
-                m,
-                k,
-                n,
+                [m, k, n],
                 DType::F16,
                 none,
                 64,

@@ -7,7 +7,7 @@ use tessera_core::DType;
 
 use super::{
     candidates, plan_matmul_with, price, BoundLevel, GridOrder, LaidOut, MatMulPlan, Method,
-    Orientation, PlanOptions,
+    Orientation, Pass, PlanOptions,
 };
 use crate::cost;
 use crate::machine::IpuConfig;
@@ -77,7 +77,7 @@ pub fn plan_fc_with(
     tiles: u64,
     opts: PlanOptions,
 ) -> FcPlans {
-    let plan = |m, k, n, laid_out| plan_matmul_with(cfg, m, k, n, dtype, laid_out, tiles, opts);
+    let plan = |m, k, n, laid_out| plan_matmul_with(cfg, [m, k, n], dtype, laid_out, tiles, opts);
     let separate = FcPlans {
         forward: plan(batch, input, output, LaidOut::B),
         backward: plan(batch, output, input, LaidOut::NONE),
@@ -102,11 +102,13 @@ pub fn plan_fc_with(
             [batch, input, output],
             [pm, pk, pn],
             dtype,
-            LaidOut::B,
-            Orientation::Swapped,
-            GridOrder::Standard,
-            Method::Amp,
-            None,
+            Pass {
+                laid_out: LaidOut::B,
+                orientation: Orientation::Swapped,
+                order: GridOrder::Standard,
+                method: Method::Amp,
+                field: None,
+            },
         );
         // A candidate whose passes so far already cost as much as the best joint plan that
         // keeps the memory rule cannot beat it (every pass costs something): skip the rest.
@@ -125,11 +127,13 @@ pub fn plan_fc_with(
             [batch, output, input],
             [pm, pn, pk],
             dtype,
-            LaidOut::B,
-            Orientation::Swapped,
-            GridOrder::FcBackward,
-            Method::Amp,
-            None,
+            Pass {
+                laid_out: LaidOut::B,
+                orientation: Orientation::Swapped,
+                order: GridOrder::FcBackward,
+                method: Method::Amp,
+                field: None,
+            },
         );
         if beaten(
             forward
@@ -144,11 +148,13 @@ pub fn plan_fc_with(
             [input, batch, output],
             [pk, pm, pn],
             dtype,
-            LaidOut::NONE,
-            Orientation::Swapped,
-            GridOrder::FcWeightUpdate,
-            Method::Amp,
-            None,
+            Pass {
+                laid_out: LaidOut::NONE,
+                orientation: Orientation::Swapped,
+                order: GridOrder::FcWeightUpdate,
+                method: Method::Amp,
+                field: None,
+            },
         );
         let plans = FcPlans {
             forward,
@@ -197,7 +203,7 @@ fn hmac_joints(
         let divisors = |n: u64| (1..=n).filter(move |d| n % d == 0);
         for cs in divisors(input / g) {
             for fs in divisors(output / g).take_while(|&fs| cs * fs <= tiles) {
-                let plans = hmac_joint(cfg, opts, input, output, g, cs, fs, dtype);
+                let plans = hmac_joint(cfg, opts, [input, output], g, cs, fs, dtype);
                 let key = (plans.0, plans.1.planned_cycles(), cs * fs);
                 if best.as_ref().is_none_or(|(k, _)| key < *k) {
                     *best = Some((key, plans.1));
@@ -217,12 +223,10 @@ fn hmac_groups(input: u64, output: u64) -> impl Iterator<Item = u64> {
 
 /// The joint HMAC plan of a batch-1 layer `input -> output` in groups of `g`, the input split
 /// `cs` ways and the output `fs` ways: its bound level and plans.
-#[allow(clippy::too_many_arguments)]
 fn hmac_joint(
     cfg: &IpuConfig,
     opts: PlanOptions,
-    input: u64,
-    output: u64,
+    [input, output]: [u64; 2],
     g: u64,
     cs: u64,
     fs: u64,
@@ -234,11 +238,13 @@ fn hmac_joint(
         [1, input, output],
         [1, cs, fs],
         dtype,
-        LaidOut::B,
-        Orientation::Swapped,
-        GridOrder::Standard,
-        Method::Hmac { group: g },
-        None,
+        Pass {
+            laid_out: LaidOut::B,
+            orientation: Orientation::Swapped,
+            order: GridOrder::Standard,
+            method: Method::Hmac { group: g },
+            field: None,
+        },
     );
     let (lb, backward) = price(
         cfg,
@@ -246,11 +252,13 @@ fn hmac_joint(
         [1, output, input],
         [1, fs, cs],
         dtype,
-        LaidOut::B,
-        Orientation::Swapped,
-        GridOrder::FcBackward,
-        Method::Hmac { group: g },
-        None,
+        Pass {
+            laid_out: LaidOut::B,
+            orientation: Orientation::Swapped,
+            order: GridOrder::FcBackward,
+            method: Method::Hmac { group: g },
+            field: None,
+        },
     );
     let (lw, weight_update) = price(
         cfg,
@@ -258,11 +266,13 @@ fn hmac_joint(
         [input, 1, output],
         [cs, 1, fs],
         dtype,
-        LaidOut::NONE,
-        Orientation::Swapped,
-        GridOrder::FcWeightUpdate,
-        Method::OuterProduct { group: g },
-        None,
+        Pass {
+            laid_out: LaidOut::NONE,
+            orientation: Orientation::Swapped,
+            order: GridOrder::FcWeightUpdate,
+            method: Method::OuterProduct { group: g },
+            field: None,
+        },
     );
     (
         lf.max(lb).max(lw),

@@ -503,23 +503,40 @@ pub type BoundLevel = u32;
 /// The level of a plan within none of the doubled bounds.
 pub const OVER_EVERY_BOUND: BoundLevel = BoundLevel::MAX;
 
+/// How a product is computed, besides its shape, grid and type ([`price`]).
+#[derive(Clone, Copy)]
+struct Pass {
+    /// Which operands are laid out already.
+    laid_out: LaidOut,
+    /// Which orientations of the AMP the plan may use.
+    orientation: Orientation,
+    /// The order of the grid's blocks on the tiles.
+    order: GridOrder,
+    /// The vertices that compute the blocks.
+    method: Method,
+    /// A convolution's field, for an operand gathered from its image.
+    field: Option<Field>,
+}
+
 /// Prices the plan `pm x pk x pn` of `[m, k] x [k, n]`: (its bound level, plan). The
 /// fewest serial steps that bring a tile's temporary memory under the lowest bound some
 /// number of steps meets ([`Pricing::serial_steps`]), and the cycles of the plan with them
-/// ([`Pricing::cycles`]).
-#[allow(clippy::too_many_arguments)]
+/// ([`Pricing::cycles`]), computed as `pass` says.
 fn price(
     cfg: &IpuConfig,
     opts: PlanOptions,
     [m, k, n]: [u64; 3],
     [pm, pk, pn]: [u64; 3],
     dtype: DType,
-    laid_out: LaidOut,
-    orientation: Orientation,
-    order: GridOrder,
-    method: Method,
-    field: Option<Field>,
+    pass: Pass,
 ) -> (BoundLevel, MatMulPlan) {
+    let Pass {
+        laid_out,
+        orientation,
+        order,
+        method,
+        field,
+    } = pass;
     // The partial sums' type (fp16 only for fp16 products with half partials, and only on
     // the AMP: the other methods' vertices keep fp32 partials).
     let partials = match method {
@@ -886,14 +903,12 @@ fn cached<K: std::hash::Hash + Eq, V: Copy>(
     v
 }
 
-/// [`plan_fc`], made once per process for each machine and arguments.
-#[allow(clippy::too_many_arguments)]
+/// [`plan_fc`] of a layer of `[batch, input, output]`, made once per process for each machine
+/// and arguments.
 pub(crate) fn plan_fc_cached(
     cfg: &IpuConfig,
     machine: u128,
-    batch: u64,
-    input: u64,
-    output: u64,
+    [batch, input, output]: [u64; 3],
     dtype: DType,
     tiles: u64,
     opts: PlanOptions,
@@ -916,16 +931,21 @@ pub fn plan_matmul(
     laid_out: LaidOut,
     tiles: u64,
 ) -> MatMulPlan {
-    plan_matmul_with(cfg, m, k, n, dtype, laid_out, tiles, PlanOptions::default())
+    plan_matmul_with(
+        cfg,
+        [m, k, n],
+        dtype,
+        laid_out,
+        tiles,
+        PlanOptions::default(),
+    )
 }
 
-/// [`plan_matmul`] with the planner's options (`availableMemoryProportion`, `partialsType`).
-#[allow(clippy::too_many_arguments)]
+/// [`plan_matmul`] of `[m, k] x [k, n]` with the planner's options
+/// (`availableMemoryProportion`, `partialsType`).
 pub fn plan_matmul_with(
     cfg: &IpuConfig,
-    m: u64,
-    k: u64,
-    n: u64,
+    [m, k, n]: [u64; 3],
     dtype: DType,
     laid_out: LaidOut,
     tiles: u64,
@@ -953,11 +973,13 @@ pub fn plan_product_with(
             [m, k, n],
             grid,
             dtype,
-            laid_out,
-            Orientation::Either,
-            GridOrder::Standard,
-            Method::Amp,
-            field,
+            Pass {
+                laid_out,
+                orientation: Orientation::Either,
+                order: GridOrder::Standard,
+                method: Method::Amp,
+                field,
+            },
         );
         let key = (level, plan.planned_cycles, plan.tiles());
         if best.as_ref().is_none_or(|(k, _)| key < *k) {

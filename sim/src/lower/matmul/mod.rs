@@ -307,7 +307,7 @@ pub(crate) fn plan_of<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, p: &Produc
             Some(plans) => *plans,
             None => {
                 let plans =
-                    plan_fc_cached(cfg, l.machine, b, input, output, dt, tiles, l.opts.plan);
+                    plan_fc_cached(cfg, l.machine, [b, input, output], dt, tiles, l.opts.plan);
                 l.fc_plans.insert((b, input, output, dt, tiles), plans);
                 if !plans.joint {
                     // The separate plans are plan_matmul's for these shapes (the forward's
@@ -394,7 +394,7 @@ where
     let (cfg, machine, opts) = (l.cfg, l.machine, l.opts.plan);
     asks.par_iter().for_each(|a| match *a {
         PlanAsk::Fc((b, input, output, dt), tiles) => {
-            plan_fc_cached(cfg, machine, b, input, output, dt, tiles, opts);
+            plan_fc_cached(cfg, machine, [b, input, output], dt, tiles, opts);
         }
         PlanAsk::One(key) => {
             plan_matmul_cached(cfg, machine, opts, key);
@@ -418,7 +418,14 @@ where
 fn cached_plan<S: Storage>(l: &Lowering<'_, S>, i: NodeId, p: &Product) -> MatMulPlan {
     let (cfg, machine, opts) = (l.cfg, l.machine, l.opts.plan);
     if let Some((pass, (b, input, output, dt))) = fc_pass(l, i, p) {
-        let plans = plan_fc_cached(cfg, machine, b, input, output, dt, p.tiles_per_group, opts);
+        let plans = plan_fc_cached(
+            cfg,
+            machine,
+            [b, input, output],
+            dt,
+            p.tiles_per_group,
+            opts,
+        );
         if plans.joint {
             return match pass {
                 FcPass::Forward => plans.forward,
