@@ -125,7 +125,6 @@ fn figures(name: &str, e: &Estimate, flops: u64) -> OpEstimate {
 
 /// `C = op(A) . op(B) + C` with `op(A)` m x k and `op(B)` k x n, operands laid out for the op
 /// (as poplibs' `general_matrix_multiply` creates them), on one IPU.
-#[allow(clippy::too_many_arguments)]
 pub fn matmul(
     cfg: &IpuConfig,
     m: usize,
