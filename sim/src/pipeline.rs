@@ -180,20 +180,7 @@ pub fn timeline_concurrent(
             t += skipped_periods * period;
             continue;
         }
-        // Within a step an IPU runs its backward slots before its forward ones, so a stash
-        // entry is consumed before the next micro-batch's activations are pushed.
-        active.clear();
-        for back in [true, false] {
-            for j in 0..slots {
-                let slot = pipeline.slot(j);
-                if matches!(slot, Slot::Backward(_)) != back {
-                    continue;
-                }
-                if let Some(b) = pipeline.micro_batch_at(t, slot) {
-                    active.push((slot, b));
-                }
-            }
-        }
+        active_slots(pipeline, t, &mut active);
         busy.iter_mut().for_each(|x| *x = 0);
         let at = (t, clock);
         run_slots(
@@ -228,6 +215,24 @@ pub fn timeline_concurrent(
         stash_observed: stashes.observed,
         runs,
         elided,
+    }
+}
+
+/// Sets `active` to step `t`'s active slots, each with its micro-batch. Within a step an IPU
+/// runs its backward slots before its forward ones, so a stash entry is consumed before the
+/// next micro-batch's activations are pushed.
+fn active_slots(pipeline: &Pipeline, t: usize, active: &mut Vec<(Slot, usize)>) {
+    active.clear();
+    for back in [true, false] {
+        for j in 0..pipeline.slots() {
+            let slot = pipeline.slot(j);
+            if matches!(slot, Slot::Backward(_)) != back {
+                continue;
+            }
+            if let Some(b) = pipeline.micro_batch_at(t, slot) {
+                active.push((slot, b));
+            }
+        }
     }
 }
 

@@ -131,27 +131,7 @@ fn optimizer<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update) {
             grad,
             step,
             ..
-        } => {
-            // Two moment updates, a square root, a divide and the scaled add.
-            let c = on_shard(shards, move |n| {
-                3 * scaled_add(n)
-                    + UnaryKind::Sqrt.cycles(cfg, n, dt)
-                    + UnaryKind::Reciprocal.cycles(cfg, n, dt)
-            });
-            let (var, m, v, grad, st) = (l.t(var), l.t(m), l.t(v), l.t(grad), l.t(step));
-            l.per_tile_same(
-                i,
-                "update",
-                var,
-                Codelet::Update,
-                c,
-                SameElements {
-                    reads: &[var, m, v, grad],
-                    writes: &[var, m, v],
-                    fixed: &[Region::span(st, 0, 1)],
-                },
-            );
-        }
+        } => adam(l, i, [var, m, v, grad, step], shards),
         Update::Lamb {
             var,
             m,
@@ -159,33 +139,7 @@ fn optimizer<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update) {
             grad,
             step,
             ..
-        } => {
-            // The moments (two scaled adds), then the step `r` (a square root, a divide and a
-            // multiply-add) and the squared norms of the variable and of `r` on each tile,
-            // the trust ratio on one tile, and the scaled add of `r` by it everywhere.
-            let moments = on_shard(shards, move |n| 2 * scaled_add(n));
-            let (var, m, v, grad, st) = (l.t(var), l.t(m), l.t(v), l.t(grad), l.t(step));
-            l.per_tile_same(
-                i,
-                "update",
-                var,
-                Codelet::Update,
-                moments,
-                SameElements {
-                    reads: &[m, v, grad],
-                    writes: &[m, v],
-                    fixed: &[Region::span(st, 0, 1)],
-                },
-            );
-            let step_and_norms = on_shard(shards, move |n| {
-                UnaryKind::Sqrt.cycles(cfg, n, dt)
-                    + UnaryKind::Reciprocal.cycles(cfg, n, dt)
-                    + scaled_add(n)
-                    + 2 * cost::reduce_cycles(cfg, 1, n, DType::F32)
-            });
-            let apply = on_shard(shards, scaled_add);
-            trust_ratio_update(l, i, var, &[m, v], step_and_norms, apply, &[m, v]);
-        }
+        } => lamb(l, i, [var, m, v, grad, step], shards),
         Update::Lars {
             var,
             velocity,
@@ -207,6 +161,76 @@ fn optimizer<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update) {
         | Update::Fill { .. }
         | Update::MovingAverage { .. } => {}
     }
+}
+
+/// Adam's update of `var` (moments `m` and `v`, gradient `grad`, step counter `step`), each
+/// tile's cost over its share of the variable's `shards`.
+fn adam<S: Storage>(
+    l: &mut Lowering<'_, S>,
+    i: NodeId,
+    [var, m, v, grad, step]: [NodeId; 5],
+    shards: u64,
+) {
+    let cfg = l.cfg;
+    let dt = l.node(i).dtype();
+    let scaled_add = move |n: u64| cost::scaled_add_cycles(cfg, n, dt);
+    // Two moment updates, a square root, a divide and the scaled add.
+    let c = on_shard(shards, move |n| {
+        3 * scaled_add(n)
+            + UnaryKind::Sqrt.cycles(cfg, n, dt)
+            + UnaryKind::Reciprocal.cycles(cfg, n, dt)
+    });
+    let (var, m, v, grad, st) = (l.t(var), l.t(m), l.t(v), l.t(grad), l.t(step));
+    l.per_tile_same(
+        i,
+        "update",
+        var,
+        Codelet::Update,
+        c,
+        SameElements {
+            reads: &[var, m, v, grad],
+            writes: &[var, m, v],
+            fixed: &[Region::span(st, 0, 1)],
+        },
+    );
+}
+
+/// LAMB's update of `var` (moments `m` and `v`, gradient `grad`, step counter `step`), each
+/// tile's cost over its share of the variable's `shards`.
+fn lamb<S: Storage>(
+    l: &mut Lowering<'_, S>,
+    i: NodeId,
+    [var, m, v, grad, step]: [NodeId; 5],
+    shards: u64,
+) {
+    let cfg = l.cfg;
+    let dt = l.node(i).dtype();
+    let scaled_add = move |n: u64| cost::scaled_add_cycles(cfg, n, dt);
+    // The moments (two scaled adds), then the step `r` (a square root, a divide and a
+    // multiply-add) and the squared norms of the variable and of `r` on each tile,
+    // the trust ratio on one tile, and the scaled add of `r` by it everywhere.
+    let moments = on_shard(shards, move |n| 2 * scaled_add(n));
+    let (var, m, v, grad, st) = (l.t(var), l.t(m), l.t(v), l.t(grad), l.t(step));
+    l.per_tile_same(
+        i,
+        "update",
+        var,
+        Codelet::Update,
+        moments,
+        SameElements {
+            reads: &[m, v, grad],
+            writes: &[m, v],
+            fixed: &[Region::span(st, 0, 1)],
+        },
+    );
+    let step_and_norms = on_shard(shards, move |n| {
+        UnaryKind::Sqrt.cycles(cfg, n, dt)
+            + UnaryKind::Reciprocal.cycles(cfg, n, dt)
+            + scaled_add(n)
+            + 2 * cost::reduce_cycles(cfg, 1, n, DType::F32)
+    });
+    let apply = on_shard(shards, scaled_add);
+    trust_ratio_update(l, i, var, &[m, v], step_and_norms, apply, &[m, v]);
 }
 
 /// The per-tensor trust ratio of LAMB and LARS, as poplibs computes norms (a reduction to one

@@ -167,6 +167,46 @@ fn batch_dims(s: Shape) -> Vec<u64> {
         .collect()
 }
 
+/// Per group of a batched matmul of `a` by `b` (shapes `sa`, `sb`, their matrices
+/// `a_rows x a_cols` and `b_rows x b_cols`) into the batch dims `out_batch`, `m x n` outputs
+/// a group: the first element of its a matrix, of its b matrix and of its output. A batch axis
+/// of size 1 an operand broadcasts reads the same matrix for every group along it.
+fn batch_groups(
+    [sa, sb]: [Shape; 2],
+    out_batch: &[u64],
+    [a_rows, a_cols]: [u64; 2],
+    [b_rows, b_cols]: [u64; 2],
+    [m, n]: [u64; 2],
+) -> Vec<(u64, u64, u64)> {
+    let groups_total: u64 = out_batch.iter().product();
+    let (ab, bb) = (batch_dims(sa), batch_dims(sb));
+    let r = out_batch.len();
+    let strides = |dims: &[u64]| {
+        let pad = r - dims.len();
+        let mut st = vec![0u64; r];
+        let mut s = 1;
+        for i in (0..r).rev() {
+            let d = if i >= pad { dims[i - pad] } else { 1 };
+            st[i] = if d == 1 && out_batch[i] != 1 { 0 } else { s };
+            s *= d;
+        }
+        st
+    };
+    let (sa_, sb_) = (strides(&ab), strides(&bb));
+    (0..groups_total)
+        .map(|g| {
+            let (mut rem, mut ia, mut ib) = (g, 0, 0);
+            for d in (0..r).rev() {
+                let c = rem % out_batch[d];
+                rem /= out_batch[d];
+                ia += c * sa_[d];
+                ib += c * sb_[d];
+            }
+            (ia * a_rows * a_cols, ib * b_rows * b_cols, g * m * n)
+        })
+        .collect::<Vec<_>>()
+}
+
 /// Matmul `i` as a product.
 fn matmul_product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &MatMul) -> Product {
     let (sa, sb, so) = (
@@ -191,32 +231,13 @@ fn matmul_product<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &MatMul) -> Pr
         // The batch folds into m: one product of [batch * m, k] x [k, n].
         (vec![(0u64, 0u64, 0u64)], m * groups_total)
     } else {
-        let (ab, bb) = (batch_dims(sa), batch_dims(sb));
-        let r = out_batch.len();
-        let strides = |dims: &[u64]| {
-            let pad = r - dims.len();
-            let mut st = vec![0u64; r];
-            let mut s = 1;
-            for i in (0..r).rev() {
-                let d = if i >= pad { dims[i - pad] } else { 1 };
-                st[i] = if d == 1 && out_batch[i] != 1 { 0 } else { s };
-                s *= d;
-            }
-            st
-        };
-        let (sa_, sb_) = (strides(&ab), strides(&bb));
-        let groups = (0..groups_total)
-            .map(|g| {
-                let (mut rem, mut ia, mut ib) = (g, 0, 0);
-                for d in (0..r).rev() {
-                    let c = rem % out_batch[d];
-                    rem /= out_batch[d];
-                    ia += c * sa_[d];
-                    ib += c * sb_[d];
-                }
-                (ia * a_rows * a_cols, ib * b_rows * b_cols, g * m * n)
-            })
-            .collect::<Vec<_>>();
+        let groups = batch_groups(
+            [sa, sb],
+            &out_batch,
+            [a_rows, a_cols],
+            [b_rows, b_cols],
+            [m, n],
+        );
         (groups, m)
     };
     let single = groups.len() == 1;
