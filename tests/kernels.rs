@@ -2,7 +2,7 @@
 //! with fused terms, and the portable kernel exactly the plain loop with a multiply and an
 //! add: each output summed from `p = 0` upward either way.
 
-use tessera::core::kernels::{load, matmul, store};
+use tessera::core::kernels::{load, matmul, store, Product};
 use tessera::core::DType;
 
 const LAYOUTS: [(bool, bool); 4] = [(false, false), (false, true), (true, false), (true, true)];
@@ -37,25 +37,16 @@ fn products(m: usize, k: usize, n: usize) -> Vec<Vec<u8>> {
         .iter()
         .map(|&(ta, tb)| {
             let mut c = vec![0u8; 4 * m * n];
-            matmul(&a, &b, DType::F32, &mut c, m, k, n, ta, tb);
+            matmul(&a, &b, DType::F32, &mut c, Product { m, k, n, ta, tb });
             c
         })
         .collect()
 }
 
-/// The plain loop's C for one layout: `c[i][j]` summed from `p = 0` upward, each term joined
-/// as a fused multiply-add (`fused`) or as a multiply and then an add.
-#[allow(clippy::too_many_arguments)]
-fn plain(
-    a: &[u8],
-    b: &[u8],
-    m: usize,
-    k: usize,
-    n: usize,
-    ta: bool,
-    tb: bool,
-    fused: bool,
-) -> Vec<u32> {
+/// The plain loop's C for the product `p`: `c[i][j]` summed from `p = 0` upward, each term
+/// joined as a fused multiply-add (`fused`) or as a multiply and then an add.
+fn plain(a: &[u8], b: &[u8], p: Product, fused: bool) -> Vec<u32> {
+    let Product { m, k, n, ta, tb } = p;
     let mut c = Vec::with_capacity(m * n);
     for i in 0..m {
         for j in 0..n {
@@ -98,7 +89,7 @@ fn fast_matmul_is_the_fused_plain_loop_and_the_portable_one_the_separate_loop() 
         for (l, &(ta, tb)) in LAYOUTS.iter().enumerate() {
             assert_eq!(
                 bits(&portable[l], m * n),
-                plain(&a, &b, m, k, n, ta, tb, false),
+                plain(&a, &b, Product { m, k, n, ta, tb }, false),
                 "portable ({m}, {k}, {n}) ta={ta} tb={tb}"
             );
         }
@@ -113,7 +104,7 @@ fn fast_matmul_is_the_fused_plain_loop_and_the_portable_one_the_separate_loop() 
         let wide = products(m, k, n);
         for (l, &(ta, tb)) in LAYOUTS.iter().enumerate() {
             let fast = bits(&wide[l], m * n);
-            let fused = plain(&a, &b, m, k, n, ta, tb, true);
+            let fused = plain(&a, &b, Product { m, k, n, ta, tb }, true);
             for (j, (f, r)) in fast.iter().zip(&fused).enumerate() {
                 assert_eq!(f, r, "({m}, {k}, {n}) ta={ta} tb={tb} element {j}");
             }

@@ -5,7 +5,7 @@
 #![allow(clippy::result_large_err)]
 
 use proptest::prelude::*;
-use tessera::core::kernels::{matmul, matmul_on, store};
+use tessera::core::kernels::{matmul, matmul_on, store, Product};
 use tessera::core::models::mnist_mlp_pipelined;
 use tessera::core::schedule::Schedule;
 use tessera::core::{Accumulation, DType, Graph, Optimizer, Plan};
@@ -47,10 +47,11 @@ proptest! {
         tessera::sim::use_fast_kernels();
         let t = if f16 { DType::F16 } else { DType::F32 };
         let (a, b) = (operand(t, m * k, 7919), operand(t, k * n, 104_729));
+        let p = Product { m, k, n, ta, tb };
         let mut whole = vec![0u8; m * n * t.size()];
-        matmul(&a, &b, t, &mut whole, m, k, n, ta, tb);
+        matmul(&a, &b, t, &mut whole, p);
         let mut cut = vec![0xffu8; m * n * t.size()];
-        pool(threads).install(|| matmul_on(&Threads, &a, &b, t, &mut cut, m, k, n, ta, tb));
+        pool(threads).install(|| matmul_on(&Threads, &a, &b, t, &mut cut, p));
         prop_assert!(whole == cut, "{:?} ({}, {}, {}) ta={} tb={}", t, m, k, n, ta, tb);
     }
 }

@@ -163,22 +163,51 @@ pub fn fill_on(par: &dyn Parallel, x: &mut [u8], t: DType, n: usize, value: f32)
     par.for_each_piece(&mut x[..n * es], es * per, &|_, xs| fill(xs));
 }
 
-/// `C = op(A) . op(B)` with `op(A)` of shape (m, k) and `op(B)` of shape (k, n). `A` is stored
-/// (m, k), or (k, m) when `ta`; `B` is stored (k, n), or (n, k) when `tb`. Each output is
-/// summed from `p = 0` upward, starting at zero.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul(
-    a: &[u8],
-    b: &[u8],
-    t: DType,
-    c: &mut [u8],
-    m: usize,
-    k: usize,
-    n: usize,
-    ta: bool,
-    tb: bool,
-) {
-    matmul_strided(a, if ta { m } else { k }, b, t, c, m, k, n, ta, tb);
+/// The shape of a matrix product `C = op(A) . op(B)` and how its operands are stored: `op(A)`
+/// is (m, k) and `op(B)` is (k, n), so C is (m, n), stored row after row. `A` is stored
+/// (m, k), or (k, m) when `ta`; `B` is stored (k, n), or (n, k) when `tb`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Product {
+    /// Rows of `op(A)` and of C.
+    pub m: usize,
+    /// Columns of `op(A)` and rows of `op(B)`: the terms of each output's sum.
+    pub k: usize,
+    /// Columns of `op(B)` and of C.
+    pub n: usize,
+    /// Whether `A` is stored transposed, (k, m).
+    pub ta: bool,
+    /// Whether `B` is stored transposed, (n, k).
+    pub tb: bool,
+}
+
+impl Product {
+    /// `op(A)` (m, k) times `op(B)` (k, n), neither operand stored transposed.
+    pub const fn new(m: usize, k: usize, n: usize) -> Self {
+        Product {
+            m,
+            k,
+            n,
+            ta: false,
+            tb: false,
+        }
+    }
+
+    /// Elements between the starts of A's stored rows when A is stored whole: `k`, or `m`
+    /// when `ta`.
+    #[inline(always)]
+    const fn lda(self) -> usize {
+        if self.ta {
+            self.m
+        } else {
+            self.k
+        }
+    }
+}
+
+/// `C = op(A) . op(B)`, shaped and laid out as `p` says. Each output is summed from `p = 0`
+/// upward, starting at zero.
+pub fn matmul(a: &[u8], b: &[u8], t: DType, c: &mut [u8], p: Product) {
+    matmul_strided(a, p.lda(), b, t, c, p);
 }
 
 /// A way to run a kernel's independent pieces, perhaps several at once: a host with threads
@@ -229,32 +258,21 @@ pub const PIECE_MIN_MACS: usize = 1 << 17;
 /// sweeps all of B. Each output is summed as [`matmul`] sums it, so the values are the same
 /// bit for bit (a NaN's payload aside: a piece may take the transposed path of
 /// `matmul_f32_bt_swapped`, which multiplies the same two numbers the other way round).
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_on(
-    par: &dyn Parallel,
-    a: &[u8],
-    b: &[u8],
-    t: DType,
-    c: &mut [u8],
-    m: usize,
-    k: usize,
-    n: usize,
-    ta: bool,
-    tb: bool,
-) {
-    let Some(rows) = piece_rows(par, m, k, n) else {
-        matmul(a, b, t, c, m, k, n, ta, tb);
+pub fn matmul_on(par: &dyn Parallel, a: &[u8], b: &[u8], t: DType, c: &mut [u8], p: Product) {
+    let Some(rows) = piece_rows(par, p) else {
+        matmul(a, b, t, c, p);
         return;
     };
     let es = t.size();
-    par.for_each_piece(&mut c[..m * n * es], rows * n * es, &|i, piece| {
-        product_rows(a, b, t, piece, i * rows, m, k, n, ta, tb);
+    par.for_each_piece(&mut c[..p.m * p.n * es], rows * p.n * es, &|i, piece| {
+        product_rows(a, b, t, piece, i * rows, p);
     });
 }
 
 /// The rows of C in each piece of a product cut over `par`, or `None` to leave it whole (see
 /// [`matmul_on`]).
-fn piece_rows(par: &dyn Parallel, m: usize, k: usize, n: usize) -> Option<usize> {
+fn piece_rows(par: &dyn Parallel, p: Product) -> Option<usize> {
+    let Product { m, k, n, .. } = p;
     let threads = par.threads();
     let macs = m.saturating_mul(k).saturating_mul(n);
     let pieces = (macs / PIECE_MIN_MACS).min(threads).min(m / MR);
@@ -266,27 +284,16 @@ fn piece_rows(par: &dyn Parallel, m: usize, k: usize, n: usize) -> Option<usize>
 
 /// Rows `r0..` of `op(A) . op(B)` (as many as `out` holds) into `out`, each computed as
 /// [`matmul`] computes it.
-#[allow(clippy::too_many_arguments)]
-fn product_rows(
-    a: &[u8],
-    b: &[u8],
-    t: DType,
-    out: &mut [u8],
-    r0: usize,
-    m: usize,
-    k: usize,
-    n: usize,
-    ta: bool,
-    tb: bool,
-) {
+fn product_rows(a: &[u8], b: &[u8], t: DType, out: &mut [u8], r0: usize, p: Product) {
     let es = t.size();
-    let len = out.len() / (n * es);
-    if ta {
+    let len = out.len() / (p.n * es);
+    let block = Product { m: len, ..p };
+    if p.ta {
         // Stored (k, m): the block's rows of op(A) are columns r0.. of every stored row.
-        matmul_strided(&a[r0 * es..], m, b, t, out, len, k, n, true, tb);
+        matmul_strided(&a[r0 * es..], p.m, b, t, out, block);
     } else {
-        let a = &a[r0 * k * es..(r0 + len) * k * es];
-        matmul_strided(a, k, b, t, out, len, k, n, false, tb);
+        let a = &a[r0 * p.k * es..(r0 + len) * p.k * es];
+        matmul_strided(a, p.k, b, t, out, block);
     }
 }
 
@@ -311,35 +318,30 @@ pub fn accumulates_rows_of(t: DType, n: usize) -> bool {
 ///
 /// Returns `false`, leaving `acc` untouched, when rows of `n` elements are too long for the
 /// buffer ([`accumulates_rows_of`]).
-#[allow(clippy::too_many_arguments)]
 pub fn matmul_accumulate_on(
     par: &dyn Parallel,
     a: &[u8],
     b: &[u8],
     t: DType,
     acc: &mut [u8],
-    m: usize,
-    k: usize,
-    n: usize,
-    ta: bool,
-    tb: bool,
+    p: Product,
 ) -> bool {
-    if !accumulates_rows_of(t, n) {
+    if !accumulates_rows_of(t, p.n) {
         return false;
     }
     let es = t.size();
-    let row = n * es;
+    let (m, row) = (p.m, p.n * es);
     // Whole register tiles per block (at least one fits: checked above).
     let block = ACCUMULATE_SCRATCH_BYTES / row / MR * MR;
     let job = |r0: usize, piece: &mut [u8]| {
         let mut scratch = [0u8; ACCUMULATE_SCRATCH_BYTES];
         for (c, rows) in piece.chunks_mut(block * row).enumerate() {
             let g = &mut scratch[..rows.len()];
-            product_rows(a, b, t, g, r0 + c * block, m, k, n, ta, tb);
+            product_rows(a, b, t, g, r0 + c * block, p);
             zip_in_place(rows, g, t, g.len() / es, |a, g| a + g);
         }
     };
-    match piece_rows(par, m, k, n) {
+    match piece_rows(par, p) {
         Some(rows) => par.for_each_piece(&mut acc[..m * row], rows * row, &|i, piece| {
             job(i * rows, piece);
         }),
@@ -351,28 +353,17 @@ pub fn matmul_accumulate_on(
 /// [`matmul`] with `lda` elements between the starts of A's stored rows: `op(A)[i][p]` is
 /// element `i * lda + p` of `a`, or `p * lda + i` when `ta`. A block of rows of a transposed
 /// A is then the stored matrix from its first column on, with the whole matrix's row length.
-#[allow(clippy::too_many_arguments)]
-fn matmul_strided(
-    a: &[u8],
-    lda: usize,
-    b: &[u8],
-    t: DType,
-    c: &mut [u8],
-    m: usize,
-    k: usize,
-    n: usize,
-    ta: bool,
-    tb: bool,
-) {
+fn matmul_strided(a: &[u8], lda: usize, b: &[u8], t: DType, c: &mut [u8], p: Product) {
     if t == DType::F32 {
         #[cfg(target_arch = "x86_64")]
         if wide::enabled() {
-            wide::matmul_f32(a, lda, b, c, m, k, n, ta, tb);
+            wide::matmul_f32(a, lda, b, c, p);
             return;
         }
-        matmul_f32_layout::<NR>(a, lda, b, c, m, k, n, ta, tb);
+        matmul_f32_layout::<NR>(a, lda, b, c, p);
         return;
     }
+    let Product { m, k, n, ta, tb } = p;
     let ai = |i: usize, p: usize| if ta { p * lda + i } else { i * lda + p };
     blocked(c, t, m, n, k, |i, p, j0, acc| {
         let av = load(a, t, ai(i, p));
@@ -389,18 +380,8 @@ fn matmul_strided(
 
 /// [`matmul_f32`] for the transposes asked for, with `NR` columns per register tile.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn matmul_f32_layout<const NR: usize>(
-    a: &[u8],
-    lda: usize,
-    b: &[u8],
-    c: &mut [u8],
-    m: usize,
-    k: usize,
-    n: usize,
-    ta: bool,
-    tb: bool,
-) {
+fn matmul_f32_layout<const NR: usize>(a: &[u8], lda: usize, b: &[u8], c: &mut [u8], p: Product) {
+    let Product { m, k, n, ta, tb } = p;
     match (ta, tb) {
         (false, false) => matmul_f32::<false, false, NR>(a, lda, b, c, m, k, n),
         (false, true) => matmul_f32::<false, true, NR>(a, lda, b, c, m, k, n),
@@ -411,19 +392,15 @@ fn matmul_f32_layout<const NR: usize>(
 
 /// [`matmul_f32_packed`] for the transposes asked for.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn matmul_f32_packed_layout<const NR: usize, M: Mac>(
     a: &[u8],
     lda: usize,
     b: &[u8],
     c: &mut [u8],
-    m: usize,
-    k: usize,
-    n: usize,
-    ta: bool,
-    tb: bool,
+    p: Product,
 ) {
+    let Product { m, k, n, ta, tb } = p;
     if k == 0 {
         // Empty sums: zeros, as the plain loop leaves them.
         c[..4 * m * n].fill(0);
@@ -556,10 +533,18 @@ fn matmul_f32_packed<const TA: bool, const TB: bool, const NR: usize, M: Mac>(
         let kc = KC.min(k - p0);
         for j0 in (0..n).step_by(NR) {
             let w = NR.min(n - j0);
+            let strip = Strip {
+                m,
+                ldc: n,
+                p0,
+                kc,
+                j0,
+                w,
+            };
             if !TB && w == NR {
                 // Whole tiles of B in place: its rows are read where they are, no copy.
                 let rows = &b[4 * (p0 * n + j0)..4 * ((p0 + kc - 1) * n + j0 + NR)];
-                tile_rows::<TA, false, NR, M>(a, lda, c, m, n, p0, kc, j0, w, |pp| {
+                tile_rows::<TA, false, NR, M>(a, lda, c, strip, |pp| {
                     let at = 4 * pp * n;
                     let row = &rows[at..at + 4 * NR];
                     core::array::from_fn(|jj| f32_of(&row[4 * jj..4 * jj + 4]))
@@ -577,7 +562,7 @@ fn matmul_f32_packed<const TA: bool, const TB: bool, const NR: usize, M: Mac>(
                 panel_rows(&mut panel_buf[..kc], &b[4 * (p0 * n + j0)..], n, w);
             }
             let panel = &panel_buf[..kc];
-            tile_rows::<TA, false, NR, M>(a, lda, c, m, n, p0, kc, j0, w, |pp| panel[pp]);
+            tile_rows::<TA, false, NR, M>(a, lda, c, strip, |pp| panel[pp]);
         }
     }
 }
@@ -615,7 +600,16 @@ fn matmul_f32_bt_swapped<const TA: bool, const NR: usize, M: Mac>(
                 panel_columns(rows, &a[4 * (i0 * lda + p0)..], lda, w);
             }
             let panel = &panel.0[..kc];
-            tile_rows::<false, true, NR, M>(b, k, c, n, n, p0, kc, i0, w, |pp| panel[pp]);
+            // C^T's rows are C's columns: `n` of them, C's rows `n` elements apart.
+            let strip = Strip {
+                m: n,
+                ldc: n,
+                p0,
+                kc,
+                j0: i0,
+                w,
+            };
+            tile_rows::<false, true, NR, M>(b, k, c, strip, |pp| panel[pp]);
         }
     }
 }
@@ -627,20 +621,18 @@ fn swap_pays(m: usize, n: usize, tb: bool) -> bool {
     tb && m < n
 }
 
-/// [`matmul_f32_bt_swapped`] for A transposed or not.
+/// [`matmul_f32_bt_swapped`] for A transposed or not (`p.tb`, B transposed, is taken as
+/// true).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn matmul_f32_bt_swapped_layout<const NR: usize, M: Mac>(
     a: &[u8],
     lda: usize,
     b: &[u8],
     c: &mut [u8],
-    m: usize,
-    k: usize,
-    n: usize,
-    ta: bool,
+    p: Product,
 ) {
+    let Product { m, k, n, ta, .. } = p;
     if ta {
         matmul_f32_bt_swapped::<true, NR, M>(a, lda, b, c, m, k, n);
     } else {
@@ -648,24 +640,44 @@ fn matmul_f32_bt_swapped_layout<const NR: usize, M: Mac>(
     }
 }
 
-/// Every `MR x NR` tile of C in columns `j0..j0 + w` (`w <= NR`) adds the terms `p0..p0 + kc`
-/// of its sums, `b_row(pp)` giving row `p0 + pp` of op(B) from column `j0` (zeros past `w`).
-/// C holds the sums of the earlier terms when `p0 > 0`. Element (x, y) of C is element
-/// `x * ldc + y` of `c`, or `y * ldc + x` when `CT` (C stored transposed).
+/// The tiles of C that one call of [`tile_rows`] adds terms to, and where C's elements are.
+#[derive(Clone, Copy)]
+struct Strip {
+    /// Rows of C (of C^T when it is stored transposed).
+    m: usize,
+    /// Elements between the starts of C's stored rows.
+    ldc: usize,
+    /// The first term added.
+    p0: usize,
+    /// How many terms are added.
+    kc: usize,
+    /// The first column of the tiles.
+    j0: usize,
+    /// Columns of the tiles, at most their `NR`.
+    w: usize,
+}
+
+/// Every `MR x NR` tile of C's `s.m` rows in columns `j0..j0 + w` (`w <= NR`) adds the terms
+/// `p0..p0 + kc` of its sums (all from `s`), `b_row(pp)` giving row `p0 + pp` of op(B) from
+/// column `j0` (zeros past `w`). C holds the sums of the earlier terms when `p0 > 0`. Element
+/// (x, y) of C is element `x * ldc + y` of `c`, or `y * ldc + x` when `CT` (C stored
+/// transposed).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn tile_rows<const TA: bool, const CT: bool, const NR: usize, M: Mac>(
     a: &[u8],
     lda: usize,
     c: &mut [u8],
-    m: usize,
-    ldc: usize,
-    p0: usize,
-    kc: usize,
-    j0: usize,
-    w: usize,
+    s: Strip,
     b_row: impl Fn(usize) -> [f32; NR],
 ) {
+    let Strip {
+        m,
+        ldc,
+        p0,
+        kc,
+        j0,
+        w,
+    } = s;
     let a_at = |i: usize, p: usize| {
         let q = if TA { p * lda + i } else { i * lda + p };
         f32_of(&a[4 * q..4 * q + 4])
@@ -918,18 +930,7 @@ pub mod wide {
         AVX2.load(Ordering::Relaxed) || AVX512.load(Ordering::Relaxed)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn matmul_f32(
-        a: &[u8],
-        lda: usize,
-        b: &[u8],
-        c: &mut [u8],
-        m: usize,
-        k: usize,
-        n: usize,
-        ta: bool,
-        tb: bool,
-    ) {
+    pub(super) fn matmul_f32(a: &[u8], lda: usize, b: &[u8], c: &mut [u8], p: super::Product) {
         // Measured need: 2-3x on the classifier's training step. The flags' contracts make the
         // call sound: each is only set once its features were detected.
         #[allow(unsafe_code)]
@@ -938,51 +939,41 @@ pub mod wide {
         // whose caller guarantees AVX2 and FMA support.
         unsafe {
             if AVX512.load(Ordering::Relaxed) {
-                avx512(a, lda, b, c, m, k, n, ta, tb)
+                avx512(a, lda, b, c, p)
             } else {
-                avx2(a, lda, b, c, m, k, n, ta, tb)
+                avx2(a, lda, b, c, p)
             }
         }
     }
 
     #[target_feature(enable = "avx512f,fma")]
-    #[allow(clippy::too_many_arguments)]
-    #[rustfmt::skip]
-    fn avx512(
-        a: &[u8], lda: usize, b: &[u8], c: &mut [u8], m: usize, k: usize, n: usize, ta: bool,
-        tb: bool,
-    ) {
+    fn avx512(a: &[u8], lda: usize, b: &[u8], c: &mut [u8], p: super::Product) {
         // Tiles one, two or four vectors wide: the widest that pads `n` no more than a
         // narrower one would (wider tiles load fewer operands per multiply; padded columns are
         // computed on zeros and thrown away).
-        if super::swap_pays(m, n, tb) {
+        if super::swap_pays(p.m, p.n, p.tb) {
             // C's rows are the tiles' columns.
-            match super::tile_columns(m, &[64, 32, 16]) {
-                64 => super::matmul_f32_bt_swapped_layout::<64, Fused>(a, lda, b, c, m, k, n, ta),
-                32 => super::matmul_f32_bt_swapped_layout::<32, Fused>(a, lda, b, c, m, k, n, ta),
-                _ => super::matmul_f32_bt_swapped_layout::<16, Fused>(a, lda, b, c, m, k, n, ta),
+            match super::tile_columns(p.m, &[64, 32, 16]) {
+                64 => super::matmul_f32_bt_swapped_layout::<64, Fused>(a, lda, b, c, p),
+                32 => super::matmul_f32_bt_swapped_layout::<32, Fused>(a, lda, b, c, p),
+                _ => super::matmul_f32_bt_swapped_layout::<16, Fused>(a, lda, b, c, p),
             }
             return;
         }
-        match super::tile_columns(n, &[64, 32, 16]) {
-            64 => super::matmul_f32_packed_layout::<64, Fused>(a, lda, b, c, m, k, n, ta, tb),
-            32 => super::matmul_f32_packed_layout::<32, Fused>(a, lda, b, c, m, k, n, ta, tb),
-            _ => super::matmul_f32_packed_layout::<16, Fused>(a, lda, b, c, m, k, n, ta, tb),
+        match super::tile_columns(p.n, &[64, 32, 16]) {
+            64 => super::matmul_f32_packed_layout::<64, Fused>(a, lda, b, c, p),
+            32 => super::matmul_f32_packed_layout::<32, Fused>(a, lda, b, c, p),
+            _ => super::matmul_f32_packed_layout::<16, Fused>(a, lda, b, c, p),
         }
     }
 
     #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    #[rustfmt::skip]
-    fn avx2(
-        a: &[u8], lda: usize, b: &[u8], c: &mut [u8], m: usize, k: usize, n: usize, ta: bool,
-        tb: bool,
-    ) {
+    fn avx2(a: &[u8], lda: usize, b: &[u8], c: &mut [u8], p: super::Product) {
         const W: usize = 2 * super::NR;
-        if super::swap_pays(m, n, tb) {
-            super::matmul_f32_bt_swapped_layout::<W, Fused>(a, lda, b, c, m, k, n, ta);
+        if super::swap_pays(p.m, p.n, p.tb) {
+            super::matmul_f32_bt_swapped_layout::<W, Fused>(a, lda, b, c, p);
         } else {
-            super::matmul_f32_packed_layout::<W, Fused>(a, lda, b, c, m, k, n, ta, tb);
+            super::matmul_f32_packed_layout::<W, Fused>(a, lda, b, c, p);
         }
     }
 }
@@ -1018,17 +1009,14 @@ mod tests {
             let aa = bytes(if ta { at } else { a });
             let bb = bytes(if tb { bt } else { b });
             let mut c = [0u8; 16];
-            matmul(
-                aa.as_flattened(),
-                bb.as_flattened(),
-                DType::F32,
-                &mut c,
-                2,
-                3,
-                2,
+            let p = Product {
+                m: 2,
+                k: 3,
+                n: 2,
                 ta,
                 tb,
-            );
+            };
+            matmul(aa.as_flattened(), bb.as_flattened(), DType::F32, &mut c, p);
             for (i, w) in want.iter().enumerate() {
                 assert_eq!(load(&c, DType::F32, i), *w, "ta={ta} tb={tb}");
             }
@@ -1036,15 +1024,8 @@ mod tests {
     }
 
     /// The plain loop's output `(i, j)`: summed from `p = 0` upward, starting at zero.
-    fn plain_at(
-        a: &[u8],
-        b: &[u8],
-        (m, k, n): (usize, usize, usize),
-        ta: bool,
-        tb: bool,
-        i: usize,
-        j: usize,
-    ) -> u32 {
+    fn plain_at(a: &[u8], b: &[u8], p: Product, i: usize, j: usize) -> u32 {
+        let Product { m, k, n, ta, tb } = p;
         let mut s = 0f32;
         for p in 0..k {
             let av = load(a, DType::F32, if ta { p * m + i } else { i * k + p });
@@ -1080,24 +1061,25 @@ mod tests {
             }
             let (a, b) = (&a[..4 * m * k], &b[..4 * k * n]);
             for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
-                let lda = if ta { m } else { k };
+                let p = Product { m, k, n, ta, tb };
+                let lda = p.lda();
                 let mut c16 = [0xffu8; 4 * 640];
-                matmul_f32_packed_layout::<16, Separate>(a, lda, b, &mut c16, m, k, n, ta, tb);
+                matmul_f32_packed_layout::<16, Separate>(a, lda, b, &mut c16, p);
                 let mut c32 = [0xffu8; 4 * 640];
-                matmul_f32_packed_layout::<32, Separate>(a, lda, b, &mut c32, m, k, n, ta, tb);
+                matmul_f32_packed_layout::<32, Separate>(a, lda, b, &mut c32, p);
                 let mut c64 = [0xffu8; 4 * 640];
-                matmul_f32_packed_layout::<64, Separate>(a, lda, b, &mut c64, m, k, n, ta, tb);
+                matmul_f32_packed_layout::<64, Separate>(a, lda, b, &mut c64, p);
                 // B transposed: also C^T = B . op(A)^T, whatever the shape.
                 let (mut s16, mut s32) = ([0xffu8; 4 * 640], [0xffu8; 4 * 640]);
                 let mut s64 = [0xffu8; 4 * 640];
                 if tb {
-                    matmul_f32_bt_swapped_layout::<16, Separate>(a, lda, b, &mut s16, m, k, n, ta);
-                    matmul_f32_bt_swapped_layout::<32, Separate>(a, lda, b, &mut s32, m, k, n, ta);
-                    matmul_f32_bt_swapped_layout::<64, Separate>(a, lda, b, &mut s64, m, k, n, ta);
+                    matmul_f32_bt_swapped_layout::<16, Separate>(a, lda, b, &mut s16, p);
+                    matmul_f32_bt_swapped_layout::<32, Separate>(a, lda, b, &mut s32, p);
+                    matmul_f32_bt_swapped_layout::<64, Separate>(a, lda, b, &mut s64, p);
                 }
                 for i in 0..m {
                     for j in 0..n {
-                        let want = plain_at(a, b, (m, k, n), ta, tb, i, j);
+                        let want = plain_at(a, b, p, i, j);
                         let at = |c: &[u8]| load(c, DType::F32, i * n + j).to_bits();
                         let swapped = [
                             ("swapped, NR=16", &s16),
@@ -1158,17 +1140,18 @@ mod tests {
                 // Exactly the operands' bytes: a read past them panics.
                 let (a, b) = (&a[..m * k * t.size()], &b[..k * n * t.size()]);
                 for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                    let p = Product { m, k, n, ta, tb };
                     let mut whole = [0u8; 4 * 3000];
-                    matmul(a, b, t, &mut whole, m, k, n, ta, tb);
+                    matmul(a, b, t, &mut whole, p);
                     let mut cut = [0xffu8; 4 * 3000];
-                    matmul_on(&Backwards, a, b, t, &mut cut, m, k, n, ta, tb);
+                    matmul_on(&Backwards, a, b, t, &mut cut, p);
                     let len = m * n * t.size();
                     assert!(
                         whole[..len] == cut[..len],
                         "{t:?} ({m}, {k}, {n}) ta={ta} tb={tb}"
                     );
                     let mut serial = [0xffu8; 4 * 3000];
-                    matmul_on(&Serial, a, b, t, &mut serial, m, k, n, ta, tb);
+                    matmul_on(&Serial, a, b, t, &mut serial, p);
                     assert!(
                         whole[..len] == serial[..len],
                         "{t:?} ({m}, {k}, {n}) serial"
@@ -1218,13 +1201,14 @@ mod tests {
                     }
                     let (a, b) = (&a[..m * k * t.size()], &b[..k * n * t.size()]);
                     let c = &mut product[..m * n * t.size()];
-                    matmul(a, b, t, c, m, k, n, ta, tb);
+                    let p = Product { m, k, n, ta, tb };
+                    matmul(a, b, t, c, p);
                     let mut expected = acc;
                     zip_in_place(&mut expected, c, t, m * n, |a, g| a + g);
                     let fits = accumulates_rows_of(t, n);
                     for par in [&Serial as &dyn Parallel, &Backwards] {
                         let mut got = acc;
-                        let done = matmul_accumulate_on(par, a, b, t, &mut got, m, k, n, ta, tb);
+                        let done = matmul_accumulate_on(par, a, b, t, &mut got, p);
                         assert_eq!(done, fits, "({m}, {k}, {n}) {t:?}");
                         let want = if fits { &expected } else { &acc };
                         assert!(got == *want, "({m}, {k}, {n}) {t:?} ta {ta} tb {tb}");
@@ -1277,7 +1261,14 @@ mod tests {
         }
         for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
             let mut c = [0u8; 4 * M * N];
-            matmul(&a, &b, DType::F32, &mut c, M, K, N, ta, tb);
+            let p = Product {
+                m: M,
+                k: K,
+                n: N,
+                ta,
+                tb,
+            };
+            matmul(&a, &b, DType::F32, &mut c, p);
             for i in 0..M {
                 for j in 0..N {
                     let mut s = 0f32;

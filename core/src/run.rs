@@ -478,9 +478,8 @@ struct AccumulatedProduct {
     node: NodeId,
     /// The accumulator.
     acc: NodeId,
-    m: usize,
-    k: usize,
-    n: usize,
+    /// The product's shape and layout.
+    shape: k::Product,
 }
 
 impl<S: Storage> Plan<S> {
@@ -533,9 +532,13 @@ impl<S: Storage> Plan<S> {
             product,
             node: grad,
             acc,
-            m,
-            k,
-            n,
+            shape: k::Product {
+                m,
+                k,
+                n,
+                ta: product.transpose_a,
+                tb: product.transpose_b,
+            },
         })
     }
 
@@ -615,11 +618,7 @@ impl<S: Storage> Plan<S> {
             operand(p.b),
             DType::F32,
             acc_bytes,
-            found.m,
-            found.k,
-            found.n,
-            p.transpose_a,
-            p.transpose_b,
+            found.shape,
         );
         Ok(())
     }

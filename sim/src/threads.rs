@@ -148,7 +148,7 @@ pub fn with_helpers_awake<R>(work: impl FnOnce() -> R) -> R {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_core::kernels::{matmul, matmul_on, store, Serial};
+    use tessera_core::kernels::{matmul, matmul_on, store, Product, Serial};
     use tessera_core::DType;
 
     /// Operands whose sums round differently in any other order.
@@ -232,13 +232,14 @@ mod tests {
         for &(m, k, n) in &[(101, 64, 70), (32, 784, 256), (9, 512, 128)] {
             let (a, b) = (operand(m * k, 7919), operand(k * n, 104_729));
             for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                let p = Product { m, k, n, ta, tb };
                 let mut want = vec![0u8; 4 * m * n];
-                matmul(&a, &b, DType::F32, &mut want, m, k, n, ta, tb);
+                matmul(&a, &b, DType::F32, &mut want, p);
                 let mut serial = vec![0u8; 4 * m * n];
-                matmul_on(&Serial, &a, &b, DType::F32, &mut serial, m, k, n, ta, tb);
+                matmul_on(&Serial, &a, &b, DType::F32, &mut serial, p);
                 let mut got = vec![0u8; 4 * m * n];
                 pool.install(|| {
-                    matmul_on(&Threads, &a, &b, DType::F32, &mut got, m, k, n, ta, tb);
+                    matmul_on(&Threads, &a, &b, DType::F32, &mut got, p);
                 });
                 assert!(want == serial, "({m}, {k}, {n}) ta={ta} tb={tb}: serial");
                 assert!(want == got, "({m}, {k}, {n}) ta={ta} tb={tb}: threads");

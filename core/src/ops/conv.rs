@@ -623,25 +623,22 @@ fn forward(
                 // [Og, P] = W_g [Og, K] . col^T, contiguous in NCHW.
                 DataLayout::Nchw => {
                     let o0 = (n * d.o + g * og) * pp * es;
-                    k::matmul(
-                        wg,
-                        col,
-                        t,
-                        &mut out[o0..o0 + og * pp * es],
-                        og,
-                        kk,
-                        pp,
-                        false,
-                        true,
-                    );
+                    let prod = k::Product {
+                        m: og,
+                        k: kk,
+                        n: pp,
+                        ta: false,
+                        tb: true,
+                    };
+                    k::matmul(wg, col, t, &mut out[o0..o0 + og * pp * es], prod);
                 }
                 // [P, Og] = col . W_g [K, Og].
                 DataLayout::Nhwc => {
                     let img = &mut out[n * pp * d.o * es..(n + 1) * pp * d.o * es];
                     if d.g == 1 {
-                        k::matmul(col, wg, t, img, pp, kk, d.o, false, false);
+                        k::matmul(col, wg, t, img, k::Product::new(pp, kk, d.o));
                     } else {
-                        k::matmul(col, wg, t, ytmp, pp, kk, og, false, false);
+                        k::matmul(col, wg, t, ytmp, k::Product::new(pp, kk, og));
                         for r in 0..pp {
                             let s = (r * d.o + g * og) * es;
                             img[s..s + og * es]
@@ -676,26 +673,30 @@ fn grad_input(
                 // col [P, K] = dy_g^T [P, Og] . W_g [Og, K].
                 DataLayout::Nchw => {
                     let o0 = (n * d.o + g * og) * pp * es;
-                    k::matmul(
-                        &gb[o0..o0 + og * pp * es],
-                        wg,
-                        t,
-                        col,
-                        pp,
-                        og,
-                        kk,
-                        true,
-                        false,
-                    );
+                    let prod = k::Product {
+                        m: pp,
+                        k: og,
+                        n: kk,
+                        ta: true,
+                        tb: false,
+                    };
+                    k::matmul(&gb[o0..o0 + og * pp * es], wg, t, col, prod);
                 }
                 // col [P, K] = dy_g [P, Og] . W_g^T.
                 DataLayout::Nhwc => {
                     let img = &gb[n * pp * d.o * es..(n + 1) * pp * d.o * es];
+                    let prod = |cols| k::Product {
+                        m: pp,
+                        k: cols,
+                        n: kk,
+                        ta: false,
+                        tb: true,
+                    };
                     if d.g == 1 {
-                        k::matmul(img, wg, t, col, pp, d.o, kk, false, true);
+                        k::matmul(img, wg, t, col, prod(d.o));
                     } else {
                         take_cols(img, d.o, g * og, og, es, ytmp);
-                        k::matmul(ytmp, wg, t, col, pp, og, kk, false, true);
+                        k::matmul(ytmp, wg, t, col, prod(og));
                     }
                 }
             }
@@ -732,11 +733,7 @@ fn grad_weight(
                         col,
                         t,
                         acc,
-                        og,
-                        pp,
-                        kk,
-                        false,
-                        false,
+                        k::Product::new(og, pp, kk),
                     );
                     let dst = &mut out[g * og * kk * es..(g + 1) * og * kk * es];
                     k::zip_in_place(dst, acc, t, og * kk, |a, b| a + b);
@@ -750,7 +747,14 @@ fn grad_weight(
                         take_cols(img, d.o, g * og, og, es, ytmp);
                         ytmp
                     };
-                    k::matmul(col, dyg, t, acc, kk, pp, og, true, false);
+                    let prod = k::Product {
+                        m: kk,
+                        k: pp,
+                        n: og,
+                        ta: true,
+                        tb: false,
+                    };
+                    k::matmul(col, dyg, t, acc, prod);
                     for r in 0..kk {
                         for c in 0..og {
                             let i = r * d.o + g * og + c;

@@ -167,11 +167,13 @@ pub(crate) fn run<S: Storage>(
             &xb[j * mb * es..(j + 1) * mb * es],
             dt,
             &mut out[o * mo * es..(o + 1) * mo * es],
-            m,
-            kk,
-            n,
-            op.transpose_a,
-            op.transpose_b,
+            k::Product {
+                m,
+                k: kk,
+                n,
+                ta: op.transpose_a,
+                tb: op.transpose_b,
+            },
         );
     });
     Ok(())
