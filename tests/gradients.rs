@@ -14,7 +14,7 @@ use tessera::core::ops::norm::BatchNorm;
 use tessera::core::ops::pool::{PoolKind, PoolParams};
 use tessera::core::ops::reduce::ReduceKind;
 use tessera::core::rng::SplitMix64;
-use tessera::core::{DType, Graph, Init, NodeId, Optimizer, Plan};
+use tessera::core::{DType, Graph, Init, LstmStates, NodeId, Optimizer, Plan};
 use tessera::sim::Heap;
 
 /// Values of one variable: `Signed` in (-1, 1) away from 0, `Positive` in [0.5, 2].
@@ -400,7 +400,7 @@ proptest! {
         let r = [1, 4 * hidden, hidden];
         let b = [1, 8 * hidden];
         check(&[(&x, Range::Signed), (&w, Range::Signed), (&r, Range::Signed), (&b, Range::Signed)], seed, |g, v| {
-            g.lstm_onnx("op", v[0], v[1], v[2], Some(v[3]), None, None).unwrap().sequence
+            g.lstm_onnx("op", v[0], v[1], v[2], Some(v[3]), LstmStates::default()).unwrap().sequence
         })?;
         let q = [batch, steps, 2];
         check(&[(&q, Range::Signed)], seed, |g, v| {

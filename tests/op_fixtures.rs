@@ -12,7 +12,7 @@ use tessera::core::ops::elementwise::{BinaryFn, GeluForm, UnaryFn};
 use tessera::core::ops::norm::BatchNorm;
 use tessera::core::ops::pool::{PoolKind, PoolParams};
 use tessera::core::ops::reduce::ReduceKind;
-use tessera::core::{DType, Graph, NodeId, Plan};
+use tessera::core::{DType, Graph, LstmStates, NodeId, Plan};
 use tessera::sim::Heap;
 
 struct Tensor {
@@ -397,13 +397,17 @@ fn lstm_in_the_onnx_layout() {
         c.id("initial_h"),
         c.id("initial_c"),
     );
-    let out =
-        c.g.lstm_onnx("lstm", x, w, r, Some(b), Some(h), Some(cc))
-            .unwrap();
+    let initial = LstmStates {
+        hidden: Some(h),
+        cell: Some(cc),
+    };
+    let out = c.g.lstm_onnx("lstm", x, w, r, Some(b), initial).unwrap();
     c.check(&[("Y", out.sequence), ("Y_h", out.hidden), ("Y_c", out.cell)]);
 
     let mut c = Case::new("lstm_no_init");
     let (x, w, r) = (c.id("X"), c.id("W"), c.id("R"));
-    let out = c.g.lstm_onnx("lstm", x, w, r, None, None, None).unwrap();
+    let out =
+        c.g.lstm_onnx("lstm", x, w, r, None, LstmStates::default())
+            .unwrap();
     c.check(&[("Y", out.sequence), ("Y_h", out.hidden), ("Y_c", out.cell)]);
 }

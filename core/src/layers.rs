@@ -90,6 +90,15 @@ pub struct LstmOutputs {
     pub cell: NodeId,
 }
 
+/// The initial states of an LSTM, each optional: a state not given starts at zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LstmStates {
+    /// The initial hidden state.
+    pub hidden: Option<NodeId>,
+    /// The initial cell state.
+    pub cell: Option<NodeId>,
+}
+
 /// Gate positions within the `4 * hidden` gate axis: input, forget, cell, output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Gates {
@@ -99,21 +108,50 @@ struct Gates {
     o: usize,
 }
 
-/// ONNX's order: input, output, forget, cell.
-const ONNX_GATES: Gates = Gates {
-    i: 0,
-    o: 1,
-    f: 2,
-    c: 3,
+/// How a framework lays out an LSTM's weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LstmLayout {
+    /// The gates' order along the `4 * hidden` axis.
+    gates: Gates,
+    /// Whether the recurrent weights are stored `[4 * hidden, hidden]` (else `[hidden, 4 *
+    /// hidden]`).
+    rec_transposed: bool,
+}
+
+/// ONNX's layout: gates in the order input, output, forget, cell; `R` stored `[4 * hidden,
+/// hidden]`.
+const ONNX_LSTM: LstmLayout = LstmLayout {
+    gates: Gates {
+        i: 0,
+        o: 1,
+        f: 2,
+        c: 3,
+    },
+    rec_transposed: true,
 };
 
-/// Keras' order: input, forget, cell, output.
-const KERAS_GATES: Gates = Gates {
-    i: 0,
-    f: 1,
-    c: 2,
-    o: 3,
+/// Keras' layout: gates in the order input, forget, cell, output; the recurrent kernel stored
+/// `[units, 4 * units]`.
+const KERAS_LSTM: LstmLayout = LstmLayout {
+    gates: Gates {
+        i: 0,
+        f: 1,
+        c: 2,
+        o: 3,
+    },
+    rec_transposed: false,
 };
+
+/// The sizes of an unrolled LSTM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LstmSizes {
+    /// Steps of the sequence.
+    steps: usize,
+    /// Sequences side by side.
+    batch: usize,
+    /// Elements of each hidden (and cell) state.
+    hidden: usize,
+}
 
 /// Convolution layer settings (Keras' `Conv2D` arguments).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -264,25 +302,29 @@ impl<S: Storage> Graph<S> {
     }
 
     /// The LSTM steps over a sequence whose input projections `xw` (`[steps * batch, 4 *
-    /// hidden]`, biases included) are computed: each step adds `h . rec` (`rec` stored
-    /// `[hidden, 4 * hidden]`, or `[4 * hidden, hidden]` with `rec_transposed`), applies the
-    /// gates and updates the states. Returns every step's hidden state stacked on a new first
-    /// axis (`[steps, batch, hidden]`) and the last states.
-    #[allow(clippy::too_many_arguments)]
+    /// hidden]`, biases included) are computed: each step adds `h . rec` (`rec` laid out as
+    /// `layout` says), applies the gates and updates the states, starting from `initial`.
+    /// Returns every step's hidden state stacked on a new first axis (`[steps, batch,
+    /// hidden]`) and the last states.
     fn lstm_steps(
         &mut self,
         name: &str,
         xw: NodeId,
-        steps: usize,
-        batch: usize,
-        hidden: usize,
         rec: NodeId,
-        rec_transposed: bool,
-        gates: Gates,
-        h0: Option<NodeId>,
-        c0: Option<NodeId>,
+        layout: LstmLayout,
+        sizes: LstmSizes,
+        initial: LstmStates,
     ) -> Result<LstmOutputs, GraphError> {
-        let (mut h, mut c) = (h0, c0);
+        let LstmSizes {
+            steps,
+            batch,
+            hidden,
+        } = sizes;
+        let LstmLayout {
+            gates,
+            rec_transposed,
+        } = layout;
+        let (mut h, mut c) = (initial.hidden, initial.cell);
         let mut seq: Option<NodeId> = None;
         for t in 0..steps {
             let sub = |what: &str| derived(name, format_args!("/step{t}/{what}"));
@@ -334,10 +376,9 @@ impl<S: Storage> Graph<S> {
 
     /// An ONNX `LSTM` (one direction, default activations): `x` `[seq, batch, input]`, `w`
     /// `[1, 4 * hidden, input]`, `r` `[1, 4 * hidden, hidden]`, optional `b` `[1, 8 * hidden]`
-    /// and initial states `[1, batch, hidden]`, gates in ONNX's order (i, o, f, c); unrolled
+    /// and `initial` states `[1, batch, hidden]`, gates in ONNX's order (i, o, f, c); unrolled
     /// over the sequence. `sequence` is `Y` (`[seq, 1, batch, hidden]`), `hidden` and `cell`
     /// are `Y_h` and `Y_c` (`[1, batch, hidden]`).
-    #[allow(clippy::too_many_arguments)]
     pub fn lstm_onnx(
         &mut self,
         name: &str,
@@ -345,8 +386,7 @@ impl<S: Storage> Graph<S> {
         w: impl NodeRef,
         r: impl NodeRef,
         b: Option<NodeId>,
-        h0: Option<NodeId>,
-        c0: Option<NodeId>,
+        initial: LstmStates,
     ) -> Result<LstmOutputs, GraphError> {
         let (x, w, r) = (x.resolve(self)?, w.resolve(self)?, r.resolve(self)?);
         let (sx, sw, sr) = (
@@ -401,9 +441,16 @@ impl<S: Storage> Graph<S> {
                 })
                 .transpose()
             };
-        let h0 = state(self, h0, "initial_h_view")?;
-        let c0 = state(self, c0, "initial_c_view")?;
-        let out = self.lstm_steps(name, xw, steps, batch, hidden, rv, true, ONNX_GATES, h0, c0)?;
+        let initial = LstmStates {
+            hidden: state(self, initial.hidden, "initial_h_view")?,
+            cell: state(self, initial.cell, "initial_c_view")?,
+        };
+        let sizes = LstmSizes {
+            steps,
+            batch,
+            hidden,
+        };
+        let out = self.lstm_steps(name, xw, rv, ONNX_LSTM, sizes, initial)?;
         Ok(LstmOutputs {
             sequence: self.reshape(&sub("/Y")?, out.sequence, &[steps, 1, batch, hidden])?,
             hidden: self.reshape(&sub("/Y_h")?, out.hidden, &[1, batch, hidden])?,
@@ -451,18 +498,12 @@ impl<S: Storage> Graph<S> {
         let rows = self.reshape(&sub("/x_rows")?, time_major, &[steps * batch, features])?;
         let xw = self.matmul(&sub("/x_projection")?, rows, kernel)?;
         let xw = self.add(&sub("/x_projection_bias")?, xw, bias)?;
-        let out = self.lstm_steps(
-            name,
-            xw,
+        let sizes = LstmSizes {
             steps,
             batch,
-            units,
-            rec,
-            false,
-            KERAS_GATES,
-            None,
-            None,
-        )?;
+            hidden: units,
+        };
+        let out = self.lstm_steps(name, xw, rec, KERAS_LSTM, sizes, LstmStates::default())?;
         if return_sequences {
             self.transpose(name, out.sequence, &[1, 0, 2])
         } else {

@@ -101,10 +101,11 @@ impl<'a> Importer<'a> {
             }
         }
         let name = self.out_name(node, "");
-        let out = chk!(
-            self,
-            self.g.lstm_onnx(&name, x, w, r, b, states[0], states[1])
-        )?;
+        let initial = tessera_core::LstmStates {
+            hidden: states[0],
+            cell: states[1],
+        };
+        let out = chk!(self, self.g.lstm_onnx(&name, x, w, r, b, initial))?;
         Ok(vec![
             Val::T(out.sequence, Elem::F32),
             Val::T(out.hidden, Elem::F32),
