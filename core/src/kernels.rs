@@ -204,8 +204,8 @@ impl Product {
     }
 }
 
-/// `C = op(A) . op(B)`, shaped and laid out as `p` says. Each output is summed from `p = 0`
-/// upward, starting at zero.
+/// `C = op(A) . op(B)`, shaped and laid out as `p` says. Each output `C[i][j]` is summed over
+/// its terms `op(A)[i][q] * op(B)[q][j]` from `q = 0` upward, starting at zero.
 pub fn matmul(a: &[u8], b: &[u8], t: DType, c: &mut [u8], p: Product) {
     matmul_strided(a, p.lda(), b, t, c, p);
 }
