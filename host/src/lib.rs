@@ -9,6 +9,7 @@
 
 pub mod allocator;
 pub mod calibration;
+pub mod compile;
 pub mod dataset;
 pub mod estimation;
 pub mod idx;

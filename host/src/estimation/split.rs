@@ -36,11 +36,11 @@ use serde::Serialize;
 use tessera_sim::system::SystemEstimate;
 use tessera_sim::techniques::MemoryProportion;
 
-use crate::onnx::{OnnxGraph, Stages};
-use crate::session::onnx::{
+use crate::compile::onnx::{
     compile_imported, head_cycles, layer_rows, OnnxCompiled, OnnxOptions, ONNX_ACCUMULATION_RULE,
 };
-use crate::session::{opt_err, OptimizerKind, SessionError, SessionOptions};
+use crate::compile::{opt_err, OptimizerKind, SessionError, SessionOptions};
+use crate::onnx::{OnnxGraph, Stages};
 
 /// Splits the memory cap shrinks through before the split is given as it is.
 pub const RETRIES: usize = 5;

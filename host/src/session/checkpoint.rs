@@ -7,7 +7,7 @@ use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use tessera_core::{Plan, Roles};
 
-use super::{Heap, SessionError};
+use crate::compile::{Heap, SessionError};
 
 fn checkpoint_err(
     path: &Path,

@@ -7,7 +7,7 @@ use tessera_sim::runner::PipelineRunner;
 
 use super::run::Executions;
 use super::taps::Taps;
-use super::{Heap, SessionError};
+use crate::compile::{Heap, SessionError};
 use crate::dataset::Batch;
 use crate::infeed::InfeedQueue;
 

@@ -1,8 +1,8 @@
 //! Keras' `evaluate()` and `predict()` on the simulated device: the model's forward pass as
-//! an inference plan, pipelined over its stages with the inference schedule (forward slots
-//! only, overlap of S micro-batches for Grouped and Interleaved, no stash), replicated, K
-//! micro-batches per execution (Keras' `steps_per_execution`), fed by the infeed from the
-//! test split in order, predictions outfed to the host.
+//! an inference plan ([`crate::compile::inference`]), pipelined over its stages with the
+//! inference schedule, replicated, K micro-batches per execution (Keras'
+//! `steps_per_execution`), fed by the infeed from the test split in order, predictions outfed
+//! to the host.
 //!
 //! IPU datasets need static shapes, so the test split is batched with `drop_remainder`: the
 //! last partial micro-batch (and micro-batches that do not fill an execution) are not run.
@@ -10,18 +10,16 @@
 use std::path::Path;
 
 use serde::Serialize;
-use tessera_core::schedule::{overlap_length, AccumulationRule, Schedule};
-use tessera_core::{DType, Graph, NodeId, Plan};
+use tessera_core::Plan;
 use tessera_sim::runner::{Observe, PipelineRunner};
 use tessera_sim::system::SystemEstimate;
 
 use super::checkpoint::load_checkpoint;
 use super::device::feed;
 use super::taps::read_first;
-use super::{
-    check_fits, check_options, compile_graph, opt_err, placed, Front, Heap, Loops, SessionError,
-    SessionOptions, Target,
-};
+use super::{check_fits, device_pool};
+use crate::compile::inference::{compile_inference, Inference};
+use crate::compile::{Heap, SessionError, SessionOptions};
 use crate::dataset::{Batch, Dataset};
 use crate::idx::Mnist;
 use crate::infeed::InfeedQueue;
@@ -87,142 +85,6 @@ pub struct EvaluateReport {
     pub estimate: SystemEstimate,
 }
 
-/// The forward pass compiled for inference.
-struct Inference {
-    target: Target,
-    output: NodeId,
-    loss: Option<NodeId>,
-    overlap: usize,
-    k: usize,
-    micro_batches: usize,
-    estimate: SystemEstimate,
-}
-
-/// Builds and plans the inference graph, chooses K and estimates one execution.
-fn compile_inference(
-    model: &Model,
-    so: &SessionOptions,
-    with_labels: bool,
-    split: Option<usize>,
-    opts: &EvaluateOptions,
-) -> Result<Inference, SessionError> {
-    check_options(so)?;
-    let model = placed(model, so);
-    let b = so.batch_size;
-    let mut g: Graph<Heap> = Graph::new();
-    let built = model.build(&mut g, b, so.dtype, false)?;
-    let loss = if with_labels {
-        let labels = g.input("labels", &[b], DType::I32)?;
-        Some(g.sparse_categorical_crossentropy(
-            "loss",
-            built.output,
-            labels,
-            !built.softmax_output,
-        )?)
-    } else {
-        None
-    };
-    // One stage runs the Sequential schedule, as the compile makes it.
-    let stages = model.stage_count();
-    let schedule = if stages == 1 {
-        Schedule::Sequential
-    } else {
-        so.schedule
-    };
-    let overlap = overlap_length(schedule, stages, false);
-    let (k, micro_batches) = choose_k(
-        split,
-        b,
-        so,
-        overlap,
-        opts.steps_per_execution,
-        stages,
-        schedule,
-    )?;
-    let target = compile_graph(
-        g,
-        so,
-        Front {
-            train: None,
-            device_mapping: model.device_mapping.clone(),
-            accumulation_rule: AccumulationRule::TensorFlow,
-            loops: Loops::Evaluation(k),
-        },
-    )?;
-    let estimate = target.estimate()?;
-    Ok(Inference {
-        target,
-        output: built.output,
-        loss,
-        overlap,
-        k,
-        micro_batches,
-        estimate,
-    })
-}
-
-/// Micro-batches per execution: as asked (a positive multiple of the overlap that the split
-/// fills), else as many as the split fills, else (no data: an estimate) M rounded up to a
-/// multiple of the overlap. Returns K and the micro-batches per replica the split fills.
-fn choose_k(
-    split: Option<usize>,
-    b: usize,
-    so: &SessionOptions,
-    overlap: usize,
-    asked: Option<usize>,
-    stages: usize,
-    schedule: Schedule,
-) -> Result<(usize, usize), SessionError> {
-    let fills = split.map(|n| n / b / so.replicas);
-    let limit = fills.unwrap_or(usize::MAX);
-    let k = match asked {
-        Some(k) if k > 0 && k % overlap == 0 && k <= limit => k,
-        Some(k) => {
-            let most = fills.map_or(String::new(), |f| {
-                format!(", at most the {f} micro-batches of {b} the test split fills per replica")
-            });
-            return Err(opt_err(
-                "--steps-per-execution",
-                format!(
-                    "{k} micro-batches per execution: inference with the {} schedule over {stages} stage(s) needs a positive multiple of {overlap}{most}",
-                    schedule.name()
-                ),
-            ));
-        }
-        None => match fills {
-            Some(f) => f / overlap * overlap,
-            None => so.gradient_accumulation_count.div_ceil(overlap) * overlap,
-        },
-    };
-    if k == 0 {
-        return Err(SessionError::Data(format!(
-            "the test split's {} samples fill {} micro-batch(es) of {b} per replica; the {} schedule's inference needs {overlap}",
-            split.unwrap_or(0),
-            fills.unwrap_or(0),
-            schedule.name()
-        )));
-    }
-    Ok((k, fills.unwrap_or(k)))
-}
-
-/// The inference estimate of `model` (the forward pass, pipelined with the inference
-/// schedule, K micro-batches per execution: `steps_per_execution`, else M rounded up to a
-/// multiple of the schedule's overlap), with the micro-batches per execution it used.
-///
-/// # Errors
-///
-/// A [`SessionError`] for bad options or a model that cannot be built.
-pub fn inference_estimate(
-    model: &Model,
-    so: &SessionOptions,
-) -> Result<SystemEstimate, SessionError> {
-    let opts = EvaluateOptions {
-        steps_per_execution: so.steps_per_execution,
-        prefetch_depth: None,
-    };
-    Ok(compile_inference(model, so, false, None, &opts)?.estimate)
-}
-
 /// Loads the weights into every replica.
 fn load_weights(
     runner: &mut PipelineRunner<Heap>,
@@ -281,7 +143,7 @@ fn run_device(
     };
     let output = inf.output.index();
     // The device's large products run on every core.
-    let pool = super::device_pool();
+    let pool = device_pool();
     runner.use_threads(pool.is_some());
     let mut executions_run = || {
         for e in 0..executions {
@@ -356,7 +218,13 @@ impl Evaluation {
     ) -> Result<Self, SessionError> {
         let split = data.test_images.count;
         model.check_data(&[data.test_images.rows, data.test_images.cols], 10)?;
-        let inf = compile_inference(model, so, with_labels, Some(split), opts)?;
+        let inf = compile_inference(
+            model,
+            so,
+            with_labels,
+            Some(split),
+            opts.steps_per_execution,
+        )?;
         check_fits(&inf.estimate)?;
         Ok(Evaluation { inf, with_labels })
     }

@@ -8,7 +8,7 @@ use tessera_core::{NodeId, Plan, Roles};
 use tessera_sim::runner::Observe;
 
 use super::run::TrainOptions;
-use super::{Compiled, Heap, SessionError};
+use crate::compile::{Compiled, Heap, SessionError};
 use crate::inspect::{GradientOutfeedMode, MaybeOutfeedQueue};
 use crate::outfeed::{Element, HostTensor, OutfeedMode, OutfeedQueue};
 

@@ -20,10 +20,12 @@ use super::drain::{host_loop, subscribe};
 use super::evaluate::{EvaluateOptions, EvaluateReport, Evaluation, Weights};
 pub use super::run::{Executions, TrainEvent, TrainOptions};
 use super::taps::{Queue, Taps};
-use super::{check_fits, opt_err, Compiled, EstimateSummary, IpuMemorySummary, SessionError};
+use super::{check_fits, device_pool};
+use crate::compile::{opt_err, Compiled, SessionError};
 use crate::dataset::Dataset;
 use crate::idx::Mnist;
 use crate::infeed::InfeedQueue;
+use crate::summary::{EstimateSummary, IpuMemorySummary};
 
 /// One outfeed queue's counters after training.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -314,7 +316,7 @@ impl Prepared {
             acks: ack_rx,
         };
         // The device's large products run on every core.
-        let pool = super::device_pool();
+        let pool = device_pool();
         runner.use_threads(pool.is_some());
         // Weight gradients go straight into their accumulators, but for those the taps read.
         runner.fuse_accumulation(&taps.observed());

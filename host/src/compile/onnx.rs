@@ -1,7 +1,8 @@
-//! Sessions of imported ONNX models: the graph imported at the session's batch size and
-//! element type, a loss added for training (classification, regression or a masked-LM head
-//! for token models), planned and estimated on the machine; pipeline stages as the file's
-//! attributes, named boundaries or an automatic split say.
+//! Compiling imported ONNX models: the graph imported at the options' batch size and element
+//! type, a loss added for training (classification, regression or a masked-LM head for token
+//! models), planned and estimated on the machine; pipeline stages as the file's attributes,
+//! named boundaries or an automatic split say. Also the forward pass of an imported model run
+//! with the core's reference kernels ([`run_onnx`]).
 
 use std::collections::HashMap;
 
