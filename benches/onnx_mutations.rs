@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 use cap::Cap;
 use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+use tessera::host::compile::onnx::{compile_onnx, OnnxOptions};
+use tessera::host::compile::SessionOptions;
 use tessera::host::onnx::OnnxModel;
-use tessera::host::session::onnx::{compile_onnx, OnnxOptions};
-use tessera::host::session::SessionOptions;
 
 #[path = "../host/tests/mutate/mod.rs"]
 mod mutate;

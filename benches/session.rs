@@ -29,11 +29,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use tessera::host::compile::{compile, SessionOptions};
 use tessera::host::estimation::EstimateOptions;
 use tessera::host::idx::{load_mnist, Mnist};
 use tessera::host::inspect::epoch_report;
 use tessera::host::model::{shipped, Model};
-use tessera::host::session::{compile, prepare, SessionOptions, TrainEvent, TrainOptions};
+use tessera::host::session::{prepare, TrainEvent, TrainOptions};
 
 /// The session options `tessera train` derives from the model file's `[training]` table
 /// (with no options on the command line).

@@ -10,8 +10,8 @@ use tessera_core::DType;
 use tessera_sim::machine::Preset;
 use tessera_sim::planner::PartialsType;
 
-use crate::session::onnx::LossKind;
-use crate::session::OptimizerKind;
+use crate::compile::onnx::LossKind;
+use crate::compile::OptimizerKind;
 
 /// A choice with a fixed set of names.
 pub trait Named: Copy + PartialEq + 'static {

@@ -5,12 +5,10 @@
 use std::path::Path;
 
 use tessera_core::{DType, Graph, Plan};
+use tessera_host::compile::{compile, Heap, SessionError, SessionOptions};
 use tessera_host::idx::{load_mnist, Mnist};
 use tessera_host::model::{shipped, Model, SHIPPED};
-use tessera_host::session::{
-    compile, evaluate, predict, train, EvaluateOptions, Heap, SessionError, SessionOptions,
-    TrainOptions, Weights,
-};
+use tessera_host::session::{evaluate, predict, train, EvaluateOptions, TrainOptions, Weights};
 
 const BUNDLED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../data/mnist-binarized-10k");
 

@@ -156,8 +156,8 @@ fn popart_attributes_place_nodes_in_stages_and_ipus() {
 #[test]
 fn named_boundaries_make_pipeline_stages_with_the_schedules_stash_depths() {
     use tessera_core::schedule::{Pipeline, Schedule};
-    use tessera_host::session::onnx::{compile_onnx, OnnxOptions};
-    use tessera_host::session::SessionOptions;
+    use tessera_host::compile::onnx::{compile_onnx, OnnxOptions};
+    use tessera_host::compile::SessionOptions;
     let m = OnnxModel::load(&fixture("cnn.onnx")).expect("loads");
     let names = m.node_names();
     // After the first MaxPool, as ResNet-50 is split after conv4_block2's add.
@@ -207,8 +207,8 @@ fn named_boundaries_make_pipeline_stages_with_the_schedules_stash_depths() {
 #[test]
 fn a_tied_masked_lm_head_runs_on_its_embeddings_ipu() {
     use tessera_core::Roles;
-    use tessera_host::session::onnx::{compile_onnx, OnnxOptions};
-    use tessera_host::session::{SessionError, SessionOptions};
+    use tessera_host::compile::onnx::{compile_onnx, OnnxOptions};
+    use tessera_host::compile::{SessionError, SessionOptions};
     let m = OnnxModel::load(&fixture("transformer.onnx")).expect("loads");
     let cut = "encoder/layer.0/output/LayerNorm/LayerNormalization".to_string();
     let so = |m: usize| SessionOptions {
@@ -220,7 +220,7 @@ fn a_tied_masked_lm_head_runs_on_its_embeddings_ipu() {
         stages: Stages::After(vec![cut]),
         ..OnnxOptions::default()
     };
-    let params = |c: &tessera_host::session::onnx::OnnxCompiled| -> usize {
+    let params = |c: &tessera_host::compile::onnx::OnnxCompiled| -> usize {
         let g = c.target.plan.graph();
         g.nodes()
             .iter()
@@ -273,8 +273,8 @@ fn a_tied_masked_lm_head_runs_on_its_embeddings_ipu() {
 /// Dropout's mask, ConstantOfShape weights of up to 102.8 M elements).
 #[test]
 fn the_light_zoo_models_estimate_as_shipped() {
-    use tessera_host::session::onnx::{compile_onnx, OnnxOptions};
-    use tessera_host::session::SessionOptions;
+    use tessera_host::compile::onnx::{compile_onnx, OnnxOptions};
+    use tessera_host::compile::SessionOptions;
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/onnx/zoo_light");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("data/onnx/zoo_light")

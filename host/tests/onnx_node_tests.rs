@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+use tessera_host::compile::onnx::{run_onnx, NamedTensor};
 use tessera_host::onnx::{read_tensor, Elem, OnnxModel};
-use tessera_host::session::onnx::{run_onnx, NamedTensor};
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/onnx_node")

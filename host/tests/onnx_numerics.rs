@@ -7,9 +7,9 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 use tessera_core::Graph;
+use tessera_host::compile::onnx::{run_onnx, NamedTensor};
+use tessera_host::compile::SessionError;
 use tessera_host::onnx::{import, ImportOptions, OnnxError, OnnxModel};
-use tessera_host::session::onnx::{run_onnx, NamedTensor};
-use tessera_host::session::SessionError;
 use tessera_sim::Heap;
 
 fn dir() -> PathBuf {

@@ -7,10 +7,10 @@
 use std::path::PathBuf;
 
 use proptest::prelude::*;
+use tessera_host::compile::onnx::{compile_imported, import_options, OnnxOptions};
+use tessera_host::compile::SessionOptions;
 use tessera_host::estimation::split::{is_profile_estimate, partition, profile, profile_of};
 use tessera_host::onnx::{OnnxGraph, OnnxModel, Stages};
-use tessera_host::session::onnx::{compile_imported, import_options, OnnxOptions};
-use tessera_host::session::SessionOptions;
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -6,14 +6,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use tessera_core::schedule::Schedule;
+use tessera_host::compile::{compile, SessionError, SessionOptions};
 use tessera_host::idx::{load_mnist, Mnist};
 use tessera_host::infeed::InfeedError;
 use tessera_host::inspect::GradientOutfeedMode;
 use tessera_host::model::shipped;
 use tessera_host::outfeed::{HostTensor, OutfeedError, OutfeedMode, OutfeedQueue};
-use tessera_host::session::{
-    compile, train, SessionError, SessionOptions, TrainEvent, TrainOptions, TrainReport,
-};
+use tessera_host::session::{train, TrainEvent, TrainOptions, TrainReport};
 use tessera_host::stats::TensorStats;
 use tessera_sim::system::SystemError;
 

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tessera_core::schedule::Schedule;
 use tessera_core::DType;
+use tessera_host::compile::onnx::LossKind;
+use tessera_host::compile::OptimizerKind;
 use tessera_host::model::DEFAULT_MODEL;
-use tessera_host::session::onnx::LossKind;
-use tessera_host::session::OptimizerKind;
 use tessera_sim::machine::Preset;
 use tessera_sim::planner::PartialsType;
 

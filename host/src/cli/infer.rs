@@ -4,11 +4,12 @@
 use npyz::WriterBuilder as _;
 use std::path::Path;
 
+use tessera_host::compile::SessionOptions;
 use tessera_host::idx::Mnist;
 use tessera_host::outfeed::HostTensor;
 use tessera_host::output::{check_output_file, write_atomically};
 use tessera_host::session::{
-    EstimateSummary, EvaluateOptions, EvaluateReport, Evaluation, SessionOptions, Weights,
+    EstimateSummary, EvaluateOptions, EvaluateReport, Evaluation, Weights,
 };
 use tessera_sim::machine::IpuConfig;
 

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
+use tessera_host::compile::onnx::{run_onnx, NamedTensor};
 use tessera_host::onnx::{OnnxModel, Stages};
-use tessera_host::session::onnx::{run_onnx, NamedTensor};
 
 use super::args::RunArgs;
 use super::AnyError;

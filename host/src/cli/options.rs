@@ -2,10 +2,10 @@
 
 use std::path::{Path, PathBuf};
 
+use tessera_host::compile::SessionOptions;
 use tessera_host::estimation::{EstimateOptions, ModelSource};
 use tessera_host::idx::{load_mnist, Mnist};
 use tessera_host::model::Model;
-use tessera_host::session::SessionOptions;
 
 use super::args::{EstimateArgs, ModelArgs};
 use super::AnyError;
@@ -102,9 +102,9 @@ mod tests {
     use clap::{CommandFactory, Parser};
     use tessera_core::schedule::Schedule;
     use tessera_core::DType;
+    use tessera_host::compile::onnx::LossKind;
+    use tessera_host::compile::OptimizerKind;
     use tessera_host::names::Named;
-    use tessera_host::session::onnx::LossKind;
-    use tessera_host::session::OptimizerKind;
     use tessera_sim::machine::Preset;
     use tessera_sim::planner::PartialsType;
 

@@ -2,12 +2,12 @@
 //! header, the per-epoch callbacks with a progress bar, the test evaluation and the estimate.
 
 use indicatif::{ProgressBar, ProgressStyle};
+use tessera_host::compile::{compile, SessionOptions};
 use tessera_host::idx::Mnist;
 use tessera_host::inspect::{epoch_report, parse_filters, GradientOutfeedMode};
 use tessera_host::report::write_report;
 use tessera_host::session::{
-    compile, prepare, EstimateSummary, Prepared, SessionOptions, TrainEvent, TrainOptions,
-    TrainReport,
+    prepare, EstimateSummary, Prepared, TrainEvent, TrainOptions, TrainReport,
 };
 
 use super::args::TrainArgs;

@@ -29,11 +29,12 @@ use serde::Serialize;
 use tessera_sim::machine::IpuConfig;
 use tessera_sim::system::SystemEstimate;
 
+use crate::compile::onnx::LayerRow;
+use crate::compile::{compile, inference_estimate, SessionError, SessionOptions};
 use crate::model::{shipped, Model, ModelError, SHIPPED};
 use crate::onnx::OnnxError;
 use crate::report::{Report, ReportError};
-use crate::session::onnx::LayerRow;
-use crate::session::{compile, inference_estimate, EstimateSummary, SessionError, SessionOptions};
+use crate::summary::EstimateSummary;
 
 pub use onnx::{FewestIpus, OnnxFacts};
 pub use options::{EstimateOptions, MAX_EMBEDDING_SERIALIZATION};

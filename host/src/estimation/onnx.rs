@@ -9,17 +9,18 @@ use tessera_core::schedule::least_accumulation;
 use tessera_sim::system::SystemEstimate;
 
 use super::{EstimateError, EstimateOptions, Estimation, Progress};
+use crate::compile::onnx::{
+    compile_imported, layer_rows, pipeline_stages, LayerRow, LossKind, OnnxCompiled, OnnxOptions,
+    ONNX_ACCUMULATION_RULE,
+};
+use crate::compile::SessionOptions;
 use crate::estimation::split::{
     check_pipeline_ipus, fewest_ipus, is_profile_estimate, layers_per_ipu, profile, profile_of,
     split, SplitInfo, MAX_IPUS,
 };
 use crate::onnx::{ImportOptions, OnnxGraph, OnnxModel, Stages};
 use crate::report::format::{bytes, count};
-use crate::session::onnx::{
-    compile_imported, layer_rows, pipeline_stages, LayerRow, LossKind, OnnxCompiled, OnnxOptions,
-    ONNX_ACCUMULATION_RULE,
-};
-use crate::session::{EstimateSummary, SessionOptions};
+use crate::summary::EstimateSummary;
 
 /// An ONNX model's import, split and search facts (under `onnx` in the JSON).
 #[derive(Clone, Debug, Serialize)]

@@ -8,10 +8,10 @@ use tessera_sim::machine::{IpuConfig, Preset};
 use tessera_sim::planner::PartialsType;
 
 use super::EstimateError;
+use crate::compile::onnx::LossKind;
+use crate::compile::{OptimizerKind, SessionOptions};
 use crate::model::TrainingDefaults;
 use crate::names::named;
-use crate::session::onnx::LossKind;
-use crate::session::{OptimizerKind, SessionOptions};
 pub use tessera_sim::techniques::serialization::MAX_EMBEDDING_SERIALIZATION;
 use tessera_sim::techniques::{
     offload, serialization, sharding, Checkpoints, MemoryProportion, Offload, Recompute, Techniques,

@@ -548,13 +548,13 @@ mod tests {
 
     use prost::Message;
 
+    use crate::compile::onnx::{run_onnx, NamedTensor};
     use crate::onnx::proto::{
         tensor_shape_proto::{dimension::Value as Dim, Dimension},
         type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
         TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
     };
     use crate::onnx::OnnxModel;
-    use crate::session::onnx::{run_onnx, NamedTensor};
 
     fn float(name: &str, n: i64) -> ValueInfoProto {
         ValueInfoProto {
