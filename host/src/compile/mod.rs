@@ -2,9 +2,9 @@
 //! become a training (or inference) plan and how the system runs it, ready to estimate or to
 //! run (see [`crate::session`]).
 //!
-//! Every front end ends in [`compile_graph`]: a model file's training compile ([`compile()`]),
+//! Every front end ends in `compile_graph`: a model file's training compile ([`compile()`]),
 //! an imported ONNX graph's ([`onnx`]) and a model file's inference compile ([`inference`])
-//! build the forward graph and hand it over with a [`Front`]; the compile adds the backward
+//! build the forward graph and hand it over with a `Front`; the compile adds the backward
 //! pass and the updates for training, plans the graph and resolves the system options.
 
 mod error;
