@@ -28,6 +28,8 @@ pub(super) fn ipu_rows<S: Storage>(
     } = run;
     let g = plan.graph();
     let mut worst: Option<OutOfMemory> = None;
+    // Which variables' state replicated tensor sharding divides (the same on every IPU).
+    let lower = system_lower_options(opts);
     let rows = (0..t.ipus)
         .map(|d| {
             let r = &memory.reports[d];
@@ -55,7 +57,7 @@ pub(super) fn ipu_rows<S: Storage>(
                 })
                 .map(|(t, n)| {
                     let shards = if n.roles().contains(Roles::OPTIMIZER_STATE) {
-                        system_lower_options(opts).shards_of(t.elements)
+                        lower.shards_of(t.elements)
                     } else {
                         1
                     };
