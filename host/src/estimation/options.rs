@@ -397,6 +397,10 @@ impl EstimateOptions {
         let offload = self
             .offload_optimizer_state
             .unwrap_or_else(|| offload::default_optimizer_state(stages, accumulation, &machine));
+        let embedding_serialization = self.embedding_serialization.unwrap_or(1);
+        serialization::check(embedding_serialization).map_err(|e| {
+            EstimateError::Options(format!("{model}: embedding_serialization: {e}"))
+        })?;
         let checkpoints = Checkpoints::from_names(&self.recompute_checkpoints)
             .map_err(|e| EstimateError::Options(format!("--recompute-checkpoints: {e}")))?;
         let techniques = Techniques {
@@ -417,15 +421,7 @@ impl EstimateOptions {
                 .replicated_tensor_sharding
                 .unwrap_or_else(|| sharding::default_on(offload, self.replicas)),
             outlining: !self.no_outlining,
-            embedding_serialization: match self.embedding_serialization {
-                Some(0) => {
-                    return Err(EstimateError::Options(format!(
-                        "{model}: embedding_serialization must be at least 1 (1 leaves the embedding whole)"
-                    )))
-                }
-                Some(n) => n,
-                None => 1,
-            },
+            embedding_serialization,
         };
         Ok(SessionOptions {
             batch_size: self.batch_size.unwrap_or(32),
@@ -551,6 +547,9 @@ mod tests {
             ..EstimateOptions::default()
         };
         assert!(serial.check().is_err());
+        // Resolving checks it by the same rule, for callers that skip `check`.
+        let e = serial.session_options("m", 1).unwrap_err().to_string();
+        assert_eq!(e, "m: embedding_serialization: 0 is not in 1..=4096");
         assert!(EstimateOptions::default().check().is_ok());
     }
 
