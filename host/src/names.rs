@@ -13,6 +13,9 @@ use tessera_sim::planner::PartialsType;
 use crate::compile::onnx::LossKind;
 use crate::compile::OptimizerKind;
 
+mod parser;
+pub use parser::{parser, NamedParser};
+
 /// A choice with a fixed set of names.
 pub trait Named: Copy + PartialEq + 'static {
     /// What the choice is, for messages (`pipeline schedule`).

@@ -249,7 +249,12 @@ fn bad_specs_and_outputs_are_one_line_errors() {
     );
     fails(
         &tessera(&["sweep", &value], dir.path()),
-        &["value.toml", "configuration 1", "zigzag", "grouped"],
+        &[
+            "value.toml",
+            "[grid]: pipeline_schedule",
+            "zigzag",
+            "grouped",
+        ],
     );
     assert!(
         !dir.path().join("value-sweep").exists(),

@@ -3,15 +3,12 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use tessera_core::schedule::Schedule;
 use tessera_core::DType;
-use tessera_host::compile::onnx::LossKind;
-use tessera_host::compile::OptimizerKind;
 use tessera_host::model::DEFAULT_MODEL;
+use tessera_host::names::parser;
 use tessera_sim::machine::Preset;
-use tessera_sim::planner::PartialsType;
 
-use super::named::named;
+use super::flags::{EstimateFlags, ModelFlags};
 
 /// Train and estimate neural networks on a simulated IPU system.
 #[derive(Parser, Debug)]
@@ -56,128 +53,15 @@ pub enum Command {
     },
 }
 
-/// A proportion in (0, 1], as poplin's `availableMemoryProportion` must be.
-fn proportion(s: &str) -> Result<f64, String> {
-    let p: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{s}` is not a number"))?;
-    tessera_sim::planner::check_proportion(p).map(|()| p)
-}
-
-/// Options that say how a model is compiled and placed.
+/// A model and the options that say how it is compiled and placed.
 #[derive(Args, Debug)]
 pub struct ModelArgs {
     /// A shipped model (pipelined_sequential, pipelined_model, sequential, model) or a model
     /// file (TOML).
     #[arg(default_value = DEFAULT_MODEL)]
     pub model: String,
-    /// Samples per micro-batch [default: the model file's, else 32].
-    #[arg(long)]
-    pub batch_size: Option<usize>,
-    /// Micro-batches per weight update, M [default: the model file's, else 1; pipelines:
-    /// the least their schedule takes]. Pipelines of model files take TensorFlow's rule (a
-    /// multiple of the overlap, 2 x stages for Grouped training), of ONNX models PopART's
-    /// (at least 2 x stages - 1).
-    #[arg(long)]
-    pub gradient_accumulation_count: Option<usize>,
-    /// Weight updates per execution of the on-device loop, R [default: one pass over the
-    /// data's worth of updates].
-    #[arg(long, conflicts_with = "steps_per_execution")]
-    pub repeat_count: Option<usize>,
-    /// Micro-batches per execution, K (Keras' steps_per_execution; a multiple of M).
-    #[arg(long)]
-    pub steps_per_execution: Option<usize>,
-    /// Pipeline schedule [default: the model file's, else grouped].
-    #[arg(long, value_parser = named::<Schedule>())]
-    pub pipeline_schedule: Option<Schedule>,
-    /// Put every layer on one IPU (ignore the model's pipeline stages).
-    #[arg(long)]
-    pub no_pipelining: bool,
-    /// Replicas of the whole model, each with its own data.
-    #[arg(long, default_value_t = 1)]
-    pub replicas: usize,
-    /// IPU generation.
-    #[arg(long, value_parser = named::<Preset>(), default_value = "mk2")]
-    pub ipu: Preset,
-    /// Optimizer (momentum is 0.9) [default: the model file's, else sgd].
-    #[arg(long, value_parser = named::<OptimizerKind>())]
-    pub optimizer: Option<OptimizerKind>,
-    /// Learning rate [default: the model file's for its optimizer, else 0.1 for sgd, 0.01 for
-    /// momentum, 0.001 for adam].
-    #[arg(long)]
-    pub learning_rate: Option<f32>,
-    /// Keep optimizer state in streaming memory (remote buffers), loaded for each update.
-    /// On by default (TensorFlow's offload_weight_update_variables) for pipelined models and
-    /// gradient accumulation when the machine has remote buffers.
-    #[arg(long, conflicts_with = "no_offload_optimizer_state")]
-    pub offload_optimizer_state: bool,
-    /// Keep optimizer state on the tiles even where offloading is the default.
-    #[arg(long)]
-    pub no_offload_optimizer_state: bool,
-    /// Element type of weights and activations.
-    #[arg(long, value_parser = named::<DType>(), default_value = "f32")]
-    pub dtype: DType,
-    /// Type of matmuls' and convolutions' partial sums: Poplar's `partialsType` (TensorFlow
-    /// `set_matmul_options` / `set_convolution_options({'partialsType': 'half'})`, PopART
-    /// `partialsTypeMatMuls`, PopTorch `Precision.setPartialsType`) [default: the model
-    /// file's, else float]. Half applies to f16 products only.
-    #[arg(long, value_parser = named::<PartialsType>())]
-    pub partials_type: Option<PartialsType>,
-    /// Element type of the gradient accumulators: TensorFlow's `gradient_accumulation_dtype`
-    /// (pipelining and `GradientAccumulationOptimizerV2`), PopART's `accumType` [default: the
-    /// model file's, else the weights' type, TensorFlow's and PopART SGD's default].
-    #[arg(long, value_parser = named::<DType>())]
-    pub gradient_accumulation_dtype: Option<DType>,
-    /// Share of each tile a matmul's or convolution's temporary memory may take in the
-    /// planner's first pass: poplin's `availableMemoryProportion` (TensorFlow
-    /// `set_matmul_options` / `set_convolution_options`, PopART per-IPU
-    /// `availableMemoryProportion`, PopTorch `setAvailableMemoryProportion`). One value, or one
-    /// per pipeline stage `P0,P1,...` [default: the model file's, else 0.6].
-    #[arg(long, value_delimiter = ',', value_parser = proportion)]
-    pub available_memory_proportion: Vec<f64>,
-    /// Training: keep only these forward activations for the backward pass and recompute the
-    /// rest from them, segment by segment (PopART's recomputation with checkpoints, TensorFlow
-    /// `recomputation_checkpoint`, PopTorch `recomputationCheckpoint`). `auto`: one at the
-    /// output of each repeated block (each residual block, each transformer sublayer), as
-    /// PopTorch's `recompute_checkpoint_every_layer`; or node names, comma-separated. Works
-    /// with one stage on one IPU too.
-    #[arg(long, value_delimiter = ',')]
-    pub recompute_checkpoints: Vec<String>,
-    /// Shard the optimizer state and its update over the replicas (TensorFlow
-    /// `replicated_optimizer_state_sharding`, PopART `replicatedTensorSharding`): each replica
-    /// loads, stores and updates its share of every variable of 8192 elements or more; the
-    /// gradients' all-reduce becomes a reduce-scatter and an all-gather of the weights. Needs
-    /// the optimizer state offloaded, as TensorFlow does. On by default wherever the state is
-    /// offloaded and there are several replicas: TensorFlow's default for it is the offload
-    /// setting.
-    #[arg(long, conflicts_with = "no_replicated_tensor_sharding")]
-    pub replicated_tensor_sharding: bool,
-    /// Keep each replica's optimizer state whole even where sharding it is the default.
-    #[arg(long)]
-    pub no_replicated_tensor_sharding: bool,
-    /// Turn code reuse off (PopART `enableOutlining=false`; on by default, as in Poplar,
-    /// PopART and TensorFlow): without it, every repeat of an identical layer has its own
-    /// vertex state, exchange code and control code, and no call copies its tensors in and
-    /// out.
-    #[arg(long)]
-    pub no_outlining: bool,
-    /// Run the products over the vocabulary in N serial pieces (PopTorch
-    /// `embedding_serialization_factor`, PopART `serializeMatMul`): the masked-LM projection and
-    /// its gradients over the largest gathered table's rows, each piece bringing and making its
-    /// share, so their temporary memory is about 1/N [default: the model file's, else 1].
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]
-    pub embedding_serialization: Option<u64>,
-    /// Keep the pipeline stash in streaming memory (TensorFlow `offload_activations`): each
-    /// stage stores the activations it stashes after its forward pass and loads them before
-    /// its backward pass, so they hold no tile memory in between.
-    #[arg(long)]
-    pub offload_activations: bool,
-    /// Keep the gradient accumulators in streaming memory (TensorFlow
-    /// `offload_gradient_accumulation_buffers`): each accumulation loads, adds into and stores
-    /// its accumulator, which holds tile memory only while it runs.
-    #[arg(long)]
-    pub offload_gradient_accumulation_buffers: bool,
+    #[command(flatten)]
+    pub options: ModelFlags,
 }
 
 #[derive(Args, Debug)]
@@ -273,54 +157,12 @@ pub struct RunArgs {
 
 #[derive(Args, Debug)]
 pub struct EstimateArgs {
+    /// A shipped model (pipelined_sequential, pipelined_model, sequential, model), a model
+    /// file (TOML) or an ONNX file.
+    #[arg(default_value = DEFAULT_MODEL)]
+    pub model: String,
     #[command(flatten)]
-    pub model: ModelArgs,
-    /// Estimate inference (the forward pass with the inference schedule) instead of training.
-    #[arg(long)]
-    pub inference: bool,
-    /// Recompute each pipeline stage's forward pass before its backward pass instead of
-    /// stashing its activations.
-    #[arg(long)]
-    pub recompute: bool,
-    /// ONNX models: a new pipeline stage (and IPU) after each named node (or the node making
-    /// the named tensor), comma-separated in graph order.
-    #[arg(long, value_delimiter = ',', conflicts_with = "pipeline_ipus")]
-    pub pipeline_stages: Vec<String>,
-    /// ONNX models: the IPU of each pipeline stage, comma-separated (TensorFlow's
-    /// `device_mapping`, PopART's `virtualGraph`) [default: the file's `ipu` attributes, else
-    /// stage k on IPU k]. Stages sharing an IPU run one after another, and the estimate gives
-    /// each one's memory on its own: its steps' code, the variables they touch and its tiles'
-    /// peak over them, as PopLiner attributes a profiled program to layer ranges.
-    #[arg(long, value_delimiter = ',', requires = "pipeline_stages")]
-    pub device_mapping: Vec<usize>,
-    /// ONNX models: split into N pipeline stages on N IPUs automatically, balancing the
-    /// stages' cycles within each IPU's memory.
-    #[arg(long)]
-    pub pipeline_ipus: Option<usize>,
-    /// ONNX models: the repeated blocks (transformer layers, residual blocks) on each IPU,
-    /// comma-separated, PopTorch's and Optimum Graphcore's `layers_per_ipu`. The embeddings
-    /// or the stem go with the first IPU and a masked-LM head with the embedding: `0,4,4,4`
-    /// is Graphcore's BERT-Base phase-1 split, `3,7,7,7` its BERT-Large one.
-    #[arg(long, value_delimiter = ',', conflicts_with_all = ["pipeline_stages", "pipeline_ipus"])]
-    pub layers_per_ipu: Vec<usize>,
-    /// ONNX models: the whole shape of a graph input, NAME=D0,D1,... (repeat for several),
-    /// as trtexec's `--shapes` and onnxruntime's free-dimension overrides bind them: the
-    /// sequence length of a transformer, say. It stands as given, its batch axis included;
-    /// `--batch-size` binds the batch of the other inputs.
-    #[arg(long = "input-shape", value_name = "NAME=D0,D1,...", value_parser = parse_input_shape)]
-    pub input_shapes: Vec<(String, Vec<usize>)>,
-    /// ONNX models: when the model does not fit, do not search for the fewest IPUs an
-    /// automatic split fits on (the search makes several estimates; sweeps want only this one).
-    #[arg(long)]
-    pub no_search: bool,
-    /// ONNX models: the loss of training [default: auto, by the output's shape].
-    #[arg(long, value_parser = named::<LossKind>())]
-    pub loss: Option<LossKind>,
-    /// ONNX models, masked-LM loss: masked positions per sequence that the head projects
-    /// onto the vocabulary (BERT's `max_predictions_per_seq`, Graphcore's `mask_tokens`)
-    /// [default: 15% of the sequence, rounded up: 20 for 128 tokens].
-    #[arg(long)]
-    pub mask_tokens: Option<usize>,
+    pub options: EstimateFlags,
     /// ONNX models: print every layer's row (default: the 12 with the most cycles).
     #[arg(long)]
     pub layers: bool,
@@ -353,7 +195,7 @@ pub struct OpCommon {
     #[arg(long, value_enum, default_value = "half")]
     pub data_type: DataTypeArg,
     /// IPU generation.
-    #[arg(long, value_parser = named::<Preset>(), default_value = "mk2")]
+    #[arg(long, value_parser = parser::<Preset>(), default_value = "mk2")]
     pub ipu: Preset,
     /// Print one JSON object.
     #[arg(long)]
@@ -618,23 +460,4 @@ pub struct MergeArgs {
     /// The directory the shards wrote to [default: SPEC's stem + "-sweep"].
     #[arg(long)]
     pub output: Option<PathBuf>,
-}
-
-/// `NAME=D0,D1,...` of `--input-shape`.
-fn parse_input_shape(s: &str) -> Result<(String, Vec<usize>), String> {
-    let (name, dims) = s
-        .rsplit_once('=')
-        .ok_or_else(|| format!("`{s}`: expected NAME=D0,D1,..."))?;
-    if name.is_empty() {
-        return Err(format!("`{s}`: the input's name is missing"));
-    }
-    let dims = dims
-        .split(',')
-        .map(|d| {
-            d.trim()
-                .parse::<usize>()
-                .map_err(|_| format!("`{s}`: `{d}` is not a size"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok((name.to_string(), dims))
 }

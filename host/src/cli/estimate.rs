@@ -7,7 +7,7 @@ use tessera_host::estimation::{estimate_with, FewestIpus, ModelSource, Progress}
 use tessera_host::report::write_report;
 
 use super::args::EstimateArgs;
-use super::options::{command_line, estimate_options};
+use super::options::command_line;
 use super::AnyError;
 
 pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
@@ -15,9 +15,9 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
     if let Some(d) = &a.report_dir {
         tessera_host::output::check_output_dir(d)?;
     }
-    let source = ModelSource::from_arg(&a.model.model);
+    let source = ModelSource::from_arg(&a.model);
     let json = a.json;
-    let e = estimate_with(&source, &estimate_options(&a), &mut |p| {
+    let e = estimate_with(&source, &a.options.0, &mut |p| {
         match p {
         Progress::Searching { model, limit } if !json => eprintln!(
             "{model} does not fit; searching for the fewest IPUs an automatic split fits on (up to {limit})..."

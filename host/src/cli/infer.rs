@@ -47,7 +47,7 @@ fn infer(
     let so = session_options(&a.model, &model)?;
     let data = load_data(&data_dir(a.data.as_deref()))?;
     let opts = EvaluateOptions {
-        steps_per_execution: a.model.steps_per_execution,
+        steps_per_execution: a.model.options.0.steps_per_execution,
         prefetch_depth: None,
     };
     let evaluation = Evaluation::new(&model, &so, &data, &opts, with_labels)?;

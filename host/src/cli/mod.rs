@@ -2,8 +2,8 @@
 
 pub mod args;
 pub mod estimate;
+pub mod flags;
 pub mod infer;
-pub mod named;
 pub mod onnx;
 pub mod op;
 pub mod options;

@@ -3,11 +3,11 @@
 use std::path::{Path, PathBuf};
 
 use tessera_host::compile::SessionOptions;
-use tessera_host::estimation::{EstimateOptions, ModelSource};
+use tessera_host::estimation::ModelSource;
 use tessera_host::idx::{load_mnist, Mnist};
 use tessera_host::model::Model;
 
-use super::args::{EstimateArgs, ModelArgs};
+use super::args::ModelArgs;
 use super::AnyError;
 
 /// The digits bundled with Tessera.
@@ -30,62 +30,10 @@ pub fn load_data(dir: &Path) -> Result<Mnist, AnyError> {
 
 /// The session options: the command line's, else the model file's, else the defaults.
 pub fn session_options(a: &ModelArgs, model: &Model) -> Result<SessionOptions, AnyError> {
-    Ok(model_options(a)
+    Ok(a.options
+        .0
         .for_model(&model.training, &model.name)?
         .session_options(&model.name, model.stage_count())?)
-}
-
-/// The estimate options the model options on the command line stand for.
-pub fn model_options(a: &ModelArgs) -> EstimateOptions {
-    let either = |yes: bool, no: bool| match (yes, no) {
-        (true, _) => Some(true),
-        (false, true) => Some(false),
-        (false, false) => None,
-    };
-    EstimateOptions {
-        batch_size: a.batch_size,
-        gradient_accumulation_count: a.gradient_accumulation_count,
-        repeat_count: a.repeat_count,
-        steps_per_execution: a.steps_per_execution,
-        pipeline_schedule: a.pipeline_schedule,
-        no_pipelining: a.no_pipelining,
-        replicas: a.replicas,
-        ipu: a.ipu,
-        optimizer: a.optimizer,
-        learning_rate: a.learning_rate,
-        offload_optimizer_state: either(a.offload_optimizer_state, a.no_offload_optimizer_state),
-        dtype: a.dtype,
-        partials_type: a.partials_type,
-        gradient_accumulation_dtype: a.gradient_accumulation_dtype,
-        available_memory_proportion: a.available_memory_proportion.clone(),
-        recompute_checkpoints: a.recompute_checkpoints.clone(),
-        replicated_tensor_sharding: either(
-            a.replicated_tensor_sharding,
-            a.no_replicated_tensor_sharding,
-        ),
-        no_outlining: a.no_outlining,
-        embedding_serialization: a.embedding_serialization,
-        offload_activations: a.offload_activations,
-        offload_gradient_accumulation_buffers: a.offload_gradient_accumulation_buffers,
-        ..EstimateOptions::default()
-    }
-}
-
-/// The estimate options `tessera estimate`'s command line stands for.
-pub fn estimate_options(a: &EstimateArgs) -> EstimateOptions {
-    EstimateOptions {
-        inference: a.inference,
-        recompute: a.recompute,
-        pipeline_stages: a.pipeline_stages.clone(),
-        device_mapping: a.device_mapping.clone(),
-        pipeline_ipus: a.pipeline_ipus,
-        layers_per_ipu: a.layers_per_ipu.clone(),
-        input_shapes: a.input_shapes.clone(),
-        no_search: a.no_search,
-        loss: a.loss,
-        mask_tokens: a.mask_tokens,
-        ..model_options(&a.model)
-    }
 }
 
 /// The command line as typed, with the program called `tessera`.
@@ -164,8 +112,8 @@ mod tests {
         let super::super::args::Command::Estimate(a) = cli.command else {
             panic!("not an estimate")
         };
-        assert_eq!(a.model.pipeline_schedule, Some(Schedule::Interleaved));
-        assert_eq!(a.model.ipu, Preset::Bow);
+        assert_eq!(a.options.0.pipeline_schedule, Some(Schedule::Interleaved));
+        assert_eq!(a.options.0.ipu, Preset::Bow);
         let e = parse(&["tessera", "estimate", "--ipu", "mk3"])
             .unwrap_err()
             .to_string();

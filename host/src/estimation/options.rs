@@ -11,7 +11,7 @@ use super::EstimateError;
 use crate::compile::onnx::LossKind;
 use crate::compile::{OptimizerKind, SessionOptions};
 use crate::model::TrainingDefaults;
-use crate::names::named;
+use crate::names::{named, parser};
 pub use tessera_sim::techniques::serialization::MAX_EMBEDDING_SERIALIZATION;
 use tessera_sim::techniques::{
     offload, serialization, sharding, Checkpoints, MemoryProportion, Offload, Recompute, Techniques,
@@ -21,94 +21,216 @@ use tessera_sim::techniques::{
 /// underscores for dashes (`batch_size` is `--batch-size`). A value left out takes the model
 /// file's, else Tessera's default; every field is optional in serde.
 ///
-/// A flag that has a `no_` form on the command line and an automatic default
-/// (`offload_optimizer_state`, `replicated_tensor_sharding`) is `Option<bool>`: `Some(true)`
-/// asks for it, `Some(false)` refuses it, `None` takes the default.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// Each option is declared here once: its field, its flag and help (clap, from the doc
+/// comment), and how serde reads it for sweeps, model files and Python. A flag that has a
+/// `no_` form on the command line and an automatic default (`offload_optimizer_state`,
+/// `replicated_tensor_sharding`) is `Option<bool>`: `Some(true)` asks for it, `Some(false)`
+/// refuses it, `None` takes the default.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(default, deny_unknown_fields)]
 pub struct EstimateOptions {
-    /// Samples per micro-batch [the model file's, else 32; an ONNX file's batch].
+    /// Samples per micro-batch [default: the model file's, else 32; an ONNX file's batch].
+    #[arg(long)]
     pub batch_size: Option<usize>,
-    /// Micro-batches per weight update, M [the model file's, else 1; pipelines: the least
-    /// their schedule takes].
+    /// Micro-batches per weight update, M [default: the model file's, else 1; pipelines:
+    /// the least their schedule takes]. Pipelines of model files take TensorFlow's rule (a
+    /// multiple of the overlap, 2 x stages for Grouped training), of ONNX models PopART's
+    /// (at least 2 x stages - 1).
+    #[arg(long)]
     pub gradient_accumulation_count: Option<usize>,
-    /// Weight updates per execution of the on-device loop, R.
+    /// Weight updates per execution of the on-device loop, R [default: one pass over the
+    /// data's worth of updates].
+    #[arg(long, conflicts_with = "steps_per_execution")]
     pub repeat_count: Option<usize>,
-    /// Micro-batches per execution, K (a multiple of M).
+    /// Micro-batches per execution, K (Keras' steps_per_execution; a multiple of M).
+    #[arg(long)]
     pub steps_per_execution: Option<usize>,
-    /// Pipeline schedule [the model file's, else grouped].
+    /// Pipeline schedule [default: the model file's, else grouped].
+    #[arg(long, value_parser = parser::<Schedule>())]
     #[serde(with = "named::option")]
     pub pipeline_schedule: Option<Schedule>,
-    /// Every layer on one IPU (the model's pipeline stages ignored).
+    /// Put every layer on one IPU (ignore the model's pipeline stages).
+    #[arg(long)]
     pub no_pipelining: bool,
-    /// Replicas of the whole model.
+    /// Replicas of the whole model, each with its own data.
+    #[arg(long, default_value_t = 1)]
     pub replicas: usize,
     /// IPU generation.
+    #[arg(long, value_parser = parser::<Preset>(), default_value = "mk2")]
     #[serde(with = "named")]
     pub ipu: Preset,
-    /// Optimizer [the model file's, else sgd].
+    /// Optimizer (momentum is 0.9) [default: the model file's, else sgd].
+    #[arg(long, value_parser = parser::<OptimizerKind>())]
     #[serde(with = "named::option")]
     pub optimizer: Option<OptimizerKind>,
-    /// Learning rate [the model file's for its optimizer, else the optimizer's default].
+    /// Learning rate [default: the model file's for its optimizer, else 0.1 for sgd, 0.01 for
+    /// momentum, 0.001 for adam].
+    #[arg(long)]
     pub learning_rate: Option<f32>,
-    /// Optimizer state in streaming memory [on for pipelines and accumulation when the
-    /// machine has streaming memory].
+    /// Keep optimizer state in streaming memory (remote buffers), loaded for each update.
+    /// On by default (TensorFlow's offload_weight_update_variables) for pipelined models and
+    /// gradient accumulation when the machine has remote buffers.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL", hide_possible_values = true)]
     pub offload_optimizer_state: Option<bool>,
     /// Element type of weights and activations.
+    #[arg(long, value_parser = parser::<DType>(), default_value = "f32")]
     #[serde(with = "named")]
     pub dtype: DType,
-    /// poplin's `partialsType` [the model file's, else float].
+    /// Type of matmuls' and convolutions' partial sums: Poplar's `partialsType` (TensorFlow
+    /// `set_matmul_options` / `set_convolution_options({'partialsType': 'half'})`, PopART
+    /// `partialsTypeMatMuls`, PopTorch `Precision.setPartialsType`) [default: the model
+    /// file's, else float]. Half applies to f16 products only.
+    #[arg(long, value_parser = parser::<PartialsType>())]
     #[serde(with = "named::option")]
     pub partials_type: Option<PartialsType>,
-    /// Element type of the gradient accumulators [the model file's, else the weights'].
+    /// Element type of the gradient accumulators: TensorFlow's `gradient_accumulation_dtype`
+    /// (pipelining and `GradientAccumulationOptimizerV2`), PopART's `accumType` [default: the
+    /// model file's, else the weights' type, TensorFlow's and PopART SGD's default].
+    #[arg(long, value_parser = parser::<DType>())]
     #[serde(with = "named::option")]
     pub gradient_accumulation_dtype: Option<DType>,
-    /// poplin's `availableMemoryProportion`: one value, or one per pipeline stage [the model
-    /// file's, else 0.6]. A single number reads as one value.
+    /// Share of each tile a matmul's or convolution's temporary memory may take in the
+    /// planner's first pass: poplin's `availableMemoryProportion` (TensorFlow
+    /// `set_matmul_options` / `set_convolution_options`, PopART per-IPU
+    /// `availableMemoryProportion`, PopTorch `setAvailableMemoryProportion`). One value, or one
+    /// per pipeline stage `P0,P1,...` [default: the model file's, else 0.6].
+    #[arg(long, value_delimiter = ',', value_parser = proportion)]
     #[serde(deserialize_with = "one_or_many")]
     pub available_memory_proportion: Vec<f64>,
-    /// Recomputation checkpoints: `["auto"]`, or node names. A string reads as its
-    /// comma-separated names.
+    /// Training: keep only these forward activations for the backward pass and recompute the
+    /// rest from them, segment by segment (PopART's recomputation with checkpoints, TensorFlow
+    /// `recomputation_checkpoint`, PopTorch `recomputationCheckpoint`). `auto`: one at the
+    /// output of each repeated block (each residual block, each transformer sublayer), as
+    /// PopTorch's `recompute_checkpoint_every_layer`; or node names, comma-separated. Works
+    /// with one stage on one IPU too.
+    #[arg(long, value_delimiter = ',')]
     #[serde(deserialize_with = "names")]
     pub recompute_checkpoints: Vec<String>,
-    /// The optimizer state sharded over the replicas [on wherever the state is offloaded and
-    /// there are several replicas].
+    /// Shard the optimizer state and its update over the replicas (TensorFlow
+    /// `replicated_optimizer_state_sharding`, PopART `replicatedTensorSharding`): each replica
+    /// loads, stores and updates its share of every variable of 8192 elements or more; the
+    /// gradients' all-reduce becomes a reduce-scatter and an all-gather of the weights. Needs
+    /// the optimizer state offloaded, as TensorFlow does. On by default wherever the state is
+    /// offloaded and there are several replicas: TensorFlow's default for it is the offload
+    /// setting.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL", hide_possible_values = true)]
     pub replicated_tensor_sharding: Option<bool>,
-    /// Code reuse off.
+    /// Turn code reuse off (PopART `enableOutlining=false`; on by default, as in Poplar,
+    /// PopART and TensorFlow): without it, every repeat of an identical layer has its own
+    /// vertex state, exchange code and control code, and no call copies its tensors in and
+    /// out.
+    #[arg(long)]
     pub no_outlining: bool,
-    /// The products over the vocabulary in this many serial pieces [the model file's, else 1].
+    /// Run the products over the vocabulary in N serial pieces (PopTorch
+    /// `embedding_serialization_factor`, PopART `serializeMatMul`): the masked-LM projection and
+    /// its gradients over the largest gathered table's rows, each piece bringing and making its
+    /// share, so their temporary memory is about 1/N [default: the model file's, else 1].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_EMBEDDING_SERIALIZATION))]
     pub embedding_serialization: Option<u64>,
-    /// The pipeline stash in streaming memory.
+    /// Keep the pipeline stash in streaming memory (TensorFlow `offload_activations`): each
+    /// stage stores the activations it stashes after its forward pass and loads them before
+    /// its backward pass, so they hold no tile memory in between.
+    #[arg(long)]
     pub offload_activations: bool,
-    /// The gradient accumulators in streaming memory.
+    /// Keep the gradient accumulators in streaming memory (TensorFlow
+    /// `offload_gradient_accumulation_buffers`): each accumulation loads, adds into and stores
+    /// its accumulator, which holds tile memory only while it runs.
+    #[arg(long)]
     pub offload_gradient_accumulation_buffers: bool,
-    /// Inference (the forward pass) instead of training.
+    /// Estimate inference (the forward pass with the inference schedule) instead of training.
+    #[arg(long)]
     pub inference: bool,
-    /// Each pipeline stage's forward pass recomputed before its backward pass.
+    /// Recompute each pipeline stage's forward pass before its backward pass instead of
+    /// stashing its activations.
+    #[arg(long)]
     pub recompute: bool,
-    /// ONNX models: a new pipeline stage after each named node (or a comma-separated
-    /// string of them).
+    /// ONNX models: a new pipeline stage (and IPU) after each named node (or the node making
+    /// the named tensor), comma-separated in graph order.
+    #[arg(long, value_delimiter = ',', conflicts_with = "pipeline_ipus")]
     #[serde(deserialize_with = "names")]
     pub pipeline_stages: Vec<String>,
-    /// ONNX models: the IPU of each pipeline stage (or a comma-separated string of them).
+    /// ONNX models: the IPU of each pipeline stage, comma-separated (TensorFlow's
+    /// `device_mapping`, PopART's `virtualGraph`) [default: the file's `ipu` attributes, else
+    /// stage k on IPU k]. Stages sharing an IPU run one after another, and the estimate gives
+    /// each one's memory on its own: its steps' code, the variables they touch and its tiles'
+    /// peak over them, as PopLiner attributes a profiled program to layer ranges.
+    #[arg(long, value_delimiter = ',', requires = "pipeline_stages")]
     #[serde(deserialize_with = "indices")]
     pub device_mapping: Vec<usize>,
-    /// ONNX models: an automatic split into this many IPUs.
+    /// ONNX models: split into N pipeline stages on N IPUs automatically, balancing the
+    /// stages' cycles within each IPU's memory.
+    #[arg(long)]
     pub pipeline_ipus: Option<usize>,
-    /// ONNX models: the repeated blocks on each IPU (or a comma-separated string of them).
+    /// ONNX models: the repeated blocks (transformer layers, residual blocks) on each IPU,
+    /// comma-separated, PopTorch's and Optimum Graphcore's `layers_per_ipu`. The embeddings
+    /// or the stem go with the first IPU and a masked-LM head with the embedding: `0,4,4,4`
+    /// is Graphcore's BERT-Base phase-1 split, `3,7,7,7` its BERT-Large one.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["pipeline_stages", "pipeline_ipus"])]
     #[serde(deserialize_with = "indices")]
     pub layers_per_ipu: Vec<usize>,
-    /// ONNX models: whole shapes of named inputs, as (name, dims).
+    /// ONNX models: the whole shape of a graph input, NAME=D0,D1,... (repeat for several),
+    /// as trtexec's `--shapes` and onnxruntime's free-dimension overrides bind them: the
+    /// sequence length of a transformer, say. It stands as given, its batch axis included;
+    /// `--batch-size` binds the batch of the other inputs.
+    #[arg(long = "input-shape", value_name = "NAME=D0,D1,...", value_parser = input_shape)]
     #[serde(alias = "input_shape")]
     pub input_shapes: Vec<(String, Vec<usize>)>,
-    /// ONNX models: no search for the fewest IPUs when the model does not fit.
+    /// ONNX models: when the model does not fit, do not search for the fewest IPUs an
+    /// automatic split fits on (the search makes several estimates; sweeps want only this one).
+    #[arg(long)]
     pub no_search: bool,
-    /// ONNX models: the loss of training (`None`: [`LossKind::Auto`], chosen by the output's
-    /// shape).
+    /// ONNX models: the loss of training [default: auto, by the output's shape].
+    #[arg(long, value_parser = parser::<LossKind>())]
     #[serde(with = "named::option")]
     pub loss: Option<LossKind>,
-    /// ONNX models, masked-LM loss: masked positions per sequence [15% of the sequence].
+    /// ONNX models, masked-LM loss: masked positions per sequence that the head projects
+    /// onto the vocabulary (BERT's `max_predictions_per_seq`, Graphcore's `mask_tokens`)
+    /// [default: 15% of the sequence, rounded up: 20 for 128 tokens].
+    #[arg(long)]
     pub mask_tokens: Option<usize>,
+}
+
+/// The options only an estimate takes (not `train`, `evaluate` or `predict`, which run a
+/// model file's training or inference).
+pub const ESTIMATE_ONLY: &[&str] = &[
+    "inference",
+    "recompute",
+    "pipeline_stages",
+    "device_mapping",
+    "pipeline_ipus",
+    "layers_per_ipu",
+    "input_shapes",
+    "no_search",
+    "loss",
+    "mask_tokens",
+];
+
+/// A proportion in (0, 1], as poplin's `availableMemoryProportion` must be.
+fn proportion(s: &str) -> Result<f64, String> {
+    let p: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number"))?;
+    tessera_sim::planner::check_proportion(p).map(|()| p)
+}
+
+/// One input's whole shape, `NAME=D0,D1,...`.
+fn input_shape(s: &str) -> Result<(String, Vec<usize>), String> {
+    let (name, dims) = s
+        .rsplit_once('=')
+        .ok_or_else(|| format!("`{s}`: expected NAME=D0,D1,..."))?;
+    if name.is_empty() {
+        return Err(format!("`{s}`: the input's name is missing"));
+    }
+    let dims = dims
+        .split(',')
+        .map(|d| {
+            d.trim()
+                .parse::<usize>()
+                .map_err(|_| format!("`{s}`: `{d}` is not a size"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((name.to_string(), dims))
 }
 
 impl Default for EstimateOptions {
@@ -217,9 +339,7 @@ impl EstimateOptions {
         map: &serde_json::Map<String, serde_json::Value>,
     ) -> Result<EstimateOptions, EstimateError> {
         for (k, v) in map {
-            let one = serde_json::Map::from_iter([(k.clone(), v.clone())]);
-            serde_json::from_value::<EstimateOptions>(serde_json::Value::Object(one))
-                .map_err(|e| EstimateError::Options(format!("{k}: {e}")))?;
+            Self::value(k, v)?;
         }
         let o: EstimateOptions = serde_json::from_value(serde_json::Value::Object(map.clone()))
             .map_err(|e| EstimateError::Options(e.to_string()))?;
@@ -227,10 +347,45 @@ impl EstimateOptions {
         Ok(o)
     }
 
+    /// Every option's name (serde's, the flag's with underscores), sorted.
+    pub fn names() -> Vec<String> {
+        match serde_json::to_value(EstimateOptions::default()) {
+            Ok(serde_json::Value::Object(m)) => m.keys().cloned().collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Value `v` of option `name`, checked on its own (its type and range; what it says
+    /// with other options is [`EstimateOptions::check`]'s), in the form the option holds
+    /// it: a list given as one comma-separated string is that list. An unknown name, or a
+    /// wrong value, is an error naming the option.
+    pub fn value(name: &str, v: &serde_json::Value) -> Result<serde_json::Value, EstimateError> {
+        let bad = |e: &dyn std::fmt::Display| EstimateError::Options(format!("{name}: {e}"));
+        let names = Self::names();
+        if !names.iter().any(|n| n == name) && name != "input_shape" {
+            return Err(EstimateError::Options(format!(
+                "unknown option `{name}`; the options are {}",
+                names.join(", ")
+            )));
+        }
+        let one = serde_json::Map::from_iter([(name.to_string(), v.clone())]);
+        let o: EstimateOptions =
+            serde_json::from_value(serde_json::Value::Object(one)).map_err(|e| bad(&e))?;
+        o.check_values()?;
+        let held = serde_json::to_value(&o).map_err(|e| bad(&e))?;
+        Ok(match (v, held.get(name)) {
+            (serde_json::Value::String(_), Some(list @ serde_json::Value::Array(_))) => {
+                list.clone()
+            }
+            _ => v.clone(),
+        })
+    }
+
     /// Checks what the options say together, before any work: exclusive options, options
     /// one needs another for, and values out of range. (The command line's parser checks
     /// the same; this is for the other ways in.)
     pub fn check(&self) -> Result<(), EstimateError> {
+        self.check_values()?;
         let bad = |m: &str| Err(EstimateError::Options(m.to_string()));
         if self.repeat_count.is_some() && self.steps_per_execution.is_some() {
             return bad("repeat_count and steps_per_execution exclude each other: give one");
@@ -247,6 +402,28 @@ impl EstimateOptions {
         }
         if !self.device_mapping.is_empty() && self.pipeline_stages.is_empty() {
             return bad("device_mapping needs pipeline_stages (the stages it maps to IPUs)");
+        }
+        Ok(())
+    }
+
+    /// Checks each option's value on its own: counts at least 1, proportions in (0, 1], the
+    /// serialization factor in range.
+    fn check_values(&self) -> Result<(), EstimateError> {
+        let bad = |m: &str| Err(EstimateError::Options(m.to_string()));
+        let counts = [
+            ("batch_size", self.batch_size),
+            (
+                "gradient_accumulation_count",
+                self.gradient_accumulation_count,
+            ),
+            ("repeat_count", self.repeat_count),
+            ("steps_per_execution", self.steps_per_execution),
+            ("replicas", Some(self.replicas)),
+            ("pipeline_ipus", self.pipeline_ipus),
+            ("mask_tokens", self.mask_tokens),
+        ];
+        if let Some((name, _)) = counts.iter().find(|(_, n)| *n == Some(0)) {
+            return bad(&format!("{name}: must be at least 1"));
         }
         for &p in &self.available_memory_proportion {
             tessera_sim::planner::check_proportion(p)

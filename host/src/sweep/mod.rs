@@ -16,9 +16,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-pub use spec::{Config, Kind, Spec, KEYS};
+pub use spec::{text, Config, Spec};
 
 use crate::estimation::{EstimateOptions, ModelSource};
 use crate::report::format::one_line;
@@ -409,16 +408,7 @@ pub fn csv_record(keys: &[String], r: &Row) -> Vec<String> {
     let opt = |v: Option<String>| v.unwrap_or_default();
     let mut f = vec![r.index.to_string()];
     for k in keys {
-        f.push(match r.config.0.get(k) {
-            None => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(a)) => a
-                .iter()
-                .filter_map(Value::as_str)
-                .collect::<Vec<_>>()
-                .join(","),
-            Some(v) => v.to_string(),
-        });
+        f.push(r.config.0.get(k).map(text).unwrap_or_default());
     }
     f.push(opt(r.fits.map(|b| b.to_string())));
     f.push(opt(r.ipus.map(|n| n.to_string())));
@@ -604,6 +594,7 @@ pub fn pareto_front(rows: &[Row]) -> Vec<&Row> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     fn row(index: usize, fits: bool, ipus: usize, sps: f64) -> Row {
         let mut c = BTreeMap::new();

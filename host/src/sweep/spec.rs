@@ -19,7 +19,8 @@
 //! pipeline_stages = ["node_add_18"]
 //! ```
 //!
-//! The keys are `tessera estimate`'s options with underscores for dashes (see [`KEYS`]).
+//! The keys are `model` and `tessera estimate`'s options with underscores for dashes
+//! ([`EstimateOptions::names`]), each value read as the options read it.
 //! A configuration is `[base]`, overridden by one `[[configs]]` entry (none when the list is
 //! absent), joined with one point of `[grid]` (the last key, in sorted order, varies
 //! fastest). A key both in an entry and in the grid is an error, as is an unknown key or a
@@ -35,56 +36,6 @@ use serde_json::Value;
 
 use super::SweepError;
 use crate::estimation::{EstimateError, EstimateOptions};
-
-/// What a key's values are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// A string (`model`, `dtype`, ...).
-    Text,
-    /// A whole number at least 1.
-    Count,
-    /// A number.
-    Number,
-    /// `true` or `false`.
-    Flag,
-    /// Node names: an array of strings, or one comma-separated string.
-    Names,
-    /// Whole numbers (IPU numbers, layers per IPU): an array, or one comma-separated string.
-    Indices,
-}
-
-/// The keys a configuration may set, with their kinds: `tessera estimate`'s options.
-pub const KEYS: &[(&str, Kind)] = &[
-    ("model", Kind::Text),
-    ("batch_size", Kind::Count),
-    ("gradient_accumulation_count", Kind::Count),
-    ("repeat_count", Kind::Count),
-    ("steps_per_execution", Kind::Count),
-    ("pipeline_schedule", Kind::Text),
-    ("no_pipelining", Kind::Flag),
-    ("replicas", Kind::Count),
-    ("ipu", Kind::Text),
-    ("optimizer", Kind::Text),
-    ("learning_rate", Kind::Number),
-    ("offload_optimizer_state", Kind::Flag),
-    ("dtype", Kind::Text),
-    ("inference", Kind::Flag),
-    ("recompute", Kind::Flag),
-    ("partials_type", Kind::Text),
-    ("gradient_accumulation_dtype", Kind::Text),
-    ("recompute_checkpoints", Kind::Names),
-    ("replicated_tensor_sharding", Kind::Flag),
-    ("no_outlining", Kind::Flag),
-    ("embedding_serialization", Kind::Count),
-    ("offload_activations", Kind::Flag),
-    ("offload_gradient_accumulation_buffers", Kind::Flag),
-    ("available_memory_proportion", Kind::Number),
-    ("pipeline_ipus", Kind::Count),
-    ("pipeline_stages", Kind::Names),
-    ("layers_per_ipu", Kind::Indices),
-    ("device_mapping", Kind::Indices),
-    ("loss", Kind::Text),
-];
 
 /// One configuration: option name to value, keys sorted. Its JSON text is its identity (a
 /// resumed sweep skips configurations whose rows it already has).
@@ -104,40 +55,25 @@ impl Config {
 
     /// The `tessera estimate` options this configuration stands for (after the model), in
     /// key order: `--batch-size 8 --dtype f16 ...`. A flag set to `false` is left out, except
-    /// `offload_optimizer_state = false` and `replicated_tensor_sharding = false`, which are
-    /// `--no-offload-optimizer-state` and `--no-replicated-tensor-sharding` (their defaults are
-    /// automatic); `pipeline_ipus = 1` is left out (one IPU).
+    /// an option whose default is automatic (`offload_optimizer_state`,
+    /// `replicated_tensor_sharding`), which is its `--no-` form; `pipeline_ipus = 1` is left
+    /// out (one IPU).
     pub fn options(&self) -> Vec<String> {
+        let defaults = serde_json::to_value(EstimateOptions::default()).unwrap_or_default();
         let mut out = Vec::new();
         for (k, v) in &self.0 {
             let flag = format!("--{}", k.replace('_', "-"));
             match (k.as_str(), v) {
                 ("model", _) => {}
-                ("offload_optimizer_state", Value::Bool(false)) => {
-                    out.push("--no-offload-optimizer-state".into());
-                }
-                ("replicated_tensor_sharding", Value::Bool(false)) => {
-                    out.push("--no-replicated-tensor-sharding".into());
-                }
                 ("pipeline_ipus", Value::Number(n)) if n.as_u64() == Some(1) => {}
                 (_, Value::Bool(true)) => out.push(flag),
+                (_, Value::Bool(false)) if defaults.get(k) == Some(&Value::Null) => {
+                    out.push(format!("--no-{}", k.replace('_', "-")));
+                }
                 (_, Value::Bool(false)) => {}
-                (_, Value::Array(items)) => {
-                    // Node names, or IPU numbers.
-                    let items: Vec<String> = items
-                        .iter()
-                        .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string))
-                        .collect();
+                (_, v) => {
                     out.push(flag);
-                    out.push(items.join(","));
-                }
-                (_, Value::String(s)) => {
-                    out.push(flag);
-                    out.push(s.clone());
-                }
-                (_, other) => {
-                    out.push(flag);
-                    out.push(other.to_string());
+                    out.push(text(v));
                 }
             }
         }
@@ -159,7 +95,7 @@ impl Config {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let mut o = EstimateOptions::from_map(&map)?;
-        o.no_search = onnx;
+        o.no_search |= onnx;
         Ok(o)
     }
 
@@ -180,19 +116,18 @@ impl fmt::Display for Config {
         let parts: Vec<String> = self
             .0
             .iter()
-            .map(|(k, v)| match v {
-                Value::String(s) => format!("{k}={s}"),
-                Value::Array(a) => format!(
-                    "{k}={}",
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .collect::<Vec<_>>()
-                        .join(",")
-                ),
-                other => format!("{k}={other}"),
-            })
+            .map(|(k, v)| format!("{k}={}", text(v)))
             .collect();
         f.write_str(&parts.join(" "))
+    }
+}
+
+/// A value as the command line writes it: a string as it is, a list comma-separated.
+pub fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Array(items) => items.iter().map(text).collect::<Vec<_>>().join(","),
+        other => other.to_string(),
     }
 }
 
@@ -336,7 +271,6 @@ impl Spec {
                 ("grid", toml::Value::Table(t)) => {
                     for (key, axis) in t {
                         let place = format!("[grid] {key}");
-                        let kind = kind_of(key, &place, &bad)?;
                         let toml::Value::Array(items) = axis else {
                             return Err(bad(format!(
                                 "{place}: a grid axis is an array of values, got {axis}"
@@ -347,7 +281,7 @@ impl Spec {
                         }
                         let vals = items
                             .iter()
-                            .map(|i| value(key, kind, i, &place, &bad))
+                            .map(|i| value(key, i, "[grid]", &bad))
                             .collect::<Result<Vec<_>, _>>()?;
                         grid.push((key.clone(), vals));
                     }
@@ -450,18 +384,6 @@ impl Spec {
     }
 }
 
-fn kind_of(key: &str, place: &str, bad: &dyn Fn(String) -> SweepError) -> Result<Kind, SweepError> {
-    KEYS.iter()
-        .find(|(k, _)| *k == key)
-        .map(|(_, kind)| *kind)
-        .ok_or_else(|| {
-            bad(format!(
-                "{place}: unknown key `{key}`; the keys are {}",
-                KEYS.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ")
-            ))
-        })
-}
-
 fn values(
     t: &toml::Table,
     place: &str,
@@ -469,70 +391,34 @@ fn values(
 ) -> Result<BTreeMap<String, Value>, SweepError> {
     let mut out = BTreeMap::new();
     for (k, v) in t {
-        let at = format!("{place} {k}");
-        let kind = kind_of(k, &at, bad)?;
-        out.insert(k.clone(), value(k, kind, v, &at, bad)?);
+        out.insert(k.clone(), value(k, v, place, bad)?);
     }
     Ok(out)
 }
 
-/// One value of `key`, checked against its kind.
+/// One value of `key` as the estimate options read it ([`EstimateOptions::value`]); `model`
+/// is a string.
 fn value(
     key: &str,
-    kind: Kind,
     v: &toml::Value,
     place: &str,
     bad: &dyn Fn(String) -> SweepError,
 ) -> Result<Value, SweepError> {
-    let wrong = |what: &str| bad(format!("{place}: `{key}` takes {what}, got {v}"));
-    Ok(match (kind, v) {
-        (Kind::Text, toml::Value::String(s)) => Value::String(s.clone()),
-        (Kind::Text, _) => return Err(wrong("a string")),
-        (Kind::Count, toml::Value::Integer(n)) if *n >= 1 => Value::from(*n as u64),
-        (Kind::Count, _) => return Err(wrong("a whole number at least 1")),
-        (Kind::Number, toml::Value::Float(x)) if x.is_finite() => Value::from(*x),
-        (Kind::Number, toml::Value::Integer(n)) => Value::from(*n as f64),
-        (Kind::Number, _) => return Err(wrong("a number")),
-        (Kind::Flag, toml::Value::Boolean(b)) => Value::Bool(*b),
-        (Kind::Flag, _) => return Err(wrong("true or false")),
-        (Kind::Names, toml::Value::String(s)) => Value::Array(
-            s.split(',')
-                .map(str::trim)
-                .filter(|n| !n.is_empty())
-                .map(|n| Value::String(n.to_string()))
-                .collect(),
-        ),
-        (Kind::Names, toml::Value::Array(a)) => {
-            let mut names = Vec::new();
-            for n in a {
-                match n {
-                    toml::Value::String(s) => names.push(Value::String(s.clone())),
-                    _ => return Err(wrong("node names (strings)")),
-                }
-            }
-            Value::Array(names)
-        }
-        (Kind::Names, _) => return Err(wrong("node names (an array of strings)")),
-        (Kind::Indices, toml::Value::String(s)) => {
-            let mut ipus = Vec::new();
-            for n in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-                let i: u64 = n.parse().map_err(|_| wrong("whole numbers"))?;
-                ipus.push(Value::from(i));
-            }
-            Value::Array(ipus)
-        }
-        (Kind::Indices, toml::Value::Array(a)) => {
-            let mut ipus = Vec::new();
-            for n in a {
-                match n {
-                    toml::Value::Integer(i) if *i >= 0 => ipus.push(Value::from(*i as u64)),
-                    _ => return Err(wrong("whole numbers")),
-                }
-            }
-            Value::Array(ipus)
-        }
-        (Kind::Indices, _) => return Err(wrong("an array of whole numbers")),
-    })
+    if key == "model" {
+        return match v {
+            toml::Value::String(s) => Ok(Value::String(s.clone())),
+            _ => Err(bad(format!("{place}: `model` takes a string, got {v}"))),
+        };
+    }
+    let names = EstimateOptions::names();
+    if !names.iter().any(|n| n == key) {
+        return Err(bad(format!(
+            "{place}: unknown key `{key}`; the keys are model, {}",
+            names.join(", ")
+        )));
+    }
+    let json = serde_json::to_value(v).map_err(|e| bad(format!("{place}: {key}: {e}")))?;
+    EstimateOptions::value(key, &json).map_err(|e| bad(format!("{place}: {e}")))
 }
 
 #[cfg(test)]
@@ -540,34 +426,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_key_is_an_estimate_option() {
-        for (key, kind) in KEYS.iter().filter(|(k, _)| *k != "model") {
-            let value = match kind {
-                Kind::Text => match *key {
-                    "pipeline_schedule" => Value::from("sequential"),
-                    "ipu" => Value::from("bow"),
-                    "optimizer" => Value::from("adam"),
-                    "dtype" | "gradient_accumulation_dtype" => Value::from("f16"),
-                    "partials_type" => Value::from("half"),
-                    "loss" => Value::from("mse"),
-                    other => panic!("a text key without a test value: {other}"),
-                },
-                Kind::Count => Value::from(2u64),
-                Kind::Number => Value::from(0.5),
-                Kind::Flag => Value::Bool(true),
-                Kind::Names => Value::from(vec!["n1"]),
-                Kind::Indices => Value::from(vec![1u64]),
-            };
-            let c = Config(BTreeMap::from([(key.to_string(), value.clone())]));
-            let o = c.estimate_options(false);
-            // Each key sets its option (device_mapping alone is refused: it needs stages).
-            match *key {
-                "device_mapping" => assert!(o.is_err(), "{key}"),
-                _ => {
-                    let o = o.unwrap_or_else(|e| panic!("{key}: {e}"));
-                    assert_ne!(o, EstimateOptions::default(), "{key} = {value} set nothing");
+    fn every_estimate_option_is_a_key() {
+        let candidates = [
+            "true",
+            "2",
+            "0.5",
+            "'sequential'",
+            "'bow'",
+            "'adam'",
+            "'f16'",
+            "'half'",
+            "'mse'",
+            "['n1']",
+            "[1]",
+            "[['x', [1, 2]]]",
+        ];
+        for key in EstimateOptions::names() {
+            // Some value sets the option: the spec takes it, and the options differ.
+            let set = candidates.iter().any(|v| {
+                let Ok(s) = parse(&format!("[base]\nmodel = 'm'\n{key} = {v}")) else {
+                    return false;
+                };
+                let c = s.configs.get(0).unwrap();
+                match c.estimate_options(false) {
+                    Ok(o) => o != EstimateOptions::default(),
+                    // device_mapping alone is refused: it needs stages.
+                    Err(e) => key == "device_mapping" && e.to_string().contains("pipeline_stages"),
                 }
-            }
+            });
+            assert!(set, "no value of `{key}` sets it in a sweep");
         }
     }
 
@@ -691,7 +578,7 @@ mod tests {
             ("[base]\nmodel = 'm'\nbatch = 2", "unknown key `batch`"),
             (
                 "[base]\nmodel = 'm'\nbatch_size = 0",
-                "a whole number at least 1",
+                "[base]: batch_size: must be at least 1",
             ),
             ("[grid]\nmodel = 'm'", "a grid axis is an array"),
             ("[grid]\nmodel = []", "at least one value"),
@@ -702,7 +589,14 @@ mod tests {
             ),
             ("colour = 'red'", "unknown top-level key `colour`"),
             ("[base\n", "s.toml"),
-            ("[base]\nmodel = 'm'\nrecompute = 1", "true or false"),
+            (
+                "[base]\nmodel = 'm'\nrecompute = 1",
+                "recompute: invalid type",
+            ),
+            (
+                "[grid]\nmodel = ['m']\nipu = ['mk3']",
+                "`mk3` is not one of mk1, mk2, bow",
+            ),
         ];
         for (text, want) in cases {
             let e = parse(text).unwrap_err().to_string();

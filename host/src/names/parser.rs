@@ -1,19 +1,19 @@
-//! The command line's choices read from the library's tables ([`Named`]): their names, what
-//! each value does, and the error for any other value, so a choice is written once.
+//! A choice as clap reads it from the library's tables ([`Named`]): its names, what each
+//! value does, and clap's error for any other value, so a choice is written once.
 
 use std::ffi::OsStr;
 use std::marker::PhantomData;
 
+use super::Named;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
-use tessera_host::names::Named;
 
 /// A clap value parser for the choice `T`: its names are [`Named::NAMES`], their help
 /// [`Named::HELP`].
 #[derive(Clone, Copy)]
 pub struct NamedParser<T>(PhantomData<fn() -> T>);
 
-/// The parser of choice `T` (`#[arg(value_parser = named::<T>())]`).
-pub fn named<T: Named>() -> NamedParser<T> {
+/// The parser of choice `T` (`#[arg(value_parser = parser::<T>())]`).
+pub fn parser<T: Named>() -> NamedParser<T> {
     NamedParser(PhantomData)
 }
 
