@@ -132,6 +132,7 @@ pub fn import_options(so: &SessionOptions, oo: &OnnxOptions) -> ImportOptions {
         stages: Stages::One,
         input_shapes: oo.input_shapes.clone(),
         known_inputs: Vec::new(),
+        techniques: so.techniques.clone(),
     }
 }
 

@@ -170,6 +170,8 @@ impl<'a> Job<'a> {
                 stages: Stages::One,
                 input_shapes: o.input_shapes.clone(),
                 known_inputs: Vec::new(),
+                // What the import reads of them does not hang on the stages.
+                techniques: o.session_options(&name, 1)?.techniques,
             },
         )?;
         let defaults = EstimateOptions {

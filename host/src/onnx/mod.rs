@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 
 use prost::Message;
 use tessera_core::{DType, GraphError, NodeId};
+use tessera_sim::techniques::Techniques;
 
 pub use consts::{Elem, Missing};
 pub use import::ops::{converters, markdown_table as op_table_markdown, Converter, Family};
@@ -549,6 +550,9 @@ pub struct ImportOptions {
     /// import (axes, starts, sizes, clip bounds, indices) reads it, as onnxruntime reads it
     /// at run time. They are no graph inputs of the import.
     pub known_inputs: Vec<(String, Vec<usize>, Vec<f64>)>,
+    /// The resolved techniques of the estimate or run: the import applies those that
+    /// rewrite the graph; the compile reads the rest.
+    pub techniques: Techniques,
 }
 
 impl Default for ImportOptions {
@@ -560,6 +564,7 @@ impl Default for ImportOptions {
             stages: Stages::Attributes,
             input_shapes: Vec::new(),
             known_inputs: Vec::new(),
+            techniques: Techniques::default(),
         }
     }
 }
