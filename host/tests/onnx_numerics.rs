@@ -181,3 +181,50 @@ fn bad_models_fail_with_a_typed_error_naming_the_culprit() {
         "{e}"
     );
 }
+
+#[test]
+fn inference_folds_each_batch_norm_into_the_convolution_before_it() {
+    use tessera_host::estimation::{estimate, EstimateOptions, ModelSource};
+    use tessera_sim::techniques::Techniques;
+    let model = load("cnn.onnx");
+    // The norms an import keeps, and the graph's size.
+    let import_with = |training: bool, inference_rewrites: bool| {
+        let mut g: Graph<Heap> = Graph::new();
+        let options = ImportOptions {
+            training,
+            techniques: Techniques {
+                inference_rewrites,
+                ..Techniques::default()
+            },
+            ..ImportOptions::default()
+        };
+        let imported = import(&model, &mut g, &options).expect("imports");
+        let norms = imported
+            .layers
+            .iter()
+            .filter(|l| l.op == "BatchNormalization")
+            .count();
+        (norms, g.nodes().len())
+    };
+    let (folded, rewritten) = import_with(false, true);
+    let (kept, as_written) = import_with(false, false);
+    assert_eq!((folded, kept), (0, 2));
+    assert!(
+        rewritten < as_written,
+        "{rewritten} graph nodes, {as_written} without"
+    );
+    // Training normalises with the batch's statistics: nothing folds.
+    assert_eq!(import_with(true, true).0, 2);
+    // The folded graph's outputs are onnxruntime's (`outputs_equal_onnxruntime` runs it); its
+    // estimate drops the norms' passes.
+    let cycles = |no_inference_rewrites: bool| {
+        let o = EstimateOptions {
+            inference: true,
+            no_inference_rewrites,
+            ..EstimateOptions::default()
+        };
+        let e = estimate(&ModelSource::OnnxFile(dir().join("cnn.onnx")), &o).expect("estimates");
+        e.summary.cycles_per_step
+    };
+    assert!(cycles(false) < cycles(true));
+}

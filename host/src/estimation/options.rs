@@ -137,6 +137,11 @@ pub struct EstimateOptions {
     /// its accumulator, which holds tile memory only while it runs.
     #[arg(long)]
     pub offload_gradient_accumulation_buffers: bool,
+    /// ONNX models, inference: compile the graph as the file has it, without the rewrites
+    /// inference compilers make (PopRT, onnxruntime's graph optimiser): a batch norm that
+    /// reads a convolution's only output is folded into its weights and bias.
+    #[arg(long)]
+    pub no_inference_rewrites: bool,
     /// Estimate inference (the forward pass with the inference schedule) instead of training.
     #[arg(long)]
     pub inference: bool,
@@ -193,6 +198,7 @@ pub struct EstimateOptions {
 /// The options only an estimate takes (not `train`, `evaluate` or `predict`, which run a
 /// model file's training or inference).
 pub const ESTIMATE_ONLY: &[&str] = &[
+    "no_inference_rewrites",
     "inference",
     "recompute",
     "pipeline_stages",
@@ -257,6 +263,7 @@ impl Default for EstimateOptions {
             embedding_serialization: None,
             offload_activations: false,
             offload_gradient_accumulation_buffers: false,
+            no_inference_rewrites: false,
             inference: false,
             recompute: false,
             pipeline_stages: Vec::new(),
@@ -495,6 +502,7 @@ impl EstimateOptions {
             embedding_serialization,
             offload_activations,
             offload_gradient_accumulation_buffers,
+            no_inference_rewrites,
             inference,
             recompute,
             pipeline_stages,
@@ -545,6 +553,7 @@ impl EstimateOptions {
             offload_activations: offload_activations || file.offload_activations,
             offload_gradient_accumulation_buffers: offload_gradient_accumulation_buffers
                 || file.offload_gradient_accumulation_buffers,
+            no_inference_rewrites: no_inference_rewrites || file.no_inference_rewrites,
             inference: inference || file.inference,
             recompute: recompute || file.recompute,
             pipeline_stages: list(pipeline_stages, &file.pipeline_stages),
@@ -599,6 +608,7 @@ impl EstimateOptions {
                 .unwrap_or_else(|| sharding::default_on(offload, self.replicas)),
             outlining: !self.no_outlining,
             embedding_serialization,
+            inference_rewrites: !self.no_inference_rewrites,
         };
         Ok(SessionOptions {
             batch_size: self.batch_size.unwrap_or(32),

@@ -12,6 +12,7 @@
 //! | replicated tensor sharding | [`Techniques::replicated_tensor_sharding`] | [`sharding`] | the update's lowering, the all-reduce |
 //! | outlining | [`Techniques::outlining`] | `crate::lower` (`outline`) | the program's code |
 //! | embedding serialization | [`Techniques::embedding_serialization`] | [`serialization`] | the planner |
+//! | inference rewrites | [`Techniques::inference_rewrites`] | host's ONNX import (`rewrite`) | the inference graph |
 
 pub mod offload;
 pub mod proportion;
@@ -48,10 +49,15 @@ pub struct Techniques {
     /// Embedding serialization: the products over the vocabulary in this many serial pieces
     /// (see [`serialization`]; 1: none).
     pub embedding_serialization: u64,
+    /// The graph rewrites inference compilers make (PopRT's and onnxruntime's graph
+    /// optimisers; on by default): a batch norm folded into the convolution before it. The
+    /// ONNX import applies them to inference graphs.
+    pub inference_rewrites: bool,
 }
 
 impl Default for Techniques {
-    /// None of them but outlining, which Poplar, PopART and TensorFlow turn on by default.
+    /// None of them but outlining, which Poplar, PopART and TensorFlow turn on by default,
+    /// and the inference rewrites, which inference compilers make by default.
     fn default() -> Self {
         Techniques {
             available_memory_proportion: MemoryProportion::default(),
@@ -61,6 +67,7 @@ impl Default for Techniques {
             replicated_tensor_sharding: false,
             outlining: true,
             embedding_serialization: 1,
+            inference_rewrites: true,
         }
     }
 }

@@ -76,6 +76,7 @@ macro_rules! chk {
 mod count;
 mod fold;
 pub mod ops;
+mod rewrite;
 mod staging;
 pub mod versions;
 
@@ -112,6 +113,12 @@ fn import_unstaged(
 ) -> R<(Imported, staging::Placements)> {
     let graph = model.graph();
     super::validate_graph(graph)?;
+    let rewritten = match opts.training || !opts.techniques.inference_rewrites {
+        true => None,
+        false => rewrite::fold_batch_norms(model),
+    };
+    let model = rewritten.as_ref().unwrap_or(model);
+    let graph = model.graph();
     // A negative size is neither a size nor a symbol (onnx.checker refuses it too).
     for i in &graph.input {
         use super::proto::tensor_shape_proto::dimension::Value as D;
