@@ -255,6 +255,16 @@ fn calibrate(
     serde_json::to_string(&c).map_err(|e| error("estimate", &e))
 }
 
+/// Every option with what it does, as (name, help, choices, default or None), in the
+/// order `tessera estimate --help` lists them ([`EstimateOptions::help`]).
+#[pyfunction]
+fn options_help() -> Vec<(String, String, Vec<String>, Option<String>)> {
+    EstimateOptions::help()
+        .into_iter()
+        .map(|h| (h.name, h.help, h.values, h.default))
+        .collect()
+}
+
 /// The module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -265,6 +275,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_options, m)?)?;
     m.add_function(wrap_pyfunction!(set_lowering_cache, m)?)?;
     m.add_function(wrap_pyfunction!(calibrate, m)?)?;
+    m.add_function(wrap_pyfunction!(options_help, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

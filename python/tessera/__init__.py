@@ -8,7 +8,7 @@
 ``onnx.ModelProto``, a ``torch.nn.Module`` with an example input or a Keras model, and the
 options of ``tessera estimate`` in snake_case. The result has typed attributes, ``.layers`` (a
 pandas DataFrame when pandas is installed), ``.to_dict()``, ``.save_report(dir)`` and an HTML
-view for notebooks. ``sweep`` estimates a sweep spec's configurations, ``calibrate`` compares
+view for notebooks; ``options()`` describes every option. ``sweep`` estimates a sweep spec's configurations, ``calibrate`` compares
 the estimates with Graphcore's published figures.
 
 The figures are those of the ``tessera`` command: both call the same library entry.
@@ -23,6 +23,7 @@ from ._api import (
     TesseraError,
     calibrate,
     estimate,
+    options,
     sweep,
 )
 from ._native import __version__
@@ -37,5 +38,6 @@ __all__ = [
     "__version__",
     "calibrate",
     "estimate",
+    "options",
     "sweep",
 ]

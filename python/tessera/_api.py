@@ -354,6 +354,35 @@ def estimate(model, example_input=None, *, must_fit=False, **options):
     return result
 
 
+def options():
+    """Every option of :func:`estimate` and of sweep specs, with what it does.
+
+    A dict of option name to its description, in the order ``tessera estimate --help``
+    lists them: the library's own text, with the names a choice takes and its default.
+    """
+    out = {}
+    for name, help_text, values, default in _native.options_help():
+        text = help_text
+        if values:
+            text += f" Values: {', '.join(values)}."
+        if default is not None:
+            text += f" Default: {default}."
+        out[name] = text
+    return out
+
+
+def _options_doc():
+    """The options as reStructuredText, for :func:`estimate`'s docstring."""
+    lines = ["", "    Options (``tessera.options()`` gives them as a dict):", ""]
+    for name, text in options().items():
+        lines.append(f"    ``{name}``")
+        lines.append(f"        {text}")
+    return "\n".join(lines) + "\n"
+
+
+estimate.__doc__ = (estimate.__doc__ or "") + _options_doc()
+
+
 def _row(row_json):
     """A sweep row as a flat dict: the index, the configuration's options, the figures."""
     row = json.loads(row_json)

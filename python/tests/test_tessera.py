@@ -221,3 +221,14 @@ def test_the_example_notebook_runs():
     finally:
         os.chdir(cwd)
     assert namespace["e"].fits
+
+
+def test_every_option_is_described_from_the_library():
+    opts = tessera.options()
+    assert list(opts)[0] == "batch_size"
+    assert opts["batch_size"].startswith("Samples per micro-batch")
+    assert "Values: f32, f16. Default: f32." in opts["dtype"]
+    assert "no_inference_rewrites" in opts
+    assert "``pipeline_schedule``" in tessera.estimate.__doc__
+    with pytest.raises(tessera.OptionError, match="unknown option `batch_sise`"):
+        tessera.estimate("sequential", batch_sise=2)

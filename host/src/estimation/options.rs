@@ -195,6 +195,19 @@ pub struct EstimateOptions {
     pub mask_tokens: Option<usize>,
 }
 
+/// One option as [`EstimateOptions::help`] describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OptionHelp {
+    /// Its name (serde's; the flag's with underscores for dashes).
+    pub name: String,
+    /// What it does.
+    pub help: String,
+    /// The names it takes, when it is a choice.
+    pub values: Vec<String>,
+    /// Its value when left out, when that is one fixed value.
+    pub default: Option<String>,
+}
+
 /// The options only an estimate takes (not `train`, `evaluate` or `predict`, which run a
 /// model file's training or inference).
 pub const ESTIMATE_ONLY: &[&str] = &[
@@ -360,6 +373,35 @@ impl EstimateOptions {
             Ok(serde_json::Value::Object(m)) => m.keys().cloned().collect(),
             _ => Vec::new(),
         }
+    }
+
+    /// Every option with what it does, in the order `tessera estimate --help` lists them:
+    /// the help is the field's doc comment, as the flag's.
+    pub fn help() -> Vec<OptionHelp> {
+        use clap::Args;
+        let cmd = EstimateOptions::augment_args(clap::Command::new("options"));
+        cmd.get_arguments()
+            .map(|a| OptionHelp {
+                name: a.get_id().to_string(),
+                help: a
+                    .get_long_help()
+                    .or(a.get_help())
+                    .map(ToString::to_string)
+                    .unwrap_or_default(),
+                values: match a.is_hide_possible_values_set() {
+                    true => Vec::new(),
+                    false => a
+                        .get_possible_values()
+                        .iter()
+                        .map(|v| v.get_name().to_string())
+                        .collect(),
+                },
+                default: a
+                    .get_default_values()
+                    .first()
+                    .map(|d| d.to_string_lossy().into_owned()),
+            })
+            .collect()
     }
 
     /// Value `v` of option `name`, checked on its own (its type and range; what it says
@@ -674,6 +716,24 @@ mod tests {
         let e =
             serde_json::from_str::<EstimateOptions>(r#"{"layers_per_ipu": "0,x"}"#).unwrap_err();
         assert!(e.to_string().contains("whole numbers"), "{e}");
+    }
+
+    #[test]
+    fn every_option_is_described_with_its_choices_and_default() {
+        let help = EstimateOptions::help();
+        let names: Vec<&str> = help.iter().map(|h| h.name.as_str()).collect();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, EstimateOptions::names());
+        assert!(help.iter().all(|h| !h.help.is_empty()), "{help:?}");
+        let dtype = help.iter().find(|h| h.name == "dtype").unwrap();
+        assert_eq!(dtype.values, ["f32", "f16"]);
+        assert_eq!(dtype.default.as_deref(), Some("f32"));
+        let switch = help
+            .iter()
+            .find(|h| h.name == "offload_optimizer_state")
+            .unwrap();
+        assert!(switch.values.is_empty() && switch.default.is_none());
     }
 
     #[test]
