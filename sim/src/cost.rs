@@ -1,8 +1,9 @@
 //! The vertex cost model: tile cycles of common vertices, exchanges and compute sets.
 //!
 //! Every function is pure: it reads an [`IpuConfig`] (worker contexts, vector widths, AMP MAC
-//! rates, exchange figures) and an element type, and returns tile cycles. The shapes follow the
-//! poplibs cycle estimators as paraphrased in ARCH.md ("Cost of common vertices"):
+//! rates, exchange figures, and its codelets' figures, [`IpuConfig::codelets`]) and an element
+//! type, and returns tile cycles. The shapes follow the poplibs cycle estimators as paraphrased
+//! in ARCH.md ("Cost of common vertices"):
 //!
 //! - `W` = worker contexts ([`IpuConfig::worker_contexts`], 6 on every preset);
 //! - `vw` = vector width of the element type (2 for fp32, 4 for fp16);
@@ -20,130 +21,9 @@ use tessera_core::DType;
 
 use crate::machine::IpuConfig;
 
-/// Supervisor cycles of an element-wise vertex (ARCH.md: "about a dozen cycles of supervisor
-/// overhead"). Also used for unary vertices ("like binary").
-pub const ELEMENTWISE_SUPERVISOR_CYCLES: u64 = 12;
-/// Worker setup cycles of an element-wise vertex (ARCH.md: "about 26-29"; 28 is our pick in
-/// that range, an estimate).
-pub const ELEMENTWISE_WORKER_SETUP_CYCLES: u64 = 28;
-/// Worker cycles per vector of an add, sub or mul (ARCH.md: "ceil(n_w / vw) x 3").
-pub const BINARY_CYCLES_PER_VECTOR: u64 = 3;
+mod codelets;
 
-/// Supervisor cycles of poplibs' basic element-wise ops (`basicOpSupervisorOverhead`,
-/// `lib/popops/PerformanceEstimation.cpp`, without scaled pointers).
-pub const BASIC_OP_SUPERVISOR_CYCLES: u64 = 11;
-/// Worker cycles of an in-place binary op's vertex outside its loop
-/// (`getBinaryOp1DInPlaceEstimate`, `lib/popops/popopsCycleEstimators.cpp`).
-pub const BINARY_IN_PLACE_WORKER_SETUP_CYCLES: u64 = 58;
-/// Worker cycles per vector of an in-place float or half add: the table's 1 cycle a loop
-/// (`binaryOpInPlacePerfInfo`, `lib/popops/popopsCycleEstimators.hpp`) plus the 2 of load,
-/// store and loop decision of an op with an assembly codelet (`binaryOpInnerLoopCycles`).
-pub const BINARY_IN_PLACE_CYCLES_PER_VECTOR: u64 = 3;
-
-/// Worker cycles of a `UnaryOp1D` vertex outside its loop (poplibs' estimator: 17, 33 for
-/// exp).
-pub const UNARY_WORKER_SETUP_CYCLES: u64 = 17;
-/// [`UNARY_WORKER_SETUP_CYCLES`] of exp.
-pub const UNARY_EXP_WORKER_SETUP_CYCLES: u64 = 33;
-/// Supervisor cycles of a `UnaryOp1D` vertex: the estimator's 9 and
-/// [`BASIC_OP_SUPERVISOR_CYCLES`].
-pub const UNARY_SUPERVISOR_CYCLES: u64 = 9 + BASIC_OP_SUPERVISOR_CYCLES;
-
-/// Supervisor cycles of a scaled add, the SGD update (ARCH.md: "supervisor about 60 cycles").
-pub const SCALED_ADD_SUPERVISOR_CYCLES: u64 = 60;
-/// Worker setup cycles of a scaled add (ARCH.md: "W x (about 24 + 3 per vector)").
-pub const SCALED_ADD_WORKER_SETUP_CYCLES: u64 = 24;
-/// Worker cycles per vector of a scaled add (ARCH.md: "3 per vector").
-pub const SCALED_ADD_CYCLES_PER_VECTOR: u64 = 3;
-
-/// Fixed cycles of a cast vertex (ARCH.md: "about 12 + W x (37 + 2 per vector of 4)").
-pub const CAST_SUPERVISOR_CYCLES: u64 = 12;
-/// Worker setup cycles of a cast vertex (ARCH.md: "37").
-pub const CAST_WORKER_SETUP_CYCLES: u64 = 37;
-/// Worker cycles per vector of a cast (ARCH.md: "2 per vector of 4").
-pub const CAST_CYCLES_PER_VECTOR: u64 = 2;
-/// Elements per cast vector, whichever direction (ARCH.md: "per vector of 4").
-pub const CAST_VECTOR_WIDTH: u64 = 4;
-
-/// Worker cycles of a reduction vertex outside its outputs: 10 of set-up and 7 of call and
-/// return (`getCycleEstimateReduceAllRegionsContinuous`,
-/// `lib/popops/reduction/CycleEstimationFunctions.cpp`, 2023).
-pub const REDUCE_VERTEX_CYCLES: u64 = 17;
-/// Worker cycles per output of a reduction beyond its inner loop (the same estimator:
-/// `12 * numOutputs`).
-pub const REDUCE_PER_OUTPUT_OVERHEAD_CYCLES: u64 = 12;
-/// The accumulators' width in fp32 elements (ARCH.md: "accumulator width 4").
-pub const REDUCE_ACCUMULATOR_WIDTH_FP32: u64 = 4;
-/// The accumulators' width in fp16 elements (ARCH.md: "8 (fp16)").
-pub const REDUCE_ACCUMULATOR_WIDTH_FP16: u64 = 8;
-/// The tile's load data path, bits: a reduction's inner loop takes the fewer of the
-/// accumulators' width and the elements one load brings (`elemsPerInnerLoop =
-/// min(accVectorWidth, dataPathWidth)` in the same estimator; Poplar's `getDataPathWidth`,
-/// 64 bits).
-pub const DATA_PATH_BITS: u64 = 64;
-
-/// Supervisor cycles of an AMP (matmul / convolution partials) vertex outside its loops
-/// (poplibs `getConvPartial1x1SupervisorOuterLoopCycleEstimate`, `supervisorNonloopOverhead`,
-/// lib/poplin/PerformanceEstimation.hpp, SDK 2.0).
-pub const AMP_SUPERVISOR_CYCLES: u64 = 50;
-/// Supervisor cycles per convolution group of an AMP vertex (poplibs, as above: `12`).
-pub const AMP_CONV_GROUP_CYCLES: u64 = 12;
-/// Supervisor cycles per input-channel group but the last (poplibs, as above: `15` plus the
-/// excess-input-channel overhead `1`).
-pub const AMP_IN_GROUP_CYCLES: u64 = 16;
-/// Supervisor cycles of the last input-channel group, which also zeroes the partials
-/// (poplibs, as above: `10 + 1`).
-pub const AMP_LAST_IN_GROUP_CYCLES: u64 = 11;
-/// Supervisor cycles per output-channel group (poplibs, as above: `19`).
-pub const AMP_OUT_GROUP_CYCLES: u64 = 19;
-/// Supervisor cycles per pass of the conv units over an (input, output) group pair, before
-/// the weight load and the workers (poplibs, as above: `6`; `outPassesOverhead` `7` in the
-/// zeroing pass).
-pub const AMP_PASS_CYCLES: u64 = 6;
-/// [`AMP_PASS_CYCLES`] of the pass that zeroes the partials.
-pub const AMP_ZEROING_PASS_CYCLES: u64 = 7;
-/// Input channels per AMP group (the weights one conv unit holds), fp32 inputs: a pass is
-/// `8` inputs x conv units outputs in 8 worker cycles per position (poplibs' "16x8 AMP" core
-/// loop, lib/poplin/PerformanceEstimation.hpp; `weightsPerConvUnit`, our reading of it).
-pub const AMP_IN_GROUP_FP32: u64 = 8;
-/// Input channels per AMP group, fp16 inputs: `16` inputs per conv unit in 4 worker cycles
-/// per position (as above).
-pub const AMP_IN_GROUP_FP16: u64 = 16;
-/// Worker cycles per field position per pass, fp32 inputs (poplibs `coreCycles`, as above).
-pub const AMP_CORE_CYCLES_FP32: u64 = 8;
-/// Worker cycles per field position per pass, fp16 inputs (poplibs `coreCycles`, as above).
-pub const AMP_CORE_CYCLES_FP16: u64 = 4;
-/// Bytes per cycle at which a pass loads its weights into the conv units. The 128-bit load
-/// moves 16 B per cycle, but poplibs plans with `use128BitConvUnitLoad = false`, which halves
-/// it (lib/poplin/ConvModel.cpp; `getConvPartialAmpSupervisorWeightLoadCycleEstimate`).
-pub const AMP_COEFF_LOAD_BYTES_PER_CYCLE: u64 = 8;
-/// Tile cycles the estimator adds to the least loaded worker's before comparing it with the
-/// busiest's (poplibs `getConvPartial1x1SupervisorInnerLoopCycleEstimate`: `+ 14`).
-pub const AMP_BALANCE_TAG_CYCLES: u64 = 14;
-
-/// Partial-sum depth from which poplin reduces a product's partials in two stages, and
-/// [`REDUCE_THREE_STAGE_DEPTH`] in three (`getNumReduceStages`, lib/poplin/ConvReducePlan.cpp:
-/// "thresholds chosen based on benchmarking"; `enableMultiStageReduce` is on by default).
-pub const REDUCE_TWO_STAGE_DEPTH: u64 = 16;
-/// Partial-sum depth from which poplin reduces in three stages (as above).
-pub const REDUCE_THREE_STAGE_DEPTH: u64 = 125;
-/// Fixed worker cycles of poplin's `ReduceAdd` supervisor vertex (`getReduceCycleEstimate`,
-/// lib/poplin/PerformanceEstimation.hpp, SDK 2.0: `32`).
-pub const REDUCE_ADD_FIXED_CYCLES: u64 = 32;
-/// Fixed worker cycles of the single-input `ReduceAdd` (as above: `20`), which poplin uses
-/// when the outputs are whole accumulator vectors; plus [`REDUCE_ADD_SINGLE_SUPERVISOR_CYCLES`].
-pub const REDUCE_ADD_SINGLE_FIXED_CYCLES: u64 = 20;
-/// Supervisor cycles of the single-input `ReduceAdd` (as above: `33`).
-pub const REDUCE_ADD_SINGLE_SUPERVISOR_CYCLES: u64 = 33;
-/// fp32 partials a `ReduceAdd` loop accumulates (as above: `accVectorWidth`, 4 for float).
-pub const REDUCE_ADD_VECTOR: u64 = 4;
-/// fp32 values the 64-bit data path loads per cycle (as above: `partialsInDataPathWidth`).
-pub const REDUCE_ADD_LOADS_PER_CYCLE: u64 = 2;
-
-/// Supervisor cycles a compute set costs on every tile that runs it. ARCH.md says only that
-/// such an overhead exists; 30 cycles is an estimate (control code to launch the workers and
-/// enter the next sync), of the same order as one vertex's supervisor overhead.
-pub const COMPUTE_SET_OVERHEAD_CYCLES: u64 = 30;
+pub use codelets::Codelets;
 
 /// A unary element-wise operation. Those popops runs as a `UnaryOp1D` cost poplibs' table
 /// entry ([`UnaryKind::popops_loop`]); copy, scale and clip a vector estimate
@@ -265,17 +145,24 @@ impl UnaryKind {
         match self.popops_loop(dtype) {
             Some((cycles, elements)) => {
                 let setup = if matches!(self, UnaryKind::Exp) {
-                    UNARY_EXP_WORKER_SETUP_CYCLES
+                    cfg.codelets.unary_exp_worker_setup
                 } else {
-                    UNARY_WORKER_SETUP_CYCLES
+                    cfg.codelets.unary_worker_setup
                 };
-                vectorised(cfg, UNARY_SUPERVISOR_CYCLES, setup, cycles, n, elements)
+                vectorised(
+                    cfg,
+                    cfg.codelets.unary_supervisor,
+                    setup,
+                    cycles,
+                    n,
+                    elements,
+                )
             }
             None => {
                 // Exactly the kinds without a popops loop have a vector estimate.
                 let per_vector = match self.per_vector_cycles() {
                     Some(c) => c,
-                    None => BINARY_CYCLES_PER_VECTOR,
+                    None => cfg.codelets.binary_cycles_per_vector,
                 };
                 elementwise_unary_cycles(cfg, n, dtype, per_vector)
             }
@@ -339,25 +226,13 @@ fn vectorised(
 pub fn elementwise_binary_cycles(cfg: &IpuConfig, n: u64, dtype: DType) -> u64 {
     vectorised(
         cfg,
-        ELEMENTWISE_SUPERVISOR_CYCLES,
-        ELEMENTWISE_WORKER_SETUP_CYCLES,
-        BINARY_CYCLES_PER_VECTOR,
+        cfg.codelets.elementwise_supervisor,
+        cfg.codelets.elementwise_worker_setup,
+        cfg.codelets.binary_cycles_per_vector,
         n,
         vector_width(cfg, dtype),
     )
 }
-
-/// Worker cycles per vector of popops' broadcast add, sub and mul: `broadcastOpPerfInfo`'s 1
-/// cycle a loop for ADD, SUBTRACT and MULTIPLY (`lib/popops/popopsCycleEstimators.hpp`) plus
-/// the 1 of load, store and loop decision of their assembly codelets
-/// (`BroadcastVectorOuterByRow1D`, `...ByColumn1D`: `overheadPerInnerLoop` 1).
-pub const BROADCAST_CYCLES_PER_VECTOR: u64 = 2;
-/// Worker cycles per row (one broadcast value's run) of popops' `BroadcastVectorOuter`
-/// vertices on aligned data (`BroadcastVectorOuterCycleEstimate`: `allowMisaligned ? 25 :
-/// 7`).
-pub const BROADCAST_OUTER_ROW_CYCLES: u64 = 7;
-/// Worker cycles of a `BroadcastVectorOuter` vertex outside its loops (the estimate's 15).
-pub const BROADCAST_OUTER_WORKER_SETUP_CYCLES: u64 = 15;
 
 /// Tile cycles of an add, sub or mul over `n` elements whose other operand holds one value per
 /// run of `run` consecutive elements (a per-channel scale or shift of NCHW data, a norm's
@@ -366,21 +241,25 @@ pub const BROADCAST_OUTER_WORKER_SETUP_CYCLES: u64 = 15;
 /// cheaper (`BroadcastVectorOuterCycleEstimate`, `lib/popops/popopsCycleEstimators.cpp`):
 /// `11 + W x (15 + outer loops x (7 + ceil(row elements / vw) x 2))`.
 pub fn broadcast_outer_cycles(cfg: &IpuConfig, n: u64, run: u64, dtype: DType) -> u64 {
+    let c = &cfg.codelets;
     let w = workers(cfg);
     let vw = vector_width(cfg, dtype);
     let run = run.clamp(1, n.max(1));
     let rows = n.div_ceil(run);
     let row = |columns: u64| {
-        BROADCAST_OUTER_ROW_CYCLES.saturating_add(
+        c.broadcast_outer_row_cycles.saturating_add(
             columns
                 .div_ceil(vw)
-                .saturating_mul(BROADCAST_CYCLES_PER_VECTOR),
+                .saturating_mul(c.broadcast_cycles_per_vector),
         )
     };
     let by_row = rows.div_ceil(w).saturating_mul(row(run));
     let by_column = rows.saturating_mul(row(run.div_ceil(w)));
-    BASIC_OP_SUPERVISOR_CYCLES.saturating_add(
-        w.saturating_mul(BROADCAST_OUTER_WORKER_SETUP_CYCLES.saturating_add(by_row.min(by_column))),
+    c.basic_op_supervisor.saturating_add(
+        w.saturating_mul(
+            c.broadcast_outer_worker_setup
+                .saturating_add(by_row.min(by_column)),
+        ),
     )
 }
 
@@ -400,9 +279,9 @@ pub fn binary_pass_cycles(cfg: &IpuConfig, n: u64, run: Option<u64>, dtype: DTyp
 pub fn binary_in_place_cycles(cfg: &IpuConfig, n: u64, dtype: DType) -> u64 {
     vectorised(
         cfg,
-        BASIC_OP_SUPERVISOR_CYCLES,
-        BINARY_IN_PLACE_WORKER_SETUP_CYCLES,
-        BINARY_IN_PLACE_CYCLES_PER_VECTOR,
+        cfg.codelets.basic_op_supervisor,
+        cfg.codelets.binary_in_place_worker_setup,
+        cfg.codelets.binary_in_place_cycles_per_vector,
         n,
         vector_width(cfg, dtype),
     )
@@ -419,8 +298,8 @@ pub fn elementwise_unary_cycles(
 ) -> u64 {
     vectorised(
         cfg,
-        ELEMENTWISE_SUPERVISOR_CYCLES,
-        ELEMENTWISE_WORKER_SETUP_CYCLES,
+        cfg.codelets.elementwise_supervisor,
+        cfg.codelets.elementwise_worker_setup,
         per_vector_cycles,
         n,
         vector_width(cfg, dtype),
@@ -432,45 +311,13 @@ pub fn elementwise_unary_cycles(
 pub fn scaled_add_cycles(cfg: &IpuConfig, n: u64, dtype: DType) -> u64 {
     vectorised(
         cfg,
-        SCALED_ADD_SUPERVISOR_CYCLES,
-        SCALED_ADD_WORKER_SETUP_CYCLES,
-        SCALED_ADD_CYCLES_PER_VECTOR,
+        cfg.codelets.scaled_add_supervisor,
+        cfg.codelets.scaled_add_worker_setup,
+        cfg.codelets.scaled_add_cycles_per_vector,
         n,
         vector_width(cfg, dtype),
     )
 }
-
-/// Fixed worker cycles of a 4-byte `Transpose2D` vertex's fast path (poplibs
-/// `lib/popops/popopsCycleEstimators.cpp` before commit 18ee6463, 2022, when the transposition
-/// estimators moved into Poplar): `27 + matrices x (11 + rows / 2 x (6 + 3 x (columns / 2 -
-/// 1)))`.
-pub const TRANSPOSE_FP32_FIXED_CYCLES: u64 = 27;
-/// Per matrix of a 4-byte `Transpose2D` (the 11 above).
-pub const TRANSPOSE_FP32_MATRIX_CYCLES: u64 = 11;
-/// Per pair of rows of a 4-byte `Transpose2D` (the 6 above).
-pub const TRANSPOSE_FP32_ROW_PAIR_CYCLES: u64 = 6;
-/// Per pair of columns after the first, per pair of rows (the 3 above).
-pub const TRANSPOSE_FP32_COLUMN_PAIR_CYCLES: u64 = 3;
-/// Fixed worker cycles of the fp16 `Transpose1D` worker (poplibs `TransposeWorkerCycles`, as
-/// above): `29 + matrices x (18 + rows / 4 x (12 + 4 x (columns / 4 - 2)))`.
-pub const TRANSPOSE_FP16_FIXED_CYCLES: u64 = 29;
-/// Per matrix of the fp16 `Transpose1D` worker (the 18 above).
-pub const TRANSPOSE_FP16_MATRIX_CYCLES: u64 = 18;
-/// Per four rows of the fp16 `Transpose1D` worker (the 12 above).
-pub const TRANSPOSE_FP16_ROW_QUAD_CYCLES: u64 = 12;
-/// Per four columns beyond eight, per four rows (the 4 above).
-pub const TRANSPOSE_FP16_COLUMN_QUAD_CYCLES: u64 = 4;
-
-/// Fixed worker cycles of a 4-byte `Transpose2D` vertex's slow path (poplibs, as above): `13 +
-/// matrices x (8 + columns x (5 + rows x 4 / 2))`, taken when a block's rows are odd or its
-/// strides exceed the fast path's (`rows x (columns - 2) / 2 >= 512`, `rows >= 512`).
-pub const TRANSPOSE_FP32_SLOW_FIXED_CYCLES: u64 = 13;
-/// Per matrix of the slow path (the 8 above).
-pub const TRANSPOSE_FP32_SLOW_MATRIX_CYCLES: u64 = 8;
-/// Per column of the slow path (the 5 above).
-pub const TRANSPOSE_FP32_SLOW_COLUMN_CYCLES: u64 = 5;
-/// Per row per column of the slow path (the 4 / 2 above).
-pub const TRANSPOSE_FP32_SLOW_ELEMENT_CYCLES: u64 = 2;
 
 /// Tile cycles of transposing `n` elements of a weight on one tile in `rows x columns` blocks, as
 /// poplin's `fullyConnectedWeightTranspose` does before a fully-connected layer's
@@ -479,62 +326,34 @@ pub const TRANSPOSE_FP32_SLOW_ELEMENT_CYCLES: u64 = 2;
 /// by poplibs' transposition estimators (`Transpose2D` for 4-byte types, fast or slow path, the
 /// `Transpose1D` worker for fp16).
 pub fn weight_transpose_cycles(cfg: &IpuConfig, n: u64, dtype: DType, rows: u64, cols: u64) -> u64 {
+    let c = &cfg.codelets;
     let (rows, cols) = (rows.max(1), cols.max(1));
     let w = workers(cfg);
     let matrices = n.div_ceil(rows * cols).div_ceil(w);
     let worker = if dtype.size() < 4 {
-        TRANSPOSE_FP16_FIXED_CYCLES
+        c.transpose_fp16_fixed
             + matrices
-                * (TRANSPOSE_FP16_MATRIX_CYCLES
+                * (c.transpose_fp16_matrix_cycles
                     + (rows / 4).max(1)
-                        * (TRANSPOSE_FP16_ROW_QUAD_CYCLES
-                            + TRANSPOSE_FP16_COLUMN_QUAD_CYCLES * (cols / 4).saturating_sub(2)))
+                        * (c.transpose_fp16_row_quad_cycles
+                            + c.transpose_fp16_column_quad_cycles * (cols / 4).saturating_sub(2)))
     } else if rows % 2 == 0 && cols % 2 == 0 && rows * (cols - 2) / 2 < 512 && rows < 512 {
-        TRANSPOSE_FP32_FIXED_CYCLES
+        c.transpose_fp32_fixed
             + matrices
-                * (TRANSPOSE_FP32_MATRIX_CYCLES
+                * (c.transpose_fp32_matrix_cycles
                     + rows / 2
-                        * (TRANSPOSE_FP32_ROW_PAIR_CYCLES
-                            + TRANSPOSE_FP32_COLUMN_PAIR_CYCLES * (cols / 2).saturating_sub(1)))
+                        * (c.transpose_fp32_row_pair_cycles
+                            + c.transpose_fp32_column_pair_cycles * (cols / 2).saturating_sub(1)))
     } else {
-        TRANSPOSE_FP32_SLOW_FIXED_CYCLES
+        c.transpose_fp32_slow_fixed
             + matrices
-                * (TRANSPOSE_FP32_SLOW_MATRIX_CYCLES
+                * (c.transpose_fp32_slow_matrix_cycles
                     + cols
-                        * (TRANSPOSE_FP32_SLOW_COLUMN_CYCLES
-                            + rows * TRANSPOSE_FP32_SLOW_ELEMENT_CYCLES))
+                        * (c.transpose_fp32_slow_column_cycles
+                            + rows * c.transpose_fp32_slow_element_cycles))
     };
     w * worker
 }
-
-/// Supervisor overhead of poplin's fp32 `ConvPartialHorizontalMac` vertex
-/// (`convHorizontalMacOverhead`, `lib/poplin/PerformanceEstimation.hpp`).
-pub const HMAC_FP32_OVERHEAD_CYCLES: u64 = 58;
-/// Per worker, the zeroing retention saving the HMAC supervisor adds back
-/// (`zeroPartialsRetentionSavings` for fp32 partials, as above).
-pub const HMAC_ZERO_RETENTION_CYCLES: u64 = 9;
-/// Per convolution group of the HMAC supervisor (`getConvPartialHorizontalMacSupervisor
-/// OuterLoopCycleEstimate`, as above).
-pub const HMAC_CONV_GROUP_CYCLES: u64 = 23;
-/// Per input-channel group of the HMAC supervisor (as above).
-pub const HMAC_IN_GROUP_CYCLES: u64 = 15;
-/// Per output group of the HMAC supervisor (as above).
-pub const HMAC_OUT_GROUP_CYCLES: u64 = 10;
-/// A worker's fixed cycles in an HMAC pass: 16 in `getConvPartialHorizontalMacCycleEstimate`
-/// and the 16 of `workerNonLoopOverhead` (as above).
-pub const HMAC_WORKER_FIXED_CYCLES: u64 = 32;
-/// Per run of outputs a worker computes (the 19 of a non-empty `convSize`, as above).
-pub const HMAC_RUN_CYCLES: u64 = 19;
-/// Per output position, before its dot products (the 7 of `convSize x (7 + ...)`, as above).
-pub const HMAC_POSITION_CYCLES: u64 = 7;
-/// A worker with no outputs (the 7 of an empty `convSize`, as above).
-pub const HMAC_EMPTY_RUN_CYCLES: u64 = 7;
-/// Fixed cycles of one dense dot product, fp32 (`getDenseDotProductCycles`: rpt and wind down 3,
-/// sum with the previous partial 3, branch 1).
-pub const DOT_PRODUCT_FIXED_CYCLES: u64 = 7;
-/// Fixed worker cycles of zeroing fp32 partials (`getZeroSupervisorVertexCycleEstimate`: 14 less
-/// the retention saving of 9).
-pub const ZERO_PARTIALS_WORKER_CYCLES: u64 = 5;
 
 /// Tile cycles of poplin's fp32 `ConvPartialHorizontalMac` vertex (HMAC) over a block of
 /// `field` output positions, `in_chans` input channels in groups of `group` and `out_chans`
@@ -543,59 +362,49 @@ pub const ZERO_PARTIALS_WORKER_CYCLES: u64 = 5;
 /// `lib/poplin/PerformanceEstimation.hpp`, as poplin's planner prices it in
 /// `lib/poplin/ConvModel.cpp`). The field is one row: each worker takes a sixth of it.
 pub fn hmac_cycles(cfg: &IpuConfig, field: u64, in_chans: u64, out_chans: u64, group: u64) -> u64 {
+    let c = &cfg.codelets;
     let w = workers(cfg);
     let group = group.max(1);
     let per_worker = field.div_ceil(w);
     // fp32 dot products run two elements a cycle when the group is even, else one per two
     // cycles with a cycle more to start.
     let dot = if group % 2 == 0 {
-        DOT_PRODUCT_FIXED_CYCLES + group / 2
+        c.dot_product_fixed + group / 2
     } else {
-        DOT_PRODUCT_FIXED_CYCLES + 1 + 2 * group
+        c.dot_product_fixed + 1 + 2 * group
     };
-    let worker = HMAC_WORKER_FIXED_CYCLES
+    let worker = c.hmac_worker_fixed
         + if per_worker > 0 {
-            HMAC_RUN_CYCLES + per_worker * (HMAC_POSITION_CYCLES + dot)
+            c.hmac_run_cycles + per_worker * (c.hmac_position_cycles + dot)
         } else {
-            HMAC_EMPTY_RUN_CYCLES
+            c.hmac_empty_run_cycles
         };
     let inner = w * worker;
     let in_groups = in_chans.div_ceil(group).max(1);
     let out_groups = out_chans.max(1);
-    let outer = HMAC_FP32_OVERHEAD_CYCLES
-        + w * HMAC_ZERO_RETENTION_CYCLES
-        + HMAC_CONV_GROUP_CYCLES
-        + in_groups * (HMAC_IN_GROUP_CYCLES + out_groups * (HMAC_OUT_GROUP_CYCLES + inner));
-    let zero = (per_worker.div_ceil(2) + ZERO_PARTIALS_WORKER_CYCLES) * w * out_groups;
+    let outer = c.hmac_fp32_overhead
+        + w * c.hmac_zero_retention
+        + c.hmac_conv_group_cycles
+        + in_groups * (c.hmac_in_group_cycles + out_groups * (c.hmac_out_group_cycles + inner));
+    let zero = (per_worker.div_ceil(2) + c.zero_partials_worker) * w * out_groups;
     outer + zero
 }
-
-/// Fixed worker cycles of poplin's `OuterProduct` vertex (`getOuterProductCycleEstimate`,
-/// `lib/poplin/PerformanceEstimation.hpp`): `25 + groups x (11 + width x (6 + (group - 6) / 2))`
-/// on the fp32 fast path (an even group of at least 6), `25 + groups x (11 + width x (10 + 2 x
-/// group))` otherwise.
-pub const OUTER_PRODUCT_FIXED_CYCLES: u64 = 25;
-/// Per channel group of an outer product (the 11 above).
-pub const OUTER_PRODUCT_GROUP_CYCLES: u64 = 11;
-/// Per output position per group on the fast path, before its channels (the 6 above).
-pub const OUTER_PRODUCT_FAST_POSITION_CYCLES: u64 = 6;
-/// Per output position per group on the slow path (the 10 above).
-pub const OUTER_PRODUCT_SLOW_POSITION_CYCLES: u64 = 10;
 
 /// Tile cycles of poplin's fp32 `OuterProduct` vertices (a weight update with one input
 /// channel) over `field` positions and `out_chans` channels in groups of `group`: each worker
 /// takes a sixth of the field (as poplin's planner prices it, `ConvModel.cpp`).
 pub fn outer_product_cycles(cfg: &IpuConfig, field: u64, out_chans: u64, group: u64) -> u64 {
+    let c = &cfg.codelets;
     let w = workers(cfg);
     let group = group.max(1);
     let width = field.div_ceil(w);
     let groups = out_chans.div_ceil(group);
     let per_position = if group >= 6 && group % 2 == 0 {
-        OUTER_PRODUCT_FAST_POSITION_CYCLES + (group - 6) / 2
+        c.outer_product_fast_position_cycles + (group - 6) / 2
     } else {
-        OUTER_PRODUCT_SLOW_POSITION_CYCLES + 2 * group
+        c.outer_product_slow_position_cycles + 2 * group
     };
-    w * (OUTER_PRODUCT_FIXED_CYCLES + groups * (OUTER_PRODUCT_GROUP_CYCLES + width * per_position))
+    w * (c.outer_product_fixed + groups * (c.outer_product_group_cycles + width * per_position))
 }
 
 /// Tile cycles of a cast between fp32 and fp16 over `n` elements, either direction (ARCH.md:
@@ -603,20 +412,13 @@ pub fn outer_product_cycles(cfg: &IpuConfig, field: u64, out_chans: u64, group: 
 pub fn cast_cycles(cfg: &IpuConfig, n: u64) -> u64 {
     vectorised(
         cfg,
-        CAST_SUPERVISOR_CYCLES,
-        CAST_WORKER_SETUP_CYCLES,
-        CAST_CYCLES_PER_VECTOR,
+        cfg.codelets.cast_supervisor,
+        cfg.codelets.cast_worker_setup,
+        cfg.codelets.cast_cycles_per_vector,
         n,
-        CAST_VECTOR_WIDTH,
+        cfg.codelets.cast_vector_width,
     )
 }
-
-/// popnn's pooling vertex cycles per vector of a forward pass (`poolVertexCyclesPerVector`,
-/// `lib/popnn/PerformanceEstimation.hpp`).
-pub const POOL_CYCLES_PER_VECTOR: u64 = 3;
-/// popnn's cycles per vector of a max pooling gradient (`MaxPoolingGrad`: a compare with the
-/// forward's input and output and a conditional add; `poolVertexCyclesPerVector`).
-pub const POOL_GRAD_CYCLES_PER_VECTOR: u64 = 5;
 
 /// Tile cycles of a reduction producing `outputs` values, each summing `elements_per_output`
 /// inputs of type `dtype`, at poplibs' price for continuous regions
@@ -630,34 +432,36 @@ pub fn reduce_cycles(cfg: &IpuConfig, outputs: u64, elements_per_output: u64, dt
         return 0;
     }
     let width = match dtype {
-        DType::F16 => REDUCE_ACCUMULATOR_WIDTH_FP16,
-        DType::F32 | DType::I32 | DType::U8 => REDUCE_ACCUMULATOR_WIDTH_FP32,
+        DType::F16 => cfg.codelets.reduce_accumulator_width_fp16,
+        DType::F32 | DType::I32 | DType::U8 => cfg.codelets.reduce_accumulator_width_fp32,
     };
-    let per_load = (DATA_PATH_BITS / (8 * dtype.size() as u64)).max(1);
+    let per_load = (cfg.codelets.data_path_bits / (8 * dtype.size() as u64)).max(1);
     let per_loop = width.min(per_load);
     let w = workers(cfg);
-    let per_output =
-        REDUCE_PER_OUTPUT_OVERHEAD_CYCLES.saturating_add(elements_per_output.div_ceil(per_loop));
+    let per_output = cfg
+        .codelets
+        .reduce_per_output_overhead
+        .saturating_add(elements_per_output.div_ceil(per_loop));
     let per_worker = outputs
         .div_ceil(w)
         .saturating_mul(per_output)
-        .saturating_add(REDUCE_VERTEX_CYCLES);
+        .saturating_add(cfg.codelets.reduce_vertex);
     w.saturating_mul(per_worker)
 }
 
-/// Input channels per AMP group for an element type ([`AMP_IN_GROUP_FP32`],
-/// [`AMP_IN_GROUP_FP16`]; integer types like fp32).
-pub fn amp_in_group(dtype: DType) -> u64 {
+/// Input channels per AMP group for an element type ([`Codelets::amp_in_group_fp32`],
+/// [`Codelets::amp_in_group_fp16`]; integer types like fp32).
+pub fn amp_in_group(cfg: &IpuConfig, dtype: DType) -> u64 {
     match dtype {
-        DType::F16 => AMP_IN_GROUP_FP16,
-        DType::F32 | DType::I32 | DType::U8 => AMP_IN_GROUP_FP32,
+        DType::F16 => cfg.codelets.amp_in_group_fp16,
+        DType::F32 | DType::I32 | DType::U8 => cfg.codelets.amp_in_group_fp32,
     }
 }
 
-fn amp_core_cycles(dtype: DType) -> u64 {
+fn amp_core_cycles(cfg: &IpuConfig, dtype: DType) -> u64 {
     match dtype {
-        DType::F16 => AMP_CORE_CYCLES_FP16,
-        DType::F32 | DType::I32 | DType::U8 => AMP_CORE_CYCLES_FP32,
+        DType::F16 => cfg.codelets.amp_core_cycles_fp16,
+        DType::F32 | DType::I32 | DType::U8 => cfg.codelets.amp_core_cycles_fp32,
     }
 }
 
@@ -672,21 +476,28 @@ pub fn amp_conv_units(cfg: &IpuConfig, dtype: DType) -> u64 {
 /// [`amp_conv_units`] for partial sums of type `partials`: fp16 inputs with fp16 partials
 /// have 16 conv units on Mk2 and Bow (the fp16 peak), 8 on Mk1.
 pub fn amp_conv_units_with(cfg: &IpuConfig, dtype: DType, partials: DType) -> u64 {
-    (amp_macs_per_cycle_with(cfg, dtype, partials) * amp_core_cycles(dtype) / amp_in_group(dtype))
-        .max(1)
+    (amp_macs_per_cycle_with(cfg, dtype, partials) * amp_core_cycles(cfg, dtype)
+        / amp_in_group(cfg, dtype))
+    .max(1)
 }
 
 /// Worker cycles of one AMP pass over `positions` field positions (poplibs
 /// `getConvPartial1x1SupervisorInnerLoopCycleEstimate`, fp32 partials: the fp32 path, or the
 /// fp16 path shared with fp32 partials, less the fp16 worker-retention saving of 10).
-fn amp_worker_cycles(positions: u64, dtype: DType, zeroing: bool, conv_units: u64) -> u64 {
+fn amp_worker_cycles(
+    c: &Codelets,
+    positions: u64,
+    dtype: DType,
+    zeroing: bool,
+    conv_units: u64,
+) -> u64 {
     if dtype == DType::F16 {
         let base: u64 = match positions {
             0 => 20,
             1 => 31,
             2 => 40,
             n => (if zeroing { 38u64 } else { 40 })
-                .saturating_add((n - 3).saturating_mul(AMP_CORE_CYCLES_FP16)),
+                .saturating_add((n - 3).saturating_mul(c.amp_core_cycles_fp16)),
         };
         let zero_extra = match positions {
             0..=2 if zeroing => 2,
@@ -701,7 +512,7 @@ fn amp_worker_cycles(positions: u64, dtype: DType, zeroing: bool, conv_units: u6
             0 => 24,
             1 => 47 + zero(1),
             2 => 46 + zero(2),
-            n => (46 + zero(n)).saturating_add((n - 3).saturating_mul(AMP_CORE_CYCLES_FP32)),
+            n => (46 + zero(n)).saturating_add((n - 3).saturating_mul(c.amp_core_cycles_fp32)),
         }
     }
 }
@@ -713,9 +524,9 @@ fn amp_worker_cycles(positions: u64, dtype: DType, zeroing: bool, conv_units: u6
 /// - The `k` inputs form `ceil(k / in group)` groups and the `n` outputs `ceil(n / conv
 ///   units)` groups; every (input, output) group pair is a pass of the conv units, which
 ///   loads its weights (`conv units x in group x element bytes` at
-///   [`AMP_COEFF_LOAD_BYTES_PER_CYCLE`]) and runs the workers over the positions.
+///   [`Codelets::amp_coeff_load_bytes_per_cycle`]) and runs the workers over the positions.
 /// - The `m` positions are shared among the `W` workers; a pass takes `W x` the busiest
-///   worker's cycles, or the idlest's plus [`AMP_BALANCE_TAG_CYCLES`] if that is more (every
+///   worker's cycles, or the idlest's plus [`Codelets::amp_balance_tag`] if that is more (every
 ///   worker has a work list, even an empty one).
 /// - The last input group's passes also zero the partials.
 /// - Supervisor overheads per vertex, input group, output group and pass are poplibs'.
@@ -739,18 +550,19 @@ pub fn matmul_amp_cycles_with(
     dtype: DType,
     partials: DType,
 ) -> u64 {
+    let c = &cfg.codelets;
     let w = workers(cfg);
     let units = amp_conv_units_with(cfg, dtype, partials);
-    let in_groups = k.div_ceil(amp_in_group(dtype)).max(1);
+    let in_groups = k.div_ceil(amp_in_group(cfg, dtype)).max(1);
     let out_groups = n.div_ceil(units).max(1);
-    let weight_bytes = units * amp_in_group(dtype) * dtype.size() as u64;
-    let loads = weight_bytes.div_ceil(AMP_COEFF_LOAD_BYTES_PER_CYCLE);
+    let weight_bytes = units * amp_in_group(cfg, dtype) * dtype.size() as u64;
+    let loads = weight_bytes.div_ceil(c.amp_coeff_load_bytes_per_cycle);
     let (most, fewest) = (m.div_ceil(w), m / w);
     // Every worker has a work-list entry, empty or not.
     let inner = |zeroing: bool| {
-        let busiest = w.saturating_mul(amp_worker_cycles(most, dtype, zeroing, units));
-        let idlest = w.saturating_mul(amp_worker_cycles(fewest, dtype, zeroing, units));
-        busiest.max(idlest.saturating_add(AMP_BALANCE_TAG_CYCLES))
+        let busiest = w.saturating_mul(amp_worker_cycles(c, most, dtype, zeroing, units));
+        let idlest = w.saturating_mul(amp_worker_cycles(c, fewest, dtype, zeroing, units));
+        busiest.max(idlest.saturating_add(c.amp_balance_tag))
     };
     // fp16 inputs with fp32 partials keep a register per worker between passes: poplibs adds
     // `W x (10 + 2 x (input groups - 1))` to the supervisor for it (and saves 10 per worker).
@@ -760,28 +572,31 @@ pub fn matmul_amp_cycles_with(
         0
     };
     let pass = |overhead: u64, zeroing: bool| {
-        AMP_OUT_GROUP_CYCLES.saturating_add(overhead + loads + inner(zeroing))
+        c.amp_out_group_cycles
+            .saturating_add(overhead + loads + inner(zeroing))
     };
     let other_groups = (in_groups - 1).saturating_mul(
-        AMP_IN_GROUP_CYCLES.saturating_add(out_groups.saturating_mul(pass(AMP_PASS_CYCLES, false))),
+        c.amp_in_group_cycles
+            .saturating_add(out_groups.saturating_mul(pass(c.amp_pass_cycles, false))),
     );
-    let last_group = AMP_LAST_IN_GROUP_CYCLES
-        .saturating_add(out_groups.saturating_mul(pass(AMP_ZEROING_PASS_CYCLES, true)));
-    AMP_SUPERVISOR_CYCLES
+    let last_group = c
+        .amp_last_in_group_cycles
+        .saturating_add(out_groups.saturating_mul(pass(c.amp_zeroing_pass_cycles, true)));
+    c.amp_supervisor
         .saturating_add(retention)
-        .saturating_add(AMP_CONV_GROUP_CYCLES)
+        .saturating_add(c.amp_conv_group_cycles)
         .saturating_add(other_groups)
         .saturating_add(last_group)
 }
 
 /// How poplin splits the reduction of `depth` partial sums per output into stages: the number
 /// of partials each stage sums, first to last (their product is at least `depth`). One stage
-/// below [`REDUCE_TWO_STAGE_DEPTH`], two below [`REDUCE_THREE_STAGE_DEPTH`], three from there;
-/// the intermediate depths are about `depth^((s-1)/s)`, rounded down or up, whichever needs
-/// fewer messages per tile (`getMultiStageReducePlanAndCost`, lib/poplin/ConvReducePlan.cpp).
-/// Depth 1 needs no stage.
-pub fn reduce_stage_factors(depth: u64) -> Vec<u64> {
-    stage_factors(depth).to_vec()
+/// below the machine's [`Codelets::reduce_two_stage_depth`], two below
+/// [`Codelets::reduce_three_stage_depth`], three from there; the intermediate depths are about
+/// `depth^((s-1)/s)`, rounded down or up, whichever needs fewer messages per tile
+/// (`getMultiStageReducePlanAndCost`, lib/poplin/ConvReducePlan.cpp). Depth 1 needs no stage.
+pub fn reduce_stage_factors(cfg: &IpuConfig, depth: u64) -> Vec<u64> {
+    stage_factors(cfg, depth).to_vec()
 }
 
 /// At most three factors (see [`reduce_stage_factors`]), held in place: the planner prices
@@ -812,13 +627,13 @@ impl std::ops::Deref for StageFactors {
 }
 
 /// [`reduce_stage_factors`], in place.
-pub(crate) fn stage_factors(depth: u64) -> StageFactors {
+pub(crate) fn stage_factors(cfg: &IpuConfig, depth: u64) -> StageFactors {
     if depth <= 1 {
         return StageFactors::default();
     }
-    let stages = if depth >= REDUCE_THREE_STAGE_DEPTH {
+    let stages = if depth >= cfg.codelets.reduce_three_stage_depth {
         3
-    } else if depth >= REDUCE_TWO_STAGE_DEPTH {
+    } else if depth >= cfg.codelets.reduce_two_stage_depth {
         2
     } else {
         1
@@ -866,10 +681,10 @@ pub(crate) fn stage_factors(depth: u64) -> StageFactors {
 /// `partials_type` (fp32, or fp16 with half partials) into each of `outputs` values of type
 /// `out` (`getReduceCycleEstimate`, lib/poplin/PerformanceEstimation.hpp, SDK 2.0).
 ///
-/// - When the outputs are whole vectors of [`REDUCE_ADD_VECTOR`] and the partials received
-///   are small (under 1/16 of the tile, poplin's `checkPartialsSizeForSingleInputReduce`),
-///   the single-input vertex runs: one partial is the one already on the tile, each of the
-///   others costs 2 cycles per vector.
+/// - When the outputs are whole vectors of [`Codelets::reduce_add_vector`] and the partials
+///   received are small (under 1/16 of the tile, poplin's
+///   `checkPartialsSizeForSingleInputReduce`), the single-input vertex runs: one partial is the
+///   one already on the tile, each of the others costs 2 cycles per vector.
 /// - Otherwise the supervisor vertex: 3 cycles per partial per vector (2 loads of the 64-bit
 ///   path and a pointer load), with a shorter tail for a last partial vector.
 /// - fp16 partials: vectors of 8 (`accVectorWidth`), 4 per 64-bit load, so a vector of 8
@@ -886,9 +701,15 @@ pub fn partials_reduce_cycles(
     let half = partials_type == DType::F16;
     // Elements per accumulator vector, and per 64-bit load.
     let (vector, per_load) = if half {
-        (2 * REDUCE_ADD_VECTOR, 2 * REDUCE_ADD_LOADS_PER_CYCLE)
+        (
+            2 * cfg.codelets.reduce_add_vector,
+            2 * cfg.codelets.reduce_add_loads_per_cycle,
+        )
     } else {
-        (REDUCE_ADD_VECTOR, REDUCE_ADD_LOADS_PER_CYCLE)
+        (
+            cfg.codelets.reduce_add_vector,
+            cfg.codelets.reduce_add_loads_per_cycle,
+        )
     };
     let received = partials
         .saturating_sub(1)
@@ -904,7 +725,7 @@ pub fn partials_reduce_cycles(
             (true, false) => 9,
         };
         let depth = partials.saturating_sub(1);
-        let worker = REDUCE_ADD_SINGLE_FIXED_CYCLES.saturating_add(
+        let worker = cfg.codelets.reduce_add_single_fixed.saturating_add(
             per_loop
                 .saturating_mul(depth)
                 .saturating_add(outer)
@@ -912,7 +733,7 @@ pub fn partials_reduce_cycles(
         );
         return w
             .saturating_mul(worker)
-            .saturating_add(REDUCE_ADD_SINGLE_SUPERVISOR_CYCLES);
+            .saturating_add(cfg.codelets.reduce_add_single_supervisor);
     }
     let per_loop = vector / vector.min(per_load) + 1;
     let mut loops = outputs / vector;
@@ -920,7 +741,7 @@ pub fn partials_reduce_cycles(
     let tail_bits = outputs % vector;
     loops += u64::from(tail_bits.count_ones());
     let mut per_worker = loops / w;
-    let mut cycles = REDUCE_ADD_FIXED_CYCLES;
+    let mut cycles = cfg.codelets.reduce_add_fixed;
     if loops % w != 0 {
         if tail_bits != 0 {
             let tail = if half { 11 } else { 13 };
@@ -966,9 +787,9 @@ pub fn exchange_cycles(
 }
 
 /// Supervisor cycles a compute set costs on every tile that runs it
-/// ([`COMPUTE_SET_OVERHEAD_CYCLES`], an estimate).
-pub const fn compute_set_overhead_cycles() -> u64 {
-    COMPUTE_SET_OVERHEAD_CYCLES
+/// ([`Codelets::compute_set_overhead`], an estimate).
+pub const fn compute_set_overhead_cycles(cfg: &IpuConfig) -> u64 {
+    cfg.codelets.compute_set_overhead
 }
 
 #[cfg(test)]
@@ -1331,13 +1152,14 @@ mod tests {
 
     #[test]
     fn reductions_stage_as_poplin_plans_them() {
-        assert!(reduce_stage_factors(1).is_empty());
-        assert_eq!(reduce_stage_factors(2), vec![2]);
-        assert_eq!(reduce_stage_factors(15), vec![15]);
+        let c = mk2();
+        assert!(reduce_stage_factors(&c, 1).is_empty());
+        assert_eq!(reduce_stage_factors(&c, 2), vec![2]);
+        assert_eq!(reduce_stage_factors(&c, 15), vec![15]);
         // 16 -> 4 -> 1; 125 -> 25 -> 5 -> 1 (poplin's depths: depth^((s-1)/s)).
-        assert_eq!(reduce_stage_factors(16), vec![4, 4]);
-        assert_eq!(reduce_stage_factors(125), vec![5, 5, 5]);
-        assert_eq!(reduce_stage_factors(1000).len(), 3);
+        assert_eq!(reduce_stage_factors(&c, 16), vec![4, 4]);
+        assert_eq!(reduce_stage_factors(&c, 125), vec![5, 5, 5]);
+        assert_eq!(reduce_stage_factors(&c, 1000).len(), 3);
     }
 
     #[test]
@@ -1390,8 +1212,12 @@ mod tests {
 
     #[test]
     fn compute_set_overhead_is_positive() {
-        assert_eq!(compute_set_overhead_cycles(), COMPUTE_SET_OVERHEAD_CYCLES);
-        assert!(compute_set_overhead_cycles() > 0);
+        let c = mk2();
+        assert_eq!(
+            compute_set_overhead_cycles(&c),
+            c.codelets.compute_set_overhead
+        );
+        assert!(compute_set_overhead_cycles(&c) > 0);
     }
 
     #[test]
@@ -1480,8 +1306,8 @@ mod tests {
         ) {
             let c = IpuConfig::preset(p);
             let base = matmul_amp_cycles(&c, m, k, n, dtype);
-            prop_assert!(base >= AMP_SUPERVISOR_CYCLES);
-            let passes = k.div_ceil(amp_in_group(dtype)).max(1)
+            prop_assert!(base >= c.codelets.amp_supervisor);
+            let passes = k.div_ceil(amp_in_group(&c, dtype)).max(1)
                 .saturating_mul(n.div_ceil(amp_conv_units(&c, dtype)).max(1));
             let slack = passes.saturating_mul(6 * 14);
             prop_assert!(base <= matmul_amp_cycles(&c, m.saturating_add(extra), k, n, dtype).saturating_add(slack));
@@ -1493,7 +1319,7 @@ mod tests {
         /// most three stages, each summing at least two (poplin never plans a stage of one).
         #[test]
         fn reduce_stages_cover_the_depth(depth in 2u64..100_000) {
-            let f = reduce_stage_factors(depth);
+            let f = reduce_stage_factors(&mk2(), depth);
             prop_assert!(!f.is_empty() && f.len() <= 3, "{depth}: {f:?}");
             let mut remaining = depth;
             for &x in &f {

@@ -217,7 +217,7 @@ pub(crate) fn cost_steps_with(
                     hi = hi.max(v.tile.0);
                 }
                 let slowest = per_tile.iter().copied().max().unwrap_or(0)
-                    + cost::compute_set_overhead_cycles();
+                    + cost::compute_set_overhead_cycles(cfg);
                 let op = &program.node_names[cs.node.index()];
                 let all = (0, program.tiles - 1);
                 tr.push(Phase::Sync, all, cfg.sync_cycles, op);

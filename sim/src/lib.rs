@@ -48,7 +48,7 @@ pub mod system;
 pub mod techniques;
 pub mod threads;
 
-pub use cost::UnaryKind;
+pub use cost::{Codelets, UnaryKind};
 pub use estimate::{estimate, estimate_only, Estimate, IpuEstimateOptions, SimError};
 pub use heap::{Heap, HEAP_CAPACITY};
 pub use machine::{IpuConfig, MachineError, Preset, SystemConfig, UnknownPreset};

@@ -10,6 +10,8 @@ use core::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cost::Codelets;
+
 /// An IPU generation whose published figures [`IpuConfig::preset`] knows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Preset {
@@ -146,6 +148,14 @@ pub struct IpuConfig {
     pub links_to_neighbour: u32,
     /// Bandwidth of remote-buffer copies to and from streaming memory, per IPU, bytes/s.
     pub streaming_memory_bytes_per_second: f64,
+    /// The figures of the machine's codelets (vertex cycle costs, the compute-set overhead, the
+    /// AMP's input groups), which every cost of [`crate::cost`] reads: every preset carries
+    /// [`Codelets::COLOSSUS`], and a generation with other codelet timings carries its own
+    /// table. Reports written without the field read as the Colossus table. (The last field:
+    /// a machine's key for the plan caches and layouts, `planner::machine_key`, leaves the
+    /// Colossus table out of its description.)
+    #[serde(default)]
+    pub codelets: Codelets,
 }
 
 /// [`IpuConfig::amp_macs_per_cycle_fp16_fp32_partials`] of a report written without it.
@@ -374,6 +384,9 @@ fn mk1() -> IpuConfig {
         // estimate: remote buffers in host memory, over PCIe (32 GB/s each way) shared
         // by the card's two IPUs: 16 GB/s.
         streaming_memory_bytes_per_second: 16e9,
+        // poplibs: Mk1, Mk2 and Bow run the same poplibs codelets, priced by the same
+        // estimators (docs/cost-model.md, "Constants and their sources").
+        codelets: Codelets::COLOSSUS,
     }
 }
 
@@ -429,6 +442,8 @@ fn mk2() -> IpuConfig {
         // estimate: IPU-M2000 streaming memory (DDR4 behind the gateway), about 20 GB/s
         // per IPU.
         streaming_memory_bytes_per_second: 20e9,
+        // poplibs: the same codelets as Mk1 and Bow.
+        codelets: Codelets::COLOSSUS,
     }
 }
 
@@ -480,6 +495,8 @@ fn bow() -> IpuConfig {
         links_to_neighbour: 2,
         // estimate: as the IPU-M2000, about 20 GB/s per IPU.
         streaming_memory_bytes_per_second: 20e9,
+        // poplibs: the same codelets as Mk1 and Mk2.
+        codelets: Codelets::COLOSSUS,
     }
 }
 

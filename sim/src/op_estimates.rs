@@ -448,7 +448,7 @@ pub fn convolution(
 fn add_update(est: &mut OpEstimate, cfg: &IpuConfig, elements: u64, dtype: DType) {
     let per_tile = elements.div_ceil(u64::from(cfg.tiles).min(elements).max(1));
     let compute =
-        cost::scaled_add_cycles(cfg, per_tile, dtype) + cost::compute_set_overhead_cycles();
+        cost::scaled_add_cycles(cfg, per_tile, dtype) + cost::compute_set_overhead_cycles(cfg);
     est.cycles += compute + cfg.sync_cycles;
     est.compute_cycles += compute;
     est.total_memory_bytes += elements * dtype.size() as u64;

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use tessera_core::DType;
 
-use crate::cost::{self, UnaryKind};
+use crate::cost::{self, Codelets, UnaryKind};
 use crate::machine::IpuConfig;
 
 mod fc;
@@ -238,8 +238,14 @@ pub fn check_proportion(p: f64) -> Result<(), String> {
 /// vertices write fp32 partials and `convolutionImpl` casts them (`popops::cast` in a `Cast`
 /// compute set, `lib/poplin/Convolution.cpp`). A matmul is a 1 x 1 convolution with `k`
 /// input channels.
-pub fn casts_partials(k: u64, kernel_area: u64, dtype: DType, partials: DType) -> bool {
-    partials != dtype && !(kernel_area == 1 && k <= cost::amp_in_group(dtype))
+pub fn casts_partials(
+    cfg: &IpuConfig,
+    k: u64,
+    kernel_area: u64,
+    dtype: DType,
+    partials: DType,
+) -> bool {
+    partials != dtype && !(kernel_area == 1 && k <= cost::amp_in_group(cfg, dtype))
 }
 
 /// The most serial steps the planner gives a block (an estimate: poplin's serial splits are
@@ -316,7 +322,7 @@ impl MatMulPlan {
         match self.method {
             Method::Hmac { group } | Method::OuterProduct { group } => (group, group),
             Method::Amp => (
-                cost::amp_in_group(dtype),
+                cost::amp_in_group(cfg, dtype),
                 cost::amp_conv_units_with(cfg, dtype, self.partials_dtype()),
             ),
         }
@@ -557,7 +563,7 @@ fn price(
         orientation,
         method,
         field,
-        superstep: cost::compute_set_overhead_cycles() + cfg.sync_cycles,
+        superstep: cost::compute_set_overhead_cycles(cfg) + cfg.sync_cycles,
         // In serial steps over k (poplin's loop) each step's fresh partials are added into an
         // fp32 accumulator of the tile's share of the output (and, when k is split, first
         // reduced into an fp32 sum of the same share).
@@ -565,7 +571,7 @@ fn price(
         // Partial sums are of the partials' type when k is split (over tiles or serially) and
         // when the output is narrower but poplin's AMP cannot write it (`casts_partials`): a
         // cast then makes it.
-        casts: casts_partials(k, 1, dtype, partials),
+        casts: casts_partials(cfg, k, 1, dtype, partials),
     };
     let (level, (sk, sn)) = pr.serial_steps();
     let (total, swapped) = pr.cycles(sk, sn);
@@ -670,7 +676,7 @@ impl Pricing<'_> {
         let ps = partials.size() as u64;
         let mut spread = 1;
         let mut cycles = 0;
-        let factors = cost::stage_factors(pk);
+        let factors = cost::stage_factors(cfg, pk);
         for (st, &f) in factors.iter().enumerate() {
             let last = st + 1 == factors.len();
             let holders = if last { pk } else { (spread * f).min(pk) };
@@ -751,7 +757,7 @@ impl Pricing<'_> {
         let [_, bk, bn] = self.block;
         let pk = self.grid[1];
         let most_k = bk
-            .div_ceil(cost::amp_in_group(dtype))
+            .div_ceil(cost::amp_in_group(cfg, dtype))
             .clamp(1, MAX_SERIAL_STEPS);
         let most_n = bn
             .div_ceil(cost::amp_conv_units_with(cfg, dtype, self.partials))
@@ -809,7 +815,7 @@ fn candidates(
     let tiles = tiles.max(1);
     // Either m or n (whichever the AMP takes as output channels) groups by conv units.
     let (k_grain, out_grain) = (
-        cost::amp_in_group(dtype),
+        cost::amp_in_group(cfg, dtype),
         cost::amp_conv_units_with(cfg, dtype, opts.partials.of(dtype)),
     );
     let mut out = Vec::new();
@@ -842,9 +848,21 @@ fn whole(m: u64, k: u64, n: u64) -> MatMulPlan {
     }
 }
 
-/// A machine's identity for the plan caches: a hash of its description.
+/// A machine's identity for the plan caches and the lowering's memo (whose keys pick the tiles
+/// a node's temporaries spread from): a hash of its description. The codelets' table is part of
+/// the description only when it is not [`Codelets::COLOSSUS`], every preset's, so a machine's
+/// key, and the tiles its layouts start from, are the hash of its other figures while it runs
+/// the Colossus codelets.
 pub(crate) fn machine_key(cfg: &IpuConfig) -> u128 {
-    xxhash_rust::xxh3::xxh3_128(format!("{cfg:?}").as_bytes())
+    let mut text = format!("{cfg:?}");
+    if cfg.codelets == Codelets::COLOSSUS {
+        // The table is the description's last field.
+        if let Some(at) = text.rfind(", codelets: ") {
+            text.truncate(at);
+            text.push_str(" }");
+        }
+    }
+    xxhash_rust::xxh3::xxh3_128(text.as_bytes())
 }
 
 /// What [`plan_matmul`] reads of a product: `m`, `k`, `n`, element type, the operands laid
@@ -993,6 +1011,25 @@ pub fn plan_product_with(
 mod tests {
     use super::*;
     use crate::machine::Preset;
+
+    #[test]
+    fn a_machine_s_key_holds_its_codelets_table_only_when_it_is_not_the_colossus_one() {
+        let mk2 = IpuConfig::preset(Preset::Mk2);
+        let text = format!("{mk2:?}");
+        let figures = &text[..text.rfind(", codelets: ").unwrap()];
+        assert!(figures.ends_with("streaming_memory_bytes_per_second: 20000000000.0"));
+        assert_eq!(
+            machine_key(&mk2),
+            xxhash_rust::xxh3::xxh3_128(format!("{figures} }}").as_bytes())
+        );
+        let mut other = mk2.clone();
+        other.codelets.compute_set_overhead += 1;
+        assert_ne!(machine_key(&other), machine_key(&mk2));
+        assert_eq!(
+            machine_key(&other),
+            xxhash_rust::xxh3::xxh3_128(format!("{other:?}").as_bytes())
+        );
+    }
 
     /// A 3 x 3, stride-1 convolution on 56 x 56 images: the forward input's geometry.
     fn field_3x3() -> Field {

@@ -534,7 +534,7 @@ pub(super) fn operand_mapping<S: Storage>(
     };
     let plan = plan_of(l, i, &p);
     let dtype = l.node(i).dtype();
-    let group = cost::amp_in_group(dtype);
+    let group = cost::amp_in_group(l.cfg, dtype);
     // The block's two dimensions (splits, block size, length), its readers and their shares.
     let (spans, x, y, readers, min_bytes, grain) = match op {
         Operand::A => (
@@ -774,7 +774,13 @@ pub(super) fn output_mapping<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId) -> 
     let amp_written = plan.on_amp()
         && plan.pk == 1
         && plan.serial <= 1
-        && !casts_partials(p.k, p.kernel_area, node.dtype(), plan.partials_dtype());
+        && !casts_partials(
+            l.cfg,
+            p.k,
+            p.kernel_area,
+            node.dtype(),
+            plan.partials_dtype(),
+        );
     (output_layout(l, i, &p, &plan), amp_written)
 }
 
@@ -971,7 +977,7 @@ fn lower_blocks<S: Storage>(
     // Serial steps over each block's k range: each step a compute set (and the exchange
     // bringing its share of the operands).
     let steps = plan.serial.max(1);
-    let casts = casts_partials(p.k, p.kernel_area, dt, bl.pt);
+    let casts = casts_partials(l.cfg, p.k, p.kernel_area, dt, bl.pt);
     if steps == 1 && plan.pk == 1 && !casts {
         let vertices = bl.step(0, &|b| spans(bl.out, (p.out)(b.g, b.m, b.n)));
         l.compute(i, &format!("matmul{suffix}"), vertices);

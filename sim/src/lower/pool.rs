@@ -78,8 +78,8 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Pool) {
         } else {
             let n_fwd = (u128::from(n) * u128::from(fwd_outputs))
                 .div_ceil(u128::from(bwd_outputs.max(1))) as u64;
-            cost::reduce_cycles(cfg, n_fwd, window, dt) * cost::POOL_GRAD_CYCLES_PER_VECTOR
-                / cost::POOL_CYCLES_PER_VECTOR
+            cost::reduce_cycles(cfg, n_fwd, window, dt) * cfg.codelets.pool_grad_cycles_per_vector
+                / cfg.codelets.pool_cycles_per_vector
         }
     };
     l.per_tile(

@@ -74,7 +74,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Update)
                 tile: l.first_tile(ct),
                 codelet: Codelet::Update,
                 // Estimate: a load, an add and a store, with the vertex's setup.
-                cycles: cost::compute_set_overhead_cycles() + 20,
+                cycles: cost::compute_set_overhead_cycles(cfg) + 20,
                 reads: vec![r],
                 writes: vec![r],
             };

@@ -28,7 +28,7 @@ pub(super) fn reduce_blocks<S: Storage>(
     to_dt: DType,
 ) {
     let (bl, pk_here, suffix) = (r.bl, r.pk_here, r.suffix);
-    let factors = cost::stage_factors(pk_here);
+    let factors = cost::stage_factors(bl.cfg, pk_here);
     // The current stage's source: per output block, the offsets of its blocks in `source`.
     let mut source = partials;
     let mut sources: Vec<Vec<u64>> = r
