@@ -436,7 +436,7 @@ pub fn reduce_cycles(cfg: &IpuConfig, outputs: u64, elements_per_output: u64, dt
         DType::F32 | DType::I32 | DType::U8 => cfg.codelets.reduce_accumulator_width_fp32,
     };
     let per_load = (cfg.codelets.data_path_bits / (8 * dtype.size() as u64)).max(1);
-    let per_loop = width.min(per_load);
+    let per_loop = width.min(per_load).max(1);
     let w = workers(cfg);
     let per_output = cfg
         .codelets
@@ -452,10 +452,11 @@ pub fn reduce_cycles(cfg: &IpuConfig, outputs: u64, elements_per_output: u64, dt
 /// Input channels per AMP group for an element type ([`Codelets::amp_in_group_fp32`],
 /// [`Codelets::amp_in_group_fp16`]; integer types like fp32).
 pub fn amp_in_group(cfg: &IpuConfig, dtype: DType) -> u64 {
-    match dtype {
+    let group = match dtype {
         DType::F16 => cfg.codelets.amp_in_group_fp16,
         DType::F32 | DType::I32 | DType::U8 => cfg.codelets.amp_in_group_fp32,
-    }
+    };
+    group.max(1)
 }
 
 fn amp_core_cycles(cfg: &IpuConfig, dtype: DType) -> u64 {
@@ -556,7 +557,7 @@ pub fn matmul_amp_cycles_with(
     let in_groups = k.div_ceil(amp_in_group(cfg, dtype)).max(1);
     let out_groups = n.div_ceil(units).max(1);
     let weight_bytes = units * amp_in_group(cfg, dtype) * dtype.size() as u64;
-    let loads = weight_bytes.div_ceil(c.amp_coeff_load_bytes_per_cycle);
+    let loads = weight_bytes.div_ceil(c.amp_coeff_load_bytes_per_cycle.max(1));
     let (most, fewest) = (m.div_ceil(w), m / w);
     // Every worker has a work-list entry, empty or not.
     let inner = |zeroing: bool| {
@@ -700,16 +701,14 @@ pub fn partials_reduce_cycles(
     let out_float = out != DType::F16;
     let half = partials_type == DType::F16;
     // Elements per accumulator vector, and per 64-bit load.
+    let (vector, per_load) = (
+        cfg.codelets.reduce_add_vector.max(1),
+        cfg.codelets.reduce_add_loads_per_cycle.max(1),
+    );
     let (vector, per_load) = if half {
-        (
-            2 * cfg.codelets.reduce_add_vector,
-            2 * cfg.codelets.reduce_add_loads_per_cycle,
-        )
+        (2 * vector, 2 * per_load)
     } else {
-        (
-            cfg.codelets.reduce_add_vector,
-            cfg.codelets.reduce_add_loads_per_cycle,
-        )
+        (vector, per_load)
     };
     let received = partials
         .saturating_sub(1)

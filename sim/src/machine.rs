@@ -222,8 +222,9 @@ impl IpuConfig {
         self
     }
 
-    /// Checks that every count and size is at least one and every real figure is finite and
-    /// positive; the error names the first field that is not.
+    /// Checks that every count and size (the codelets' widths and group sizes among them) is at
+    /// least one and every real figure is finite and positive; the error names the first field
+    /// that is not.
     pub fn validate(&self) -> Result<(), MachineError> {
         let counts: [(&'static str, u64); 13] = [
             ("tiles", self.tiles.into()),
@@ -252,8 +253,9 @@ impl IpuConfig {
             ("streaming_memory_bytes", self.streaming_memory_bytes),
             ("links_to_neighbour", self.links_to_neighbour.into()),
         ];
-        // exchange_overhead_cycles may be 0: an idealised exchange is a legitimate machine.
-        for (field, value) in counts {
+        // exchange_overhead_cycles may be 0: an idealised exchange is a legitimate machine, and
+        // so may a codelet's cycles; its widths and group sizes divide.
+        for (field, value) in counts.into_iter().chain(self.codelets.sizes()) {
             if value == 0 {
                 return Err(MachineError::Zero { field });
             }

@@ -337,6 +337,41 @@ impl Codelets {
     };
 }
 
+impl Codelets {
+    /// The figures that are widths or group sizes, which the costs divide by, named as
+    /// [`IpuConfig::validate`](crate::machine::IpuConfig::validate) names them: each must be at
+    /// least one.
+    pub(crate) fn sizes(&self) -> [(&'static str, u64); 10] {
+        [
+            ("codelets.cast_vector_width", self.cast_vector_width),
+            (
+                "codelets.reduce_accumulator_width_fp32",
+                self.reduce_accumulator_width_fp32,
+            ),
+            (
+                "codelets.reduce_accumulator_width_fp16",
+                self.reduce_accumulator_width_fp16,
+            ),
+            ("codelets.data_path_bits", self.data_path_bits),
+            ("codelets.amp_in_group_fp32", self.amp_in_group_fp32),
+            ("codelets.amp_in_group_fp16", self.amp_in_group_fp16),
+            (
+                "codelets.amp_coeff_load_bytes_per_cycle",
+                self.amp_coeff_load_bytes_per_cycle,
+            ),
+            ("codelets.reduce_add_vector", self.reduce_add_vector),
+            (
+                "codelets.reduce_add_loads_per_cycle",
+                self.reduce_add_loads_per_cycle,
+            ),
+            (
+                "codelets.pool_cycles_per_vector",
+                self.pool_cycles_per_vector,
+            ),
+        ]
+    }
+}
+
 impl Default for Codelets {
     /// [`Codelets::COLOSSUS`], the table of every preset.
     fn default() -> Self {
@@ -348,7 +383,7 @@ impl Default for Codelets {
 mod tests {
     use super::*;
     use crate::cost;
-    use crate::machine::{IpuConfig, Preset};
+    use crate::machine::{IpuConfig, MachineError, Preset};
     use tessera_core::DType;
 
     #[test]
@@ -381,5 +416,37 @@ mod tests {
         other.codelets.reduce_two_stage_depth = 4;
         assert_eq!(cost::reduce_stage_factors(&mk2, 4), vec![4]);
         assert_eq!(cost::reduce_stage_factors(&other, 4), vec![2, 2]);
+    }
+
+    #[test]
+    fn zero_widths_are_refused_and_cost_as_one() {
+        let mut c = IpuConfig::preset(Preset::Mk2);
+        c.codelets.amp_in_group_fp16 = 0;
+        assert_eq!(
+            c.validate(),
+            Err(MachineError::Zero {
+                field: "codelets.amp_in_group_fp16"
+            })
+        );
+        // Unvalidated, every width and group size at zero: the costs take them as one.
+        let mut cfg = IpuConfig::preset(Preset::Mk2);
+        let t = &mut cfg.codelets;
+        t.cast_vector_width = 0;
+        t.reduce_accumulator_width_fp32 = 0;
+        t.reduce_accumulator_width_fp16 = 0;
+        t.data_path_bits = 0;
+        t.amp_in_group_fp32 = 0;
+        t.amp_in_group_fp16 = 0;
+        t.amp_coeff_load_bytes_per_cycle = 0;
+        t.reduce_add_vector = 0;
+        t.reduce_add_loads_per_cycle = 0;
+        t.pool_cycles_per_vector = 0;
+        assert!(cfg.codelets.sizes().iter().all(|&(_, v)| v == 0));
+        for dtype in [DType::F32, DType::F16] {
+            assert!(cost::matmul_amp_cycles(&cfg, 10, 10, 10, dtype) > 0);
+            assert!(cost::reduce_cycles(&cfg, 10, 10, dtype) > 0);
+            assert!(cost::partials_reduce_cycles(&cfg, 10, 3, dtype, dtype) > 0);
+        }
+        assert!(cost::cast_cycles(&cfg, 10) > 0);
     }
 }

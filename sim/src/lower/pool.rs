@@ -79,7 +79,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Pool) {
             let n_fwd = (u128::from(n) * u128::from(fwd_outputs))
                 .div_ceil(u128::from(bwd_outputs.max(1))) as u64;
             cost::reduce_cycles(cfg, n_fwd, window, dt) * cfg.codelets.pool_grad_cycles_per_vector
-                / cfg.codelets.pool_cycles_per_vector
+                / cfg.codelets.pool_cycles_per_vector.max(1)
         }
     };
     l.per_tile(
