@@ -1,7 +1,7 @@
 //! The cost model's shape, end to end through lowering and estimation: a matmul's cycles grow
 //! as its arithmetic says, fp16 is cheaper than fp32, and spreading a large element-wise op
 //! over more tiles costs fewer compute cycles and more exchange; a strided convolution's and
-//! pool's gradient costs its forward's work.
+//! pool's gradient costs its forward's work; a machine's codelets table prices its vertices.
 
 use tessera::core::{DType, NodeId};
 use tessera::sim::cost::UnaryKind;
@@ -326,4 +326,20 @@ fn strided_gradients_cost_the_forwards_work_not_the_strides_square() {
         (1.3..2.2).contains(&ratio),
         "pool gradient {pool_bwd} cycles, forward {pool_fwd}: {ratio:.2}x"
     );
+}
+
+#[test]
+fn a_machine_prices_its_vertices_by_its_own_codelets_table() {
+    let mk2 = IpuConfig::preset(Preset::Mk2);
+    let mut other = mk2.clone();
+    other.codelets.amp_supervisor += 1_000;
+    other.codelets.compute_set_overhead += 1_000;
+    let a = matmul(&mk2, 256, 256, 256, DType::F16, false, false).unwrap();
+    let b = matmul(&other, 256, 256, 256, DType::F16, false, false).unwrap();
+    assert!(b.cycles > a.cycles, "{} vs {}", b.cycles, a.cycles);
+    // A machine written without its table reads the Colossus one, every preset's.
+    let mut json = serde_json::to_value(&mk2).unwrap();
+    json.as_object_mut().unwrap().remove("codelets");
+    let read: IpuConfig = serde_json::from_value(json).unwrap();
+    assert_eq!(read, mk2);
 }
