@@ -82,6 +82,13 @@ impl Named for Preset {
         ("mk1", Preset::Mk1),
         ("mk2", Preset::Mk2),
         ("bow", Preset::Bow),
+        ("c600", Preset::C600),
+    ];
+    const HELP: &'static [&'static str] = &[
+        "Colossus Mk1 (GC2): 1216 tiles of 256 KiB at 1.6 GHz",
+        "Colossus Mk2 (GC200, IPU-M2000 and IPU-PODs): 1472 tiles of 624 KiB at 1.325 GHz",
+        "Bow IPU (Bow-2000 and Bow Pods): the Mk2 tiles at 1.85 GHz",
+        "C600 PCIe card: one Mk2 IPU at 1.486 GHz, host and remote buffers over PCIe",
     ];
 }
 

@@ -22,11 +22,14 @@ pub enum Preset {
     Mk2,
     /// Bow IPU: the Mk2 tile array clocked at 1.85 GHz.
     Bow,
+    /// C600: Graphcore's PCIe card, one Mk2 IPU (with fp8) clocked to the card's 280 TFLOP/s
+    /// fp16 (1.486 GHz), its host link and remote buffers over the card's PCIe.
+    C600,
 }
 
 impl Preset {
     /// Every preset, in generation order.
-    pub const ALL: [Preset; 3] = [Preset::Mk1, Preset::Mk2, Preset::Bow];
+    pub const ALL: [Preset; 4] = [Preset::Mk1, Preset::Mk2, Preset::Bow, Preset::C600];
 
     /// The lower-case name that [`FromStr`] accepts and [`fmt::Display`] prints.
     pub const fn name(self) -> &'static str {
@@ -34,6 +37,7 @@ impl Preset {
             Preset::Mk1 => "mk1",
             Preset::Mk2 => "mk2",
             Preset::Bow => "bow",
+            Preset::C600 => "c600",
         }
     }
 }
@@ -44,9 +48,9 @@ impl fmt::Display for Preset {
     }
 }
 
-/// A preset name that is not `mk1`, `mk2` or `bow`.
+/// A preset name that is not `mk1`, `mk2`, `bow` or `c600`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown IPU preset `{name}`; valid presets are mk1, mk2, bow")]
+#[error("unknown IPU preset `{name}`; valid presets are mk1, mk2, bow, c600")]
 pub struct UnknownPreset {
     /// The name that was given.
     pub name: String,
@@ -177,6 +181,7 @@ impl IpuConfig {
             Preset::Mk1 => mk1(),
             Preset::Mk2 => mk2(),
             Preset::Bow => bow(),
+            Preset::C600 => c600(),
         }
     }
 
@@ -502,6 +507,36 @@ fn bow() -> IpuConfig {
     }
 }
 
+/// The published figures of the C600 PCIe card ([`Preset::C600`]): the Mk2 IPU's tile array
+/// and links at the card's clock, with the host and streaming memory behind its PCIe link.
+fn c600() -> IpuConfig {
+    IpuConfig {
+        // arithmetic: 280 TFLOP/s fp16 (ByteMLPerf's IPU backend README, from the card's
+        // datasheet) / (1472 tiles x 64 MACs x 2) = 1.486 GHz.
+        clock_hz: 1.486e9,
+        // vendor: the card exposes 4 IPU-Links, "a total of 1 Tbps bi-directional bandwidth"
+        // (ByteMLPerf's IPU backend README).
+        ipu_links: 4,
+        // arithmetic: 1 Tbps over 4 links, read as bidirectional: 15.625 GB/s each way.
+        link_bytes_per_second_per_direction: 15.625e9,
+        // vendor: "each pair of cards linked together with an IPU-Link cable carrying 2
+        // IPU-Links" (ByteMLPerf's IPU backend README).
+        links_to_neighbour: 2,
+        // vendor: "Dual PCIe Gen4 8-lane interfaces" (ByteMLPerf's IPU backend README), 16 GB/s
+        // each way each: 32 GB/s each way.
+        host_link_bytes_per_second_per_direction: 32e9,
+        // estimate: the card has no memory of its own beside the IPU (C600 datasheet), so
+        // remote buffers live in the host's memory: 64 GB per card assumed.
+        streaming_memory_bytes: 64_000_000_000,
+        // estimate: remote buffers in host memory reached over the card's PCIe links, one IPU
+        // per card: 32 GB/s.
+        streaming_memory_bytes_per_second: 32e9,
+        // vendor: the GC200's tiles, SRAM, workers, AMP and exchange ("Graphcore's Mk2 IPU",
+        // C600 datasheet), and the same codelets.
+        ..mk2()
+    }
+}
+
 /// Several identical IPUs working as one system (a pipeline or a set of replicas).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SystemConfig {
@@ -576,6 +611,7 @@ mod tests {
             (Preset::Mk1, 124.5e12, 31.1e12),
             (Preset::Mk2, 250e12, 62.5e12),
             (Preset::Bow, 348.6e12, 87.1e12),
+            (Preset::C600, 280e12, 70e12),
         ];
         for (p, fp16, fp32) in want {
             let c = IpuConfig::preset(p);
@@ -613,6 +649,11 @@ mod tests {
         assert_eq!(total, 320e9);
         let bow = IpuConfig::preset(Preset::Bow);
         assert_eq!(bow.link_bytes_per_second_per_direction * 2.0 * 8.0, 512e9);
+        // C600: 1 Tbps bidirectional over its 4 links, 2 to each neighbouring card.
+        let c600 = IpuConfig::preset(Preset::C600);
+        let bits = c600.link_bytes_per_second_per_direction * 2.0 * 8.0 * f64::from(c600.ipu_links);
+        assert_eq!(bits, 1e12);
+        assert_eq!(c600.links_to_neighbour, 2);
         for p in Preset::ALL {
             let c = IpuConfig::preset(p);
             assert_eq!(c.host_link_bytes_per_second_per_direction * 2.0, 64e9);
@@ -749,7 +790,7 @@ mod tests {
         assert_eq!(e.name, "mk3");
         let msg = e.to_string();
         assert!(
-            msg.contains("mk3") && msg.contains("mk1, mk2, bow"),
+            msg.contains("mk3") && msg.contains("mk1, mk2, bow, c600"),
             "{msg}"
         );
         assert!("".parse::<Preset>().is_err());

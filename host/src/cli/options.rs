@@ -117,6 +117,6 @@ mod tests {
         let e = parse(&["tessera", "estimate", "--ipu", "mk3"])
             .unwrap_err()
             .to_string();
-        assert!(e.contains("[possible values: mk1, mk2, bow]"), "{e}");
+        assert!(e.contains("[possible values: mk1, mk2, bow, c600]"), "{e}");
     }
 }

@@ -742,7 +742,8 @@ mod tests {
         assert!(e.to_string().contains("batch_sise"), "{e}");
         let e = serde_json::from_str::<EstimateOptions>(r#"{"ipu": "mk3"}"#).unwrap_err();
         assert!(
-            e.to_string().contains("`mk3` is not one of mk1, mk2, bow"),
+            e.to_string()
+                .contains("`mk3` is not one of mk1, mk2, bow, c600"),
             "{e}"
         );
     }

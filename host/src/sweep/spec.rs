@@ -595,7 +595,7 @@ mod tests {
             ),
             (
                 "[grid]\nmodel = ['m']\nipu = ['mk3']",
-                "`mk3` is not one of mk1, mk2, bow",
+                "`mk3` is not one of mk1, mk2, bow, c600",
             ),
         ];
         for (text, want) in cases {
