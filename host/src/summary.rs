@@ -106,6 +106,10 @@ pub struct EstimateSummary {
     pub replicas: usize,
     /// IPUs in all.
     pub ipus_total: usize,
+    /// The system they need (one IPU-Machine, an IPU-POD or a Bow Pod), on machines in pods.
+    pub system: Option<String>,
+    /// IPU-Link domains they span; collectives over more than one cross the gateways.
+    pub ipu_link_domains: usize,
     /// Schedule.
     pub schedule: String,
     /// Per IPU of one replica.
@@ -187,6 +191,8 @@ impl EstimateSummary {
             gradient_accumulation_count: e.accumulation,
             replicas: e.replicas,
             ipus_total: e.ipus_total,
+            system: e.system.clone(),
+            ipu_link_domains: e.ipu_link_domains,
             schedule: e.schedule.clone(),
             ipus,
             stages,
@@ -207,6 +213,7 @@ impl EstimateSummary {
             self.schedule,
             self.gradient_accumulation_count
         );
+        self.system_text(&mut s);
         let fullest = self.ipus.iter().max_by_key(|i| i.max_tile_bytes);
         match fullest.filter(|_| self.fits) {
             Some(i) => {
@@ -226,6 +233,22 @@ impl EstimateSummary {
             let _ = writeln!(s, "{oom}");
         }
         s
+    }
+
+    /// The system the IPUs need, and whether the collectives cross the gateways between
+    /// IPU-Link domains.
+    fn system_text(&self, s: &mut String) {
+        let Some(system) = &self.system else { return };
+        let ipus = count(self.ipus_total as u64);
+        if self.ipu_link_domains > 1 {
+            let _ = writeln!(
+                s,
+                "system: {system} ({ipus} IPUs in {} IPU-Link domains; the all-reduce crosses their gateways)",
+                self.ipu_link_domains
+            );
+        } else {
+            let _ = writeln!(s, "system: {system} ({ipus} IPUs)");
+        }
     }
 
     /// Memory per IPU: totals, the fullest tile, then every category that holds anything.

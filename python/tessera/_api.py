@@ -228,6 +228,18 @@ class Estimate:
         return self._dict["ipus_total"]
 
     @property
+    def system(self):
+        """The system the IPUs need: one IPU-Machine, or the smallest IPU-POD or Bow Pod that
+        holds them (``"IPU-POD128"``); ``None`` for PCIe cards (``ipu="mk1"`` or ``"c600"``)."""
+        return self._dict.get("system")
+
+    @property
+    def ipu_link_domains(self):
+        """IPU-Link domains (POD64 racks) the IPUs span; above 1 the all-reduce crosses the
+        gateways between them."""
+        return self._dict.get("ipu_link_domains", 1)
+
+    @property
     def replicas(self):
         """Replicas."""
         return self._dict["replicas"]

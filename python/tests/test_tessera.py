@@ -64,6 +64,7 @@ def test_typed_attributes_read_the_summary():
     assert e.cycles_per_step == d["cycles_per_step"] > 0
     assert e.samples_per_second == pytest.approx(d["samples_per_second"])
     assert e.ipus == 1 and e.replicas == 1
+    assert e.system == d["system"] == "Bow-2000" and e.ipu_link_domains == 1
     assert set(e.memory_by_category[0]) >= {"always_live", "not_always_live", "vertex_code"}
     assert e.memory[0]["bytes_used"] > 0 and e.memory[0]["categories"] == e.memory_by_category[0]
     assert e.split is None and e.out_of_memory is None

@@ -42,6 +42,7 @@ pub mod memory;
 pub mod op_estimates;
 pub mod pipeline;
 pub mod planner;
+pub mod pod;
 pub mod program;
 pub mod runner;
 pub mod system;

@@ -11,6 +11,7 @@ use core::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::cost::Codelets;
+use crate::pod::{PodFamily, PodNetwork};
 
 /// An IPU generation whose published figures [`IpuConfig::preset`] knows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -155,11 +156,19 @@ pub struct IpuConfig {
     /// The figures of the machine's codelets (vertex cycle costs, the compute-set overhead, the
     /// AMP's input groups), which every cost of [`crate::cost`] reads: every preset carries
     /// [`Codelets::COLOSSUS`], and a generation with other codelet timings carries its own
-    /// table. Reports written without the field read as the Colossus table. (The last field:
-    /// a machine's key for the plan caches and layouts, `planner::machine_key`, leaves the
-    /// Colossus table out of its description.)
+    /// table. Reports written without the field read as the Colossus table. (A machine's key
+    /// for the plan caches and layouts, `planner::machine_key`, leaves the Colossus table out
+    /// of its description, so it stays second to last.)
     #[serde(default)]
     pub codelets: Codelets,
+    /// The IPU-POD network the IPU sits in: its IPU-Link domain, its machine's gateway and
+    /// GW-Links, which collectives over more replicas than one domain holds cross
+    /// ([`crate::pod`]). `None` for IPUs on PCIe cards (Mk1's C2, the C600), whose replicas
+    /// all share IPU-Links. Machine files and reports written without the field read as
+    /// `None`. (The last field: no plan or layout depends on it, and `planner::machine_key`
+    /// leaves it out.)
+    #[serde(default)]
+    pub pod: Option<PodNetwork>,
 }
 
 /// [`IpuConfig::amp_macs_per_cycle_fp16_fp32_partials`] of a report written without it.
@@ -293,7 +302,10 @@ impl IpuConfig {
                 return Err(MachineError::NotPositiveFinite { field, value });
             }
         }
-        Ok(())
+        match &self.pod {
+            Some(pod) => pod.validate(),
+            None => Ok(()),
+        }
     }
 
     /// Bytes per cycle between two neighbouring IPUs, one way.
@@ -394,6 +406,8 @@ fn mk1() -> IpuConfig {
         // poplibs: Mk1, Mk2 and Bow run the same poplibs codelets, priced by the same
         // estimators (docs/cost-model.md, "Constants and their sources").
         codelets: Codelets::COLOSSUS,
+        // vendor: C2 PCIe cards in a server, no gateway.
+        pod: None,
     }
 }
 
@@ -451,6 +465,8 @@ fn mk2() -> IpuConfig {
         streaming_memory_bytes_per_second: 20e9,
         // poplibs: the same codelets as Mk1 and Bow.
         codelets: Codelets::COLOSSUS,
+        // vendor: IPU-M2000 machines in IPU-PODs (crate::pod).
+        pod: Some(PodNetwork::machines(PodFamily::IpuPod)),
     }
 }
 
@@ -504,6 +520,8 @@ fn bow() -> IpuConfig {
         streaming_memory_bytes_per_second: 20e9,
         // poplibs: the same codelets as Mk1 and Mk2.
         codelets: Codelets::COLOSSUS,
+        // vendor: Bow-2000 machines in Bow Pods (crate::pod).
+        pod: Some(PodNetwork::machines(PodFamily::BowPod)),
     }
 }
 
@@ -531,6 +549,8 @@ fn c600() -> IpuConfig {
         // estimate: remote buffers in host memory reached over the card's PCIe links, one IPU
         // per card: 32 GB/s.
         streaming_memory_bytes_per_second: 32e9,
+        // vendor: a PCIe card, no gateway: cards join over IPU-Link cables only.
+        pod: None,
         // vendor: the GC200's tiles, SRAM, workers, AMP and exchange ("Graphcore's Mk2 IPU",
         // C600 datasheet), and the same codelets.
         ..mk2()

@@ -852,15 +852,19 @@ fn whole(m: u64, k: u64, n: u64) -> MatMulPlan {
 /// a node's temporaries spread from): a hash of its description. The codelets' table is part of
 /// the description only when it is not [`Codelets::COLOSSUS`], every preset's, so a machine's
 /// key, and the tiles its layouts start from, are the hash of its other figures while it runs
-/// the Colossus codelets.
+/// the Colossus codelets. The pod network, which places nothing, is never part of it.
 pub(crate) fn machine_key(cfg: &IpuConfig) -> u128 {
     let mut text = format!("{cfg:?}");
-    if cfg.codelets == Codelets::COLOSSUS {
-        // The table is the description's last field.
-        if let Some(at) = text.rfind(", codelets: ") {
-            text.truncate(at);
-            text.push_str(" }");
-        }
+    // The pod network (the last field) places nothing; the Colossus table (the one before it)
+    // is every preset's.
+    let cut = if cfg.codelets == Codelets::COLOSSUS {
+        ", codelets: "
+    } else {
+        ", pod: "
+    };
+    if let Some(at) = text.rfind(cut) {
+        text.truncate(at);
+        text.push_str(" }");
     }
     xxhash_rust::xxh3::xxh3_128(text.as_bytes())
 }
@@ -1025,9 +1029,20 @@ mod tests {
         let mut other = mk2.clone();
         other.codelets.compute_set_overhead += 1;
         assert_ne!(machine_key(&other), machine_key(&mk2));
+        let described = format!("{other:?}");
+        let without_pod = &described[..described.rfind(", pod: ").unwrap()];
         assert_eq!(
             machine_key(&other),
-            xxhash_rust::xxh3::xxh3_128(format!("{other:?}").as_bytes())
+            xxhash_rust::xxh3::xxh3_128(format!("{without_pod} }}").as_bytes())
+        );
+        // The pod network places nothing: it is no part of the key.
+        let mut card = mk2.clone();
+        card.pod = None;
+        assert_eq!(machine_key(&card), machine_key(&mk2));
+        other.pod = None;
+        assert_eq!(
+            machine_key(&other),
+            xxhash_rust::xxh3::xxh3_128(format!("{without_pod} }}").as_bytes())
         );
     }
 

@@ -294,6 +294,13 @@ pub struct SystemEstimate {
     pub replicas: usize,
     /// IPUs in all (replicas x IPUs per replica rounded up to a power of two).
     pub ipus_total: usize,
+    /// The system those IPUs need, on a machine with a pod network ([`crate::pod`]): one
+    /// IPU-Machine, or the smallest IPU-POD or Bow Pod that holds them. `None` on PCIe cards.
+    #[serde(default)]
+    pub system: Option<String>,
+    /// IPU-Link domains the IPUs span: collectives over more than one cross the gateways.
+    #[serde(default = "one")]
+    pub ipu_link_domains: usize,
     /// Whether every tile of every IPU fits (always true for an estimate made without memory
     /// accounting, [`SystemOptions::memory`] off).
     pub fits: bool,
@@ -328,6 +335,11 @@ pub struct SystemEstimate {
     /// Identical steady-state pipeline steps counted but not listed in `runs`.
     #[serde(default)]
     pub elided: Option<ElidedSteps>,
+}
+
+/// [`SystemEstimate::ipu_link_domains`] of a report written without it.
+fn one() -> usize {
+    1
 }
 
 /// Estimates `plan` across IPUs of `cfg`, as `opts` says, in phases: the options are checked
@@ -418,12 +430,15 @@ where
         }
     }
     let stages = stage_rows(&run, &tl, &stash, costs);
+    let ipus_total = opts.replicas.saturating_mul(t.ipus.next_power_of_two());
     Ok(SystemEstimate {
         schedule: opts.schedule.name().to_string(),
         stages_count: t.s,
         accumulation: t.m,
         replicas: opts.replicas,
-        ipus_total: opts.replicas * t.ipus.next_power_of_two(),
+        ipus_total,
+        system: cfg.pod.as_ref().map(|p| p.system_name(ipus_total)),
+        ipu_link_domains: cfg.pod.as_ref().map_or(1, |p| p.domains(ipus_total)),
         fits,
         out_of_memory: if fits { None } else { worst },
         pipeline_cycles: tl.cycles,

@@ -52,7 +52,9 @@ pub struct EstimateOptions {
     /// Put every layer on one IPU (ignore the model's pipeline stages).
     #[arg(long)]
     pub no_pipelining: bool,
-    /// Replicas of the whole model, each with its own data.
+    /// Replicas of the whole model, each with its own data. On Mk2 and Bow, replicas beyond one
+    /// IPU-Link domain (64 IPUs) take the pod they need (IPU-POD128, Bow Pod256, ...), and
+    /// their all-reduce crosses its gateways; the report names the system.
     #[arg(long, default_value_t = 1)]
     pub replicas: usize,
     /// IPU generation.

@@ -273,6 +273,7 @@ pub(super) fn all_reduce_cycles<S: Storage>(run: &Run<'_, S>, sync: u64) -> u64 
         return 0;
     }
     let g = plan.graph();
+    let ipus = opts.replicas.saturating_mul(t.ipus.next_power_of_two());
     (0..t.ipus)
         .map(|d| {
             let grad_bytes: u64 = programs[d]
@@ -282,13 +283,37 @@ pub(super) fn all_reduce_cycles<S: Storage>(run: &Run<'_, S>, sync: u64) -> u64 
                 .filter(|(_, n)| n.roles().contains(Roles::TRAINABLE))
                 .map(|(t, _)| t.elements * t.elem_bytes())
                 .sum();
-            let r = opts.replicas as f64;
-            (2.0 * (r - 1.0) / r * grad_bytes as f64 / cfg.neighbour_link_bytes_per_cycle()).ceil()
-                as u64
-                + sync
+            all_reduce_ring_cycles(cfg, grad_bytes, opts.replicas, ipus).saturating_add(sync)
         })
         .max()
         .unwrap_or(0)
+}
+
+/// Cycles of an all-reduce of `bytes` held by each of `replicas` replicas on `ipus` IPUs in
+/// all, without its sync. Within one IPU-Link domain (or on a machine without a pod network)
+/// it is one ring over the neighbour links, `2 (r - 1) / r` of the bytes each way. Across
+/// domains it is hierarchical, as GCL runs it (`crate::pod`): a reduce-scatter and an
+/// all-gather on the ring of each domain's `q` replicas, `2 (q - 1) / q` of the bytes, and
+/// between them the all-reduce of each IPU's `1 / q` shard across the domains' gateways.
+pub(crate) fn all_reduce_ring_cycles(
+    cfg: &IpuConfig,
+    bytes: u64,
+    replicas: usize,
+    ipus: usize,
+) -> u64 {
+    let link = cfg.neighbour_link_bytes_per_cycle();
+    let ring = |q: f64| 2.0 * (q - 1.0) / q * bytes as f64 / link;
+    let domains = cfg.pod.as_ref().map_or(1, |p| p.domains(ipus));
+    let cycles = match &cfg.pod {
+        Some(pod) if domains > 1 => {
+            let q = replicas.div_ceil(domains).max(1) as f64;
+            let cross = pod.cross_domain_seconds(bytes as f64 / q, domains) * cfg.clock_hz;
+            ring(q) + cross
+        }
+        _ => ring(replicas as f64),
+    };
+    // `as` saturates, so an absurd machine cannot panic here.
+    cycles.ceil() as u64
 }
 
 pub(super) fn add(a: &mut Cycles, b: &Cycles) {
