@@ -70,13 +70,16 @@ fn a_collective_over_two_pod64s_costs_the_gateway_hop() {
     assert_eq!(e.ipu_link_domains, 2);
     // Reduce-scatter and all-gather on each POD64's ring of 64 replicas, and between them
     // the 1/64 shard of the 4 IPUs of each IPU-M2000 over its two 100 Gbps GW-Links (half
-    // the bytes each way on a ring of two domains), with 4 hops of 1 us.
+    // the bytes each way on a ring of two domains), with a hop of 1 us for each of its two
+    // steps; each of the 2 x 63 + 2 steps ends in a sync of all 128 IPUs: the Sync-Link's
+    // over a POD64, and one gateway hop there and back.
     let pod = PodNetwork::machines(PodFamily::IpuPod);
     let ring = 2.0 * 63.0 / 64.0 * GRADIENT_BYTES / mk2.neighbour_link_bytes_per_cycle();
     let gateway =
-        (4.0 * GRADIENT_BYTES / 64.0 / (2.0 * 12.5e9) + 4.0 * pod.gw_hop_ns / 1e9) * mk2.clock_hz;
-    let sync = mk2.sync_cycles + mk2.inter_ipu_sync_cycles(1);
-    let want = (ring + gateway).ceil() as u64 + sync;
+        (4.0 * GRADIENT_BYTES / 64.0 / (2.0 * 12.5e9) + 2.0 * pod.gw_hop_ns / 1e9) * mk2.clock_hz;
+    let gateway_sync = (2.0 * pod.gw_hop_ns / 1e9 * mk2.clock_hz).ceil() as u64;
+    let sync = mk2.sync_cycles + mk2.inter_ipu_sync_cycles(64) + gateway_sync;
+    let want = (ring + gateway).ceil() as u64 + 128 * sync;
     assert!(
         e.all_reduce_cycles.abs_diff(want) <= 1,
         "{} vs {want}",

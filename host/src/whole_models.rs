@@ -575,11 +575,13 @@ mod tests {
     #[test]
     fn the_bundled_set_reads_with_the_published_figures() {
         let w = WholeModels::parse(BUNDLED).unwrap();
-        assert_eq!(w.run.len(), 3);
+        assert_eq!(w.run.len(), 4);
         assert_eq!(w.run[0].samples_per_second, 16391.0);
         assert!(w.run[1].includes_host);
-        assert_eq!(w.run[2].samples_per_second, 7062.0);
-        assert!(w.run[2].config().options().iter().any(|o| o == "c600"));
+        assert_eq!(w.run[2].samples_per_second, 178212.0);
+        assert!(w.run[2].config().options().iter().any(|o| o == "128"));
+        assert_eq!(w.run[3].samples_per_second, 7062.0);
+        assert!(w.run[3].config().options().iter().any(|o| o == "c600"));
         assert_eq!(w.profile.len(), 2);
         assert_eq!(w.profile[0].fullest_tile_bytes, 336_670);
         for r in &w.run {

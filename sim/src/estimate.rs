@@ -243,6 +243,21 @@ pub(crate) fn cost_steps_with(
                     tr.push(Phase::Exchange, tile_span(t), x, &t.name);
                 }
             }
+            Step::Collective {
+                tensor,
+                bytes,
+                group,
+                partition_ipus,
+            } => {
+                let (group, ipus) = (*group as usize, *partition_ipus as usize);
+                let (moving, sync) =
+                    crate::collective::group_all_reduce_parts(cfg, *bytes, group, ipus);
+                let t = &program.tensors[tensor.index()];
+                c.exchange += moving;
+                c.sync += sync;
+                tr.push(Phase::Sync, tile_span(t), sync, &t.name);
+                tr.push(Phase::Exchange, tile_span(t), moving, &t.name);
+            }
             Step::HostToDevice { tensor, bytes } | Step::DeviceToHost { tensor, bytes } => {
                 let x = (*bytes as f64 / host_bytes_per_cycle).ceil() as u64 + cfg.sync_cycles;
                 c.host_streams += x;

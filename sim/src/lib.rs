@@ -32,6 +32,7 @@
 
 pub mod cache;
 pub mod check;
+pub mod collective;
 pub mod cost;
 pub mod estimate;
 mod exchange;

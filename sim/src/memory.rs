@@ -473,6 +473,7 @@ fn step_tiles(
         Step::HostToDevice { tensor, .. }
         | Step::DeviceToHost { tensor, .. }
         | Step::LinkReceive { tensor, .. }
+        | Step::Collective { tensor, .. }
         | Step::RemoteBuffer { tensor, .. } => program.tensors[tensor.index()]
             .mapping
             .tile_sums()
@@ -796,6 +797,7 @@ fn walk_steps(
             Step::HostToDevice { tensor, .. }
             | Step::DeviceToHost { tensor, .. }
             | Step::LinkReceive { tensor, .. }
+            | Step::Collective { tensor, .. }
             | Step::RemoteBuffer { tensor, .. } => {
                 if in_part(s) {
                     used[tensor.index()] = true;

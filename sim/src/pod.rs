@@ -142,8 +142,8 @@ impl PodNetwork {
     /// Seconds of the phase across domains of an all-reduce whose IPUs each hold
     /// `shard_bytes` after the reduce-scatter within their domain: a ring over `domains`
     /// domains, each machine sending its IPUs' shards over its GW-Links, `2 (n - 1) / n` of the
-    /// bytes each way, with a hop of latency for each of the ring's `2 (n - 1)` steps and two
-    /// for the sync across the domains (there and back). Zero within one domain.
+    /// bytes each way, with a hop of latency for each of the ring's `2 (n - 1)` steps (the
+    /// steps' syncs are [`crate::collective::step_sync_cycles`]). Zero within one domain.
     pub fn cross_domain_seconds(&self, shard_bytes: f64, domains: usize) -> f64 {
         if domains <= 1 {
             return 0.0;
@@ -152,7 +152,7 @@ impl PodNetwork {
         let machine_bytes = shard_bytes * f64::from(self.ipus_per_machine);
         let bandwidth =
             f64::from(self.gw_links_per_machine) * self.gw_link_bytes_per_second_per_direction;
-        2.0 * (n - 1.0) / n * machine_bytes / bandwidth + 2.0 * n * self.gw_hop_ns / 1e9
+        2.0 * (n - 1.0) / n * machine_bytes / bandwidth + 2.0 * (n - 1.0) * self.gw_hop_ns / 1e9
     }
 }
 
@@ -190,9 +190,9 @@ mod tests {
     fn two_domains_pay_the_gateway_once_each_way() {
         let m = PodNetwork::machines(PodFamily::IpuPod);
         assert_eq!(m.cross_domain_seconds(1e6, 1), 0.0);
-        // 4 IPUs' shards of 1 MB over 2 x 12.5 GB/s, plus four hops of 1 us (two ring steps
-        // and the sync's two).
-        let want = 4e6 / 25e9 + 4e-6;
+        // 4 IPUs' shards of 1 MB over 2 x 12.5 GB/s, plus a hop of 1 us for each of the two
+        // ring steps.
+        let want = 4e6 / 25e9 + 2e-6;
         assert!((m.cross_domain_seconds(1e6, 2) - want).abs() < 1e-12);
     }
 

@@ -158,6 +158,19 @@ pub enum Step {
         /// Bytes moved.
         bytes: u64,
     },
+    /// A collective over replicas: `bytes` of a tensor summed within groups of `group`
+    /// consecutive replicas (distributed batch norm's statistics), each step of its ring a sync
+    /// of the partition's `partition_ipus` IPUs ([`crate::collective::group_all_reduce_cycles`]).
+    Collective {
+        /// The tensor reduced in place.
+        tensor: TensorId,
+        /// Bytes each replica holds of it.
+        bytes: u64,
+        /// Replicas in a group.
+        group: u32,
+        /// IPUs of the whole partition.
+        partition_ipus: u32,
+    },
     /// A copy between a tensor's tiles and streaming memory (a remote buffer).
     RemoteBuffer {
         /// The tensor.

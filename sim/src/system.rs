@@ -398,7 +398,7 @@ where
                 .collect()
         },
     );
-    let all_reduce = all_reduce_cycles(&run, sync);
+    let all_reduce = all_reduce_cycles(&run);
     let weight_update = if t.training {
         costs.update.iter().map(Cycles::total).max().unwrap_or(0) + sync
     } else {

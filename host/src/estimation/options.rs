@@ -14,7 +14,8 @@ use crate::model::TrainingDefaults;
 use crate::names::{named, parser};
 pub use tessera_sim::techniques::serialization::MAX_EMBEDDING_SERIALIZATION;
 use tessera_sim::techniques::{
-    offload, serialization, sharding, Checkpoints, MemoryProportion, Offload, Recompute, Techniques,
+    distributed_norm, offload, serialization, sharding, Checkpoints, MemoryProportion, Offload,
+    Recompute, Techniques,
 };
 
 /// How a model is estimated: `tessera estimate`'s options, named as its flags are with
@@ -129,6 +130,13 @@ pub struct EstimateOptions {
     /// share, so their temporary memory is about 1/N [default: the model file's, else 1].
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_EMBEDDING_SERIALIZATION))]
     pub embedding_serialization: Option<u64>,
+    /// Distributed batch norm (TensorFlow `distributed_batch_norm_replica_group_size`, the
+    /// `BN_span` of Graphcore's MLPerf ResNet-50): each batch norm sums its statistics, and
+    /// their gradients, over groups of N consecutive replicas, an all-reduce in every batch
+    /// norm whose every step syncs all the replicas' IPUs. N divides the replicas [default: 1,
+    /// none].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub distributed_batch_norm: Option<u64>,
     /// Keep the pipeline stash in streaming memory (TensorFlow `offload_activations`): each
     /// stage stores the activations it stashes after its forward pass and loads them before
     /// its backward pass, so they hold no tile memory in between.
@@ -276,6 +284,7 @@ impl Default for EstimateOptions {
             replicated_tensor_sharding: None,
             no_outlining: false,
             embedding_serialization: None,
+            distributed_batch_norm: None,
             offload_activations: false,
             offload_gradient_accumulation_buffers: false,
             no_inference_rewrites: false,
@@ -472,6 +481,10 @@ impl EstimateOptions {
             ("replicas", Some(self.replicas)),
             ("pipeline_ipus", self.pipeline_ipus),
             ("mask_tokens", self.mask_tokens),
+            (
+                "distributed_batch_norm",
+                self.distributed_batch_norm.map(|n| n as usize),
+            ),
         ];
         if let Some((name, _)) = counts.iter().find(|(_, n)| *n == Some(0)) {
             return bad(&format!("{name}: must be at least 1"));
@@ -544,6 +557,7 @@ impl EstimateOptions {
             replicated_tensor_sharding,
             no_outlining,
             embedding_serialization,
+            distributed_batch_norm,
             offload_activations,
             offload_gradient_accumulation_buffers,
             no_inference_rewrites,
@@ -594,6 +608,7 @@ impl EstimateOptions {
                 .or(file.replicated_tensor_sharding),
             no_outlining: no_outlining || file.no_outlining,
             embedding_serialization: embedding_serialization.or(file.embedding_serialization),
+            distributed_batch_norm: distributed_batch_norm.or(file.distributed_batch_norm),
             offload_activations: offload_activations || file.offload_activations,
             offload_gradient_accumulation_buffers: offload_gradient_accumulation_buffers
                 || file.offload_gradient_accumulation_buffers,
@@ -631,6 +646,10 @@ impl EstimateOptions {
         serialization::check(embedding_serialization).map_err(|e| {
             EstimateError::Options(format!("{model}: embedding_serialization: {e}"))
         })?;
+        let distributed_batch_norm =
+            usize::try_from(self.distributed_batch_norm.unwrap_or(1)).unwrap_or(usize::MAX);
+        distributed_norm::check(distributed_batch_norm, self.replicas)
+            .map_err(|e| EstimateError::Options(format!("{model}: distributed_batch_norm: {e}")))?;
         let checkpoints = Checkpoints::from_names(&self.recompute_checkpoints)
             .map_err(|e| EstimateError::Options(format!("--recompute-checkpoints: {e}")))?;
         let techniques = Techniques {
@@ -653,6 +672,7 @@ impl EstimateOptions {
             outlining: !self.no_outlining,
             embedding_serialization,
             inference_rewrites: !self.no_inference_rewrites,
+            distributed_batch_norm,
         };
         Ok(SessionOptions {
             batch_size: self.batch_size.unwrap_or(32),
@@ -801,6 +821,23 @@ mod tests {
         let e = serial.session_options("m", 1).unwrap_err().to_string();
         assert_eq!(e, "m: embedding_serialization: 0 is not in 1..=4096");
         assert!(EstimateOptions::default().check().is_ok());
+        // Distributed batch norm's groups divide the replicas.
+        let groups = |n, replicas| EstimateOptions {
+            distributed_batch_norm: Some(n),
+            replicas,
+            ..EstimateOptions::default()
+        };
+        let e = groups(3, 4)
+            .session_options("m", 1)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "m: distributed_batch_norm: groups of 3 replicas do not divide the 4 replica(s)"
+        );
+        assert!(groups(0, 4).check().is_err());
+        let pairs = groups(2, 4).session_options("m", 1).unwrap();
+        assert_eq!(pairs.techniques.distributed_batch_norm, 2);
     }
 
     /// A model from the shipped Sequential file with its `[training]` table replaced.

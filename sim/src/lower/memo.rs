@@ -398,6 +398,17 @@ impl Memo {
                     tensor: remap(*tensor),
                     bytes: *bytes,
                 },
+                Step::Collective {
+                    tensor,
+                    bytes,
+                    group,
+                    partition_ipus,
+                } => Step::Collective {
+                    tensor: remap(*tensor),
+                    bytes: *bytes,
+                    group: *group,
+                    partition_ipus: *partition_ipus,
+                },
                 Step::RemoteBuffer {
                     tensor,
                     bytes,
@@ -576,6 +587,7 @@ impl Recorded {
                 Step::HostToDevice { tensor, .. }
                 | Step::DeviceToHost { tensor, .. }
                 | Step::LinkReceive { tensor, .. }
+                | Step::Collective { tensor, .. }
                 | Step::RemoteBuffer { tensor, .. } => {
                     if !ok(*tensor) {
                         return None;

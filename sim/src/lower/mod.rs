@@ -85,6 +85,11 @@ pub struct LowerOptions {
     /// `offload_gradient_accumulation_buffers`): each op that reads one loads it before and
     /// stores it after, and it holds tile memory only while its accumulation runs.
     pub offload_accumulators: bool,
+    /// Distributed batch norm (`crate::techniques::distributed_norm`): the replicas in each
+    /// group whose batch statistics are summed (1: none).
+    pub distributed_batch_norm: u32,
+    /// IPUs of the whole partition (every replica's), which each step of a collective syncs.
+    pub partition_ipus: u32,
 }
 
 pub use crate::techniques::sharding::RTS_MIN_ELEMENTS;
@@ -100,6 +105,8 @@ impl Default for LowerOptions {
             outlining: true,
             embedding_serialization: 1,
             offload_accumulators: false,
+            distributed_batch_norm: 1,
+            partition_ipus: 1,
         }
     }
 }
@@ -127,6 +134,12 @@ impl LowerOptions {
             offload_optimizer_state: default.offload_optimizer_state,
             offload_accumulators: default.offload_accumulators,
             outlining: default.outlining,
+            // The partition is read only by distributed batch norm's collectives.
+            partition_ipus: if self.distributed_batch_norm > 1 {
+                self.partition_ipus
+            } else {
+                default.partition_ipus
+            },
             ..self
         }
     }

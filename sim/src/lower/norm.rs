@@ -27,14 +27,22 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Norm) {
         Norm::Normalize { x, axes, .. } => {
             let xs = [l.t(x)];
             let (stats, kept) = statistics(l, i, &xs, x, axes, 2);
+            // The gradient's whitening again (a backward node) is popnn's `batchNormWhiten`
+            // with the forward's statistics, summed over the group already.
+            if !l.node(i).roles().contains(tessera_core::Roles::BACKWARD) {
+                distribute(l, stats, axes);
+            }
             normalize(l, i, &xs, stats, kept, 2);
         }
         Norm::NormalizeGrad { dy, x, axes, .. } => {
             let xs = [l.t(x), l.t(dy)];
             let (stats, kept) = statistics(l, i, &xs, x, axes, 4);
+            distribute(l, stats, axes);
             normalize(l, i, &xs, stats, kept, 4);
         }
         Norm::Moment { x, axes, moment } => {
+            // Poplar's running averages read the norm's own statistics (summed over the
+            // group once, by the norm): reduced again here, they are not all-reduced again.
             let stats = match statistics_of(l, x, axes) {
                 Some(t) => t,
                 None => statistics(l, i, &[l.t(x)], x, axes, 2).0,
@@ -42,6 +50,29 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Norm) {
             moment_of(l, i, stats, moment);
         }
     }
+}
+
+/// Distributed batch norm ([`crate::techniques::distributed_norm`]): statistics over the batch
+/// axis are summed over each group of replicas, an all-reduce of their two f32 values a group
+/// (popnn's `distributedBatchNormStatistics` and `distributedBatchNormGradients` reduce two
+/// per channel) after the reduction that makes them.
+fn distribute<S: Storage>(
+    l: &mut Lowering<'_, S>,
+    stats: crate::program::TensorId,
+    axes: tessera_core::ops::Axes,
+) {
+    let group = l.opts.distributed_batch_norm;
+    if group <= 1 || !axes.contains(0) {
+        return;
+    }
+    let t = &l.tensors[stats.index()];
+    let bytes = t.elements * t.elem_bytes();
+    l.steps.push(crate::program::Step::Collective {
+        tensor: stats,
+        bytes,
+        group,
+        partition_ipus: l.opts.partition_ipus,
+    });
 }
 
 /// The statistics the latest normalisation of `x` over `axes` lowered here computed, if one

@@ -44,7 +44,11 @@ pub(super) fn ipu_lower_options(
             option: "available memory proportion",
             detail,
         })?;
-    let base = system_lower_options(opts);
+    let base = LowerOptions {
+        partition_ipus: u32::try_from(opts.replicas.saturating_mul(ipus.next_power_of_two()))
+            .unwrap_or(u32::MAX),
+        ..system_lower_options(opts)
+    };
     Ok(proportions
         .into_iter()
         .map(|p| LowerOptions {
@@ -260,7 +264,7 @@ pub(super) fn memory_reports<S: Storage>(run: &Run<'_, S>, stash: &Stash) -> Mem
 
 /// The replicas' gradient all-reduce: a ring over the links, once per weight update, as long
 /// as the IPU with the most gradient bytes takes.
-pub(super) fn all_reduce_cycles<S: Storage>(run: &Run<'_, S>, sync: u64) -> u64 {
+pub(super) fn all_reduce_cycles<S: Storage>(run: &Run<'_, S>) -> u64 {
     let Run {
         plan,
         cfg,
@@ -283,37 +287,10 @@ pub(super) fn all_reduce_cycles<S: Storage>(run: &Run<'_, S>, sync: u64) -> u64 
                 .filter(|(_, n)| n.roles().contains(Roles::TRAINABLE))
                 .map(|(t, _)| t.elements * t.elem_bytes())
                 .sum();
-            all_reduce_ring_cycles(cfg, grad_bytes, opts.replicas, ipus).saturating_add(sync)
+            crate::collective::all_reduce_cycles(cfg, grad_bytes, opts.replicas, ipus)
         })
         .max()
         .unwrap_or(0)
-}
-
-/// Cycles of an all-reduce of `bytes` held by each of `replicas` replicas on `ipus` IPUs in
-/// all, without its sync. Within one IPU-Link domain (or on a machine without a pod network)
-/// it is one ring over the neighbour links, `2 (r - 1) / r` of the bytes each way. Across
-/// domains it is hierarchical, as GCL runs it (`crate::pod`): a reduce-scatter and an
-/// all-gather on the ring of each domain's `q` replicas, `2 (q - 1) / q` of the bytes, and
-/// between them the all-reduce of each IPU's `1 / q` shard across the domains' gateways.
-pub(crate) fn all_reduce_ring_cycles(
-    cfg: &IpuConfig,
-    bytes: u64,
-    replicas: usize,
-    ipus: usize,
-) -> u64 {
-    let link = cfg.neighbour_link_bytes_per_cycle();
-    let ring = |q: f64| 2.0 * (q - 1.0) / q * bytes as f64 / link;
-    let domains = cfg.pod.as_ref().map_or(1, |p| p.domains(ipus));
-    let cycles = match &cfg.pod {
-        Some(pod) if domains > 1 => {
-            let q = replicas.div_ceil(domains).max(1) as f64;
-            let cross = pod.cross_domain_seconds(bytes as f64 / q, domains) * cfg.clock_hz;
-            ring(q) + cross
-        }
-        _ => ring(replicas as f64),
-    };
-    // `as` saturates, so an absurd machine cannot panic here.
-    cycles.ceil() as u64
 }
 
 pub(super) fn add(a: &mut Cycles, b: &Cycles) {

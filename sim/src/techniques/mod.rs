@@ -13,7 +13,9 @@
 //! | outlining | [`Techniques::outlining`] | `crate::lower` (`outline`) | the program's code |
 //! | embedding serialization | [`Techniques::embedding_serialization`] | [`serialization`] | the planner |
 //! | inference rewrites | [`Techniques::inference_rewrites`] | host's ONNX import (`rewrite`) | the inference graph |
+//! | distributed batch norm | [`Techniques::distributed_batch_norm`] | [`distributed_norm`] | the norms' lowering (`crate::lower`) |
 
+pub mod distributed_norm;
 pub mod offload;
 pub mod proportion;
 pub mod recompute;
@@ -53,6 +55,9 @@ pub struct Techniques {
     /// optimisers; on by default): a batch norm folded into the convolution before it. The
     /// ONNX import applies them to inference graphs.
     pub inference_rewrites: bool,
+    /// Distributed batch norm: the replicas in each group whose batch norms sum their
+    /// statistics (see [`distributed_norm`]; 1: none).
+    pub distributed_batch_norm: usize,
 }
 
 impl Default for Techniques {
@@ -68,13 +73,15 @@ impl Default for Techniques {
             outlining: true,
             embedding_serialization: 1,
             inference_rewrites: true,
+            distributed_batch_norm: 1,
         }
     }
 }
 
 impl Techniques {
-    /// What a lowering reads of these techniques on a system of `replicas` replicas, for
-    /// products planned with available memory proportion `proportion`.
+    /// What a lowering reads of these techniques on a system of `replicas` replicas (of one IPU
+    /// each: a system of several IPUs a replica sets [`LowerOptions::partition_ipus`] itself),
+    /// for products planned with available memory proportion `proportion`.
     pub fn lower_options(&self, replicas: usize, proportion: f64) -> LowerOptions {
         LowerOptions {
             offload_optimizer_state: self.offload.optimizer_state,
@@ -87,6 +94,8 @@ impl Techniques {
             outlining: self.outlining,
             embedding_serialization: self.embedding_serialization,
             offload_accumulators: self.offload.gradient_accumulators,
+            distributed_batch_norm: self.distributed_batch_norm as u32,
+            partition_ipus: replicas as u32,
             ..LowerOptions::default()
         }
     }
@@ -121,9 +130,11 @@ mod tests {
             replicated_tensor_sharding: true,
             outlining: false,
             embedding_serialization: 4,
+            distributed_batch_norm: 2,
             ..Techniques::default()
         };
         let l = t.lower_options(8, 0.3);
+        assert_eq!((l.distributed_batch_norm, l.partition_ipus), (2, 8));
         assert_eq!(l.plan.available_memory_proportion, 0.3);
         assert_eq!(l.plan.partials, PartialsType::Half);
         assert!(l.offload_optimizer_state && l.offload_accumulators);
