@@ -395,3 +395,35 @@ fn a_hand_written_sgd_update_checks_its_operands() {
     ));
     assert!(Plan::new(&g).is_ok());
 }
+
+#[test]
+fn each_backward_node_knows_the_rule_that_made_it() {
+    let mut g: Graph<Fixed<256>> = Graph::new();
+    let x = g.input("x", &[2, 3], DType::F32).unwrap();
+    let labels = g.input("labels", &[2], DType::I32).unwrap();
+    let h = g.dense("d1", x, 4, Activation::Relu, DType::F32).unwrap();
+    let logits = g.dense("d2", h, 2, Activation::Linear, DType::F32).unwrap();
+    let loss = g
+        .sparse_categorical_crossentropy("loss", logits, labels, true)
+        .unwrap();
+    let forward = g.len();
+    g.differentiate(loss, Optimizer::sgd(0.1)).unwrap();
+    // Forward nodes have no origin; every gradient node has one, a forward node.
+    assert!(g.nodes()[..forward].iter().all(|n| n.origin().is_none()));
+    let mut made = 0;
+    for n in &g.nodes()[forward..] {
+        if let Some(o) = n.origin() {
+            assert!(o.index() < forward, "{}", n.name());
+            made += 1;
+        }
+    }
+    assert!(made > 0);
+    // The gradient of d1's output (named after it) is made by d2's product rule.
+    let out = g.node(h).name().to_string();
+    let grad = g.nodes()[forward..]
+        .iter()
+        .find(|n| n.name().starts_with(&format!("{out}_grad/")))
+        .unwrap();
+    let rule = g.node(grad.origin().unwrap()).name();
+    assert!(rule.starts_with("d2"), "{} made by {rule}", grad.name());
+}

@@ -62,6 +62,8 @@ pub struct Node {
     pub(crate) dtype: DType,
     pub(crate) roles: Roles,
     pub(crate) stage: u8,
+    /// The index of the forward node whose gradient rule made this one, or `u32::MAX`.
+    pub(crate) origin: u32,
 }
 
 impl Node {
@@ -89,6 +91,13 @@ impl Node {
     /// to the stage of the forward node they differentiate; updates to their variable's.
     pub fn stage(&self) -> usize {
         usize::from(self.stage)
+    }
+    /// The forward node whose gradient rule made this backward node: a product's input
+    /// gradient is made by the product's rule (though named after the input, `X_grad/k`), a
+    /// shared weight's share by the rule of the node that reads it. `None` for forward nodes,
+    /// recomputed copies and the updates.
+    pub fn origin(&self) -> Option<NodeId> {
+        (self.origin != u32::MAX).then(|| NodeId::at(self.origin as usize))
     }
     /// Bytes of the tensor it produces (0 for update ops).
     pub fn bytes(&self) -> usize {
@@ -146,6 +155,8 @@ pub struct Graph<S: Storage> {
     pub(crate) accumulation: Option<(NodeId, u32)>,
     /// The pipeline stage of nodes added from now on.
     pub(crate) current_stage: u8,
+    /// The forward node whose gradient rule adds the nodes added from now on (autodiff's).
+    pub(crate) current_origin: Option<NodeId>,
 }
 
 impl<S: Storage> Clone for Graph<S> {
@@ -155,6 +166,7 @@ impl<S: Storage> Clone for Graph<S> {
             forward_len: self.forward_len,
             accumulation: self.accumulation,
             current_stage: self.current_stage,
+            current_origin: self.current_origin,
         }
     }
 }
@@ -192,6 +204,7 @@ impl<S: Storage> Graph<S> {
             forward_len: None,
             accumulation: None,
             current_stage: 0,
+            current_origin: None,
         }
     }
 
@@ -333,6 +346,7 @@ impl<S: Storage> Graph<S> {
                 dtype,
                 roles,
                 stage: self.current_stage,
+                origin: self.current_origin.map_or(u32::MAX, |o| o.index() as u32),
             })
             .map_err(|_| GraphError::CapacityExceeded {
                 node: name,

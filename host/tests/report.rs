@@ -335,6 +335,22 @@ fn page_links_everything() {
 }
 
 #[test]
+fn the_stage_table_gives_what_each_stash_holds() {
+    let r = report();
+    let dir = tempfile::tempdir().unwrap();
+    write_report(dir.path(), &r).unwrap();
+    let html = fs::read_to_string(dir.path().join("index.html")).unwrap();
+    assert!(html.contains(">stash entries</th><th>stash bytes<"));
+    // Each stage's row: its entries, then the bytes they hold (none for a stage that stashes
+    // nothing, whatever one entry would hold).
+    for s in &r.estimate.stages {
+        let held = tessera_host::report::format::bytes(s.stash_entry_bytes * s.stash_depth as u64);
+        let cells = format!("<td>{}</td><td>{held}</td>", s.stash_depth);
+        assert!(html.contains(&cells), "{cells}");
+    }
+}
+
+#[test]
 fn missing_estimate_is_an_error_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let err = render_report(dir.path()).unwrap_err();

@@ -256,10 +256,14 @@ pub(super) fn backward_pass<S: Storage>(
         } else {
             NodeId::at(i)
         };
-        // Backward nodes belong to the stage of the node they differentiate.
+        // Backward nodes belong to the stage of the node they differentiate, and come of
+        // its rule.
         bp.graph.current_stage = bp.graph.nodes[i].stage;
         if let Some(dy) = bp.grad[i] {
-            crate::ops::backward(bp, at, dy)?;
+            bp.graph.current_origin = Some(NodeId::at(i));
+            let done = crate::ops::backward(bp, at, dy);
+            bp.graph.current_origin = None;
+            done?;
         }
         updates.variables_of(bp, i)?;
     }

@@ -390,7 +390,9 @@ fn add_loss(
 pub use crate::summary::LayerRow;
 
 /// Per-layer rows: each graph node's bytes and each compute set's cycles summed into the
-/// ONNX node that made it (gradients `X_grad/...` into the node of `X`).
+/// ONNX node that made it: a backward node's into the node whose gradient rule made it
+/// ([`tessera_core::Node::origin`]), others by name (`X/recompute`, `X/...` into the node of
+/// `X`).
 pub fn layer_rows(c: &OnnxCompiled, e: &SystemEstimate) -> Vec<LayerRow> {
     let g = c.target.plan.graph();
     let imp = &c.imported;
@@ -432,10 +434,25 @@ pub fn layer_rows(c: &OnnxCompiled, e: &SystemEstimate) -> Vec<LayerRow> {
             rows[l].code.add(code);
         }
     }
+    // A backward node belongs to the layer whose gradient rule made it (a product's input
+    // gradient to the product, though named after the input), else to the layer its name says.
+    let ids: HashMap<&str, usize> = g
+        .nodes()
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name(), i))
+        .collect();
+    let layer_of = |op: &str| {
+        let origin = ids.get(op).and_then(|&i| g.nodes()[i].origin());
+        match origin {
+            Some(o) => layer_index(imp, o.index()).or_else(|| find(g.node(o).name())),
+            None => find(op),
+        }
+    };
     for s in &e.stages {
         for (trace, backward) in [(&s.forward_trace, false), (&s.backward_trace, true)] {
             for ev in trace {
-                if let Some(l) = find(&ev.op) {
+                if let Some(l) = layer_of(&ev.op) {
                     if backward {
                         rows[l].backward_cycles += ev.cycles;
                     } else {

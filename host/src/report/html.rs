@@ -204,8 +204,8 @@ fn stage_table(e: &SystemEstimate) -> Markup {
         "IPU",
         "forward cycles",
         "backward cycles",
-        "stash depth",
-        "stash entry",
+        "stash entries",
+        "stash bytes",
         "idle (its IPU)",
     ];
     html! {
@@ -219,7 +219,9 @@ fn stage_table(e: &SystemEstimate) -> Markup {
                     td { (count(s.forward_cycles)) }
                     td { (count(s.backward_cycles)) }
                     td { (s.stash_depth) }
-                    td { (bytes(s.stash_entry_bytes)) }
+                    // What the stage holds: its entries' bytes (an entry's size alone beside a
+                    // depth of 0 would read as memory held).
+                    td { (bytes(s.stash_entry_bytes.saturating_mul(s.stash_depth as u64))) }
                     td { (percent(s.idle_fraction)) }
                 }
             }

@@ -1,0 +1,52 @@
+//! Per-layer rows: each backward compute set counts in the row of the layer whose gradient
+//! rule made it, so a row's backward is its own gradient's work.
+
+use std::path::PathBuf;
+
+use tessera_host::estimation::{estimate, EstimateOptions, ModelSource};
+
+fn rows(path: PathBuf) -> Vec<tessera_host::summary::LayerRow> {
+    let e = estimate(&ModelSource::OnnxFile(path), &EstimateOptions::default()).expect("estimates");
+    e.layers().to_vec()
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[test]
+fn an_elementwise_layer_s_backward_is_of_its_own_size() {
+    let rows = rows(root().join("tests/fixtures/onnx/cnn.onnx"));
+    let relus: Vec<_> = rows.iter().filter(|r| r.op == "Relu").collect();
+    assert!(!relus.is_empty());
+    for r in relus {
+        // dx = dy where x > 0: a pass over the layer's own elements. The input gradient of
+        // the convolution after it (named after the ReLU's output) is the convolution's.
+        assert!(
+            r.backward_cycles <= 3 * r.forward_cycles,
+            "{}: forward {} backward {}",
+            r.name,
+            r.forward_cycles,
+            r.backward_cycles
+        );
+    }
+    // A sum passes its gradient through: nothing of its own.
+    let add = rows.iter().find(|r| r.op == "Add").unwrap();
+    assert_eq!(add.backward_cycles, 0, "{}", add.name);
+}
+
+#[test]
+fn a_shared_weight_s_gradient_counts_where_each_reader_makes_its_share() {
+    // The exporter deduplicated the LayerNorms' identical initializers: one bias reads in 22
+    // nodes. Each LayerNorm's row holds its own share of that gradient, not the first all of
+    // them.
+    let rows = rows(root().join("data/onnx/bert_tiny.stripped.onnx"));
+    let norms: Vec<u64> = rows
+        .iter()
+        .filter(|r| r.op == "LayerNormalization")
+        .map(|r| r.backward_cycles)
+        .collect();
+    assert!(norms.len() >= 6, "{norms:?}");
+    let (lo, hi) = (norms.iter().min().unwrap(), norms.iter().max().unwrap());
+    assert!(*hi <= lo + lo / 2, "{norms:?}");
+}
