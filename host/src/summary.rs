@@ -394,8 +394,21 @@ pub struct LayerRow {
     pub activation_bytes: u64,
     /// Forward cycles per micro-batch (its compute sets).
     pub forward_cycles: u64,
-    /// Backward cycles per micro-batch (its gradients' compute sets).
+    /// Backward cycles per micro-batch: its gradient rule's compute sets and exchanges, its
+    /// recomputation and its weights' accumulation; the four parts below.
     pub backward_cycles: u64,
+    /// Of the backward: its gradient rule's compute sets and syncs.
+    #[serde(default)]
+    pub backward_gradient_cycles: u64,
+    /// Of the backward: the recomputation of its forward pass (`X/recompute`).
+    #[serde(default)]
+    pub backward_recompute_cycles: u64,
+    /// Of the backward: the exchanges of its gradient, recomputation and accumulation.
+    #[serde(default)]
+    pub backward_exchange_cycles: u64,
+    /// Of the backward: its weights' gradient accumulation and updates.
+    #[serde(default)]
+    pub backward_update_cycles: u64,
     /// The code its steps (forward, backward and update) add, summed over its IPU's tiles:
     /// vertex state, exchange code and control code, as PopVision's program tree shows them.
     #[serde(default)]

@@ -50,3 +50,27 @@ fn a_shared_weight_s_gradient_counts_where_each_reader_makes_its_share() {
     let (lo, hi) = (norms.iter().min().unwrap(), norms.iter().max().unwrap());
     assert!(*hi <= lo + lo / 2, "{norms:?}");
 }
+
+#[test]
+fn a_row_s_backward_is_its_gradient_recomputation_exchanges_and_updates() {
+    let o = EstimateOptions {
+        recompute_checkpoints: vec!["relu1/Relu".into()],
+        gradient_accumulation_count: Some(2),
+        ..EstimateOptions::default()
+    };
+    let path = root().join("tests/fixtures/onnx/cnn.onnx");
+    let e = estimate(&ModelSource::OnnxFile(path), &o).expect("estimates");
+    let rows = e.layers();
+    for r in rows {
+        let parts = r.backward_gradient_cycles
+            + r.backward_recompute_cycles
+            + r.backward_exchange_cycles
+            + r.backward_update_cycles;
+        assert_eq!(parts, r.backward_cycles, "{}", r.name);
+    }
+    // Something is recomputed, a trained layer accumulates its weights' gradients.
+    assert!(rows.iter().any(|r| r.backward_recompute_cycles > 0));
+    let conv = rows.iter().find(|r| r.op == "Conv").unwrap();
+    assert!(conv.backward_update_cycles > 0, "{}", conv.name);
+    assert!(conv.backward_gradient_cycles > 0, "{}", conv.name);
+}

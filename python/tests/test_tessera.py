@@ -72,6 +72,9 @@ def test_typed_attributes_read_the_summary():
     layers = e.layers
     names = list(layers["name"]) if hasattr(layers, "columns") else [r["name"] for r in layers]
     assert "node_layer_norm" in names
+    columns = set(layers.columns) if hasattr(layers, "columns") else set(layers[0])
+    parts = {"gradient", "recompute", "exchange", "update"}
+    assert {f"backward_{p}_cycles" for p in parts} <= columns
 
 
 def test_bytes_and_paths_give_the_same_estimate():

@@ -407,6 +407,10 @@ pub fn layer_rows(c: &OnnxCompiled, e: &SystemEstimate) -> Vec<LayerRow> {
             activation_bytes: 0,
             forward_cycles: 0,
             backward_cycles: 0,
+            backward_gradient_cycles: 0,
+            backward_recompute_cycles: 0,
+            backward_exchange_cycles: 0,
+            backward_update_cycles: 0,
             code: Default::default(),
         })
         .collect();
@@ -450,19 +454,46 @@ pub fn layer_rows(c: &OnnxCompiled, e: &SystemEstimate) -> Vec<LayerRow> {
         }
     };
     for s in &e.stages {
-        for (trace, backward) in [(&s.forward_trace, false), (&s.backward_trace, true)] {
-            for ev in trace {
-                if let Some(l) = layer_of(&ev.op) {
-                    if backward {
-                        rows[l].backward_cycles += ev.cycles;
-                    } else {
-                        rows[l].forward_cycles += ev.cycles;
-                    }
-                }
+        for ev in &s.forward_trace {
+            if let Some(l) = layer_of(&ev.op) {
+                rows[l].forward_cycles += ev.cycles;
+            }
+        }
+        for ev in &s.backward_trace {
+            if let Some(l) = layer_of(&ev.op) {
+                let row = &mut rows[l];
+                row.backward_cycles += ev.cycles;
+                *backward_part(row, ev, ids.get(ev.op.as_str()).map(|&i| &g.nodes()[i])) +=
+                    ev.cycles;
             }
         }
     }
     rows
+}
+
+/// Which part of `row`'s backward event `ev` (of graph node `node`) is: an exchange, the
+/// recomputation of a forward node, an accumulation or update of a weight, or else the
+/// gradient rule's own work.
+fn backward_part<'r>(
+    row: &'r mut LayerRow,
+    ev: &tessera_sim::estimate::TraceEvent,
+    node: Option<&tessera_core::Node>,
+) -> &'r mut u64 {
+    if ev.phase == tessera_sim::estimate::Phase::Exchange {
+        return &mut row.backward_exchange_cycles;
+    }
+    let Some(n) = node else {
+        return &mut row.backward_gradient_cycles;
+    };
+    if n.origin().is_some() {
+        &mut row.backward_gradient_cycles
+    } else if n.name().contains("/recompute") {
+        &mut row.backward_recompute_cycles
+    } else if n.op().is_update() || n.roles().intersects(Roles::UPDATE | Roles::ACCUMULATOR) {
+        &mut row.backward_update_cycles
+    } else {
+        &mut row.backward_gradient_cycles
+    }
 }
 
 /// What `by_name` maps `op`'s forward node to: a gradient `X_grad/...` belongs to X, a
@@ -471,6 +502,7 @@ fn owner(by_name: &HashMap<&str, usize>, op: &str) -> Option<usize> {
     by_name
         .get(op)
         .copied()
+        .or_else(|| by_name.get(op.strip_suffix("/recompute")?).copied())
         .or_else(|| by_name.get(&op[..op.rfind("_grad")?]).copied())
         .or_else(|| by_name.get(op.split('/').next()?).copied())
 }

@@ -254,6 +254,10 @@ fn layer_table_top(layers: &[crate::summary::LayerRow], top: usize) -> Markup {
         "stage",
         "forward cycles",
         "backward cycles",
+        "of which gradient",
+        "recompute",
+        "exchange",
+        "update",
         "weights",
         "activations",
     ];
@@ -267,6 +271,10 @@ fn layer_table_top(layers: &[crate::summary::LayerRow], top: usize) -> Markup {
                     td { (r.stage) }
                     td { (count(r.forward_cycles)) }
                     td { (count(r.backward_cycles)) }
+                    td { (count(r.backward_gradient_cycles)) }
+                    td { (count(r.backward_recompute_cycles)) }
+                    td { (count(r.backward_exchange_cycles)) }
+                    td { (count(r.backward_update_cycles)) }
                     td { (bytes(r.weight_bytes)) }
                     td { (bytes(r.activation_bytes)) }
                 }
