@@ -130,12 +130,14 @@ impl Named for LossKind {
         ),
         ("mse", LossKind::Mse),
         ("masked-lm", LossKind::MaskedLm),
+        ("span", LossKind::Span),
     ];
     const HELP: &'static [&'static str] = &[
         "By the output: `[batch, classes]` gets sparse cross-entropy; `[batch, seq, hidden]` of a model with a token embedding gets the masked-LM head; anything else MSE",
         "Sparse categorical cross-entropy on the output as logits (`[batch, classes]` or `[batch, seq, classes]`), integer labels",
         "Mean squared error against a target of the output's shape",
         "A masked-LM head as BERT's pre-training: the hidden states of the masked positions (`--mask-tokens` per sequence, gathered from the output `[batch, seq, hidden]`) projected onto the token embedding (tied; when the embedding is in an earlier pipeline stage the projection is a stage of its own on the embedding's IPU) to `[batch, masked, vocab]` logits, cross-entropy with labels (-100 ignored)",
+        "A span head as BERT's SQuAD fine-tuning: the output `[batch, seq, hidden]` projected to two logits a position (`qa_outputs`), the start's and the end's over the sequence, each with a cross-entropy against its labelled position",
     ];
 }
 

@@ -35,6 +35,11 @@ pub enum LossKind {
     /// stage the projection is a stage of its own on the embedding's IPU) to
     /// `[batch, masked, vocab]` logits, cross-entropy with labels (-100 ignored).
     MaskedLm,
+    /// A span head as BERT's SQuAD fine-tuning: the output `[batch, seq, hidden]` projected to
+    /// two logits a position (Hugging Face's `qa_outputs`, Graphcore's SQuAD heads), the
+    /// start's and the end's over the sequence, each with a cross-entropy against its labelled
+    /// position.
+    Span,
 }
 
 /// How an imported model is compiled.
@@ -382,9 +387,40 @@ fn add_loss(
             let labels = g.input("labels", &[batch, masked], DType::I32)?;
             g.sparse_categorical_crossentropy_ignoring("loss", logits, labels, true, Some(-100))?
         }
+        LossKind::Span => span_loss(g, out.node, &out.name, &dims, dtype)?,
         LossKind::Auto => unreachable!("resolved above"),
     };
     Ok((loss, kind, head))
+}
+
+/// The span loss of [`LossKind::Span`] on output `out` (`name`, `dims`): a dense layer of two
+/// units over the hidden size (`span/qa_outputs`), its `[batch, seq, 2]` logits turned to
+/// `[batch, 2, seq]`, and a sparse cross-entropy over the sequence with `[batch, 2]` labels,
+/// the start and end positions (the mean of the two losses, as Hugging Face's
+/// `BertForQuestionAnswering` takes it, up to the factor).
+fn span_loss(
+    g: &mut Graph<Heap>,
+    out: NodeId,
+    name: &str,
+    dims: &[usize],
+    dtype: DType,
+) -> Result<NodeId, SessionError> {
+    if dims.len() != 3 {
+        return Err(opt_err(
+            "--loss",
+            format!("a span head needs a [batch, seq, hidden] output; `{name}` is {dims:?}"),
+        ));
+    }
+    let logits = g.dense(
+        "span/qa_outputs",
+        out,
+        2,
+        tessera_core::Activation::Linear,
+        dtype,
+    )?;
+    let by_end = g.transpose("span/logits", logits, &[0, 2, 1])?;
+    let positions = g.input("span_positions", &[dims[0], 2], DType::I32)?;
+    Ok(g.sparse_categorical_crossentropy("loss", by_end, positions, true)?)
 }
 
 pub use crate::summary::LayerRow;
