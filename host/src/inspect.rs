@@ -140,18 +140,29 @@ impl Collector {
     }
 
     /// Appends a dequeued chunk. Tensor elements go under the key `""`.
-    pub fn push(&mut self, d: Dequeued) {
+    ///
+    /// # Errors
+    ///
+    /// When the host cannot allocate room for a key's data: the key and the bytes asked for
+    /// (the chunk is dropped, what was collected before stays).
+    pub fn push(&mut self, d: Dequeued) -> Result<(), (String, u64)> {
         let map = match d {
-            Dequeued::Empty => return,
+            Dequeued::Empty => return Ok(()),
             Dequeued::Tensor(t) => BTreeMap::from([(String::new(), t)]),
             Dequeued::Map(m) => m,
         };
         for (k, t) in map {
             let reserve = self.last.get(&k).copied().unwrap_or(0).max(t.data.len());
-            let e = self
-                .keys
-                .entry(k)
-                .or_insert_with(|| (t.shape.clone(), Vec::with_capacity(reserve)));
+            let e = self.keys.entry(k.clone()).or_default();
+            let room = if e.1.capacity() == 0 {
+                reserve
+            } else {
+                t.data.len()
+            };
+            if e.1.try_reserve(room).is_err() {
+                let bytes = (e.1.len().saturating_add(room) * std::mem::size_of::<f32>()) as u64;
+                return Err((k, bytes));
+            }
             if e.1.is_empty() {
                 e.0 = t.shape.clone();
             } else if let Some(n) = t.shape.first() {
@@ -159,6 +170,7 @@ impl Collector {
             }
             e.1.extend_from_slice(&t.data);
         }
+        Ok(())
     }
 
     /// Whether nothing was collected.
@@ -218,10 +230,10 @@ mod tests {
             )]);
             q.enqueue(vec![Element::Map(m)]).unwrap();
             if i % 2 == 0 {
-                c.push(q.dequeue().unwrap());
+                c.push(q.dequeue().unwrap()).unwrap();
             }
         }
-        c.push(q.dequeue().unwrap());
+        c.push(q.dequeue().unwrap()).unwrap();
         let m = c.take();
         assert_eq!(m["a"].shape, vec![5, 2]);
         assert_eq!(
@@ -241,12 +253,12 @@ mod tests {
         };
         let mut c = Collector::new();
         for i in 0..10 {
-            c.push(chunk(i));
+            c.push(chunk(i)).unwrap();
         }
         let first = c.take();
         assert_eq!(first["a"].shape, vec![10, 3]);
-        c.push(chunk(10));
-        c.push(chunk(11));
+        c.push(chunk(10)).unwrap();
+        c.push(chunk(11)).unwrap();
         let second = c.take();
         assert_eq!(second["a"].shape, vec![2, 3]);
         assert_eq!(second["a"].data, [10.0, 10.0, 10.0, 11.0, 11.0, 11.0]);

@@ -179,6 +179,19 @@ pub enum OutfeedError {
         /// Elements given.
         found: usize,
     },
+    /// The host could not hold what a queue delivers between two reports: a report's
+    /// outfeed is stacked whole before it is handed over.
+    #[error(
+        "outfeed '{queue}': holding '{key}' until the next report needs {bytes} bytes, more than the host could allocate; report more often (--repeat-count, --steps-per-execution), outfeed fewer tensors (--activations-filters, --gradients-filters) or use a larger --batch-size"
+    )]
+    HostMemory {
+        /// The queue.
+        queue: String,
+        /// The map key of the tensor (empty for a tensor element).
+        key: String,
+        /// The bytes the key's data would have needed.
+        bytes: u64,
+    },
     /// A tensor in an enqueued element is inconsistent (its data does not fill its shape).
     #[error("outfeed '{queue}': replica {replica}{}: {source}", At(.key))]
     BadTensor {
@@ -259,6 +272,7 @@ impl OutfeedError {
             | OutfeedError::ReplicaMismatch { queue, .. }
             | OutfeedError::StructureChanged { queue, .. }
             | OutfeedError::Full { queue, .. }
+            | OutfeedError::HostMemory { queue, .. }
             | OutfeedError::NothingEnqueued { queue } => queue,
         }
     }

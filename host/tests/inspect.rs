@@ -24,10 +24,10 @@ proptest! {
             let t = HostTensor::new(vec![width], vec![i as f32; width]).unwrap();
             q.enqueue(vec![BTreeMap::from([("k".to_string(), t)]).into()]).unwrap();
             if *drain {
-                c.push(q.dequeue().unwrap());
+                c.push(q.dequeue().unwrap()).unwrap();
             }
         }
-        c.push(q.dequeue().unwrap());
+        c.push(q.dequeue().unwrap()).unwrap();
         let m = c.take();
         let k = &m["k"];
         prop_assert_eq!(&k.shape, &vec![drains.len(), width]);

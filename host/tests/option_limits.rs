@@ -150,3 +150,16 @@ proptest! {
         }
     }
 }
+
+/// One-sample batches make an epoch of as many steps as samples, and what the outfeeds deliver
+/// at its report is held until then: beyond what the host can allocate, a one-line error
+/// naming the queue and what to change, not an abort.
+#[test]
+fn an_outfeed_the_host_cannot_hold_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let args: Vec<String> = ["train", "--batch-size", "1", "--epochs", "1"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    acceptable(&args, dir.path()).unwrap();
+}

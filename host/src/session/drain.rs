@@ -10,6 +10,7 @@ use super::device::DeviceMsg;
 use super::run::TrainEvent;
 use super::taps::{Queue, Taps};
 use crate::inspect::Collector;
+use crate::outfeed::OutfeedError;
 
 /// The host's subscriptions to the outfeed queues, in [`Queue::ALL`] order: taken before the
 /// device starts, so that no enqueue goes unnoticed.
@@ -21,23 +22,17 @@ pub(super) fn subscribe(taps: &Taps) -> Vec<Receiver<()>> {
 }
 
 /// Drains the outfeeds and forwards the device's progress until the device is done.
-/// Returns the loss of every reporting point.
+/// Returns the loss of every reporting point, and the first outfeed the host could not hold
+/// (from then on it keeps draining and acknowledging, so the device finishes, but collects
+/// nothing more).
 pub(super) fn host_loop(
     taps: &Taps,
     subscriptions: &[Receiver<()>],
     from_device: &Receiver<DeviceMsg>,
     acks: &Sender<()>,
     on_event: &mut impl FnMut(TrainEvent),
-) -> Vec<f64> {
-    let mut collectors: [Collector; 3] = Default::default();
-    let drain = |q: Queue, collectors: &mut [Collector; 3]| {
-        let queue = taps.queue(q);
-        if queue.pending() > 0 {
-            if let Ok(d) = queue.dequeue() {
-                collectors[q as usize].push(d);
-            }
-        }
-    };
+) -> (Vec<f64>, Result<(), OutfeedError>) {
+    let mut held = Held::default();
     let mut losses = Vec::new();
     loop {
         select! {
@@ -47,8 +42,8 @@ pub(super) fn host_loop(
                     // The device is waiting: everything it enqueued is in the queues.
                     let mut outfeeds = Vec::new();
                     for q in Queue::ALL {
-                        drain(q, &mut collectors);
-                        let data = collectors[q as usize].take();
+                        held.drain(taps, q);
+                        let data = held.collectors[q as usize].take();
                         if taps.reports(q) {
                             outfeeds.push((q.callback().to_string(), data));
                         }
@@ -59,10 +54,41 @@ pub(super) fn host_loop(
                 }
                 Err(_) => break,
             },
-            recv(subscriptions[0]) -> _ => drain(Queue::Gradients, &mut collectors),
-            recv(subscriptions[1]) -> _ => drain(Queue::Plain, &mut collectors),
-            recv(subscriptions[2]) -> _ => drain(Queue::Maybe, &mut collectors),
+            recv(subscriptions[0]) -> _ => held.drain(taps, Queue::Gradients),
+            recv(subscriptions[1]) -> _ => held.drain(taps, Queue::Plain),
+            recv(subscriptions[2]) -> _ => held.drain(taps, Queue::Maybe),
         }
     }
-    losses
+    (losses, held.full.map_or(Ok(()), Err))
+}
+
+/// What the host holds of each queue until the next report, and the first queue it could
+/// not hold.
+#[derive(Default)]
+struct Held {
+    collectors: [Collector; 3],
+    full: Option<OutfeedError>,
+}
+
+impl Held {
+    /// Dequeues what queue `q` has pending into its collector; once one could not be held,
+    /// drops what is dequeued (and what was held), so the device is never kept waiting.
+    fn drain(&mut self, taps: &Taps, q: Queue) {
+        let queue = taps.queue(q);
+        if queue.pending() == 0 {
+            return;
+        }
+        let Ok(d) = queue.dequeue() else { return };
+        if self.full.is_some() {
+            return;
+        }
+        if let Err((key, bytes)) = self.collectors[q as usize].push(d) {
+            self.collectors.iter_mut().for_each(|c| drop(c.take()));
+            self.full = Some(OutfeedError::HostMemory {
+                queue: q.callback().to_string(),
+                key,
+                bytes,
+            });
+        }
+    }
 }

@@ -326,10 +326,12 @@ impl Prepared {
                 Some(pool) => pool.install(|| device.run(runner)),
                 None => device.run(runner),
             });
-            let losses = host_loop(&taps, &subscriptions, &from_device, &ack_tx, &mut on_event);
+            let (losses, held) =
+                host_loop(&taps, &subscriptions, &from_device, &ack_tx, &mut on_event);
             let result = handle
                 .join()
-                .unwrap_or_else(|_| Err(SessionError::Data("the device thread panicked".into())));
+                .unwrap_or_else(|_| Err(SessionError::Data("the device thread panicked".into())))
+                .and(held.map_err(SessionError::from));
             (losses, result)
         });
         device_result?;
