@@ -682,7 +682,9 @@ pub struct FewestIpus {
 /// bisection's (the fewest IPUs that fit, as fitting is taken to hold for more IPUs), in
 /// fewer estimates. The growing stops early when, against the latest estimate on at most half
 /// the IPUs, the fullest tile has not shrunk below [`STOP_SHRINK`] of what it was per doubling:
-/// splitting further would not make the model fit.
+/// splitting further would not make the model fit. Before it stops short of the limit it tries
+/// the limit once: a split's plateau (the same layers on the fullest stage over a few more
+/// IPUs) can end just before it.
 ///
 /// `options_for(n)` gives the session options of a split on `n` IPUs: those the same command
 /// with `--pipeline-ipus n` would use (its defaults can depend on the stages: micro-batches
@@ -831,6 +833,15 @@ where
             if let Some(&(pn, pw)) = tried_points.iter().rev().find(|&&(pn, _)| 2 * pn <= n) {
                 let expected = STOP_SHRINK.powf((n as f64 / pn as f64).log2());
                 if w as f64 > expected * pw as f64 {
+                    if n < limit {
+                        // A plateau can end before the limit (a stage losing its last extra
+                        // layer): the limit is tried once before the search gives up.
+                        previous = Some((n, w));
+                        tried_points.push((n, w));
+                        lo = n;
+                        n = limit;
+                        continue;
+                    }
                     stopped = Some(format!(
                         "the fullest tile needs {w} bytes on {n} IPUs against {pw} on {pn}: more IPUs do not shrink it"
                     ));
