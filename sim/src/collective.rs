@@ -47,23 +47,25 @@ pub fn gateway_sync_cycles(cfg: &IpuConfig, ipus: usize) -> u64 {
 /// replicas, `2 (q - 1) / q` of the bytes in `2 (q - 1)` steps, and between them the
 /// all-reduce of each IPU's `1 / q` shard across the domains' gateways in `2 (n - 1)` steps.
 pub fn all_reduce_cycles(cfg: &IpuConfig, bytes: u64, replicas: usize, ipus: usize) -> u64 {
-    if replicas <= 1 {
-        return 0;
-    }
-    let link = cfg.neighbour_link_bytes_per_cycle();
-    let ring = |q: f64| 2.0 * (q - 1.0) / q * bytes as f64 / link;
     let domains = cfg.pod.as_ref().map_or(1, |p| p.domains(ipus));
-    let (moving, steps) = match &cfg.pod {
-        Some(pod) if domains > 1 => {
-            let q = replicas.div_ceil(domains).max(1);
-            let cross = pod.cross_domain_seconds(bytes as f64 / q as f64, domains) * cfg.clock_hz;
-            (ring(q as f64) + cross, 2 * (q - 1) + 2 * (domains - 1))
-        }
-        _ => (ring(replicas as f64), 2 * (replicas - 1)),
+    let pod = match &cfg.pod {
+        Some(pod) if domains > 1 && replicas > 1 => pod,
+        // One ring of all the replicas.
+        _ => return group_all_reduce_cycles(cfg, bytes, replicas, ipus),
     };
+    let q = replicas.div_ceil(domains).max(1);
+    let cross = pod.cross_domain_seconds(bytes as f64 / q as f64, domains) * cfg.clock_hz;
+    let steps = 2 * (q - 1) + 2 * (domains - 1);
     // `as` saturates, so an absurd machine cannot panic here.
-    (moving.ceil() as u64)
+    ((ring_cycles(cfg, bytes, q) + cross).ceil() as u64)
         .saturating_add((steps as u64).saturating_mul(step_sync_cycles(cfg, ipus)))
+}
+
+/// Cycles a ring of `q` replicas spends moving `2 (q - 1) / q` of `bytes` each way over the
+/// neighbour links (before rounding).
+fn ring_cycles(cfg: &IpuConfig, bytes: u64, q: usize) -> f64 {
+    let q = q as f64;
+    2.0 * (q - 1.0) / q * bytes as f64 / cfg.neighbour_link_bytes_per_cycle()
 }
 
 /// Cycles of an all-reduce of `bytes` within groups of `group` consecutive replicas (GCL's
@@ -86,12 +88,10 @@ pub fn group_all_reduce_parts(
     if group <= 1 {
         return (0, 0);
     }
-    let g = group as f64;
-    let moving = 2.0 * (g - 1.0) / g * bytes as f64 / cfg.neighbour_link_bytes_per_cycle();
     let steps = 2 * (group as u64 - 1);
     // `as` saturates, so an absurd machine cannot panic here.
     (
-        moving.ceil() as u64,
+        ring_cycles(cfg, bytes, group).ceil() as u64,
         steps.saturating_mul(step_sync_cycles(cfg, ipus)),
     )
 }

@@ -482,25 +482,26 @@ pub fn layer_rows(c: &OnnxCompiled, e: &SystemEstimate) -> Vec<LayerRow> {
         .enumerate()
         .map(|(i, n)| (n.name(), i))
         .collect();
+    // The event's layer, and its graph node when it names one.
     let layer_of = |op: &str| {
-        let origin = ids.get(op).and_then(|&i| g.nodes()[i].origin());
-        match origin {
+        let node = ids.get(op).map(|&i| &g.nodes()[i]);
+        let layer = match node.and_then(tessera_core::Node::origin) {
             Some(o) => layer_index(imp, o.index()).or_else(|| find(g.node(o).name())),
             None => find(op),
-        }
+        };
+        layer.map(|l| (l, node))
     };
     for s in &e.stages {
         for ev in &s.forward_trace {
-            if let Some(l) = layer_of(&ev.op) {
+            if let Some((l, _)) = layer_of(&ev.op) {
                 rows[l].forward_cycles += ev.cycles;
             }
         }
         for ev in &s.backward_trace {
-            if let Some(l) = layer_of(&ev.op) {
+            if let Some((l, node)) = layer_of(&ev.op) {
                 let row = &mut rows[l];
                 row.backward_cycles += ev.cycles;
-                *backward_part(row, ev, ids.get(ev.op.as_str()).map(|&i| &g.nodes()[i])) +=
-                    ev.cycles;
+                *backward_part(row, ev, node) += ev.cycles;
             }
         }
     }
