@@ -319,6 +319,54 @@ pub fn scaled_add_cycles(cfg: &IpuConfig, n: u64, dtype: DType) -> u64 {
     )
 }
 
+/// Tile cycles of popops' `MultiUpdateOp` adding `offsets` rows of `row` elements into a
+/// table's block by index, `in_range` of them in each worker's range of the block's rows (the
+/// others skipped): every worker scans every index (`getMultiUpdateOpCycleEstimate`,
+/// `lib/popops/PerformanceEstimation.cpp`, a scaled ADD without sorted indices; the figures
+/// are [`Codelets`](crate::cost::codelets::Codelets)' `multi_update_*`). Rows whose bytes are
+/// not whole atomic stores (4 bytes) take poplibs' generated C++ path, 20 cycles an element.
+pub fn multi_update_add_cycles(
+    cfg: &IpuConfig,
+    dtype: DType,
+    row: u64,
+    offsets: u64,
+    in_range: u64,
+) -> u64 {
+    let c = &cfg.codelets;
+    let es = dtype.size() as u64;
+    let four = es >= 4;
+    let (mut setup, mut per_index) = if four {
+        (c.multi_update_setup_fp32, c.multi_update_index_cycles_fp32)
+    } else {
+        (c.multi_update_setup_fp16, c.multi_update_index_cycles_fp16)
+    };
+    let atom = ATOMIC_STORE_BYTES.max(es) / es.max(1);
+    let region64 = (four && (row == 2 || row == 4)) || (es == 2 && row == 4);
+    if region64 {
+        setup -= 1;
+        per_index = if four {
+            c.multi_update_index_cycles_region64_fp32_pair * row / 2
+        } else {
+            c.multi_update_index_cycles_region64_fp16
+        };
+    } else if (row * es) % ATOMIC_STORE_BYTES != 0 {
+        per_index += row * 20;
+    } else {
+        per_index += (row / atom).saturating_sub(1) * c.multi_update_atom_cycles;
+    }
+    if offsets == 0 {
+        return setup * u64::from(cfg.worker_contexts);
+    }
+    let in_range = in_range.min(offsets);
+    let worker = setup + per_index * in_range + c.multi_update_skip_cycles * (offsets - in_range);
+    worker * u64::from(cfg.worker_contexts)
+}
+
+/// Bytes a tile stores atomically (the Colossus tile's 32-bit store; poplar's
+/// `Target::getAtomicStoreGranularity`): a row of fewer bytes is written by sub-word
+/// read-modify-writes.
+pub const ATOMIC_STORE_BYTES: u64 = 4;
+
 /// Tile cycles of transposing `n` elements of a weight on one tile in `rows x columns` blocks, as
 /// poplin's `fullyConnectedWeightTranspose` does before a fully-connected layer's
 /// input-gradient pass (`addTransposeVertices` with the forward and backward plans' channel

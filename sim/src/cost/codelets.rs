@@ -250,6 +250,32 @@ pub struct Codelets {
     /// popnn's cycles per vector of a max pooling gradient (`MaxPoolingGrad`: a compare with
     /// the forward's input and output and a conditional add; `poolVertexCyclesPerVector`).
     pub pool_grad_cycles_per_vector: u64,
+
+    /// Worker cycles of popops' `MultiUpdateOp` (an embedding's gradient added into its table
+    /// by index) before its loop over the indices, fp16: 3 to load the count, check it and exit,
+    /// 30 of the outer loop's set-up and 4 to load the scale and check the regions
+    /// (`getMultiUpdateOpCycleEstimate`, `lib/popops/PerformanceEstimation.cpp`, scaled ADD).
+    pub multi_update_setup_fp16: u64,
+    /// [`multi_update_setup_fp16`](Self::multi_update_setup_fp16) for 4-byte elements: 3, 29
+    /// and 6 (the same estimator).
+    pub multi_update_setup_fp32: u64,
+    /// Worker cycles per index in a worker's range of rows, fp16: 12 and 1 for the scale
+    /// (the same estimator), before the row's atoms beyond the first.
+    pub multi_update_index_cycles_fp16: u64,
+    /// [`multi_update_index_cycles_fp16`](Self::multi_update_index_cycles_fp16) for 4-byte
+    /// elements: 11 (the same estimator).
+    pub multi_update_index_cycles_fp32: u64,
+    /// Worker cycles per atomic store (4 bytes) of a row beyond the first (the same
+    /// estimator's `3` per `elemsPerAtom`).
+    pub multi_update_atom_cycles: u64,
+    /// Worker cycles per index outside the worker's range of rows, skipped (the same
+    /// estimator's `cyclesPerOffsetOutOfRange`).
+    pub multi_update_skip_cycles: u64,
+    /// Worker cycles per index in range on the 64-bit path, fp16 rows of 4 elements (the same
+    /// estimator's specialised region size: 9), which also saves a cycle of set-up.
+    pub multi_update_index_cycles_region64_fp16: u64,
+    /// The same for 4-byte rows, per pair of elements (rows of 2 or 4: 8 or 16).
+    pub multi_update_index_cycles_region64_fp32_pair: u64,
 }
 
 impl Codelets {
@@ -333,6 +359,14 @@ impl Codelets {
             outer_product_slow_position_cycles: 10,
             pool_cycles_per_vector: 3,
             pool_grad_cycles_per_vector: 5,
+            multi_update_setup_fp16: 3 + 30 + 4,
+            multi_update_setup_fp32: 3 + 29 + 6,
+            multi_update_index_cycles_fp16: 12 + 1,
+            multi_update_index_cycles_fp32: 11,
+            multi_update_atom_cycles: 3,
+            multi_update_skip_cycles: 5,
+            multi_update_index_cycles_region64_fp16: 9,
+            multi_update_index_cycles_region64_fp32_pair: 8,
         }
     };
 }

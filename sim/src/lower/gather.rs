@@ -1,15 +1,15 @@
 //! Gathers on tiles. Which table row an output row reads is data, unknown when the program is
 //! lowered; the estimate stands in row `i mod rows` for output row `i` (spreading lookups over
-//! the table's tiles as random indices do), copies each row where the output lives, and for
-//! the scatter-add gradient zeroes the table and adds each gradient row where its table row
-//! lives (poplibs' multiSlice and multiUpdateAdd do the same work, planned over the table).
+//! the table's tiles as random indices do) and copies each row where the output lives. The
+//! scatter-add gradient is planned and laid out as poplibs plans `multiUpdateAdd`
+//! ([`super::embedding`]).
 
 use tessera_core::ops::gather::Gather;
 use tessera_core::{NodeId, Storage};
 
 use super::{row_segments, Lowering, Placement};
-use crate::cost::{self, UnaryKind};
-use crate::program::{Codelet, Region, VertexType, GATHER_ROWS, ONE_HOT, SCATTER_ADD_ROWS};
+use crate::cost::UnaryKind;
+use crate::program::{Codelet, Region, VertexType, GATHER_ROWS, ONE_HOT};
 
 pub(super) fn placement(node: &tessera_core::Node, op: &Gather) -> Placement {
     match op {
@@ -18,9 +18,9 @@ pub(super) fn placement(node: &tessera_core::Node, op: &Gather) -> Placement {
         // sequence's activations (and everything laid out like them) on as many tiles as
         // it has tokens.
         Gather::Rows { .. } => Placement::Rows(1),
-        Gather::ScatterAdd { .. } | Gather::OneHot { .. } => {
-            Placement::Rows(node.shape().last() as u64)
-        }
+        // The gradient of a table is laid out by its plan (see `embedding`).
+        Gather::ScatterAdd { .. } => Placement::Own,
+        Gather::OneHot { .. } => Placement::Rows(node.shape().last() as u64),
     }
 }
 
@@ -49,30 +49,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Gather)
             );
         }
         Gather::ScatterAdd { dy, indices } => {
-            let (gt, it) = (l.t(dy), l.t(indices));
-            let n_idx = l.node(indices).shape().elements() as u64;
-            let (rows, row) = (so.dim(0) as u64, (so.elements() / so.dim(0)) as u64);
-            l.per_tile(
-                i,
-                "scatter_add",
-                out,
-                Codelet::Gather(VertexType::of(SCATTER_ADD_ROWS, dt)),
-                move |n| {
-                    // Zero the table's share, then add the gradient rows that land on it.
-                    let hits = n * n_idx.div_ceil(rows);
-                    UnaryKind::Copy.cycles(cfg, n, dt) + cost::scaled_add_cycles(cfg, hits, dt)
-                },
-                |iv, reads| {
-                    for (r, c0, c1) in row_segments(iv.start, iv.len, row) {
-                        let mut j = r;
-                        while j < n_idx {
-                            reads.push(Region::span(it, j, 1));
-                            reads.push(Region::span(gt, j * row + c0, c1 - c0));
-                            j += rows;
-                        }
-                    }
-                },
-            );
+            super::embedding::lower_scatter_add(l, i, dy, indices)
         }
         Gather::OneHot { indices } => {
             let it = l.t(indices);

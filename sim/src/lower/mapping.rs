@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use tessera_core::{NodeId, Op, Place, Roles, Storage};
 
 use super::{
-    elementwise, gather, layout, loss, matmul, norm, op_by_place, pool, random, reduce, softmax,
-    update, Lowering, Placement,
+    elementwise, embedding, gather, layout, loss, matmul, norm, op_by_place, pool, random, reduce,
+    softmax, update, Lowering, Placement,
 };
 use crate::planner::Operand;
 use crate::program::{Mapping, TensorClass, TensorId};
@@ -149,6 +149,21 @@ impl<'a, S: Storage> Lowering<'a, S> {
                 m
             } else {
                 match hint {
+                    Placement::Own
+                        if matches!(
+                            node.op(),
+                            Op::Gather(tessera_core::ops::gather::Gather::ScatterAdd { .. })
+                        ) =>
+                    {
+                        let Op::Gather(tessera_core::ops::gather::Gather::ScatterAdd {
+                            indices,
+                            ..
+                        }) = node.op()
+                        else {
+                            unreachable!("matched above")
+                        };
+                        embedding::output_mapping(self, i, *indices)
+                    }
                     Placement::Own => {
                         let (mapping, amp_written) = matmul::output_mapping(self, i);
                         interleaved = amp_written;

@@ -37,6 +37,7 @@ mod broadcast;
 mod compute;
 mod conv;
 mod elementwise;
+mod embedding;
 mod gather;
 mod kept;
 mod layout;

@@ -158,6 +158,13 @@ impl Mapping {
         }
     }
 
+    /// [`from_intervals`](Self::from_intervals) for disjoint intervals already in order of
+    /// their starts (a layout made in order of its elements), without sorting them again.
+    pub(crate) fn from_sorted_intervals(intervals: Vec<Interval>) -> Self {
+        debug_assert!(intervals.windows(2).all(|w| w[0].end() <= w[1].start));
+        Self::of_sorted(intervals)
+    }
+
     /// [`from_intervals`](Self::from_intervals) for intervals with distinct starts (disjoint
     /// and non-empty), where an unstable sort gives the same order, faster.
     pub(crate) fn from_disjoint_intervals(mut intervals: Vec<Interval>) -> Self {
