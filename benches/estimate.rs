@@ -6,8 +6,10 @@
 //! The models are the slowest of the bundled ONNX set: the ONNX Model Zoo's DenseNet-121 in
 //! its weight-free light form (opset 9; its concatenations fragment every layout, the worst
 //! case for the lowering's mappings) for training at batch 8 and 1 and for inference at batch
-//! 8, and BERT-Base split automatically over 4 IPUs at batch 8 (the profile, the split's
-//! attempts and the estimate of the split).
+//! 8, BERT-Base split automatically over 4 IPUs at batch 8 (the profile, the split's
+//! attempts and the estimate of the split), and BERT-Large's phase 2 pre-training at sequence
+//! length 384 as Graphcore ran it on a Bow Pod16 (its tables' gradients are the largest
+//! planned layouts: tens of thousands of rows cut into column groups).
 //!
 //! Each estimate starts from nothing, as the first of a process does: the lowerings this
 //! process recorded before are dropped first (they would otherwise be replayed). One more
@@ -35,7 +37,27 @@ fn model(path: &str) -> ModelSource {
 fn estimates(c: &mut Criterion) {
     let densenet = model("data/onnx/zoo_light/light_densenet121.onnx");
     let bert = model("data/onnx/bert_base.stripped.onnx");
-    let cases: [(&str, &ModelSource, EstimateOptions); 4] = [
+    let bert_large = model("data/onnx/bert_large_qkv_384.stripped.onnx");
+    let phase2: EstimateOptions = toml::from_str(
+        r#"
+        ipu = "bow"
+        batch_size = 2
+        dtype = "f16"
+        partials_type = "half"
+        optimizer = "lamb"
+        layers_per_ipu = [3, 7, 7, 7]
+        replicas = 4
+        gradient_accumulation_count = 2048
+        recompute_checkpoints = "auto"
+        available_memory_proportion = [0.15, 0.4, 0.4, 0.4]
+        replicated_tensor_sharding = true
+        embedding_serialization = 5
+        mask_tokens = 56
+        no_search = true
+        "#,
+    )
+    .expect("the options parse");
+    let cases: [(&str, &ModelSource, EstimateOptions); 5] = [
         (
             "densenet121 training b8",
             &densenet,
@@ -73,6 +95,11 @@ fn estimates(c: &mut Criterion) {
                 no_search: true,
                 ..EstimateOptions::default()
             },
+        ),
+        (
+            "bert-large phase 2 at length 384, Bow Pod16",
+            &bert_large,
+            phase2,
         ),
     ];
     let mut group = c.benchmark_group("estimate");
