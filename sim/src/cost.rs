@@ -403,56 +403,139 @@ pub fn weight_transpose_cycles(cfg: &IpuConfig, n: u64, dtype: DType, rows: u64,
     w * worker
 }
 
-/// Tile cycles of poplin's fp32 `ConvPartialHorizontalMac` vertex (HMAC) over a block of
-/// `field` output positions, `in_chans` input channels in groups of `group` and `out_chans`
-/// output channels (one per group, as fp32 partials have), with the zeroing of its partials
+/// Worker cycles of one dense dot product of `size` input channels in a horizontal MAC
+/// (`getDenseDotProductCycles`, `lib/poplin/PerformanceEstimation.hpp`): fp32, fp16 into fp32
+/// partials, or fp16 into fp16 partials (two output channels at once). The widest vector
+/// dividing `size` is loaded a 64-bit word a cycle, narrower ones at half the rate.
+fn dense_dot_product_cycles(cfg: &IpuConfig, size: u64, dtype: DType, partials: DType) -> u64 {
+    let c = &cfg.codelets;
+    let float_acts = dtype != DType::F16;
+    let half_half = !float_acts && partials == DType::F16;
+    let out_chans = if half_half { 2 } else { 1 };
+    let fixed = c.dot_product_fixed
+        + if half_half {
+            c.dot_product_pair_extra
+        } else {
+            0
+        };
+    let per_64 = if float_acts { 2 } else { 4 };
+    let width = vector_width(cfg, dtype).max(1);
+    let mut w = 1u64 << (63 - width.leading_zeros());
+    while w > 1 && size % w != 0 {
+        w /= 2;
+    }
+    let (per_width, extra) = if w >= per_64 { (1, 0) } else { (2, out_chans) };
+    (fixed + extra + size / w * per_width).saturating_sub(u64::from(!float_acts))
+}
+
+/// Tile cycles of poplin's `ConvPartialHorizontalMac` vertex (HMAC) over a block of `field`
+/// output positions, `in_chans` input channels in groups of `group` and `out_chans` output
+/// channels, fp32 or fp16 `dtype` into `partials`, with the zeroing of its partials
 /// (`getConvPartialHorizontalMacSupervisorCycleEstimate`, `estimateZeroSupervisorCycles`,
 /// `lib/poplin/PerformanceEstimation.hpp`, as poplin's planner prices it in
-/// `lib/poplin/ConvModel.cpp`). The field is one row: each worker takes a sixth of it.
-pub fn hmac_cycles(cfg: &IpuConfig, field: u64, in_chans: u64, out_chans: u64, group: u64) -> u64 {
+/// `lib/poplin/ConvModel.cpp`). fp32 partials take an output channel a group, fp16 partials
+/// two; fp16 activations into fp32 partials run the 1x1 specialisation (a product's kernel is
+/// 1x1). The field is one row: each worker takes a sixth of it.
+pub fn hmac_cycles(
+    cfg: &IpuConfig,
+    [field, in_chans, out_chans, group]: [u64; 4],
+    dtype: DType,
+    partials: DType,
+) -> u64 {
     let c = &cfg.codelets;
     let w = workers(cfg);
     let group = group.max(1);
     let per_worker = field.div_ceil(w);
-    // fp32 dot products run two elements a cycle when the group is even, else one per two
-    // cycles with a cycle more to start.
-    let dot = if group % 2 == 0 {
-        c.dot_product_fixed + group / 2
+    let float_acts = dtype != DType::F16;
+    let float_partials = float_acts || partials != DType::F16;
+    let one_by_one = float_partials && !float_acts;
+    let dot = dense_dot_product_cycles(cfg, group, dtype, partials);
+    let retention = if one_by_one {
+        c.hmac_worker_retention_1x1
+    } else if float_acts {
+        0
     } else {
-        c.dot_product_fixed + 1 + 2 * group
+        c.hmac_worker_retention_fp16
     };
-    let worker = c.hmac_worker_fixed
-        + if per_worker > 0 {
-            c.hmac_run_cycles + per_worker * (c.hmac_position_cycles + dot)
-        } else {
-            c.hmac_empty_run_cycles
-        };
-    let inner = w * worker;
+    let run = if per_worker == 0 {
+        c.hmac_empty_run_cycles
+    } else if one_by_one {
+        c.hmac_run_cycles_1x1 + 1 + per_worker * (c.hmac_position_cycles_1x1 + dot)
+    } else {
+        c.hmac_run_cycles + per_worker * (c.hmac_position_cycles + dot)
+    };
+    let inner = w * (c.hmac_worker_fixed - retention + run);
     let in_groups = in_chans.div_ceil(group).max(1);
-    let out_groups = out_chans.max(1);
-    let outer = c.hmac_fp32_overhead
-        + w * c.hmac_zero_retention
+    let out_groups = if float_partials {
+        out_chans.max(1)
+    } else {
+        out_chans.div_ceil(2).max(1)
+    };
+    let overhead = if float_acts {
+        c.hmac_fp32_overhead
+    } else {
+        c.hmac_fp16_overhead
+            - if one_by_one {
+                c.hmac_1x1_overhead_saving
+            } else {
+                0
+            }
+    };
+    let zero_retention = if float_partials {
+        c.hmac_zero_retention
+    } else {
+        c.hmac_zero_retention_fp16
+    };
+    // poplin adds back the workers' retention savings judged by the partials' type.
+    let added_back = if one_by_one {
+        c.hmac_worker_retention_1x1
+    } else if float_partials {
+        0
+    } else {
+        c.hmac_worker_retention_fp16
+    };
+    let outer = overhead
+        + w * (zero_retention + added_back)
         + c.hmac_conv_group_cycles
         + in_groups * (c.hmac_in_group_cycles + out_groups * (c.hmac_out_group_cycles + inner));
-    let zero = (per_worker.div_ceil(2) + c.zero_partials_worker) * w * out_groups;
+    // Zeroing: a 64-bit vector of partials a cycle, for each output group.
+    let per_vector = if float_partials { 2 } else { 4 };
+    let zero = (per_worker.div_ceil(per_vector) + c.zero_partials_worker) * w * out_groups;
     outer + zero
 }
 
-/// Tile cycles of poplin's fp32 `OuterProduct` vertices (a weight update with one input
-/// channel) over `field` positions and `out_chans` channels in groups of `group`: each worker
-/// takes a sixth of the field (as poplin's planner prices it, `ConvModel.cpp`).
-pub fn outer_product_cycles(cfg: &IpuConfig, field: u64, out_chans: u64, group: u64) -> u64 {
+/// Tile cycles of poplin's `OuterProduct` vertices (a weight update with one input
+/// channel) over `field` positions and `out_chans` channels in groups of `group`, fp32 or fp16:
+/// each worker takes a sixth of the field (as poplin's planner prices it, `ConvModel.cpp`;
+/// `getOuterProductCycleEstimate`).
+pub fn outer_product_cycles(
+    cfg: &IpuConfig,
+    field: u64,
+    out_chans: u64,
+    group: u64,
+    dtype: DType,
+) -> u64 {
     let c = &cfg.codelets;
     let w = workers(cfg);
     let group = group.max(1);
     let width = field.div_ceil(w);
     let groups = out_chans.div_ceil(group);
-    let per_position = if group >= 6 && group % 2 == 0 {
-        c.outer_product_fast_position_cycles + (group - 6) / 2
+    let (group_cycles, per_position) = if dtype == DType::F16 {
+        let p = if group >= 12 && group % 4 == 0 {
+            c.outer_product_fast_position_cycles + (group - 12) / 4
+        } else {
+            c.outer_product_slow_position_cycles + 5 * group / 2
+        };
+        (c.outer_product_group_cycles_fp16, p)
     } else {
-        c.outer_product_slow_position_cycles + 2 * group
+        let p = if group >= 6 && group % 2 == 0 {
+            c.outer_product_fast_position_cycles + (group - 6) / 2
+        } else {
+            c.outer_product_slow_position_cycles + 2 * group
+        };
+        (c.outer_product_group_cycles, p)
     };
-    w * (c.outer_product_fixed + groups * (c.outer_product_group_cycles + width * per_position))
+    w * (c.outer_product_fixed + groups * (group_cycles + width * per_position))
 }
 
 /// Tile cycles of a cast between fp32 and fp16 over `n` elements, either direction (ARCH.md:
@@ -880,27 +963,52 @@ mod tests {
         // 10 + inner); zeroing (ceil(7 / 2) + 5) x 6.
         let inner = 6 * (32 + 19 + 7 * (7 + (7 + 20)));
         assert_eq!(
-            hmac_cycles(&c, 40, 40, 1, 40),
+            hmac_cycles(&c, [40, 40, 1, 40], DType::F32, DType::F32),
             58 + 6 * 9 + 23 + (15 + (10 + inner)) + (4 + 5) * 6
         );
         // Two input groups and two output channels: the inner loop runs four times.
         assert_eq!(
-            hmac_cycles(&c, 40, 80, 2, 40),
+            hmac_cycles(&c, [40, 80, 2, 40], DType::F32, DType::F32),
             58 + 6 * 9 + 23 + 2 * (15 + 2 * (10 + inner)) + (4 + 5) * 6 * 2
         );
         // An odd group takes the slow dot product: 7 + 1 + 2 per channel.
         let odd = 6 * (32 + 19 + 7 * (7 + (8 + 2 * 5)));
         assert_eq!(
-            hmac_cycles(&c, 40, 5, 1, 5),
+            hmac_cycles(&c, [40, 5, 1, 5], DType::F32, DType::F32),
             58 + 6 * 9 + 23 + (15 + (10 + odd)) + (4 + 5) * 6
+        );
+        // fp16 into fp16 partials: two output channels a pass, dot products of 7 + 4 + 40 / 4
+        // - 1, worker retention 6 (added back by the supervisor), overhead 65, zero retention
+        // 10, zeroing 4 halves a cycle.
+        let inner = 6 * (32 - 6 + 19 + 7 * (7 + (11 + 10 - 1)));
+        assert_eq!(
+            hmac_cycles(&c, [40, 40, 2, 40], DType::F16, DType::F16),
+            65 + 6 * (10 + 6) + 23 + (15 + (10 + inner)) + (2 + 5) * 6
+        );
+        // fp16 into fp32 partials: the 1x1 specialisation, one output channel a pass, dot
+        // products of 7 + 40 / 4 - 1, retention 15, overhead 65 - 10, the fp32 partials' zero
+        // retention 9, a run 13 + 1 and 2 a position.
+        let inner = 6 * (32 - 15 + 13 + 1 + 7 * (2 + (7 + 10 - 1)));
+        assert_eq!(
+            hmac_cycles(&c, [40, 40, 1, 40], DType::F16, DType::F32),
+            55 + 6 * (9 + 15) + 23 + (15 + (10 + inner)) + (4 + 5) * 6
+        );
+        // fp16 outer products: the fast path (a group of at least 12 in fours) and the slow.
+        assert_eq!(
+            outer_product_cycles(&c, 40, 80, 40, DType::F16),
+            6 * (25 + 2 * (10 + 7 * (6 + 7)))
+        );
+        assert_eq!(
+            outer_product_cycles(&c, 40, 10, 10, DType::F16),
+            6 * (25 + (10 + 7 * (10 + 25)))
         );
         // Outer products, fast path (even group of at least 6) and slow path.
         assert_eq!(
-            outer_product_cycles(&c, 40, 80, 40),
+            outer_product_cycles(&c, 40, 80, 40, DType::F32),
             6 * (25 + 2 * (11 + 7 * (6 + 17)))
         );
         assert_eq!(
-            outer_product_cycles(&c, 40, 5, 5),
+            outer_product_cycles(&c, 40, 5, 5, DType::F32),
             6 * (25 + (11 + 7 * (10 + 10)))
         );
         // Transpositions of fp32 blocks: 8 x 8 on the fast path, 40 x 40 on the slow one (its

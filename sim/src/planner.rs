@@ -296,8 +296,12 @@ impl MatMulPlan {
             Method::Amp => {
                 cost::matmul_amp_cycles_with(cfg, field, k, out, dtype, self.partials_dtype())
             }
-            Method::Hmac { group } => cost::hmac_cycles(cfg, field, k, out, group),
-            Method::OuterProduct { group } => cost::outer_product_cycles(cfg, field, out, group),
+            Method::Hmac { group } => {
+                cost::hmac_cycles(cfg, [field, k, out, group], dtype, self.partials_dtype())
+            }
+            Method::OuterProduct { group } => {
+                cost::outer_product_cycles(cfg, field, out, group, dtype)
+            }
         }
     }
 
@@ -543,11 +547,11 @@ fn price(
         method,
         field,
     } = pass;
-    // The partial sums' type (fp16 only for fp16 products with half partials, and only on
-    // the AMP: the other methods' vertices keep fp32 partials).
+    // The partial sums' type (fp16 only for fp16 products with half partials, on the AMP or
+    // horizontal MACs: outer products keep fp32 partials).
     let partials = match method {
-        Method::Amp => opts.partials.of(dtype),
-        _ => DType::F32,
+        Method::Amp | Method::Hmac { .. } => opts.partials.of(dtype),
+        Method::OuterProduct { .. } => DType::F32,
     };
     let (bm, bk, bn) = (m.div_ceil(pm), k.div_ceil(pk), n.div_ceil(pn));
     let pr = Pricing {
@@ -701,8 +705,12 @@ impl Pricing<'_> {
         // orientation allowed, the cheaper when both are.
         let vertex = |field: u64, k: u64, out: u64| match self.method {
             Method::Amp => cost::matmul_amp_cycles_with(cfg, field, k, out, dtype, partials),
-            Method::Hmac { group } => cost::hmac_cycles(cfg, field, k, out, group),
-            Method::OuterProduct { group } => cost::outer_product_cycles(cfg, field, out, group),
+            Method::Hmac { group } => {
+                cost::hmac_cycles(cfg, [field, k, out, group], dtype, partials)
+            }
+            Method::OuterProduct { group } => {
+                cost::outer_product_cycles(cfg, field, out, group, dtype)
+            }
         };
         let transposed = vertex(bn_s, bk_s, bm);
         let (step_amp, swapped) = match self.orientation {
@@ -1008,6 +1016,17 @@ pub fn plan_product_with(
             best = Some((key, plan));
         }
     }
+    // A vector-matrix product (one row: a batch-1 layer, a decode step) can also run on
+    // horizontal MACs, as poplin's candidates allow (`getConvVertexHMACCandidates`), in whole
+    // groups of input channels over a grid that does not split the row.
+    if m == 1 && field.is_none() {
+        for (level, plan) in fc::hmac_products(cfg, opts, [k, n], dtype, laid_out, tiles) {
+            let key = (level, plan.planned_cycles, plan.tiles());
+            if best.as_ref().is_none_or(|(k, _)| key < *k) {
+                best = Some((key, plan));
+            }
+        }
+    }
     best.map(|(_, p)| p).unwrap_or_else(|| whole(m, k, n))
 }
 
@@ -1214,6 +1233,61 @@ mod tests {
                 "{batch} {dtype:?}: {p:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_batch_1_fp16_layer_takes_horizontal_macs_where_poplins_estimates_favour_them() {
+        // 1 x 4096 -> 4096 in fp16 with fp32 partials on Mk2: poplin's HMAC (its 1x1
+        // specialisation) beats the AMP, whose passes over one position are mostly overhead;
+        // the group is even and a multiple of the AMP's conv units (the weight update's output
+        // channels are the forward's input channels).
+        let cfg = IpuConfig::preset(Preset::Mk2);
+        let opts = PlanOptions {
+            partials: PartialsType::Float,
+            ..PlanOptions::default()
+        };
+        let p = fc::plan_fc_with(&cfg, 1, 4096, 4096, DType::F16, cfg.tiles.into(), opts);
+        let Method::Hmac { group } = p.forward.method else {
+            panic!("{p:?}");
+        };
+        let units = cost::amp_conv_units_with(&cfg, DType::F16, DType::F32);
+        assert!(group % units == 0 && group % 2 == 0, "{p:?}");
+        assert_eq!(p.weight_update.method, Method::OuterProduct { group });
+        // The same layer at batch 16 keeps the AMP.
+        let q = fc::plan_fc_with(&cfg, 16, 4096, 4096, DType::F16, cfg.tiles.into(), opts);
+        assert_eq!(q.forward.method, Method::Amp, "{q:?}");
+    }
+
+    #[test]
+    fn a_one_row_product_may_run_on_horizontal_macs() {
+        // [1, 1024] x [1024, 1024] in fp32 (a batch-1 layer at inference, a decode step):
+        // horizontal MACs in whole groups, the row not split.
+        let cfg = IpuConfig::preset(Preset::Mk2);
+        let p = plan_matmul(
+            &cfg,
+            1,
+            1024,
+            1024,
+            DType::F32,
+            LaidOut::B,
+            cfg.tiles.into(),
+        );
+        let Method::Hmac { group } = p.method else {
+            panic!("{p:?}");
+        };
+        assert_eq!(p.pm, 1);
+        assert!(p.bk % group == 0 && p.bn % group == 0, "{p:?}");
+        // Two rows keep the AMP (horizontal MACs are planned for one row only).
+        let q = plan_matmul(
+            &cfg,
+            2,
+            1024,
+            1024,
+            DType::F32,
+            LaidOut::B,
+            cfg.tiles.into(),
+        );
+        assert_eq!(q.method, Method::Amp, "{q:?}");
     }
 
     #[test]

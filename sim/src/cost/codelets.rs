@@ -228,8 +228,31 @@ pub struct Codelets {
     /// wind down 3, sum with the previous partial 3, branch 1).
     pub dot_product_fixed: u64,
     /// Fixed worker cycles of zeroing fp32 partials (`getZeroSupervisorVertexCycleEstimate`: 14
-    /// less the retention saving of 9).
+    /// less the retention saving of 9; fp16 partials: 15 less 10, the same).
     pub zero_partials_worker: u64,
+    /// Supervisor overhead cycles of the fp16 HMAC vertex (`convHorizontalMacOverhead`: 65).
+    pub hmac_fp16_overhead: u64,
+    /// What the HMAC's 1x1 specialisation (fp16 activations with fp32 partials) saves of the
+    /// supervisor overhead (`convHorizontalMacOverhead`: 10).
+    pub hmac_1x1_overhead_saving: u64,
+    /// [`hmac_zero_retention`](Self::hmac_zero_retention) for fp16 partials
+    /// (`zeroPartialsRetentionSavings`: 10).
+    pub hmac_zero_retention_fp16: u64,
+    /// Worker cycles the HMAC's fp16 worker saves by state retention
+    /// (`convHzmacWorkerRetentionSavings`: 6; 0 for fp32).
+    pub hmac_worker_retention_fp16: u64,
+    /// The same for the 1x1 specialisation (15).
+    pub hmac_worker_retention_1x1: u64,
+    /// [`hmac_run_cycles`](Self::hmac_run_cycles) of the 1x1 specialisation (13, as above).
+    pub hmac_run_cycles_1x1: u64,
+    /// Worker cycles per output position of the 1x1 specialisation with one output channel a
+    /// pass, before its dot product (`convSize x (2 + ...)`, as above), after a cycle a run to
+    /// preload the weights' pointer.
+    pub hmac_position_cycles_1x1: u64,
+    /// What a dense dot product of fp16 activations into fp16 partials adds to
+    /// [`dot_product_fixed`](Self::dot_product_fixed): it makes two output channels, the
+    /// second's rpt and wind-down (3) and a format conversion (1) (`getDenseDotProductCycles`).
+    pub dot_product_pair_extra: u64,
 
     /// Fixed worker cycles of poplin's `OuterProduct` vertex (`getOuterProductCycleEstimate`,
     /// `lib/poplin/PerformanceEstimation.hpp`): `25 + groups x (11 + width x (6 + (group - 6)
@@ -243,6 +266,10 @@ pub struct Codelets {
     pub outer_product_fast_position_cycles: u64,
     /// Worker cycles per output position per group on the slow path (the 10 above).
     pub outer_product_slow_position_cycles: u64,
+    /// [`outer_product_group_cycles`](Self::outer_product_group_cycles) of fp16 (10: `25 +
+    /// groups x (10 + width x (6 + (group - 12) / 4))` on the fp16 fast path, a group of at
+    /// least 12 in fours, `25 + groups x (10 + width x (10 + 5 x group / 2))` otherwise).
+    pub outer_product_group_cycles_fp16: u64,
 
     /// popnn's pooling vertex cycles per vector of a forward pass (`poolVertexCyclesPerVector`,
     /// `lib/popnn/PerformanceEstimation.hpp`).
@@ -353,10 +380,19 @@ impl Codelets {
             hmac_empty_run_cycles: 7,
             dot_product_fixed: 7,
             zero_partials_worker: 5,
+            hmac_fp16_overhead: 65,
+            hmac_1x1_overhead_saving: 10,
+            hmac_zero_retention_fp16: 10,
+            hmac_worker_retention_fp16: 6,
+            hmac_worker_retention_1x1: 15,
+            hmac_run_cycles_1x1: 13,
+            hmac_position_cycles_1x1: 2,
+            dot_product_pair_extra: 4,
             outer_product_fixed: 25,
             outer_product_group_cycles: 11,
             outer_product_fast_position_cycles: 6,
             outer_product_slow_position_cycles: 10,
+            outer_product_group_cycles_fp16: 10,
             pool_cycles_per_vector: 3,
             pool_grad_cycles_per_vector: 5,
             multi_update_setup_fp16: 3 + 30 + 4,

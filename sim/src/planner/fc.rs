@@ -171,12 +171,12 @@ pub fn plan_fc_with(
             best = Some((key, plans));
         }
     }
-    // A batch-1 fp32 layer can also be planned on horizontal MACs, as poplin's joint planner
-    // may (its candidates in `lib/poplin/ConvVertexType.cpp`): the forward and input gradient
-    // on HMAC vertices over input-channel groups of `g`, the weight update on outer products.
+    // A batch-1 layer can also be planned on horizontal MACs, as poplin's joint planner may
+    // (its candidates in `lib/poplin/ConvVertexType.cpp`): the forward and input gradient on
+    // HMAC vertices over input-channel groups of `g`, the weight update on outer products.
     // Joint plans do not split the batch (`outChanSplit.parallel` is 1, `ConvModel.cpp`) and
     // split the other two dimensions in whole groups (the field grain is `g`).
-    if batch == 1 && dtype == DType::F32 {
+    if batch == 1 {
         hmac_joints(cfg, opts, [input, output], dtype, tiles, &mut best);
     }
     match best {
@@ -199,7 +199,8 @@ fn hmac_joints(
     tiles: u64,
     best: &mut BestFc,
 ) {
-    for g in hmac_groups(input, output) {
+    let units = cost::amp_conv_units_with(cfg, dtype, opts.partials.of(dtype));
+    for g in hmac_groups(input, output, dtype, units) {
         let divisors = |n: u64| (1..=n).filter(move |d| n % d == 0);
         for cs in divisors(input / g) {
             for fs in divisors(output / g).take_while(|&fs| cs * fs <= tiles) {
@@ -213,12 +214,58 @@ fn hmac_joints(
     }
 }
 
-/// The HMAC groups poplin's planner may give a batch-1 layer of `input -> output`: 1 and the
-/// multiples of 4 (`getConvVertexHMACCandidates`, `lib/poplin/ConvVertexType.cpp`), here only
-/// those dividing both sizes (poplin pads the others, at a cost Tessera does not model).
-fn hmac_groups(input: u64, output: u64) -> impl Iterator<Item = u64> {
-    (1..=input.min(output))
-        .filter(move |&g| (g == 1 || g % 4 == 0) && input % g == 0 && output % g == 0)
+/// The plans of a one-row product `[1, k] x [k, n]` on horizontal MACs: every group
+/// [`hmac_groups`] allows, `k` split `cs` ways and `n` `fs` ways in whole groups on up to
+/// `tiles` tiles, each with its bound level.
+pub(super) fn hmac_products(
+    cfg: &IpuConfig,
+    opts: PlanOptions,
+    [k, n]: [u64; 2],
+    dtype: DType,
+    laid_out: LaidOut,
+    tiles: u64,
+) -> Vec<(BoundLevel, MatMulPlan)> {
+    let units = cost::amp_conv_units_with(cfg, dtype, opts.partials.of(dtype));
+    let divisors = |x: u64| (1..=x).filter(move |d| x % d == 0);
+    let mut out = Vec::new();
+    for g in hmac_groups(k, n, dtype, units) {
+        for cs in divisors(k / g) {
+            for fs in divisors(n / g).take_while(|&fs| cs * fs <= tiles) {
+                out.push(price(
+                    cfg,
+                    opts,
+                    [1, k, n],
+                    [1, cs, fs],
+                    dtype,
+                    Pass {
+                        laid_out,
+                        orientation: Orientation::Swapped,
+                        order: GridOrder::Standard,
+                        method: Method::Hmac { group: g },
+                        field: None,
+                    },
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The HMAC groups poplin's planner may give a batch-1 layer of `input -> output`
+/// (`getConvVertexHMACCandidates`, `lib/poplin/ConvVertexType.cpp`): fp32 takes groups of 1
+/// and multiples of 4; fp16 groups are even (activations go over the exchange in pairs) and,
+/// as the forward pass's input channels are the weight update's output channels, multiples of
+/// the AMP's conv `units` for the types. Here only groups dividing both sizes (poplin pads the
+/// others, at a cost Tessera does not model).
+fn hmac_groups(input: u64, output: u64, dtype: DType, units: u64) -> impl Iterator<Item = u64> {
+    let allowed = move |g: u64| {
+        if dtype == DType::F16 {
+            g % units.max(2) == 0 && g % 2 == 0
+        } else {
+            g == 1 || g % 4 == 0
+        }
+    };
+    (1..=input.min(output)).filter(move |&g| allowed(g) && input % g == 0 && output % g == 0)
 }
 
 /// The joint HMAC plan of a batch-1 layer `input -> output` in groups of `g`, the input split
