@@ -235,13 +235,6 @@ pub(crate) fn placed(model: &Model, options: &SessionOptions) -> Model {
 
 /// Checks the options every session shares.
 pub(crate) fn check_options(options: &SessionOptions) -> Result<(), SessionError> {
-    let t = &options.techniques;
-    if t.replicated_tensor_sharding && !t.offload.optimizer_state {
-        return Err(opt_err(
-            "--replicated-tensor-sharding",
-            "shards offloaded optimizer state: it needs the state offloaded (drop --no-offload-optimizer-state, as TensorFlow's replicated_optimizer_state_sharding needs offload_weight_update_variables)".into(),
-        ));
-    }
     if options.batch_size == 0 {
         return Err(opt_err("--batch-size", "must be at least 1".into()));
     }

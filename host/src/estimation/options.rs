@@ -111,11 +111,11 @@ pub struct EstimateOptions {
     pub recompute_checkpoints: Vec<String>,
     /// Shard the optimizer state and its update over the replicas (TensorFlow
     /// `replicated_optimizer_state_sharding`, PopART `replicatedTensorSharding`): each replica
-    /// loads, stores and updates its share of every variable of 8192 elements or more; the
-    /// gradients' all-reduce becomes a reduce-scatter and an all-gather of the weights. Needs
-    /// the optimizer state offloaded, as TensorFlow does. On by default wherever the state is
-    /// offloaded and there are several replicas: TensorFlow's default for it is the offload
-    /// setting.
+    /// keeps and updates its share of every variable of 8192 elements or more (offloaded state:
+    /// loads and stores its share; state on the tiles, as PopART allows: holds its share
+    /// there); the gradients' all-reduce becomes a reduce-scatter and an all-gather of the
+    /// weights. On by default wherever the state is offloaded and there are several replicas:
+    /// TensorFlow's default for it is the offload setting.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL", hide_possible_values = true)]
     pub replicated_tensor_sharding: Option<bool>,
     /// Turn code reuse off (PopART `enableOutlining=false`; on by default, as in Poplar,

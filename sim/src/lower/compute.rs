@@ -305,13 +305,26 @@ impl<'a, S: Storage> Lowering<'a, S> {
             ts
         };
         let (reads, writes) = (once(reads), once(writes));
-        // The regions of `runs` in each of `ts`, and `fixed`, sorted.
-        let on = |ts: &[TensorId], runs: &[Region], fixed: &[Region]| {
+        // Shards of optimizer state (replicated tensor sharding on the tiles) hold fewer
+        // elements than `over`: each vertex reads and writes its own tile's shard instead.
+        let total = self.tensors[over.index()].elements;
+        let sharded = |t: &TensorId| self.tensors[t.index()].elements != total;
+        let (shard_reads, reads): (Vec<TensorId>, Vec<TensorId>) =
+            reads.into_iter().partition(sharded);
+        let (shard_writes, writes): (Vec<TensorId>, Vec<TensorId>) =
+            writes.into_iter().partition(sharded);
+        // The regions of `runs` in each of `ts`, `fixed`, and the tile's runs of each of
+        // `shards`, sorted.
+        let on = |ts: &[TensorId], runs: &[Region], fixed: &[Region], shards: &[TensorId], tile| {
             let mut out: Vec<Region> = Vec::with_capacity(ts.len() * runs.len() + fixed.len());
             for &t in ts {
                 out.extend(runs.iter().map(|r| Region { tensor: t, ..*r }));
             }
             out.extend_from_slice(fixed);
+            for &t in shards {
+                let own = self.tensors[t.index()].mapping.runs_on(tile);
+                out.extend(own.iter().map(|r| Region { tensor: t, ..*r }));
+            }
             out.sort_unstable();
             out.dedup();
             out
@@ -322,10 +335,13 @@ impl<'a, S: Storage> Lowering<'a, S> {
             // The groups come in the order of the tiles.
             let (tile, runs) = tiles.next().expect("a group per tile");
             debug_assert_eq!(*tile, group[0].tile);
-            (on(&reads, runs, fixed), on(&writes, runs, &[]))
+            (
+                on(&reads, runs, fixed, &shard_reads, *tile),
+                on(&writes, runs, &[], &shard_writes, *tile),
+            )
         });
         let local = self.laid_out_like(over, &reads, fixed);
-        let spread = if fixed.is_empty() {
+        let spread = if fixed.is_empty() && shard_reads.is_empty() {
             self.spread_key(over, &reads, &local)
         } else {
             None

@@ -199,6 +199,7 @@ impl<'a, S: Storage> Lowering<'a, S> {
                     }
                 }
             };
+            let (elements, mapping) = self.sharded(i, elements, mapping, class);
             let mapping = shared_layout(&mut made, mapping);
             let t = self.new_tensor(
                 node.name().to_string(),
@@ -259,6 +260,33 @@ impl<'a, S: Storage> Lowering<'a, S> {
             return (self.tensors[self.t(x).index()].elements == elements).then_some(x);
         }
         matches!(self.node(x).op(), Op::MatMul(_) | Op::Conv(_)).then_some(x)
+    }
+
+    /// Optimizer state `i` of `elements` elements laid out by `mapping` (its variable's), or
+    /// its shard when replicated tensor sharding shards state kept on the tiles: each tile
+    /// holds `1 / r` of its elements of the variable, in one run of the shard (PopART's
+    /// replicated tensor sharding of on-chip state). Offloaded state moves its shard instead
+    /// and is loaded whole (see `node`).
+    fn sharded(
+        &self,
+        i: NodeId,
+        elements: u64,
+        mapping: Mapping,
+        class: TensorClass,
+    ) -> (u64, Mapping) {
+        let r = self.opts.shards_of(elements);
+        let state = self.node(i).roles().contains(Roles::OPTIMIZER_STATE);
+        if r <= 1 || !state || class != TensorClass::AlwaysLive {
+            return (elements, mapping);
+        }
+        let mut start = 0;
+        let mut intervals = Vec::new();
+        for (tile, n) in mapping.elements_per_tile() {
+            let len = n.div_ceil(r);
+            intervals.push(crate::program::Interval { tile, start, len });
+            start += len;
+        }
+        (start, Mapping::from_sorted_intervals(intervals))
     }
 
     /// The variable whose update uses optimizer-state or accumulator tensor `i`, if any.

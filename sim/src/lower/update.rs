@@ -294,10 +294,23 @@ fn trust_ratio_update<S: Storage>(
     // Each tile's squared norms: its intervals of `var` and of the tensors read alike.
     let intervals = l.tensors[var.index()].mapping.intervals().to_vec();
     let mut reads_on: std::collections::BTreeMap<u32, Vec<Region>> = Default::default();
+    // Shards of state on the tiles (fewer elements than the variable): each tile reads its
+    // own shard.
+    let total = l.tensors[var.index()].elements;
+    let (shards, same): (Vec<TensorId>, Vec<TensorId>) = norm_reads
+        .iter()
+        .copied()
+        .partition(|t| l.tensors[t.index()].elements != total);
     for iv in &intervals {
         let r = reads_on.entry(iv.tile.0).or_default();
-        for &t in std::iter::once(&var).chain(norm_reads) {
+        for &t in std::iter::once(&var).chain(&same) {
             r.push(Region::span(t, iv.start, iv.len));
+        }
+    }
+    for (&tile, r) in &mut reads_on {
+        for &t in &shards {
+            let own = l.tensors[t.index()].mapping.runs_on(TileId(tile));
+            r.extend(own.iter().map(|x| Region { tensor: t, ..*x }));
         }
     }
     let vertices: Vec<Vertex> = tiles

@@ -265,6 +265,14 @@ impl Mapping {
         })
     }
 
+    /// `tile`'s runs of [`runs_per_tile`](Self::runs_per_tile) (regions of tensor 0; none when
+    /// the tile holds nothing).
+    pub fn runs_on(&self, tile: TileId) -> &[Region] {
+        let all = self.runs_per_tile();
+        all.binary_search_by_key(&tile, |(t, _)| *t)
+            .map_or(&[], |k| all[k].1.as_slice())
+    }
+
     /// The blocks `tile` holds: its intervals joined into strided blocks (spans of one length
     /// at one distance, as a [`RunBuilder`] joins the tile's intervals in order of start;
     /// regions of tensor 0), in order of start. Which tile holds which region, for exchange

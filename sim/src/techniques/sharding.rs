@@ -1,7 +1,8 @@
 //! Replicated tensor sharding (TensorFlow's `replicated_optimizer_state_sharding`, PopART's
 //! `replicatedTensorSharding`): each replica keeps, loads, stores and updates `1 / r` of the
-//! optimizer state of every variable of at least [`RTS_MIN_ELEMENTS`] elements; the
-//! gradients' all-reduce becomes a reduce-scatter and an all-gather of the weights.
+//! optimizer state of every variable of at least [`RTS_MIN_ELEMENTS`] elements, offloaded or
+//! on the tiles; the gradients' all-reduce becomes a reduce-scatter and an all-gather of the
+//! weights.
 
 /// The fewest elements of a variable whose optimizer state replicated tensor sharding shards:
 /// PopART's `minElementsForReplicatedTensorSharding` default (`SessionOptions`, 8192).
