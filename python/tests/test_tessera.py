@@ -8,6 +8,7 @@ sets it); the comparisons skip without it.
 import json
 import os
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -236,3 +237,32 @@ def test_every_option_is_described_from_the_library():
     assert "``pipeline_schedule``" in tessera.estimate.__doc__
     with pytest.raises(tessera.OptionError, match="unknown option `batch_sise`"):
         tessera.estimate("sequential", batch_sise=2)
+
+
+def test_the_readme_s_python_example_fits_and_says_so():
+    """The one-liner of the README's "From Python" section, run as written."""
+    readme = (ROOT / "README.md").read_text()
+    line = next(l for l in readme.splitlines() if l.startswith('python -c "import tessera'))
+    code = line[len('python -c "') : -1]
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT
+    ).stdout
+    assert out.startswith("fits "), out
+    assert out.split()[1] in readme, f"the README quotes another figure than {out!r}"
+
+
+def test_the_package_docstring_example_holds():
+    """The example opening `tessera.__doc__`: it fits, at the figure it shows."""
+    import doctest
+
+    globs = {"tessera": tessera}
+    parser = doctest.DocTestParser()
+    test = parser.get_doctest(tessera.__doc__, globs, "tessera", None, 0)
+    old = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        result = doctest.DocTestRunner().run(test)
+    finally:
+        os.chdir(old)
+    assert result.failed == 0
+
