@@ -40,15 +40,95 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
     if let Some(oom) = e.out_of_memory() {
         eprintln!("error: {} does not fit: {oom}", e.name);
         if let Some(f) = e.onnx.as_ref().and_then(|o| o.fewest_ipus.as_ref()) {
-            eprintln!("{}", search_outcome(f));
+            let memory = e.estimate.out_of_memory.as_ref().map(|o| o.memory.clone());
+            let try_ = suggestions(&e.session, &memory.unwrap_or_default(), e.inference);
+            eprintln!("{}", search_outcome(f, &try_));
         }
         return Ok(false);
     }
     Ok(true)
 }
 
-/// What the search for the fewest IPUs found, as advice on the command line's options.
-fn search_outcome(f: &FewestIpus) -> String {
+/// The options that may make a model fit, most promising first: ranked by the categories
+/// filling the fullest tile (`memory`) that each would shrink, leaving out what the
+/// session's options give already. Stashed activations: recomputation from checkpoints, or
+/// offloading them; always-live data (weights, optimizer state, accumulators): offloading
+/// the state, sharding it over the replicas; temporary data: a lower available memory
+/// proportion. Then fp16 and a smaller batch, which shrink them all.
+fn suggestions(
+    s: &tessera_host::compile::SessionOptions,
+    memory: &tessera_sim::memory::TileMemory,
+    inference: bool,
+) -> Vec<String> {
+    let t = &s.techniques;
+    let mut ranked: Vec<(u64, Vec<String>)> = Vec::new();
+    if !inference {
+        let mut stash = Vec::new();
+        if t.recompute.checkpoints.is_none() {
+            stash.push("--recompute-checkpoints auto".to_string());
+        }
+        if !t.offload.activations {
+            stash.push("--offload-activations".to_string());
+        }
+        ranked.push((memory.stash, stash));
+        let mut state = Vec::new();
+        if !t.offload.optimizer_state {
+            state.push("--offload-optimizer-state".to_string());
+        }
+        if s.replicas > 1 && !t.replicated_tensor_sharding {
+            state.push("--replicated-tensor-sharding".to_string());
+        }
+        ranked.push((memory.always_live, state));
+    }
+    // Data live only part of the step: in training mostly the activations kept for the
+    // backward pass (on one IPU they are not stashed), and the products' temporaries.
+    let mut temporary = Vec::new();
+    if !inference && t.recompute.checkpoints.is_none() {
+        temporary.push("--recompute-checkpoints auto".to_string());
+    }
+    let lowest = match &t.available_memory_proportion {
+        tessera_sim::techniques::MemoryProportion::All(p) => *p,
+        tessera_sim::techniques::MemoryProportion::PerStage(ps) => {
+            ps.iter().copied().fold(1.0, f64::min)
+        }
+    };
+    if lowest > 0.1 {
+        temporary.push(format!(
+            "a lower --available-memory-proportion (below {lowest})"
+        ));
+    }
+    ranked.push((memory.not_always_live, temporary));
+    // Largest category first; ties keep the order above.
+    ranked.sort_by_key(|r| std::cmp::Reverse(r.0));
+    let mut out: Vec<String> = Vec::new();
+    for x in ranked
+        .into_iter()
+        .filter(|(bytes, _)| *bytes > 0)
+        .flat_map(|(_, s)| s)
+    {
+        if !out.contains(&x) {
+            out.push(x);
+        }
+    }
+    if s.dtype == tessera_core::DType::F32 {
+        out.push("--dtype f16".to_string());
+    }
+    out.push(format!("a smaller --batch-size (below {})", s.batch_size));
+    out
+}
+
+/// `items` as a list in words: `a`, `a or b`, `a, b or c`.
+fn or_list(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{} or {last}", rest.join(", ")),
+    }
+}
+
+/// What the search for the fewest IPUs found, as advice on the command line's options (with
+/// `try`, what else may make it fit, most promising first).
+fn search_outcome(f: &FewestIpus, try_: &[String]) -> String {
     match f.ipus {
         Some(n) => format!(
             "an automatic split fits on {n} IPUs: add --pipeline-ipus {n} (stage boundaries after {})",
@@ -71,9 +151,7 @@ fn search_outcome(f: &FewestIpus) -> String {
                     format!("no automatic split fits on up to {} IPUs", f.tried_up_to)
                 }
             };
-            format!(
-                "{why} (try --dtype f16, --offload-optimizer-state, --recompute or a smaller --batch-size)"
-            )
+            format!("{why} (try {})", or_list(try_))
         }
     }
 }
@@ -84,4 +162,60 @@ pub fn files_list(files: &[PathBuf]) -> String {
         .map(|f| f.display().to_string())
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_host::compile::SessionOptions;
+    use tessera_sim::memory::TileMemory;
+    use tessera_sim::techniques::Checkpoints;
+
+    fn tile(stash: u64, always_live: u64, not_always_live: u64) -> TileMemory {
+        TileMemory {
+            stash,
+            always_live,
+            not_always_live,
+            ..TileMemory::default()
+        }
+    }
+
+    #[test]
+    fn the_hint_ranks_by_the_fullest_tile_and_leaves_out_what_was_given() {
+        // Stashed activations fill the tile: recomputation first, then offloading them.
+        let s = SessionOptions {
+            dtype: tessera_core::DType::F16,
+            replicas: 4,
+            ..SessionOptions::default()
+        };
+        let hint = suggestions(&s, &tile(900, 100, 10), false);
+        assert_eq!(
+            hint[..2],
+            ["--recompute-checkpoints auto", "--offload-activations"]
+        );
+        assert!(!hint.iter().any(|h| h.contains("--dtype")), "{hint:?}");
+        assert!(hint.contains(&"--replicated-tensor-sharding".to_string()));
+        assert_eq!(hint.last().unwrap(), "a smaller --batch-size (below 32)");
+        // Weights and state fill it: offloading and sharding the state come first.
+        let hint = suggestions(&s, &tile(0, 900, 10), false);
+        assert_eq!(
+            hint[..2],
+            ["--offload-optimizer-state", "--replicated-tensor-sharding"]
+        );
+        // Given recomputation is not suggested again; fp32 suggests fp16.
+        let mut given = SessionOptions::default();
+        given.techniques.recompute.checkpoints = Some(Checkpoints::Auto);
+        let hint = suggestions(&given, &tile(900, 100, 10), false);
+        assert!(!hint.iter().any(|h| h.contains("recompute")), "{hint:?}");
+        assert!(hint.contains(&"--dtype f16".to_string()));
+        // Inference suggests nothing of training's.
+        let hint = suggestions(&SessionOptions::default(), &tile(0, 900, 500), true);
+        assert!(
+            !hint
+                .iter()
+                .any(|h| h.contains("recompute") || h.contains("optimizer")),
+            "{hint:?}"
+        );
+        assert_eq!(or_list(&["a".into(), "b".into(), "c".into()]), "a, b or c");
+    }
 }
