@@ -242,6 +242,13 @@ impl FileModel {
                 device_mapping: self.pipeline.device_mapping,
             },
         )?;
+        if let Some(r) = self.training.learning_rate {
+            if !(r.is_finite() && r > 0.0) {
+                return Err(model_err(format!(
+                    "[training] learning_rate = {r} is not a positive number"
+                )));
+            }
+        }
         model.training = self.training.into();
         model.integer_input = integer_input;
         Ok(model)
@@ -618,6 +625,21 @@ mod tests {
         let m = Model::from_toml(plain, "m.toml").unwrap();
         assert_eq!(m.training.get("no_outlining"), None);
         assert_eq!(m.training.get("embedding_serialization"), None);
+    }
+
+    #[test]
+    fn a_learning_rate_that_is_not_a_positive_number_is_refused_naming_the_file() {
+        let (_, plain) = SHIPPED.iter().find(|(n, _)| *n == "sequential").unwrap();
+        for bad in ["nan", "inf", "-0.5", "0.0"] {
+            let text = plain.replace("learning_rate = 0.1", &format!("learning_rate = {bad}"));
+            assert_ne!(&text, plain, "the shipped file sets a rate of 0.1");
+            let err = Model::from_toml(&text, "m.toml").unwrap_err().to_string();
+            assert!(err.starts_with("m.toml"), "{err}");
+            assert!(
+                err.contains("learning_rate") && err.contains("not a positive number"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

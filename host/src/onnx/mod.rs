@@ -202,6 +202,12 @@ pub enum OnnxError {
         /// What is wrong.
         message: String,
     },
+    /// The graph declares no outputs: nothing it computes is a result.
+    #[error("{}: the graph declares no outputs (its `output` list is empty), so none of its nodes computes a result; declare the outputs (onnx.helper.make_tensor_value_info) or export the model again", path.display())]
+    NoOutputs {
+        /// The file.
+        path: PathBuf,
+    },
     /// A node is malformed or does not fit its inputs (attributes, shapes, types).
     #[error("node `{node}` ({op}): {message}")]
     BadNode {
@@ -637,6 +643,11 @@ impl OnnxModel {
                 opset,
             });
         }
+        if proto.graph.as_ref().is_some_and(|g| g.output.is_empty()) {
+            return Err(OnnxError::NoOutputs {
+                path: path.to_path_buf(),
+            });
+        }
         Ok(OnnxModel {
             path: path.to_path_buf(),
             proto,
@@ -779,6 +790,26 @@ mod tests {
         let msg = wire_problem(b"hello, world").unwrap();
         assert!(msg.starts_with("byte 0"), "{msg}");
         assert_eq!(wire_problem(&[0x08, 0x08]), None);
+    }
+
+    #[test]
+    fn a_graph_without_outputs_is_refused_naming_the_file() {
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/onnx/cnn.onnx"
+        ));
+        let bytes = std::fs::read(path).unwrap();
+        let mut proto = proto::ModelProto::decode(bytes.as_slice()).unwrap();
+        assert!(OnnxModel::from_bytes(&bytes, path).is_ok());
+        proto.graph.as_mut().unwrap().output.clear();
+        let Err(err) = OnnxModel::from_bytes(&proto.encode_to_vec(), Path::new("m.onnx")) else {
+            panic!("a graph without outputs was accepted");
+        };
+        let err = err.to_string();
+        assert!(
+            err.starts_with("m.onnx: the graph declares no outputs"),
+            "{err}"
+        );
     }
 
     /// A graph of `(name, inputs, outputs)` nodes over graph input `x` and initializer `w`.
