@@ -277,9 +277,38 @@ impl EstimateSummary {
         }
     }
 
+    /// Whether the estimate is of training: it has a backward pass or a weight update
+    /// (inference has neither).
+    pub fn trains(&self) -> bool {
+        self.weight_update_cycles > 0 || self.stages.iter().any(|st| st.backward_cycles > 0)
+    }
+
     /// Cycles per weight update and its parts, per step and execution, by phase; time and
-    /// throughput.
+    /// throughput. Inference speaks of steps only.
     fn cycles_text(&self, s: &mut String) {
+        if !self.trains() {
+            let m = self.gradient_accumulation_count.max(1) as u64;
+            let _ = writeln!(
+                s,
+                "cycles per step (batch): {}; per execution: {}",
+                count(self.cycles_per_step),
+                count(self.cycles_per_execution)
+            );
+            let phases: Vec<String> = self
+                .cycles_by_phase
+                .iter()
+                .filter(|(k, &v)| v > 0 || !matches!(**k, "all_reduce" | "weight_update"))
+                .map(|(k, &v)| format!("{k} {}", count(v)))
+                .collect();
+            let _ = writeln!(s, "cycles by phase (before overlap): {}", phases.join(", "));
+            let _ = writeln!(
+                s,
+                "{} per step, {} samples/s",
+                seconds(self.seconds_per_weight_update / m as f64),
+                decimal(self.samples_per_second)
+            );
+            return;
+        }
         let _ = writeln!(
             s,
             "cycles per weight update: {} (pipeline {}, all-reduce {}, weight update {}); per execution: {}",
@@ -308,8 +337,28 @@ impl EstimateSummary {
         );
     }
 
-    /// One row per pipeline stage.
+    /// One row per pipeline stage (inference: without the backward pass's columns).
     fn stages_text(&self, s: &mut String) {
+        if !self.trains() {
+            let _ = writeln!(
+                s,
+                "{:<6} {:>4} {:>10} {:>12} {:>6}",
+                "stage", "IPU", "fwd cyc", "IPU bytes", "idle"
+            );
+            for st in &self.stages {
+                let _ = writeln!(
+                    s,
+                    "{:<6} {:>4} {:>10} {:>12} {:>6}",
+                    st.stage,
+                    st.ipu,
+                    count(st.forward_cycles),
+                    bytes(st.ipu_bytes_used),
+                    percent(st.idle_fraction)
+                );
+            }
+            self.stage_memory_text(s);
+            return;
+        }
         let _ = writeln!(
             s,
             "{:<6} {:>4} {:>10} {:>10} {:>7} {:>12} {:>12} {:>6}",
@@ -329,6 +378,11 @@ impl EstimateSummary {
                 percent(st.idle_fraction)
             );
         }
+        self.stage_memory_text(s);
+    }
+
+    /// Each stage's memory on its own, when the estimate has it.
+    fn stage_memory_text(&self, s: &mut String) {
         for st in &self.stages {
             if let Some(m) = &st.memory {
                 let _ = writeln!(

@@ -74,3 +74,34 @@ fn a_row_s_backward_is_its_gradient_recomputation_exchanges_and_updates() {
     assert!(conv.backward_update_cycles > 0, "{}", conv.name);
     assert!(conv.backward_gradient_cycles > 0, "{}", conv.name);
 }
+
+#[test]
+fn inference_text_speaks_of_steps_and_has_no_backward_columns() {
+    let source = ModelSource::OnnxFile(root().join("tests/fixtures/onnx/cnn.onnx"));
+    let o = EstimateOptions {
+        inference: true,
+        ..EstimateOptions::default()
+    };
+    let header = |t: &str| {
+        t.lines()
+            .find(|l| l.contains("forward") && l.contains("weights"))
+            .map(str::to_string)
+            .expect("a layer table")
+    };
+    let text = estimate(&source, &o).expect("estimates").to_text(false);
+    for absent in ["bwd cyc", "weight update", "stash bytes", "all_reduce"] {
+        assert!(!text.contains(absent), "`{absent}` in:\n{text}");
+    }
+    assert!(!header(&text).contains("backward"), "{text}");
+    for present in ["cycles per step", "per step,", "samples/s", "fwd cyc"] {
+        assert!(text.contains(present), "no `{present}` in:\n{text}");
+    }
+    // Training keeps them.
+    let text = estimate(&source, &EstimateOptions::default())
+        .expect("estimates")
+        .to_text(false);
+    for present in ["bwd cyc", "cycles per weight update"] {
+        assert!(text.contains(present), "no `{present}` in:\n{text}");
+    }
+    assert!(header(&text).contains("backward"), "{text}");
+}

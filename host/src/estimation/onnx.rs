@@ -379,27 +379,42 @@ impl OnnxFacts {
         }
         let _ = writeln!(
             s,
-            "{} (cycles per micro-batch):",
+            "{} (cycles per {}):",
             if all_layers {
                 "every layer"
             } else {
                 "the 12 layers with the most cycles"
-            }
+            },
+            if self.training { "micro-batch" } else { "step" }
         );
+        // Inference has no backward pass: no column for it.
+        let backward = |x: &str| {
+            if !self.training {
+                String::new()
+            } else {
+                format!(" {x:>12}")
+            }
+        };
         let _ = writeln!(
             s,
-            "  {:<40} {:<20} {:>5} {:>12} {:>12} {:>12} {:>12}",
-            "node", "op", "stage", "forward", "backward", "weights", "activations"
+            "  {:<40} {:<20} {:>5} {:>12}{} {:>12} {:>12}",
+            "node",
+            "op",
+            "stage",
+            "forward",
+            backward("backward"),
+            "weights",
+            "activations"
         );
         for r in rows {
             let _ = writeln!(
                 s,
-                "  {:<40} {:<20} {:>5} {:>12} {:>12} {:>12} {:>12}",
+                "  {:<40} {:<20} {:>5} {:>12}{} {:>12} {:>12}",
                 r.name,
                 r.op,
                 r.stage,
                 count(r.forward_cycles),
-                count(r.backward_cycles),
+                backward(&count(r.backward_cycles)),
                 bytes(r.weight_bytes),
                 bytes(r.activation_bytes)
             );
