@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use tessera::host::estimation::{estimate, EstimateOptions, ModelSource};
+use tessera::host::whole_models::WholeModels;
 use tessera::sim::lower::clear_shared_records;
 
 /// The `tessera` command's allocator, so that the bench times what the command does.
@@ -38,25 +39,22 @@ fn estimates(c: &mut Criterion) {
     let densenet = model("data/onnx/zoo_light/light_densenet121.onnx");
     let bert = model("data/onnx/bert_base.stripped.onnx");
     let bert_large = model("data/onnx/bert_large_qkv_384.stripped.onnx");
-    let phase2: EstimateOptions = toml::from_str(
-        r#"
-        ipu = "bow"
-        batch_size = 2
-        dtype = "f16"
-        partials_type = "half"
-        optimizer = "lamb"
-        layers_per_ipu = [3, 7, 7, 7]
-        replicas = 4
-        gradient_accumulation_count = 2048
-        recompute_checkpoints = "auto"
-        available_memory_proportion = [0.15, 0.4, 0.4, 0.4]
-        replicated_tensor_sharding = true
-        embedding_serialization = 5
-        mask_tokens = 56
-        no_search = true
-        "#,
+    // The calibration's run of Graphcore's configuration (`data/calibration/whole_models.toml`).
+    let runs = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/calibration/whole_models.toml"),
     )
+    .expect("the calibration's runs");
+    let runs = WholeModels::parse(&runs).expect("they parse");
+    let run = runs
+        .run
+        .iter()
+        .find(|r| r.name == "BERT-Large phase 2 SL384, Bow Pod16")
+        .expect("the run");
+    let mut phase2: EstimateOptions = serde_json::from_value(serde_json::Value::Object(
+        run.options.clone().into_iter().collect(),
+    ))
     .expect("the options parse");
+    phase2.no_search = true;
     let cases: [(&str, &ModelSource, EstimateOptions); 5] = [
         (
             "densenet121 training b8",

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use tessera_host::estimation::{estimate, EstimateOptions, ModelSource};
+use tessera_host::whole_models::WholeModels;
 
 fn model(file: &str) -> ModelSource {
     ModelSource::OnnxFile(
@@ -15,27 +16,22 @@ fn model(file: &str) -> ModelSource {
     )
 }
 
-/// graphcore/examples `nlp/bert/popart/configs/pretrain_large_384.json`, at micro-batch `mb`.
+/// The options of the calibration's run of Graphcore's configuration
+/// (`data/calibration/whole_models.toml`), at micro-batch `mb`.
 fn phase2(mb: usize) -> EstimateOptions {
-    let mut o: EstimateOptions = toml::from_str(
-        r#"
-        ipu = "bow"
-        dtype = "f16"
-        partials_type = "half"
-        optimizer = "lamb"
-        layers_per_ipu = [3, 7, 7, 7]
-        replicas = 4
-        gradient_accumulation_count = 2048
-        recompute_checkpoints = "auto"
-        available_memory_proportion = [0.15, 0.4, 0.4, 0.4]
-        replicated_tensor_sharding = true
-        embedding_serialization = 5
-        mask_tokens = 56
-        no_search = true
-        "#,
-    )
-    .expect("options");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let text = std::fs::read_to_string(root.join("data/calibration/whole_models.toml"))
+        .expect("the calibration's runs");
+    let runs = WholeModels::parse(&text).expect("they parse");
+    let run = runs
+        .run
+        .iter()
+        .find(|r| r.name == "BERT-Large phase 2 SL384, Bow Pod16")
+        .expect("the run");
+    let options = serde_json::Value::Object(run.options.clone().into_iter().collect());
+    let mut o: EstimateOptions = serde_json::from_value(options).expect("options");
     o.batch_size = Some(mb);
+    o.no_search = true;
     o
 }
 
