@@ -323,7 +323,7 @@ pub fn scaled_add_cycles(cfg: &IpuConfig, n: u64, dtype: DType) -> u64 {
 /// table's block by index, `in_range` of them in each worker's range of the block's rows (the
 /// others skipped): every worker scans every index (`getMultiUpdateOpCycleEstimate`,
 /// `lib/popops/PerformanceEstimation.cpp`, a scaled ADD without sorted indices; the figures
-/// are [`Codelets`](crate::cost::codelets::Codelets)' `multi_update_*`). Rows whose bytes are
+/// are [`Codelets`]' `multi_update_*`). Rows whose bytes are
 /// not whole atomic stores (4 bytes) take poplibs' generated C++ path, 20 cycles an element.
 pub fn multi_update_add_cycles(
     cfg: &IpuConfig,
