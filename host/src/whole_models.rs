@@ -575,13 +575,16 @@ mod tests {
     #[test]
     fn the_bundled_set_reads_with_the_published_figures() {
         let w = WholeModels::parse(BUNDLED).unwrap();
-        assert_eq!(w.run.len(), 4);
+        assert_eq!(w.run.len(), 5);
         assert_eq!(w.run[0].samples_per_second, 16391.0);
-        assert!(w.run[1].includes_host);
-        assert_eq!(w.run[2].samples_per_second, 178212.0);
-        assert!(w.run[2].config().options().iter().any(|o| o == "128"));
-        assert_eq!(w.run[3].samples_per_second, 7062.0);
-        assert!(w.run[3].config().options().iter().any(|o| o == "c600"));
+        assert_eq!(w.run[1].samples_per_second, 1470.0);
+        assert!(!w.run[1].includes_host);
+        assert!(w.run[1].model.ends_with("bert_large_qkv_384.stripped.onnx"));
+        assert!(w.run[2].includes_host);
+        assert_eq!(w.run[3].samples_per_second, 178212.0);
+        assert!(w.run[3].config().options().iter().any(|o| o == "128"));
+        assert_eq!(w.run[4].samples_per_second, 7062.0);
+        assert!(w.run[4].config().options().iter().any(|o| o == "c600"));
         assert_eq!(w.profile.len(), 2);
         assert_eq!(w.profile[0].fullest_tile_bytes, 336_670);
         for r in &w.run {
