@@ -50,10 +50,10 @@ fn estimates(c: &mut Criterion) {
         .iter()
         .find(|r| r.name == "BERT-Large phase 2 SL384, Bow Pod16")
         .expect("the run");
-    let mut phase2: EstimateOptions = serde_json::from_value(serde_json::Value::Object(
-        run.options.clone().into_iter().collect(),
-    ))
-    .expect("the options parse");
+    let mut phase2 = run
+        .config()
+        .estimate_options(true)
+        .expect("the options parse");
     phase2.no_search = true;
     let cases: [(&str, &ModelSource, EstimateOptions); 5] = [
         (

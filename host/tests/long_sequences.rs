@@ -28,8 +28,7 @@ fn phase2(mb: usize) -> EstimateOptions {
         .iter()
         .find(|r| r.name == "BERT-Large phase 2 SL384, Bow Pod16")
         .expect("the run");
-    let options = serde_json::Value::Object(run.options.clone().into_iter().collect());
-    let mut o: EstimateOptions = serde_json::from_value(options).expect("options");
+    let mut o = run.config().estimate_options(true).expect("options");
     o.batch_size = Some(mb);
     o.no_search = true;
     o

@@ -199,19 +199,33 @@ fn hmac_joints(
     tiles: u64,
     best: &mut BestFc,
 ) {
-    let units = cost::amp_conv_units_with(cfg, dtype, opts.partials.of(dtype));
-    for g in hmac_groups(input, output, dtype, units) {
-        let divisors = |n: u64| (1..=n).filter(move |d| n % d == 0);
-        for cs in divisors(input / g) {
-            for fs in divisors(output / g).take_while(|&fs| cs * fs <= tiles) {
-                let plans = hmac_joint(cfg, opts, [input, output], g, cs, fs, dtype);
-                let key = (plans.0, plans.1.planned_cycles(), cs * fs);
-                if best.as_ref().is_none_or(|(k, _)| key < *k) {
-                    *best = Some((key, plans.1));
-                }
-            }
+    for (g, cs, fs) in hmac_grids(cfg, opts, [input, output], dtype, tiles) {
+        let plans = hmac_joint(cfg, opts, [input, output], g, cs, fs, dtype);
+        let key = (plans.0, plans.1.planned_cycles(), cs * fs);
+        if best.as_ref().is_none_or(|(k, _)| key < *k) {
+            *best = Some((key, plans.1));
         }
     }
+}
+
+/// Every HMAC group `g` [`hmac_groups`] allows a `k -> n` product, with the splits of `k`
+/// (`cs` ways) and `n` (`fs` ways) in whole groups on up to `tiles` tiles.
+fn hmac_grids(
+    cfg: &IpuConfig,
+    opts: PlanOptions,
+    [k, n]: [u64; 2],
+    dtype: DType,
+    tiles: u64,
+) -> impl Iterator<Item = (u64, u64, u64)> {
+    let units = cost::amp_conv_units_with(cfg, dtype, opts.partials.of(dtype));
+    let divisors = |x: u64| (1..=x).filter(move |d| x % d == 0);
+    hmac_groups(k, n, dtype, units).flat_map(move |g| {
+        divisors(k / g).flat_map(move |cs| {
+            divisors(n / g)
+                .take_while(move |&fs| cs * fs <= tiles)
+                .map(move |fs| (g, cs, fs))
+        })
+    })
 }
 
 /// The plans of a one-row product `[1, k] x [k, n]` on horizontal MACs: every group
@@ -225,30 +239,29 @@ pub(super) fn hmac_products(
     laid_out: LaidOut,
     tiles: u64,
 ) -> Vec<(BoundLevel, MatMulPlan)> {
-    let units = cost::amp_conv_units_with(cfg, dtype, opts.partials.of(dtype));
-    let divisors = |x: u64| (1..=x).filter(move |d| x % d == 0);
-    let mut out = Vec::new();
-    for g in hmac_groups(k, n, dtype, units) {
-        for cs in divisors(k / g) {
-            for fs in divisors(n / g).take_while(|&fs| cs * fs <= tiles) {
-                out.push(price(
-                    cfg,
-                    opts,
-                    [1, k, n],
-                    [1, cs, fs],
-                    dtype,
-                    Pass {
-                        laid_out,
-                        orientation: Orientation::Swapped,
-                        order: GridOrder::Standard,
-                        method: Method::Hmac { group: g },
-                        field: None,
-                    },
-                ));
-            }
-        }
+    hmac_grids(cfg, opts, [k, n], dtype, tiles)
+        .map(|(g, cs, fs)| {
+            price(
+                cfg,
+                opts,
+                [1, k, n],
+                [1, cs, fs],
+                dtype,
+                hmac_pass(laid_out, GridOrder::Standard, g),
+            )
+        })
+        .collect()
+}
+
+/// A pass on horizontal MACs in groups of `g`, swapped (the row is the output channel).
+fn hmac_pass(laid_out: LaidOut, order: GridOrder, g: u64) -> Pass {
+    Pass {
+        laid_out,
+        orientation: Orientation::Swapped,
+        order,
+        method: Method::Hmac { group: g },
+        field: None,
     }
-    out
 }
 
 /// The HMAC groups poplin's planner may give a batch-1 layer of `input -> output`
@@ -285,13 +298,7 @@ fn hmac_joint(
         [1, input, output],
         [1, cs, fs],
         dtype,
-        Pass {
-            laid_out: LaidOut::B,
-            orientation: Orientation::Swapped,
-            order: GridOrder::Standard,
-            method: Method::Hmac { group: g },
-            field: None,
-        },
+        hmac_pass(LaidOut::B, GridOrder::Standard, g),
     );
     let (lb, backward) = price(
         cfg,
@@ -299,13 +306,7 @@ fn hmac_joint(
         [1, output, input],
         [1, fs, cs],
         dtype,
-        Pass {
-            laid_out: LaidOut::B,
-            orientation: Orientation::Swapped,
-            order: GridOrder::FcBackward,
-            method: Method::Hmac { group: g },
-            field: None,
-        },
+        hmac_pass(LaidOut::B, GridOrder::FcBackward, g),
     );
     let (lw, weight_update) = price(
         cfg,
