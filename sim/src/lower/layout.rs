@@ -75,9 +75,29 @@ struct Source {
     stride: u64,
 }
 
-/// The elements node `i`'s output copies, in output order, as runs.
+/// The most runs an image is made of ([`sources`]): 2^20, 32 MiB of runs and as many
+/// intervals at most. An estimate, far above the runs of the largest layouts of the shipped
+/// models (a dense block's concatenation has one per sample; a transpose of BERT-Large's
+/// attention at length 384, one per row: 49,152 at batch 8), set so that the estimator's own
+/// memory does not grow with a tensor's element count: a pad or concatenation along the last
+/// axis of a tensor of millions of short rows would need one run per row. Such an output is
+/// laid out as a fresh tensor is (linearly over the tiles), and its copy exchanges what that
+/// layout needs.
+pub const MAX_IMAGE_RUNS: u64 = 1 << 20;
+
+/// The elements node `i`'s output copies, in output order, as runs; none when they would be
+/// more than [`MAX_IMAGE_RUNS`].
 fn sources<S: Storage>(l: &Lowering<'_, S>, i: NodeId, op: &Layout) -> Vec<Source> {
     let so = l.node(i).shape();
+    let runs = match *op {
+        Layout::Transpose { .. } if so.rank() > 1 => so.elements() as u64 / so.last().max(1) as u64,
+        Layout::Concat { axis, .. } => chunks(so, axis).0.saturating_mul(2),
+        Layout::Slice { axis, .. } => chunks(so, axis).0,
+        _ => 1,
+    };
+    if runs > MAX_IMAGE_RUNS {
+        return Vec::new();
+    }
     let span = |tensor, start, count| Source {
         tensor,
         start,
