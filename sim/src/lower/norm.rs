@@ -97,7 +97,7 @@ fn statistics_of<S: Storage>(
 /// gradient, of the rest of `xs` with it), `passes` reductions of each group: a temporary of
 /// two f32 values per group (mean and 1/sd), and the shape of the groups. `x` gives the shape
 /// (its tensor may be the storage of a view of another shape).
-fn statistics<S: Storage>(
+pub(super) fn statistics<S: Storage>(
     l: &mut Lowering<'_, S>,
     i: NodeId,
     xs: &[crate::program::TensorId],
@@ -349,26 +349,39 @@ fn normalize<S: Storage>(
     kept: tessera_core::Shape,
     passes: u64,
 ) {
-    let cfg = l.cfg;
-    let node = l.node(i);
-    let (dt, shape) = (node.dtype(), node.shape());
-    let out = l.t(i);
+    let (cfg, dt, shape) = (l.cfg, l.node(i).dtype(), l.node(i).shape());
     // Each pass is an add, sub or mul with the statistics, which popops runs with its
     // broadcast codelets when they are constant along the trailing axes (popnn's whitening:
     // `sub` and `mulInPlace` of the broadcast mean and 1/sd, `lib/poplin/Norms.cpp`).
     let run = super::elementwise::broadcast_run(kept, shape);
-    // The statistics of the groups the elements belong to (two values per group).
-    let stats = [Broadcast::with_values(stats, kept, shape, 2)];
-    l.elementwise_broadcast(
+    with_statistics(
+        l,
         i,
-        out,
         same,
+        (stats, kept),
         // popnn's whitening: a broadcast sub and an in-place broadcast mul (and, for a
         // gradient, their like), vertex types of their own.
         Codelet::Binary(binary_type(BinaryFn::Sub, dt, BinaryForm::of_run(run))),
         move |n| passes * cost::binary_pass_cycles(cfg, n, run, dt),
-        &stats,
     );
+}
+
+/// The element-wise pass of node `i` over `same` (laid out like its output), each element
+/// reading its group's two statistics from `stats` (groups of shape `kept`): `codelet`'s
+/// vertices, `price` cycles for a tile's elements.
+pub(super) fn with_statistics<S: Storage>(
+    l: &mut Lowering<'_, S>,
+    i: NodeId,
+    same: &[crate::program::TensorId],
+    (stats, kept): (crate::program::TensorId, tessera_core::Shape),
+    codelet: Codelet,
+    price: impl Fn(u64) -> u64 + Sync,
+) {
+    let shape = l.node(i).shape();
+    let out = l.t(i);
+    // The statistics of the groups the elements belong to (two values per group).
+    let stats = [Broadcast::with_values(stats, kept, shape, 2)];
+    l.elementwise_broadcast(i, out, same, codelet, price, &stats);
 }
 
 #[cfg(test)]
