@@ -202,6 +202,17 @@ pub enum OnnxError {
         /// What is wrong.
         message: String,
     },
+    /// The model imports no opset of the default ONNX domain: its nodes are all of other
+    /// domains (`ai.onnx.ml`'s trees, scalers and linear classifiers, as skl2onnx writes).
+    #[error("{}: every node is of another domain than the default ONNX one ({domains}: {}); these ops (trees, scalers, linear classifiers and the like) are outside what an IPU graph runs, and Tessera reads the default domain's ops only", path.display(), ops.join(", "))]
+    OtherDomain {
+        /// The file.
+        path: PathBuf,
+        /// The domains the model imports, with their opsets (`ai.onnx.ml 3`).
+        domains: String,
+        /// The op types its nodes use, each once, with its domain (`ai.onnx.ml.TreeEnsembleClassifier`).
+        ops: Vec<String>,
+    },
     /// The graph declares no outputs: nothing it computes is a result.
     #[error("{}: the graph declares no outputs (its `output` list is empty), so none of its nodes computes a result; declare the outputs (onnx.helper.make_tensor_value_info) or export the model again", path.display())]
     NoOutputs {
@@ -575,6 +586,45 @@ impl Default for ImportOptions {
     }
 }
 
+/// The error for a model that imports no default-domain opset: the domains it imports and
+/// the ops of its nodes.
+fn other_domain(proto: &proto::ModelProto, path: &Path) -> OnnxError {
+    let domains: Vec<String> = proto
+        .opset_import
+        .iter()
+        .map(|o| {
+            let d = o.domain.as_deref().unwrap_or("");
+            format!(
+                "{} {}",
+                if d.is_empty() { "(default)" } else { d },
+                o.version.unwrap_or(0)
+            )
+        })
+        .collect();
+    let mut ops: Vec<String> = Vec::new();
+    for n in proto.graph.iter().flat_map(|g| &g.node) {
+        let d = n.domain.as_deref().unwrap_or("");
+        let op = n.op_type.as_deref().unwrap_or("?");
+        let name = if d.is_empty() {
+            op.to_string()
+        } else {
+            format!("{d}.{op}")
+        };
+        if !ops.contains(&name) {
+            ops.push(name);
+        }
+    }
+    OnnxError::OtherDomain {
+        path: path.to_path_buf(),
+        domains: if domains.is_empty() {
+            "no opset imports".into()
+        } else {
+            domains.join(", ")
+        },
+        ops,
+    }
+}
+
 /// A decoded ONNX model.
 #[derive(Clone, Debug)]
 pub struct OnnxModel {
@@ -636,7 +686,7 @@ impl OnnxModel {
             .iter()
             .find(|o| matches!(o.domain.as_deref(), None | Some("") | Some("ai.onnx")))
             .and_then(|o| o.version)
-            .ok_or_else(|| decode_err("no opset of the default ONNX domain is imported".into()))?;
+            .ok_or_else(|| other_domain(&proto, path))?;
         if !(MIN_OPSET..=MAX_OPSET).contains(&opset) {
             return Err(OnnxError::Opset {
                 path: path.to_path_buf(),
@@ -810,6 +860,46 @@ mod tests {
             err.starts_with("m.onnx: the graph declares no outputs"),
             "{err}"
         );
+    }
+
+    /// A model whose nodes are all of `ai.onnx.ml` (as skl2onnx writes a scaler and a tree
+    /// ensemble) is refused naming the domain and its ops, not as undecodable bytes.
+    #[test]
+    fn a_model_of_another_domain_names_the_domain_and_its_ops() {
+        let node = |op: &str| proto::NodeProto {
+            op_type: Some(op.into()),
+            domain: Some("ai.onnx.ml".into()),
+            input: vec!["x".into()],
+            output: vec!["y".into()],
+            ..Default::default()
+        };
+        let proto = proto::ModelProto {
+            opset_import: vec![proto::OperatorSetIdProto {
+                domain: Some("ai.onnx.ml".into()),
+                version: Some(3),
+            }],
+            graph: Some(proto::GraphProto {
+                node: vec![
+                    node("Scaler"),
+                    node("TreeEnsembleClassifier"),
+                    node("Scaler"),
+                ],
+                output: vec![proto::ValueInfoProto {
+                    name: Some("y".into()),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let err = OnnxModel::from_bytes(&proto.encode_to_vec(), Path::new("m.onnx"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("m.onnx: every node is of another domain than the default ONNX one (ai.onnx.ml 3: ai.onnx.ml.Scaler, ai.onnx.ml.TreeEnsembleClassifier)"),
+            "{err}"
+        );
+        assert!(!err.contains("not an ONNX model"), "{err}");
     }
 
     /// A graph of `(name, inputs, outputs)` nodes over graph input `x` and initializer `w`.

@@ -119,27 +119,6 @@ fn import_unstaged(
     };
     let model = rewritten.as_ref().unwrap_or(model);
     let graph = model.graph();
-    // A negative size is neither a size nor a symbol (onnx.checker refuses it too).
-    for i in &graph.input {
-        use super::proto::tensor_shape_proto::dimension::Value as D;
-        use super::proto::type_proto::Value as T;
-        let Some(T::TensorType(t)) = i.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
-            continue;
-        };
-        for (axis, d) in t.shape.iter().flat_map(|s| s.dim.iter()).enumerate() {
-            if let Some(D::DimValue(v)) = d.value {
-                if v < 0 {
-                    return Err(OnnxError::BadNode {
-                        node: i.name.clone().unwrap_or_default(),
-                        op: "input".into(),
-                        message: format!(
-                            "dimension {axis} is {v}; a dimension is a size (0 or more) or a symbol"
-                        ),
-                    });
-                }
-            }
-        }
-    }
     check_input_shapes(model, &opts.input_shapes)?;
     let batch_axes = batch_axes(model);
     let file_batch = file_batch(model, &batch_axes, &opts.input_shapes)?;
@@ -237,6 +216,8 @@ fn info_dims(v: &super::proto::ValueInfoProto) -> Option<Vec<Result<usize, Strin
             .map(|d| match &d.value {
                 Some(D::DimValue(v)) if *v >= 0 => Ok(*v as usize),
                 Some(D::DimParam(p)) => Err(p.clone()),
+                // A negative size (`-1`, as some exporters write a dynamic axis; onnx.checker
+                // and onnxruntime take it) is a symbol without a name, as is a missing one.
                 _ => Err("?".into()),
             })
             .collect(),
@@ -1164,4 +1145,81 @@ impl<'a> Importer<'a> {
     }
 
     // ----- folding -----
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::super::proto::{
+        tensor_shape_proto::{dimension::Value as Dim, Dimension},
+        type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto,
+        TypeProto, ValueInfoProto,
+    };
+    use super::*;
+
+    /// A float tensor's value info with `dims` (negative: written as such).
+    fn info(name: &str, dims: &[i64]) -> ValueInfoProto {
+        ValueInfoProto {
+            name: Some(name.into()),
+            r#type: Some(TypeProto {
+                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                    elem_type: Some(1),
+                    shape: Some(TensorShapeProto {
+                        dim: dims
+                            .iter()
+                            .map(|&d| Dimension {
+                                value: Some(Dim::DimValue(d)),
+                                ..Default::default()
+                            })
+                            .collect(),
+                    }),
+                })),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// An input dimension written as `-1` (as some exporters write a dynamic axis; onnx's
+    /// checker and onnxruntime take it) is a symbol: unbound, the error says how to bind it;
+    /// bound by the batch size, the model imports.
+    #[test]
+    fn a_dimension_of_minus_one_is_a_symbol() {
+        let m = ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(13),
+            }],
+            graph: Some(GraphProto {
+                node: vec![NodeProto {
+                    op_type: Some("Relu".into()),
+                    input: vec!["x".into()],
+                    output: vec!["y".into()],
+                    ..Default::default()
+                }],
+                input: vec![info("x", &[-1, 16])],
+                output: vec![info("y", &[-1, 16])],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let model = OnnxModel::from_bytes(&m.encode_to_vec(), std::path::Path::new("m.onnx"))
+            .expect("a model");
+        let inference = |batch_size| ImportOptions {
+            batch_size,
+            training: false,
+            ..ImportOptions::default()
+        };
+        let err = import(&model, &mut Graph::new(), &inference(None))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("dimension 0 is symbolic") && err.contains("--batch-size"),
+            "{err}"
+        );
+        let imported = import(&model, &mut Graph::new(), &inference(Some(3))).unwrap();
+        assert_eq!(imported.batch, 3);
+    }
 }
