@@ -17,8 +17,13 @@ fn dir() -> PathBuf {
 }
 
 fn tensor(file: &str) -> NamedTensor {
+    tensor_in(&dir(), file)
+}
+
+/// The JSON tensor `file` of fixture directory `dir`.
+fn tensor_in(dir: &std::path::Path, file: &str) -> NamedTensor {
     let v: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir().join(file)).expect("fixture tensor"))
+        serde_json::from_str(&std::fs::read_to_string(dir.join(file)).expect("fixture tensor"))
             .expect("json");
     NamedTensor {
         name: v["name"].as_str().expect("name").to_string(),
@@ -48,21 +53,26 @@ fn load(file: &str) -> OnnxModel {
 
 #[test]
 fn outputs_equal_onnxruntime() {
-    let m = manifest();
+    let cases = outputs_equal_onnxruntime_in(&dir(), &manifest());
+    assert!(cases >= 7);
+}
+
+/// Runs every case of `manifest`'s `numerics` (fixtures in `dir`) and checks its outputs
+/// against onnxruntime's within 1e-4: the number of cases.
+fn outputs_equal_onnxruntime_in(dir: &std::path::Path, m: &Value) -> usize {
     let cases = m["numerics"].as_array().expect("numerics");
-    assert!(cases.len() >= 7);
     for case in cases {
         let file = case["file"].as_str().unwrap();
-        let model = load(file);
+        let model = OnnxModel::load(&dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
         let inputs: Vec<NamedTensor> = case["inputs"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|i| tensor(i["file"].as_str().unwrap()))
+            .map(|i| tensor_in(dir, i["file"].as_str().unwrap()))
             .collect();
         let got = run_onnx(&model, &inputs).unwrap_or_else(|e| panic!("{file}: {e:?}"));
         for o in case["outputs"].as_array().unwrap() {
-            let want = tensor(o["file"].as_str().unwrap());
+            let want = tensor_in(dir, o["file"].as_str().unwrap());
             let g = got
                 .iter()
                 .find(|t| t.name == want.name)
@@ -79,6 +89,48 @@ fn outputs_equal_onnxruntime() {
                 worst = worst.max(err);
             }
             println!("{file}: `{}` within {worst:.2e}", want.name);
+        }
+    }
+    cases.len()
+}
+
+/// Models exported the way their users export them, with the exporters' defaults
+/// (`scripts/export_default_models.py`): transformers' BERT, DistilBERT, GPT-2 and T5
+/// encoder through `torch.onnx.export` at opset 17 (SDPA attention: `IsNaN` at run time; T5's
+/// relative-position buckets: `Abs` of int64 constants) give onnxruntime's outputs, and they
+/// and torchvision's resnet18 from the dynamo exporter (opset 18, external data, kept without
+/// its weights) estimate for inference and for training.
+#[test]
+fn exporters_default_models_run_and_estimate() {
+    use tessera_host::compile::onnx::{compile_onnx, OnnxOptions};
+    use tessera_host::compile::SessionOptions;
+    let dir = dir().join("exporters");
+    let m: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("manifest.json")).expect("manifest"),
+    )
+    .expect("json");
+    assert_eq!(outputs_equal_onnxruntime_in(&dir, &m), 4);
+    let cases = m["estimates"].as_array().expect("estimates");
+    assert_eq!(cases.len(), 5);
+    for case in cases {
+        let file = case["file"].as_str().unwrap();
+        let model = OnnxModel::load(&dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        for inference in [true, false] {
+            let oo = OnnxOptions {
+                inference,
+                ..OnnxOptions::default()
+            };
+            let what = format!("{file} inference {inference}");
+            let so = SessionOptions {
+                batch_size: case["batch"].as_u64().expect("batch") as usize,
+                ..SessionOptions::default()
+            };
+            let c = compile_onnx(&model, &so, &oo).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let e = c
+                .target
+                .estimate()
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(e.fits && e.samples_per_second > 0.0, "{what}");
         }
     }
 }

@@ -704,4 +704,105 @@ mod tests {
             "{e}"
         );
     }
+
+    /// `y = x + float(IsNaN(a)) + 2 float(IsInf(a)) + 4 float(IsInf(a) positive only) +
+    /// float(Abs(b))`, with `a` a graph input (run time) or a constant, `b` an int64 constant.
+    fn predicates_model(a: &[f64], constant: bool) -> OnnxModel {
+        let n = a.len() as i64;
+        let floats = |name: &str, v: &[f64]| TensorProto {
+            name: Some(name.into()),
+            dims: vec![v.len() as i64],
+            data_type: Some(1),
+            float_data: v.iter().map(|&x| x as f32).collect(),
+            ..Default::default()
+        };
+        let b = TensorProto {
+            name: Some("b".into()),
+            dims: vec![n],
+            data_type: Some(7),
+            int64_data: (0..n).map(|k| -k).collect(),
+            ..Default::default()
+        };
+        let (mut input, mut initializer) = (vec![float("x", n)], vec![b]);
+        if constant {
+            initializer.push(floats("a", a));
+        } else {
+            input.push(float("a", n));
+        }
+        initializer.push(floats("two", &[2.0]));
+        initializer.push(floats("four", &[4.0]));
+        let cast = |i: &str, o: &str| node("Cast", &[i], o, vec![int_attr("to", 1)]);
+        let nodes = vec![
+            node("IsNaN", &["a"], "nan", Vec::new()),
+            node("IsInf", &["a"], "inf", Vec::new()),
+            node(
+                "IsInf",
+                &["a"],
+                "pinf",
+                vec![int_attr("detect_negative", 0)],
+            ),
+            node("Abs", &["b"], "abs", Vec::new()),
+            cast("nan", "nanf"),
+            cast("inf", "inff"),
+            cast("pinf", "pinff"),
+            cast("abs", "absf"),
+            node("Mul", &["inff", "two"], "inf2", Vec::new()),
+            node("Mul", &["pinff", "four"], "pinf4", Vec::new()),
+            node(
+                "Sum",
+                &["x", "nanf", "inf2", "pinf4", "absf"],
+                "y",
+                Vec::new(),
+            ),
+        ];
+        let m = ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(13),
+            }],
+            graph: Some(GraphProto {
+                name: Some("predicates".into()),
+                node: nodes,
+                input,
+                output: vec![float("y", n)],
+                initializer,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        OnnxModel::from_bytes(&m.encode_to_vec(), Path::new("p.onnx")).expect("a model")
+    }
+
+    /// `IsNaN` and `IsInf` give the same flags folded and at run time (an input of more than
+    /// 16 floats is not read as a constant), and `Abs` folds an int64 constant.
+    #[test]
+    fn nan_and_infinity_predicates_fold_and_run_alike() {
+        let four = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 1.5];
+        let a: Vec<f64> = four.iter().copied().cycle().take(20).collect();
+        // NaN: 1; +inf: 2 + 4; -inf: 2; 1.5: 0; plus |-k|.
+        let want: Vec<f32> = (0..20)
+            .map(|k| [1.0, 6.0, 2.0, 0.0][k % 4] + k as f32)
+            .collect();
+        // Folded: one-element constants (a float initializer of more is a weight).
+        for (k, &v) in four.iter().enumerate() {
+            let folded = run(&predicates_model(&[v], true), 1).unwrap();
+            assert_eq!(folded, [want[k] - k as f32], "{v}");
+        }
+        let model = predicates_model(&a, false);
+        let inputs = [
+            NamedTensor {
+                name: "x".into(),
+                dims: vec![20],
+                data: vec![0.0; 20],
+            },
+            NamedTensor {
+                name: "a".into(),
+                dims: vec![20],
+                data: a.iter().map(|&v| v as f32).collect(),
+            },
+        ];
+        let got = run_onnx(&model, &inputs).unwrap();
+        assert_eq!(got[0].data, want);
+    }
 }

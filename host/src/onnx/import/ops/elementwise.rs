@@ -59,19 +59,34 @@ pub(super) const CONVERTERS: &[Converter] = &[
         .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Or)),
     op("Not", &[1], |im, n| im.not(n)).folds(|_, _, a, _| Ok(mapped(a, |v| b01(v == 0.0)))),
     op("Where", &[9, 16], |im, n| im.where_(n)).folds(|im, _, a, ins| im.fold_where(a, ins)),
-    op("Relu", &[6, 13, 14], |im, n| im.unary(n, UnaryFn::Relu)),
-    op("Sigmoid", &[6, 13], |im, n| im.unary(n, UnaryFn::Sigmoid)),
-    op("Tanh", &[6, 13], |im, n| im.unary(n, UnaryFn::Tanh)),
-    op("Exp", &[6, 13], |im, n| im.unary(n, UnaryFn::Exp)),
-    op("Log", &[6, 13], |im, n| im.unary(n, UnaryFn::Log)),
+    op("Relu", &[6, 13, 14], |im, n| im.unary(n, UnaryFn::Relu))
+        .folds(|_, _, a, _| Ok(fold_unary(a, UnaryFn::Relu))),
+    op("Sigmoid", &[6, 13], |im, n| im.unary(n, UnaryFn::Sigmoid))
+        .folds(|_, _, a, _| Ok(fold_unary(a, UnaryFn::Sigmoid))),
+    op("Tanh", &[6, 13], |im, n| im.unary(n, UnaryFn::Tanh))
+        .folds(|_, _, a, _| Ok(fold_unary(a, UnaryFn::Tanh))),
+    op("Exp", &[6, 13], |im, n| im.unary(n, UnaryFn::Exp))
+        .folds(|_, _, a, _| Ok(fold_unary(a, UnaryFn::Exp))),
+    op("Log", &[6, 13], |im, n| im.unary(n, UnaryFn::Log))
+        .folds(|_, _, a, _| Ok(fold_unary(a, UnaryFn::Log))),
     op("Sqrt", &[6, 13], |im, n| im.unary(n, UnaryFn::Sqrt))
-        .folds(|_, _, a, _| Ok(mapped(a, f64::sqrt))),
-    op("Erf", &[9, 13], |im, n| im.unary(n, UnaryFn::Erf)),
+        .folds(|_, _, a, _| Ok(fold_unary(a, UnaryFn::Sqrt))),
+    op("Erf", &[9, 13], |im, n| im.unary(n, UnaryFn::Erf))
+        .folds(|_, _, a, _| Ok(fold_unary(a, UnaryFn::Erf))),
     op("Neg", &[6, 13], |im, n| im.unary(n, UnaryFn::Neg))
         .folds(|_, _, a, _| Ok(mapped(a, |v| -v))),
+    op("IsNaN", &[9, 13, 20], |im, n| im.is_nan(n))
+        .folds(|_, _, a, _| Ok(predicate(a, f64::is_nan))),
+    op("IsInf", &[10, 20], |im, n| im.is_inf(n)).folds(|im, n, a, _| {
+        let (pos, neg) = im.inf_signs(n);
+        Ok(predicate(a, |v| {
+            (pos && v == f64::INFINITY) || (neg && v == f64::NEG_INFINITY)
+        }))
+    }),
     op("Gelu", &[20], |im, n| im.gelu(n)),
     op("Clip", &[6, 11, 12, 13], |im, n| im.clip(n)).folds(|im, n, a, _| im.fold_clip(n, a)),
-    op("Reciprocal", &[6, 13], |im, n| im.reciprocal(n)),
+    op("Reciprocal", &[6, 13], |im, n| im.reciprocal(n))
+        .folds(|_, _, a, _| Ok(mapped(a, |v| 1.0 / v))),
     op("Cast", &[6, 9, 13, 19, 21], |im, n| im.cast(n)).folds(|im, n, a, _| im.fold_cast(n, a)),
     op("LeakyRelu", &[6, 16], |im, n| {
         im.activation(n, Activation::LeakyRelu)
@@ -85,8 +100,17 @@ pub(super) const CONVERTERS: &[Converter] = &[
     op("Softsign", &[1], |im, n| {
         im.activation(n, Activation::Softsign)
     }),
-    op("Abs", &[6, 13], |im, n| im.activation(n, Activation::Abs)),
-    op("Sign", &[9, 13], |im, n| im.activation(n, Activation::Sign)),
+    op("Abs", &[6, 13], |im, n| im.activation(n, Activation::Abs))
+        .folds(|_, _, a, _| Ok(mapped(a, f64::abs))),
+    op("Sign", &[9, 13], |im, n| im.activation(n, Activation::Sign)).folds(|_, _, a, _| {
+        Ok(mapped(a, |v| {
+            if v == 0.0 || v.is_nan() {
+                v
+            } else {
+                v.signum()
+            }
+        }))
+    }),
     op("Shrink", &[9], |im, n| im.activation(n, Activation::Shrink)),
     op("HardSigmoid", &[6], |im, n| {
         im.activation(n, Activation::HardSigmoid)
@@ -96,6 +120,29 @@ pub(super) const CONVERTERS: &[Converter] = &[
     }),
     op("Mish", &[18], |im, n| im.activation(n, Activation::Mish)),
 ];
+
+/// `f` of each element of the float constant `a` as the core's float32 kernel computes it
+/// (so a folded value is the one the op would give at run time); of an integer constant,
+/// exactly, then as the integer type keeps it.
+fn fold_unary(a: &Const, f: UnaryFn) -> Vec<Val> {
+    if a.elem.is_float() {
+        mapped(a, |v| f64::from(f.apply(v as f32)))
+    } else {
+        let e = a.elem;
+        mapped(a, move |v| cast_value(f64::from(f.apply(v as f32)), e))
+    }
+}
+
+/// `p` of each element of `a`, a boolean constant.
+fn predicate(a: &Const, p: impl Fn(f64) -> bool) -> Vec<Val> {
+    let data = a.data.iter().map(|&v| b01(p(v))).collect();
+    vec![Val::C(Rc::new(Const::new(
+        a.dims.clone(),
+        Elem::Bool,
+        data,
+        a.baked,
+    )))]
+}
 
 /// The activations built of several graph ops.
 #[derive(Clone, Copy)]
@@ -200,6 +247,51 @@ impl<'a> Importer<'a> {
         let z = chk!(self, self.g.constant(&zero, &[], DType::U8, 0.0))?;
         let name = self.out_name(node, "");
         let id = chk!(self, self.g.binary(&name, x, z, BinaryFn::Equal))?;
+        Ok(vec![Val::T(id, Elem::Bool)])
+    }
+
+    /// `IsNaN(x)`: `not (x == x)`, which IEEE comparison makes true for NaN only (popops has
+    /// an `IS_NAN` unary op of its own: one pass where this takes two).
+    fn is_nan(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let x = self.ti(node, 0)?;
+        let same = self.bin(node, "equal_self", x, x, BinaryFn::Equal)?;
+        let zero = self.out_name(node, "zero");
+        let z = chk!(self, self.g.constant(&zero, &[], DType::U8, 0.0))?;
+        let id = self.bin(node, "", same, z, BinaryFn::Equal)?;
+        Ok(vec![Val::T(id, Elem::Bool)])
+    }
+
+    /// Which infinities `IsInf` detects: (positive, negative), both by default.
+    fn inf_signs(&self, node: &NodeProto) -> (bool, bool) {
+        (
+            self.attr_i(node, "detect_positive", 1) != 0,
+            self.attr_i(node, "detect_negative", 1) != 0,
+        )
+    }
+
+    /// `IsInf(x)`: `x == +inf`, `x == -inf` or either, as its attributes ask.
+    fn is_inf(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let x = self.ti(node, 0)?;
+        let (pos, neg) = self.inf_signs(node);
+        let mut found = Vec::new();
+        for (on, v, suffix) in [
+            (pos, f32::INFINITY, "positive"),
+            (neg, f32::NEG_INFINITY, "negative"),
+        ] {
+            if on {
+                let c = self.scalar_like(node, &format!("{suffix}_infinity"), x, v)?;
+                found.push(self.bin(node, &format!("is_{suffix}"), x, c, BinaryFn::Equal)?);
+            }
+        }
+        let id = match found[..] {
+            [a, b] => self.bin(node, "", a, b, BinaryFn::Or)?,
+            [a] => a,
+            _ => {
+                // Neither: false everywhere.
+                let c = self.scalar_like(node, "nan", x, f32::NAN)?;
+                self.bin(node, "", x, c, BinaryFn::Equal)?
+            }
+        };
         Ok(vec![Val::T(id, Elem::Bool)])
     }
 
