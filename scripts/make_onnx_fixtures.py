@@ -95,6 +95,7 @@ SEEDS = {
     "activations": 1009,
     "upsample_opset9": 1010,
     "pad_crop": 1011,
+    "pad_modes": 1015,
     "window1d": 1012,
     "conv_transpose": 1013,
     "einsum": 1014,
@@ -1237,6 +1238,37 @@ def pad_crop_self_check(x, y):
     check_close("pad_crop (numpy)", y, want)
 
 
+def pad_modes_model():
+    """pad_modes.onnx (opset 19): Pad in reflect mode (as voice-activity models pad their
+    frames), edge and wrap mode, each on two axes, one of them longer than the axis for
+    wrap."""
+    rng = rng_for("pad_modes")
+    x = uniform(rng, (2, 3, 5))
+    b = Builder()
+    reflect = b.init("reflect_pads", np.array([0, 2, 3, 0, 1, 4], dtype=I64))
+    edge = b.init("edge_pads", np.array([0, 1, 0, 0, 2, 3], dtype=I64))
+    wrap = b.init("wrap_pads", np.array([0, 4, 1, 0, 0, 7], dtype=I64))
+    b.op("Pad", ["x", reflect], "reflect", outputs=["y_reflect"], mode="reflect")
+    b.op("Pad", ["x", edge], "edge", outputs=["y_edge"], mode="edge")
+    b.op("Pad", ["x", wrap], "wrap", outputs=["y_wrap"], mode="wrap")
+    model = make_model(b, "pad_modes", [value_info("x", F32, [2, 3, 5])],
+                       [value_info("y_reflect", F32, [2, 6, 12]),
+                        value_info("y_edge", F32, [2, 6, 8]),
+                        value_info("y_wrap", F32, [2, 7, 13])], 19,
+                       "Pad in reflect, edge and wrap mode on the last two axes.")
+    return model, [("x", x)]
+
+
+def pad_modes_self_check(x, got):
+    want = {
+        "y_reflect": np.pad(x, ((0, 0), (2, 1), (3, 4)), mode="reflect"),
+        "y_edge": np.pad(x, ((0, 0), (1, 2), (0, 3)), mode="edge"),
+        "y_wrap": np.pad(x, ((0, 0), (4, 0), (1, 7)), mode="wrap"),
+    }
+    for name, y in got:
+        check_close(f"pad_modes {name} (numpy)", y, want[name])
+
+
 def upsample_opset9_model():
     """upsample_opset9.onnx: Upsample 9 (nearest, scales as an input), as YOLOv3 exports."""
     rng = rng_for("upsample_opset9")
@@ -1591,6 +1623,8 @@ def numerics_fixtures():
     model, feeds = pad_crop_model()
     emit("pad_crop", model, feeds, lambda m, f, o: pad_crop_self_check(f[0][1], o[0][1]),
          reference=False)
+    model, feeds = pad_modes_model()
+    emit("pad_modes", model, feeds, lambda m, f, o: pad_modes_self_check(f[0][1], o))
     model, feeds = upsample_opset9_model()
     emit("upsample_opset9", model, feeds,
          lambda m, f, o: check_close("upsample_opset9 (numpy)", o[0][1],

@@ -119,6 +119,27 @@ fn import_unstaged(
     };
     let model = rewritten.as_ref().unwrap_or(model);
     let graph = model.graph();
+    // A negative size other than -1 (a symbol, above) is neither a size nor a symbol.
+    for i in &graph.input {
+        use super::proto::tensor_shape_proto::dimension::Value as D;
+        use super::proto::type_proto::Value as T;
+        let Some(T::TensorType(t)) = i.r#type.as_ref().and_then(|t| t.value.as_ref()) else {
+            continue;
+        };
+        for (axis, d) in t.shape.iter().flat_map(|s| s.dim.iter()).enumerate() {
+            if let Some(D::DimValue(v)) = d.value {
+                if v < -1 {
+                    return Err(OnnxError::BadNode {
+                        node: i.name.clone().unwrap_or_default(),
+                        op: "input".into(),
+                        message: format!(
+                            "dimension {axis} is {v}; a dimension is a size (0 or more), a symbol, or -1 (a symbol)"
+                        ),
+                    });
+                }
+            }
+        }
+    }
     check_input_shapes(model, &opts.input_shapes)?;
     let batch_axes = batch_axes(model);
     let file_batch = file_batch(model, &batch_axes, &opts.input_shapes)?;
@@ -215,9 +236,10 @@ fn info_dims(v: &super::proto::ValueInfoProto) -> Option<Vec<Result<usize, Strin
             .iter()
             .map(|d| match &d.value {
                 Some(D::DimValue(v)) if *v >= 0 => Ok(*v as usize),
+                // `-1`, as some exporters write a dynamic axis (onnx.checker and onnxruntime
+                // take it): a symbol.
+                Some(D::DimValue(-1)) => Err("-1".into()),
                 Some(D::DimParam(p)) => Err(p.clone()),
-                // A negative size (`-1`, as some exporters write a dynamic axis; onnx.checker
-                // and onnxruntime take it) is a symbol without a name, as is a missing one.
                 _ => Err("?".into()),
             })
             .collect(),
@@ -1216,7 +1238,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("dimension 0 is symbolic") && err.contains("--batch-size"),
+            err.contains("dimension 0 is symbolic (`-1`)") && err.contains("--batch-size"),
             "{err}"
         );
         let imported = import(&model, &mut Graph::new(), &inference(Some(3))).unwrap();

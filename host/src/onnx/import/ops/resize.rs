@@ -528,13 +528,7 @@ impl<'a> Importer<'a> {
     ) -> R<(NodeId, Vec<usize>)> {
         let r = dims.len();
         let output = taps.outside.len();
-        let mut front: Vec<usize> = vec![a];
-        front.extend((0..r).filter(|&i| i != a));
-        let mut y = x;
-        if a != 0 {
-            let name = self.out_name(node, &format!("axis{a}_first"));
-            y = chk!(self, self.g.transpose(&name, y, &front))?;
-        }
+        let mut y = self.axis_first(node, x, r, a)?;
         let konst = |dims: Vec<usize>, elem: Elem, data: Vec<f64>| {
             Val::C(Rc::new(Const::new(dims, elem, data, true)))
         };
@@ -581,16 +575,53 @@ impl<'a> Importer<'a> {
         }
         let mut out = dims.to_vec();
         out[a] = output;
-        if a != 0 {
-            // Back: axis i of the output is axis `back[i]` of [a, others...].
-            let mut back = vec![0; r];
-            for (j, &i) in front.iter().enumerate() {
-                back[i] = j;
-            }
-            let name = self.out_name(node, &format!("axis{a}"));
-            y = chk!(self, self.g.transpose(&name, y, &back))?;
+        Ok((self.axis_back(node, y, r, a)?, out))
+    }
+
+    /// `x` (of rank `r`) with axis `a` moved first (itself when `a` is 0).
+    fn axis_first(&mut self, node: &NodeProto, x: NodeId, r: usize, a: usize) -> R<NodeId> {
+        if a == 0 {
+            return Ok(x);
         }
-        Ok((y, out))
+        let mut front: Vec<usize> = vec![a];
+        front.extend((0..r).filter(|&i| i != a));
+        let name = self.out_name(node, &format!("axis{a}_first"));
+        chk!(self, self.g.transpose(&name, x, &front))
+    }
+
+    /// [`Self::axis_first`] undone: `y`'s first axis moved back to `a`.
+    fn axis_back(&mut self, node: &NodeProto, y: NodeId, r: usize, a: usize) -> R<NodeId> {
+        if a == 0 {
+            return Ok(y);
+        }
+        // Axis i of the output is axis `back[i]` of [a, others...].
+        let mut back: Vec<usize> = (1..r).collect();
+        back.insert(a, 0);
+        let name = self.out_name(node, &format!("axis{a}"));
+        chk!(self, self.g.transpose(&name, y, &back))
+    }
+
+    /// `x` (of `dims`) along axis `a` at the positions `idx` (a gather of the axis moved
+    /// first): the new node and dims.
+    pub(in crate::onnx::import) fn take_along(
+        &mut self,
+        node: &NodeProto,
+        x: NodeId,
+        dims: &[usize],
+        a: usize,
+        idx: &[usize],
+    ) -> R<(NodeId, Vec<usize>)> {
+        let r = dims.len();
+        let y = self.axis_first(node, x, r, a)?;
+        let name = self.out_name(node, &format!("axis{a}_index"));
+        let data = idx.iter().map(|&i| i as f64).collect();
+        let i = Val::C(Rc::new(Const::new(vec![idx.len()], Elem::I64, data, true)));
+        let i = self.t(&i, &name)?;
+        let name = self.out_name(node, &format!("axis{a}_taken"));
+        let y = chk!(self, self.g.gather(&name, y, i))?;
+        let mut out = dims.to_vec();
+        out[a] = idx.len();
+        Ok((self.axis_back(node, y, r, a)?, out))
     }
 }
 

@@ -528,9 +528,17 @@ impl<'a> Importer<'a> {
         let mode = self
             .attr_s(node, "mode")
             .unwrap_or_else(|| "constant".into());
-        if mode != "constant" {
-            return Err(self.unsupported(format!("mode = {mode}")));
-        }
+        let mode = match mode.as_str() {
+            "constant" => None,
+            "reflect" => Some(PadMode::Reflect),
+            "edge" => Some(PadMode::Edge),
+            "wrap" if self.model.opset >= 19 => Some(PadMode::Wrap),
+            other => {
+                return Err(self.bad(format!(
+                    "mode = {other}: constant, reflect, edge (and wrap from opset 19) expected"
+                )))
+            }
+        };
         let (pads, value, axes) = if self.model.opset >= 11 {
             let pads = self
                 .konst(node, 1, "pads")?
@@ -565,6 +573,13 @@ impl<'a> Importer<'a> {
         let mut cur = d.clone();
         for (k, &axis) in axes.iter().enumerate() {
             let (begin, end) = (pads[k], pads[k + axes.len()]);
+            if let Some(mode) = mode {
+                if begin != 0 || end != 0 {
+                    let idx = self.pad_positions(mode, cur[axis], begin, end, axis)?;
+                    (x, cur) = self.take_along(node, x, &cur, axis, &idx)?;
+                }
+                continue;
+            }
             for (at_end, p) in [(false, begin), (true, end)] {
                 if p == 0 {
                     continue;
@@ -601,6 +616,49 @@ impl<'a> Importer<'a> {
             x = chk!(self, self.g.unary(&n, x, UnaryFn::Identity))?;
         }
         Ok(vec![Val::T(x, e)])
+    }
+
+    /// Where each position of an axis of `n` padded by `begin` and `end` (negative: cropped)
+    /// reads in the axis, as `mode` pads: reflected about the edges (without repeating them,
+    /// as numpy's `reflect`, again and again when a pad is longer than the axis), the edge
+    /// repeated, or the axis wrapped around.
+    fn pad_positions(
+        &self,
+        mode: PadMode,
+        n: usize,
+        begin: i64,
+        end: i64,
+        axis: usize,
+    ) -> R<Vec<usize>> {
+        let n = n as i64;
+        let len = n + begin + end;
+        if n == 0 || len <= 0 {
+            return Err(self.bad(format!(
+                "pads {begin} and {end} on axis {axis} of {n}: nothing left to pad from"
+            )));
+        }
+        if len > i64::from(u32::MAX) {
+            return Err(self.bad(format!("pads {begin} and {end} on axis {axis}: too long")));
+        }
+        Ok((-begin..n + end)
+            .map(|j| {
+                let i = match mode {
+                    PadMode::Edge => j.clamp(0, n - 1),
+                    PadMode::Wrap => j.rem_euclid(n),
+                    PadMode::Reflect if n == 1 => 0,
+                    PadMode::Reflect => {
+                        let period = 2 * (n - 1);
+                        let m = j.rem_euclid(period);
+                        if m < n {
+                            m
+                        } else {
+                            period - m
+                        }
+                    }
+                };
+                i as usize
+            })
+            .collect())
     }
 
     /// `x` (of `dims`) with axis `k` repeated `r` times, as a rank-3 view broadcast and
@@ -664,4 +722,15 @@ impl<'a> Importer<'a> {
         let y = self.repeat_axes(node, &reps, false)?;
         Ok(vec![Val::T(y, e)])
     }
+}
+
+/// How `Pad` fills, other than with a constant.
+#[derive(Clone, Copy, Debug)]
+enum PadMode {
+    /// Mirrored about the edge, the edge itself not repeated (`[1 2 3]` by 2: `3 2 1 2 3 2 1`).
+    Reflect,
+    /// The edge repeated (`1 1 1 2 3 3 3`).
+    Edge,
+    /// The axis wrapped around (`2 3 1 2 3 1 2`).
+    Wrap,
 }
