@@ -96,6 +96,7 @@ SEEDS = {
     "upsample_opset9": 1010,
     "pad_crop": 1011,
     "pad_modes": 1015,
+    "control_flow": 1016,
     "window1d": 1012,
     "conv_transpose": 1013,
     "einsum": 1014,
@@ -1269,6 +1270,67 @@ def pad_modes_self_check(x, got):
         check_close(f"pad_modes {name} (numpy)", y, want[name])
 
 
+def control_flow_model(sign):
+    """control_flow.onnx / control_flow_else.onnx (opset 17): an If on a condition computed at
+    run time (the sum of `x` positive: `x * 2`, else `x - 1`), an If on a constant (true:
+    `relu(x)`), and a Loop of constant trip count 3 carrying `v` (`v * 0.5 + i`, its scan
+    output `v + i` stacked). `sign` flips `x`, so that the two files take the two branches."""
+    rng = rng_for("control_flow")
+    x = uniform(rng, (2, 3), 0.1, 1.0) * sign
+    b = Builder()
+    F = onnx.TensorProto.FLOAT
+    s = b.op("ReduceSum", ["x"], "sum", keepdims=0)
+    zero = b.init("zero", np.array(0.0, dtype=F32))
+    cond = b.op("Greater", [s, zero], "positive")
+    two = b.init("two", np.array(2.0, dtype=F32))
+    one = b.init("one", np.array(1.0, dtype=F32))
+    then_g = helper.make_graph([helper.make_node("Mul", ["x", two], ["t_out"])], "then",
+                               [], [helper.make_tensor_value_info("t_out", F, [2, 3])])
+    else_g = helper.make_graph([helper.make_node("Sub", ["x", one], ["e_out"])], "else",
+                               [], [helper.make_tensor_value_info("e_out", F, [2, 3])])
+    b.op("If", [cond], "branch", outputs=["y_if"], then_branch=then_g, else_branch=else_g)
+    always = b.const(True, np.bool_, "always")
+    relu_g = helper.make_graph([helper.make_node("Relu", ["x"], ["r_out"])], "then",
+                               [], [helper.make_tensor_value_info("r_out", F, [2, 3])])
+    neg_g = helper.make_graph([helper.make_node("Neg", ["x"], ["n_out"])], "else",
+                              [], [helper.make_tensor_value_info("n_out", F, [2, 3])])
+    b.op("If", [always], "fixed", outputs=["y_fixed"], then_branch=relu_g, else_branch=neg_g)
+    trips = b.init("trips", np.array(3, dtype=I64))
+    half = b.init("half", np.array(0.5, dtype=F32))
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         helper.make_node("Cast", ["i"], ["i_f"], to=F),
+         helper.make_node("Mul", ["v", half], ["v_half"]),
+         helper.make_node("Add", ["v_half", "i_f"], ["v_out"]),
+         helper.make_node("Add", ["v", "i_f"], ["scan_out"])],
+        "body",
+        [helper.make_tensor_value_info("i", onnx.TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", onnx.TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v", F, [2, 3])],
+        [helper.make_tensor_value_info("cond_out", onnx.TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", F, [2, 3]),
+         helper.make_tensor_value_info("scan_out", F, [2, 3])])
+    b.op("Loop", [trips, "", "x"], "loop", outputs=["y_loop", "y_scan"], body=body)
+    name = "control_flow" if sign > 0 else "control_flow_else"
+    model = make_model(b, name, [value_info("x", F32, [2, 3])],
+                       [value_info("y_if", F32, [2, 3]), value_info("y_fixed", F32, [2, 3]),
+                        value_info("y_loop", F32, [2, 3]), value_info("y_scan", F32, [3, 2, 3])],
+                       17, "If on a run-time and on a constant condition; a Loop of 3 "
+                       "iterations with a carried value and a scan output.")
+    return model, [("x", x)]
+
+
+def control_flow_self_check(x, got):
+    v, scans = x, []
+    for i in range(3):
+        scans.append(v + i)
+        v = v * 0.5 + i
+    want = {"y_if": x * 2 if x.sum() > 0 else x - 1, "y_fixed": np.maximum(x, 0),
+            "y_loop": v, "y_scan": np.stack(scans)}
+    for name, y in got:
+        check_close(f"control_flow {name} (numpy)", y, want[name])
+
+
 def upsample_opset9_model():
     """upsample_opset9.onnx: Upsample 9 (nearest, scales as an input), as YOLOv3 exports."""
     rng = rng_for("upsample_opset9")
@@ -1625,6 +1687,12 @@ def numerics_fixtures():
          reference=False)
     model, feeds = pad_modes_model()
     emit("pad_modes", model, feeds, lambda m, f, o: pad_modes_self_check(f[0][1], o))
+    for sign, name in [(1.0, "control_flow"), (-1.0, "control_flow_else")]:
+        model, feeds = control_flow_model(sign)
+        # onnx.reference's Loop fails on a loop without a condition (onnx 1.23.2): numpy
+        # checks these.
+        emit(name, model, feeds, lambda m, f, o: control_flow_self_check(f[0][1], o),
+             reference=False)
     model, feeds = upsample_opset9_model()
     emit("upsample_opset9", model, feeds,
          lambda m, f, o: check_close("upsample_opset9 (numpy)", o[0][1],

@@ -146,16 +146,18 @@ fn import_unstaged(
     let batch = match (opts.batch_size, file_batch) {
         (Some(b), _) => b,
         (None, Some(b)) => b,
-        (None, None) => {
-            let (input, axis, param) = symbolic_batch(model, &batch_axes, &opts.input_shapes)
-                .unwrap_or_else(|| ("?".into(), 0, "?".into()));
-            return Err(OnnxError::UnboundDim {
-                input,
-                axis,
-                param,
-                hint: "bind the batch with --batch-size (or the input's whole shape with --input-shape)".into(),
-            });
-        }
+        (None, None) => match symbolic_batch(model, &batch_axes, &opts.input_shapes) {
+            // No input has a batch axis (scalars only, or no inputs): a batch of one.
+            None => 1,
+            Some((input, axis, param)) => {
+                return Err(OnnxError::UnboundDim {
+                    input,
+                    axis,
+                    param,
+                    hint: "bind the batch with --batch-size (or the input's whole shape with --input-shape)".into(),
+                })
+            }
+        },
     };
     if batch == 0 {
         return Err(OnnxError::BadStages(String::new())).or(Err(OnnxError::UnboundDim {

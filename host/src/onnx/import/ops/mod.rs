@@ -12,6 +12,7 @@ use super::{Const, Importer, Val, R};
 use crate::onnx::proto::NodeProto;
 
 mod constant;
+mod control;
 mod conv;
 mod einsum;
 mod elementwise;
@@ -46,6 +47,8 @@ pub enum Family {
     Constant,
     /// Recurrent layers.
     Recurrent,
+    /// Control flow: subgraphs run on a condition or repeated.
+    ControlFlow,
 }
 
 impl Family {
@@ -61,6 +64,7 @@ impl Family {
             Family::Gather => "gather",
             Family::Constant => "constant",
             Family::Recurrent => "recurrent",
+            Family::ControlFlow => "control flow",
         }
     }
 }
@@ -175,6 +179,7 @@ pub const REGISTRY: &[&[Converter]] = &[
     gather::CONVERTERS,
     constant::CONVERTERS,
     rnn::CONVERTERS,
+    control::CONVERTERS,
 ];
 
 /// Every registry entry: the converters and the ops that only fold.
