@@ -466,3 +466,55 @@ mod staging {
         assert!(held > 0, "no weight was copied");
     }
 }
+
+/// Weights written as `Constant` nodes (PaddlePaddle's exporter writes them so) are weights
+/// in training as initializers are (PopART's rule): cnn.onnx with every float initializer of
+/// several elements moved into a `Constant` node trains the same parameters.
+#[test]
+fn weights_in_constant_nodes_train_as_initializers_do() {
+    use prost::Message as _;
+    use tessera_host::onnx::proto::{attribute_proto::AttributeType, AttributeProto, NodeProto};
+    let trainable = |m: &OnnxModel| {
+        let mut g: Graph<Heap> = Graph::new();
+        let opts = ImportOptions {
+            training: true,
+            ..ImportOptions::default()
+        };
+        import(m, &mut g, &opts).expect("imports");
+        g.nodes()
+            .iter()
+            .filter(|n| n.roles().contains(tessera_core::Roles::TRAINABLE))
+            .map(|n| n.shape().elements())
+            .sum::<usize>()
+    };
+    let path = fixture("cnn.onnx");
+    let original = OnnxModel::load(&path).unwrap();
+    let mut proto = original.proto.clone();
+    let graph = proto.graph.as_mut().unwrap();
+    let (weights, rest): (Vec<_>, Vec<_>) = graph
+        .initializer
+        .drain(..)
+        .partition(|t| t.data_type == Some(1) && t.dims.iter().product::<i64>() > 1);
+    assert!(weights.len() >= 4, "{}", weights.len());
+    graph.initializer = rest;
+    let mut nodes: Vec<NodeProto> = weights
+        .into_iter()
+        .map(|t| NodeProto {
+            output: vec![t.name.clone().unwrap_or_default()],
+            op_type: Some("Constant".into()),
+            attribute: vec![AttributeProto {
+                name: Some("value".into()),
+                r#type: Some(AttributeType::Tensor as i32),
+                t: Some(t),
+                ..Default::default()
+            }],
+            ..Default::default()
+        })
+        .collect();
+    nodes.append(&mut graph.node);
+    graph.node = nodes;
+    let constants = OnnxModel::from_bytes(&proto.encode_to_vec(), &path).unwrap();
+    let want = trainable(&original);
+    assert!(want > 500, "{want}");
+    assert_eq!(trainable(&constants), want);
+}

@@ -852,7 +852,7 @@ impl<'a> Importer<'a> {
     }
 
     /// A tensor of the file (initializer or `Constant`) as a value: a weight when it is a
-    /// float tensor of more than one element (`trainable` initializers), else a constant.
+    /// float tensor of more than one element (trained when `trainable`), else a constant.
     fn tensor_value(&mut self, t: &TensorProto, name: &str, trainable: bool) -> R<Val> {
         let code = t.data_type.unwrap_or(0);
         let elem = Elem::from_code(code).ok_or_else(|| OnnxError::BadNode {

@@ -35,7 +35,10 @@ impl<'a> Importer<'a> {
                 let t =
                     a.t.as_ref()
                         .ok_or_else(|| self.bad("value holds no tensor"))?;
-                self.tensor_value(t, &name, false)
+                // A float tensor of several elements is a weight, trained as an
+                // initializer is (PopART's rule; PaddlePaddle's exporter writes weights
+                // as `Constant` nodes).
+                self.tensor_value(t, &name, true)
             }
             ("value_float", _) => Ok(Val::C(Rc::new(Const::new(
                 vec![],
