@@ -97,6 +97,7 @@ SEEDS = {
     "pad_crop": 1011,
     "pad_modes": 1015,
     "control_flow": 1016,
+    "wide_pools": 1017,
     "window1d": 1012,
     "conv_transpose": 1013,
     "einsum": 1014,
@@ -1331,6 +1332,23 @@ def control_flow_self_check(x, got):
         check_close(f"control_flow {name} (numpy)", y, want[name])
 
 
+def wide_pools_model():
+    """wide_pools.onnx (opset 17): windows wider than 8 x 8, as YOLO's SPPF pools (MaxPool 13
+    x 13 padded by 6) and an AveragePool 9 x 9 padded by 4 without counting the padding."""
+    rng = rng_for("wide_pools")
+    x = uniform(rng, (1, 4, 20, 20))
+    b = Builder()
+    b.op("MaxPool", ["x"], "sppf", outputs=["y_max"], kernel_shape=[13, 13],
+         pads=[6, 6, 6, 6], strides=[1, 1])
+    b.op("AveragePool", ["x"], "avg", outputs=["y_avg"], kernel_shape=[9, 9],
+         pads=[4, 4, 4, 4], strides=[1, 1], count_include_pad=0)
+    model = make_model(b, "wide_pools", [value_info("x", F32, [1, 4, 20, 20])],
+                       [value_info("y_max", F32, [1, 4, 20, 20]),
+                        value_info("y_avg", F32, [1, 4, 20, 20])], 17,
+                       "MaxPool 13 x 13 and AveragePool 9 x 9, padded to keep the size.")
+    return model, [("x", x)]
+
+
 def upsample_opset9_model():
     """upsample_opset9.onnx: Upsample 9 (nearest, scales as an input), as YOLOv3 exports."""
     rng = rng_for("upsample_opset9")
@@ -1693,6 +1711,8 @@ def numerics_fixtures():
         # checks these.
         emit(name, model, feeds, lambda m, f, o: control_flow_self_check(f[0][1], o),
              reference=False)
+    model, feeds = wide_pools_model()
+    emit("wide_pools", model, feeds)
     model, feeds = upsample_opset9_model()
     emit("upsample_opset9", model, feeds,
          lambda m, f, o: check_close("upsample_opset9 (numpy)", o[0][1],

@@ -132,10 +132,6 @@ impl Pool {
     }
 }
 
-/// The largest pooling window, in elements (the gradient gathers a window on the stack).
-/// Whole-image pooling is [`Graph::global_average_pool`], which has no window.
-pub const MAX_POOL_WINDOW: u32 = 64;
-
 /// (n, c, h, w, oh, ow) of a pooling of `x`, or the rule it breaks.
 fn dims(x: Shape, p: &PoolParams) -> Result<[usize; 6], &'static str> {
     if x.rank() != 4 {
@@ -143,9 +139,6 @@ fn dims(x: Shape, p: &PoolParams) -> Result<[usize; 6], &'static str> {
     }
     if p.kernel.contains(&0) || p.stride.contains(&0) {
         return Err("window and strides must be at least 1");
-    }
-    if p.kernel[0].saturating_mul(p.kernel[1]) > MAX_POOL_WINDOW {
-        return Err("the window has more than 64 elements (pool the whole image with a global average pool)");
     }
     if p.pads[0] >= p.kernel[0]
         || p.pads[1] >= p.kernel[1]
@@ -238,7 +231,7 @@ impl<S: Storage> Graph<S> {
 
 /// Calls `f(out index, input index or None in the padding, window size)` for every window
 /// element of every output, in order.
-fn windows(x: Shape, p: &PoolParams, mut f: impl FnMut(usize, Option<usize>)) {
+fn windows(x: Shape, p: &PoolParams, mut f: impl FnMut(usize, Option<usize>, usize)) {
     let Ok([n, c, h, w, oh, ow]) = dims(x, p) else {
         return;
     };
@@ -254,6 +247,16 @@ fn windows(x: Shape, p: &PoolParams, mut f: impl FnMut(usize, Option<usize>)) {
                         DataLayout::Nchw => ((b * c + ch) * oh + y) * ow + xx,
                         DataLayout::Nhwc => ((b * oh + y) * ow + xx) * c + ch,
                     };
+                    // The window's cells inside the input: its rows inside times its columns.
+                    let within = |at: usize, k: u32, pad: u32, size: usize| {
+                        (0..k as usize)
+                            .filter(|&d| {
+                                (at + d).checked_sub(pad as usize).is_some_and(|v| v < size)
+                            })
+                            .count()
+                    };
+                    let inside = within(y * p.stride[0] as usize, p.kernel[0], p.pads[0], h)
+                        * within(xx * p.stride[1] as usize, p.kernel[1], p.pads[1], w);
                     for ky in 0..p.kernel[0] as usize {
                         for kx in 0..p.kernel[1] as usize {
                             let r = (y * p.stride[0] as usize + ky).checked_sub(p.pads[0] as usize);
@@ -265,7 +268,7 @@ fn windows(x: Shape, p: &PoolParams, mut f: impl FnMut(usize, Option<usize>)) {
                                 }
                                 _ => None,
                             };
-                            f(o, i);
+                            f(o, i, inside);
                         }
                     }
                 }
@@ -285,10 +288,10 @@ pub(crate) fn run<S: Storage>(
     match *op {
         Pool::Forward { x, p } => {
             let (xb, sx) = (ex.ins.bytes(x), ex.ins.shape(x));
-            let window = (p.kernel[0] * p.kernel[1]) as usize;
+            let window = p.kernel[0] as usize * p.kernel[1] as usize;
             // Fold each output's window, then store it when its last element has been seen.
             let (mut cur, mut acc, mut seen, mut inside) = (usize::MAX, 0f32, 0usize, 0usize);
-            windows(sx, &p, |o, i| {
+            windows(sx, &p, |o, i, _| {
                 if o != cur {
                     (cur, seen, inside) = (o, 0, 0);
                     acc = if p.kind == PoolKind::Max {
@@ -322,49 +325,42 @@ pub(crate) fn run<S: Storage>(
         Pool::Backward { dy, x, p } => {
             let (gb, xb, sx) = (ex.ins.bytes(dy), ex.ins.bytes(x), ex.ins.shape(x));
             out.fill(0);
-            let window = (p.kernel[0] * p.kernel[1]) as usize;
-            let mut cells = [None; MAX_POOL_WINDOW as usize];
+            let window = p.kernel[0] as usize * p.kernel[1] as usize;
+            // Each window streamed cell by cell, so a window of any size needs no room: a max
+            // keeps its first maximum so far and routes the gradient there at the window's
+            // last cell; an average adds its share to each inside cell as it comes (the same
+            // additions, in the same order, as after the window).
             let (mut cur, mut seen) = (usize::MAX, 0usize);
-            let route = |o: usize, cells: &[Option<usize>], out: &mut [u8]| {
-                let g = k::load(gb, t, o);
+            let mut best: Option<(usize, f32)> = None;
+            windows(sx, &p, |o, i, inside| {
+                if o != cur {
+                    (cur, seen, best) = (o, 0, None);
+                }
+                seen += 1;
                 match p.kind {
                     PoolKind::Max => {
-                        // The first maximum takes the gradient.
-                        let mut best: Option<(usize, f32)> = None;
-                        for i in cells.iter().flatten() {
-                            let v = k::load(xb, t, *i);
+                        if let Some(i) = i {
+                            let v = k::load(xb, t, i);
                             if best.is_none_or(|(_, b)| v > b) {
-                                best = Some((*i, v));
+                                best = Some((i, v));
                             }
                         }
-                        if let Some((i, _)) = best {
-                            let v = k::load(out, t, i) + g;
+                        if let (true, Some((i, _))) = (seen == window, best) {
+                            let v = k::load(out, t, i) + k::load(gb, t, o);
                             k::store(out, t, i, v);
                         }
                     }
                     PoolKind::Average { count_include_pad } => {
-                        let inside = cells.iter().flatten().count();
-                        let count = if count_include_pad {
-                            cells.len()
-                        } else {
-                            inside.max(1)
-                        };
-                        for i in cells.iter().flatten() {
-                            let v = k::load(out, t, *i) + g / count as f32;
-                            k::store(out, t, *i, v);
+                        if let Some(i) = i {
+                            let count = if count_include_pad {
+                                window
+                            } else {
+                                inside.max(1)
+                            };
+                            let v = k::load(out, t, i) + k::load(gb, t, o) / count as f32;
+                            k::store(out, t, i, v);
                         }
                     }
-                }
-            };
-            // The builder checked the window against MAX_POOL_WINDOW.
-            windows(sx, &p, |o, i| {
-                if o != cur {
-                    (cur, seen) = (o, 0);
-                }
-                cells[seen] = i;
-                seen += 1;
-                if seen == window {
-                    route(o, &cells[..window], out);
                 }
             });
         }

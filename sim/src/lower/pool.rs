@@ -83,7 +83,7 @@ pub(super) fn lower<S: Storage>(l: &mut Lowering<'_, S>, i: NodeId, op: &Pool) {
     };
     let (xt, sx) = (l.t(x), l.node(x).shape());
     let dyt = dy.map(|d| (l.t(d), l.node(d).shape()));
-    let window = u64::from(p.kernel[0] * p.kernel[1]);
+    let window = u64::from(p.kernel[0]) * u64::from(p.kernel[1]);
     let [ha, wa] = p.layout.spatial_axes();
     // Rows of the output tensor of this op: an NCHW row is one plane's row, an NHWC row one
     // image's row over every channel.
