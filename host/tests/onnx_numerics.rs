@@ -280,3 +280,52 @@ fn inference_folds_each_batch_norm_into_the_convolution_before_it() {
     };
     assert!(cycles(false) < cycles(true));
 }
+
+/// `tessera run` binds every symbolic axis of an input from the array given for it, as
+/// onnxruntime does, not only the batch: `window1d.onnx` (1-D convolutions and pooling over
+/// `[2, 4, 11]`) with its length made a symbol runs on arrays of length 11 (the fixture's
+/// values) and 17.
+#[test]
+fn run_binds_every_symbolic_axis_from_its_inputs() {
+    use prost::Message as _;
+    use tessera_host::onnx::proto::{tensor_shape_proto::dimension::Value as D, type_proto};
+    let case = manifest()["numerics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "window1d")
+        .cloned()
+        .expect("window1d");
+    let path = dir().join("window1d.onnx");
+    let mut proto = load("window1d.onnx").proto;
+    let input = &mut proto.graph.as_mut().unwrap().input[0];
+    let Some(type_proto::Value::TensorType(t)) = input.r#type.as_mut().unwrap().value.as_mut()
+    else {
+        panic!("a tensor input")
+    };
+    t.shape.as_mut().unwrap().dim[2].value = Some(D::DimParam("length".into()));
+    let model = OnnxModel::from_bytes(&proto.encode_to_vec(), &path).unwrap();
+    let x = tensor(case["inputs"][0]["file"].as_str().unwrap());
+    let got = run_onnx(&model, std::slice::from_ref(&x)).expect("runs at length 11");
+    let fixed = run_onnx(&load("window1d.onnx"), std::slice::from_ref(&x)).unwrap();
+    for (a, b) in got.iter().zip(&fixed) {
+        assert_eq!(
+            (a.dims.clone(), &a.data),
+            (b.dims.clone(), &b.data),
+            "{}",
+            a.name
+        );
+    }
+    let longer = NamedTensor {
+        name: x.name.clone(),
+        dims: vec![2, 4, 17],
+        data: (0..2 * 4 * 17).map(|v| (v % 7) as f32 / 7.0).collect(),
+    };
+    let got = run_onnx(&model, &[longer]).expect("runs at length 17");
+    assert!(
+        got.iter().all(|t| t.dims.len() == 3 && t.dims[0] == 2),
+        "{:?}",
+        got.iter().map(|t| &t.dims).collect::<Vec<_>>()
+    );
+    assert!(got.iter().any(|t| t.dims[2] > fixed[0].dims[2]));
+}

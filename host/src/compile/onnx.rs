@@ -674,18 +674,33 @@ fn known_inputs(model: &OnnxModel, inputs: &[NamedTensor]) -> Vec<Known> {
 }
 
 /// The model imported for a run with `known` inputs: at the file's batch, or, when it is
-/// symbolic, at the batch of the array given for its input (as onnxruntime binds it).
+/// symbolic, at the batch of the array given for its input, and every input whose declared
+/// shape has symbols (a sequence length, an image size) at the shape of the array given for
+/// it, as onnxruntime binds them.
 fn import_for_run(
     model: &OnnxModel,
     inputs: &[NamedTensor],
     known: &[Known],
 ) -> Result<(Graph<Heap>, Imported), SessionError> {
+    let input_shapes: Vec<(String, Vec<usize>)> = model
+        .graph()
+        .input
+        .iter()
+        .filter(|vi| crate::onnx::has_symbolic_dims(vi))
+        .filter_map(|vi| {
+            let name = vi.name.as_deref()?;
+            let t = inputs.iter().find(|t| t.name == name)?;
+            // An array of another rank is left to the check of the given shapes.
+            (declared_rank(vi) == Some(t.dims.len())).then(|| (t.name.clone(), t.dims.clone()))
+        })
+        .collect();
     let import_at = |batch_size: Option<usize>| {
         let mut g: Graph<Heap> = Graph::new();
         let options = ImportOptions {
             batch_size,
             stages: Stages::One,
             known_inputs: known.to_vec(),
+            input_shapes: input_shapes.clone(),
             ..ImportOptions::default()
         };
         import(model, &mut g, &options).map(|imported| (g, imported))
@@ -712,6 +727,14 @@ fn import_for_run(
             Ok(import_at(Some(batch))?)
         }
         other => Ok(other?),
+    }
+}
+
+/// The rank a value info declares, if it declares a tensor shape.
+fn declared_rank(vi: &crate::onnx::proto::ValueInfoProto) -> Option<usize> {
+    match vi.r#type.as_ref()?.value.as_ref()? {
+        crate::onnx::proto::type_proto::Value::TensorType(t) => Some(t.shape.as_ref()?.dim.len()),
+        _ => None,
     }
 }
 

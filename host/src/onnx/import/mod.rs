@@ -651,7 +651,7 @@ impl<'a> Importer<'a> {
                         input: name,
                         axis: k,
                         param: p.clone(),
-                        hint: "bind it with --input-shape (the input's whole shape), or export the model with it fixed; --batch-size (or the array `run` is given) binds only the batch".into(),
+                        hint: "bind it with --input-shape (the input's whole shape; `tessera run` takes it from the array given), or export the model with it fixed; --batch-size binds only the batch".into(),
                     })
                 }
             });
