@@ -98,6 +98,7 @@ SEEDS = {
     "pad_modes": 1015,
     "control_flow": 1016,
     "wide_pools": 1017,
+    "clip_computed": 1018,
     "window1d": 1012,
     "conv_transpose": 1013,
     "einsum": 1014,
@@ -1349,6 +1350,24 @@ def wide_pools_model():
     return model, [("x", x)]
 
 
+def clip_computed_model():
+    """clip_computed.onnx (opset 17): Clip whose lower bound is computed at run time (the mean
+    of `x`), the upper a constant; and one with only a computed upper bound."""
+    rng = rng_for("clip_computed")
+    x = uniform(rng, (3, 8))
+    b = Builder()
+    lo = b.op("ReduceMean", ["x"], "mean", keepdims=0)
+    hi = b.init("hi", np.array(0.5, dtype=F32))
+    b.op("Clip", ["x", lo, hi], "clip", outputs=["y"])
+    top = b.op("ReduceMax", ["x"], "top", keepdims=0)
+    half = b.op("Mul", [top, hi], "half_top")
+    b.op("Clip", ["x", "", half], "clip_upper", outputs=["y_upper"])
+    model = make_model(b, "clip_computed", [value_info("x", F32, [3, 8])],
+                       [value_info("y", F32, [3, 8]), value_info("y_upper", F32, [3, 8])], 17,
+                       "Clip between the mean of x and 0.5; Clip below half the max of x.")
+    return model, [("x", x)]
+
+
 def upsample_opset9_model():
     """upsample_opset9.onnx: Upsample 9 (nearest, scales as an input), as YOLOv3 exports."""
     rng = rng_for("upsample_opset9")
@@ -1713,6 +1732,8 @@ def numerics_fixtures():
              reference=False)
     model, feeds = wide_pools_model()
     emit("wide_pools", model, feeds)
+    model, feeds = clip_computed_model()
+    emit("clip_computed", model, feeds)
     model, feeds = upsample_opset9_model()
     emit("upsample_opset9", model, feeds,
          lambda m, f, o: check_close("upsample_opset9 (numpy)", o[0][1],

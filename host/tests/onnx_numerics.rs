@@ -329,3 +329,31 @@ fn run_binds_every_symbolic_axis_from_its_inputs() {
     );
     assert!(got.iter().any(|t| t.dims[2] > fixed[0].dims[2]));
 }
+
+/// Every numerics fixture also estimates for inference, at the file's batch: what `run`
+/// computes (run-time If conditions, computed Clip bounds, wide pools, ...) the estimator lays
+/// out, prices and fits.
+#[test]
+fn numerics_fixtures_estimate() {
+    let m = manifest();
+    for case in m["numerics"].as_array().unwrap() {
+        let file = dir().join(case["file"].as_str().unwrap());
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args([
+                "estimate",
+                file.to_str().unwrap(),
+                "--inference",
+                "--no-search",
+            ])
+            .output()
+            .expect("runs tessera");
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out.contains("fits: yes"),
+            "{}: {}{}",
+            file.display(),
+            out,
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}

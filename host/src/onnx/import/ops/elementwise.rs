@@ -319,12 +319,33 @@ impl<'a> Importer<'a> {
     }
 
     fn clip(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        // Bounds computed at run time (opset 11 on): `min(max(x, lo), hi)`, broadcast.
+        let computed = |k| matches!(self.opt(node, k), Ok(Some(Val::T(..) | Val::W(_))));
+        if self.model.opset >= 11 && (computed(1) || computed(2)) {
+            return self.clip_computed(node);
+        }
         let (min, max) = self.clip_bounds(node)?;
         let f = UnaryFn::Clip {
             min: min as f32,
             max: max as f32,
         };
         self.unary(node, f)
+    }
+
+    /// Clip with a bound computed at run time: `max` with the lower bound, then `min` with
+    /// the upper (either left out when absent), as popops' `clamp` takes tensor bounds.
+    fn clip_computed(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let e = self.elem(&self.req(node, 0)?);
+        let mut y = self.ti(node, 0)?;
+        for (k, f, suffix) in [(1, BinaryFn::Max, "at_least_min"), (2, BinaryFn::Min, "")] {
+            let Some(bound) = self.opt(node, k)? else {
+                continue;
+            };
+            let b = self.t(&bound, &node.input[k].clone())?;
+            let last = k == 2 || self.opt(node, 2)?.is_none();
+            y = self.bin(node, if last { "" } else { suffix }, y, b, f)?;
+        }
+        Ok(vec![Val::T(y, e)])
     }
 
     /// Clip's bounds: attributes before opset 11, optional inputs since (infinite when
