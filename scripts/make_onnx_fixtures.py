@@ -99,6 +99,7 @@ SEEDS = {
     "control_flow": 1016,
     "wide_pools": 1017,
     "clip_computed": 1018,
+    "recurrent": 1019,
     "window1d": 1012,
     "conv_transpose": 1013,
     "einsum": 1014,
@@ -1368,6 +1369,46 @@ def clip_computed_model():
     return model, [("x", x)]
 
 
+def recurrent_model():
+    """recurrent.onnx (opset 14): a bidirectional LSTM with initial states, a bidirectional GRU
+    (PyTorch's linear_before_reset = 1) and a reverse GRU (linear_before_reset = 0), as OCR
+    recognisers and voice-activity models use them; x is [seq 5, batch 2, input 3], hidden 4."""
+    rng = rng_for("recurrent")
+    seq, batch, inp, hid = 5, 2, 3, 4
+    x = uniform(rng, (seq, batch, inp))
+    b = Builder()
+
+    def weights(prefix, gates, dirs):
+        w = b.init(f"{prefix}.W", uniform(rng, (dirs, gates * hid, inp), -0.5, 0.5))
+        r = b.init(f"{prefix}.R", uniform(rng, (dirs, gates * hid, hid), -0.5, 0.5))
+        bias = b.init(f"{prefix}.B", uniform(rng, (dirs, 2 * gates * hid), -0.5, 0.5))
+        return w, r, bias
+
+    w, r, bias = weights("lstm", 4, 2)
+    h0 = b.init("lstm.h0", uniform(rng, (2, batch, hid)))
+    c0 = b.init("lstm.c0", uniform(rng, (2, batch, hid)))
+    b.op("LSTM", ["x", w, r, bias, "", h0, c0], "lstm", outputs=["y_lstm", "y_lstm_h", "y_lstm_c"],
+         hidden_size=hid, direction="bidirectional")
+    w, r, bias = weights("gru", 3, 2)
+    b.op("GRU", ["x", w, r, bias], "gru", outputs=["y_gru", "y_gru_h"], hidden_size=hid,
+         direction="bidirectional", linear_before_reset=1)
+    w, r, bias = weights("gru_reverse", 3, 1)
+    g0 = b.init("gru_reverse.h0", uniform(rng, (1, batch, hid)))
+    b.op("GRU", ["x", w, r, bias, "", g0], "gru_reverse", outputs=["y_gru_rev", "y_gru_rev_h"],
+         hidden_size=hid, direction="reverse")
+    outs = [value_info("y_lstm", F32, [seq, 2, batch, hid]),
+            value_info("y_lstm_h", F32, [2, batch, hid]),
+            value_info("y_lstm_c", F32, [2, batch, hid]),
+            value_info("y_gru", F32, [seq, 2, batch, hid]),
+            value_info("y_gru_h", F32, [2, batch, hid]),
+            value_info("y_gru_rev", F32, [seq, 1, batch, hid]),
+            value_info("y_gru_rev_h", F32, [1, batch, hid])]
+    model = make_model(b, "recurrent", [value_info("x", F32, [seq, batch, inp])], outs, 14,
+                       "A bidirectional LSTM with initial states, a bidirectional GRU "
+                       "(linear_before_reset 1) and a reverse GRU (linear_before_reset 0).")
+    return model, [("x", x)]
+
+
 def upsample_opset9_model():
     """upsample_opset9.onnx: Upsample 9 (nearest, scales as an input), as YOLOv3 exports."""
     rng = rng_for("upsample_opset9")
@@ -1734,6 +1775,8 @@ def numerics_fixtures():
     emit("wide_pools", model, feeds)
     model, feeds = clip_computed_model()
     emit("clip_computed", model, feeds)
+    model, feeds = recurrent_model()
+    emit("recurrent", model, feeds)
     model, feeds = upsample_opset9_model()
     emit("upsample_opset9", model, feeds,
          lambda m, f, o: check_close("upsample_opset9 (numpy)", o[0][1],

@@ -458,6 +458,147 @@ impl<S: Storage> Graph<S> {
         })
     }
 
+    /// An ONNX `GRU` (one direction, default activations: sigmoid gates, tanh candidate):
+    /// `x` `[seq, batch, input]`, `w` `[1, 3 * hidden, input]`, `r` `[1, 3 * hidden, hidden]`,
+    /// optional `b` `[1, 6 * hidden]` (input then recurrent biases) and `initial` hidden state
+    /// `[1, batch, hidden]`, gates in ONNX's order (z, r, h). With `linear_before_reset` the
+    /// reset gate multiplies the recurrent product (`r * (h R_h + Rb_h)`, as PyTorch's GRU),
+    /// else the state before it (`(r * h) R_h + Rb_h`). Unrolled over the sequence: the
+    /// outputs' `sequence` is `Y` (`[seq, 1, batch, hidden]`), `hidden` is `Y_h` (`[1, batch,
+    /// hidden]`) and `cell` is `Y_h` too (a GRU has no cell).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gru_onnx(
+        &mut self,
+        name: &str,
+        x: impl NodeRef,
+        w: impl NodeRef,
+        r: impl NodeRef,
+        b: Option<NodeId>,
+        initial: Option<NodeId>,
+        linear_before_reset: bool,
+    ) -> Result<LstmOutputs, GraphError> {
+        let (x, w, r) = (x.resolve(self)?, w.resolve(self)?, r.resolve(self)?);
+        let (sx, sw, sr) = (
+            self.node(x).shape(),
+            self.node(w).shape(),
+            self.node(r).shape(),
+        );
+        let bad = |rule| GraphError::ShapeMismatch {
+            node: name_lossy(name),
+            op: "GRU",
+            rule,
+            left: sx,
+            right: sw,
+        };
+        if sx.rank() != 3
+            || sw.rank() != 3
+            || sw.dim(0) != 1
+            || sw.dim(1) % 3 != 0
+            || sw.dim(2) != sx.dim(2)
+        {
+            return Err(bad(
+                "x must be [seq, batch, input] and W [1, 3 * hidden, input] (one direction)",
+            ));
+        }
+        let (steps, batch, input, hidden) = (sx.dim(0), sx.dim(1), sx.dim(2), sw.dim(1) / 3);
+        if sr.dims() != [1, 3 * hidden as u32, hidden as u32] {
+            return Err(bad("R must be [1, 3 * hidden, hidden]"));
+        }
+        if steps == 0 {
+            return Err(bad("the sequence must have at least one step"));
+        }
+        let sub = |suffix: &str| derived(name, format_args!("{suffix}"));
+        let xf = self.reshape(&sub("/x_rows")?, x, &[steps * batch, input])?;
+        let wv = self.reshape(&sub("/w_view")?, w, &[3 * hidden, input])?;
+        let rv = self.reshape(&sub("/r_view")?, r, &[3 * hidden, hidden])?;
+        let mut xw = self.matmul_t(&sub("/x_projection")?, xf, wv, false, true)?;
+        // The recurrent biases: of z and r (added with the products), and of h.
+        let mut rb = None;
+        if let Some(b) = b {
+            if self.node(b).shape().dims() != [1, 6 * hidden as u32] {
+                return Err(bad("B must be [1, 6 * hidden]"));
+            }
+            let bw = self.slice(&sub("/bias_w")?, b, 1, 0, 3 * hidden)?;
+            xw = self.add(&sub("/x_projection_bias")?, xw, bw)?;
+            let bzr = self.slice(&sub("/bias_r_zr")?, b, 1, 3 * hidden, 2 * hidden)?;
+            let bh = self.slice(&sub("/bias_r_h")?, b, 1, 5 * hidden, hidden)?;
+            rb = Some((bzr, bh));
+        }
+        let rzr = self.slice(&sub("/r_zr")?, rv, 0, 0, 2 * hidden)?;
+        let rh = self.slice(&sub("/r_h")?, rv, 0, 2 * hidden, hidden)?;
+        let mut h = match initial {
+            Some(s) => Some(self.reshape(&sub("/initial_h_view")?, s, &[batch, hidden])?),
+            None => None,
+        };
+        let dtype = self.node(xw).dtype();
+        let one = self.constant(&sub("/one")?, &[], dtype, 1.0)?;
+        let mut seq: Option<NodeId> = None;
+        for t in 0..steps {
+            let sub = |what: &str| derived(name, format_args!("/step{t}/{what}"));
+            let xt = self.slice(&sub("input")?, xw, 0, t * batch, batch)?;
+            let mut zr = self.slice(&sub("input_zr")?, xt, 1, 0, 2 * hidden)?;
+            let mut pre = self.slice(&sub("input_h")?, xt, 1, 2 * hidden, hidden)?;
+            if let Some(h) = h {
+                let hzr = self.matmul_t(&sub("recurrent_zr")?, h, rzr, false, true)?;
+                zr = self.add(&sub("gates_zr")?, zr, hzr)?;
+            }
+            if let Some((bzr, _)) = rb {
+                zr = self.add(&sub("gates_zr_bias")?, zr, bzr)?;
+            }
+            let zg = self.slice(&sub("z")?, zr, 1, 0, hidden)?;
+            let rg = self.slice(&sub("r")?, zr, 1, hidden, hidden)?;
+            let z = self.sigmoid(&sub("update_gate")?, zg)?;
+            let rr = self.sigmoid(&sub("reset_gate")?, rg)?;
+            // The recurrent part of the candidate: zero with no state and no bias.
+            let rec = match (h, linear_before_reset) {
+                (Some(h), false) => {
+                    let reset = self.mul(&sub("reset_state")?, rr, h)?;
+                    Some(self.matmul_t(&sub("recurrent_h")?, reset, rh, false, true)?)
+                }
+                (Some(h), true) => Some(self.matmul_t(&sub("recurrent_h")?, h, rh, false, true)?),
+                (None, _) => None,
+            };
+            let bh = rb.map(|(_, bh)| bh);
+            let rec = match (rec, bh) {
+                (Some(a), Some(bh)) => Some(self.add(&sub("recurrent_h_bias")?, a, bh)?),
+                (Some(a), None) => Some(a),
+                (None, Some(bh)) => Some(bh),
+                (None, None) => None,
+            };
+            if let Some(rec) = rec {
+                // Before the reset, the reset gate multiplies the product and its bias.
+                let rec = if linear_before_reset {
+                    self.mul(&sub("reset_recurrent")?, rr, rec)?
+                } else {
+                    rec
+                };
+                pre = self.add(&sub("candidate_input")?, pre, rec)?;
+            }
+            let cand = self.tanh(&sub("candidate")?, pre)?;
+            let keep = self.sub(&sub("one_minus_z")?, one, z)?;
+            let mut hn = self.mul(&sub("new_part")?, keep, cand)?;
+            if let Some(h) = h {
+                let old = self.mul(&sub("old_part")?, z, h)?;
+                hn = self.add(&sub("hidden")?, hn, old)?;
+            }
+            let row = self.reshape(&sub("hidden_row")?, hn, &[1, batch, hidden])?;
+            seq = Some(match seq {
+                None => row,
+                Some(s) => self.concat_axis(&sub("sequence")?, s, row, 0)?,
+            });
+            h = Some(hn);
+        }
+        let (Some(seq), Some(h)) = (seq, h) else {
+            return Err(bad("the sequence must have at least one step"));
+        };
+        let last = self.reshape(&sub("/Y_h")?, h, &[1, batch, hidden])?;
+        Ok(LstmOutputs {
+            sequence: self.reshape(&sub("/Y")?, seq, &[steps, 1, batch, hidden])?,
+            hidden: last,
+            cell: last,
+        })
+    }
+
     /// A Keras `LSTM` layer on `x` `[batch, steps, features]`: `name/kernel:0` `[features,
     /// 4 * units]`, `name/recurrent_kernel:0` `[units, 4 * units]`, `name/bias:0` (the forget
     /// gate's part 1), gates in Keras' order (i, f, c, o). Returns `[batch, steps, units]` with

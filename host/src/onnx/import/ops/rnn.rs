@@ -1,4 +1,8 @@
-//! Recurrent layers: `LSTM`.
+//! Recurrent layers: `LSTM` and `GRU`, in every direction. Each direction is the core's
+//! unrolled layer on its slice of the weights; the reverse direction reads the sequence
+//! reversed (a gather of the time axis) and its outputs are reversed back, and a
+//! bidirectional layer joins the two directions' outputs on the direction axis, as ONNX
+//! lays them out.
 
 use super::super::*;
 use super::{Convert, Converter, Family};
@@ -8,32 +12,60 @@ const fn op(op: &'static str, versions: &'static [u32], convert: Convert) -> Con
     Converter::new(op, Family::Recurrent, versions, convert)
 }
 
+/// Whether a recurrent node reads its input sequence-first (`layout` 0, the default).
+fn sequence_first(n: &NodeProto) -> bool {
+    super::super::attr(n, "layout")
+        .and_then(|a| a.i)
+        .unwrap_or(0)
+        == 0
+}
+
 /// The family's ops.
-pub(super) const CONVERTERS: &[Converter] = &[op("LSTM", &[7, 14], |im, n| im.lstm(n))
-    .weights(&[1, 2, 3])
-    .sequence_first(|n| {
-        super::super::attr(n, "layout")
-            .and_then(|a| a.i)
-            .unwrap_or(0)
-            == 0
-    })];
+pub(super) const CONVERTERS: &[Converter] = &[
+    op("LSTM", &[7, 14], |im, n| im.lstm(n))
+        .weights(&[1, 2, 3])
+        .sequence_first(sequence_first),
+    op("GRU", &[7, 14], |im, n| im.gru(n))
+        .weights(&[1, 2, 3])
+        .sequence_first(sequence_first),
+];
+
+/// One direction of a recurrent layer: its name, sequence, weights, recurrence, bias and
+/// initial states, to build.
+struct Direction {
+    name: String,
+    x: NodeId,
+    w: NodeId,
+    r: NodeId,
+    b: Option<NodeId>,
+    states: [Option<NodeId>; 2],
+}
+
+/// Builds one direction's layer: its sequence output `[seq, 1, batch, hidden]`, last hidden
+/// and last cell state `[1, batch, hidden]`.
+type Build = fn(&mut Graph<Heap>, &Direction) -> Result<tessera_core::LstmOutputs, GraphError>;
 
 impl<'a> Importer<'a> {
-    pub(in crate::onnx::import) fn lstm(&mut self, node: &NodeProto) -> R<Vec<Val>> {
-        let dir = self
-            .attr_s(node, "direction")
-            .unwrap_or_else(|| "forward".into());
-        if dir != "forward" {
-            return Err(self.unsupported(format!("direction {dir} (forward only)")));
+    /// The directions of a recurrent node: whether each reads the sequence reversed.
+    fn directions(&self, node: &NodeProto) -> R<Vec<bool>> {
+        match self.attr_s(node, "direction").as_deref() {
+            None | Some("forward") => Ok(vec![false]),
+            Some("reverse") => Ok(vec![true]),
+            Some("bidirectional") => Ok(vec![false, true]),
+            Some(other) => Err(self.bad(format!(
+                "direction {other}: forward, reverse or bidirectional expected"
+            ))),
         }
+    }
+
+    /// What every recurrent node must be: sequence-first, default activations, no clip, and
+    /// every sequence of the batch at full length.
+    fn recurrent_checks(&self, node: &NodeProto) -> R<()> {
         if self.attr_i(node, "layout", 0) != 0 {
             return Err(self.unsupported("layout 1 (batch first)"));
         }
         if attr(node, "activations").is_some() || attr(node, "clip").is_some() {
             return Err(self.unsupported("custom activations or clip"));
-        }
-        if self.attr_i(node, "input_forget", 0) != 0 {
-            return Err(self.unsupported("input_forget = 1"));
         }
         if self.opt(node, 4)?.is_some() {
             if let Some(c) = self.konst(node, 4, "sequence_lens")? {
@@ -43,9 +75,52 @@ impl<'a> Importer<'a> {
                 }
             }
         }
+        Ok(())
+    }
+
+    pub(in crate::onnx::import) fn lstm(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        self.recurrent_checks(node)?;
+        if self.attr_i(node, "input_forget", 0) != 0 {
+            return Err(self.unsupported("input_forget = 1"));
+        }
         if self.opt(node, 7)?.is_some() {
             return Err(self.unsupported("peephole weights P"));
         }
+        let states = self.initial_states(node, &[5, 6])?;
+        self.each_direction(node, states, |g, d| {
+            let initial = tessera_core::LstmStates {
+                hidden: d.states[0],
+                cell: d.states[1],
+            };
+            g.lstm_onnx(&d.name, d.x, d.w, d.r, d.b, initial)
+        })
+    }
+
+    /// `GRU` (default activations; `linear_before_reset` as the node says, PyTorch's 1).
+    pub(in crate::onnx::import) fn gru(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        self.recurrent_checks(node)?;
+        let states = self.initial_states(node, &[5])?;
+        let build: Build = if self.attr_i(node, "linear_before_reset", 0) != 0 {
+            |g, d| g.gru_onnx(&d.name, d.x, d.w, d.r, d.b, d.states[0], true)
+        } else {
+            |g, d| g.gru_onnx(&d.name, d.x, d.w, d.r, d.b, d.states[0], false)
+        };
+        let mut out = self.each_direction(node, states, build)?;
+        // A GRU has no cell state: `Y` and `Y_h`.
+        out.truncate(2);
+        Ok(out)
+    }
+
+    /// Builds each direction of recurrent node `node` from its slice of the weights (W, R, B:
+    /// inputs 1 to 3) and of the initial `states`: the outputs `Y` `[seq, directions, batch,
+    /// hidden]`, `Y_h` and `Y_c` `[directions, batch, hidden]`.
+    fn each_direction(
+        &mut self,
+        node: &NodeProto,
+        states: [Option<NodeId>; 2],
+        build: Build,
+    ) -> R<Vec<Val>> {
+        let dirs = self.directions(node)?;
         let xd = self.dims(&self.req(node, 0)?);
         let x = self.ti(node, 0)?;
         let w = self.ti(node, 1)?;
@@ -54,8 +129,74 @@ impl<'a> Importer<'a> {
             Some(v) => Some(self.t(&v, &node.input[3].clone())?),
             None => None,
         };
+        let steps = xd[0];
+        let reversed: Vec<usize> = (0..steps).rev().collect();
+        let mut outs: Vec<[NodeId; 3]> = Vec::new();
+        for (k, &reverse) in dirs.iter().enumerate() {
+            let what = if reverse { "reverse" } else { "forward" };
+            // This direction's slice of a tensor of every direction (itself when one).
+            let part = |im: &mut Self, t: NodeId, label: &str| -> R<NodeId> {
+                if dirs.len() == 1 {
+                    return Ok(t);
+                }
+                let name = im.out_name(node, &format!("{what}_{label}"));
+                chk!(im, im.g.slice(&name, t, 0, k, 1))
+            };
+            let (w, r) = (part(self, w, "w")?, part(self, r, "r")?);
+            let b = b.map(|b| part(self, b, "b")).transpose()?;
+            let mut st = [None, None];
+            for (slot, s) in states.iter().enumerate() {
+                st[slot] = s.map(|s| part(self, s, "state")).transpose()?;
+            }
+            let x = if reverse {
+                self.take_along(node, x, &xd, 0, &reversed)?.0
+            } else {
+                x
+            };
+            let d = Direction {
+                name: self.out_name(node, if dirs.len() == 1 { "" } else { what }),
+                x,
+                w,
+                r,
+                b,
+                states: st,
+            };
+            let o = build(self.g, &d).map_err(|e| self.graph_err(e))?;
+            let mut seq = o.sequence;
+            if reverse {
+                let sd = self
+                    .g
+                    .node(seq)
+                    .shape()
+                    .dims()
+                    .iter()
+                    .map(|&v| v as usize)
+                    .collect::<Vec<_>>();
+                seq = self.take_along(node, seq, &sd, 0, &reversed)?.0;
+            }
+            outs.push([seq, o.hidden, o.cell]);
+        }
+        let joined = match outs[..] {
+            [one] => one,
+            [f, b] => {
+                let mut j = [f[0]; 3];
+                for (slot, axis) in [(0usize, 1isize), (1, 0), (2, 0)] {
+                    let name = self.out_name(node, &format!("directions{slot}"));
+                    j[slot] = chk!(self, self.g.concat_axis(&name, f[slot], b[slot], axis))?;
+                }
+                j
+            }
+            _ => unreachable!("one or two directions"),
+        };
+        Ok(joined.iter().map(|&t| Val::T(t, Elem::F32)).collect())
+    }
+
+    /// The initial states of recurrent node `node` (inputs `slots`: `initial_h`, and for an
+    /// LSTM `initial_c`), each rebound to the batch when written at the file's.
+    fn initial_states(&mut self, node: &NodeProto, slots: &[usize]) -> R<[Option<NodeId>; 2]> {
+        let xd = self.dims(&self.req(node, 0)?);
         let mut states = [None, None];
-        for (slot, k) in [(0usize, 5usize), (1, 6)] {
+        for (slot, &k) in slots.iter().enumerate() {
             if let Some(v) = self.opt(node, k)? {
                 let dims = self.dims(&v);
                 let name = node.input[k].clone();
@@ -100,16 +241,6 @@ impl<'a> Importer<'a> {
                 states[slot] = Some(id);
             }
         }
-        let name = self.out_name(node, "");
-        let initial = tessera_core::LstmStates {
-            hidden: states[0],
-            cell: states[1],
-        };
-        let out = chk!(self, self.g.lstm_onnx(&name, x, w, r, b, initial))?;
-        Ok(vec![
-            Val::T(out.sequence, Elem::F32),
-            Val::T(out.hidden, Elem::F32),
-            Val::T(out.cell, Elem::F32),
-        ])
+        Ok(states)
     }
 }
