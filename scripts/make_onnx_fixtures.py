@@ -100,6 +100,7 @@ SEEDS = {
     "wide_pools": 1017,
     "clip_computed": 1018,
     "recurrent": 1019,
+    "quantized": 1020,
     "window1d": 1012,
     "conv_transpose": 1013,
     "einsum": 1014,
@@ -134,6 +135,8 @@ ONNX_TYPES = {
     np.dtype(np.float32): TensorProto.FLOAT,
     np.dtype(np.int64): TensorProto.INT64,
     np.dtype(np.bool_): TensorProto.BOOL,
+    np.dtype(np.uint8): TensorProto.UINT8,
+    np.dtype(np.int32): TensorProto.INT32,
 }
 
 
@@ -1409,6 +1412,59 @@ def recurrent_model():
     return model, [("x", x)]
 
 
+def quantized_model():
+    """quantized.onnx (opset 13): float input quantized (QuantizeLinear, uint8), a QLinearConv
+    with int8 weights scaled per output channel and an int32 bias, dequantized; a
+    QLinearMatMul of uint8 operands; DynamicQuantizeLinear and MatMulInteger; ConvInteger of
+    uint8 data and weights. Integer outputs are compared exactly."""
+    rng = rng_for("quantized")
+    x = uniform(rng, (1, 3, 6, 6), -2.0, 2.0).astype(F32)
+    v = uniform(rng, (4, 8), -1.0, 1.0).astype(F32)
+    b = Builder()
+    xs = b.init("x_scale", np.array(0.02, dtype=F32))
+    xz = b.init("x_zero_point", np.array(128, dtype=np.uint8))
+    xq = b.op("QuantizeLinear", ["x", xs, xz], "quantize", outputs=["x_q"])
+    w = b.init("w", rng.integers(-100, 100, (4, 3, 3, 3)).astype(np.int8))
+    ws = b.init("w_scale", (rng.uniform(0.002, 0.01, 4)).astype(F32))
+    wz = b.init("w_zero_point", np.zeros(4, dtype=np.int8))
+    ys = b.init("y_scale", np.array(0.05, dtype=F32))
+    yz = b.init("y_zero_point", np.array(100, dtype=np.uint8))
+    bias = b.init("bias", rng.integers(-500, 500, 4).astype(np.int32))
+    yq = b.op("QLinearConv", [xq, xs, xz, w, ws, wz, ys, yz, bias], "qconv", outputs=["y_q"],
+              pads=[1, 1, 1, 1])
+    b.op("DequantizeLinear", [yq, ys, yz], "dequantize", outputs=["y"])
+    vs = b.init("v_scale", np.array(0.01, dtype=F32))
+    vz = b.init("v_zero_point", np.array(120, dtype=np.uint8))
+    vq = b.op("QuantizeLinear", ["v", vs, vz], "quantize_v", outputs=["v_q"])
+    m = b.init("m", rng.integers(0, 255, (8, 5)).astype(np.uint8))
+    ms = b.init("m_scale", np.array(0.004, dtype=F32))
+    mz = b.init("m_zero_point", np.array(130, dtype=np.uint8))
+    ps = b.init("p_scale", np.array(0.03, dtype=F32))
+    pz = b.init("p_zero_point", np.array(90, dtype=np.uint8))
+    b.op("QLinearMatMul", [vq, vs, vz, m, ms, mz, ps, pz], "qmatmul", outputs=["p_q"])
+    dq = b.op("DynamicQuantizeLinear", ["v"], "dynamic", n_out=3,
+              outputs=["v_dq", "v_dq_scale", "v_dq_zero_point"])
+    b.op("MatMulInteger", ["v_dq", m, "v_dq_zero_point", mz], "matmul_integer",
+         outputs=["p_int"])
+    wu = b.init("w_u8", rng.integers(0, 255, (2, 3, 3, 3)).astype(np.uint8))
+    wuz = b.init("w_u8_zero_point", np.array(127, dtype=np.uint8))
+    b.op("ConvInteger", [xq, wu, xz, wuz], "conv_integer", outputs=["c_int"])
+    # Integer outputs as floats (the fixtures' tensors are float32): exact integers.
+    for t in ["p_q", "v_dq", "v_dq_zero_point", "p_int", "c_int"]:
+        b.op("Cast", [t], f"{t}_float", outputs=[f"{t}_f"], to=TensorProto.FLOAT)
+    model = make_model(b, "quantized", [value_info("x", F32, [1, 3, 6, 6]),
+                                        value_info("v", F32, [4, 8])],
+                       [value_info("y", F32, [1, 4, 6, 6]), value_info("p_q_f", F32, [4, 5]),
+                        value_info("v_dq_f", F32, [4, 8]), value_info("v_dq_scale", F32, []),
+                        value_info("v_dq_zero_point_f", F32, []),
+                        value_info("p_int_f", F32, [4, 5]),
+                        value_info("c_int_f", F32, [1, 2, 4, 4])],
+                       13, "QuantizeLinear, QLinearConv (per-channel int8 weights, int32 bias), "
+                       "DequantizeLinear, QLinearMatMul, DynamicQuantizeLinear, MatMulInteger "
+                       "and ConvInteger.")
+    return model, [("x", x), ("v", v)]
+
+
 def upsample_opset9_model():
     """upsample_opset9.onnx: Upsample 9 (nearest, scales as an input), as YOLOv3 exports."""
     rng = rng_for("upsample_opset9")
@@ -1777,6 +1833,9 @@ def numerics_fixtures():
     emit("clip_computed", model, feeds)
     model, feeds = recurrent_model()
     emit("recurrent", model, feeds)
+    # onnx.reference has no DequantizeLinear 13 (onnx 1.23.2): onnxruntime alone.
+    model, feeds = quantized_model()
+    emit("quantized", model, feeds, reference=False)
     model, feeds = upsample_opset9_model()
     emit("upsample_opset9", model, feeds,
          lambda m, f, o: check_close("upsample_opset9 (numpy)", o[0][1],

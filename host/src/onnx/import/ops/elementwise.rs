@@ -398,13 +398,19 @@ impl<'a> Importer<'a> {
 /// costs less than the composition).
 impl<'a> Importer<'a> {
     /// `f(x)` as a graph node named after the node's output and `suffix`.
-    fn un(&mut self, node: &NodeProto, suffix: &str, x: NodeId, f: UnaryFn) -> R<NodeId> {
+    pub(in crate::onnx::import) fn un(
+        &mut self,
+        node: &NodeProto,
+        suffix: &str,
+        x: NodeId,
+        f: UnaryFn,
+    ) -> R<NodeId> {
         let name = self.out_name(node, suffix);
         chk!(self, self.g.unary(&name, x, f))
     }
 
     /// `f(a, b)` as a graph node named after the node's output and `suffix`.
-    fn bin(
+    pub(in crate::onnx::import) fn bin(
         &mut self,
         node: &NodeProto,
         suffix: &str,
@@ -417,7 +423,13 @@ impl<'a> Importer<'a> {
     }
 
     /// A scalar constant of `x`'s type.
-    fn scalar_like(&mut self, node: &NodeProto, suffix: &str, x: NodeId, v: f32) -> R<NodeId> {
+    pub(in crate::onnx::import) fn scalar_like(
+        &mut self,
+        node: &NodeProto,
+        suffix: &str,
+        x: NodeId,
+        v: f32,
+    ) -> R<NodeId> {
         let dtype = self.g.node(x).dtype();
         let name = self.out_name(node, suffix);
         chk!(self, self.g.constant(&name, &[], dtype, v))

@@ -56,7 +56,7 @@ impl<'a> Importer<'a> {
 impl<'a> Importer<'a> {
     /// `MatMul` with numpy's rules: a 1-D first operand is a row (`[1, K]`), a 1-D second
     /// one a column (`[K, 1]`), and the axis each added is removed from the product.
-    fn matmul(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+    pub(in crate::onnx::import) fn matmul(&mut self, node: &NodeProto) -> R<Vec<Val>> {
         let (ra, rb) = (
             self.dims(&self.req(node, 0)?).len(),
             self.dims(&self.req(node, 1)?).len(),

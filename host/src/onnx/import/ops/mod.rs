@@ -19,6 +19,7 @@ mod elementwise;
 mod gather;
 mod linalg;
 mod norm;
+mod quant;
 mod reduce;
 mod resize;
 mod rnn;
@@ -49,6 +50,8 @@ pub enum Family {
     Recurrent,
     /// Control flow: subgraphs run on a condition or repeated.
     ControlFlow,
+    /// Quantized ops: 8-bit integers with scales and zero points.
+    Quantization,
 }
 
 impl Family {
@@ -65,6 +68,7 @@ impl Family {
             Family::Constant => "constant",
             Family::Recurrent => "recurrent",
             Family::ControlFlow => "control flow",
+            Family::Quantization => "quantization",
         }
     }
 }
@@ -180,6 +184,7 @@ pub const REGISTRY: &[&[Converter]] = &[
     constant::CONVERTERS,
     rnn::CONVERTERS,
     control::CONVERTERS,
+    quant::CONVERTERS,
 ];
 
 /// Every registry entry: the converters and the ops that only fold.
