@@ -24,7 +24,7 @@ Two kinds of small models, all built with onnx.helper and numpy (no exporter):
   evaluator (onnx.reference).
 * Models the importer must reject or import without weights:
   `unsupported_op` (a Det node named `my_det`), `dynamic_batch` (a
-  symbolic batch dimension `batch`), `old_opset` (opset 6), `stripped` (weight
+  symbolic batch dimension `batch`), `old_opset` (opset 5), `stripped` (weight
   bytes removed as data/onnx/export/strip.py removes them) and `light_cnn`
   (weights replaced by ConstantOfShape nodes, as in the "light" models the
   onnx package ships under onnx/backend/test/data/light/).
@@ -60,6 +60,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import version_converter
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 from onnx.reference import ReferenceEvaluator
@@ -101,6 +102,7 @@ SEEDS = {
     "clip_computed": 1018,
     "recurrent": 1019,
     "quantized": 1020,
+    "cnn_opset6": 1021,
     "window1d": 1012,
     "conv_transpose": 1013,
     "einsum": 1014,
@@ -977,8 +979,8 @@ def old_opset_model():
     h = b.op("Relu", [h], "relu")
     b.op("Softmax", [h], "softmax", outputs=["y"], axis=1)
     return make_model(b, "old_opset", [value_info("x", F32, [1, 4])],
-                      [value_info("y", F32, [1, 3])], 6,
-                      "Gemm, Relu and Softmax declaring opset 6 (IR version 4), older than "
+                      [value_info("y", F32, [1, 3])], 5,
+                      "Gemm, Relu and Softmax declaring opset 5 (IR version 4), older than "
                       "the importer reads.",
                       ir_version=4)
 
@@ -1465,6 +1467,45 @@ def quantized_model():
     return model, [("x", x), ("v", v)]
 
 
+def cnn_opset6_model(legacy=True):
+    """cnn_opset6.onnx (opset 6, IR version 4): the versions PopART still reads there, with
+    the broadcasting of opsets before 7 (`broadcast = 1` and `axis`: a per-channel bias and
+    scale aligned at axis 1), BatchNormalization 6 (`is_test`), Dropout 6 (`is_test`),
+    AveragePool 1 and Gemm 6 (`broadcast`)."""
+    rng = rng_for("cnn_opset6")
+    x = uniform(rng, (2, 3, 8, 8))
+    b = Builder()
+    w = b.init("conv.weight", fan_in_uniform(rng, (4, 3, 3, 3), 27))
+    h = b.op("Conv", ["x", w], "conv", pads=[1, 1, 1, 1])
+    # The reference form (`legacy` False) lays the bias out for numpy's broadcasting, as
+    # onnx.version_converter's Add adapter cannot take a [4] operand at axis 1.
+    bias = uniform(rng, (4,))
+    bias = b.init("conv.bias", bias if legacy else bias.reshape(4, 1, 1))
+    h = b.op("Add", [h, bias], "bias", broadcast=1, axis=1)
+    scale = b.init("scale", uniform(rng, (4, 1, 1), 0.5, 1.5))
+    h = b.op("Mul", [h, scale], "scale", broadcast=1, axis=1)
+    gamma = b.init("bn.weight", uniform(rng, (4,), 0.5, 1.5))
+    beta = b.init("bn.bias", uniform(rng, (4,)))
+    mean = b.init("bn.running_mean", uniform(rng, (4,), -0.2, 0.2))
+    var = b.init("bn.running_var", uniform(rng, (4,), 0.5, 1.5))
+    h = b.op("BatchNormalization", [h, gamma, beta, mean, var], "bn", is_test=1,
+             epsilon=1e-5)
+    h = b.op("Relu", [h], "relu")
+    h = b.op("AveragePool", [h], "pool", kernel_shape=[2, 2], strides=[2, 2])
+    h = b.op("Dropout", [h], "dropout", is_test=1, ratio=0.5)
+    h = b.op("Flatten", [h], "flatten", axis=1)
+    fw = b.init("fc.weight", fan_in_uniform(rng, (64, 5), 64))
+    fb = b.init("fc.bias", uniform(rng, (5,)))
+    h = b.op("Gemm", [h, fw, fb], "fc", broadcast=1)
+    b.op("Softmax", [h], "softmax", outputs=["y"], axis=1)
+    model = make_model(b, "cnn_opset6", [value_info("x", F32, [2, 3, 8, 8])],
+                       [value_info("y", F32, [2, 5])], 6,
+                       "Conv, Add and Mul with opset-6 broadcasting at axis 1, "
+                       "BatchNormalization 6, Relu, AveragePool 1, Dropout 6, Flatten, Gemm 6, "
+                       "Softmax.", ir_version=4)
+    return model, [("x", x)]
+
+
 def upsample_opset9_model():
     """upsample_opset9.onnx: Upsample 9 (nearest, scales as an input), as YOLOv3 exports."""
     rng = rng_for("upsample_opset9")
@@ -1722,8 +1763,17 @@ def numerics_fixtures():
     """Returns the manifest entries of the models with weights."""
     entries = []
 
-    def emit(name, model, feeds, self_check=None, external=False, reference=True):
-        model, outputs = finish_numerics(name, model, feeds, reference)
+    def emit(name, model, feeds, self_check=None, external=False, reference=True,
+             via_opset7=None):
+        if via_opset7 is not None:
+            # onnxruntime runs no opset below 7: the reference outputs are those of
+            # `via_opset7` (the same model with numpy-broadcastable operands) converted by
+            # onnx.version_converter.
+            converted = version_converter.convert_version(via_opset7, 7)
+            _, outputs = finish_numerics(name, converted, feeds, reference)
+            onnx.checker.check_model(model, full_check=True)
+        else:
+            model, outputs = finish_numerics(name, model, feeds, reference)
         if self_check is not None:
             self_check(model, feeds, outputs)
         file = save_model(name, model, external)
@@ -1836,6 +1886,8 @@ def numerics_fixtures():
     # onnx.reference has no DequantizeLinear 13 (onnx 1.23.2): onnxruntime alone.
     model, feeds = quantized_model()
     emit("quantized", model, feeds, reference=False)
+    model, feeds = cnn_opset6_model()
+    emit("cnn_opset6", model, feeds, reference=False, via_opset7=cnn_opset6_model(False)[0])
     model, feeds = upsample_opset9_model()
     emit("upsample_opset9", model, feeds,
          lambda m, f, o: check_close("upsample_opset9 (numpy)", o[0][1],
@@ -1896,7 +1948,7 @@ def other_fixtures():
     # onnxruntime no longer runs opset 6's Gemm; the checker reads the model.
     model = old_opset_model()
     onnx.checker.check_model(model, full_check=True)
-    emit("old_opset", model, {"error": "opset", "opset": 6})
+    emit("old_opset", model, {"error": "opset", "opset": 5})
 
     model, count = stripped_model()
     emit("stripped", model,

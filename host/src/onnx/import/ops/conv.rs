@@ -14,7 +14,9 @@ pub(super) const CONVERTERS: &[Converter] = &[
     op("Conv", &[1, 11], |im, n| im.conv(n)).weights(&[1, 2]),
     op("ConvTranspose", &[1, 11], |im, n| im.conv_transpose(n)),
     op("MaxPool", &[1, 8, 10, 11, 12], |im, n| im.pool(n, true)),
-    op("AveragePool", &[7, 10, 11, 19], |im, n| im.pool(n, false)),
+    op("AveragePool", &[1, 7, 10, 11, 19], |im, n| {
+        im.pool(n, false)
+    }),
     op("GlobalAveragePool", &[1], |im, n| im.global_average_pool(n)),
     op("GlobalMaxPool", &[1], |im, n| im.global_max_pool(n)),
 ];

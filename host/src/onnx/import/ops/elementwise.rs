@@ -11,16 +11,18 @@ const fn op(op: &'static str, versions: &'static [u32], convert: Convert) -> Con
 
 /// The family's ops: each converter and fold given its variant.
 pub(super) const CONVERTERS: &[Converter] = &[
-    op("Add", &[7, 13, 14], |im, n| im.arith(n, BinaryFn::Add))
+    op("Add", &[6, 7, 13, 14], |im, n| im.arith(n, BinaryFn::Add))
         .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Add)),
-    op("Sub", &[7, 13, 14], |im, n| im.arith(n, BinaryFn::Sub))
+    op("Sub", &[6, 7, 13, 14], |im, n| im.arith(n, BinaryFn::Sub))
         .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Sub)),
-    op("Mul", &[7, 13, 14], |im, n| im.arith(n, BinaryFn::Mul))
+    op("Mul", &[6, 7, 13, 14], |im, n| im.arith(n, BinaryFn::Mul))
         .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Mul)),
-    op("Div", &[7, 13, 14], |im, n| im.arith(n, BinaryFn::Div))
+    op("Div", &[6, 7, 13, 14], |im, n| im.arith(n, BinaryFn::Div))
         .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Div)),
-    op("Pow", &[7, 12, 13, 15], |im, n| im.arith(n, BinaryFn::Pow))
-        .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Pow)),
+    op("Pow", &[1, 7, 12, 13, 15], |im, n| {
+        im.arith(n, BinaryFn::Pow)
+    })
+    .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Pow)),
     op("Mod", &[10, 13], |im, n| im.modulo(n)).folds(|im, n, a, ins| im.fold_mod(n, a, ins)),
     op("Max", &[6, 8, 12, 13], |im, n| {
         im.variadic(n, BinaryFn::Max)
@@ -35,17 +37,19 @@ pub(super) const CONVERTERS: &[Converter] = &[
     Converter::fold_only("Mean", Family::Elementwise, |im, _, a, ins| {
         im.fold_variadic(a, ins, Variadic::Mean)
     }),
-    op("Equal", &[7, 11, 13, 19], |im, n| {
+    op("Equal", &[1, 7, 11, 13, 19], |im, n| {
         im.compare(n, BinaryFn::Equal)
     })
     .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Equal)),
-    op("Less", &[7, 9, 13], |im, n| im.compare(n, BinaryFn::Less))
-        .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Less)),
+    op("Less", &[1, 7, 9, 13], |im, n| {
+        im.compare(n, BinaryFn::Less)
+    })
+    .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Less)),
     op("LessOrEqual", &[12, 16], |im, n| {
         im.compare(n, BinaryFn::LessOrEqual)
     })
     .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::LessOrEqual)),
-    op("Greater", &[7, 9, 13], |im, n| {
+    op("Greater", &[1, 7, 9, 13], |im, n| {
         im.compare(n, BinaryFn::Greater)
     })
     .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Greater)),
@@ -53,9 +57,9 @@ pub(super) const CONVERTERS: &[Converter] = &[
         im.compare(n, BinaryFn::GreaterOrEqual)
     })
     .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::GreaterOrEqual)),
-    op("And", &[7], |im, n| im.compare(n, BinaryFn::And))
+    op("And", &[1, 7], |im, n| im.compare(n, BinaryFn::And))
         .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::And)),
-    op("Or", &[7], |im, n| im.compare(n, BinaryFn::Or))
+    op("Or", &[1, 7], |im, n| im.compare(n, BinaryFn::Or))
         .folds(|im, _, a, ins| im.fold_binary(a, ins, BinaryFn::Or)),
     op("Not", &[1], |im, n| im.not(n)).folds(|_, _, a, _| Ok(mapped(a, |v| b01(v == 0.0)))),
     op("Where", &[9, 16], |im, n| im.where_(n)).folds(|im, _, a, ins| im.fold_where(a, ins)),
@@ -91,7 +95,7 @@ pub(super) const CONVERTERS: &[Converter] = &[
     op("LeakyRelu", &[6, 16], |im, n| {
         im.activation(n, Activation::LeakyRelu)
     }),
-    op("PRelu", &[7, 9, 16], |im, n| im.prelu(n)).weights(&[1]),
+    op("PRelu", &[6, 7, 9, 16], |im, n| im.prelu(n)).weights(&[1]),
     op("Elu", &[6], |im, n| im.activation(n, Activation::Elu)),
     op("Selu", &[6], |im, n| im.activation(n, Activation::Selu)),
     op("Softplus", &[1], |im, n| {
@@ -177,8 +181,49 @@ impl<'a> Importer<'a> {
         self.arith_of(node, f, true)
     }
 
+    /// `node` with its second operand laid out for numpy's broadcasting where the node uses
+    /// the broadcasting of opsets before 7 (`broadcast = 1` with `axis`: the operand's dims
+    /// align with the first's from `axis`, not from the end): the operand reshaped with
+    /// trailing ones. Otherwise `None`.
+    fn legacy_broadcast(&mut self, node: &NodeProto) -> R<Option<NodeProto>> {
+        if self.model.opset >= 7 || self.attr_i(node, "broadcast", 0) == 0 {
+            return Ok(None);
+        }
+        let Some(axis) = attr(node, "axis").and_then(|a| a.i) else {
+            return Ok(None);
+        };
+        let (ra, db) = (
+            self.dims(&self.req(node, 0)?).len(),
+            self.dims(&self.req(node, 1)?),
+        );
+        let axis = self.axis(axis, ra.max(1))?;
+        if axis + db.len() > ra {
+            return Err(self.bad(format!(
+                "broadcast axis {axis}: the second operand's {} dims do not fit the first's {ra}",
+                db.len()
+            )));
+        }
+        let mut dims = db;
+        dims.resize(ra - axis, 1);
+        let v = self.req(node, 1)?;
+        let elem = self.elem(&v);
+        let b = self.t(&v, &node.input[1].clone())?;
+        let name = self.out_name(node, "broadcast_operand");
+        let b = chk!(self, self.g.reshape(&name, b, &dims))?;
+        self.values.insert(name.clone(), Val::T(b, elem));
+        let mut legacy = node.clone();
+        legacy.input[1] = name;
+        legacy
+            .attribute
+            .retain(|a| !matches!(a.name.as_deref(), Some("broadcast" | "axis")));
+        Ok(Some(legacy))
+    }
+
     /// `f` of the operands (two, or any number when `variadic`), broadcast.
     fn arith_of(&mut self, node: &NodeProto, f: BinaryFn, variadic: bool) -> R<Vec<Val>> {
+        if let Some(legacy) = self.legacy_broadcast(node)? {
+            return self.arith_of(&legacy, f, variadic);
+        }
         let n = node.input.len();
         if n == 1 {
             return Ok(vec![self.req(node, 0)?]);
@@ -235,6 +280,9 @@ impl<'a> Importer<'a> {
 impl<'a> Importer<'a> {
     /// The comparison or logical op `f`, its output boolean.
     fn compare(&mut self, node: &NodeProto, f: BinaryFn) -> R<Vec<Val>> {
+        if let Some(legacy) = self.legacy_broadcast(node)? {
+            return self.compare(&legacy, f);
+        }
         let (a, b) = self.pair(node)?;
         let name = self.out_name(node, "");
         let id = chk!(self, self.g.binary(&name, a, b, f))?;

@@ -11,7 +11,7 @@ const fn op(op: &'static str, versions: &'static [u32], convert: Convert) -> Con
 /// The family's ops.
 pub(super) const CONVERTERS: &[Converter] = &[
     op("MatMul", &[1, 9, 13], |im, n| im.matmul(n)).weights(&[1]),
-    op("Gemm", &[7, 9, 11, 13], |im, n| im.gemm(n)).weights(&[1, 2]),
+    op("Gemm", &[6, 7, 9, 11, 13], |im, n| im.gemm(n)).weights(&[1, 2]),
 ];
 
 impl<'a> Importer<'a> {

@@ -10,7 +10,7 @@ const fn op(op: &'static str, versions: &'static [u32], convert: Convert) -> Con
 
 /// The family's ops.
 pub(super) const CONVERTERS: &[Converter] = &[
-    op("BatchNormalization", &[7, 9, 14, 15], |im, n| {
+    op("BatchNormalization", &[6, 7, 9, 14, 15], |im, n| {
         im.batch_norm(n)
     })
     .weights(&[1, 2, 3, 4]),
