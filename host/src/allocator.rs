@@ -24,6 +24,13 @@
 //! pages are `never`, or off Linux, the advice is not given or is ignored. The advice never
 //! changes what a program computes, only how its memory is paged.
 //!
+//! **Exhaustion.** When the base allocator cannot give a block (an estimate larger than the
+//! memory the process may use: `ulimit -v`, a cgroup, a Slurm job's limit), Rust's default is
+//! to abort with a signal. This allocator instead prints one `error:` line naming the size
+//! asked for and what to do, and exits with status 1, as every other failure of the command
+//! does. Code that handles a failed allocation itself (`Vec::try_reserve`) runs in
+//! [`fallibly`], where a failure is returned to it as usual.
+//!
 //! Install it in a binary with
 //! `#[global_allocator] static ALLOCATOR: Allocator = ALLOCATOR;` (this module's
 //! [`Allocator`] and [`ALLOCATOR`]). A library loaded with `dlopen` (the Python package's
@@ -39,6 +46,59 @@
 #![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout};
+use std::cell::Cell;
+
+thread_local! {
+    /// Whether this thread is in [`fallibly`]: a failed allocation is returned, not fatal.
+    static FALLIBLE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with failed allocations returned to it (for `Vec::try_reserve` and the like)
+/// rather than ending the process (see the module's text).
+pub fn fallibly<T>(f: impl FnOnce() -> T) -> T {
+    let before = FALLIBLE.with(|c| c.replace(true));
+    let out = f();
+    FALLIBLE.with(|c| c.set(before));
+    out
+}
+
+/// Ends the process after a failed allocation of `size` bytes outside [`fallibly`]: one
+/// `error:` line on stderr and exit status 1. Writes with no allocation (the allocator has
+/// none to give) and exits without unwinding or running destructors that might allocate.
+fn exhausted(size: usize) -> ! {
+    const BEFORE: &[u8] = b"error: out of memory: an allocation of ";
+    const AFTER: &[u8] = b" bytes failed; the estimate needs more memory than this process may use (ulimit -v, the job's memory limit): give it more, or estimate a smaller configuration\n";
+    // The size in decimal, from the right of a stack buffer.
+    let mut digits = [0u8; 20];
+    let (mut n, mut at) = (size, digits.len());
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    #[cfg(unix)]
+    // SAFETY: writes constant and stack buffers to the standard error descriptor, then ends
+    // the process; neither touches the heap.
+    unsafe {
+        libc::write(2, BEFORE.as_ptr().cast(), BEFORE.len());
+        libc::write(2, digits[at..].as_ptr().cast(), digits.len() - at);
+        libc::write(2, AFTER.as_ptr().cast(), AFTER.len());
+        libc::_exit(1);
+    }
+    #[cfg(not(unix))]
+    std::process::abort()
+}
+
+/// `p`, checked: a null block (outside [`fallibly`]) ends the process ([`exhausted`]).
+fn checked(p: *mut u8, size: usize) -> *mut u8 {
+    if p.is_null() && size > 0 && !FALLIBLE.with(Cell::get) {
+        exhausted(size);
+    }
+    p
+}
 
 /// The allocator blocks come from: jemalloc.
 #[cfg(not(target_env = "msvc"))]
@@ -103,14 +163,14 @@ fn advise(p: *mut u8, size: usize) {
 unsafe impl<A: GlobalAlloc> GlobalAlloc for HugePages<A> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller's contract for `alloc`, passed on.
-        let p = unsafe { self.0.alloc(layout) };
+        let p = checked(unsafe { self.0.alloc(layout) }, layout.size());
         advise(p, layout.size());
         p
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller's contract for `alloc_zeroed`, passed on.
-        let p = unsafe { self.0.alloc_zeroed(layout) };
+        let p = checked(unsafe { self.0.alloc_zeroed(layout) }, layout.size());
         advise(p, layout.size());
         p
     }
@@ -122,7 +182,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for HugePages<A> {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: the caller's contract for `realloc`, passed on; `ptr` came from `A`.
-        let p = unsafe { self.0.realloc(ptr, layout, new_size) };
+        let p = checked(unsafe { self.0.realloc(ptr, layout, new_size) }, new_size);
         advise(p, new_size);
         p
     }

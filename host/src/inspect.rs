@@ -159,7 +159,7 @@ impl Collector {
             } else {
                 t.data.len()
             };
-            if e.1.try_reserve(room).is_err() {
+            if crate::allocator::fallibly(|| e.1.try_reserve(room)).is_err() {
                 let bytes = (e.1.len().saturating_add(room) * std::mem::size_of::<f32>()) as u64;
                 return Err((k, bytes));
             }

@@ -1785,3 +1785,32 @@ fn a_float64_model_is_estimated_with_a_note() {
     let o = tessera(&["estimate", &fixture("cnn.onnx"), "--inference", "--json"]);
     assert!(last_json(&o)["onnx"].get("float64").is_none());
 }
+
+/// An estimate that cannot get the memory it needs (here a 100 MB address-space ceiling for
+/// BERT-Base) ends with one `error:` line naming the allocation and exit status 1, not an
+/// abort.
+#[test]
+fn an_estimate_out_of_memory_is_one_error_line() {
+    let prlimit = std::process::Command::new("prlimit")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !prlimit {
+        return;
+    }
+    let model = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../data/onnx/bert_base.stripped.onnx");
+    let o = std::process::Command::new("prlimit")
+        .arg("--as=100000000")
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_tessera"))
+        .args(["estimate", model.to_str().unwrap(), "--no-search"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with("error: out of memory: an allocation of ") && err.lines().count() == 1,
+        "{err}"
+    );
+}
