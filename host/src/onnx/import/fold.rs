@@ -355,33 +355,65 @@ impl<'a> Importer<'a> {
 
     /// GatherND of `a` at the index tuples `idx`.
     fn gather_nd_of(&self, node: &NodeProto, a: &Const, idx: &Const) -> R<Const> {
-        if self.attr_i(node, "batch_dims", 0) != 0 {
-            return Err(self.unsupported("batch_dims != 0"));
+        let (rows, dims, row_len) = self.gather_nd_rows(node, &a.dims, idx)?;
+        let mut data = Vec::with_capacity(rows.len() * row_len);
+        for r in rows {
+            data.extend_from_slice(
+                a.data
+                    .get(r * row_len..(r + 1) * row_len)
+                    .ok_or_else(|| self.bad("index out of range"))?,
+            );
         }
+        Ok(Const::new(dims, a.elem, data, a.baked))
+    }
+
+    /// The rows GatherND picks from data of `dims` at the index tuples `idx` (data seen as
+    /// rows of the axes after the tuple's): each tuple's row, the output dims and the row
+    /// length. With `batch_dims` b, the first b axes of the data and of the indices are
+    /// shared: a tuple at batch position p indexes the data's batch p.
+    pub(in crate::onnx::import) fn gather_nd_rows(
+        &self,
+        node: &NodeProto,
+        dims: &[usize],
+        idx: &Const,
+    ) -> R<(Vec<usize>, Vec<usize>, usize)> {
+        let b = usize::try_from(self.attr_i(node, "batch_dims", 0))
+            .map_err(|_| self.bad("batch_dims is negative"))?;
         let k = *idx
             .dims
             .last()
             .ok_or_else(|| self.bad("indices of rank 0"))?;
-        if k > a.dims.len() {
+        if b + k > dims.len() || b >= idx.dims.len() || idx.dims[..b] != dims[..b] {
             return Err(self.bad(format!(
-                "index tuples of {k} for a rank-{} input",
-                a.dims.len()
+                "index tuples of {k} after {b} batch axes for a {dims:?} input and {:?} indices",
+                idx.dims
             )));
         }
-        let st = consts::strides(&a.dims);
-        let inner: usize = a.dims[k..].iter().product();
-        let mut data = Vec::new();
-        for t in idx.data.chunks(k.max(1)) {
-            let off: usize = t.iter().enumerate().map(|(j, &v)| v as usize * st[j]).sum();
-            data.extend_from_slice(
-                a.data
-                    .get(off..off + inner)
-                    .ok_or_else(|| self.bad("index out of range"))?,
-            );
+        let row_len: usize = dims[b + k..].iter().product();
+        let st = consts::strides(dims);
+        // The position of each tuple among the indices' leading axes, for its batch.
+        let lead = &idx.dims[..idx.dims.len() - 1];
+        let lst = consts::strides(lead);
+        let mut rows = Vec::with_capacity(idx.len() / k.max(1));
+        for (p, t) in idx.data.chunks(k.max(1)).enumerate() {
+            let mut off = 0usize;
+            for a in 0..b {
+                off += (p / lst[a]) % lead[a].max(1) * st[a];
+            }
+            for (j, &v) in t.iter().enumerate().take(k) {
+                let n = dims[b + j] as i64;
+                let v = v as i64;
+                let v = usize::try_from(if v < 0 { v + n } else { v })
+                    .ok()
+                    .filter(|&v| v < dims[b + j])
+                    .ok_or_else(|| self.bad(format!("index {v} out of range")))?;
+                off += v * st[b + j];
+            }
+            rows.push(off / row_len.max(1));
         }
-        let mut dims = idx.dims[..idx.dims.len() - 1].to_vec();
-        dims.extend_from_slice(&a.dims[k..]);
-        Ok(Const::new(dims, a.elem, data, a.baked))
+        let mut out = lead.to_vec();
+        out.extend_from_slice(&dims[b + k..]);
+        Ok((rows, out, row_len))
     }
 
     /// Reshape, Flatten, Squeeze or Unsqueeze (`how`).

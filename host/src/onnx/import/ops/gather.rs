@@ -168,32 +168,9 @@ impl<'a> Importer<'a> {
             }
             (d.iter().product::<usize>(), 1, flat, idx.dims.clone())
         } else {
-            if self.attr_i(node, "batch_dims", 0) != 0 {
-                return Err(self.unsupported("batch_dims != 0"));
-            }
-            let k = *idx
-                .dims
-                .last()
-                .ok_or_else(|| self.bad("indices must have rank >= 1"))?;
-            if k > d.len() {
-                return Err(self.bad("index tuples longer than the data's rank"));
-            }
-            let row_len: usize = d[k..].iter().product();
-            let rows: usize = d[..k].iter().product();
-            let mut flat = Vec::new();
-            for t in idx.data.chunks(k.max(1)) {
-                let mut off = 0usize;
-                for (a, &v) in t.iter().enumerate() {
-                    let n = d[a] as i64;
-                    let v = v as i64;
-                    let v = usize::try_from(if v < 0 { v + n } else { v })
-                        .map_err(|_| self.bad(format!("index {v} out of range")))?;
-                    off += v * st[a] / row_len.max(1);
-                }
-                flat.push(off as f64);
-            }
-            let mut out = idx.dims[..idx.dims.len() - 1].to_vec();
-            out.extend_from_slice(&d[k..]);
+            let (picked, out, row_len) = self.gather_nd_rows(node, &d, &idx)?;
+            let rows = d.iter().product::<usize>() / row_len.max(1);
+            let flat = picked.into_iter().map(|r| r as f64).collect();
             (rows, row_len, flat, out)
         };
         let x = self.ti(node, 0)?;

@@ -23,8 +23,13 @@ pub(super) const CONVERTERS: &[Converter] = &[
 
 impl<'a> Importer<'a> {
     pub(in crate::onnx::import) fn batch_norm(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        if self.attr_i(node, "training_mode", 0) != 0 {
+            return self.batch_norm_training_mode(node);
+        }
         if node.output.iter().skip(1).any(|s| !s.is_empty()) {
-            return Err(self.unsupported("the running mean and variance outputs"));
+            return Err(self.unsupported(
+                "the running mean and variance outputs of a node not in training mode (training_mode = 0)",
+            ));
         }
         // Version 7's `spatial = 0` normalises each element over the batch alone.
         if self.attr_i(node, "spatial", 1) != 1 {
@@ -66,6 +71,76 @@ impl<'a> Importer<'a> {
             )
         )?;
         Ok(vec![Val::T(id, Elem::F32)])
+    }
+
+    /// `BatchNormalization` with `training_mode = 1` (opset 14 on), as ONNX defines it: `x`
+    /// normalised by its own batch statistics over every axis but the channels' (the
+    /// population variance), and the running statistics updated as outputs,
+    /// `running = input x momentum + current x (1 - momentum)`. Built of graph ops.
+    fn batch_norm_training_mode(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let r = self.dims(&self.req(node, 0)?).len();
+        if r < 2 {
+            return Err(self.bad("the input must have a channel axis (rank 2 or more)"));
+        }
+        let axes: Vec<isize> = (0..r as isize).filter(|&a| a != 1).collect();
+        let eps = self.attr_f(node, "epsilon", 1e-5);
+        let momentum = self.attr_f(node, "momentum", 0.9);
+        // The running statistics are state, not trained.
+        for k in [3, 4] {
+            if let Val::W(i) = self.req(node, k)? {
+                self.weights[i].trainable = false;
+            }
+        }
+        let x = self.ti(node, 0)?;
+        let dtype = self.g.node(x).dtype();
+        let n = self.out_name(node, "batch_mean");
+        let mean = chk!(self, self.g.reduce(&n, x, &axes, true, ReduceKind::Mean))?;
+        let n = self.out_name(node, "centered");
+        let c = chk!(self, self.g.binary(&n, x, mean, BinaryFn::Sub))?;
+        let n = self.out_name(node, "squares");
+        let sq = chk!(self, self.g.binary(&n, c, c, BinaryFn::Mul))?;
+        let n = self.out_name(node, "batch_variance");
+        let var = chk!(self, self.g.reduce(&n, sq, &axes, true, ReduceKind::Mean))?;
+        let n = self.out_name(node, "epsilon");
+        let e = chk!(self, self.g.constant(&n, &[], dtype, eps))?;
+        let n = self.out_name(node, "variance_eps");
+        let ve = chk!(self, self.g.binary(&n, var, e, BinaryFn::Add))?;
+        let n = self.out_name(node, "std");
+        let sd = chk!(self, self.g.unary(&n, ve, UnaryFn::Sqrt))?;
+        let n = self.out_name(node, "normalized");
+        let xhat = chk!(self, self.g.binary(&n, c, sd, BinaryFn::Div))?;
+        // Per-channel tensors `[C]` laid along axis 1: `[C, 1, ...]`.
+        let channels = self.dims(&self.req(node, 1)?);
+        let mut along = channels.clone();
+        along.resize(r - 1, 1);
+        let per_channel = |im: &mut Self, k: usize, what: &str| -> R<NodeId> {
+            let t = im.ti(node, k)?;
+            let n = im.out_name(node, what);
+            chk!(im, im.g.reshape(&n, t, &along))
+        };
+        let scale = per_channel(self, 1, "scale_along")?;
+        let bias = per_channel(self, 2, "bias_along")?;
+        let n = self.out_name(node, "scaled");
+        let y = chk!(self, self.g.binary(&n, xhat, scale, BinaryFn::Mul))?;
+        let n = self.out_name(node, "");
+        let y = chk!(self, self.g.binary(&n, y, bias, BinaryFn::Add))?;
+        let mut outs = vec![Val::T(y, Elem::F32)];
+        for (k, current, what) in [(3, mean, "running_mean"), (4, var, "running_var")] {
+            if node.output.get(outs.len()).is_none_or(|s| s.is_empty()) {
+                break;
+            }
+            let n = self.out_name(node, &format!("{what}_current"));
+            let cur = chk!(self, self.g.reshape(&n, current, &channels))?;
+            let running = self.ti(node, k)?;
+            let n = self.out_name(node, &format!("{what}_kept"));
+            let kept = chk!(self, self.g.scale(&n, running, momentum))?;
+            let n = self.out_name(node, &format!("{what}_new"));
+            let new = chk!(self, self.g.scale(&n, cur, 1.0 - momentum))?;
+            let n = self.out_name(node, what);
+            let id = chk!(self, self.g.binary(&n, kept, new, BinaryFn::Add))?;
+            outs.push(Val::T(id, Elem::F32));
+        }
+        Ok(outs)
     }
 
     pub(in crate::onnx::import) fn layer_norm(&mut self, node: &NodeProto) -> R<Vec<Val>> {
