@@ -357,3 +357,22 @@ fn numerics_fixtures_estimate() {
         );
     }
 }
+
+/// An array whose size differs from the file's where it fixes a dimension is refused naming
+/// the input, its shape and the axis, not by the first op it would reach (`dynamic_batch.onnx`
+/// is `[batch, 4]`: a `[3, 5]` array).
+#[test]
+fn run_names_the_input_whose_fixed_axis_differs() {
+    let x = NamedTensor {
+        name: "x".into(),
+        dims: vec![3, 5],
+        data: vec![0.5; 15],
+    };
+    let e = run_onnx(&load("dynamic_batch.onnx"), &[x])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("`x` is [3, 5]") && e.contains("axis 1 is fixed at 4"),
+        "{e}"
+    );
+}

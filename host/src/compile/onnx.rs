@@ -682,18 +682,38 @@ fn import_for_run(
     inputs: &[NamedTensor],
     known: &[Known],
 ) -> Result<(Graph<Heap>, Imported), SessionError> {
-    let input_shapes: Vec<(String, Vec<usize>)> = model
-        .graph()
-        .input
-        .iter()
-        .filter(|vi| crate::onnx::has_symbolic_dims(vi))
-        .filter_map(|vi| {
-            let name = vi.name.as_deref()?;
-            let t = inputs.iter().find(|t| t.name == name)?;
-            // An array of another rank is left to the check of the given shapes.
-            (declared_rank(vi) == Some(t.dims.len())).then(|| (t.name.clone(), t.dims.clone()))
-        })
-        .collect();
+    let mut input_shapes: Vec<(String, Vec<usize>)> = Vec::new();
+    for vi in &model.graph().input {
+        let (Some(name), Some(declared)) = (vi.name.as_deref(), declared_dims(vi)) else {
+            continue;
+        };
+        let Some(t) = inputs.iter().find(|t| t.name == name) else {
+            continue;
+        };
+        // An array of another rank is left to the check of the given shapes; one whose size
+        // differs where the file fixes it is refused here, naming the input.
+        if declared.len() != t.dims.len() || declared.iter().all(Option::is_some) {
+            continue;
+        }
+        if let Some(axis) =
+            (0..declared.len()).find(|&a| declared[a].is_some_and(|d| d != t.dims[a]))
+        {
+            let shown: Vec<String> = declared
+                .iter()
+                .map(|d| d.map_or("?".into(), |d| d.to_string()))
+                .collect();
+            return Err(opt_err(
+                "--input",
+                format!(
+                    "`{name}` is {:?}; the model's input is [{}], whose axis {axis} is fixed at {}",
+                    t.dims,
+                    shown.join(", "),
+                    declared[axis].unwrap_or(0)
+                ),
+            ));
+        }
+        input_shapes.push((name.to_string(), t.dims.clone()));
+    }
     let import_at = |batch_size: Option<usize>| {
         let mut g: Graph<Heap> = Graph::new();
         let options = ImportOptions {
@@ -730,10 +750,22 @@ fn import_for_run(
     }
 }
 
-/// The rank a value info declares, if it declares a tensor shape.
-fn declared_rank(vi: &crate::onnx::proto::ValueInfoProto) -> Option<usize> {
+/// The dims a value info declares, if it declares a tensor shape: each a size, or `None`
+/// where it is symbolic (a name, `-1`, or blank).
+fn declared_dims(vi: &crate::onnx::proto::ValueInfoProto) -> Option<Vec<Option<usize>>> {
+    use crate::onnx::proto::tensor_shape_proto::dimension::Value as D;
     match vi.r#type.as_ref()?.value.as_ref()? {
-        crate::onnx::proto::type_proto::Value::TensorType(t) => Some(t.shape.as_ref()?.dim.len()),
+        crate::onnx::proto::type_proto::Value::TensorType(t) => Some(
+            t.shape
+                .as_ref()?
+                .dim
+                .iter()
+                .map(|d| match d.value {
+                    Some(D::DimValue(v)) if v >= 0 => Some(v as usize),
+                    _ => None,
+                })
+                .collect(),
+        ),
         _ => None,
     }
 }

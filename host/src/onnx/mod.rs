@@ -65,20 +65,6 @@ pub fn tensor_elem(v: &proto::ValueInfoProto) -> Option<Elem> {
     }
 }
 
-/// Whether a value info declares a tensor shape with a dimension that is not a size (a
-/// symbol, `-1`, or a dimension left blank), or declares no shape.
-pub fn has_symbolic_dims(v: &proto::ValueInfoProto) -> bool {
-    use proto::tensor_shape_proto::dimension::Value as D;
-    match v.r#type.as_ref().and_then(|t| t.value.as_ref()) {
-        Some(proto::type_proto::Value::TensorType(t)) => t.shape.as_ref().is_none_or(|s| {
-            s.dim
-                .iter()
-                .any(|d| !matches!(d.value, Some(D::DimValue(v)) if v >= 0))
-        }),
-        _ => false,
-    }
-}
-
 impl OnnxModel {
     /// Checks that every graph input and output is of a type numerics compute as the file
     /// says: not float64, float16 or bfloat16 (run in float32).
