@@ -168,6 +168,12 @@ fn oversized_batch_names_the_tile_and_fails() {
         &o,
         &["does not fit", "out of memory: tile", "largest tensors"],
     );
+    // The paragraph is printed once: on stderr, as the error.
+    assert!(
+        !stdout(&o).contains("out of memory: tile"),
+        "{}",
+        stdout(&o)
+    );
 }
 
 #[test]

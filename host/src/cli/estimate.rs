@@ -32,7 +32,12 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
     if a.json {
         println!("{}", e.to_json()?);
     } else {
-        print!("{}", e.to_text(a.layers));
+        let mut text = e.to_text(a.layers);
+        // The out-of-memory paragraph goes to stderr once, as the error line (below).
+        if let Some(oom) = e.out_of_memory() {
+            text = text.replacen(&format!("{oom}\n"), "", 1);
+        }
+        print!("{text}");
         if let Some(files) = &report_files {
             println!("report written: {}", files_list(files));
         }
