@@ -115,6 +115,12 @@ def export_resnet18(manifest, tessera):
             got = np.load(os.path.join(d, f"{model.graph.output[0].name}.npy"))
             print("resnet18 (dynamo): tessera run against onnxruntime, max abs error",
                   float(np.abs(got - ref).max()))
+        # The dynamo exporter records each node's Python stack trace, which names the
+        # exporting machine's paths: dropped (the rest of its metadata is kept).
+        for n in model.graph.node:
+            kept = [p for p in n.metadata_props if p.key != "pkg.torch.onnx.stack_trace"]
+            del n.metadata_props[:]
+            n.metadata_props.extend(kept)
         onnx.save(model, os.path.join(OUT, "resnet18_dynamo.onnx"))
     ops = sorted(collections.Counter(n.op_type for n in model.graph.node))
     manifest["estimates"].append({"name": "resnet18_dynamo", "file": "resnet18_dynamo.onnx",
