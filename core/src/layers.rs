@@ -153,6 +153,39 @@ struct LstmSizes {
     hidden: usize,
 }
 
+/// The shared part of an ONNX recurrent layer: its sizes, the input projection of every step
+/// and the recurrent weights' view, and its bias (checked).
+struct OnnxProjection {
+    sizes: LstmSizes,
+    xw: NodeId,
+    rv: NodeId,
+    b: Option<NodeId>,
+}
+
+/// How an ONNX `GRU` starts and applies its reset gate ([`Graph::gru_onnx`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GruSettings {
+    /// The initial hidden state `[1, batch, hidden]`; none starts at zero.
+    pub initial: Option<NodeId>,
+    /// The reset gate multiplies the recurrent product and its bias (`r * (h R_h + Rb_h)`,
+    /// PyTorch's GRU), rather than the state before it (`(r * h) R_h + Rb_h`, ONNX's default).
+    pub linear_before_reset: bool,
+}
+
+/// A GRU's weights each step reads ([`Graph::gru_onnx`]).
+struct GruParts {
+    /// The z and r rows of `R`, `[2 * hidden, hidden]`.
+    rzr: NodeId,
+    /// The h rows of `R`, `[hidden, hidden]`.
+    rh: NodeId,
+    /// The recurrent biases of z and r, and of h.
+    rb: Option<(NodeId, NodeId)>,
+    /// The scalar 1 (for `1 - z`).
+    one: NodeId,
+    /// See [`GruSettings::linear_before_reset`].
+    linear_before_reset: bool,
+}
+
 /// Convolution layer settings (Keras' `Conv2D` arguments).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Conv2dLayer {
@@ -389,42 +422,15 @@ impl<S: Storage> Graph<S> {
         initial: LstmStates,
     ) -> Result<LstmOutputs, GraphError> {
         let (x, w, r) = (x.resolve(self)?, w.resolve(self)?, r.resolve(self)?);
-        let (sx, sw, sr) = (
-            self.node(x).shape(),
-            self.node(w).shape(),
-            self.node(r).shape(),
-        );
-        let bad = |rule| GraphError::ShapeMismatch {
-            node: name_lossy(name),
-            op: "LSTM",
-            rule,
-            left: sx,
-            right: sw,
-        };
-        if sx.rank() != 3
-            || sw.rank() != 3
-            || sr.rank() != 3
-            || sw.dim(0) != 1
-            || sw.dim(1) % 4 != 0
-            || sw.dim(2) != sx.dim(2)
-        {
-            return Err(bad(
-                "x must be [seq, batch, input] and W [1, 4 * hidden, input] (one direction)",
-            ));
-        }
-        let (steps, batch, input, hidden) = (sx.dim(0), sx.dim(1), sx.dim(2), sw.dim(1) / 4);
-        if sr.dims() != [1, 4 * hidden as u32, hidden as u32] {
-            return Err(bad("R must be [1, 4 * hidden, hidden]"));
-        }
+        let OnnxProjection {
+            sizes,
+            mut xw,
+            rv,
+            b,
+        } = self.onnx_projection(name, "LSTM", 4, [x, w, r], b)?;
+        let (steps, batch, hidden) = (sizes.steps, sizes.batch, sizes.hidden);
         let sub = |suffix: &str| derived(name, format_args!("{suffix}"));
-        let xf = self.reshape(&sub("/x_rows")?, x, &[steps * batch, input])?;
-        let wv = self.reshape(&sub("/w_view")?, w, &[4 * hidden, input])?;
-        let rv = self.reshape(&sub("/r_view")?, r, &[4 * hidden, hidden])?;
-        let mut xw = self.matmul_t(&sub("/x_projection")?, xf, wv, false, true)?;
         if let Some(b) = b {
-            if self.node(b).shape().dims() != [1, 8 * hidden as u32] {
-                return Err(bad("B must be [1, 8 * hidden]"));
-            }
             let bw = self.slice(&sub("/bias_w")?, b, 1, 0, 4 * hidden)?;
             let br = self.slice(&sub("/bias_r")?, b, 1, 4 * hidden, 4 * hidden)?;
             let bias = self.add(&sub("/bias")?, bw, br)?;
@@ -445,11 +451,6 @@ impl<S: Storage> Graph<S> {
             hidden: state(self, initial.hidden, "initial_h_view")?,
             cell: state(self, initial.cell, "initial_c_view")?,
         };
-        let sizes = LstmSizes {
-            steps,
-            batch,
-            hidden,
-        };
         let out = self.lstm_steps(name, xw, rv, ONNX_LSTM, sizes, initial)?;
         Ok(LstmOutputs {
             sequence: self.reshape(&sub("/Y")?, out.sequence, &[steps, 1, batch, hidden])?,
@@ -458,26 +459,18 @@ impl<S: Storage> Graph<S> {
         })
     }
 
-    /// An ONNX `GRU` (one direction, default activations: sigmoid gates, tanh candidate):
-    /// `x` `[seq, batch, input]`, `w` `[1, 3 * hidden, input]`, `r` `[1, 3 * hidden, hidden]`,
-    /// optional `b` `[1, 6 * hidden]` (input then recurrent biases) and `initial` hidden state
-    /// `[1, batch, hidden]`, gates in ONNX's order (z, r, h). With `linear_before_reset` the
-    /// reset gate multiplies the recurrent product (`r * (h R_h + Rb_h)`, as PyTorch's GRU),
-    /// else the state before it (`(r * h) R_h + Rb_h`). Unrolled over the sequence: the
-    /// outputs' `sequence` is `Y` (`[seq, 1, batch, hidden]`), `hidden` is `Y_h` (`[1, batch,
-    /// hidden]`) and `cell` is `Y_h` too (a GRU has no cell).
-    #[allow(clippy::too_many_arguments)]
-    pub fn gru_onnx(
+    /// The checks and the input projection an ONNX recurrent layer `op` of `gates` gates
+    /// shares: `x` `[seq, batch, input]`, `w` `[1, gates * hidden, input]`, `r` `[1, gates *
+    /// hidden, hidden]`, optional `b` `[1, 2 * gates * hidden]` (checked, returned as it is):
+    /// the sizes, `x W^T` for every step's rows, and `R` viewed as `[gates * hidden, hidden]`.
+    fn onnx_projection(
         &mut self,
         name: &str,
-        x: impl NodeRef,
-        w: impl NodeRef,
-        r: impl NodeRef,
+        op: &'static str,
+        gates: usize,
+        [x, w, r]: [NodeId; 3],
         b: Option<NodeId>,
-        initial: Option<NodeId>,
-        linear_before_reset: bool,
-    ) -> Result<LstmOutputs, GraphError> {
-        let (x, w, r) = (x.resolve(self)?, w.resolve(self)?, r.resolve(self)?);
+    ) -> Result<OnnxProjection, GraphError> {
         let (sx, sw, sr) = (
             self.node(x).shape(),
             self.node(w).shape(),
@@ -485,7 +478,7 @@ impl<S: Storage> Graph<S> {
         );
         let bad = |rule| GraphError::ShapeMismatch {
             node: name_lossy(name),
-            op: "GRU",
+            op,
             rule,
             left: sx,
             right: sw,
@@ -493,94 +486,95 @@ impl<S: Storage> Graph<S> {
         if sx.rank() != 3
             || sw.rank() != 3
             || sw.dim(0) != 1
-            || sw.dim(1) % 3 != 0
+            || sw.dim(1) % gates != 0
             || sw.dim(2) != sx.dim(2)
         {
             return Err(bad(
-                "x must be [seq, batch, input] and W [1, 3 * hidden, input] (one direction)",
+                "x must be [seq, batch, input] and W [1, gates * hidden, input] (one direction)",
             ));
         }
-        let (steps, batch, input, hidden) = (sx.dim(0), sx.dim(1), sx.dim(2), sw.dim(1) / 3);
-        if sr.dims() != [1, 3 * hidden as u32, hidden as u32] {
-            return Err(bad("R must be [1, 3 * hidden, hidden]"));
+        let (steps, batch, input, hidden) = (sx.dim(0), sx.dim(1), sx.dim(2), sw.dim(1) / gates);
+        let g = gates as u32;
+        if sr.dims() != [1, g * hidden as u32, hidden as u32] {
+            return Err(bad("R must be [1, gates * hidden, hidden]"));
         }
-        if steps == 0 {
-            return Err(bad("the sequence must have at least one step"));
+        if b.is_some_and(|b| self.node(b).shape().dims() != [1, 2 * g * hidden as u32]) {
+            return Err(bad("B must be [1, 2 * gates * hidden]"));
         }
         let sub = |suffix: &str| derived(name, format_args!("{suffix}"));
         let xf = self.reshape(&sub("/x_rows")?, x, &[steps * batch, input])?;
-        let wv = self.reshape(&sub("/w_view")?, w, &[3 * hidden, input])?;
-        let rv = self.reshape(&sub("/r_view")?, r, &[3 * hidden, hidden])?;
-        let mut xw = self.matmul_t(&sub("/x_projection")?, xf, wv, false, true)?;
+        let wv = self.reshape(&sub("/w_view")?, w, &[gates * hidden, input])?;
+        let rv = self.reshape(&sub("/r_view")?, r, &[gates * hidden, hidden])?;
+        let xw = self.matmul_t(&sub("/x_projection")?, xf, wv, false, true)?;
+        Ok(OnnxProjection {
+            sizes: LstmSizes {
+                steps,
+                batch,
+                hidden,
+            },
+            xw,
+            rv,
+            b,
+        })
+    }
+
+    /// An ONNX `GRU` (one direction, default activations: sigmoid gates, tanh candidate):
+    /// `x` `[seq, batch, input]`, `w` `[1, 3 * hidden, input]`, `r` `[1, 3 * hidden, hidden]`,
+    /// optional `b` `[1, 6 * hidden]` (input then recurrent biases), gates in ONNX's order
+    /// (z, r, h), and `settings` (the initial hidden state `[1, batch, hidden]`, how the reset
+    /// gate applies). Unrolled over the sequence: the outputs' `sequence` is `Y` (`[seq, 1,
+    /// batch, hidden]`), `hidden` is `Y_h` (`[1, batch, hidden]`) and `cell` is `Y_h` too (a
+    /// GRU has no cell).
+    pub fn gru_onnx(
+        &mut self,
+        name: &str,
+        x: impl NodeRef,
+        w: impl NodeRef,
+        r: impl NodeRef,
+        b: Option<NodeId>,
+        settings: GruSettings,
+    ) -> Result<LstmOutputs, GraphError> {
+        let (x, w, r) = (x.resolve(self)?, w.resolve(self)?, r.resolve(self)?);
+        let OnnxProjection {
+            sizes,
+            mut xw,
+            rv,
+            b,
+        } = self.onnx_projection(name, "GRU", 3, [x, w, r], b)?;
+        let (steps, batch, hidden) = (sizes.steps, sizes.batch, sizes.hidden);
+        if steps == 0 {
+            return Err(GraphError::BadAttribute {
+                node: name_lossy(name),
+                op: "GRU",
+                rule: "the sequence must have at least one step",
+            });
+        }
+        let sub = |suffix: &str| derived(name, format_args!("{suffix}"));
         // The recurrent biases: of z and r (added with the products), and of h.
         let mut rb = None;
         if let Some(b) = b {
-            if self.node(b).shape().dims() != [1, 6 * hidden as u32] {
-                return Err(bad("B must be [1, 6 * hidden]"));
-            }
             let bw = self.slice(&sub("/bias_w")?, b, 1, 0, 3 * hidden)?;
             xw = self.add(&sub("/x_projection_bias")?, xw, bw)?;
             let bzr = self.slice(&sub("/bias_r_zr")?, b, 1, 3 * hidden, 2 * hidden)?;
             let bh = self.slice(&sub("/bias_r_h")?, b, 1, 5 * hidden, hidden)?;
             rb = Some((bzr, bh));
         }
-        let rzr = self.slice(&sub("/r_zr")?, rv, 0, 0, 2 * hidden)?;
-        let rh = self.slice(&sub("/r_h")?, rv, 0, 2 * hidden, hidden)?;
-        let mut h = match initial {
+        let dtype = self.node(xw).dtype();
+        let parts = GruParts {
+            rzr: self.slice(&sub("/r_zr")?, rv, 0, 0, 2 * hidden)?,
+            rh: self.slice(&sub("/r_h")?, rv, 0, 2 * hidden, hidden)?,
+            rb,
+            one: self.constant(&sub("/one")?, &[], dtype, 1.0)?,
+            linear_before_reset: settings.linear_before_reset,
+        };
+        let mut h = match settings.initial {
             Some(s) => Some(self.reshape(&sub("/initial_h_view")?, s, &[batch, hidden])?),
             None => None,
         };
-        let dtype = self.node(xw).dtype();
-        let one = self.constant(&sub("/one")?, &[], dtype, 1.0)?;
         let mut seq: Option<NodeId> = None;
         for t in 0..steps {
+            let hn = self.gru_step(name, t, xw, h, sizes, &parts)?;
             let sub = |what: &str| derived(name, format_args!("/step{t}/{what}"));
-            let xt = self.slice(&sub("input")?, xw, 0, t * batch, batch)?;
-            let mut zr = self.slice(&sub("input_zr")?, xt, 1, 0, 2 * hidden)?;
-            let mut pre = self.slice(&sub("input_h")?, xt, 1, 2 * hidden, hidden)?;
-            if let Some(h) = h {
-                let hzr = self.matmul_t(&sub("recurrent_zr")?, h, rzr, false, true)?;
-                zr = self.add(&sub("gates_zr")?, zr, hzr)?;
-            }
-            if let Some((bzr, _)) = rb {
-                zr = self.add(&sub("gates_zr_bias")?, zr, bzr)?;
-            }
-            let zg = self.slice(&sub("z")?, zr, 1, 0, hidden)?;
-            let rg = self.slice(&sub("r")?, zr, 1, hidden, hidden)?;
-            let z = self.sigmoid(&sub("update_gate")?, zg)?;
-            let rr = self.sigmoid(&sub("reset_gate")?, rg)?;
-            // The recurrent part of the candidate: zero with no state and no bias.
-            let rec = match (h, linear_before_reset) {
-                (Some(h), false) => {
-                    let reset = self.mul(&sub("reset_state")?, rr, h)?;
-                    Some(self.matmul_t(&sub("recurrent_h")?, reset, rh, false, true)?)
-                }
-                (Some(h), true) => Some(self.matmul_t(&sub("recurrent_h")?, h, rh, false, true)?),
-                (None, _) => None,
-            };
-            let bh = rb.map(|(_, bh)| bh);
-            let rec = match (rec, bh) {
-                (Some(a), Some(bh)) => Some(self.add(&sub("recurrent_h_bias")?, a, bh)?),
-                (Some(a), None) => Some(a),
-                (None, Some(bh)) => Some(bh),
-                (None, None) => None,
-            };
-            if let Some(rec) = rec {
-                // Before the reset, the reset gate multiplies the product and its bias.
-                let rec = if linear_before_reset {
-                    self.mul(&sub("reset_recurrent")?, rr, rec)?
-                } else {
-                    rec
-                };
-                pre = self.add(&sub("candidate_input")?, pre, rec)?;
-            }
-            let cand = self.tanh(&sub("candidate")?, pre)?;
-            let keep = self.sub(&sub("one_minus_z")?, one, z)?;
-            let mut hn = self.mul(&sub("new_part")?, keep, cand)?;
-            if let Some(h) = h {
-                let old = self.mul(&sub("old_part")?, z, h)?;
-                hn = self.add(&sub("hidden")?, hn, old)?;
-            }
             let row = self.reshape(&sub("hidden_row")?, hn, &[1, batch, hidden])?;
             seq = Some(match seq {
                 None => row,
@@ -589,7 +583,7 @@ impl<S: Storage> Graph<S> {
             h = Some(hn);
         }
         let (Some(seq), Some(h)) = (seq, h) else {
-            return Err(bad("the sequence must have at least one step"));
+            unreachable!("the sequence has a step (checked above)")
         };
         let last = self.reshape(&sub("/Y_h")?, h, &[1, batch, hidden])?;
         Ok(LstmOutputs {
@@ -597,6 +591,66 @@ impl<S: Storage> Graph<S> {
             hidden: last,
             cell: last,
         })
+    }
+
+    /// Step `t` of a GRU ([`Graph::gru_onnx`]): the new hidden state `[batch, hidden]` from
+    /// the step's rows of `xw` and the state `h` (none: zero).
+    fn gru_step(
+        &mut self,
+        name: &str,
+        t: usize,
+        xw: NodeId,
+        h: Option<NodeId>,
+        LstmSizes { batch, hidden, .. }: LstmSizes,
+        p: &GruParts,
+    ) -> Result<NodeId, GraphError> {
+        let sub = |what: &str| derived(name, format_args!("/step{t}/{what}"));
+        let xt = self.slice(&sub("input")?, xw, 0, t * batch, batch)?;
+        let mut zr = self.slice(&sub("input_zr")?, xt, 1, 0, 2 * hidden)?;
+        let mut pre = self.slice(&sub("input_h")?, xt, 1, 2 * hidden, hidden)?;
+        if let Some(h) = h {
+            let hzr = self.matmul_t(&sub("recurrent_zr")?, h, p.rzr, false, true)?;
+            zr = self.add(&sub("gates_zr")?, zr, hzr)?;
+        }
+        if let Some((bzr, _)) = p.rb {
+            zr = self.add(&sub("gates_zr_bias")?, zr, bzr)?;
+        }
+        let zg = self.slice(&sub("z")?, zr, 1, 0, hidden)?;
+        let rg = self.slice(&sub("r")?, zr, 1, hidden, hidden)?;
+        let z = self.sigmoid(&sub("update_gate")?, zg)?;
+        let rr = self.sigmoid(&sub("reset_gate")?, rg)?;
+        // The recurrent part of the candidate: none with no state and no bias.
+        let rec = match (h, p.linear_before_reset) {
+            (Some(h), false) => {
+                let reset = self.mul(&sub("reset_state")?, rr, h)?;
+                Some(self.matmul_t(&sub("recurrent_h")?, reset, p.rh, false, true)?)
+            }
+            (Some(h), true) => Some(self.matmul_t(&sub("recurrent_h")?, h, p.rh, false, true)?),
+            (None, _) => None,
+        };
+        let rec = match (rec, p.rb.map(|(_, bh)| bh)) {
+            (Some(a), Some(bh)) => Some(self.add(&sub("recurrent_h_bias")?, a, bh)?),
+            (a, bh) => a.or(bh),
+        };
+        if let Some(rec) = rec {
+            // Before the reset, the reset gate multiplies the product and its bias.
+            let rec = if p.linear_before_reset {
+                self.mul(&sub("reset_recurrent")?, rr, rec)?
+            } else {
+                rec
+            };
+            pre = self.add(&sub("candidate_input")?, pre, rec)?;
+        }
+        let cand = self.tanh(&sub("candidate")?, pre)?;
+        let keep = self.sub(&sub("one_minus_z")?, p.one, z)?;
+        let hn = self.mul(&sub("new_part")?, keep, cand)?;
+        match h {
+            Some(h) => {
+                let old = self.mul(&sub("old_part")?, z, h)?;
+                self.add(&sub("hidden")?, hn, old)
+            }
+            None => Ok(hn),
+        }
     }
 
     /// A Keras `LSTM` layer on `x` `[batch, steps, features]`: `name/kernel:0` `[features,

@@ -69,7 +69,7 @@ pub use autodiff::{Accumulation, AccumulationMethod, Optimizer};
 pub use dtype::DType;
 pub use error::{GraphError, Name, PlanError, RunError, NAME_CAPACITY, USER_NAME_MAX};
 pub use graph::{Graph, Init, Node, NodeId, NodeRef};
-pub use layers::{Activation, AttentionLayer, Conv2dLayer, LstmOutputs, LstmStates};
+pub use layers::{Activation, AttentionLayer, Conv2dLayer, GruSettings, LstmOutputs, LstmStates};
 pub use op::{Op, Operands};
 pub use plan::{Place, Plan, Slot, ALIGN};
 pub use roles::Roles;

@@ -41,10 +41,6 @@ struct Direction {
     states: [Option<NodeId>; 2],
 }
 
-/// Builds one direction's layer: its sequence output `[seq, 1, batch, hidden]`, last hidden
-/// and last cell state `[1, batch, hidden]`.
-type Build = fn(&mut Graph<Heap>, &Direction) -> Result<tessera_core::LstmOutputs, GraphError>;
-
 impl<'a> Importer<'a> {
     /// The directions of a recurrent node: whether each reads the sequence reversed.
     fn directions(&self, node: &NodeProto) -> R<Vec<bool>> {
@@ -100,25 +96,28 @@ impl<'a> Importer<'a> {
     pub(in crate::onnx::import) fn gru(&mut self, node: &NodeProto) -> R<Vec<Val>> {
         self.recurrent_checks(node)?;
         let states = self.initial_states(node, &[5])?;
-        let build: Build = if self.attr_i(node, "linear_before_reset", 0) != 0 {
-            |g, d| g.gru_onnx(&d.name, d.x, d.w, d.r, d.b, d.states[0], true)
-        } else {
-            |g, d| g.gru_onnx(&d.name, d.x, d.w, d.r, d.b, d.states[0], false)
-        };
-        let mut out = self.each_direction(node, states, build)?;
+        let linear_before_reset = self.attr_i(node, "linear_before_reset", 0) != 0;
+        let mut out = self.each_direction(node, states, |g, d| {
+            let settings = tessera_core::GruSettings {
+                initial: d.states[0],
+                linear_before_reset,
+            };
+            g.gru_onnx(&d.name, d.x, d.w, d.r, d.b, settings)
+        })?;
         // A GRU has no cell state: `Y` and `Y_h`.
         out.truncate(2);
         Ok(out)
     }
 
     /// Builds each direction of recurrent node `node` from its slice of the weights (W, R, B:
-    /// inputs 1 to 3) and of the initial `states`: the outputs `Y` `[seq, directions, batch,
+    /// inputs 1 to 3) and of the initial `states` (`build` makes one direction's layer: its
+    /// sequence `[seq, 1, batch, hidden]`, last hidden and cell states): the outputs `Y` `[seq, directions, batch,
     /// hidden]`, `Y_h` and `Y_c` `[directions, batch, hidden]`.
     fn each_direction(
         &mut self,
         node: &NodeProto,
         states: [Option<NodeId>; 2],
-        build: Build,
+        build: impl Fn(&mut Graph<Heap>, &Direction) -> Result<tessera_core::LstmOutputs, GraphError>,
     ) -> R<Vec<Val>> {
         let dirs = self.directions(node)?;
         let xd = self.dims(&self.req(node, 0)?);
