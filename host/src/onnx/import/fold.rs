@@ -576,35 +576,14 @@ impl<'a> Importer<'a> {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
-    use prost::Message;
-
     use crate::compile::onnx::{run_onnx, NamedTensor};
-    use crate::onnx::proto::{
-        tensor_shape_proto::{dimension::Value as Dim, Dimension},
-        type_proto, AttributeProto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto,
-        TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
-    };
+    use crate::onnx::import::testing::{float_info, model};
+    use crate::onnx::proto::{AttributeProto, GraphProto, NodeProto, TensorProto, ValueInfoProto};
     use crate::onnx::OnnxModel;
 
+    /// A one-dimensional float tensor's value info.
     fn float(name: &str, n: i64) -> ValueInfoProto {
-        ValueInfoProto {
-            name: Some(name.into()),
-            r#type: Some(TypeProto {
-                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                    elem_type: Some(1),
-                    shape: Some(TensorShapeProto {
-                        dim: vec![Dimension {
-                            value: Some(Dim::DimValue(n)),
-                            ..Default::default()
-                        }],
-                    }),
-                })),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+        float_info(name, &[n])
     }
 
     fn node(op: &str, inputs: &[&str], output: &str, attrs: Vec<AttributeProto>) -> NodeProto {
@@ -654,14 +633,9 @@ mod tests {
         } else {
             initializer.push(constant("a", a));
         }
-        let m = ModelProto {
-            ir_version: Some(8),
-            opset_import: vec![OperatorSetIdProto {
-                domain: Some(String::new()),
-                version: Some(13),
-            }],
-            graph: Some(GraphProto {
-                name: Some("mod".into()),
+        model(
+            "mod",
+            GraphProto {
                 node: vec![
                     node("Mod", &["a", "b"], "m", vec![int_attr("fmod", fmod)]),
                     node("Cast", &["m"], "mf", vec![int_attr("to", 1)]),
@@ -671,10 +645,8 @@ mod tests {
                 output: vec![float("y", n)],
                 initializer,
                 ..Default::default()
-            }),
-            ..Default::default()
-        };
-        OnnxModel::from_bytes(&m.encode_to_vec(), Path::new("mod.onnx")).expect("a model")
+            },
+        )
     }
 
     /// The model's output for `x` = zeros (and `a`, when it is an input, zeros).
@@ -787,23 +759,16 @@ mod tests {
                 Vec::new(),
             ),
         ];
-        let m = ModelProto {
-            ir_version: Some(8),
-            opset_import: vec![OperatorSetIdProto {
-                domain: Some(String::new()),
-                version: Some(13),
-            }],
-            graph: Some(GraphProto {
-                name: Some("predicates".into()),
+        model(
+            "predicates",
+            GraphProto {
                 node: nodes,
                 input,
                 output: vec![float("y", n)],
                 initializer,
                 ..Default::default()
-            }),
-            ..Default::default()
-        };
-        OnnxModel::from_bytes(&m.encode_to_vec(), Path::new("p.onnx")).expect("a model")
+            },
+        )
     }
 
     /// `IsNaN` and `IsInf` give the same flags folded and at run time (an input of more than

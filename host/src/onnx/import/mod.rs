@@ -78,6 +78,8 @@ mod fold;
 pub mod ops;
 mod rewrite;
 mod staging;
+#[cfg(test)]
+mod testing;
 pub mod versions;
 
 pub use count::{import_count, ImportCount};
@@ -1173,64 +1175,29 @@ impl<'a> Importer<'a> {
 
 #[cfg(test)]
 mod tests {
-    use prost::Message;
-
-    use super::super::proto::{
-        tensor_shape_proto::{dimension::Value as Dim, Dimension},
-        type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorShapeProto,
-        TypeProto, ValueInfoProto,
-    };
+    use super::super::proto::{GraphProto, NodeProto};
+    use super::testing::{float_info, model};
     use super::*;
-
-    /// A float tensor's value info with `dims` (negative: written as such).
-    fn info(name: &str, dims: &[i64]) -> ValueInfoProto {
-        ValueInfoProto {
-            name: Some(name.into()),
-            r#type: Some(TypeProto {
-                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                    elem_type: Some(1),
-                    shape: Some(TensorShapeProto {
-                        dim: dims
-                            .iter()
-                            .map(|&d| Dimension {
-                                value: Some(Dim::DimValue(d)),
-                                ..Default::default()
-                            })
-                            .collect(),
-                    }),
-                })),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
 
     /// An input dimension written as `-1` (as some exporters write a dynamic axis; onnx's
     /// checker and onnxruntime take it) is a symbol: unbound, the error says how to bind it;
     /// bound by the batch size, the model imports.
     #[test]
     fn a_dimension_of_minus_one_is_a_symbol() {
-        let m = ModelProto {
-            ir_version: Some(8),
-            opset_import: vec![OperatorSetIdProto {
-                domain: Some(String::new()),
-                version: Some(13),
-            }],
-            graph: Some(GraphProto {
+        let model = model(
+            "m",
+            GraphProto {
                 node: vec![NodeProto {
                     op_type: Some("Relu".into()),
                     input: vec!["x".into()],
                     output: vec!["y".into()],
                     ..Default::default()
                 }],
-                input: vec![info("x", &[-1, 16])],
-                output: vec![info("y", &[-1, 16])],
+                input: vec![float_info("x", &[-1, 16])],
+                output: vec![float_info("y", &[-1, 16])],
                 ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let model = OnnxModel::from_bytes(&m.encode_to_vec(), std::path::Path::new("m.onnx"))
-            .expect("a model");
+            },
+        );
         let inference = |batch_size| ImportOptions {
             batch_size,
             training: false,

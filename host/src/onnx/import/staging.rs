@@ -373,39 +373,11 @@ impl<'a> Copy<'a> {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
-    use prost::Message;
     use tessera_core::Plan;
 
     use super::*;
-    use crate::onnx::proto::{
-        tensor_shape_proto::{dimension::Value as Dim, Dimension},
-        type_proto, GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto,
-        TensorShapeProto, TypeProto, ValueInfoProto,
-    };
-
-    fn value(name: &str, dims: &[i64]) -> ValueInfoProto {
-        ValueInfoProto {
-            name: Some(name.into()),
-            r#type: Some(TypeProto {
-                value: Some(type_proto::Value::TensorType(type_proto::Tensor {
-                    elem_type: Some(1),
-                    shape: Some(TensorShapeProto {
-                        dim: dims
-                            .iter()
-                            .map(|&d| Dimension {
-                                value: Some(Dim::DimValue(d)),
-                                ..Default::default()
-                            })
-                            .collect(),
-                    }),
-                })),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
+    use crate::onnx::import::testing::{float_info, model};
+    use crate::onnx::proto::{GraphProto, NodeProto, TensorProto};
 
     fn node(name: &str, op: &str, inputs: &[&str], output: &str) -> NodeProto {
         NodeProto {
@@ -419,21 +391,16 @@ mod tests {
 
     /// `y = relu(x . w) . w`: the weight `w` is read by the first and the last node.
     fn tied() -> OnnxModel {
-        let m = ModelProto {
-            ir_version: Some(8),
-            opset_import: vec![OperatorSetIdProto {
-                domain: Some(String::new()),
-                version: Some(13),
-            }],
-            graph: Some(GraphProto {
-                name: Some("tied".into()),
+        model(
+            "tied",
+            GraphProto {
                 node: vec![
                     node("first", "MatMul", &["x", "w"], "a"),
                     node("relu", "Relu", &["a"], "b"),
                     node("last", "MatMul", &["b", "w"], "y"),
                 ],
-                input: vec![value("x", &[2, 4])],
-                output: vec![value("y", &[2, 4])],
+                input: vec![float_info("x", &[2, 4])],
+                output: vec![float_info("y", &[2, 4])],
                 initializer: vec![TensorProto {
                     name: Some("w".into()),
                     dims: vec![4, 4],
@@ -442,10 +409,8 @@ mod tests {
                     ..Default::default()
                 }],
                 ..Default::default()
-            }),
-            ..Default::default()
-        };
-        OnnxModel::from_bytes(&m.encode_to_vec(), Path::new("tied.onnx")).expect("a model")
+            },
+        )
     }
 
     fn stages_of(g: &Graph<Heap>) -> Vec<(String, usize)> {
