@@ -73,6 +73,35 @@ impl<'a> Importer<'a> {
         Ok(vec![Val::T(id, Elem::F32)])
     }
 
+    /// The statistics of `x` over `axes` (kept as axes of size 1), as graph ops named after
+    /// `node` (`mean` and `variance` with `prefix`): the mean, `x` less it, the population
+    /// variance and `sqrt(variance + eps)`.
+    fn moments(
+        &mut self,
+        node: &NodeProto,
+        x: NodeId,
+        axes: &[isize],
+        eps: f32,
+        prefix: &str,
+    ) -> R<Moments> {
+        let dtype = self.g.node(x).dtype();
+        let n = self.out_name(node, &format!("{prefix}mean"));
+        let mean = chk!(self, self.g.reduce(&n, x, axes, true, ReduceKind::Mean))?;
+        let n = self.out_name(node, "centered");
+        let c = chk!(self, self.g.binary(&n, x, mean, BinaryFn::Sub))?;
+        let n = self.out_name(node, "squares");
+        let sq = chk!(self, self.g.binary(&n, c, c, BinaryFn::Mul))?;
+        let n = self.out_name(node, &format!("{prefix}variance"));
+        let var = chk!(self, self.g.reduce(&n, sq, axes, true, ReduceKind::Mean))?;
+        let n = self.out_name(node, "epsilon");
+        let e = chk!(self, self.g.constant(&n, &[], dtype, eps))?;
+        let n = self.out_name(node, "variance_eps");
+        let ve = chk!(self, self.g.binary(&n, var, e, BinaryFn::Add))?;
+        let n = self.out_name(node, "std");
+        let sd = chk!(self, self.g.unary(&n, ve, UnaryFn::Sqrt))?;
+        Ok(Moments { mean, c, var, sd })
+    }
+
     /// `BatchNormalization` with `training_mode = 1` (opset 14 on), as ONNX defines it: `x`
     /// normalised by its own batch statistics over every axis but the channels' (the
     /// population variance), and the running statistics updated as outputs,
@@ -92,21 +121,7 @@ impl<'a> Importer<'a> {
             }
         }
         let x = self.ti(node, 0)?;
-        let dtype = self.g.node(x).dtype();
-        let n = self.out_name(node, "batch_mean");
-        let mean = chk!(self, self.g.reduce(&n, x, &axes, true, ReduceKind::Mean))?;
-        let n = self.out_name(node, "centered");
-        let c = chk!(self, self.g.binary(&n, x, mean, BinaryFn::Sub))?;
-        let n = self.out_name(node, "squares");
-        let sq = chk!(self, self.g.binary(&n, c, c, BinaryFn::Mul))?;
-        let n = self.out_name(node, "batch_variance");
-        let var = chk!(self, self.g.reduce(&n, sq, &axes, true, ReduceKind::Mean))?;
-        let n = self.out_name(node, "epsilon");
-        let e = chk!(self, self.g.constant(&n, &[], dtype, eps))?;
-        let n = self.out_name(node, "variance_eps");
-        let ve = chk!(self, self.g.binary(&n, var, e, BinaryFn::Add))?;
-        let n = self.out_name(node, "std");
-        let sd = chk!(self, self.g.unary(&n, ve, UnaryFn::Sqrt))?;
+        let Moments { mean, c, var, sd } = self.moments(node, x, &axes, eps, "batch_")?;
         let n = self.out_name(node, "normalized");
         let xhat = chk!(self, self.g.binary(&n, c, sd, BinaryFn::Div))?;
         // Per-channel tensors `[C]` laid along axis 1: `[C, 1, ...]`.
@@ -169,21 +184,8 @@ impl<'a> Importer<'a> {
         // The Mean and InvStdDev outputs (training exports keep them for the gradient): the
         // statistics over the normalised axes, kept as axes of size 1.
         if node.output.iter().skip(1).any(|s| !s.is_empty()) {
-            let n = self.out_name(node, "mean");
-            let mean = chk!(self, self.g.reduce(&n, x, &axes, true, ReduceKind::Mean))?;
-            let n = self.out_name(node, "centered");
-            let c = chk!(self, self.g.binary(&n, x, mean, BinaryFn::Sub))?;
-            let n = self.out_name(node, "squares");
-            let sq = chk!(self, self.g.binary(&n, c, c, BinaryFn::Mul))?;
-            let n = self.out_name(node, "variance");
-            let var = chk!(self, self.g.reduce(&n, sq, &axes, true, ReduceKind::Mean))?;
+            let Moments { mean, sd, .. } = self.moments(node, x, &axes, eps, "")?;
             let dtype = self.g.node(x).dtype();
-            let n = self.out_name(node, "epsilon");
-            let e = chk!(self, self.g.constant(&n, &[], dtype, eps))?;
-            let n = self.out_name(node, "variance_eps");
-            let ve = chk!(self, self.g.binary(&n, var, e, BinaryFn::Add))?;
-            let n = self.out_name(node, "std");
-            let sd = chk!(self, self.g.unary(&n, ve, UnaryFn::Sqrt))?;
             let n = self.out_name(node, "one");
             let one = chk!(self, self.g.constant(&n, &[], dtype, 1.0))?;
             let n = self.out_name(node, "inv_std_dev");
@@ -322,4 +324,16 @@ impl<'a> Importer<'a> {
         let y = chk!(self, self.g.binary(&n, y, bias, BinaryFn::Add))?;
         Ok(vec![Val::T(y, Elem::F32)])
     }
+}
+
+/// A tensor's statistics over some axes ([`Importer::moments`]).
+struct Moments {
+    /// The mean.
+    mean: NodeId,
+    /// The tensor less its mean.
+    c: NodeId,
+    /// The population variance.
+    var: NodeId,
+    /// `sqrt(variance + eps)`.
+    sd: NodeId,
 }
