@@ -1076,14 +1076,19 @@ impl<'a> Importer<'a> {
             || graph.output.iter().any(|o| o.name.as_deref() == Some(name))
     }
 
-    /// A new graph node name for output `k` of the current node.
-    fn out_name(&mut self, node: &NodeProto, suffix: &str) -> String {
-        let base = node
-            .output
+    /// What the graph nodes of `node` are named after: its first output's name, else the
+    /// node's own.
+    fn output_base(&self, node: &NodeProto) -> String {
+        node.output
             .first()
             .filter(|s| !s.is_empty())
             .cloned()
-            .unwrap_or_else(|| self.node.clone());
+            .unwrap_or_else(|| self.node.clone())
+    }
+
+    /// A new graph node name for output `k` of the current node.
+    fn out_name(&mut self, node: &NodeProto, suffix: &str) -> String {
+        let base = self.output_base(node);
         if suffix.is_empty() {
             self.fresh(&base)
         } else {

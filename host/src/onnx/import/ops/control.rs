@@ -111,13 +111,7 @@ impl<'a> Importer<'a> {
 
     /// The scope of a subgraph of `node`: its first output's name and `what`.
     fn scope(&self, node: &NodeProto, what: &str) -> String {
-        let base = node
-            .output
-            .first()
-            .filter(|s| !s.is_empty())
-            .cloned()
-            .unwrap_or_else(|| self.node.clone());
-        format!("{base}/{what}")
+        format!("{}/{what}", self.output_base(node))
     }
 
     /// `If`: the taken branch when the condition is known at import, else both branches and

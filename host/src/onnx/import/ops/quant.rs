@@ -225,11 +225,7 @@ impl<'a> Importer<'a> {
     /// The float product of `a` and `b` as `MatMul` or `Conv` (`conv`: with `node`'s
     /// attributes) reads them: the importer's own converter on a node of that op.
     fn float_product(&mut self, node: &NodeProto, a: NodeId, b: NodeId, conv: bool) -> R<NodeId> {
-        let base = node
-            .output
-            .first()
-            .cloned()
-            .unwrap_or_else(|| self.node.clone());
+        let base = self.output_base(node);
         let (an, bn, out) = (
             format!("{base}/a_centered"),
             format!("{base}/b_centered"),
