@@ -200,8 +200,19 @@ impl EstimateSummary {
     }
 
     /// The human-readable report: fit, memory per IPU and category, fullest tiles, cycles by
-    /// phase, per-stage rows. Numbers are written by [`crate::report::format`](mod@crate::report::format).
+    /// phase, per-stage rows, and why it does not fit when it does not. Numbers are written by
+    /// [`crate::report::format`](mod@crate::report::format).
     pub fn to_text(&self) -> String {
+        let mut s = self.text_without_out_of_memory();
+        if let Some(oom) = &self.out_of_memory {
+            let _ = writeln!(s, "{oom}");
+        }
+        s
+    }
+
+    /// [`Self::to_text`] without the out-of-memory paragraph (the command prints it once, as
+    /// its error).
+    pub fn text_without_out_of_memory(&self) -> String {
         let mut s = String::new();
         let _ = writeln!(
             s,
@@ -229,9 +240,6 @@ impl EstimateSummary {
         self.memory_text(&mut s);
         self.cycles_text(&mut s);
         self.stages_text(&mut s);
-        if let Some(oom) = &self.out_of_memory {
-            let _ = writeln!(s, "{oom}");
-        }
         s
     }
 

@@ -32,12 +32,8 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
     if a.json {
         println!("{}", e.to_json()?);
     } else {
-        let mut text = e.to_text(a.layers);
         // The out-of-memory paragraph goes to stderr once, as the error line (below).
-        if let Some(oom) = e.out_of_memory() {
-            text = text.replacen(&format!("{oom}\n"), "", 1);
-        }
-        print!("{text}");
+        print!("{}", e.text_without_out_of_memory(a.layers));
         if let Some(files) = &report_files {
             println!("report written: {}", files_list(files));
         }

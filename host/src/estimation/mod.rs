@@ -230,6 +230,21 @@ impl Estimation {
     /// layers or the 12 with the most cycles), the inference schedule when inference, and
     /// the summary.
     pub fn to_text(&self, all_layers: bool) -> String {
+        let mut s = self.head_text(all_layers);
+        s.push_str(&self.summary.to_text());
+        s
+    }
+
+    /// [`Self::to_text`] without the out-of-memory paragraph (the command prints it once, as
+    /// its error).
+    pub fn text_without_out_of_memory(&self, all_layers: bool) -> String {
+        let mut s = self.head_text(all_layers);
+        s.push_str(&self.summary.text_without_out_of_memory());
+        s
+    }
+
+    /// What the text says before the summary: the model and, for inference, its schedule.
+    fn head_text(&self, all_layers: bool) -> String {
         let mut s = match (&self.onnx, &self.model_summary) {
             (Some(f), _) => f.to_text(all_layers),
             (None, Some(m)) => m.clone(),
@@ -239,7 +254,6 @@ impl Estimation {
             s.push_str(&inference_line(&self.estimate));
             s.push('\n');
         }
-        s.push_str(&self.summary.to_text());
         s
     }
 
