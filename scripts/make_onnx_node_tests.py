@@ -6,7 +6,7 @@ package generates them (scripts/requirements-fixtures.txt).
 
 A case is kept when every node of its model (a function's expansion included) is an op of the
 importer's registry (the op table of docs/onnx.md, generated from it), its opset is one the
-importer reads (6 to 21) and its inputs and outputs are tensors. Each case directory holds `model.onnx` and its first data set as
+importer reads (6 to 22) and its inputs and outputs are tensors. Each case directory holds `model.onnx` and its first data set as
 `input_<j>.pb` / `output_<j>.pb` (TensorProto), as the onnx repository lays them out.
 `manifest.json` lists the cases with their op, opset and the element types of their inputs
 and outputs. Re-running the script rewrites identical bytes.
@@ -29,7 +29,7 @@ OUT = ROOT / "tests" / "fixtures" / "onnx_node"
 DOCS = ROOT / "docs" / "onnx.md"
 
 # The importer's opsets (host/src/onnx/mod.rs, MIN_OPSET and MAX_OPSET).
-MIN_OPSET, MAX_OPSET = 6, 21
+MIN_OPSET, MAX_OPSET = 6, 22
 # A case whose data set is larger than this is left out (the suite stays small in the repo).
 MAX_CASE_BYTES = 256 * 1024
 

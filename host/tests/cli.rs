@@ -1215,7 +1215,7 @@ fn onnx_bad_inputs_fail_on_one_line() {
         ),
         (
             vec!["estimate".into(), fixture("old_opset.onnx")],
-            vec!["opset 5", "supported: 6 to 21"],
+            vec!["opset 5", "supported: 6 to 22"],
         ),
         (
             vec![

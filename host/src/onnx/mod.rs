@@ -123,7 +123,7 @@ pub fn read_tensor(bytes: &[u8], path: &Path) -> Result<(Vec<usize>, Elem, Vec<f
 /// The oldest default-domain opset the importer reads.
 pub const MIN_OPSET: i64 = 6;
 /// The newest default-domain opset the importer reads.
-pub const MAX_OPSET: i64 = 21;
+pub const MAX_OPSET: i64 = 22;
 
 /// Why an ONNX model cannot be read or imported.
 #[derive(Debug, thiserror::Error)]

@@ -254,6 +254,48 @@ impl<'a> Importer<'a> {
         Ok(one(consts::arg_extreme(a, axis, keep, max, last)))
     }
 
+    /// CumSum of `a` along the axis of input 1: running sums, `exclusive` leaving each
+    /// element out of its own, `reverse` from the axis' end.
+    pub(in crate::onnx::import) fn fold_cumsum(
+        &self,
+        node: &NodeProto,
+        a: &Const,
+        ins: &[Option<Rc<Const>>],
+    ) -> R<Vec<Val>> {
+        let r = a.dims.len();
+        let axis = match self.input_const(ins, 1)?.as_ints()[..] {
+            [ax] => self.axis(ax, r.max(1))?,
+            ref v => return Err(self.bad(format!("axis {v:?}: one value expected"))),
+        };
+        if r == 0 {
+            return Err(self.bad("an input of rank 0"));
+        }
+        let exclusive = self.attr_i(node, "exclusive", 0) != 0;
+        let reverse = self.attr_i(node, "reverse", 0) != 0;
+        let n = a.dims[axis];
+        let inner: usize = a.dims[axis + 1..].iter().product();
+        let outer: usize = a.dims[..axis].iter().product();
+        let mut data = a.data.clone();
+        for o in 0..outer {
+            for i in 0..inner {
+                let at = |k: usize| o * n * inner + k * inner + i;
+                let mut sum = 0.0;
+                for step in 0..n {
+                    let k = if reverse { n - 1 - step } else { step };
+                    let v = a.data[at(k)];
+                    if !exclusive {
+                        sum += v;
+                    }
+                    data[at(k)] = sum;
+                    if exclusive {
+                        sum += v;
+                    }
+                }
+            }
+        }
+        Ok(one(Const::new(a.dims.clone(), a.elem, data, a.baked)))
+    }
+
     /// The reduction `kind`, its axes an input from opset `since`.
     pub(in crate::onnx::import) fn fold_reduce(
         &self,

@@ -12,7 +12,7 @@ const fn op(op: &'static str, versions: &'static [u32], convert: Convert) -> Con
 pub(super) const CONVERTERS: &[Converter] = &[
     op("Identity", &[1, 13, 14, 16, 19, 21], |im, n| im.identity(n))
         .folds(|_, _, a, _| Ok(vec![Val::C(Rc::new((**a).clone()))])),
-    op("Dropout", &[6, 7, 10, 12, 13], |im, n| im.dropout(n)),
+    op("Dropout", &[6, 7, 10, 12, 13, 22], |im, n| im.dropout(n)),
     op("Constant", &[1, 9, 11, 12, 13, 19, 21], |im, n| {
         im.constant_node(n)
     }),

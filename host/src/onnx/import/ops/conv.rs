@@ -11,14 +11,16 @@ const fn op(op: &'static str, versions: &'static [u32], convert: Convert) -> Con
 
 /// The family's ops.
 pub(super) const CONVERTERS: &[Converter] = &[
-    op("Conv", &[1, 11], |im, n| im.conv(n)).weights(&[1, 2]),
-    op("ConvTranspose", &[1, 11], |im, n| im.conv_transpose(n)),
-    op("MaxPool", &[1, 8, 10, 11, 12], |im, n| im.pool(n, true)),
-    op("AveragePool", &[1, 7, 10, 11, 19], |im, n| {
+    op("Conv", &[1, 11, 22], |im, n| im.conv(n)).weights(&[1, 2]),
+    op("ConvTranspose", &[1, 11, 22], |im, n| im.conv_transpose(n)),
+    op("MaxPool", &[1, 8, 10, 11, 12, 22], |im, n| im.pool(n, true)),
+    op("AveragePool", &[1, 7, 10, 11, 19, 22], |im, n| {
         im.pool(n, false)
     }),
-    op("GlobalAveragePool", &[1], |im, n| im.global_average_pool(n)),
-    op("GlobalMaxPool", &[1], |im, n| im.global_max_pool(n)),
+    op("GlobalAveragePool", &[1, 22], |im, n| {
+        im.global_average_pool(n)
+    }),
+    op("GlobalMaxPool", &[1, 22], |im, n| im.global_max_pool(n)),
 ];
 
 /// A convolution's input and weight dims: as given (`x`, `w`), and as 2-D (`x2`, `w2`: a 1-D
@@ -118,7 +120,13 @@ impl<'a> Importer<'a> {
 
     /// `v` (of `dims`) with a unit axis inserted before its last, as a view (a 1-D window op's
     /// operand as 2-D).
-    fn lift_1d(&mut self, node: &NodeProto, v: NodeId, dims: &[usize], what: &str) -> R<NodeId> {
+    pub(in crate::onnx::import) fn lift_1d(
+        &mut self,
+        node: &NodeProto,
+        v: NodeId,
+        dims: &[usize],
+        what: &str,
+    ) -> R<NodeId> {
         let mut d = dims.to_vec();
         d.insert(d.len() - 1, 1);
         let name = self.out_name(node, &format!("{what}_2d"));
@@ -238,7 +246,7 @@ impl<'a> Importer<'a> {
 
     /// A 2-D result of a lifted 1-D op back to 1-D (the unit height dropped), named after the
     /// node's output.
-    fn lower_1d(&mut self, node: &NodeProto, y: NodeId) -> R<NodeId> {
+    pub(in crate::onnx::import) fn lower_1d(&mut self, node: &NodeProto, y: NodeId) -> R<NodeId> {
         let mut d: Vec<usize> = self
             .g
             .node(y)
@@ -250,72 +258,6 @@ impl<'a> Importer<'a> {
         d.remove(2);
         let name = self.out_name(node, "");
         chk!(self, self.g.reshape(&name, y, &d))
-    }
-
-    /// MaxPool (`max`) or AveragePool.
-    fn pool(&mut self, node: &NodeProto, max: bool) -> R<Vec<Val>> {
-        let xv = self.req(node, 0)?;
-        let sx0 = self.dims(&xv);
-        let spatial = self.spatial_axes(sx0.len(), "pooling")?;
-        let mut sx = sx0.clone();
-        if spatial == 1 {
-            sx.insert(2, 1);
-        }
-        if self.attr_i(node, "ceil_mode", 0) != 0 {
-            return Err(self.unsupported("ceil_mode = 1"));
-        }
-        if self.pair2(node, "dilations", spatial)? != [1, 1] {
-            return Err(self.unsupported("dilated pooling"));
-        }
-        if node.output.get(1).is_some_and(|s| !s.is_empty()) {
-            return Err(self.unsupported("the Indices output"));
-        }
-        let kernel = match self.attr_ints(node, "kernel_shape") {
-            Some(k) if k.len() == spatial && k.iter().all(|&v| v >= 1) => {
-                if spatial == 1 {
-                    [1, k[0] as usize]
-                } else {
-                    [k[0] as usize, k[1] as usize]
-                }
-            }
-            k => {
-                return Err(self.bad(format!(
-                    "kernel_shape {k:?}: {spatial} positive values expected"
-                )))
-            }
-        };
-        let stride = self.pair2(node, "strides", spatial)?;
-        let pads = self.pads2d(node, [sx[2], sx[3]], kernel, stride, [1, 1], spatial)?;
-        let kind = if max {
-            PoolKind::Max
-        } else {
-            PoolKind::Average {
-                count_include_pad: self.attr_i(node, "count_include_pad", 0) != 0,
-            }
-        };
-        let params = PoolParams::new(
-            kind,
-            DataLayout::Nchw,
-            [kernel[0] as u32, kernel[1] as u32],
-            [stride[0] as u32, stride[1] as u32],
-        );
-        let mut x = self.ti(node, 0)?;
-        if spatial == 1 {
-            x = self.lift_1d(node, x, &sx0, "input")?;
-        }
-        let name = if spatial == 1 {
-            self.out_name(node, "pool")
-        } else {
-            self.out_name(node, "")
-        };
-        let mut id = chk!(
-            self,
-            self.g.pool2d(&name, x, params, Padding::Explicit(pads))
-        )?;
-        if spatial == 1 {
-            id = self.lower_1d(node, id)?;
-        }
-        Ok(vec![Val::T(id, Elem::F32)])
     }
 }
 

@@ -96,12 +96,12 @@ pub(super) const CONVERTERS: &[Converter] = &[
         im.activation(n, Activation::LeakyRelu)
     }),
     op("PRelu", &[6, 7, 9, 16], |im, n| im.prelu(n)).weights(&[1]),
-    op("Elu", &[6], |im, n| im.activation(n, Activation::Elu)),
-    op("Selu", &[6], |im, n| im.activation(n, Activation::Selu)),
-    op("Softplus", &[1], |im, n| {
+    op("Elu", &[6, 22], |im, n| im.activation(n, Activation::Elu)),
+    op("Selu", &[6, 22], |im, n| im.activation(n, Activation::Selu)),
+    op("Softplus", &[1, 22], |im, n| {
         im.activation(n, Activation::Softplus)
     }),
-    op("Softsign", &[1], |im, n| {
+    op("Softsign", &[1, 22], |im, n| {
         im.activation(n, Activation::Softsign)
     }),
     op("Abs", &[6, 13], |im, n| im.activation(n, Activation::Abs))
@@ -116,13 +116,15 @@ pub(super) const CONVERTERS: &[Converter] = &[
         }))
     }),
     op("Shrink", &[9], |im, n| im.activation(n, Activation::Shrink)),
-    op("HardSigmoid", &[6], |im, n| {
+    op("HardSigmoid", &[6, 22], |im, n| {
         im.activation(n, Activation::HardSigmoid)
     }),
-    op("HardSwish", &[14], |im, n| {
+    op("HardSwish", &[14, 22], |im, n| {
         im.activation(n, Activation::HardSwish)
     }),
-    op("Mish", &[18], |im, n| im.activation(n, Activation::Mish)),
+    op("Mish", &[18, 22], |im, n| {
+        im.activation(n, Activation::Mish)
+    }),
 ];
 
 /// `f` of each element of the float constant `a` as the core's float32 kernel computes it

@@ -19,6 +19,7 @@ mod elementwise;
 mod gather;
 mod linalg;
 mod norm;
+mod pool;
 mod quant;
 mod reduce;
 mod resize;

@@ -15,7 +15,10 @@ pub(super) const CONVERTERS: &[Converter] = &[
     })
     .weights(&[1, 2, 3, 4]),
     op("LayerNormalization", &[17], |im, n| im.layer_norm(n)).weights(&[1, 2]),
-    op("InstanceNormalization", &[6], |im, n| im.instance_norm(n)).weights(&[1, 2]),
+    op("InstanceNormalization", &[6, 22], |im, n| {
+        im.instance_norm(n)
+    })
+    .weights(&[1, 2]),
     op("LRN", &[1, 13], |im, n| im.lrn(n)),
     op("Softmax", &[1, 11, 13], |im, n| im.softmax(n, false)),
     op("LogSoftmax", &[1, 11, 13], |im, n| im.softmax(n, true)),

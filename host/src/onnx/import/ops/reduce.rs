@@ -26,6 +26,10 @@ pub(super) const CONVERTERS: &[Converter] = &[
         .folds(|im, n, a, _| im.fold_arg_extreme(n, a, true)),
     op("ArgMin", &[1, 11, 12, 13], |im, n| im.arg_extreme(n, false))
         .folds(|im, n, a, _| im.fold_arg_extreme(n, a, false)),
+    // Exporters count positions with it from a sequence length (GPT-2's position ids).
+    Converter::fold_only("CumSum", Family::Reduction, |im, n, a, ins| {
+        im.fold_cumsum(n, a, ins)
+    }),
 ];
 
 impl<'a> Importer<'a> {

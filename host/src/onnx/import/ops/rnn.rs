@@ -22,10 +22,10 @@ fn sequence_first(n: &NodeProto) -> bool {
 
 /// The family's ops.
 pub(super) const CONVERTERS: &[Converter] = &[
-    op("LSTM", &[7, 14], |im, n| im.lstm(n))
+    op("LSTM", &[7, 14, 22], |im, n| im.lstm(n))
         .weights(&[1, 2, 3])
         .sequence_first(sequence_first),
-    op("GRU", &[7, 14], |im, n| im.gru(n))
+    op("GRU", &[7, 14, 22], |im, n| im.gru(n))
         .weights(&[1, 2, 3])
         .sequence_first(sequence_first),
 ];
