@@ -1771,6 +1771,53 @@ fn input_shapes_stand_unless_rebound() {
     );
 }
 
+/// The bundled transformers compute what they derive from the sequence length from their
+/// inputs' shapes: `--input-shape` sets another length, and a batch it gives rebinds the
+/// shapes written at the file's batch as `--batch-size` does (the same estimate).
+#[test]
+fn input_shapes_set_a_transformers_sequence_length() {
+    let model = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../data/onnx/bert_tiny.stripped.onnx"
+    );
+    let run = |extra: &[&str]| {
+        let mut args = vec!["estimate", model, "--inference", "--no-search", "--json"];
+        args.extend_from_slice(extra);
+        let o = tessera(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        last_json(&o)
+    };
+    let shapes = |b: usize, s: usize| {
+        [
+            "--input-shape".to_string(),
+            format!("input_ids={b},{s}"),
+            "--input-shape".to_string(),
+            format!("attention_mask={b},{s}"),
+        ]
+    };
+    let args = shapes(2, 128);
+    let given = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let batch = run(&["--batch-size", "2"]);
+    assert_eq!(given["onnx"]["batch_size"], 2);
+    assert_eq!(given["onnx"]["file_batch_size"], 1);
+    assert_eq!(given["cycles_per_step"], batch["cycles_per_step"]);
+    assert_eq!(given["ipus"], batch["ipus"]);
+    let args = shapes(2, 384);
+    let long = run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(long["cycles_per_step"].as_u64() > batch["cycles_per_step"].as_u64());
+    // One input's batch against another's, or against --batch-size: an error naming it.
+    let o = tessera(&[
+        "estimate",
+        model,
+        "--inference",
+        "--input-shape",
+        "input_ids=2,128",
+        "--batch-size",
+        "4",
+    ]);
+    assert_bad_option(&o, &["input_ids", "batch axis 0 is 2", "--batch-size"]);
+}
+
 /// The IPU has no float64: an estimate of a float64 model says so and names the tensors.
 #[test]
 fn a_float64_model_is_estimated_with_a_note() {

@@ -148,7 +148,7 @@ struct Job<'a> {
     name: String,
     /// The model imported once, in one stage: every compile places its stages in a copy.
     og: OnnxGraph<'a>,
-    /// The file's batch as the default batch size.
+    /// The imported batch (the file's, or a given input shape's) as the default batch size.
     defaults: EstimateOptions,
     /// How the model is compiled (its stages resolved by [`Job::stages`]).
     oo: OnnxOptions,
@@ -174,8 +174,9 @@ impl<'a> Job<'a> {
                 techniques: o.session_options(&name, 1)?.techniques,
             },
         )?;
+        // The batch the import bound: the file's, or one a given input shape sets.
         let defaults = EstimateOptions {
-            batch_size: Some(og.imported().file_batch),
+            batch_size: Some(og.imported().batch),
             ..EstimateOptions::default()
         };
         let stages = if !o.pipeline_stages.is_empty() {

@@ -143,12 +143,24 @@ fn import_unstaged(
         }
     }
     check_input_shapes(model, &opts.input_shapes)?;
-    let batch_axes = batch_axes(model);
-    let file_batch = file_batch(model, &batch_axes, &opts.input_shapes)?;
+    let mut batching = Batching {
+        axes: batch_axes(model),
+        rebatched: HashSet::new(),
+    };
+    let batch_axes = &batching.axes;
+    let opts = &match given_batch(model, batch_axes, opts)? {
+        Some((o, rebatched)) => {
+            batching.rebatched = rebatched;
+            o
+        }
+        None => opts.clone(),
+    };
+    let batch_axes = &batching.axes;
+    let file_batch = file_batch(model, batch_axes, &opts.input_shapes)?;
     let batch = match (opts.batch_size, file_batch) {
         (Some(b), _) => b,
         (None, Some(b)) => b,
-        (None, None) => match symbolic_batch(model, &batch_axes, &opts.input_shapes) {
+        (None, None) => match symbolic_batch(model, batch_axes, &opts.input_shapes) {
             // No input has a batch axis (scalars only, or no inputs): a batch of one.
             None => 1,
             Some((input, axis, param)) => {
@@ -180,14 +192,23 @@ fn import_unstaged(
             let mut scratch: Graph<Heap> = Graph::new();
             count::shape_pass();
             let (first, _) =
-                Importer::new(model, &mut scratch, opts, fb, fb, None, &batch_axes)?.run()?;
+                Importer::new(model, &mut scratch, opts, fb, fb, None, &batching)?.run()?;
             Some(first.shapes)
         }
         _ => None,
     };
     let fb = file_batch.unwrap_or(batch);
     count::import();
-    Importer::new(model, g, opts, batch, fb, original.as_ref(), &batch_axes)?.run()
+    Importer::new(model, g, opts, batch, fb, original.as_ref(), &batching)?.run()
+}
+
+/// Which axis of each graph input carries the batch.
+struct Batching {
+    /// Each graph input's batch axis ([`batch_axes`]).
+    axes: HashMap<String, usize>,
+    /// The inputs whose `--input-shape` set the batch ([`given_batch`]): their given shape's
+    /// batch axis is bound to the batch, as a symbolic one is.
+    rebatched: HashSet<String>,
 }
 
 /// The batch axis of each graph input: 0, or 1 for an input a node reads sequence-first (an
@@ -294,6 +315,56 @@ fn check_input_shapes(model: &OnnxModel, given: &[(String, Vec<usize>)]) -> R<()
         }
     }
     Ok(())
+}
+
+/// `opts` with each `--input-shape` whose batch axis the file fixes (at the file's batch)
+/// given another size read as
+/// the file's shape at that input's other sizes, bound to the batch it gives: the sizes the
+/// file derived from its batch (Reshape targets written at the exported batch) are then
+/// rebound as `--batch-size` rebinds them. `None` when no given shape changes a fixed batch.
+/// The batches given must agree with each other and with `--batch-size`.
+fn given_batch(
+    model: &OnnxModel,
+    axes: &HashMap<String, usize>,
+    opts: &ImportOptions,
+) -> R<Option<(ImportOptions, HashSet<String>)>> {
+    let Some(file_batch) = file_batch(model, axes, &[])? else {
+        return Ok(None);
+    };
+    let mut out = opts.clone();
+    let mut batch: Option<(usize, &str)> = opts.batch_size.map(|b| (b, "--batch-size"));
+    let mut rebatched = HashSet::new();
+    for (name, dims) in out.input_shapes.iter_mut() {
+        let Some(i) = real_inputs(model)
+            .into_iter()
+            .find(|i| i.name.as_deref() == Some(name.as_str()))
+        else {
+            continue;
+        };
+        let axis = axes.get(name.as_str()).copied().unwrap_or(0);
+        let Some(Ok(file)) = info_dims(i).and_then(|d| d.get(axis).cloned()) else {
+            continue;
+        };
+        let Some(&b) = dims.get(axis) else { continue };
+        if b == file || file != file_batch {
+            continue;
+        }
+        match batch {
+            Some((other, from)) if other != b => {
+                return Err(OnnxError::InputShape {
+                    input: name.clone(),
+                    message: format!(
+                        "its batch axis {axis} is {b}, but {from} gives a batch of {other}"
+                    ),
+                })
+            }
+            _ => batch = Some((b, name.as_str())),
+        }
+        dims[axis] = file;
+        rebatched.insert(name.clone());
+    }
+    out.batch_size = batch.map(|(b, _)| b);
+    Ok((!rebatched.is_empty()).then_some((out, rebatched)))
 }
 
 /// The batch size the file was exported with (`None` when symbolic), the shapes given
@@ -508,7 +579,7 @@ struct Importer<'a> {
     batch: usize,
     file_batch: usize,
     original: Option<&'a HashMap<String, Vec<usize>>>,
-    batch_axes: &'a HashMap<String, usize>,
+    batch_axes: &'a Batching,
     values: HashMap<String, Val>,
     weights: Vec<Weight>,
     /// Each weight's variable, once placed.
@@ -535,7 +606,7 @@ impl<'a> Importer<'a> {
         batch: usize,
         file_batch: usize,
         original: Option<&'a HashMap<String, Vec<usize>>>,
-        batch_axes: &'a HashMap<String, usize>,
+        batch_axes: &'a Batching,
     ) -> R<Importer<'a>> {
         let graph = model.graph();
         let mut im = Importer {
@@ -629,12 +700,15 @@ impl<'a> Importer<'a> {
             self.values.insert(name.clone(), Val::C(Rc::new(c)));
             return Ok(None);
         }
-        let axis = self.batch_axes.get(&name).copied().unwrap_or(0);
+        let axis = self.batch_axes.axes.get(&name).copied().unwrap_or(0);
         let given = self.opts.input_shapes.iter().find(|(n, _)| *n == name);
+        let rebatched = self.batch_axes.rebatched.contains(&name);
         // The batch axis carries the batch when it is symbolic or holds the file's batch
         // (an input whose first axis is some other fixed size keeps it: a MatMul's
-        // [3, 4] right operand beside a [5, 3] batch of rows); a given shape stands.
+        // [3, 4] right operand beside a [5, 3] batch of rows); a given shape stands, but for
+        // its batch when it set the batch ([`given_batch`]).
         let batch_axis = match (given, dims.get(axis)) {
+            (Some(_), _) if rebatched => Some(axis),
             (Some(_), _) | (None, None) => None,
             (None, Some(Err(_))) => Some(axis),
             (None, Some(Ok(v))) => (*v == self.file_batch).then_some(axis),
