@@ -103,6 +103,7 @@ SEEDS = {
     "recurrent": 1019,
     "quantized": 1020,
     "cnn_opset6": 1021,
+    "windows3d": 1022,
     "window1d": 1012,
     "conv_transpose": 1013,
     "einsum": 1014,
@@ -1356,6 +1357,39 @@ def wide_pools_model():
     return model, [("x", x)]
 
 
+def windows3d_model():
+    """windows3d.onnx (opset 17): 3-D convolutions (strided, dilated, padded unevenly, with a
+    bias; and grouped), 3-D pooling (MaxPool in ceil mode, AveragePool counting its padding),
+    a dilated 2-D MaxPool and a 2-D AveragePool in ceil mode counting its padding."""
+    rng = rng_for("windows3d")
+    x = uniform(rng, (1, 3, 6, 7, 8))
+    x2 = uniform(rng, (2, 2, 9, 9))
+    b = Builder()
+    w = b.init("w", fan_in_uniform(rng, (4, 3, 3, 2, 3), 3 * 3 * 2 * 3))
+    bias = b.init("bias", uniform(rng, (4,)))
+    b.op("Conv", ["x", w, bias], "conv3d", outputs=["y_conv"], kernel_shape=[3, 2, 3],
+         pads=[1, 0, 1, 1, 1, 0], strides=[2, 1, 2], dilations=[1, 2, 1])
+    wg = b.init("wg", fan_in_uniform(rng, (3, 1, 2, 2, 2), 8))
+    b.op("Conv", ["x", wg], "conv3d_grouped", outputs=["y_grouped"], kernel_shape=[2, 2, 2],
+         group=3)
+    b.op("MaxPool", ["x"], "max3d", outputs=["y_max3d"], kernel_shape=[2, 3, 3],
+         strides=[2, 2, 2], pads=[0, 1, 1, 0, 1, 1], ceil_mode=1)
+    b.op("AveragePool", ["x"], "avg3d", outputs=["y_avg3d"], kernel_shape=[3, 2, 2],
+         pads=[1, 0, 1, 1, 0, 1], count_include_pad=1)
+    b.op("MaxPool", ["x2"], "max_dilated", outputs=["y_max_dilated"], kernel_shape=[2, 2],
+         dilations=[2, 2])
+    b.op("AveragePool", ["x2"], "avg_ceil", outputs=["y_avg_ceil"], kernel_shape=[3, 3],
+         strides=[2, 2], pads=[1, 1, 1, 1], ceil_mode=1, count_include_pad=1)
+    model = make_model(b, "windows3d",
+                       [value_info("x", F32, [1, 3, 6, 7, 8]), value_info("x2", F32, [2, 2, 9, 9])],
+                       [value_info("y_conv", F32, [1, 4, 3, 6, 4]), value_info("y_grouped", F32, [1, 3, 5, 6, 7]),
+                        value_info("y_max3d", F32, [1, 3, 3, 4, 5]), value_info("y_avg3d", F32, [1, 3, 6, 6, 9]),
+                        value_info("y_max_dilated", F32, [2, 2, 7, 7]),
+                        value_info("y_avg_ceil", F32, [2, 2, 5, 5])], 17,
+                       "3-D convolutions and pools; a dilated and a ceil-mode 2-D pool.")
+    return model, [("x", x), ("x2", x2)]
+
+
 def clip_computed_model():
     """clip_computed.onnx (opset 17): Clip whose lower bound is computed at run time (the mean
     of `x`), the upper a constant; and one with only a computed upper bound."""
@@ -1879,6 +1913,8 @@ def numerics_fixtures():
              reference=False)
     model, feeds = wide_pools_model()
     emit("wide_pools", model, feeds)
+    model, feeds = windows3d_model()
+    emit("windows3d", model, feeds)
     model, feeds = clip_computed_model()
     emit("clip_computed", model, feeds)
     model, feeds = recurrent_model()

@@ -1,5 +1,6 @@
 //! Convolutions and pooling (2-D, NCHW; 1-D as 2-D with a height of 1, as poplin plans a
-//! 1-D convolution: a spatial axis of size 1 costs nothing).
+//! 1-D convolution: a spatial axis of size 1 costs nothing; 3-D as a sum of 2-D convolutions
+//! over the depth taps, [`Importer::conv_3d`]).
 
 use super::super::*;
 use super::{Convert, Converter, Family};
@@ -215,6 +216,9 @@ impl<'a> Importer<'a> {
     }
 
     pub(in crate::onnx::import) fn conv(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        if self.dims(&self.req(node, 0)?).len() == 5 {
+            return self.conv_3d(node);
+        }
         let Window {
             spatial,
             x: sx0,
@@ -435,5 +439,131 @@ impl<'a> Importer<'a> {
             None => return Err(self.bad(format!("auto_pad {auto} is not an ONNX value"))),
         }
         Ok(pads)
+    }
+}
+
+impl<'a> Importer<'a> {
+    /// A 3-D convolution (`[N, C, D, H, W]` by `[O, C / group, kD, kH, kW]`) as the sum over
+    /// its `kD` depth taps of 2-D convolutions: tap `j` convolves, over height and width, the
+    /// input's depth slices `j * dilation + o * stride` (`o` each output depth, the slices
+    /// folded into the batch: `[N * D_out, C, H, W]`) with the weights' depth slice `j`. The
+    /// multiply-accumulates are the 3-D convolution's; the depth padding is zero slabs, and
+    /// the input is moved depth-major (`[N, D, C, H, W]`) once and the output back once.
+    /// Poplin plans a 3-D convolution as one; the sum adds `kD - 1` additions of the output.
+    fn conv_3d(&mut self, node: &NodeProto) -> R<Vec<Val>> {
+        let x = self.dims(&self.req(node, 0)?);
+        let w = self.dims(&self.req(node, 1)?);
+        if w.len() != 5 {
+            return Err(self.bad(format!(
+                "weights of rank {} for an input of rank 5",
+                w.len()
+            )));
+        }
+        let stride = self.window_ints(node, "strides", 3)?;
+        let dilation = self.window_ints(node, "dilations", 3)?;
+        let pads = self.window_pads(node, &x[2..], &w[2..], &stride, &dilation)?;
+        let groups = self.attr_i(node, "group", 1).max(1) as u32;
+        let (n, c, (o, kd)) = (x[0], x[1], (w[0], w[2]));
+        let depth = x[2] + pads[0].0 + pads[0].1;
+        let span = (kd - 1) * dilation[0] + 1;
+        if depth < span {
+            return Err(self.bad(format!(
+                "a depth window of {span} over a padded depth of {depth}"
+            )));
+        }
+        let d_out = (depth - span) / stride[0] + 1;
+        // [N, D, C, H, W], padded along the depth.
+        let xi = self.ti(node, 0)?;
+        let name = self.out_name(node, "depth_major");
+        let mut xt = chk!(self, self.g.transpose(&name, xi, &[0, 2, 1, 3, 4]))?;
+        let mut xt_dims = vec![n, x[2], c, x[3], x[4]];
+        for (end, size) in [(false, pads[0].0), (true, pads[0].1)] {
+            if size == 0 {
+                continue;
+            }
+            let slab = vec![n, size, c, x[3], x[4]];
+            let zeros = Val::C(Rc::new(Const::new(
+                slab.clone(),
+                Elem::F32,
+                vec![0.0; slab.iter().product()],
+                true,
+            )));
+            let what = if end {
+                "depth_pad_end"
+            } else {
+                "depth_pad_begin"
+            };
+            let name = self.out_name(node, what);
+            let z = self.t(&zeros, &name)?;
+            let name = self.out_name(node, &format!("{what}ded"));
+            xt = if end {
+                chk!(self, self.g.concat_axis(&name, xt, z, 1))?
+            } else {
+                chk!(self, self.g.concat_axis(&name, z, xt, 1))?
+            };
+            xt_dims[1] += size;
+        }
+        let mut p = ConvParams::new(DataLayout::Nchw);
+        p.stride = [stride[1] as u32, stride[2] as u32];
+        p.dilation = [dilation[1] as u32, dilation[2] as u32];
+        p.groups = groups;
+        let hw_pads = [
+            pads[1].0 as u32,
+            pads[2].0 as u32,
+            pads[1].1 as u32,
+            pads[2].1 as u32,
+        ];
+        let wi = self.ti(node, 1)?;
+        let mut sum: Option<NodeId> = None;
+        for j in 0..kd {
+            let idx: Vec<usize> = (0..d_out)
+                .map(|k| j * dilation[0] + k * stride[0])
+                .collect();
+            let (taps, _) = self.take_along(node, xt, &xt_dims, 1, &idx)?;
+            let name = self.out_name(node, &format!("depth{j}_input"));
+            let taps = chk!(
+                self,
+                self.g.reshape(&name, taps, &[n * d_out, c, x[3], x[4]])
+            )?;
+            let name = self.out_name(node, &format!("depth{j}_weights_slice"));
+            let wj = chk!(self, self.g.slice(&name, wi, 2, j, 1))?;
+            let name = self.out_name(node, &format!("depth{j}_weights"));
+            let wj = chk!(self, self.g.reshape(&name, wj, &[o, w[1], w[3], w[4]]))?;
+            let name = self.out_name(node, &format!("depth{j}"));
+            let y = chk!(
+                self,
+                self.g
+                    .conv2d(&name, taps, wj, p, Padding::Explicit(hw_pads))
+            )?;
+            sum = Some(match sum {
+                None => y,
+                Some(acc) => {
+                    let name = self.out_name(node, &format!("depth{j}_sum"));
+                    chk!(self, self.g.add(&name, acc, y))?
+                }
+            });
+        }
+        let y = sum.expect("a depth window has at least one tap");
+        let yd: Vec<usize> = self
+            .g
+            .node(y)
+            .shape()
+            .dims()
+            .iter()
+            .map(|&v| v as usize)
+            .collect();
+        let name = self.out_name(node, "depth_split");
+        let y = chk!(self, self.g.reshape(&name, y, &[n, d_out, o, yd[2], yd[3]]))?;
+        let last = self.opt(node, 2)?.is_none();
+        let name = self.out_name(node, if last { "" } else { "conv" });
+        let mut y = chk!(self, self.g.transpose(&name, y, &[0, 2, 1, 3, 4]))?;
+        if !last {
+            let b = self.ti(node, 2)?;
+            let name = self.out_name(node, "bias_view");
+            let bv = chk!(self, self.g.reshape(&name, b, &[o, 1, 1, 1]))?;
+            let name = self.out_name(node, "");
+            y = chk!(self, self.g.add(&name, y, bv))?;
+        }
+        Ok(vec![Val::T(y, Elem::F32)])
     }
 }
