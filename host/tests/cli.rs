@@ -1816,6 +1816,23 @@ fn input_shapes_set_a_transformers_sequence_length() {
         "4",
     ]);
     assert_bad_option(&o, &["input_ids", "batch axis 0 is 2", "--batch-size"]);
+    // A length given for one input only: the other would keep the old one.
+    let o = tessera(&[
+        "estimate",
+        model,
+        "--inference",
+        "--input-shape",
+        "input_ids=2,384",
+    ]);
+    assert_bad_option(
+        &o,
+        &[
+            "input_ids",
+            "axis 1 from 128 to 384",
+            "`attention_mask` [1, 128]",
+            "--input-shape attention_mask=",
+        ],
+    );
 }
 
 /// The IPU has no float64: an estimate of a float64 model says so and names the tensors.

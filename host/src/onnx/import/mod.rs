@@ -148,6 +148,7 @@ fn import_unstaged(
         rebatched: HashSet::new(),
     };
     let batch_axes = &batching.axes;
+    check_shared_sizes(model, batch_axes, &opts.input_shapes)?;
     let opts = &match given_batch(model, batch_axes, opts)? {
         Some((o, rebatched)) => {
             batching.rebatched = rebatched;
@@ -311,6 +312,67 @@ fn check_input_shapes(model: &OnnxModel, given: &[(String, Vec<usize>)]) -> R<()
                     dims.len(),
                     file.len()
                 )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Refuses `--input-shape`s that change a fixed size of the file (other than the batch) that
+/// an input not given also has: that input would keep the old size (a transformer's
+/// `attention_mask` at the old sequence length beside `input_ids` at the new one), and the
+/// model would fail at some later node. The error names the input to give.
+fn check_shared_sizes(
+    model: &OnnxModel,
+    axes: &HashMap<String, usize>,
+    given: &[(String, Vec<usize>)],
+) -> R<()> {
+    let inputs = real_inputs(model);
+    let non_batch = |name: &str, dims: Vec<Result<usize, String>>| -> Vec<(usize, usize)> {
+        let batch = axes.get(name).copied().unwrap_or(0);
+        dims.into_iter()
+            .enumerate()
+            .filter(|&(k, _)| k != batch)
+            .filter_map(|(k, d)| d.ok().map(|v| (k, v)))
+            .collect()
+    };
+    for (name, dims) in given {
+        let Some(file) = inputs
+            .iter()
+            .find(|i| i.name.as_deref() == Some(name.as_str()))
+            .and_then(|i| info_dims(i))
+        else {
+            continue;
+        };
+        for (k, old) in non_batch(name, file) {
+            if dims.get(k) == Some(&old) {
+                continue;
+            }
+            for other in &inputs {
+                let oname = other.name.as_deref().unwrap_or("");
+                if given.iter().any(|(n, _)| n == oname) {
+                    continue;
+                }
+                let Some(odims) = info_dims(other) else {
+                    continue;
+                };
+                if let Some((ok, _)) = non_batch(oname, odims.clone())
+                    .into_iter()
+                    .find(|&(_, v)| v == old)
+                {
+                    let shape: Vec<String> = odims
+                        .iter()
+                        .map(|d| d.as_ref().map_or_else(Clone::clone, usize::to_string))
+                        .collect();
+                    return Err(OnnxError::InputShape {
+                        input: name.clone(),
+                        message: format!(
+                            "it changes axis {k} from {old} to {}, but input `{oname}` [{}] has {old} at its axis {ok} and is not given: give its shape too (--input-shape {oname}=...)",
+                            dims[k],
+                            shape.join(", ")
+                        ),
+                    });
+                }
             }
         }
     }
