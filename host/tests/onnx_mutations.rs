@@ -2,7 +2,7 @@
 //! input dims set to 0 or 2^40, node inputs renamed to missing or other tensors, nodes
 //! dropped, op types swapped) never make `tessera estimate` panic, abort, hang or allocate
 //! without bound: it gives an estimate or a one-line error. Each run has a 1 GiB ceiling on
-//! its address space (`prlimit --as`) and 10 seconds.
+//! its address space (`prlimit --as`) and a runaway guard of 60 seconds.
 
 use std::path::{Path, PathBuf};
 

@@ -2,6 +2,8 @@
 //! dataset, in pipeline-schedule order on every replica; after each reporting point it tells
 //! the host and waits while the host runs its callbacks, as Keras runs `on_epoch_end`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use crossbeam_channel::{Receiver, Sender};
 use tessera_sim::runner::PipelineRunner;
 
@@ -34,10 +36,13 @@ pub(super) struct Device<'a> {
     pub(super) input_name: String,
     pub(super) to_host: Sender<DeviceMsg>,
     pub(super) acks: Receiver<()>,
+    /// Set by the host when the run can no longer succeed (an outfeed it could not hold):
+    /// the device stops after the weight update in hand.
+    pub(super) stop: &'a AtomicBool,
 }
 
 impl Device<'_> {
-    /// Runs every execution; stops early if the host goes away.
+    /// Runs every execution; stops early if the host goes away or asks it to stop.
     pub(super) fn run(mut self, runner: &mut PipelineRunner<Heap>) -> Result<(), SessionError> {
         let x = self.plan;
         let (mut loss_sum, mut loss_n, mut done) = (0f64, 0u64, 0u64);
@@ -49,6 +54,9 @@ impl Device<'_> {
                 loss_n += n;
                 done += x.micro_batches_per_update as u64;
                 let _ = self.to_host.send(DeviceMsg::Progress(done));
+                if self.stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
             }
             if e % x.executions_per_report != 0 && e != x.executions {
                 continue;

@@ -4,6 +4,8 @@
 //! at each reporting point, while the device waits, hands the caller the loss and everything
 //! the outfeeds carried.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use crossbeam_channel::{select, Receiver, Sender};
 
 use super::device::DeviceMsg;
@@ -22,14 +24,16 @@ pub(super) fn subscribe(taps: &Taps) -> Vec<Receiver<()>> {
 }
 
 /// Drains the outfeeds and forwards the device's progress until the device is done.
-/// Returns the loss of every reporting point, and the first outfeed the host could not hold
-/// (from then on it keeps draining and acknowledging, so the device finishes, but collects
-/// nothing more).
+/// Returns the loss of every reporting point, and the first outfeed the host could not hold.
+/// From then on the run cannot succeed: it sets `stop`, so the device ends after the weight
+/// update in hand, and keeps draining and acknowledging until it does, collecting nothing
+/// more.
 pub(super) fn host_loop(
     taps: &Taps,
     subscriptions: &[Receiver<()>],
     from_device: &Receiver<DeviceMsg>,
     acks: &Sender<()>,
+    stop: &AtomicBool,
     on_event: &mut impl FnMut(TrainEvent),
 ) -> (Vec<f64>, Result<(), OutfeedError>) {
     let mut held = Held::default();
@@ -57,6 +61,9 @@ pub(super) fn host_loop(
             recv(subscriptions[0]) -> _ => held.drain(taps, Queue::Gradients),
             recv(subscriptions[1]) -> _ => held.drain(taps, Queue::Plain),
             recv(subscriptions[2]) -> _ => held.drain(taps, Queue::Maybe),
+        }
+        if held.full.is_some() {
+            stop.store(true, Ordering::Relaxed);
         }
     }
     (losses, held.full.map_or(Ok(()), Err))

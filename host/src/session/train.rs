@@ -8,6 +8,7 @@
 //! whole executions, and the callbacks run at the execution nearest each pass's end (or after
 //! every execution when one is longer than a pass).
 
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -307,6 +308,7 @@ impl Prepared {
         let (to_host, from_device) = crossbeam_channel::unbounded::<DeviceMsg>();
         let (ack_tx, ack_rx) = crossbeam_channel::bounded::<()>(1);
         let subscriptions = subscribe(&taps);
+        let stop = AtomicBool::new(false);
         let device = Device {
             infeed,
             taps: &taps,
@@ -314,6 +316,7 @@ impl Prepared {
             input_name: compiled.model.input_name.clone(),
             to_host,
             acks: ack_rx,
+            stop: &stop,
         };
         // The device's large products run on every core.
         let pool = device_pool();
@@ -326,8 +329,14 @@ impl Prepared {
                 Some(pool) => pool.install(|| device.run(runner)),
                 None => device.run(runner),
             });
-            let (losses, held) =
-                host_loop(&taps, &subscriptions, &from_device, &ack_tx, &mut on_event);
+            let (losses, held) = host_loop(
+                &taps,
+                &subscriptions,
+                &from_device,
+                &ack_tx,
+                &stop,
+                &mut on_event,
+            );
             let result = handle
                 .join()
                 .unwrap_or_else(|_| Err(SessionError::Data("the device thread panicked".into())))
