@@ -343,3 +343,64 @@ fn a_machine_prices_its_vertices_by_its_own_codelets_table() {
     let read: IpuConfig = serde_json::from_value(json).unwrap();
     assert_eq!(read, mk2);
 }
+
+/// A select between two branches, as an ONNX `If` decided at run time imports: memory holds
+/// both, the cycles (forward, backward) only the dearer branch's, and the estimate says which.
+#[test]
+fn a_run_time_conditional_costs_its_dearer_branch_and_holds_both() {
+    use tessera::core::{Activation, Graph, Optimizer, Plan};
+    use tessera::sim::system::{estimate_system, Conditional, SystemOptions};
+    use tessera::sim::Heap;
+    let mut g: Graph<Heap> = Graph::new();
+    let x = g.input("x", &[64, 128], DType::F32).unwrap();
+    let cond = g.input("cond", &[64, 1], DType::U8).unwrap();
+    let labels = g.input("labels", &[64], DType::I32).unwrap();
+    let start = g.len();
+    let a = g
+        .dense("then/a", x, 512, Activation::Relu, DType::F32)
+        .unwrap();
+    let a = g
+        .dense("then/b", a, 128, Activation::Linear, DType::F32)
+        .unwrap();
+    let middle = g.len();
+    let b = g
+        .dense("else/a", x, 128, Activation::Linear, DType::F32)
+        .unwrap();
+    let end = g.len();
+    let y = g.select("y", cond, a, b).unwrap();
+    let logits = g
+        .dense("classifier", y, 10, Activation::Linear, DType::F32)
+        .unwrap();
+    let loss = g
+        .sparse_categorical_crossentropy("loss", logits, labels, true)
+        .unwrap();
+    g.differentiate(loss, Optimizer::sgd(0.1)).unwrap();
+    let plan = Plan::new(&g).unwrap();
+    let mk2 = IpuConfig::preset(Preset::Mk2);
+    let both = SystemOptions {
+        micro_batch: 64,
+        schedule: tessera::core::schedule::Schedule::Sequential,
+        ..SystemOptions::default()
+    };
+    let one = SystemOptions {
+        conditionals: vec![Conditional {
+            name: "y".into(),
+            branches: [start..middle, middle..end],
+        }],
+        ..both.clone()
+    };
+    let (e2, e1) = (
+        estimate_system(&plan, &mk2, &both).unwrap(),
+        estimate_system(&plan, &mk2, &one).unwrap(),
+    );
+    assert!(e2.conditionals.is_empty());
+    let c = &e1.conditionals[0];
+    assert_eq!(c.assumed, "then");
+    assert!(c.then_cycles > c.else_cycles && c.else_cycles > 0, "{c:?}");
+    let pass = |e: &tessera::sim::system::SystemEstimate| {
+        e.stages[0].forward_cycles + e.stages[0].backward_cycles
+    };
+    assert_eq!(pass(&e2) - pass(&e1), c.else_cycles);
+    assert_eq!(e2.ipus[0].bytes_used, e1.ipus[0].bytes_used);
+    assert!(e1.cycles_per_weight_update < e2.cycles_per_weight_update);
+}

@@ -105,3 +105,35 @@ fn inference_text_speaks_of_steps_and_has_no_backward_columns() {
     }
     assert!(header(&text).contains("backward"), "{text}");
 }
+
+/// An `If` decided at run time holds both branches, and its row counts the dearer branch's
+/// cycles, which the estimate names; an `If` on a constant is its taken branch, no choice.
+#[test]
+fn a_run_time_if_counts_its_dearer_branch_and_says_which() {
+    let source = ModelSource::OnnxFile(root().join("tests/fixtures/onnx/control_flow.onnx"));
+    let o = EstimateOptions {
+        inference: true,
+        ..EstimateOptions::default()
+    };
+    let e = estimate(&source, &o).expect("estimates");
+    let c = &e.estimate.conditionals;
+    assert_eq!(c.len(), 1, "{c:?}");
+    assert_eq!(c[0].name, "branch/If");
+    // Then `x * 2` against else `x - 1`: one element-wise pass each, priced alike or not,
+    // the assumed one is the dearer.
+    let (then, other) = (c[0].then_cycles, c[0].else_cycles);
+    let assumed = then.max(other);
+    assert_eq!(c[0].assumed, if then >= other { "then" } else { "else" });
+    let row = e.layers().iter().find(|r| r.name == "branch/If").unwrap();
+    assert!(row.forward_cycles >= assumed, "{row:?}");
+    let text = e.to_text(false);
+    assert!(
+        text.contains(&format!(
+            "`branch/If` is an If decided at run time: memory holds both branches, cycles assume its {} branch",
+            c[0].assumed
+        )),
+        "{text}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&e.to_json().unwrap()).unwrap();
+    assert_eq!(json["onnx"]["conditionals"][0]["assumed"], c[0].assumed);
+}

@@ -7,6 +7,7 @@
 //! timeline runs the M micro-batches of one weight update; the update itself runs on every
 //! IPU at once, after the replicas' all-reduce.
 
+mod conditional;
 mod phases;
 mod rows;
 mod stash;
@@ -23,6 +24,7 @@ use crate::machine::IpuConfig;
 use crate::memory::{OutOfMemory, PartMemory, TileMemory};
 use crate::pipeline::{timeline_concurrent, ElidedSteps, SlotRun, StageCost};
 use crate::techniques::Techniques;
+pub use conditional::{Conditional, ConditionalCost};
 use phases::{all_reduce_cycles, cost_stages, lower_ipus, memory_reports, Run};
 use rows::{ipu_rows, stage_rows};
 use stash::stash;
@@ -76,6 +78,9 @@ pub struct SystemOptions {
     /// estimate is of cycles only: the IPU rows' memory figures are zero and `fits` is true
     /// (the cycle profile the automatic pipeline split balances on needs no more).
     pub memory: bool,
+    /// Conditionals decided at run time (an ONNX `If`): memory holds both branches, cycles
+    /// assume the dearer (see [`Conditional`]).
+    pub conditionals: Vec<Conditional>,
 }
 
 impl Default for SystemOptions {
@@ -94,6 +99,7 @@ impl Default for SystemOptions {
             steps_per_execution: None,
             repeat_count: None,
             memory: true,
+            conditionals: Vec::new(),
         }
     }
 }
@@ -335,6 +341,9 @@ pub struct SystemEstimate {
     /// Identical steady-state pipeline steps counted but not listed in `runs`.
     #[serde(default)]
     pub elided: Option<ElidedSteps>,
+    /// The branch the cycles assume of each conditional decided at run time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditionals: Vec<ConditionalCost>,
 }
 
 /// [`SystemEstimate::ipu_link_domains`] of a report written without it.
@@ -429,6 +438,7 @@ where
             return Err(SystemError::Sim(SimError::OutOfMemory(Box::new(w))));
         }
     }
+    let conditionals = std::mem::take(&mut costs.conditionals);
     let stages = stage_rows(&run, &tl, &stash, costs);
     let ipus_total = opts.replicas.saturating_mul(t.ipus.next_power_of_two());
     Ok(SystemEstimate {
@@ -459,6 +469,7 @@ where
         ipus: ipu_rows,
         runs: tl.runs,
         elided: tl.elided,
+        conditionals,
     })
 }
 

@@ -75,6 +75,7 @@ pub(crate) fn compile_inference(
             device_mapping: model.device_mapping.clone(),
             accumulation_rule: AccumulationRule::TensorFlow,
             loops: Loops::Evaluation(k),
+            conditionals: Vec::new(),
         },
     )?;
     let estimate = target.estimate()?;

@@ -132,6 +132,8 @@ pub(crate) struct Front<'a> {
     pub accumulation_rule: AccumulationRule,
     /// How an execution's micro-batches are counted.
     pub loops: Loops,
+    /// Conditionals decided at run time (an ONNX model's `If` nodes).
+    pub conditionals: Vec<tessera_sim::system::Conditional>,
 }
 
 /// How an execution's micro-batches are counted.
@@ -210,6 +212,7 @@ pub(crate) fn compile_graph(
         allow_out_of_memory: true,
         steps_per_execution: options.steps_per_execution.filter(|_| loops),
         repeat_count: options.repeat_count.filter(|_| loops),
+        conditionals: front.conditionals,
         ..SystemOptions::default()
     };
     Ok(Target {
@@ -307,6 +310,7 @@ pub fn compile(model: &Model, options: &SessionOptions) -> Result<Compiled, Sess
             device_mapping: model.device_mapping.clone(),
             accumulation_rule: AccumulationRule::TensorFlow,
             loops: Loops::Options,
+            conditionals: Vec::new(),
         },
     )?;
     Ok(Compiled {

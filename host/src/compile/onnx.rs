@@ -212,6 +212,7 @@ pub fn compile_imported(
             device_mapping,
             accumulation_rule: ONNX_ACCUMULATION_RULE,
             loops: Loops::Options,
+            conditionals: imported.conditionals.clone(),
         },
     )?;
     Ok(OnnxCompiled {

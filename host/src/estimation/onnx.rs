@@ -53,6 +53,9 @@ pub struct OnnxFacts {
     /// and the estimate takes them as `dtype`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub float64: Vec<String>,
+    /// The branch the cycles assume of each `If` decided at run time.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub conditionals: Vec<tessera_sim::system::ConditionalCost>,
     /// Memory and cycles per ONNX node.
     pub layers: Vec<LayerRow>,
     /// Wall-clock seconds the estimate took.
@@ -124,6 +127,7 @@ pub(super) fn estimate(
         split: split_info,
         fewest_ipus: fewest,
         float64: float64_tensors(model),
+        conditionals: e.conditionals.clone(),
         layers,
         seconds: start.elapsed().as_secs_f64(),
     };
@@ -358,6 +362,23 @@ impl OnnxFacts {
                 "note: the IPU has no float64; the model's {} float64 tensors (`{}`{more}) are estimated in the --dtype given (float32 by default)",
                 f.float64.len(),
                 shown.join("`, `")
+            );
+        }
+        for c in &f.conditionals {
+            let other = if c.assumed == "then" { "else" } else { "then" };
+            let (assumed, cheaper) = match c.assumed.as_str() {
+                "then" => (c.then_cycles, c.else_cycles),
+                _ => (c.else_cycles, c.then_cycles),
+            };
+            let _ = writeln!(
+                s,
+                "note: `{}` is an If decided at run time: memory holds both branches, cycles assume its {} branch, the dearer ({} cycles per {} against {} for its {} branch)",
+                c.name,
+                c.assumed,
+                count(assumed),
+                if self.training { "micro-batch" } else { "step" },
+                count(cheaper),
+                other
             );
         }
         if let Some(sp) = &f.split {

@@ -518,6 +518,8 @@ pub struct Imported {
     pub stages: usize,
     /// Stage -> IPU from PopART's `__ipu_number` attributes, when the file has them.
     pub device_mapping: Option<Vec<usize>>,
+    /// Every `If` decided at run time, with the graph nodes of its two branches.
+    pub conditionals: Vec<tessera_sim::system::Conditional>,
 }
 
 impl Imported {

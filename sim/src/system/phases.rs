@@ -4,6 +4,7 @@
 use rayon::prelude::*;
 use tessera_core::{Plan, Roles, Storage};
 
+use super::conditional::{untaken, ConditionalCost};
 use super::stash::{stash_per_tile, Stash};
 use super::topology::Topology;
 use super::{SystemError, SystemOptions};
@@ -137,10 +138,13 @@ pub(super) struct Costs {
     pub(super) update: Vec<Cycles>,
     /// Each IPU's weight-update trace.
     pub(super) update_traces: Vec<Vec<TraceEvent>>,
+    /// The branch assumed of each conditional decided at run time.
+    pub(super) conditionals: Vec<ConditionalCost>,
 }
 
 /// Every node's steps costed into its stage's forward or backward pass, or its IPU's weight
-/// update; recomputation adds the forward pass to the backward one.
+/// update, but for the cheaper branch of each conditional decided at run time
+/// ([`untaken`]); recomputation adds the forward pass to the backward one.
 pub(super) fn cost_stages<S: Storage>(run: &Run<'_, S>) -> Costs {
     let Run {
         plan,
@@ -163,7 +167,13 @@ pub(super) fn cost_stages<S: Storage>(run: &Run<'_, S>) -> Costs {
         traces: vec![Default::default(); s],
         update: vec![Cycles::default(); ipus],
         update_traces: vec![Vec::new(); ipus],
+        conditionals: Vec::new(),
     };
+    let (skip, conditionals) = untaken(g, &opts.conditionals, |i| {
+        let d = t.mapping[g.nodes()[i].stage()];
+        node_cycles(d, i).0.total()
+    });
+    c.conditionals = conditionals;
     let append = |trace: &mut Vec<TraceEvent>, at: u64, d: usize, events: Vec<TraceEvent>| {
         trace.extend(events.into_iter().map(|mut e| {
             e.start += at;
@@ -171,7 +181,7 @@ pub(super) fn cost_stages<S: Storage>(run: &Run<'_, S>) -> Costs {
             e
         }));
     };
-    for (i, n) in g.nodes().iter().enumerate() {
+    for (i, n) in g.nodes().iter().enumerate().filter(|&(i, _)| !skip[i]) {
         let k = n.stage();
         let d = t.mapping[k];
         let (cycles, _, events) = node_cycles(d, i);

@@ -655,6 +655,8 @@ struct Importer<'a> {
     layer: Option<usize>,
     /// Tensors that nodes read as weights (a light model's ConstantOfShape there is one).
     weight_slots: HashSet<String>,
+    /// Every `If` decided at run time, with its branches' graph nodes.
+    conditionals: Vec<tessera_sim::system::Conditional>,
     // The node being imported, for messages.
     node: String,
     op: String,
@@ -688,6 +690,7 @@ impl<'a> Importer<'a> {
             used: HashSet::new(),
             layer: None,
             weight_slots: weight_slots(graph),
+            conditionals: Vec::new(),
             node: String::new(),
             op: String::new(),
         };
@@ -740,6 +743,7 @@ impl<'a> Importer<'a> {
             file_batch: self.file_batch,
             stages: stage + 1,
             device_mapping: None,
+            conditionals: self.conditionals,
         };
         Ok((imported, placements))
     }

@@ -273,6 +273,16 @@ impl<'a> Copy<'a> {
         for e in &mut out.embeddings {
             e.node = self.map[e.node.index()];
         }
+        for c in &mut out.conditionals {
+            for b in &mut c.branches {
+                // The copies of a branch's nodes, and any weight copies made among them.
+                let at = |k: usize| self.map.get(k).map_or(self.h.len(), |id| id.index());
+                *b = match b.len() {
+                    0 => at(b.start)..at(b.start),
+                    _ => at(b.start)..at(b.end - 1) + 1,
+                };
+            }
+        }
         for o in &mut out.outputs {
             let id = self.operand(o.node, last);
             if id != self.map[o.node.index()] && g.node(o.node).roles().contains(Roles::OUTPUT) {

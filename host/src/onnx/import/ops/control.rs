@@ -6,7 +6,8 @@
 //! - an `If` decided at run time holds both branches, as Poplar's `program::If` holds both
 //!   bodies, and each output picks its branch's value element-wise (`Where(cond, then,
 //!   else)`), so `tessera run` gives the taken branch's values; estimates count both
-//!   branches' memory and cycles (more than the taken branch costs at run time);
+//!   branches' memory and the dearer branch's cycles (the import records the branches' graph
+//!   nodes, [`tessera_sim::system::Conditional`]);
 //! - a `Loop` whose trip count is known at import (and whose condition, if any, folds) is its
 //!   body repeated that many times, each iteration's ops in turn (Poplar's `Repeat` of one
 //!   body); its scan outputs are the iterations' values stacked on a new first axis.
@@ -135,9 +136,15 @@ impl<'a> Importer<'a> {
         }
         let cond = self.ti(node, 0)?;
         let scope = self.scope(node, "then");
+        let start = self.g.len();
         let then_out = self.run_subgraph(then_branch, &scope, &[])?;
+        let middle = self.g.len();
         let scope = self.scope(node, "else");
         let else_out = self.run_subgraph(else_branch, &scope, &[])?;
+        self.conditionals.push(tessera_sim::system::Conditional {
+            name: self.node.clone(),
+            branches: [start..middle, middle..self.g.len()],
+        });
         if then_out.len() != else_out.len() || then_out.len() != node.output.len() {
             return Err(self.bad(format!(
                 "the branches give {} and {} outputs for the node's {}",
