@@ -104,6 +104,7 @@ SEEDS = {
     "quantized": 1020,
     "cnn_opset6": 1021,
     "windows3d": 1022,
+    "recurrent_batch_first": 1023,
     "window1d": 1012,
     "conv_transpose": 1013,
     "einsum": 1014,
@@ -1448,6 +1449,77 @@ def recurrent_model():
     return model, [("x", x)]
 
 
+def recurrent_batch_first_model():
+    """recurrent_batch_first.onnx (opset 14): the layers of recurrent.onnx laid out batch-first
+    (`layout` 1, as Keras-style exporters write them): a bidirectional LSTM with initial states
+    [batch, directions, hidden] and a bidirectional GRU; x is [batch 2, seq 5, input 3]."""
+    rng = rng_for("recurrent_batch_first")
+    seq, batch, inp, hid = 5, 2, 3, 4
+    x = uniform(rng, (batch, seq, inp))
+    b = Builder()
+
+    def weights(prefix, gates):
+        w = b.init(f"{prefix}.W", uniform(rng, (2, gates * hid, inp), -0.5, 0.5))
+        r = b.init(f"{prefix}.R", uniform(rng, (2, gates * hid, hid), -0.5, 0.5))
+        bias = b.init(f"{prefix}.B", uniform(rng, (2, 2 * gates * hid), -0.5, 0.5))
+        return w, r, bias
+
+    w, r, bias = weights("lstm", 4)
+    h0 = b.init("lstm.h0", uniform(rng, (batch, 2, hid)))
+    c0 = b.init("lstm.c0", uniform(rng, (batch, 2, hid)))
+    b.op("LSTM", ["x", w, r, bias, "", h0, c0], "lstm", outputs=["y_lstm", "y_lstm_h", "y_lstm_c"],
+         hidden_size=hid, direction="bidirectional", layout=1)
+    w, r, bias = weights("gru", 3)
+    b.op("GRU", ["x", w, r, bias], "gru", outputs=["y_gru", "y_gru_h"], hidden_size=hid,
+         direction="bidirectional", linear_before_reset=1, layout=1)
+    outs = [value_info("y_lstm", F32, [batch, seq, 2, hid]),
+            value_info("y_lstm_h", F32, [batch, 2, hid]),
+            value_info("y_lstm_c", F32, [batch, 2, hid]),
+            value_info("y_gru", F32, [batch, seq, 2, hid]),
+            value_info("y_gru_h", F32, [batch, 2, hid])]
+    model = make_model(b, "recurrent_batch_first", [value_info("x", F32, [batch, seq, inp])],
+                       outs, 14, "A bidirectional LSTM with initial states and a bidirectional "
+                       "GRU, batch-first (layout 1).")
+    return model, [("x", x)]
+
+
+def recurrent_batch_first_expected(model, feeds):
+    """The outputs of the batch-first model: onnxruntime runs no `layout` 1, so they are
+    onnxruntime's outputs of the same layers sequence-first (x and the initial states
+    transposed in, the outputs transposed back, as ONNX defines `layout` 1), checked against
+    onnx.reference running the batch-first model itself."""
+    seq_first = onnx.ModelProto()
+    seq_first.CopyFrom(model)
+    g = seq_first.graph
+    for node in g.node:
+        for a in node.attribute:
+            if a.name == "layout":
+                a.i = 0
+    for t in g.initializer:
+        if t.name in ("lstm.h0", "lstm.c0"):
+            t.CopyFrom(numpy_helper.from_array(
+                np.ascontiguousarray(numpy_helper.to_array(t).transpose(1, 0, 2)), t.name))
+    for vi in list(g.input) + list(g.output):
+        dims = vi.type.tensor_type.shape.dim
+        old = [d.dim_value for d in dims]
+        new = [old[1], old[0], *old[2:]] if len(old) != 4 else [old[1], old[2], old[0], old[3]]
+        for d, v in zip(dims, new):
+            d.dim_value = v
+    x = dict(feeds)["x"]
+    got = session(seq_first).run([o.name for o in g.output],
+                                 {"x": np.ascontiguousarray(x.transpose(1, 0, 2))})
+    outputs = []
+    for o, res in zip(model.graph.output, got):
+        res = np.asarray(res)
+        res = res.transpose(2, 0, 1, 3) if res.ndim == 4 else res.transpose(1, 0, 2)
+        outputs.append((o.name, np.ascontiguousarray(res)))
+    ref = ReferenceEvaluator(model).run(None, dict(feeds))
+    for (oname, got), want in zip(outputs, ref):
+        check_close(f"recurrent_batch_first {oname} (onnx.reference)", got, want,
+                    rtol=1e-4, atol=1e-5)
+    return outputs
+
+
 def quantized_model():
     """quantized.onnx (opset 13): float input quantized (QuantizeLinear, uint8), a QLinearConv
     with int8 weights scaled per output channel and an int32 bias, dequantized; a
@@ -1798,8 +1870,12 @@ def numerics_fixtures():
     entries = []
 
     def emit(name, model, feeds, self_check=None, external=False, reference=True,
-             via_opset7=None):
-        if via_opset7 is not None:
+             via_opset7=None, expected=None):
+        if expected is not None:
+            # Outputs computed elsewhere (a model onnxruntime does not run), checked there.
+            onnx.checker.check_model(model, full_check=True)
+            outputs = expected
+        elif via_opset7 is not None:
             # onnxruntime runs no opset below 7: the reference outputs are those of
             # `via_opset7` (the same model with numpy-broadcastable operands) converted by
             # onnx.version_converter.
@@ -1919,6 +1995,9 @@ def numerics_fixtures():
     emit("clip_computed", model, feeds)
     model, feeds = recurrent_model()
     emit("recurrent", model, feeds)
+    model, feeds = recurrent_batch_first_model()
+    emit("recurrent_batch_first", model, feeds,
+         expected=recurrent_batch_first_expected(model, feeds))
     # onnx.reference has no DequantizeLinear 13 (onnx 1.23.2): onnxruntime alone.
     model, feeds = quantized_model()
     emit("quantized", model, feeds, reference=False)

@@ -1,8 +1,9 @@
-//! Recurrent layers: `LSTM` and `GRU`, in every direction. Each direction is the core's
-//! unrolled layer on its slice of the weights; the reverse direction reads the sequence
-//! reversed (a gather of the time axis) and its outputs are reversed back, and a
+//! Recurrent layers: `LSTM` and `GRU`, in every direction and either layout. Each direction
+//! is the core's unrolled layer on its slice of the weights; the reverse direction reads the
+//! sequence reversed (a gather of the time axis) and its outputs are reversed back, and a
 //! bidirectional layer joins the two directions' outputs on the direction axis, as ONNX
-//! lays them out.
+//! lays them out. A batch-first node (`layout` 1) has its sequence and initial states
+//! transposed to sequence-first and its outputs back.
 
 use super::super::*;
 use super::{Convert, Converter, Family};
@@ -54,18 +55,27 @@ impl<'a> Importer<'a> {
         }
     }
 
-    /// What every recurrent node must be: sequence-first, default activations, no clip, and
-    /// every sequence of the batch at full length.
-    fn recurrent_checks(&self, node: &NodeProto) -> R<()> {
-        if self.attr_i(node, "layout", 0) != 0 {
-            return Err(self.unsupported("layout 1 (batch first)"));
+    /// Whether recurrent node `node` lays its tensors out batch-first (`layout` 1: `X` `[batch,
+    /// seq, input]`, `Y` `[batch, seq, directions, hidden]`, the states `[batch, directions,
+    /// hidden]`), else sequence-first (0, the default).
+    fn batch_first(&self, node: &NodeProto) -> R<bool> {
+        match self.attr_i(node, "layout", 0) {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => Err(self.bad(format!("layout {other}: 0 or 1 expected"))),
         }
+    }
+
+    /// What every recurrent node must be: default activations, no clip, and every sequence
+    /// of the batch at full length.
+    fn recurrent_checks(&self, node: &NodeProto) -> R<()> {
+        let time_axis = usize::from(self.batch_first(node)?);
         if attr(node, "activations").is_some() || attr(node, "clip").is_some() {
             return Err(self.unsupported("custom activations or clip"));
         }
         if self.opt(node, 4)?.is_some() {
             if let Some(c) = self.konst(node, 4, "sequence_lens")? {
-                let steps = self.dims(&self.req(node, 0)?)[0] as f64;
+                let steps = self.dims(&self.req(node, 0)?)[time_axis] as f64;
                 if c.data.iter().any(|&v| v != steps) {
                     return Err(self.unsupported("sequences of different lengths"));
                 }
@@ -120,8 +130,13 @@ impl<'a> Importer<'a> {
         build: impl Fn(&mut Graph<Heap>, &Direction) -> Result<tessera_core::LstmOutputs, GraphError>,
     ) -> R<Vec<Val>> {
         let dirs = self.directions(node)?;
-        let xd = self.dims(&self.req(node, 0)?);
-        let x = self.ti(node, 0)?;
+        let batch_first = self.batch_first(node)?;
+        let mut xd = self.dims(&self.req(node, 0)?);
+        let mut x = self.ti(node, 0)?;
+        if batch_first {
+            x = self.swap_leading(node, x, "x")?;
+            xd.swap(0, 1);
+        }
         let w = self.ti(node, 1)?;
         let r = self.ti(node, 2)?;
         let b = match self.opt(node, 3)? {
@@ -187,21 +202,45 @@ impl<'a> Importer<'a> {
             }
             _ => unreachable!("one or two directions"),
         };
+        let mut joined = joined;
+        if batch_first {
+            // Y [seq, directions, batch, hidden] -> [batch, seq, directions, hidden]; the
+            // states [directions, batch, hidden] -> [batch, directions, hidden].
+            let name = self.out_name(node, "batch_first_y");
+            joined[0] = chk!(self, self.g.transpose(&name, joined[0], &[2, 0, 1, 3]))?;
+            for (slot, label) in [(1, "h"), (2, "c")] {
+                joined[slot] = self.swap_leading(node, joined[slot], label)?;
+            }
+        }
         Ok(joined.iter().map(|&t| Val::T(t, Elem::F32)).collect())
+    }
+
+    /// `t` with its first two axes swapped (a batch-first recurrent node's sequence or
+    /// states to and from the sequence-first layout the core's layers take).
+    fn swap_leading(&mut self, node: &NodeProto, t: NodeId, label: &str) -> R<NodeId> {
+        let rank = self.g.node(t).shape().dims().len();
+        let mut perm: Vec<usize> = (0..rank).collect();
+        perm.swap(0, 1);
+        let name = self.out_name(node, &format!("batch_first_{label}"));
+        chk!(self, self.g.transpose(&name, t, &perm))
     }
 
     /// The initial states of recurrent node `node` (inputs `slots`: `initial_h`, and for an
     /// LSTM `initial_c`), each rebound to the batch when written at the file's.
     fn initial_states(&mut self, node: &NodeProto, slots: &[usize]) -> R<[Option<NodeId>; 2]> {
         let xd = self.dims(&self.req(node, 0)?);
+        // The batch axis of the states and of X: 1 sequence-first, 0 batch-first.
+        let batch_first = self.batch_first(node)?;
+        let axis = usize::from(!batch_first);
         let mut states = [None, None];
         for (slot, &k) in slots.iter().enumerate() {
             if let Some(v) = self.opt(node, k)? {
                 let dims = self.dims(&v);
                 let name = node.input[k].clone();
-                let id = if dims.len() == 3 && xd.len() == 3 && dims[1] != xd[1] {
+                let id = if dims.len() == 3 && xd.len() == 3 && dims[axis] != xd[axis] {
                     // Initial states written at the file's batch: rebound with it.
-                    let dims2 = [dims[0], xd[1], dims[2]];
+                    let mut dims2 = [dims[0], dims[1], dims[2]];
+                    dims2[axis] = xd[axis];
                     let values = match &v {
                         Val::W(i) => self.weights[*i].values.clone(),
                         Val::C(c) => Ok(Arc::new(c.data.clone())),
@@ -226,7 +265,7 @@ impl<'a> Importer<'a> {
                         }
                     }
                     self.weights.push(Weight {
-                        name: format!("{name}@batch{}", xd[1]),
+                        name: format!("{name}@batch{}", xd[axis]),
                         dims: dims2.to_vec(),
                         values,
                         trainable: true,
@@ -237,7 +276,11 @@ impl<'a> Importer<'a> {
                 } else {
                     self.t(&v, &name)?
                 };
-                states[slot] = Some(id);
+                states[slot] = Some(if batch_first {
+                    self.swap_leading(node, id, &format!("initial{slot}"))?
+                } else {
+                    id
+                });
             }
         }
         Ok(states)
