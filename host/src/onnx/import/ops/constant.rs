@@ -124,11 +124,17 @@ impl<'a> Importer<'a> {
         Ok(vec![self.req(node, 0)?])
     }
 
-    /// Dropout at inference: its output is its input.
+    /// Dropout at inference, or in training mode at a ratio of 0: its output is its input.
     fn dropout(&mut self, node: &NodeProto) -> R<Vec<Val>> {
         if let Some(Val::C(c)) = self.opt(node, 2)? {
-            if c.scalar().unwrap_or(0.0) != 0.0 {
-                return Err(self.unsupported("training_mode = true"));
+            let keeps_all = match self.opt(node, 1)? {
+                Some(Val::C(r)) => r.scalar() == Some(0.0),
+                _ => false,
+            };
+            if c.scalar().unwrap_or(0.0) != 0.0 && !keeps_all {
+                return Err(self.unsupported(
+                    "training_mode = true with a ratio other than a constant 0 (random masks); export the model for inference",
+                ));
             }
         } else if self.opt(node, 2)?.is_some() {
             return Err(self.unsupported("a run-time training_mode"));
