@@ -28,6 +28,8 @@ import torch  # noqa: E402
 from torch.export import Dim  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from strip import strip_model  # noqa: E402
 
 
 def build(name):
@@ -53,31 +55,6 @@ def fix_inputs(m, shapes):
         for d, v in zip(vi.type.tensor_type.shape.dim, dims):
             d.ClearField("dim_param")
             d.dim_value = v
-
-
-def strip(m, limit=16):
-    from onnx import TensorProto
-    for t in m.graph.initializer:
-        n = 1
-        for d in t.dims:
-            n *= d
-        if n <= limit or t.data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16,
-                                             TensorProto.BFLOAT16, TensorProto.DOUBLE):
-            continue
-        size = n * {TensorProto.FLOAT: 4, TensorProto.DOUBLE: 8}.get(t.data_type, 2)
-        for f in ("raw_data", "float_data", "external_data"):
-            t.ClearField(f)
-        t.data_location = TensorProto.EXTERNAL
-        for k, v in (("location", "__stripped__"), ("offset", "0"), ("length", str(size))):
-            e = t.external_data.add()
-            e.key, e.value = k, v
-    for n in m.graph.node:
-        del n.metadata_props[:]
-        n.doc_string = ""
-    for v in list(m.graph.value_info) + list(m.graph.input) + list(m.graph.output) + list(
-            m.graph.initializer):
-        del v.metadata_props[:]
-    del m.graph.metadata_props[:]
 
 
 def carry_names(old, new):
@@ -180,7 +157,7 @@ def main():
         shapes = export(name, raw)
         m = onnx.load(raw, load_external_data=True)
     fix_inputs(m, shapes)
-    strip(m)
+    strip_model(m, limit=16)
     matched, more = carry_names(onnx.load(old_path, load_external_data=False), m)
     onnx.save(m, out)
     print(f"{out}: {matched} nodes matched the fixed-shape file, {more} more compute shapes; "
