@@ -172,6 +172,21 @@ fn bad_models_fail_with_a_typed_error_naming_the_culprit() {
     };
     assert_eq!((node.as_str(), op.as_str(), *opset), ("my_det", "Det", 17));
     assert!(e.to_string().contains("supported ops: Abs, Add"), "{e}");
+    // A variant of a supported op says what is not read, without the list.
+    let peepholes = dir().join("../onnx_node/test_lstm_with_peepholes/model.onnx");
+    let e = import(
+        &OnnxModel::load(&peepholes).unwrap(),
+        &mut Graph::new(),
+        &ImportOptions::default(),
+    )
+    .expect_err("peepholes");
+    let text = e.to_string();
+    assert!(
+        matches!(e, OnnxError::Unsupported { .. })
+            && text.contains("LSTM (opset 22) is not supported (")
+            && !text.contains("supported ops"),
+        "{text}"
+    );
 
     // Three unsupported op types: one error names them all, with their counts.
     let e = import(

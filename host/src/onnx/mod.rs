@@ -154,8 +154,9 @@ pub enum OnnxError {
         /// The model's opset.
         opset: i64,
     },
-    /// A node's op (or op variant) is not supported.
-    #[error("node `{node}`: {op} (opset {opset}) is not supported{}; supported ops: {}", if detail.is_empty() { String::new() } else { format!(" ({detail})") }, supported_ops().join(", "))]
+    /// A node's op (or op variant) is not supported. The supported ops are listed when the
+    /// op itself is not one of them; a variant of a supported op says what is not read.
+    #[error("node `{node}`: {op} (opset {opset}) is not supported{}{}", if detail.is_empty() { String::new() } else { format!(" ({detail})") }, ops_unless_supported(op))]
     Unsupported {
         /// The node.
         node: String,
@@ -305,6 +306,16 @@ pub enum OnnxError {
         /// The later node making it.
         producer: String,
     },
+}
+
+/// `; supported ops: ...` unless `op` is one of them.
+fn ops_unless_supported(op: &str) -> String {
+    let ops = supported_ops();
+    if ops.contains(&op) {
+        String::new()
+    } else {
+        format!("; supported ops: {}", ops.join(", "))
+    }
 }
 
 /// Checks the top-level graph as onnx.checker does before anything is imported: every tensor
