@@ -364,18 +364,7 @@ impl Prepared {
             &compiled.target.machine,
             &estimate,
         );
-        let outfeeds = Queue::ALL
-            .iter()
-            .map(|&q| {
-                let q = taps.queue(q);
-                OutfeedSummary {
-                    queue: q.name().to_string(),
-                    enqueued: q.enqueued(),
-                    stalled_enqueues: q.stalled_enqueues(),
-                    stall_seconds: q.stall_time().as_secs_f64(),
-                }
-            })
-            .collect();
+        let outfeeds = outfeed_summaries(&taps);
         let executions = x.executions as u64;
         Ok(TrainReport {
             model: compiled.model.name.clone(),
@@ -401,4 +390,20 @@ impl Prepared {
             evaluation,
         })
     }
+}
+
+/// What each outfeed queue carried and how often its enqueues waited for the host.
+fn outfeed_summaries(taps: &Taps) -> Vec<OutfeedSummary> {
+    Queue::ALL
+        .iter()
+        .map(|&q| {
+            let q = taps.queue(q);
+            OutfeedSummary {
+                queue: q.name().to_string(),
+                enqueued: q.enqueued(),
+                stalled_enqueues: q.stalled_enqueues(),
+                stall_seconds: q.stall_time().as_secs_f64(),
+            }
+        })
+        .collect()
 }
