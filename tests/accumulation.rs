@@ -2,7 +2,7 @@
 //! learning rate divided by M, or RUNNING_MEAN), give the weights of one step on M*b samples;
 //! weights change only once every M micro-batches.
 
-mod common;
+use crate::common;
 
 use common::{close, weights};
 

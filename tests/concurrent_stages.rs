@@ -3,7 +3,7 @@
 // Run errors carry node names inline (see the core); closures returning them are fine here.
 #![allow(clippy::result_large_err)]
 
-mod common;
+use crate::common;
 
 use common::weights;
 

@@ -108,3 +108,40 @@ fn paths_are_found_with_items_and_lines_taken_off() {
         ["core/src/nowhere.rs", "scripts/no_such_script.sh"]
     );
 }
+
+/// The README's table of options, between these markers, is
+/// `EstimateOptions::markdown_table()`: one source for the table, `--help` and Python's help.
+const TABLE_START: &str = "<!-- options: EstimateOptions::markdown_table -->\n";
+const TABLE_END: &str = "<!-- /options -->";
+
+/// The README's options table is the library's. With `TESSERA_BLESS=1` the test writes the
+/// library's table into the README instead of failing.
+#[test]
+fn the_readme_s_options_table_is_the_library_s() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let path = root.join("README.md");
+    let readme = std::fs::read_to_string(&path).expect("README.md is readable");
+    let start = readme
+        .find(TABLE_START)
+        .expect("the README has the options table's start")
+        + TABLE_START.len();
+    let end = start
+        + readme[start..]
+            .find(TABLE_END)
+            .expect("the README has the options table's end");
+    let table = tessera::host::estimation::EstimateOptions::markdown_table();
+    if readme[start..end] != table {
+        if std::env::var_os("TESSERA_BLESS").is_some() {
+            let updated = format!("{}{table}{}", &readme[..start], &readme[end..]);
+            std::fs::write(&path, updated).expect("README.md is writable");
+            return;
+        }
+        panic!(
+            "README.md's options table is not the library's; run this test with TESSERA_BLESS=1 to write it:\n{table}"
+        );
+    }
+    // Every option is in it, under its flag.
+    for h in tessera::host::estimation::EstimateOptions::help() {
+        assert!(table.contains(&format!("`--{}`", h.flag)), "{}", h.flag);
+    }
+}

@@ -1,12 +1,15 @@
 //! The pipeline timeline: stashes observed while simulating stay within their stated depth
 //! and reach it; for equal-cost stages, Grouped's idle fraction is (S-1)/(M+S-1); Interleaved
 //! runs one stage per IPU per step, Sequential one in the whole system; counting the steady
-//! state's identical steps changes nothing.
+//! state's identical steps changes nothing; past the fill, each micro-batch adds the steady
+//! state's cycles.
 
 use proptest::prelude::*;
 use tessera::core::schedule::Slot;
 use tessera::core::schedule::{overlap_length, Pipeline, Schedule};
-use tessera::sim::pipeline::{timeline, StageCost, KEPT_PERIODS};
+use tessera::sim::pipeline::{
+    steady_cycles_per_micro_batch, steady_micro_batches, timeline, StageCost, KEPT_PERIODS,
+};
 
 fn schedule() -> impl Strategy<Value = Schedule> {
     prop_oneof![
@@ -38,6 +41,31 @@ proptest! {
     }
 
     #[test]
+    fn each_micro_batch_past_the_fill_adds_the_steady_cycles(s in 1usize..=4, sch in schedule(), training: bool, extra in 0usize..=40, costs in prop::collection::vec((1u64..1000, 1u64..1000), 4), sync in 0u64..100) {
+        let base = overlap_length(sch, s, training);
+        let p = Pipeline::new(s, base, sch, training).unwrap();
+        let placements: Vec<Vec<(usize, usize, StageCost)>> = (0..s)
+            .map(|k| vec![(k, k, StageCost { forward: costs[k].0, backward: costs[k].1 })])
+            .collect();
+        let steady = steady_cycles_per_micro_batch(&p, &placements, sync);
+        prop_assert!(steady > 0.0);
+        // Two counts past the fill, multiples of the schedule's own: their timelines differ
+        // by the steady cycles of each micro-batch between them.
+        let times = steady_micro_batches(&p).div_ceil(base);
+        let short = p.repeated(times).unwrap();
+        let long = p.repeated(times + 1 + extra).unwrap();
+        let run = |q: &Pipeline| timeline_of(q, &placements, sync);
+        let added = (long.accumulation() - short.accumulation()) as f64;
+        prop_assert_eq!((run(&long) - run(&short)) as f64, steady * added);
+        // A weight update of any M takes at least M - 1 steady micro-batches (the last one's
+        // period may end early: Interleaved's idle step after it is not run), and the steady
+        // state is no slower than a micro-batch through every stage.
+        prop_assert!(run(&p) as f64 >= steady * (base - 1) as f64);
+        let through: u64 = costs[..s].iter().map(|&(f, b)| f + if training { b } else { 0 }).sum();
+        prop_assert!(steady <= (through + 2 * s as u64 * (sync + 1)) as f64);
+    }
+
+    #[test]
     fn grouped_idle_fraction_for_equal_stages(s in 1usize..=4, times in 1usize..=8) {
         let m = 2 * s * times;
         let p = Pipeline::new(s, m, Schedule::Grouped, true).unwrap();
@@ -49,6 +77,11 @@ proptest! {
             prop_assert!((ipu.idle_fraction() - expected).abs() <= 0.02, "IPU {}: {} vs {}", ipu.ipu, ipu.idle_fraction(), expected);
         }
     }
+}
+
+/// The cycles of `p`'s timeline with each stage on its own IPU.
+fn timeline_of(p: &Pipeline, placements: &[Vec<(usize, usize, StageCost)>], sync: u64) -> u64 {
+    tessera::sim::pipeline::timeline_concurrent(p, placements, sync).cycles
 }
 
 /// The step-by-step timeline, every step run: the reference for the steady-state form.

@@ -4,7 +4,7 @@
 
 #![allow(clippy::result_large_err)] // GraphError carries the node name inline (no heap in core).
 
-mod common;
+use crate::common;
 
 use std::sync::Mutex;
 

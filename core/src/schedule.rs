@@ -260,6 +260,17 @@ impl Pipeline {
         self.stages
     }
 
+    /// The same pipeline with `times` times the micro-batches per weight update (at least
+    /// once). A multiple of a count either accumulation rule accepts is accepted by it too
+    /// (TensorFlow's: a multiple of the overlap; PopART's: at least its least), so the result
+    /// needs no check. `None` when the count overflows.
+    pub fn repeated(&self, times: usize) -> Option<Self> {
+        Some(Pipeline {
+            accumulation: self.accumulation.checked_mul(times.max(1))?,
+            ..*self
+        })
+    }
+
     /// Micro-batches per weight update.
     pub fn accumulation(&self) -> usize {
         self.accumulation

@@ -9,6 +9,7 @@
 
 pub mod allocator;
 pub mod calibration;
+mod cli;
 pub mod compile;
 pub mod dataset;
 pub mod estimation;
@@ -27,3 +28,5 @@ pub mod summary;
 pub mod sweep;
 pub mod tensor;
 pub mod whole_models;
+
+pub use cli::command;

@@ -100,6 +100,13 @@ pub struct EstimateSummary {
     pub seconds_per_weight_update: f64,
     /// Samples per second.
     pub samples_per_second: f64,
+    /// Samples per second at steady state: the limit as M grows, where the pipeline's ramp
+    /// (fill and drain), the all-reduce and the weight update spread over ever more
+    /// micro-batches.
+    pub steady_samples_per_second: f64,
+    /// Cycles of the pipeline's ramp in one weight update: its fill and drain, the pipeline's
+    /// cycles beyond M micro-batches at steady state.
+    pub ramp_cycles: u64,
     /// Micro-batches per weight update.
     pub gradient_accumulation_count: usize,
     /// Replicas.
@@ -188,6 +195,8 @@ impl EstimateSummary {
             cycles_by_phase: cycles_by_phase(e),
             seconds_per_weight_update: e.seconds_per_weight_update,
             samples_per_second: e.samples_per_second,
+            steady_samples_per_second: e.steady_samples_per_second,
+            ramp_cycles: ramp_cycles(e),
             gradient_accumulation_count: e.accumulation,
             replicas: e.replicas,
             ipus_total: e.ipus_total,
@@ -315,6 +324,7 @@ impl EstimateSummary {
                 seconds(self.seconds_per_weight_update / m as f64),
                 decimal(self.samples_per_second)
             );
+            self.steady_text(s);
             return;
         }
         let _ = writeln!(
@@ -339,9 +349,52 @@ impl EstimateSummary {
         let _ = writeln!(s, "cycles by phase (before overlap): {}", phases.join(", "));
         let _ = writeln!(
             s,
-            "{} per weight update, {} samples/s",
+            "{} per weight update, {} samples/s at M = {}",
             seconds(self.seconds_per_weight_update),
-            decimal(self.samples_per_second)
+            decimal(self.samples_per_second),
+            self.gradient_accumulation_count
+        );
+        self.steady_text(s);
+    }
+
+    /// The throughput at steady state, where it differs from the run's, with what the run
+    /// spends beyond it: the pipeline's ramp, and in training the all-reduce and the update.
+    fn steady_text(&self, s: &mut String) {
+        if self.steady_samples_per_second <= self.samples_per_second * 1.001 {
+            return;
+        }
+        let total = self.cycles_per_weight_update.max(1) as f64;
+        let share = |c: u64| percent(c as f64 / total);
+        let per = if self.trains() {
+            "weight update"
+        } else {
+            "step"
+        };
+        let mut parts = Vec::new();
+        if self.stages.len() > 1 {
+            parts.push(format!(
+                "the pipeline's fill and drain {}",
+                share(self.ramp_cycles)
+            ));
+        }
+        if self.trains() {
+            parts.push(format!(
+                "the all-reduce and weight update {}",
+                share(self.all_reduce_cycles + self.weight_update_cycles)
+            ));
+        }
+        let spent = match parts.is_empty() {
+            true => String::new(),
+            false => format!(
+                " (at M = {}, {} of each {per})",
+                self.gradient_accumulation_count,
+                parts.join(", ")
+            ),
+        };
+        let _ = writeln!(
+            s,
+            "steady state: {} samples/s as M grows{spent}",
+            decimal(self.steady_samples_per_second),
         );
     }
 
@@ -423,6 +476,12 @@ fn categories_line(categories: &BTreeMap<&'static str, u64>) -> String {
 
 /// Cycles by phase over one update's stage runs (M of each) and its all-reduce and update,
 /// before pipeline overlap.
+/// The pipeline's cycles beyond its micro-batches at steady state: the fill and drain.
+fn ramp_cycles(e: &SystemEstimate) -> u64 {
+    let steady = e.steady_cycles_per_micro_batch * e.accumulation as f64;
+    (e.pipeline_cycles as f64 - steady).max(0.0).round() as u64
+}
+
 fn cycles_by_phase(e: &SystemEstimate) -> BTreeMap<&'static str, u64> {
     let mut phases: BTreeMap<&'static str, u64> = BTreeMap::new();
     let m = e.accumulation as u64;

@@ -1884,3 +1884,38 @@ fn an_estimate_out_of_memory_is_one_error_line() {
         "{err}"
     );
 }
+
+/// A model that does not fit because of its stashed activations: the hint's first suggestion
+/// is recomputation from checkpoints, checked by estimating with it, and the paragraph is
+/// printed once, on stderr.
+#[test]
+fn the_out_of_memory_hint_checks_its_first_suggestion() {
+    let model = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../data/onnx/bert_base.stripped.onnx"
+    );
+    let out = tessera(&[
+        "estimate",
+        model,
+        "--batch-size",
+        "16",
+        "--pipeline-ipus",
+        "4",
+        "--dtype",
+        "f16",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let advice = stderr.lines().last().unwrap();
+    assert!(
+        advice.contains("(try --recompute-checkpoints auto, --offload-activations"),
+        "{advice}"
+    );
+    assert!(
+        advice.contains("; with --recompute-checkpoints auto it fits (fullest tile"),
+        "{advice}"
+    );
+    assert!(!advice.contains("--dtype f16"), "{advice}");
+    assert_eq!(stderr.matches("does not fit: out of memory").count(), 1);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("out of memory"));
+}

@@ -8,8 +8,7 @@ use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
 
-mod common;
-mod mutate;
+use crate::{common, mutate};
 use common::run_capped;
 use mutate::{models, mutate, mutation};
 

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 use common::run_capped;
 
 const BERT_TINY: &str = concat!(

@@ -45,9 +45,10 @@ fn message(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// A Python error of `kind` for `e`.
+/// A Python error of `kind` for `e`, naming options by their keywords (`batch_size`), not the
+/// command's flags (`--batch-size`).
 fn error(kind: &str, e: &dyn std::error::Error) -> PyErr {
-    Error::new_err((kind.to_string(), message(e)))
+    Error::new_err((kind.to_string(), EstimateOptions::as_keywords(&message(e))))
 }
 
 /// What kind of error an estimate's is: a bad option, a bad model, or a failure of the
@@ -255,14 +256,35 @@ fn calibrate(
     serde_json::to_string(&c).map_err(|e| error("estimate", &e))
 }
 
-/// Every option with what it does, as (name, help, choices, default or None), in the
-/// order `tessera estimate --help` lists them ([`EstimateOptions::help`]).
+/// One option's help: (name, help, choices, default or None, the frameworks' names or None).
+type OptionRow = (String, String, Vec<String>, Option<String>, Option<String>);
+
+/// Every option with what it does, in the order `tessera estimate --help` lists them
+/// ([`EstimateOptions::help`]).
 #[pyfunction]
-fn options_help() -> Vec<(String, String, Vec<String>, Option<String>)> {
+fn options_help() -> Vec<OptionRow> {
     EstimateOptions::help()
         .into_iter()
-        .map(|h| (h.name, h.help, h.values, h.default))
+        .map(|h| {
+            let frameworks = h.frameworks.map(str::to_string);
+            (h.name, h.help, h.values, h.default, frameworks)
+        })
         .collect()
+}
+
+/// Runs the `tessera` command with `args` (the program's name first), as the package's
+/// `tessera` script does, and returns its exit status. Its output goes to the process's
+/// standard output and error, as the command's does.
+#[pyfunction]
+fn command(py: Python<'_>, args: Vec<String>) -> u8 {
+    py.detach(|| tessera_host::command(args))
+}
+
+/// `message` with the command's flags named as Python's keywords
+/// ([`EstimateOptions::as_keywords`]).
+#[pyfunction]
+fn as_keywords(message: &str) -> String {
+    EstimateOptions::as_keywords(message)
 }
 
 /// The module.
@@ -276,6 +298,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(set_lowering_cache, m)?)?;
     m.add_function(wrap_pyfunction!(calibrate, m)?)?;
     m.add_function(wrap_pyfunction!(options_help, m)?)?;
+    m.add_function(wrap_pyfunction!(command, m)?)?;
+    m.add_function(wrap_pyfunction!(as_keywords, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -4,6 +4,7 @@ import copy
 import inspect
 import io
 import json
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
@@ -203,6 +204,13 @@ class Estimate:
         return self._dict["samples_per_second"]
 
     @property
+    def steady_samples_per_second(self):
+        """Samples per second at steady state: the limit as the micro-batches per weight update
+        (M) grow, where the pipeline's fill and drain, the all-reduce and the weight update
+        spread over ever more micro-batches."""
+        return self._dict["steady_samples_per_second"]
+
+    @property
     def cycles_per_step(self):
         """Average cycles per micro-batch step (cycles per weight update / M)."""
         return self._dict["cycles_per_step"]
@@ -370,17 +378,25 @@ def options():
     """Every option of :func:`estimate` and of sweep specs, with what it does.
 
     A dict of option name to its description, in the order ``tessera estimate --help``
-    lists them: the library's own text, with the names a choice takes and its default.
+    lists them: the library's own text, with the names a choice takes, its default and what
+    TensorFlow for the IPU, PopART and PopTorch call it.
     """
     out = {}
-    for name, help_text, values, default in _native.options_help():
+    for name, help_text, values, default, frameworks in _native.options_help():
         text = help_text
         if values:
             text += f" Values: {', '.join(values)}."
         if default is not None:
             text += f" Default: {default}."
-        out[name] = text
+        if frameworks is not None:
+            text += f" In Graphcore's frameworks: {frameworks}."
+        out[name] = _keywords(text)
     return out
+
+
+def _keywords(text):
+    """``text`` with the command's flags (``--batch-size``) named as keywords (``batch_size``)."""
+    return _native.as_keywords(text)
 
 
 def _options_doc():
@@ -404,6 +420,30 @@ def _row(row_json):
     return flat
 
 
+def _spec_value(value, where):
+    """A sweep spec's ``value`` at key path ``where`` as plain JSON values (paths and numpy
+    values made plain), or an :class:`OptionError` naming the key whose value a spec cannot
+    hold (``None``, NaN, an object of another kind)."""
+    at = where or "the spec"
+    value = _plain(value)
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise OptionError(f"{at}: key {k!r} is not a string")
+            out[k] = _spec_value(v, f"{where}.{k}" if where else k)
+        return out
+    if isinstance(value, list):
+        return [_spec_value(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if value is None:
+        raise OptionError(f"{at}: None is not a value; leave the key out for the default")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise OptionError(f"{at}: {value} is not a finite number")
+    if not isinstance(value, (str, bool, int, float)):
+        raise OptionError(f"{at}: a {type(value).__name__} is not a value a sweep spec holds")
+    return value
+
+
 def sweep(spec, *, jobs=None, lowering_cache=8, progress=True):
     """Estimates every configuration of a sweep spec: a TOML file's path, or a dict of the
     same tables (``name``, ``base``, ``grid``, ``configs``). Returns the rows (a pandas
@@ -414,7 +454,8 @@ def sweep(spec, *, jobs=None, lowering_cache=8, progress=True):
     (0 turns that off). A tqdm progress bar shows when tqdm is installed and ``progress``.
     """
     if isinstance(spec, dict):
-        native = _native_call(_native.Sweep.from_json, json.dumps(spec), spec.get("name", "sweep"))
+        tables = _spec_value(spec, "")
+        native = _native_call(_native.Sweep.from_json, json.dumps(tables), spec.get("name", "sweep"))
     else:
         native = _native_call(_native.Sweep.load, os.fspath(spec))
     n = len(native)

@@ -104,6 +104,21 @@ def test_bad_options_are_option_errors_naming_the_option():
         tessera.estimate("sequential", replicas="two")
 
 
+def test_errors_name_options_by_their_keywords_not_the_commands_flags():
+    # The library's message names `--pipeline-ipus` and `--input-shape` on the command line.
+    with pytest.raises(tessera.OptionError) as e:
+        tessera.estimate("sequential", pipeline_ipus=2)
+    assert "pipeline_ipus" in str(e.value) and "--" not in str(e.value), str(e.value)
+    with pytest.raises(tessera.OptionError, match="replicas: 3 replica.s. do not divide the 16 IPUs of system `pod16`"):
+        tessera.estimate("sequential", system="pod16", replicas=3)
+
+
+def test_a_system_is_filled_with_replicas():
+    e = tessera.estimate("pipelined_sequential", system="pod16")
+    assert (e.replicas, e.ipus, e.system) == (8, 16, "IPU-POD16"), (e.replicas, e.ipus, e.system)
+    assert e.steady_samples_per_second > e.samples_per_second
+
+
 def test_bad_models_are_model_errors_with_their_causes():
     with pytest.raises(tessera.ModelError, match="neither a shipped model"):
         tessera.estimate("no_such_model")
@@ -166,6 +181,14 @@ def test_a_sweep_gives_one_row_per_configuration_as_the_estimates():
         assert r["error"] is None
     with pytest.raises(tessera.OptionError, match="unknown key `batch_sise`"):
         tessera.sweep({"base": {"model": "sequential", "batch_sise": 2}})
+    # Values a spec cannot hold are named by their keys in the dict, not by a position in
+    # text the package made.
+    with pytest.raises(tessera.OptionError, match=r"^base\.batch_size: None is not a value"):
+        tessera.sweep({"base": {"model": "sequential", "batch_size": None}})
+    with pytest.raises(tessera.OptionError, match=r"^grid\.learning_rate\[1\]: nan is not a finite number"):
+        tessera.sweep({"base": {"model": "sequential"}, "grid": {"learning_rate": [0.1, float("nan")]}})
+    with pytest.raises(tessera.OptionError, match=r"^grid\.dtype: a set is not a value"):
+        tessera.sweep({"base": {"model": "sequential"}, "grid": {"dtype": {"f16"}}})
 
 
 def test_a_sweep_spec_file_runs():
@@ -235,6 +258,13 @@ def test_every_option_is_described_from_the_library():
     assert "Values: f32, f16. Default: f32." in opts["dtype"]
     assert "no_inference_rewrites" in opts
     assert "``pipeline_schedule``" in tessera.estimate.__doc__
+    # Every option is in help(tessera.estimate), with Graphcore's frameworks' names where
+    # they have one, and with keywords where the library's text names the command's flags.
+    for name in opts:
+        assert f"``{name}``" in tessera.estimate.__doc__, name
+    assert "PopART `accumulationFactor`" in opts["gradient_accumulation_count"]
+    assert "system" in opts and "bow-pod16" in opts["system"]
+    assert "--" not in tessera.estimate.__doc__
     with pytest.raises(tessera.OptionError, match="unknown option `batch_sise`"):
         tessera.estimate("sequential", batch_sise=2)
 
@@ -266,3 +296,21 @@ def test_the_package_docstring_example_holds():
         os.chdir(old)
     assert result.failed == 0
 
+
+
+def test_the_package_installs_the_command():
+    # pip installs a `tessera` script beside the interpreter; `python -m tessera` is the same.
+    script = Path(sys.executable).with_name("tessera")
+    for cmd in ([str(script)], [sys.executable, "-m", "tessera"]):
+        if cmd[0] == str(script) and not script.exists():
+            pytest.fail(f"no `tessera` script beside {sys.executable}")
+        out = subprocess.run([*cmd, "--version"], capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == f"tessera {tessera.__version__}", out
+        bad = subprocess.run([*cmd, "estimate", "--batch-size", "0"], capture_output=True, text=True)
+        assert bad.returncode == 1 and bad.stdout == "", bad
+        assert bad.stderr.startswith("error: "), bad
+    est = subprocess.run(
+        [sys.executable, "-m", "tessera", "estimate", "sequential", "--json"],
+        capture_output=True, text=True, check=True,
+    )
+    assert json.loads(est.stdout.splitlines()[-1])["fits"] is True

@@ -221,6 +221,33 @@ pub fn timeline_concurrent(
 /// Sets `active` to step `t`'s active slots, each with its micro-batch. Within a step an IPU
 /// runs its backward slots before its forward ones, so a stash entry is consumed before the
 /// next micro-batch's activations are pushed.
+/// The cycles each micro-batch adds to a weight update's pipeline once it is full: its steady
+/// state, where every step runs every slot of its phase. It is measured, not assumed: the
+/// timelines of two long runs of `pipeline` (with [`steady_micro_batches`] and twice as many
+/// micro-batches) differ by that many steady micro-batches, whatever the schedule's period.
+/// A weight update of M micro-batches is M times this plus the pipeline's ramp (its fill and
+/// drain, the rest of its timeline).
+pub fn steady_cycles_per_micro_batch(
+    pipeline: &Pipeline,
+    placements: &[Vec<(usize, usize, StageCost)>],
+    sync: u64,
+) -> f64 {
+    let times = steady_micro_batches(pipeline).div_ceil(pipeline.accumulation().max(1));
+    let (Some(short), Some(long)) = (pipeline.repeated(times), pipeline.repeated(2 * times)) else {
+        return 0.0;
+    };
+    let a = timeline_concurrent(&short, placements, sync).cycles;
+    let b = timeline_concurrent(&long, placements, sync).cycles;
+    let added = long.accumulation() - short.accumulation();
+    b.saturating_sub(a) as f64 / added as f64
+}
+
+/// Micro-batches enough for a run of `pipeline` to reach its steady state: more than its
+/// slots (the fill) and its periods (a step of Interleaved's two), with room to spare.
+pub fn steady_micro_batches(pipeline: &Pipeline) -> usize {
+    4 * pipeline.slots() + 4
+}
+
 fn active_slots(pipeline: &Pipeline, t: usize, active: &mut Vec<(Slot, usize)>) {
     active.clear();
     for back in [true, false] {

@@ -22,7 +22,9 @@ use crate::estimate::{Cycles, SimError, TraceEvent};
 use crate::lower::LowerOptions;
 use crate::machine::IpuConfig;
 use crate::memory::{OutOfMemory, PartMemory, TileMemory};
-use crate::pipeline::{timeline_concurrent, ElidedSteps, SlotRun, StageCost};
+use crate::pipeline::{
+    steady_cycles_per_micro_batch, timeline_concurrent, ElidedSteps, SlotRun, StageCost,
+};
 use crate::techniques::Techniques;
 pub use conditional::{Conditional, ConditionalCost};
 use phases::{all_reduce_cycles, cost_stages, lower_ipus, memory_reports, Run};
@@ -326,6 +328,15 @@ pub struct SystemEstimate {
     pub samples_per_weight_update: u64,
     /// Samples per second.
     pub samples_per_second: f64,
+    /// Cycles each micro-batch adds to the pipeline once it is full
+    /// ([`crate::pipeline::steady_cycles_per_micro_batch`]): `pipeline_cycles` is M times this
+    /// plus the pipeline's ramp (its fill and drain).
+    #[serde(default)]
+    pub steady_cycles_per_micro_batch: f64,
+    /// Samples per second at steady state: the limit as M grows, where the ramp, the
+    /// all-reduce and the weight update spread over ever more micro-batches.
+    #[serde(default)]
+    pub steady_samples_per_second: f64,
     /// Weight updates per execution of the on-device loop (R).
     pub repeat_count: usize,
     /// Micro-batches per execution (K = R x M).
@@ -389,6 +400,7 @@ where
         })
         .collect();
     let tl = timeline_concurrent(&t.pipeline, &placements, sync);
+    let steady = steady_cycles_per_micro_batch(&t.pipeline, &placements, sync);
     // The code each node's steps hold, from a walk of its own over each IPU's steps, found
     // beside the memory's.
     let (memory, mut node_code) = rayon::join(
@@ -459,6 +471,12 @@ where
         samples_per_weight_update: samples,
         samples_per_second: if seconds > 0.0 {
             samples as f64 / seconds
+        } else {
+            0.0
+        },
+        steady_cycles_per_micro_batch: steady,
+        steady_samples_per_second: if steady > 0.0 {
+            (opts.micro_batch as f64 * opts.replicas as f64) * cfg.clock_hz / steady
         } else {
             0.0
         },

@@ -2,10 +2,10 @@
 
 use std::path::PathBuf;
 
+use crate::model::DEFAULT_MODEL;
+use crate::names::parser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tessera_core::DType;
-use tessera_host::model::DEFAULT_MODEL;
-use tessera_host::names::parser;
 use tessera_sim::machine::Preset;
 
 use super::flags::{EstimateFlags, ModelFlags};

@@ -1,10 +1,10 @@
 //! `tessera estimate`: fit, memory and cycles of training (or inference) without running,
-//! through the library's one entry ([`tessera_host::estimation::estimate`]).
+//! through the library's one entry ([`crate::estimation::estimate`]).
 
 use std::path::PathBuf;
 
-use tessera_host::estimation::{estimate_with, FewestIpus, ModelSource, Progress};
-use tessera_host::report::write_report;
+use crate::estimation::{estimate_with, FewestIpus, ModelSource, Progress};
+use crate::report::write_report;
 
 use super::args::EstimateArgs;
 use super::options::command_line;
@@ -13,7 +13,7 @@ use super::AnyError;
 pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
     // Where the report goes is checked before any work.
     if let Some(d) = &a.report_dir {
-        tessera_host::output::check_output_dir(d)?;
+        crate::output::check_output_dir(d)?;
     }
     let source = ModelSource::from_arg(&a.model);
     let json = a.json;
@@ -43,11 +43,71 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
         if let Some(f) = e.onnx.as_ref().and_then(|o| o.fewest_ipus.as_ref()) {
             let memory = e.estimate.out_of_memory.as_ref().map(|o| o.memory.clone());
             let try_ = suggestions(&e.session, &memory.unwrap_or_default(), e.inference);
-            eprintln!("{}", search_outcome(f, &try_));
+            let mut advice = search_outcome(f, &try_);
+            if f.ipus.is_none() {
+                if let Some(checked) = try_first(&source, &a.options.0, &try_, json) {
+                    advice.push_str(&format!("; {checked}"));
+                }
+            }
+            eprintln!("{advice}");
         }
         return Ok(false);
     }
     Ok(true)
+}
+
+/// `options` with `suggestion` (one of [`suggestions`]' options) taken, if it is one option
+/// that can be taken as it is (not "a smaller --batch-size").
+fn with_suggestion(
+    options: &crate::estimation::EstimateOptions,
+    suggestion: &str,
+) -> Option<crate::estimation::EstimateOptions> {
+    let mut o = options.clone();
+    match suggestion {
+        "--recompute-checkpoints auto" => o.recompute_checkpoints = vec!["auto".to_string()],
+        "--offload-activations" => o.offload_activations = true,
+        "--offload-optimizer-state" => o.offload_optimizer_state = Some(true),
+        "--replicated-tensor-sharding" => o.replicated_tensor_sharding = Some(true),
+        "--dtype f16" => o.dtype = tessera_core::DType::F16,
+        _ => return None,
+    }
+    Some(o)
+}
+
+/// The first of the suggestions `try_`, checked by estimating the model with it (and, when it
+/// does not fit as placed, searching for the fewest IPUs an automatic split fits on): what
+/// it gives, in words. `None` when the first suggestion cannot be taken as it is, or its
+/// estimate fails.
+fn try_first(
+    source: &ModelSource,
+    options: &crate::estimation::EstimateOptions,
+    try_: &[String],
+    quiet: bool,
+) -> Option<String> {
+    let first = try_.first()?;
+    let o = with_suggestion(options, first)?;
+    if !quiet {
+        eprintln!("checking {first}...");
+    }
+    let e = estimate_with(source, &o, &mut |_| {}).ok()?;
+    let fullest = e.summary.ipus.iter().map(|i| i.max_tile_bytes).max()?;
+    let sram = e.machine.sram_bytes_per_tile;
+    let fewest = e.onnx.as_ref().and_then(|x| x.fewest_ipus.as_ref());
+    Some(match (e.summary.fits, fewest.and_then(|f| f.ipus)) {
+        (true, _) => format!(
+            "with {first} it fits (fullest tile {} of {})",
+            crate::report::format::bytes(fullest),
+            crate::report::format::bytes(sram)
+        ),
+        (false, Some(n)) => {
+            format!("with {first} an automatic split fits on {n} IPUs (--pipeline-ipus {n})")
+        }
+        (false, None) => format!(
+            "checked: with {first} alone it does not fit either (fullest tile {} of {})",
+            crate::report::format::bytes(fullest),
+            crate::report::format::bytes(sram)
+        ),
+    })
 }
 
 /// The options that may make a model fit, most promising first: ranked by the categories
@@ -57,7 +117,7 @@ pub fn run(a: EstimateArgs) -> Result<bool, AnyError> {
 /// the state, sharding it over the replicas; temporary data: a lower available memory
 /// proportion. Then fp16 and a smaller batch, which shrink them all.
 fn suggestions(
-    s: &tessera_host::compile::SessionOptions,
+    s: &crate::compile::SessionOptions,
     memory: &tessera_sim::memory::TileMemory,
     inference: bool,
 ) -> Vec<String> {
@@ -168,7 +228,7 @@ pub fn files_list(files: &[PathBuf]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tessera_host::compile::SessionOptions;
+    use crate::compile::SessionOptions;
     use tessera_sim::memory::TileMemory;
     use tessera_sim::techniques::Checkpoints;
 

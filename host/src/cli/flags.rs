@@ -3,11 +3,11 @@
 //! its `--no-` form, and the commands that run a model (`train`, `evaluate`, `predict`) hide
 //! and refuse the options only an estimate takes ([`ESTIMATE_ONLY`]).
 
+use crate::estimation::{EstimateOptions, ESTIMATE_ONLY};
 use clap::builder::ValueRange;
 use clap::error::ErrorKind;
 use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
-use tessera_host::estimation::{EstimateOptions, ESTIMATE_ONLY};
 
 /// `tessera estimate`'s options: all of them.
 #[derive(Clone, Debug)]
@@ -141,8 +141,8 @@ impl Args for ModelFlags {
 
 #[cfg(test)]
 mod tests {
+    use crate::estimation::{EstimateOptions, ESTIMATE_ONLY};
     use clap::{CommandFactory, Parser};
-    use tessera_host::estimation::{EstimateOptions, ESTIMATE_ONLY};
 
     use super::super::args::{Cli, Command};
 

@@ -4,19 +4,17 @@
 use npyz::WriterBuilder as _;
 use std::path::Path;
 
-use tessera_host::compile::SessionOptions;
-use tessera_host::idx::Mnist;
-use tessera_host::outfeed::HostTensor;
-use tessera_host::output::{check_output_file, write_atomically};
-use tessera_host::session::{
-    EstimateSummary, EvaluateOptions, EvaluateReport, Evaluation, Weights,
-};
+use crate::compile::SessionOptions;
+use crate::idx::Mnist;
+use crate::outfeed::HostTensor;
+use crate::output::{check_output_file, write_atomically};
+use crate::session::{EstimateSummary, EvaluateOptions, EvaluateReport, Evaluation, Weights};
 use tessera_sim::machine::IpuConfig;
 
 use super::args::{EvaluateArgs, InferenceArgs, PredictArgs};
 use super::options::{data_dir, load_data, load_model, session_options};
 use super::AnyError;
-use tessera_host::estimation::inference_line;
+use crate::estimation::inference_line;
 
 /// Prediction files this command writes, by extension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use tessera_host::compile::onnx::{run_onnx, NamedTensor};
-use tessera_host::onnx::{OnnxModel, Stages};
+use crate::compile::onnx::{run_onnx, NamedTensor};
+use crate::onnx::{OnnxModel, Stages};
 
 use super::args::RunArgs;
 use super::AnyError;
@@ -12,21 +12,21 @@ use super::AnyError;
 /// `tessera run MODEL.onnx --input NAME=FILE.npy ...`: the forward pass, outputs as .npy.
 pub fn run_model(a: RunArgs) -> Result<bool, AnyError> {
     // Where the outputs go is checked before any work.
-    tessera_host::output::check_output_dir(&a.output_dir)?;
+    crate::output::check_output_dir(&a.output_dir)?;
     let model = OnnxModel::load(&a.model)?;
     // The types and the weights first: without them no input matters. (A symbolic batch is
     // bound by the inputs, read next; `run_onnx` checks the weights again then.)
     model.require_float32_io()?;
-    match tessera_host::onnx::import(
+    match crate::onnx::import(
         &model,
         &mut tessera_core::Graph::<tessera_sim::Heap>::new(),
-        &tessera_host::onnx::ImportOptions {
+        &crate::onnx::ImportOptions {
             stages: Stages::One,
             ..Default::default()
         },
     ) {
         Ok(imported) => imported.require_weights()?,
-        Err(tessera_host::onnx::OnnxError::UnboundDim { .. }) => {}
+        Err(crate::onnx::OnnxError::UnboundDim { .. }) => {}
         Err(e) => return Err(e.into()),
     }
     let mut inputs = Vec::new();
@@ -145,7 +145,7 @@ fn write_npy(path: &Path, dims: &[usize], data: &[f32]) -> Result<(), AnyError> 
     use npyz::WriterBuilder as _;
     let err = |e: std::io::Error| format!("{}: {e}", path.display());
     let shape: Vec<u64> = dims.iter().map(|&d| d as u64).collect();
-    tessera_host::output::write_atomically(path, |out| {
+    crate::output::write_atomically(path, |out| {
         let mut w = npyz::WriteOptions::<f32>::new()
             .default_dtype()
             .shape(&shape)

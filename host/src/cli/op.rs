@@ -2,11 +2,11 @@
 
 use std::collections::BTreeMap;
 
+use crate::calibration::{self, Table};
+use crate::dataset::Dataset;
+use crate::infeed::dataset_benchmark;
+use crate::whole_models;
 use serde::Serialize;
-use tessera_host::calibration::{self, Table};
-use tessera_host::dataset::Dataset;
-use tessera_host::infeed::dataset_benchmark;
-use tessera_host::whole_models;
 use tessera_sim::machine::IpuConfig;
 use tessera_sim::op_estimates::{
     convolution, fully_connected, fully_connected_training, matmul, ConvLayer, ConvPass, FcPass,

@@ -2,10 +2,10 @@
 
 use std::path::{Path, PathBuf};
 
-use tessera_host::compile::SessionOptions;
-use tessera_host::estimation::ModelSource;
-use tessera_host::idx::{load_mnist, Mnist};
-use tessera_host::model::Model;
+use crate::compile::SessionOptions;
+use crate::estimation::ModelSource;
+use crate::idx::{load_mnist, Mnist};
+use crate::model::Model;
 
 use super::args::ModelArgs;
 use super::AnyError;
@@ -47,12 +47,12 @@ pub fn command_line() -> String {
 
 #[cfg(test)]
 mod tests {
+    use crate::compile::onnx::LossKind;
+    use crate::compile::OptimizerKind;
+    use crate::names::Named;
     use clap::{CommandFactory, Parser};
     use tessera_core::schedule::Schedule;
     use tessera_core::DType;
-    use tessera_host::compile::onnx::LossKind;
-    use tessera_host::compile::OptimizerKind;
-    use tessera_host::names::Named;
     use tessera_sim::machine::Preset;
     use tessera_sim::planner::PartialsType;
 

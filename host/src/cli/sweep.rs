@@ -7,15 +7,15 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressStyle};
-use rayon::prelude::*;
-use tessera_host::report::format::{decimal, seconds};
-use tessera_host::report::sweep::{pareto_svg, sweep_page, PARETO_FILE};
-use tessera_host::report::INDEX_FILE;
-use tessera_host::sweep::{
+use crate::report::format::{decimal, seconds};
+use crate::report::sweep::{pareto_svg, sweep_page, PARETO_FILE};
+use crate::report::INDEX_FILE;
+use crate::sweep::{
     best, check, estimate_row, match_rows, merge as merge_rows, pareto_front, read_rows, replace,
     stem, write_all, Appender, Files, Row, Spec,
 };
+use indicatif::{ProgressBar, ProgressStyle};
+use rayon::prelude::*;
 
 use super::args::{parse_shard, SweepRunArgs};
 use super::args::{MergeArgs, SubmitArgs, SweepArgs, SweepCommand};

@@ -1,20 +1,18 @@
 //! `tessera train`: every check first (a bad option is one line and nothing else), then the
 //! header, the per-epoch callbacks with a progress bar, the test evaluation and the estimate.
 
+use crate::compile::{compile, SessionOptions};
+use crate::idx::Mnist;
+use crate::inspect::{epoch_report, parse_filters, GradientOutfeedMode};
+use crate::report::write_report;
+use crate::session::{prepare, EstimateSummary, Prepared, TrainEvent, TrainOptions, TrainReport};
 use indicatif::{ProgressBar, ProgressStyle};
-use tessera_host::compile::{compile, SessionOptions};
-use tessera_host::idx::Mnist;
-use tessera_host::inspect::{epoch_report, parse_filters, GradientOutfeedMode};
-use tessera_host::report::write_report;
-use tessera_host::session::{
-    prepare, EstimateSummary, Prepared, TrainEvent, TrainOptions, TrainReport,
-};
 
 use super::args::TrainArgs;
 use super::estimate::files_list;
 use super::options::{command_line, data_dir, load_data, load_model, session_options};
 use super::AnyError;
-use tessera_host::estimation::{inference_line, report as make_report};
+use crate::estimation::{inference_line, report as make_report};
 
 fn train_options(a: &TrainArgs, epochs_default: Option<usize>) -> TrainOptions {
     TrainOptions {
@@ -146,10 +144,10 @@ fn print_results(
 pub fn run(a: TrainArgs) -> Result<bool, AnyError> {
     // Where the checkpoint and the report go is checked before any work.
     if let Some(c) = &a.checkpoint {
-        tessera_host::output::check_output_file(c)?;
+        crate::output::check_output_file(c)?;
     }
     if let Some(d) = &a.report_dir {
-        tessera_host::output::check_output_dir(d)?;
+        crate::output::check_output_dir(d)?;
     }
     let model = load_model(&a.model.model)?;
     let opts = session_options(&a.model, &model)?;

@@ -21,6 +21,7 @@
 mod onnx;
 mod options;
 pub mod split;
+pub mod system;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -38,6 +39,7 @@ use crate::summary::EstimateSummary;
 
 pub use onnx::{FewestIpus, OnnxFacts};
 pub use options::{EstimateOptions, OptionHelp, ESTIMATE_ONLY, MAX_EMBEDDING_SERIALIZATION};
+pub use system::System;
 /// Reuse of lowered IPU programs across estimates in this process (sweeps).
 pub use tessera_sim::cache::{lowering_cache_stats, set_lowering_cache};
 
@@ -290,6 +292,14 @@ pub fn estimate_with(
 ) -> Result<Estimation, EstimateError> {
     options.check()?;
     let start = Instant::now();
+    let on_system;
+    let options = match options.system {
+        Some(system) => {
+            on_system = system::options_for(options, system)?;
+            &on_system
+        }
+        None => options,
+    };
     match source {
         ModelSource::OnnxFile(path) => {
             let model = crate::onnx::OnnxModel::load(path)?;
@@ -313,8 +323,36 @@ pub fn estimate_with(
     }
 }
 
-/// A model file's estimate.
+/// A model file's estimate: on a system, with as many replicas of the file's placement as it
+/// holds unless the replicas are given.
 fn model_estimate(model: &Model, o: &EstimateOptions) -> Result<Estimation, EstimateError> {
+    let Some(system) = o.system else {
+        return placed_model_estimate(model, o);
+    };
+    if let Some(r) = o.replicas {
+        system.ipus_per_replica(r)?;
+        let e = placed_model_estimate(model, o)?;
+        system.check_within(e.summary.ipus_total, r)?;
+        return Ok(e);
+    }
+    let one = EstimateOptions {
+        replicas: Some(1),
+        ..o.clone()
+    };
+    let used = placed_model_estimate(model, &one)?.summary.ipus_total;
+    let replicas = system.ipus / used;
+    system.check_within(used, 1)?;
+    placed_model_estimate(
+        model,
+        &EstimateOptions {
+            replicas: Some(replicas),
+            ..o.clone()
+        },
+    )
+}
+
+/// A model file's estimate with the replicas given.
+fn placed_model_estimate(model: &Model, o: &EstimateOptions) -> Result<Estimation, EstimateError> {
     let session = o
         .for_model(&model.training, &model.name)?
         .session_options(&model.name, model.stage_count())?;

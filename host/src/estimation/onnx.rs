@@ -8,6 +8,7 @@ use serde::Serialize;
 use tessera_core::schedule::least_accumulation;
 use tessera_sim::system::SystemEstimate;
 
+use super::system::{pipeline_candidates, System};
 use super::{EstimateError, EstimateOptions, Estimation, Progress};
 use crate::compile::onnx::{
     compile_imported, layer_rows, pipeline_stages, LayerRow, LossKind, OnnxCompiled, OnnxOptions,
@@ -18,6 +19,7 @@ use crate::estimation::split::{
     check_pipeline_ipus, fewest_ipus, is_profile_estimate, layers_per_ipu, profile, profile_of,
     split, SplitInfo, MAX_IPUS,
 };
+use crate::names::Named;
 use crate::onnx::{ImportOptions, OnnxGraph, OnnxModel, Stages};
 use crate::report::format::{bytes, count};
 use crate::summary::EstimateSummary;
@@ -93,7 +95,10 @@ pub(super) fn estimate(
 ) -> Result<Estimation, EstimateError> {
     let mut job = Job::new(model, o)?;
     job.stages()?;
-    let (compiled, e, split_info) = job.estimate()?;
+    let (compiled, e, split_info) = match o.system {
+        Some(system) => job.on_system(system)?,
+        None => job.estimate()?,
+    };
     let layers = layer_rows(&compiled, &e);
     let fewest = if e.fits || o.no_search {
         None
@@ -143,11 +148,16 @@ pub(super) fn estimate(
     })
 }
 
+/// An estimate's compile, its figures and the automatic split it made, if it made one.
+type Estimated = (OnnxCompiled, SystemEstimate, Option<SplitInfo>);
+
 /// What an ONNX estimate works out before and between its compiles: the model imported once,
 /// the options, the file's batch (the default batch size) and what the loss adds, the stages,
 /// and the one-IPU profile that automatic splits balance on once it is made.
 struct Job<'a> {
-    o: &'a EstimateOptions,
+    /// The options, owned: a search for a system's placement changes the pipeline IPUs and
+    /// replicas between estimates.
+    o: EstimateOptions,
     /// The model's name.
     name: String,
     /// The model imported once, in one stage: every compile places its stages in a copy.
@@ -197,7 +207,7 @@ impl<'a> Job<'a> {
             input_shapes: o.input_shapes.clone(),
         };
         Ok(Job {
-            o,
+            o: o.clone(),
             name,
             og,
             defaults,
@@ -231,7 +241,7 @@ impl<'a> Job<'a> {
     /// pipeline needs enough micro-batches per update to fill: the schedule's least under
     /// PopART's rule, for its stages with a masked-LM head's).
     fn options_for(&self, stages: usize) -> Result<SessionOptions, EstimateError> {
-        let o = self.o;
+        let o = &self.o;
         let mut so = o.over(&self.defaults).session_options(&self.name, stages)?;
         if o.gradient_accumulation_count.is_none() && stages > 1 {
             let piped = pipeline_stages(self.og.imported(), self.oo.loss, o.inference, stages);
@@ -253,9 +263,7 @@ impl<'a> Job<'a> {
     /// The estimate on the stages: split automatically over `pipeline_ipus`, or as placed.
     /// The one-IPU profile an automatic split balances on is made once, and read from the
     /// estimate itself when that is a one-IPU estimate that does not fit.
-    fn estimate(
-        &mut self,
-    ) -> Result<(OnnxCompiled, SystemEstimate, Option<SplitInfo>), EstimateError> {
+    fn estimate(&mut self) -> Result<Estimated, EstimateError> {
         let so = self.options_for(self.stage_guess())?;
         Ok(match self.o.pipeline_ipus {
             Some(n) => {
@@ -271,6 +279,53 @@ impl<'a> Job<'a> {
                 }
                 (c, e, None)
             }
+        })
+    }
+
+    /// The estimate on `system` ([`super::system`]): with the replicas given, each on the
+    /// system's IPUs over them (split automatically unless placed); with a placement given,
+    /// as many replicas of it as the system holds; else the fewest pipeline IPUs, a power of
+    /// two, on which the split fits with the rest replicas, or the most tried when none does.
+    fn on_system(&mut self, system: System) -> Result<Estimated, EstimateError> {
+        let placed =
+            self.o.pipeline_ipus.is_some() || !matches!(self.oo.stages, Stages::Attributes);
+        if let Some(r) = self.o.replicas {
+            let per = system.ipus_per_replica(r)?;
+            if !placed && per > 1 {
+                self.o.pipeline_ipus = Some(per);
+            }
+            let est = self.estimate()?;
+            system.check_within(est.1.ipus_total, r)?;
+            return Ok(est);
+        }
+        let candidates = if placed {
+            vec![self.stage_guess()]
+        } else {
+            pipeline_candidates(system, MAX_IPUS)
+        };
+        let mut last = None;
+        for p in candidates {
+            let per = p.next_power_of_two();
+            self.o.replicas = Some((system.ipus / per).max(1));
+            if !placed {
+                self.o.pipeline_ipus = (p > 1).then_some(p);
+            }
+            let est = self.estimate()?;
+            // A placement from the file's attributes shows its IPUs only once estimated.
+            let used = est.1.ipus.len().next_power_of_two();
+            if used != per {
+                self.o.replicas = Some((system.ipus / used).max(1));
+                let est = self.estimate()?;
+                system.check_within(est.1.ipus_total, self.o.replicas())?;
+                return Ok(est);
+            }
+            if est.1.fits {
+                return Ok(est);
+            }
+            last = Some(est);
+        }
+        last.ok_or_else(|| {
+            EstimateError::Options(format!("system `{}` has no IPUs", system.name()))
         })
     }
 

@@ -7,6 +7,7 @@ use tessera_core::DType;
 use tessera_sim::machine::{IpuConfig, Preset};
 use tessera_sim::planner::PartialsType;
 
+use super::system::System;
 use super::EstimateError;
 use crate::compile::onnx::LossKind;
 use crate::compile::{OptimizerKind, SessionOptions};
@@ -55,13 +56,20 @@ pub struct EstimateOptions {
     pub no_pipelining: bool,
     /// Replicas of the whole model, each with its own data. On Mk2 and Bow, replicas beyond one
     /// IPU-Link domain (64 IPUs) take the pod they need (IPU-POD128, Bow Pod256, ...), and
-    /// their all-reduce crosses its gateways; the report names the system.
-    #[arg(long, default_value_t = 1)]
-    pub replicas: usize,
+    /// their all-reduce crosses its gateways; the report names the system [default: 1; with
+    /// --system, as many as the system holds].
+    #[arg(long)]
+    pub replicas: Option<usize>,
     /// IPU generation.
     #[arg(long, value_parser = parser::<Preset>(), default_value = "mk2")]
     #[serde(with = "named")]
     pub ipu: Preset,
+    /// A Graphcore system: its IPU generation and IPU count. Replicas fill it: each takes the
+    /// pipeline IPUs given, else the fewest (a power of two) an automatic split of an ONNX
+    /// model fits on.
+    #[arg(long, value_parser = parser::<System>(), conflicts_with = "ipu")]
+    #[serde(with = "named::option")]
+    pub system: Option<System>,
     /// Optimizer (momentum is 0.9) [default: the model file's, else sgd].
     #[arg(long, value_parser = parser::<OptimizerKind>())]
     #[serde(with = "named::option")]
@@ -210,17 +218,101 @@ pub struct EstimateOptions {
 pub struct OptionHelp {
     /// Its name (serde's; the flag's with underscores for dashes).
     pub name: String,
+    /// Its command-line flag, without the dashes (`input-shape` for `input_shapes`).
+    pub flag: String,
     /// What it does.
     pub help: String,
     /// The names it takes, when it is a choice.
     pub values: Vec<String>,
     /// Its value when left out, when that is one fixed value.
     pub default: Option<String>,
+    /// What TensorFlow for the IPU, PopART and PopTorch call it, where they have it
+    /// ([`FRAMEWORK_NAMES`]).
+    pub frameworks: Option<&'static str>,
 }
+
+impl OptionHelp {
+    /// The option's row of [`EstimateOptions::markdown_table`].
+    fn markdown_row(&self) -> String {
+        let help = self.help.split_whitespace().collect::<Vec<_>>().join(" ");
+        // A `[default: ...]` in the help goes to the default column.
+        let (text, bracket) = match help.find(" [default: ") {
+            Some(at) => {
+                let rest = &help[at + " [default: ".len()..];
+                let end = rest.rfind(']').unwrap_or(rest.len());
+                let after = rest.get(end + 1..).unwrap_or("");
+                (
+                    format!("{}{after}", &help[..at]),
+                    Some(rest[..end].to_string()),
+                )
+            }
+            None => (help.clone(), None),
+        };
+        let mut sentences = text.split_inclusive(". ");
+        let mut what = sentences.next().unwrap_or("").trim().to_string();
+        // An automatic default is said in a sentence of its own.
+        let automatic = sentences
+            .find(|x| x.starts_with("On by default"))
+            .map(|x| format!("on{}", x.trim().trim_start_matches("On by default")));
+        if !self.values.is_empty() {
+            let names: Vec<String> = self.values.iter().map(|v| format!("`{v}`")).collect();
+            what = format!(
+                "{} One of {}.",
+                what.trim_end_matches('.').to_string() + ".",
+                names.join(", ")
+            );
+        }
+        let default = self.default.clone().or(bracket).or(automatic);
+        let cell = |s: &str| s.replace('|', "\\|");
+        format!(
+            "| `--{}` (`{}`) | {} | {} | {} |",
+            self.flag,
+            self.name,
+            cell(&what),
+            cell(&default.unwrap_or_default()),
+            self.frameworks.map(cell).unwrap_or_default()
+        )
+    }
+}
+
+/// What Graphcore's frameworks call each option that has a counterpart there: TensorFlow for
+/// the IPU (`TF`, its Keras and pipelining APIs), PopART and PopTorch (with Optimum Graphcore's
+/// names for PopTorch models).
+pub const FRAMEWORK_NAMES: &[(&str, &str)] = &[
+    ("batch_size", "TF: the dataset's `batch`; PopTorch: `DataLoader(batch_size)`"),
+    ("gradient_accumulation_count", "TF `gradient_accumulation_count`; PopART `accumulationFactor`; PopTorch `Training.gradientAccumulation`"),
+    ("repeat_count", "TF `repeat_count` (`loops.repeat`, pipelining); PopTorch `deviceIterations`"),
+    ("steps_per_execution", "Keras `steps_per_execution`; PopART `batchesPerStep`"),
+    ("pipeline_schedule", "TF `pipeline_schedule` (`PipelineSchedule`)"),
+    ("no_pipelining", "PopART `enablePipelining = false`"),
+    ("replicas", "TF `replication_factor`; PopART `replicatedGraphCount`; PopTorch `replicationFactor`"),
+    ("ipu", "the device: TF `IPUConfig.device_connection.version`"),
+    ("optimizer", "TF `tf.keras.optimizers`; PopART `SGD` / `Adam`; PopTorch `poptorch.optim`"),
+    ("learning_rate", "the optimizer's `learning_rate` / `lr`"),
+    ("offload_optimizer_state", "TF `offload_weight_update_variables`; PopART `optimizerStateTensorLocationSettings`; PopTorch `TensorLocations.setOptimizerLocation`"),
+    ("dtype", "TF `float16` models; PopART fp16 graphs; PopTorch `model.half()`"),
+    ("partials_type", "TF `set_matmul_options({'partialsType'})`; PopART `partialsTypeMatMuls`; PopTorch `Precision.setPartialsType`"),
+    ("gradient_accumulation_dtype", "TF `gradient_accumulation_dtype`; PopART `accumType`; PopTorch `accum_type`"),
+    ("available_memory_proportion", "TF `set_matmul_options({'availableMemoryProportion'})`; PopART `availableMemoryProportion`; PopTorch `setAvailableMemoryProportion`"),
+    ("recompute_checkpoints", "TF `recomputation_checkpoint`; PopART `recomputeOutput` checkpoints; PopTorch `recomputationCheckpoint`"),
+    ("replicated_tensor_sharding", "TF `replicated_optimizer_state_sharding`; PopART `replicatedTensorSharding`; PopTorch `useReplicatedTensorSharding`"),
+    ("no_outlining", "PopART `enableOutlining = false`"),
+    ("embedding_serialization", "PopART `serializeMatMul`; PopTorch `embedding_serialization_factor`"),
+    ("distributed_batch_norm", "TF `distributed_batch_norm_replica_group_size`"),
+    ("offload_activations", "TF `offload_activations`; PopART `activationTensorLocationSettings`; PopTorch `setActivationLocation`"),
+    ("offload_gradient_accumulation_buffers", "TF `offload_gradient_accumulation_buffers`; PopART `accumulatorTensorLocationSettings`; PopTorch `setAccumulatorLocation`"),
+    ("inference", "TF an inference loop; PopART `InferenceSession`; PopTorch `inferenceModel`"),
+    ("recompute", "TF `allow_recompute`; PopART `RecomputationType.Pipeline`"),
+    ("pipeline_stages", "TF computational stages; PopART `pipelineStage`; PopTorch `BeginBlock`"),
+    ("device_mapping", "TF `device_mapping`; PopART `virtualGraph`; PopTorch `BeginBlock(ipu_id)`"),
+    ("layers_per_ipu", "PopTorch (Optimum Graphcore) `layers_per_ipu`"),
+    ("mask_tokens", "Graphcore's BERT `mask_tokens`; BERT `max_predictions_per_seq`"),
+];
 
 /// The options only an estimate takes (not `train`, `evaluate` or `predict`, which run a
 /// model file's training or inference).
 pub const ESTIMATE_ONLY: &[&str] = &[
+    "system",
     "no_inference_rewrites",
     "inference",
     "recompute",
@@ -271,8 +363,9 @@ impl Default for EstimateOptions {
             steps_per_execution: None,
             pipeline_schedule: None,
             no_pipelining: false,
-            replicas: 1,
+            replicas: None,
             ipu: Preset::Mk2,
+            system: None,
             optimizer: None,
             learning_rate: None,
             offload_optimizer_state: None,
@@ -394,6 +487,7 @@ impl EstimateOptions {
         cmd.get_arguments()
             .map(|a| OptionHelp {
                 name: a.get_id().to_string(),
+                flag: a.get_long().unwrap_or(a.get_id().as_str()).to_string(),
                 help: a
                     .get_long_help()
                     .or(a.get_help())
@@ -407,12 +501,69 @@ impl EstimateOptions {
                         .map(|v| v.get_name().to_string())
                         .collect(),
                 },
-                default: a
-                    .get_default_values()
-                    .first()
-                    .map(|d| d.to_string_lossy().into_owned()),
+                default: match a.get_action() {
+                    clap::ArgAction::SetTrue => Some("off".to_string()),
+                    _ => a
+                        .get_default_values()
+                        .first()
+                        .map(|d| d.to_string_lossy().into_owned()),
+                },
+                frameworks: FRAMEWORK_NAMES
+                    .iter()
+                    .find(|(n, _)| *n == a.get_id().as_str())
+                    .map(|(_, f)| *f),
             })
             .collect()
+    }
+
+    /// Every option as one row of a Markdown table (the README's): the flag and keyword,
+    /// what it does (its help's first sentence, and the names it takes), its default, and
+    /// its frameworks' names.
+    pub fn markdown_table() -> String {
+        let mut t = String::from(
+            "| option (keyword) | what it does | default | TensorFlow / PopART / PopTorch |\n|---|---|---|---|\n",
+        );
+        for h in Self::help() {
+            t.push_str(&h.markdown_row());
+            t.push('\n');
+        }
+        t
+    }
+
+    /// `message` with each command-line flag of an option (`--batch-size`, `--no-search`)
+    /// written as the option's keyword (`batch_size`, `no_search`): how Python and sweep specs
+    /// name it. Other `--` words (of other commands) stay as they are.
+    pub fn as_keywords(message: &str) -> String {
+        let names = Self::names();
+        let mut out = String::with_capacity(message.len());
+        let mut rest = message;
+        while let Some(at) = rest.find("--") {
+            out.push_str(&rest[..at]);
+            let after = &rest[at + 2..];
+            let len = after
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .unwrap_or(after.len());
+            let flag = &after[..len];
+            let keyword = match flag.replace('-', "_") {
+                k if k == "input_shape" => Some("input_shapes".to_string()),
+                k if names.contains(&k) => Some(k),
+                // `--no-offload-optimizer-state` refuses what `offload_optimizer_state` asks.
+                k => k
+                    .strip_prefix("no_")
+                    .filter(|rest| names.iter().any(|n| n == rest))
+                    .map(|rest| format!("{rest}=False")),
+            };
+            match keyword {
+                Some(k) => out.push_str(&k),
+                None => {
+                    out.push_str("--");
+                    out.push_str(flag);
+                }
+            }
+            rest = &after[len..];
+        }
+        out.push_str(rest);
+        out
     }
 
     /// Value `v` of option `name`, checked on its own (its type and range; what it says
@@ -478,7 +629,7 @@ impl EstimateOptions {
             ),
             ("repeat_count", self.repeat_count),
             ("steps_per_execution", self.steps_per_execution),
-            ("replicas", Some(self.replicas)),
+            ("replicas", self.replicas),
             ("pipeline_ipus", self.pipeline_ipus),
             ("mask_tokens", self.mask_tokens),
             (
@@ -546,6 +697,7 @@ impl EstimateOptions {
             no_pipelining,
             replicas,
             ipu,
+            system,
             optimizer,
             learning_rate,
             offload_optimizer_state,
@@ -592,6 +744,7 @@ impl EstimateOptions {
             no_pipelining: no_pipelining || file.no_pipelining,
             replicas,
             ipu,
+            system,
             optimizer: optimizer.or(file.optimizer),
             learning_rate: learning_rate.or(file.learning_rate.filter(|_| same_optimizer)),
             offload_optimizer_state: offload_optimizer_state.or(file.offload_optimizer_state),
@@ -626,6 +779,11 @@ impl EstimateOptions {
         }
     }
 
+    /// The replicas asked for (1 when left out).
+    pub fn replicas(&self) -> usize {
+        self.replicas.unwrap_or(1)
+    }
+
     /// The session options of model `model` (with `model_stages` pipeline stages): these
     /// options' (a model's own merged under them by [`EstimateOptions::over`]), else
     /// Tessera's defaults.
@@ -648,7 +806,7 @@ impl EstimateOptions {
         })?;
         let distributed_batch_norm =
             usize::try_from(self.distributed_batch_norm.unwrap_or(1)).unwrap_or(usize::MAX);
-        distributed_norm::check(distributed_batch_norm, self.replicas)
+        distributed_norm::check(distributed_batch_norm, self.replicas())
             .map_err(|e| EstimateError::Options(format!("{model}: distributed_batch_norm: {e}")))?;
         let checkpoints = Checkpoints::from_names(&self.recompute_checkpoints)
             .map_err(|e| EstimateError::Options(format!("--recompute-checkpoints: {e}")))?;
@@ -668,7 +826,7 @@ impl EstimateOptions {
             },
             replicated_tensor_sharding: self
                 .replicated_tensor_sharding
-                .unwrap_or_else(|| sharding::default_on(offload, self.replicas)),
+                .unwrap_or_else(|| sharding::default_on(offload, self.replicas())),
             outlining: !self.no_outlining,
             embedding_serialization,
             inference_rewrites: !self.no_inference_rewrites,
@@ -680,7 +838,7 @@ impl EstimateOptions {
             repeat_count: self.repeat_count,
             steps_per_execution: self.steps_per_execution,
             schedule,
-            replicas: self.replicas,
+            replicas: self.replicas(),
             ipu: self.ipu,
             optimizer,
             learning_rate: self
@@ -697,6 +855,20 @@ impl EstimateOptions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flags_become_keywords() {
+        assert_eq!(
+            EstimateOptions::as_keywords(
+                "--pipeline-stages, --layers-per-ipu and --input-shape apply to ONNX models; try --recompute-checkpoints auto, not --fast"
+            ),
+            "pipeline_stages, layers_per_ipu and input_shapes apply to ONNX models; try recompute_checkpoints auto, not --fast"
+        );
+        assert_eq!(
+            EstimateOptions::as_keywords("no flags -- here"),
+            "no flags -- here"
+        );
+    }
 
     #[test]
     fn options_read_from_json_as_the_flags_name_them() {
@@ -716,7 +888,7 @@ mod tests {
             o.input_shapes,
             vec![("input_ids".to_string(), vec![1, 384])]
         );
-        assert_eq!(o.replicas, 1);
+        assert_eq!(o.replicas(), 1);
         assert_eq!(o.ipu, Preset::Mk2);
         // And back: what is written reads as the same options.
         let again: EstimateOptions =
@@ -824,7 +996,7 @@ mod tests {
         // Distributed batch norm's groups divide the replicas.
         let groups = |n, replicas| EstimateOptions {
             distributed_batch_norm: Some(n),
-            replicas,
+            replicas: Some(replicas),
             ..EstimateOptions::default()
         };
         let e = groups(3, 4)

@@ -21,9 +21,19 @@ td.k,th.k{text-align:left}\n\
 .oom{color:#c62828;font-weight:bold}\n\
 .warn{border-left:4px solid #c62828;background:#fff4f4;padding:.5em 1em}\n\
 img{max-width:100%;height:auto;border:1px solid #eee}\n\
-.hint{color:#666}\n";
+.hint{color:#666}\n\
+.top{display:flex;flex-wrap:wrap;gap:1.5em;align-items:flex-start}\n\
+.top>div{flex:1 1 420px;min-width:0}\n\
+summary{cursor:pointer;font-weight:bold;font-size:1.15em;margin-top:1.8em}\n\
+table.sortable th{cursor:pointer}\n";
 
-/// The page: title, command, tables, both pictures and a link to the trace.
+/// The script that sorts a `table.sortable` by the column whose heading is clicked (again:
+/// the other way): numbers (thousands separators and byte units read) by value, text
+/// alphabetically.
+const SORT_SCRIPT: &str = "document.querySelectorAll('table.sortable').forEach(t=>{const hs=[...t.rows[0].cells];hs.forEach((th,i)=>th.addEventListener('click',()=>{const rows=[...t.rows].slice(1);const u={B:1,KiB:1024,MiB:1048576,GiB:1073741824};const v=r=>{const s=r.cells[i].textContent.trim();const m=s.match(/^(-?[0-9][0-9,.]*)\\s*(B|KiB|MiB|GiB)?$/);return m?parseFloat(m[1].replace(/,/g,''))*(u[m[2]]||1):s};const d=th.dataset.d=th.dataset.d==='1'?'-1':'1';rows.sort((a,b)=>{const x=v(a),y=v(b);return(typeof x==='number'&&typeof y==='number'?x-y:String(x).localeCompare(String(y)))*d});rows.forEach(r=>r.parentNode.appendChild(r))}))});";
+
+/// The page: title, command, the summary beside the memory picture, tables, the timeline, a
+/// link to the trace and the layers folded away.
 pub fn html_page(report: &Report) -> String {
     let e = &report.estimate;
     let page = html! {
@@ -37,24 +47,33 @@ pub fn html_page(report: &Report) -> String {
             body {
                 h1 { (report.title) }
                 p { "Command: " code { (report.command) } }
-                h2 { "Summary" }
-                (summary_table(report))
                 @if let Some(o) = &e.out_of_memory {
                     div.warn { p { b { "Out of memory." } " " (o) } }
+                }
+                // The summary and where memory goes, side by side: the first screen.
+                div.top {
+                    div { h2 { "Summary" } (summary_table(report)) }
+                    div {
+                        h2 { "Memory per tile" }
+                        p { img src=(MEMORY_FILE) alt="memory of every tile of every IPU, by category"; }
+                    }
                 }
                 h2 { "IPUs" }
                 (ipu_table(e))
                 h2 { "Pipeline stages" }
                 (stage_table(e))
-                @if !report.layers.is_empty() {
-                    h2 { "Layers (ONNX nodes), by cycles" }
-                    (layer_table(&report.layers))
-                }
                 @if let Some(t) = &report.training {
                     h2 { "Training" }
                     (training(t))
                 }
                 (figures())
+                @if !report.layers.is_empty() {
+                    details {
+                        summary { "Layers (ONNX nodes), by cycles: " (costed_layers(&report.layers).len()) " rows (click a heading to sort)" }
+                        (layer_table(&report.layers))
+                    }
+                    script { (PreEscaped(SORT_SCRIPT)) }
+                }
             }
         }
     };
@@ -94,7 +113,7 @@ pub fn html_fragment(report: &Report) -> String {
             (stage_table(e))
             @if costed > 0 {
                 h4 { "Layers (ONNX nodes): the " (shown) " with the most cycles of " (costed) }
-                (layer_table_top(layers, NOTEBOOK_LAYERS))
+                (layer_table_top(layers, NOTEBOOK_LAYERS, ""))
             }
             h4 { "Memory per tile" }
             div { (PreEscaped(super::memory_svg(report))) }
@@ -150,6 +169,9 @@ fn summary_table(report: &Report) -> Markup {
             (row("weight-update cycles", count(e.weight_update_cycles)))
             (row("time per weight update", seconds(e.seconds_per_weight_update)))
             (row("samples/s", html! { b { (decimal(e.samples_per_second)) } }))
+            @if e.steady_samples_per_second > e.samples_per_second * 1.001 {
+                (row("samples/s at steady state (M large)", decimal(e.steady_samples_per_second)))
+            }
             (row("weight updates per execution (R)", count(e.repeat_count as u64)))
             (row("cycles per execution", count(e.cycles_per_execution)))
         }
@@ -229,9 +251,10 @@ fn stage_table(e: &SystemEstimate) -> Markup {
     }
 }
 
-/// Every layer with cycles or memory, the most cycles first: where time and memory go.
+/// Every layer with cycles or memory, the most cycles first: where time and memory go (a
+/// table the page's script sorts by any column).
 fn layer_table(layers: &[crate::summary::LayerRow]) -> Markup {
-    layer_table_top(layers, usize::MAX)
+    layer_table_top(layers, usize::MAX, "sortable")
 }
 
 /// The layers with cycles or memory, the most cycles first.
@@ -245,7 +268,7 @@ fn costed_layers(layers: &[crate::summary::LayerRow]) -> Vec<&crate::summary::La
 }
 
 /// [`layer_table`] of the `top` layers with the most cycles.
-fn layer_table_top(layers: &[crate::summary::LayerRow], top: usize) -> Markup {
+fn layer_table_top(layers: &[crate::summary::LayerRow], top: usize, class: &str) -> Markup {
     let mut rows = costed_layers(layers);
     rows.truncate(top);
     let headings = [
@@ -262,7 +285,7 @@ fn layer_table_top(layers: &[crate::summary::LayerRow], top: usize) -> Markup {
         "activations",
     ];
     html! {
-        table {
+        table class=(class) {
             tr { @for h in headings { th { (h) } } }
             @for r in rows {
                 tr {
@@ -318,11 +341,9 @@ fn training(t: &Value) -> Markup {
     }
 }
 
-/// Both pictures, the trace and where the page came from.
+/// The timeline picture, the trace and where the page came from.
 fn figures() -> Markup {
     html! {
-        h2 { "Memory per tile" }
-        p { img src=(MEMORY_FILE) alt="memory of every tile of every IPU, by category"; }
         h2 { "Pipeline timeline" }
         p { img src=(TIMELINE_FILE) alt="pipeline stage runs over one weight update"; }
         h2 { "Trace" }
