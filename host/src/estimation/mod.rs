@@ -38,7 +38,9 @@ use crate::report::{Report, ReportError};
 use crate::summary::EstimateSummary;
 
 pub use onnx::{FewestIpus, OnnxFacts};
-pub use options::{EstimateOptions, OptionHelp, ESTIMATE_ONLY, MAX_EMBEDDING_SERIALIZATION};
+pub use options::{
+    EstimateOptions, OptionHelp, ESTIMATE_ONLY, FRAMEWORK_NAMES, MAX_EMBEDDING_SERIALIZATION,
+};
 pub use system::System;
 /// Reuse of lowered IPU programs across estimates in this process (sweeps).
 pub use tessera_sim::cache::{lowering_cache_stats, set_lowering_cache};
