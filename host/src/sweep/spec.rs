@@ -433,6 +433,7 @@ mod tests {
             "0.5",
             "'sequential'",
             "'bow'",
+            "'pod16'",
             "'adam'",
             "'f16'",
             "'half'",
