@@ -475,11 +475,7 @@ where
             0.0
         },
         steady_cycles_per_micro_batch: steady,
-        steady_samples_per_second: if steady > 0.0 {
-            (opts.micro_batch as f64 * opts.replicas as f64) * cfg.clock_hz / steady
-        } else {
-            0.0
-        },
+        steady_samples_per_second: steady_throughput(cfg, opts, steady),
         repeat_count: t.repeat,
         steps_per_execution: t.repeat * t.m,
         cycles_per_execution,
@@ -489,6 +485,15 @@ where
         elided: tl.elided,
         conditionals,
     })
+}
+
+/// Samples per second at steady state: a micro-batch on every replica each `steady` cycles.
+fn steady_throughput(cfg: &IpuConfig, opts: &SystemOptions, steady: f64) -> f64 {
+    if steady > 0.0 {
+        opts.micro_batch as f64 * opts.replicas as f64 * cfg.clock_hz / steady
+    } else {
+        0.0
+    }
 }
 
 /// The machine and the counts of the options, checked before any work.

@@ -342,8 +342,8 @@ fn model_estimate(model: &Model, o: &EstimateOptions) -> Result<Estimation, Esti
         ..o.clone()
     };
     let used = placed_model_estimate(model, &one)?.summary.ipus_total;
-    let replicas = system.ipus / used;
     system.check_within(used, 1)?;
+    let replicas = system.ipus / used;
     placed_model_estimate(
         model,
         &EstimateOptions {

@@ -257,8 +257,8 @@ impl OptionHelp {
         if !self.values.is_empty() {
             let names: Vec<String> = self.values.iter().map(|v| format!("`{v}`")).collect();
             what = format!(
-                "{} One of {}.",
-                what.trim_end_matches('.').to_string() + ".",
+                "{}. One of {}.",
+                what.trim_end_matches('.'),
                 names.join(", ")
             );
         }
