@@ -901,7 +901,7 @@ fn external_data_is_read_from_the_models_folder_only() {
     let input = format!("x={}", x.display());
     let run = || tessera(&["run", model.to_str().unwrap(), "--input", &input]);
     let o = run();
-    assert_clean_failure(&o, &["cnn_external.onnx.data", "not there"]);
+    assert_clean_failure(&o, &["cnn_external.onnx.data", "absent or empty"]);
     let data = std::fs::read(fixture("cnn_external.onnx.data")).unwrap();
     std::fs::write(
         dir.path().join("cnn_external.onnx.data"),

@@ -168,11 +168,14 @@ impl Const {
 /// Why an initializer's values could not be read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Missing {
-    /// Stored in an external file that is absent (or deliberately stripped).
+    /// Stored in an external file that is absent or empty (deliberately stripped).
     External {
         /// The file the model names.
         location: String,
     },
+    /// No values at all: neither bytes nor typed data nor an external file (what a plain
+    /// `onnx.load` of a weight-free file leaves).
+    NoData,
     /// Replaced by a `ConstantOfShape` node (a "light" model).
     Light,
 }
@@ -182,7 +185,11 @@ impl std::fmt::Display for Missing {
         match self {
             Missing::External { location } => write!(
                 f,
-                "its bytes are stored in the external file `{location}`, which is not there"
+                "its bytes are stored in the external file `{location}`, which is absent or empty"
+            ),
+            Missing::NoData => write!(
+                f,
+                "the file holds no values for it (neither raw_data nor typed data: a weight-free copy)"
             ),
             Missing::Light => write!(
                 f,
@@ -203,6 +210,14 @@ pub fn decode(t: &TensorProto, elem: Elem, count: usize) -> Result<Vec<f64>, Opt
             .and_then(|e| e.value.clone())
             .unwrap_or_default();
         return Err(Some(Missing::External { location }));
+    }
+    let typed = t.float_data.len()
+        + t.double_data.len()
+        + t.int64_data.len()
+        + t.uint64_data.len()
+        + t.int32_data.len();
+    if count > 0 && typed == 0 && t.raw_data.as_ref().is_none_or(Vec::is_empty) {
+        return Err(Some(Missing::NoData));
     }
     if let Some(raw) = &t.raw_data {
         if raw.len() != count * elem.size() {
@@ -553,5 +568,14 @@ mod tests {
         };
         assert_eq!(decode(&t, Elem::F32, 3), Ok(vec![0.5, 1.5, 2.5]));
         assert_eq!(decode(&t, Elem::F32, 4), Err(None));
+        // No values anywhere (a plain `onnx.load` of a weight-free file): missing, not bad.
+        for raw in [None, Some(Vec::new())] {
+            let t = TensorProto {
+                raw_data: raw,
+                ..TensorProto::default()
+            };
+            assert_eq!(decode(&t, Elem::F32, 6), Err(Some(Missing::NoData)));
+            assert_eq!(decode(&t, Elem::F32, 0), Ok(Vec::new()));
+        }
     }
 }

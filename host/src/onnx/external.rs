@@ -6,7 +6,7 @@
 //! (a path relative to the model's folder), `offset` and `length` in bytes (both optional:
 //! from the start, to the end of the file). Reading a model, the bytes of every such tensor
 //! whose file is there are read into the tensor (`raw_data`), as onnx's
-//! `load_external_data_for_model` does; a file that is not there leaves the tensor without
+//! `load_external_data_for_model` does; a file that is not there (or is empty) leaves the tensor without
 //! values, which estimates do not need (weight-free, "stripped" exports).
 //!
 //! As onnx.checker does, a location must stay inside the model's folder: an absolute path,
@@ -185,6 +185,12 @@ fn load_tensor(t: &mut TensorProto, files: &mut Files) -> Result<(), OnnxError> 
         return Ok(());
     };
     let file_len = *file_len;
+    if file_len == 0 {
+        // An empty file stands for stripped weights as an absent one does (the shipped
+        // weight-free files keep an empty `__stripped__` beside them, so that `onnx.load`
+        // reads them): the tensor stays without values.
+        return Ok(());
+    }
     let length = e.length.unwrap_or(file_len.saturating_sub(e.offset));
     let end = e.offset.saturating_add(length);
     if end > file_len {
@@ -242,13 +248,18 @@ mod tests {
             ),
             external("b", &[("location", "w.data"), ("offset", "8")]),
             external("c", &[("location", "absent.data")]),
+            external("d", &[("location", "empty.data"), ("length", "12")]),
         ]);
+        std::fs::write(dir.path().join("empty.data"), b"").unwrap();
         load(&mut g, dir.path()).unwrap();
         assert_eq!(g.initializer[0].raw_data.as_deref(), Some(&b"234"[..]));
         assert_eq!(g.initializer[0].data_location, None);
         assert_eq!(g.initializer[1].raw_data.as_deref(), Some(&b"89"[..]));
         // An absent file leaves the tensor external (weight-free).
         assert_eq!(g.initializer[2].data_location, Some(EXTERNAL));
+        // So does an empty one (the shipped files' `__stripped__`), whatever its range.
+        assert_eq!(g.initializer[3].data_location, Some(EXTERNAL));
+        assert_eq!(g.initializer[3].raw_data, None);
 
         let refused = |entries: &[(&str, &str)], needle: &str| {
             let mut g = graph(vec![external("w", entries)]);

@@ -85,11 +85,19 @@ pub fn html_page(report: &Report) -> String {
 /// The layers a notebook's summary lists: the ones with the most cycles.
 const NOTEBOOK_LAYERS: usize = 12;
 
+/// The bars the notebook's memory picture draws over all its IPUs, at most: a notebook keeps
+/// the view in its document, so it stays small. Each bar is the fullest of its neighbouring
+/// tiles (92 bars of 16 tiles an IPU for four Mk2 IPUs).
+const NOTEBOOK_BARS: usize = 384;
+
 /// The report as an HTML fragment for a notebook cell (Jupyter's `_repr_html_`): the page's
 /// tables with its style scoped to the fragment, the layers with the most cycles, and both
-/// pictures inline (a notebook has no files beside it).
+/// pictures inline (a notebook has no files beside it), the memory picture with one bar per
+/// group of tiles.
 pub fn html_fragment(report: &Report) -> String {
     let e = &report.estimate;
+    let tiles: usize = e.ipus.iter().map(|r| r.tiles.len()).sum();
+    let tiles_per_bar = tiles.div_ceil(NOTEBOOK_BARS).max(1);
     // The page's style, each rule scoped to the fragment so that it leaves the notebook's own.
     let css: String = CSS
         .lines()
@@ -116,7 +124,7 @@ pub fn html_fragment(report: &Report) -> String {
                 (layer_table_top(layers, NOTEBOOK_LAYERS, ""))
             }
             h4 { "Memory per tile" }
-            div { (PreEscaped(super::memory_svg(report))) }
+            div { (PreEscaped(super::memory_svg_grouped(report, tiles_per_bar))) }
             h4 { "Pipeline timeline" }
             div { (PreEscaped(super::timeline_svg(report))) }
         }

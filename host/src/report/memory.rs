@@ -38,13 +38,26 @@ fn colour(c: MemoryCategory) -> &'static str {
 
 /// Per IPU, every tile's memory stacked by category, with the SRAM limit.
 pub fn memory_svg(report: &Report) -> String {
+    memory_svg_grouped(report, 1)
+}
+
+/// Per IPU, one bar for every `tiles_per_bar` neighbouring tiles, drawn as the group's fullest
+/// tile (so the peak and the fullest tile stay exact): a compact picture, a notebook's. With 1
+/// it is [`memory_svg`].
+pub fn memory_svg_grouped(report: &Report, tiles_per_bar: usize) -> String {
+    let tiles_per_bar = tiles_per_bar.max(1);
     let e = &report.estimate;
     let sram = report.machine.sram_bytes_per_tile;
     let mut svg = Svg::new();
     let title = format!("Memory per tile: {}", report.title);
     svg.text(20.0, 30.0, Font::new(18.0).bold(), &title);
+    let bars = if tiles_per_bar == 1 {
+        "each tile's memory at its peak".to_string()
+    } else {
+        format!("each bar the fullest of {tiles_per_bar} neighbouring tiles at its peak")
+    };
     let sub = format!(
-        "{} ({} tiles, {} SRAM per tile); each tile's memory at its peak, stacked by category",
+        "{} ({} tiles, {} SRAM per tile); {bars}, stacked by category",
         report.machine_name,
         count(u64::from(report.machine.tiles)),
         bytes(sram)
@@ -70,7 +83,7 @@ pub fn memory_svg(report: &Report) -> String {
         top += 70.0;
     }
     for row in &e.ipus {
-        Panel::new(top, row, sram).draw(&mut svg);
+        Panel::new(top, row, sram, tiles_per_bar).draw(&mut svg);
         top += PANEL;
     }
     svg.finish(WIDTH, top + 6.0)
@@ -83,6 +96,9 @@ struct Panel<'a> {
     sram: u64,
     /// The fullest tile (lowest index on ties) and its bytes.
     fullest: Option<(usize, &'a TileMemory)>,
+    /// The bars: each a run of neighbouring tiles (first, end) and the index of its fullest
+    /// tile, whose memory it draws.
+    bars: Vec<(usize, usize, usize)>,
     max: u64,
     /// Whether the SRAM limit is on the scale (unless the data is far below it).
     limit_on_scale: bool,
@@ -92,12 +108,21 @@ struct Panel<'a> {
 }
 
 impl<'a> Panel<'a> {
-    fn new(top: f64, row: &'a IpuRow, sram: u64) -> Panel<'a> {
-        let fullest = row
-            .tiles
-            .iter()
-            .enumerate()
-            .max_by(|(i, a), (j, b)| a.total().cmp(&b.total()).then(j.cmp(i)));
+    fn new(top: f64, row: &'a IpuRow, sram: u64, tiles_per_bar: usize) -> Panel<'a> {
+        let fullest_of = |tiles: std::ops::Range<usize>| {
+            tiles
+                .map(|i| (i, &row.tiles[i]))
+                .max_by(|(i, a), (j, b)| a.total().cmp(&b.total()).then(j.cmp(i)))
+        };
+        let fullest = fullest_of(0..row.tiles.len());
+        let bars = (0..row.tiles.len())
+            .step_by(tiles_per_bar)
+            .map(|first| {
+                let end = (first + tiles_per_bar).min(row.tiles.len());
+                let (i, _) = fullest_of(first..end).expect("a bar has a tile");
+                (first, end, i)
+            })
+            .collect();
         let max = fullest.map_or(0, |(_, t)| t.total());
         let limit_on_scale = sram > 0 && (max == 0 || max.saturating_mul(4) >= sram);
         let data_top = if limit_on_scale {
@@ -111,6 +136,7 @@ impl<'a> Panel<'a> {
             row,
             sram,
             fullest,
+            bars,
             max,
             limit_on_scale,
             ticks,
@@ -158,10 +184,18 @@ impl<'a> Panel<'a> {
     /// The IPU's totals on the left, its stages and tiles in use on the right.
     fn heading(&self, svg: &mut Svg) {
         let (row, ipu) = (self.row, self.row.ipu);
-        let used: u64 = row.tiles.iter().map(TileMemory::total).sum();
+        // The IPU tables' figure (data, code and buffers); the gaps the bars also draw are
+        // named beside it.
+        let used: u64 = row.tiles.iter().map(TileMemory::data_bytes).sum();
+        let gaps: u64 = row.tiles.iter().map(|t| t.gaps).sum();
+        let gaps = if gaps > 0 {
+            format!(" (+ {} {})", bytes(gaps), MemoryCategory::Gaps.label())
+        } else {
+            String::new()
+        };
         let heading = match self.fullest {
             Some((i, t)) => format!(
-                "IPU {ipu}: {} used, fullest tile {} {} of {}",
+                "IPU {ipu}: {} used{gaps}, fullest tile {} {} of {}",
                 bytes(used),
                 tile_id(i, t),
                 bytes(self.max),
@@ -215,12 +249,12 @@ impl<'a> Panel<'a> {
 
     /// One path per category; runs of neighbouring tiles with the same segment merge.
     fn bars(&self, svg: &mut Svg) {
-        // Each tile's category boundaries, bottom to top: 0, then running sums.
+        // Each bar's category boundaries, bottom to top: 0, then running sums.
         let bounds: Vec<Vec<u64>> = self
-            .row
-            .tiles
+            .bars
             .iter()
-            .map(|t| {
+            .map(|&(_, _, i)| {
+                let t = &self.row.tiles[i];
                 let sums = t.categories().scan(0, |sum, (_, b)| {
                     *sum += b;
                     Some(*sum)
@@ -228,9 +262,12 @@ impl<'a> Panel<'a> {
                 std::iter::once(0).chain(sums).collect()
             })
             .collect();
-        let x_of = |tile: usize| px(LEFT + tile as f64 * self.per_tile());
+        let x_of = |bar: usize| {
+            let tile = self.bars.get(bar).map_or(self.row.tiles.len(), |b| b.0);
+            px(LEFT + tile as f64 * self.per_tile())
+        };
         for (c, category) in MemoryCategory::ALL.into_iter().enumerate() {
-            let segment = |tile: usize| (bounds[tile][c], bounds[tile][c + 1]);
+            let segment = |bar: usize| (bounds[bar][c], bounds[bar][c + 1]);
             let mut d = String::new();
             let mut t = 0;
             while t < bounds.len() {
@@ -256,7 +293,14 @@ impl<'a> Panel<'a> {
         let Some((i, t)) = self.fullest.filter(|_| self.max > 0) else {
             return;
         };
-        let x = LEFT + (i as f64 + 0.5) * self.per_tile();
+        // The middle of the bar that draws it.
+        let (first, end, _) = self
+            .bars
+            .iter()
+            .find(|b| b.0 <= i && i < b.1)
+            .copied()
+            .unwrap_or((i, i + 1, i));
+        let x = LEFT + (first + end) as f64 / 2.0 * self.per_tile();
         let y = self.y_of(self.max) - 3.0;
         let d = format!(
             "M{} {}L{} {}L{} {}Z",

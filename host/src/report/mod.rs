@@ -35,7 +35,7 @@ use tessera_sim::system::SystemEstimate;
 use crate::summary::EstimateSummary;
 
 pub use html::{html_fragment, html_page};
-pub use memory::memory_svg;
+pub use memory::{memory_svg, memory_svg_grouped};
 pub use timeline::timeline_svg;
 pub use trace::{chrome_trace, chrome_trace_with_limit, Trace, MAX_PHASE_SLICES};
 
