@@ -8,13 +8,14 @@ use crate::common;
 use common::weights;
 
 use tessera::core::schedule::{overlap_length, Schedule};
-use tessera::core::{Accumulation, Activation, DType, Fixed, Graph, Optimizer, Plan};
+use tessera::core::{Accumulation, Activation, DType, Graph, Optimizer, Plan};
 use tessera::sim::runner::PipelineRunner;
 use tessera::sim::system::{estimate_system, SystemError, SystemOptions};
+use tessera::sim::Heap;
 use tessera::sim::{IpuConfig, Preset};
 
-fn plan(m: u32) -> Plan<Fixed<128>> {
-    let mut g: Graph<Fixed<128>> = Graph::new();
+fn plan(m: u32) -> Plan<Heap> {
+    let mut g: Graph<Heap> = Graph::new();
     let x = g.input("x", &[2, 3], DType::F32).unwrap();
     let h = g
         .dense("Dense_a", x, 4, Activation::Tanh, DType::F32)
@@ -45,7 +46,7 @@ const POSITIONS: [usize; 4] = [0, 1, 1, 2];
 
 fn feed(
     u: usize,
-) -> impl FnMut(usize, usize, &Plan<Fixed<128>>, &mut [u8]) -> Result<(), tessera::core::RunError> {
+) -> impl FnMut(usize, usize, &Plan<Heap>, &mut [u8]) -> Result<(), tessera::core::RunError> {
     move |_, b, plan, arena| {
         let k = (u * 16 + b) as f32;
         plan.write_input(

@@ -2,15 +2,16 @@
 //! less and the update costs remote-buffer copies.
 
 use tessera::core::models::mnist_mlp;
-use tessera::core::{DType, Fixed, Graph, Optimizer, Plan};
+use tessera::core::{DType, Graph, Optimizer, Plan};
 use tessera::sim::lower::LowerOptions;
 use tessera::sim::techniques::{Offload, Techniques};
+use tessera::sim::Heap;
 use tessera::sim::{estimate, IpuConfig, IpuEstimateOptions, Preset};
 
 #[test]
 fn offloading_momentum_saves_sram_and_costs_remote_buffer_cycles() {
     for opt in [Optimizer::momentum(0.1, 0.9), Optimizer::adam(1e-3)] {
-        let mut g: Graph<Fixed<128>> = Graph::new();
+        let mut g: Graph<Heap> = Graph::new();
         let m = mnist_mlp(&mut g, 32, DType::F32).unwrap();
         let labels = g.input("labels", &[32], DType::I32).unwrap();
         let loss = g
@@ -45,7 +46,7 @@ fn offloading_momentum_saves_sram_and_costs_remote_buffer_cycles() {
 /// A two-stage pipelined MLP trained with gradient accumulation, estimated with `opts`.
 fn pipelined(opts: tessera::sim::system::SystemOptions) -> tessera::sim::system::SystemEstimate {
     use tessera::core::{Accumulation, Activation};
-    use tessera::sim::Heap;
+
     let mut g: Graph<Heap> = Graph::new();
     let x = g.input("x", &[64, 256], DType::F16).unwrap();
     let labels = g.input("labels", &[64], DType::I32).unwrap();

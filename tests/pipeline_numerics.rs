@@ -10,9 +10,10 @@ use common::{close, weights};
 use proptest::prelude::*;
 use tessera::core::schedule::{overlap_length, Schedule};
 use tessera::core::{
-    Accumulation, AccumulationMethod, Activation, DType, Fixed, Graph, NodeId, Optimizer, Plan,
+    Accumulation, AccumulationMethod, Activation, DType, Graph, NodeId, Optimizer, Plan,
 };
 use tessera::sim::runner::PipelineRunner;
+use tessera::sim::Heap;
 
 #[derive(Clone, Debug)]
 struct Case {
@@ -68,8 +69,8 @@ fn case() -> impl Strategy<Value = Case> {
         )
 }
 
-fn build(c: &Case, batch: usize) -> Plan<Fixed<192>> {
-    let mut g: Graph<Fixed<192>> = Graph::new();
+fn build(c: &Case, batch: usize) -> Plan<Heap> {
+    let mut g: Graph<Heap> = Graph::new();
     let x = g.input("x", &[batch, 3], DType::F32).unwrap();
     let mut h = x;
     let layers = c.widths.len();
@@ -84,7 +85,7 @@ fn build(c: &Case, batch: usize) -> Plan<Fixed<192>> {
 
 /// The softmax layer on `h`, its loss, and `c`'s accumulating optimizer: the planned
 /// training graph.
-fn train_head(mut g: Graph<Fixed<192>>, c: &Case, h: NodeId, batch: usize) -> Plan<Fixed<192>> {
+fn train_head(mut g: Graph<Heap>, c: &Case, h: NodeId, batch: usize) -> Plan<Heap> {
     let y = g
         .dense("Dense_out", h, 3, Activation::Softmax, DType::F32)
         .unwrap();
@@ -124,7 +125,7 @@ fn feeder(
     m: usize,
     per_replica: usize,
     replicas: usize,
-) -> impl FnMut(usize, usize, &Plan<Fixed<192>>, &mut [u8]) -> Result<(), tessera::core::RunError> {
+) -> impl FnMut(usize, usize, &Plan<Heap>, &mut [u8]) -> Result<(), tessera::core::RunError> {
     move |r, b, plan, arena| {
         let first = ((u * m + b) * replicas + r) * per_replica;
         plan.fill_input("x", arena, per_replica * 3, |i| {
@@ -180,7 +181,7 @@ proptest! {
 
 #[test]
 fn stages_out_of_order_are_a_typed_error() {
-    let mut g: Graph<Fixed<96>> = Graph::new();
+    let mut g: Graph<Heap> = Graph::new();
     let x = g.input("x", &[2, 3], DType::F32).unwrap();
     g.set_stage(1).unwrap();
     let h = g.dense("D1", x, 4, Activation::Relu, DType::F32).unwrap();
@@ -225,8 +226,8 @@ proptest! {
 
 /// A model whose first and last stages read one weight (as a tied embedding and decoder):
 /// `x . W`, a dense layer per middle stage, `. W^T`, a softmax layer.
-fn build_tied(c: &Case, stages: usize) -> Plan<Fixed<192>> {
-    let mut g: Graph<Fixed<192>> = Graph::new();
+fn build_tied(c: &Case, stages: usize) -> Plan<Heap> {
+    let mut g: Graph<Heap> = Graph::new();
     let x = g.input("x", &[c.batch, 3], DType::F32).unwrap();
     let w = g
         .variable("W", &[3, 4], DType::F32, tessera::core::Init::GlorotUniform)

@@ -6,13 +6,14 @@
 
 use tessera::core::models::mnist_mlp_pipelined;
 use tessera::core::schedule::Schedule;
-use tessera::core::{Accumulation, DType, Fixed, Graph, Optimizer, Plan};
+use tessera::core::{Accumulation, DType, Graph, Optimizer, Plan};
 use tessera::sim::system::{estimate_system, SystemError, SystemOptions};
 use tessera::sim::techniques::{Offload, Recompute, Techniques};
+use tessera::sim::Heap;
 use tessera::sim::{IpuConfig, Preset};
 
-fn plan(m: u32, opt: Optimizer) -> Plan<Fixed<160>> {
-    let mut g: Graph<Fixed<160>> = Graph::new();
+fn plan(m: u32, opt: Optimizer) -> Plan<Heap> {
+    let mut g: Graph<Heap> = Graph::new();
     let model = mnist_mlp_pipelined(&mut g, 32, DType::F32, [0, 0, 1, 1]).unwrap();
     let labels = g.input("labels", &[32], DType::I32).unwrap();
     let loss = g
@@ -269,7 +270,7 @@ fn recomputation_replicas_and_shared_variables() {
 
     // A variable used by two stages on different IPUs.
     use tessera::core::{Activation, Init};
-    let mut g: Graph<Fixed<96>> = Graph::new();
+    let mut g: Graph<Heap> = Graph::new();
     let x = g.input("x", &[2, 4], DType::F32).unwrap();
     let w = g
         .variable("shared", &[4, 4], DType::F32, Init::GlorotUniform)

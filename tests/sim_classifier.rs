@@ -5,12 +5,13 @@
 
 use tessera::core::models::mnist_mlp;
 use tessera::core::schedule::Schedule;
-use tessera::core::{DType, Fixed, Graph, Optimizer, Plan};
+use tessera::core::{DType, Graph, Optimizer, Plan};
 use tessera::sim::runner::PipelineRunner;
+use tessera::sim::Heap;
 use tessera::sim::{estimate, IpuConfig, IpuEstimateOptions, Preset, SimError};
 
-fn training_plan(batch: usize, dtype: DType) -> Plan<Fixed<96>> {
-    let mut g: Graph<Fixed<96>> = Graph::new();
+fn training_plan(batch: usize, dtype: DType) -> Plan<Heap> {
+    let mut g: Graph<Heap> = Graph::new();
     let m = mnist_mlp(&mut g, batch, dtype).unwrap();
     let labels = g.input("labels", &[batch], DType::I32).unwrap();
     let loss = g

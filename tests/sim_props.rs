@@ -122,8 +122,9 @@ proptest! {
 
 #[test]
 fn deliberately_broken_programs_are_rejected() {
-    use tessera::core::{DType, Fixed, Graph};
-    let mut g: Graph<Fixed<16>> = Graph::new();
+    use tessera::core::{DType, Graph};
+    use tessera::sim::Heap;
+    let mut g: Graph<Heap> = Graph::new();
     let x = g.input("x", &[64, 64], DType::F32).unwrap();
     let w = g
         .variable(

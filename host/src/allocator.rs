@@ -1,17 +1,21 @@
 //! The allocator of the `tessera` command, the estimate benches and the Python package:
-//! jemalloc where it builds (every target but MSVC's; the system's allocator there), with
-//! large blocks backed by transparent huge pages where the machine offers them.
+//! mimalloc, with large blocks backed by transparent huge pages where the machine offers
+//! them.
 //!
-//! **jemalloc.** An estimate of a large model makes and frees tens of millions of short lists
+//! **mimalloc.** An estimate of a large model makes and frees tens of millions of short lists
 //! on several threads at once: each vertex's regions (two lists per vertex, a vertex per tile
 //! and compute set), the spans of each reduction and product, the planner's candidate splits.
 //! DenseNet-121 training at batch 8 makes about 16 million allocations. Under glibc's malloc,
 //! whose per-thread cache holds 7 blocks of a size, most of them go past it into its arenas'
 //! bins (`_int_malloc`, `malloc_consolidate`, `unlink_chunk`: about 14 % of the estimate's
-//! CPU samples); jemalloc's thread caches and size classes serve them. Measured on that estimate
-//! (`tessera estimate`, with the fewest-IPUs search), 5 runs each alternated on one 2-core
-//! machine: a median of 9.29 s on glibc's malloc and 7.93 s on jemalloc (a median ratio of
-//! 0.82 within rounds, user time 0.81), for 7 % more peak memory (1.49 -> 1.60 GB).
+//! CPU samples); a thread-caching allocator serves them from per-thread free lists. Measured
+//! on that estimate (`tessera estimate`, with the fewest-IPUs search) on one 2-core machine:
+//! jemalloc took a median of 7.93 s against glibc's 9.29 s (5 alternated rounds) for 7 % more
+//! peak memory; mimalloc runs within the noise of jemalloc (medians of 22.8 s and 21.5 s in a
+//! test build, 4 alternated rounds, spread ±10 %) for 13 % more peak memory (2.42 against
+//! 2.13 GB). mimalloc is one C file, built in seconds on every target (MSVC's included), where
+//! jemalloc's `configure` and `make` took over three minutes of every fresh build of the
+//! command and of the Python package.
 //!
 //! **Huge pages.** An estimate of a large model holds gigabytes of tile mappings, vertices and
 //! lowering records, most of them in blocks of megabytes. With 4 KiB pages the kernel takes
@@ -34,8 +38,8 @@
 //! Install it in a binary with
 //! `#[global_allocator] static ALLOCATOR: Allocator = ALLOCATOR;` (this module's
 //! [`Allocator`] and [`ALLOCATOR`]). A library loaded with `dlopen` (the Python package's
-//! extension) builds jemalloc without initial-exec thread-local storage
-//! (`tikv-jemallocator`'s `disable_initial_exec_tls`), as a loaded library must.
+//! extension) builds mimalloc with local-dynamic thread-local storage (its
+//! `local_dynamic_tls` feature) rather than initial-exec, as a loaded library must.
 
 // The allocator interface (`GlobalAlloc`) and `madvise` are unsafe: the blocks are the base
 // allocator's, passed through unchanged, and the advice covers only whole pages inside a
@@ -100,22 +104,14 @@ fn checked(p: *mut u8, size: usize) -> *mut u8 {
     p
 }
 
-/// The allocator blocks come from: jemalloc.
-#[cfg(not(target_env = "msvc"))]
-pub type Base = tikv_jemallocator::Jemalloc;
-/// The allocator blocks come from: the system's (jemalloc does not build for MSVC).
-#[cfg(target_env = "msvc")]
-pub type Base = std::alloc::System;
+/// The allocator blocks come from: mimalloc.
+pub type Base = mimalloc::MiMalloc;
 
 /// The allocator of the `tessera` command (see the module's text).
 pub type Allocator = HugePages<Base>;
 
 /// The allocator of the `tessera` command, to install as the global allocator.
-#[cfg(not(target_env = "msvc"))]
-pub const ALLOCATOR: Allocator = HugePages(tikv_jemallocator::Jemalloc);
-/// The allocator of the `tessera` command, to install as the global allocator.
-#[cfg(target_env = "msvc")]
-pub const ALLOCATOR: Allocator = HugePages(std::alloc::System);
+pub const ALLOCATOR: Allocator = HugePages(mimalloc::MiMalloc);
 
 /// A transparent huge page on x86-64 and on 4 KiB-page AArch64.
 pub const HUGE_PAGE: usize = 2 << 20;

@@ -6,7 +6,7 @@
 
 use std::process::ExitCode;
 
-/// jemalloc, large blocks on transparent huge pages (see [`tessera_host::allocator`]).
+/// mimalloc, large blocks on transparent huge pages (see [`tessera_host::allocator`]).
 #[global_allocator]
 static ALLOCATOR: tessera_host::allocator::Allocator = tessera_host::allocator::ALLOCATOR;
 

@@ -79,6 +79,22 @@ fn data_copy() -> tempfile::TempDir {
     dir
 }
 
+/// The bundled digits with the test split cut to its first `samples` (raw IDX files).
+fn data_with_test_split(samples: u32) -> tempfile::TempDir {
+    let dir = data_copy();
+    for (f, header, item) in [
+        ("t10k-images-idx3-ubyte", 16, 28 * 28),
+        ("t10k-labels-idx1-ubyte", 8, 1),
+    ] {
+        let path = dir.path().join(f);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[4..8].copy_from_slice(&samples.to_be_bytes());
+        bytes.truncate(header + samples as usize * item);
+        std::fs::write(&path, bytes).unwrap();
+    }
+    dir
+}
+
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::File::create(&p)
@@ -708,6 +724,11 @@ fn the_seeds_command_runs_an_execution_longer_than_an_epoch() {
 #[test]
 fn evaluate_and_predict_every_shipped_model() {
     let dir = tempfile::tempdir().unwrap();
+    // The first 320 test digits: whole executions for every model's batch and schedule (the
+    // whole split runs in the training tests' evaluations).
+    let split = 320;
+    let data = data_with_test_split(split as u32);
+    let data = data.path().to_str().unwrap();
     for (name, _) in SHIPPED {
         // The test split in whole micro-batches of the model's batch size.
         let model = tessera_host::model::shipped(name).unwrap().unwrap();
@@ -716,9 +737,9 @@ fn evaluate_and_predict_every_shipped_model() {
                 .unwrap()
                 .batch_size
                 .unwrap_or(32);
-        let rows = 2000 / batch * batch;
+        let rows = split / batch * batch;
         for extra in [&[][..], &["--no-pipelining"][..]] {
-            let mut args = vec!["evaluate", name, "--json"];
+            let mut args = vec!["evaluate", name, "--json", "--data", data];
             args.extend_from_slice(extra);
             let o = tessera(&args);
             assert!(o.status.success(), "{name}: {}", stderr(&o));
@@ -729,7 +750,14 @@ fn evaluate_and_predict_every_shipped_model() {
             );
             for ext in ["npy", "csv"] {
                 let out = dir.path().join(format!("{name}.{ext}"));
-                let mut args = vec!["predict", name, "--output", out.to_str().unwrap()];
+                let mut args = vec![
+                    "predict",
+                    name,
+                    "--output",
+                    out.to_str().unwrap(),
+                    "--data",
+                    data,
+                ];
                 args.extend_from_slice(extra);
                 let o = tessera(&args);
                 assert!(o.status.success(), "{name}: {}", stderr(&o));

@@ -19,7 +19,7 @@ use tessera_host::session::SessionError;
 use tessera_host::sweep::{csv_header, csv_record, estimate_row, Row, Spec};
 
 /// The extension's own allocations (an estimate's mappings and records) come from the
-/// `tessera` command's allocator: jemalloc, built without initial-exec thread-local storage
+/// `tessera` command's allocator: mimalloc, built with local-dynamic thread-local storage
 /// as a loaded library must be (see `Cargo.toml`), large blocks on transparent huge pages
 /// (see [`tessera_host::allocator`]).
 #[global_allocator]

@@ -2,7 +2,7 @@
 #![allow(dead_code, clippy::result_large_err)]
 
 use proptest::prelude::*;
-use tessera::core::{DType, Fixed, Graph, Init, NodeId, Optimizer, Plan, Roles, Storage};
+use tessera::core::{DType, Graph, Init, NodeId, Optimizer, Plan, Roles, Storage};
 
 /// One step of a random graph: an op kind and operand picks (taken modulo the pool).
 #[derive(Clone, Debug)]
@@ -34,8 +34,9 @@ pub fn steps() -> impl Strategy<Value = Vec<Step>> {
     )
 }
 
-/// The graphs random tests build: up to 512 nodes, in place.
-pub type RandomGraph = Graph<Fixed<512>>;
+/// The graphs random tests build, on the simulator's heap storage: the one storage type the
+/// simulator's tests use, so that its lowering is compiled into the test binary once.
+pub type RandomGraph = Graph<tessera::sim::Heap>;
 
 /// Builds a random graph; builder errors (shape mismatches) just skip the step, as a user
 /// correcting a model would. Steps cover every op family: element-wise (broadcasting, GELU,
