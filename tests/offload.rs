@@ -46,7 +46,6 @@ fn offloading_momentum_saves_sram_and_costs_remote_buffer_cycles() {
 /// A two-stage pipelined MLP trained with gradient accumulation, estimated with `opts`.
 fn pipelined(opts: tessera::sim::system::SystemOptions) -> tessera::sim::system::SystemEstimate {
     use tessera::core::{Accumulation, Activation};
-
     let mut g: Graph<Heap> = Graph::new();
     let x = g.input("x", &[64, 256], DType::F16).unwrap();
     let labels = g.input("labels", &[64], DType::I32).unwrap();

@@ -19,7 +19,7 @@ fn data() -> Mnist {
 /// Test digits each shipped model's device run is compared on: 32 micro-batches of 16, whole
 /// executions for every inference schedule and for two replicas (the equality holds sample by
 /// sample, so the first digits show it as well as the whole split; the whole split runs in
-/// the checkpoint test and the CLI's).
+/// the checkpoint test).
 const COMPARED: usize = 512;
 
 /// The bundled digits with the test split cut to its first `samples`.

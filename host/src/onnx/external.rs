@@ -6,8 +6,8 @@
 //! (a path relative to the model's folder), `offset` and `length` in bytes (both optional:
 //! from the start, to the end of the file). Reading a model, the bytes of every such tensor
 //! whose file is there are read into the tensor (`raw_data`), as onnx's
-//! `load_external_data_for_model` does; a file that is not there (or is empty) leaves the tensor without
-//! values, which estimates do not need (weight-free, "stripped" exports).
+//! `load_external_data_for_model` does; a file that is not there, or is empty, leaves the
+//! tensor without values, which estimates do not need (weight-free, "stripped" exports).
 //!
 //! As onnx.checker does, a location must stay inside the model's folder: an absolute path,
 //! or one that leaves the folder through `..` or a symbolic link, is refused.

@@ -96,6 +96,8 @@ struct Panel<'a> {
     sram: u64,
     /// The fullest tile (lowest index on ties) and its bytes.
     fullest: Option<(usize, &'a TileMemory)>,
+    /// Neighbouring tiles per bar.
+    tiles_per_bar: usize,
     /// The bars: each a run of neighbouring tiles (first, end) and the index of its fullest
     /// tile, whose memory it draws.
     bars: Vec<(usize, usize, usize)>,
@@ -136,6 +138,7 @@ impl<'a> Panel<'a> {
             row,
             sram,
             fullest,
+            tiles_per_bar,
             bars,
             max,
             limit_on_scale,
@@ -184,9 +187,9 @@ impl<'a> Panel<'a> {
     /// The IPU's totals on the left, its stages and tiles in use on the right.
     fn heading(&self, svg: &mut Svg) {
         let (row, ipu) = (self.row, self.row.ipu);
-        // The IPU tables' figure (data, code and buffers); the gaps the bars also draw are
-        // named beside it.
-        let used: u64 = row.tiles.iter().map(TileMemory::data_bytes).sum();
+        // The IPU tables' figure (data, code and buffers: the sum of the tiles' data bytes);
+        // the gaps the bars also draw are named beside it.
+        let used = row.bytes_used;
         let gaps: u64 = row.tiles.iter().map(|t| t.gaps).sum();
         let gaps = if gaps > 0 {
             format!(" (+ {} {})", bytes(gaps), MemoryCategory::Gaps.label())
@@ -294,12 +297,8 @@ impl<'a> Panel<'a> {
             return;
         };
         // The middle of the bar that draws it.
-        let (first, end, _) = self
-            .bars
-            .iter()
-            .find(|b| b.0 <= i && i < b.1)
-            .copied()
-            .unwrap_or((i, i + 1, i));
+        let first = i / self.tiles_per_bar * self.tiles_per_bar;
+        let end = (first + self.tiles_per_bar).min(self.row.tiles.len());
         let x = LEFT + (first + end) as f64 / 2.0 * self.per_tile();
         let y = self.y_of(self.max) - 3.0;
         let d = format!(
