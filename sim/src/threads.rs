@@ -3,10 +3,7 @@
 //! core of the machine running it. Results are the same bit for bit as on one thread: each
 //! piece is computed exactly as it would be alone (see [`tessera_core::kernels::Parallel`]).
 
-use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
 
 use tessera_core::kernels::Parallel;
 
@@ -78,76 +75,10 @@ where
     done.into_inner().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// How long an awake helper polls without finding a piece before it goes back to sleep: far
-/// longer than the gaps between a weight update's products (tens of microseconds measured on
-/// a 2-core host), short enough that a helper never holds its thread for long when nothing
-/// comes. An estimate, not a tuned figure.
-pub const HELPER_IDLE_MAX: Duration = Duration::from_millis(1);
-
-thread_local! {
-    /// Whether this thread is already polling for pieces (a second poller on it would only
-    /// nest inside the first).
-    static POLLING: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Runs `work` on the calling thread while the other workers of the current rayon pool stay
-/// awake, looking for pieces to take (yielding the core to other runnable threads while none
-/// are left). A sleeping worker takes tens of microseconds to wake on a virtual machine, as
-/// long as a piece of a mid-sized product; awake, it takes its pieces at once. Use it around
-/// a burst of work with products to share, not around waiting.
-///
-/// A helper stops when `work` returns, or after [`HELPER_IDLE_MAX`] without a piece: a worker
-/// that picked up a helper's job while it waited for something else (a nested join, another
-/// burst on the same pool) gets its thread back. The calling thread never polls.
-pub fn with_helpers_awake<R>(work: impl FnOnce() -> R) -> R {
-    if rayon::current_num_threads() < 2 {
-        return work();
-    }
-    let done = AtomicBool::new(false);
-    let caller = rayon::current_thread_index();
-    rayon::in_place_scope(|s| {
-        // One poller per worker of the pool (the caller's returns at once).
-        s.spawn_broadcast(|_, _| {
-            let on_caller = caller.is_some() && rayon::current_thread_index() == caller;
-            if on_caller || POLLING.get() {
-                return;
-            }
-            // Cleared however the loop ends (a piece's panic unwinds through it).
-            struct Polling;
-            impl Drop for Polling {
-                fn drop(&mut self) {
-                    POLLING.set(false);
-                }
-            }
-            POLLING.set(true);
-            let _polling = Polling;
-            let mut idle_since: Option<Instant> = None;
-            while !done.load(Ordering::Acquire) {
-                if let Some(rayon::Yield::Executed) = rayon::yield_now() {
-                    idle_since = None;
-                    continue;
-                }
-                if idle_since.get_or_insert_with(Instant::now).elapsed() > HELPER_IDLE_MAX {
-                    break;
-                }
-                std::thread::yield_now();
-            }
-        });
-        // Stop the helpers even if `work` panics.
-        struct Done<'a>(&'a AtomicBool);
-        impl Drop for Done<'_> {
-            fn drop(&mut self) {
-                self.0.store(true, Ordering::Release);
-            }
-        }
-        let _done = Done(&done);
-        work()
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::Ordering;
     use tessera_core::kernels::{matmul, matmul_on, store, Product, Serial};
     use tessera_core::DType;
 
@@ -159,32 +90,6 @@ mod tests {
             store(&mut v, DType::F32, i, x / 97.0);
         }
         v
-    }
-
-    #[test]
-    fn helpers_go_back_to_sleep_and_never_hold_up_their_caller() {
-        // From a pool's worker, from outside any pool, nested, and with a rayon join inside
-        // the work that keeps a worker waiting: every call returns, with the work's value.
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .expect("a pool");
-        let sum = |n: u64| -> u64 {
-            let (a, b) = rayon::join(|| (0..n).sum::<u64>(), || (n..2 * n).sum::<u64>());
-            a + b
-        };
-        assert_eq!(pool.install(|| with_helpers_awake(|| sum(1000))), 1_999_000);
-        assert_eq!(with_helpers_awake(|| sum(10)), 190);
-        let nested = pool.install(|| with_helpers_awake(|| with_helpers_awake(|| sum(100)) + 1));
-        assert_eq!(nested, 19_901);
-        // Two bursts at once on one pool, each waiting inside a join.
-        let (a, b) = pool.install(|| {
-            rayon::join(
-                || with_helpers_awake(|| sum(50)),
-                || with_helpers_awake(|| sum(60)),
-            )
-        });
-        assert_eq!((a, b), (4950, 7140));
     }
 
     #[test]
