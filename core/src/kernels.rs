@@ -696,9 +696,8 @@ fn tile_rows<const TA: bool, const CT: bool, const NR: usize, M: Mac>(
 }
 
 /// Rows of C the fast kernels' next tile takes when `left` rows remain: [`TILE_ROWS`] while
-/// more than 10 remain, and the rest in at most two tiles of 4 to 6 rows (7 or 8 rows as 4
-/// and the rest, 9 or 10 as 5 and the rest), so that no tile but a product's only one has
-/// fewer than 4 rows.
+/// more than 10 remain, and the rest in at most two tiles (7 or 8 rows as 4 and the rest, 9
+/// or 10 as 5 and the rest), so that no tile has fewer than 3 rows unless the product has.
 #[inline(always)]
 fn tile_height(left: usize) -> usize {
     match left {
@@ -1081,8 +1080,7 @@ mod tests {
             (32, 300, 10),
             (5, 1, 3),
             (4, 0, 5),
-            // Whole tiles of 64 columns, read from B in place (one tile of rows) or packed;
-            // k > KC.
+            // Whole tiles of 64 columns, read from B in place; k > KC.
             (6, 300, 64),
             (10, 260, 64),
             // Every tile height: 1, 2 and 3 rows alone, 7 = 4 + 3, 8 = 4 + 4, 11 = 6 + 5,

@@ -238,11 +238,12 @@ impl<S: Storage> PipelineRunner<S> {
 
     /// Whether kernels cut large products and updates into pieces run on the current rayon
     /// pool's threads ([`Threads`]; off by default). The pool's other workers sleep between
-    /// pieces and are woken for each (a worker kept polling for pieces took a core from the
-    /// host's own threads: `tessera train`'s session measured 1.26-1.35x a JAX step with the
-    /// workers polling, 1.08-1.13x without). Results are the same either way (bit for bit, a
-    /// NaN's payload aside). The calling thread takes pieces too; run the updates on a worker of a pool of
-    /// their own (`ThreadPool::install`) to keep other work off the pool.
+    /// pieces and are woken for each: workers kept polling for pieces took a core from the
+    /// host's own threads (`tessera train`'s session, median of 7 alternated bench runs:
+    /// 1.26x a JAX step with the workers polling, 1.21x without). Results are the same either
+    /// way (bit for bit, a NaN's payload aside). The calling thread takes pieces too; run the
+    /// updates on a worker of a pool of their own (`ThreadPool::install`) to keep other work
+    /// off the pool.
     pub fn use_threads(&mut self, on: bool) {
         self.threads = on;
     }
